@@ -56,6 +56,10 @@ def record_root(profile: str) -> Path:
 
 @functools.cache
 def git_commit() -> str:
+    """The commit that produced a record (``REPRO_GIT_COMMIT`` wins: the GPU machine gets a
+    copy of the working tree without .git)."""
+    if env := os.environ.get("REPRO_GIT_COMMIT"):
+        return env
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo_root(),
                              capture_output=True, text=True, timeout=10)
@@ -64,7 +68,7 @@ def git_commit() -> str:
                                cwd=repo_root(), capture_output=True, text=True, timeout=10)
         return commit + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("REPRO_GIT_COMMIT", "unknown")
+        return "unknown"
 
 
 @functools.cache

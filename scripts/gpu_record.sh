@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Record full-profile experiments on a GPU machine without internet, the way we do on the
+# lent H200: wheels for packages the image lacks travel in .whl/ (see README, "Recording on a
+# new GPU"). Each experiment is resumable per cell; results are packed after every experiment
+# so that a run stopped at its time limit still returns what it finished.
+#
+#   usage: scripts/gpu_record.sh SECONDS EXPERIMENT[:ARGS] ...
+#   e.g.   scripts/gpu_record.sh 540 gemm mlp_step
+set -uo pipefail
+budget=${1:?seconds}; shift
+start=$(date +%s)
+out=${OUT:-build/gpu_out}; mkdir -p "$out"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-} || exit 1
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1 | tee "$out/gpu.txt"
+python3 -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())" 2>&1 | tee -a "$out/gpu.txt"
+for exp in "$@"; do
+  left=$(( budget - ($(date +%s) - start) - 15 ))
+  if [ "$left" -le 20 ]; then echo "== skip $exp: budget spent"; continue; fi
+  echo "== $exp (<= ${left}s)"
+  name=${exp%%:*}; args=${exp#"$name"}; args=${args#:}
+  timeout --signal=INT "$left" python3 -m repro.cli record "$name" --profile full ${args//,/ } 2>&1 | tee -a "$out/log.txt"
+  tar czf "$out/results.tgz" results/
+done
+echo "== done in $(( $(date +%s) - start ))s"
