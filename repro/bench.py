@@ -16,9 +16,11 @@ fp8       E4M3 x E4M3 operands that are ALREADY FP8, straight into ``dot_general
 
 The fp8 form matters: with current JAX, XLA no longer rewrites "convert f8 -> bf16, multiply by
 scale, dot" into an FP8 GEMM (it runs at BF16 speed), whereas f8 operands fed straight into
-``dot_general`` lower to cuBLASLt's FP8 GEMM. On a GPU the sweep asserts that the compiled HLO
-contains ``__cublas$lt$matmul$f8``; every record says whether it did (``extra.hlo_fp8_gemm``).
-On a CPU the f8 product is computed by upcasting, so fp8 records carry ``emulated=True``.
+``dot_general`` lower to cuBLASLt's FP8 GEMM (``__cublas$lt$matmul$f8`` in the compiled HLO;
+every record says whether it is there: ``extra.hlo_fp8_gemm``). For small GEMMs XLA prefers its
+own Triton GEMM, which keeps the f8 operands (``extra.fp8_lowering == "fused-f8-dot"``): also
+FP8 tensor-core math. On a GPU the sweep asserts one of the two; on a CPU the f8 product is
+computed by upcasting, so fp8 records there carry ``emulated=True``.
 
 Each record goes through :func:`repro.results.make_record` (experiment ``gemm``, claims A2, B2),
 one resumable cell per shape (:func:`record_gemm`).
@@ -163,11 +165,34 @@ def _random_inputs(key, m: int, k: int, n: int) -> tuple[jax.Array, jax.Array]:
     return (jax.random.normal(ka, (m, k), jnp.float32), jax.random.normal(kb, (n, k), jnp.float32))
 
 
-def compiled_gemm_targets(fn: Callable, *args) -> tuple[bool, list[str]]:
-    """(does the compiled HLO call cuBLASLt's FP8 GEMM, the custom-call targets it names)."""
+def fp8_lowering(hlo_text: str) -> str:
+    """How a compiled GEMM with f8 operands runs, read from its HLO.
+
+    ``"cublaslt-f8"``: a call to cuBLASLt's FP8 GEMM. ``"fused-f8-dot"``: a ``dot`` whose two
+    operands are f8 inside a fusion (XLA's Triton GEMM, which it prefers for small GEMMs: seen
+    for 65536x256x256 and 2048x64x64 on an H200 with JAX 0.11.2): also FP8 tensor-core math.
+    ``"upcast"``: the operands are converted to a wider type before the dot (CPU; or a GPU
+    path that lost the FP8 GEMM). ``"no-f8"``: no f8 value anywhere (the other dtypes).
+    """
+    if "f8e" not in hlo_text:
+        return "no-f8"
+    if FP8_GEMM_TARGET in hlo_text:
+        return "cublaslt-f8"
+    for block in re.split(r"\n\s*\n", hlo_text):  # one computation per block
+        types = dict(re.findall(r"%([\w.\-]+) = ([a-z0-9]+)\[", block))
+        for a, b in re.findall(r" dot\(%([\w.\-]+), %([\w.\-]+)\)", block):
+            if types.get(a, "").startswith("f8") and types.get(b, "").startswith("f8"):
+                return "fused-f8-dot"
+    return "upcast"
+
+
+def compiled_gemm_info(fn: Callable, *args) -> dict[str, Any]:
+    """What the compiled GEMM is: ``hlo_fp8_gemm`` (the HLO calls ``__cublas$lt$matmul$f8``),
+    ``fp8_lowering`` (see :func:`fp8_lowering`) and the custom-call targets it names."""
     text = jax.jit(fn).lower(*args).compile().as_text()
     targets = sorted(set(re.findall(r'custom_call_target="([^"]+)"', text)))
-    return FP8_GEMM_TARGET in text, targets
+    return {"hlo_fp8_gemm": FP8_GEMM_TARGET in text, "fp8_lowering": fp8_lowering(text),
+            "custom_calls": targets}
 
 
 def relative_error(c: jax.Array, ref: np.ndarray) -> float:
@@ -176,9 +201,9 @@ def relative_error(c: jax.Array, ref: np.ndarray) -> float:
     return float(np.linalg.norm(c - ref) / np.linalg.norm(ref))
 
 
-def _emulated(dtype: str, hlo_fp8: bool) -> bool:
+def _emulated(dtype: str, info: dict[str, Any], backend: str) -> bool:
     # An fp8 product that did not run as an FP8 GEMM was computed by upcasting the operands.
-    return dtype == "fp8" and not hlo_fp8
+    return dtype == "fp8" and (backend != "gpu" or info["fp8_lowering"] == "upcast")
 
 
 def gemm_sweep(shapes, dtypes=GEMM_DTYPES, repeats: int = 10, *, warmup: int = 2,
@@ -204,19 +229,23 @@ def gemm_sweep(shapes, dtypes=GEMM_DTYPES, repeats: int = 10, *, warmup: int = 2
         for dtype in dtypes:
             fn = gemm_fn(dtype)
             sets = [gemm_operands(dtype, a, b) for a, b in inputs]
-            hlo_fp8, targets = compiled_gemm_targets(fn, *sets[0])
+            lowering = compiled_gemm_info(fn, *sets[0])
             if dtype == "fp8" and on_gpu and info.has_fp8:
-                assert hlo_fp8, (f"fp8 GEMM {m}x{k}x{n} did not lower to {FP8_GEMM_TARGET} "
-                                 f"(custom calls: {targets}): it would run at BF16 speed")
+                # The FP8 GEMM must really be one: cuBLASLt's FP8 GEMM or a fused dot that
+                # keeps f8 operands (Triton), never "upcast to bf16, then dot".
+                assert lowering["fp8_lowering"] != "upcast", (
+                    f"fp8 GEMM {m}x{k}x{n} did not lower to {FP8_GEMM_TARGET} nor to a fused "
+                    f"f8 dot (custom calls: {lowering['custom_calls']}): it would run at BF16 "
+                    "speed or slower")
             jitted = jax.jit(fn)
             t = time_fn(jitted, repeats=repeats, warmup=warmup, input_sets=sets)
             tflops = flops / np.asarray(t.samples) / 1e12
             q25, q75 = np.percentile(tflops, [25, 75])
             common = dict(claims=CLAIMS, recipe=dtype, sizes={"M": m, "K": k, "N": n},
-                          repeats=repeats, emulated=_emulated(dtype, hlo_fp8), profile=profile,
-                          hardware=info)
-            extra = {"hlo_fp8_gemm": hlo_fp8, "custom_calls": targets, "flops": flops,
-                     "layout": "TN", "input_sets": len(sets), "warmup": warmup}
+                          repeats=repeats, emulated=_emulated(dtype, lowering, info.backend),
+                          profile=profile, hardware=info)
+            extra = {**lowering, "flops": flops, "layout": "TN", "input_sets": len(sets),
+                     "warmup": warmup}
             records.append(make_record("gemm", "tflops", flops / t.median_s / 1e12, "TFLOP/s",
                                        spread=float(q75 - q25), extra=extra, **common))
             records.append(make_record("gemm", "time_ms", t.median_s * 1e3, "ms",
@@ -246,16 +275,16 @@ def gemm_error(dtypes=GEMM_DTYPES, shape=ERROR_SHAPE, *, seed: int = 0,
     for dtype in dtypes:
         fn = gemm_fn(dtype)
         ops = gemm_operands(dtype, a, b)
-        hlo_fp8, targets = compiled_gemm_targets(fn, *ops)
+        lowering = compiled_gemm_info(fn, *ops)
         c = jax.jit(fn)(*ops)
         da, db = dequantized_operands(dtype, ops)
         records.append(make_record(
             "gemm", "rel_error", relative_error(c, ref), "1", claims=CLAIMS, recipe=dtype,
-            sizes={"M": m, "K": k, "N": n}, emulated=_emulated(dtype, hlo_fp8), profile=profile,
-            hardware=info,
+            sizes={"M": m, "K": k, "N": n}, emulated=_emulated(dtype, lowering, info.backend),
+            profile=profile, hardware=info,
             extra={"reference": "float64 product of the float32 inputs",
                    "rel_error_same_operands": relative_error(c, da @ db.T),
-                   "hlo_fp8_gemm": hlo_fp8, "custom_calls": targets, "layout": "TN"}))
+                   **lowering, "layout": "TN"}))
     return records
 
 
