@@ -1,0 +1,362 @@
+"""Claims B3/B4: the decoder LM trained under each recipe, and the bytes its tensors take.
+
+    repro record lm --profile smoke          # tiny model, CPU, minutes (build/results/)
+    repro record lm --profile full           # 20m and 120m on a GPU (results/), resumable
+    REPRO_TIME_BUDGET_S=420 repro record lm --profile full   # stop cleanly after ~7 minutes
+
+One resumable cell per (model size, variant, seed): the held-out loss curve (``eval_loss`` at
+several steps), ``final_eval_loss``, ``tokens_per_s`` and the compiled step's memory. A
+variant is a recipe plus, for the ablations, one change (:data:`VARIANTS`). Unfinished runs
+checkpoint under ``build/lm_checkpoints/`` (``REPRO_LM_CKPT_DIR``) and the next call resumes
+them, so one long run can span several time-limited jobs. A cell per (size, variant) holds the
+stored bytes of weights and activations (claim B3), computed from the quantized tensors' own
+dtypes and scale shapes (``jax.eval_shape`` of ``repro.formats``' quantizers).
+
+Quality numbers of emulated recipes are valid (the numerics are bit-faithful to the formats);
+their speed is not (``emulated=True`` in the records).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from repro import formats as F
+from repro import hardware, ops, results
+from repro.config import stage_params
+from repro.lm import model as M
+from repro.lm import train as T
+
+EXPERIMENT = "lm"
+CLAIMS = ("B3", "B4")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A recipe, optionally changed in one way (an ablation)."""
+
+    name: str
+    recipe: str
+    overrides: tuple[tuple[str, Any], ...] = ()
+    model_overrides: tuple[tuple[str, Any], ...] = ()
+    gpu_only: bool = False
+    ablation: str | None = None  # what the ablation removes/changes, for the notebook
+
+    def make_recipe(self):
+        if self.recipe == M.JAX_NVFP4:
+            return M.JAX_NVFP4
+        return M.base_recipe(self.recipe).replace(**dict(self.overrides)) if self.overrides \
+            else M.base_recipe(self.recipe)
+
+    def make_config(self, cfg: M.LMConfig) -> M.LMConfig:
+        return cfg.replace(**dict(self.model_overrides)) if self.model_overrides else cfg
+
+    @property
+    def emulated(self) -> bool:
+        base = "nvfp4" if self.recipe == M.JAX_NVFP4 else self.recipe
+        return ops.is_emulated(base)
+
+
+VARIANTS: dict[str, Variant] = {v.name: v for v in [
+    Variant("bf16", "bf16"),
+    Variant("fp8-delayed", "fp8-delayed"),
+    Variant("fp8-current", "fp8-current"),
+    Variant("mxfp8", "mxfp8"),
+    Variant("nvfp4", "nvfp4"),
+    Variant("nvfp4-no-rht", "nvfp4", (("rht", False),), ablation="no random Hadamard transform"),
+    Variant("nvfp4-no-sr", "nvfp4", (("stochastic_rounding", False),),
+            ablation="round-to-nearest gradients"),
+    Variant("nvfp4-1d-weights", "nvfp4", (("weight_block_2d", False),),
+            ablation="1x16 weight blocks"),
+    Variant("nvfp4-all-layers", "nvfp4", model_overrides=(("nvfp4_scope", "all"),),
+            ablation="NVFP4 in every linear layer"),
+    Variant("nvfp4-mlp-only", "nvfp4", model_overrides=(("nvfp4_scope", "mlp"),),
+            ablation="NVFP4 on MLP GEMMs only (MaxText)"),
+    Variant(M.JAX_NVFP4, M.JAX_NVFP4, gpu_only=True,
+            ablation="JAX built-in scaled_dot_general nvfp4"),
+]}
+
+
+def select_variants(names: Iterable[str] | None = None,
+                    recipes: Iterable[str] | None = None) -> list[Variant]:
+    """Variants by name; ``recipes`` (base recipe names, as ``repro record --recipe``) keeps
+    those variants whose recipe is listed (``nvfp4`` keeps every NVFP4 ablation)."""
+    names = list(names) if names is not None else list(VARIANTS)
+    bad = [n for n in names if n not in VARIANTS]
+    if bad:
+        raise ValueError(f"unknown LM variant(s) {bad}; valid: {', '.join(VARIANTS)}")
+    out = [VARIANTS[n] for n in names]
+    if recipes is not None:
+        keep = set(recipes)
+        out = [v for v in out if v.recipe in keep or v.name in keep]
+    return out
+
+
+# ----------------------------------------------------------------------- stored bytes
+
+
+def _bits(dtype) -> int:
+    dt = jnp.dtype(dtype)
+    return jnp.finfo(dt).bits if jnp.issubdtype(dt, jnp.floating) else jnp.iinfo(dt).bits
+
+
+def _nbytes(*arrays) -> float:
+    return sum(math.prod(a.shape) * _bits(a.dtype) / 8 for a in arrays)
+
+
+def tensor_bytes(shape: tuple[int, ...], recipe, role: str) -> float:
+    """Bytes of one stored tensor in the format ``recipe`` puts it in for a GEMM.
+
+    ``role``: "weight" (NVFP4 16x16 blocks when ``weight_block_2d``; MXFP8 32-blocks along
+    the contraction axis) or "activation" (1x16 / 1x32 blocks along the last axis). Computed
+    from the quantizers' output dtypes and scale shapes, e.g. NVFP4 = 4-bit E2M1 elements +
+    one E4M3 byte per block + one FP32 per tensor. Per-tensor FP8: 1 byte + an FP32 scale.
+    Dense recipes: the compute dtype (BF16 = 2 bytes).
+    """
+    spec = jax.ShapeDtypeStruct(tuple(shape), jnp.float32)
+    if recipe == M.JAX_NVFP4:
+        recipe = M.base_recipe(M.JAX_NVFP4)
+    if recipe.gemm == "nvfp4":
+        block = (16, 16) if role == "weight" and recipe.weight_block_2d else (1, 16)
+        t = jax.eval_shape(lambda a: F.nvfp4_quantize(a, block), spec)
+        return _nbytes(t.q, t.block_scale, t.global_scale)
+    if recipe.gemm == "mxfp8":
+        axis = 0 if role == "weight" else -1
+        t = jax.eval_shape(lambda a: F.mxfp8_quantize(a, axis=axis), spec)
+        return _nbytes(t.q, t.scale)
+    if recipe.gemm == "fp8":
+        return _nbytes(jax.ShapeDtypeStruct(shape, jnp.dtype(recipe.fwd_dtype))) + 4
+    return _nbytes(jax.ShapeDtypeStruct(shape, recipe.dtype))
+
+
+def _linear_layers(cfg: M.LMConfig) -> list[tuple[str, str, int | None, int, int]]:
+    """(name, kind, block, d_in, d_out) of every linear layer."""
+    d, f = cfg.d_model, cfg.d_ff
+    shapes = {"attn_qkv": (d, 3 * d), "attn_out": (d, d), "mlp_in": (d, 2 * f),
+              "mlp_out": (f, d)}
+    out = [(f"block{i}/{k}", k, i, *shapes[k]) for i in range(cfg.n_layers)
+           for k in M.BLOCK_LINEAR_KINDS]
+    return out + [("head", "head", None, d, cfg.vocab_size)]
+
+
+def stored_bytes(cfg: M.LMConfig, variant: Variant, tokens: int) -> dict[str, float]:
+    """Stored bytes of the GEMM operands under ``variant``'s policy, and the BF16 baseline.
+
+    weights: every linear layer's weight in its layer recipe's format, plus the embedding
+    table (BF16 in every recipe); activations: the input of every linear layer for ``tokens``
+    tokens (what the backward pass keeps). ``*_quantized_only``: the same over the layers the
+    policy quantizes, i.e. the format's own ratio.
+    """
+    cfg = variant.make_config(cfg)
+    recipe = variant.make_recipe()
+    bf16 = M.base_recipe("bf16")
+    emb = tensor_bytes((cfg.vocab_size, cfg.d_model), bf16, "weight")
+    out = {"weight_bytes": emb, "weight_bytes_bf16": emb, "activation_bytes": 0.0,
+           "activation_bytes_bf16": 0.0, "weight_bytes_quantized_only": 0.0,
+           "weight_bytes_quantized_only_bf16": 0.0, "activation_bytes_quantized_only": 0.0,
+           "activation_bytes_quantized_only_bf16": 0.0, "quantized_layers": 0,
+           "linear_layers": 0}
+    for _, kind, block, d_in, d_out in _linear_layers(cfg):
+        r = M.layer_recipe(recipe, kind, block, cfg)
+        r = M.JAX_NVFP4 if getattr(r, "name", None) == M.JAX_NVFP4 else r
+        w, w16 = tensor_bytes((d_in, d_out), r, "weight"), tensor_bytes((d_in, d_out), bf16,
+                                                                       "weight")
+        a, a16 = tensor_bytes((tokens, d_in), r, "activation"), tensor_bytes((tokens, d_in),
+                                                                            bf16, "activation")
+        out["weight_bytes"] += w
+        out["weight_bytes_bf16"] += w16
+        out["activation_bytes"] += a
+        out["activation_bytes_bf16"] += a16
+        out["linear_layers"] += 1
+        if r == M.JAX_NVFP4 or r.quantized:
+            out["quantized_layers"] += 1
+            out["weight_bytes_quantized_only"] += w
+            out["weight_bytes_quantized_only_bf16"] += w16
+            out["activation_bytes_quantized_only"] += a
+            out["activation_bytes_quantized_only_bf16"] += a16
+    return out
+
+
+# ------------------------------------------------------------------------------ record
+
+
+def ckpt_root() -> Path:
+    return Path(os.environ.get("REPRO_LM_CKPT_DIR",
+                               results.repo_root() / "build" / "lm_checkpoints"))
+
+
+@dataclass
+class Run:
+    size: str
+    train: T.TrainConfig
+    variants: list[Variant]
+    seeds: list[int] = field(default_factory=list)
+
+
+def plan(profile: str, variants: Iterable[str] | None = None,
+         recipes: Iterable[str] | None = None, sizes: Iterable[str] | None = None,
+         seeds: Iterable[int] | None = None, params: dict | None = None) -> list[Run]:
+    """The runs of a profile from params.yaml's ``lm`` section (optionally filtered)."""
+    p = params if params is not None else stage_params("lm", profile)
+    default_variants = p.get("variants", list(VARIANTS))
+    runs = []
+    for spec in p["runs"]:
+        if sizes is not None and spec["size"] not in set(sizes):
+            continue
+        cfg = M.get_config(spec["size"])
+        tokens_per_step = spec["batch_size"] * cfg.seq_len
+        if "steps" in spec:
+            steps = int(spec["steps"])
+        else:
+            steps = math.ceil(spec["tokens_per_param"] * M.param_count(cfg) / tokens_per_step)
+        n_points = int(p.get("eval_points", 5))
+        tc = T.TrainConfig(
+            steps=steps, batch_size=int(spec["batch_size"]), lr=float(spec["lr"]),
+            warmup_steps=int(spec.get("warmup_steps", max(1, steps // 20))),
+            min_lr_ratio=float(p.get("min_lr_ratio", 0.1)),
+            weight_decay=float(p.get("weight_decay", 0.1)),
+            eval_every=max(1, steps // n_points), eval_batches=int(p.get("eval_batches", 4)),
+            checkpoint_every=int(spec.get("checkpoint_every", 0)))
+        names = [n for n in spec.get("variants", default_variants)
+                 if variants is None or n in set(variants)]
+        vs = select_variants(names, recipes)
+        sd = [s for s in spec.get("seeds", [0]) if seeds is None or s in set(seeds)]
+        runs.append(Run(spec["size"], tc, vs, sd))
+    return runs
+
+
+def cell_name(size: str, variant: str, seed: int) -> str:
+    return f"{size}_{variant}_s{seed}"
+
+
+def _train_records(run: Run, v: Variant, seed: int, res: T.TrainResult, profile: str,
+                   cfg: M.LMConfig) -> list[dict]:
+    tc = run.train
+    sizes = {"model": run.size, "params": res.n_params, "seed": seed, "steps": tc.steps,
+             "batch_size": tc.batch_size, "seq_len": cfg.seq_len,
+             "tokens": tc.steps * res.tokens_per_step}
+    common = dict(claims=CLAIMS, recipe=v.name, emulated=v.emulated, profile=profile)
+    extra = {"base_recipe": v.recipe, "ablation": v.ablation, "lr": tc.lr,
+             "warmup_steps": tc.warmup_steps, "n_bf16_last_blocks": cfg.n_bf16_last_blocks,
+             "nvfp4_scope": cfg.nvfp4_scope, "layer_recipes": M.recipe_map(v.make_recipe(), cfg),
+             "resumed_from": res.resumed_from, "tokens_per_param": round(
+                 tc.steps * res.tokens_per_step / res.n_params, 2)}
+    recs = []
+    for h in res.eval_history:
+        recs.append(results.make_record(
+            EXPERIMENT, "eval_loss", h["eval_loss"], "nats/byte",
+            sizes={**sizes, "step": h["step"], "tokens_seen": h["tokens"]},
+            extra={**extra, "train_loss": h["train_loss"], "lr_at_step": h["lr"]}, **common))
+    recs.append(results.make_record(EXPERIMENT, "final_eval_loss", res.final_eval_loss,
+                                    "nats/byte", sizes=sizes, extra=extra, **common))
+    recs.append(results.make_record(
+        EXPERIMENT, "tokens_per_s", res.tokens_per_s, "tokens/s", sizes=sizes,
+        extra={**extra, "note": "this process's steps only (a resumed run restarts the clock)"},
+        **common))
+    if res.compiled_memory:
+        recs.append(results.make_record(
+            EXPERIMENT, "compiled_step_bytes", res.compiled_memory["total_bytes"], "bytes",
+            sizes=sizes, extra={**extra, **res.compiled_memory,
+                                "note": "XLA memory analysis of the jitted train step "
+                                        "(arguments + outputs + temporaries - aliased); "
+                                        "emulated formats materialise dequantized copies"},
+            **common))
+    if res.peak_bytes_in_use is not None:
+        recs.append(results.make_record(
+            EXPERIMENT, "peak_bytes_in_use", res.peak_bytes_in_use, "bytes", sizes=sizes,
+            extra={**extra, "note": "memory_stats() high-water mark of the whole process"},
+            **common))
+    return recs
+
+
+def _memory_records(run: Run, v: Variant, profile: str) -> list[dict]:
+    cfg = v.make_config(M.get_config(run.size))
+    tokens = run.train.batch_size * cfg.seq_len
+    b = stored_bytes(cfg, v, tokens)
+    sizes = {"model": run.size, "params": M.param_count(cfg), "tokens": tokens}
+    common = dict(claims=("B3",), recipe=v.name, emulated=False, profile=profile)
+    recs = []
+    for what in ("weight", "activation"):
+        for suffix in ("", "_quantized_only"):
+            val, ref = b[f"{what}_bytes{suffix}"], b[f"{what}_bytes{suffix}_bf16"]
+            recs.append(results.make_record(
+                EXPERIMENT, f"stored_{what}_bytes{suffix}", val, "bytes", sizes=sizes,
+                extra={"bf16_bytes": ref, "ratio_to_bf16": val / ref if ref else None,
+                       "quantized_layers": b["quantized_layers"],
+                       "linear_layers": b["linear_layers"], "base_recipe": v.recipe,
+                       "note": "from the quantizers' dtypes and scale shapes; the same on "
+                               "every device (not a measurement of an emulated run)"},
+                **common))
+    return recs
+
+
+def record(profile: str, root: Path | None = None, force: bool = False,
+           recipes: list[str] | None = None, variants: list[str] | None = None,
+           sizes: list[str] | None = None, seeds: list[int] | None = None,
+           time_budget_s: float | None = None, progress: bool = True) -> list[Path]:
+    """Train every (size, variant, seed) cell not yet recorded; returns the files written.
+
+    ``time_budget_s`` (default: ``REPRO_TIME_BUDGET_S``) stops the current run cleanly with a
+    checkpoint when the budget is spent; the next call resumes it. GPU-only variants are
+    skipped with a message elsewhere.
+    """
+    root = Path(root) if root is not None else results.record_root(profile)
+    if time_budget_s is None and os.environ.get("REPRO_TIME_BUDGET_S"):
+        time_budget_s = float(os.environ["REPRO_TIME_BUDGET_S"])
+    t_start = time.monotonic()
+    runs = plan(profile, variants, recipes, sizes, seeds)
+    on_gpu = jax.default_backend() == "gpu"
+    written: list[Path] = []
+    for run in runs:
+        for v in run.variants:
+            if v.gpu_only and not on_gpu:
+                continue
+            cell = f"{run.size}_{v.name}_memory"
+            if force or not results.have_cell(EXPERIMENT, cell, root=root):
+                written.append(results.write_records(_memory_records(run, v, profile),
+                                                     EXPERIMENT, cell, root=root))
+    for run in runs:
+        skipped = [v.name for v in run.variants if v.gpu_only and not on_gpu]
+        if skipped:
+            print(f"lm: skipping {', '.join(skipped)} on {jax.default_backend().upper()}: "
+                  "jax.nn.scaled_dot_general (nvfp4) has no CPU lowering; GPU only")
+        for seed in run.seeds:
+            for v in run.variants:
+                if v.gpu_only and not on_gpu:
+                    continue
+                cell = cell_name(run.size, v.name, seed)
+                if not force and results.have_cell(EXPERIMENT, cell, root=root):
+                    continue
+                left = None
+                if time_budget_s is not None:
+                    left = time_budget_s - (time.monotonic() - t_start)
+                    if left <= 0:
+                        print(f"lm: time budget spent; stopping before {cell}")
+                        return written
+                cfg = v.make_config(M.get_config(run.size))
+                tc = run.train.replace(seed=seed)
+                ckpt = ckpt_root() / hardware.detect().slug / profile / cell
+                if force:
+                    T.remove_checkpoints(ckpt)
+                res = T.train(cfg, tc, v.make_recipe(), ckpt_dir=ckpt, time_budget_s=left,
+                              progress=progress, desc=cell)
+                if not res.finished:
+                    print(f"lm: {cell} stopped at step {res.steps_done}/{tc.steps} "
+                          f"(checkpoint in {ckpt}); run again to resume")
+                    return written
+                if res.final_eval_loss is None or not math.isfinite(res.final_eval_loss):
+                    warnings.warn(f"lm: {cell} ended with eval loss {res.final_eval_loss}",
+                                  stacklevel=2)
+                recs = _train_records(run, v, seed, res, profile, cfg)
+                written.append(results.write_records(recs, EXPERIMENT, cell, root=root))
+                T.remove_checkpoints(ckpt)
+    return written
