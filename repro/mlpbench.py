@@ -1,0 +1,166 @@
+"""The whole training step of a ReLU MLP (forward, backward, Adam with FP32 master weights),
+timed per precision recipe in the same process, interleaved, on the same device.
+
+Recipes: every name in ``repro.recipes.RECIPES`` plus ``flax-fp8``, the peer
+``flax.linen.fp8_ops.Fp8DirectDotGeneralOp`` (delayed scaling). A cell is one (width, batch,
+depth): all its recipes are timed together in rounds (recipe A, B, C, A, B, C, ...), so a
+speedup is always a ratio of two timings from the same run.
+
+    repro record mlp_step --profile full      # the H200 study, resumable per width
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import linen as nn
+from flax.linen import fp8_ops
+
+from repro import layers, ops, results
+from repro.recipes import get_recipe
+
+PEER = "flax-fp8"
+EXPERIMENT = "mlp_step"
+
+
+class MLP(nn.Module):
+    """``depth`` Dense layers of ``width`` with ReLU between them."""
+
+    width: int
+    depth: int
+    recipe: str
+
+    @nn.compact
+    def __call__(self, x):
+        for i in range(self.depth):
+            if self.recipe == PEER:
+                x = nn.Dense(self.width, dtype=jnp.bfloat16, param_dtype=jnp.float32,
+                             dot_general_cls=fp8_ops.Fp8DirectDotGeneralOp)(x)
+            else:
+                x = layers.Dense(self.width, recipe=get_recipe(self.recipe))(x)
+            if i < self.depth - 1:
+                x = nn.relu(x)
+        return x
+
+
+def _input_dtype(recipe: str):
+    return jnp.bfloat16 if recipe == PEER else get_recipe(recipe).dtype
+
+
+def make_train_step(model: MLP, tx: optax.GradientTransformation):
+    def loss_fn(variables, x, y):
+        pred = model.apply(variables, x)
+        return jnp.mean(jnp.square(pred.astype(jnp.float32) - y))
+
+    def step(variables, opt_state, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(variables, x, y)
+        variables, opt_state = layers.apply_gradients(variables, grads, tx, opt_state)
+        return variables, opt_state, loss
+
+    return step
+
+
+def step_flops(batch: int, width: int, depth: int) -> float:
+    """Forward (2BW^2) plus data and weight gradients (4BW^2) per layer."""
+    return 6.0 * batch * width * width * depth
+
+
+def _setup(recipe: str, width: int, batch: int, depth: int, seed: int = 0, lr: float = 1e-4):
+    model = MLP(width, depth, recipe)
+    kx, ky, kp = jax.random.split(jax.random.key(seed), 3)
+    x = jax.random.normal(kx, (batch, width), jnp.float32).astype(_input_dtype(recipe))
+    y = jax.random.normal(ky, (batch, width), jnp.float32)
+    variables = model.init(kp, x)
+    tx = optax.adam(lr)
+    opt_state = tx.init(variables["params"])
+    step = jax.jit(make_train_step(model, tx), donate_argnums=(0, 1))
+    return step, variables, opt_state, x, y
+
+
+def _compiled_facts(step, variables, opt_state, x, y) -> dict[str, Any]:
+    compiled = step.lower(variables, opt_state, x, y).compile()
+    text = compiled.as_text()
+    facts: dict[str, Any] = {"fp8_gemm_calls": text.count("__cublas$lt$matmul$f8")}
+    try:
+        mem = compiled.memory_analysis()
+        facts["memory_bytes"] = int(mem.argument_size_in_bytes + mem.output_size_in_bytes
+                                    + mem.temp_size_in_bytes - mem.alias_size_in_bytes)
+    except Exception:  # memory_analysis is not available on every backend
+        facts["memory_bytes"] = None
+    return facts
+
+
+def bench_cell(width: int, batch: int, depth: int, recipes: list[str], repeats: int,
+               steps_per_sample: int = 5, profile: str | None = None) -> list[dict]:
+    """Time every recipe's train step for one shape, interleaved; one record per metric."""
+    state = {}
+    for r in recipes:
+        step, variables, opt_state, x, y = _setup(r, width, batch, depth)
+        facts = _compiled_facts(step, variables, opt_state, x, y)
+        variables, opt_state, loss = step(variables, opt_state, x, y)  # compile + warm up
+        jax.block_until_ready(loss)
+        state[r] = [step, variables, opt_state, x, y, facts, []]
+    for _ in range(repeats):
+        for r in recipes:
+            step, variables, opt_state, x, y, facts, samples = state[r]
+            t0 = time.perf_counter()
+            for _ in range(steps_per_sample):
+                variables, opt_state, loss = step(variables, opt_state, x, y)
+            jax.block_until_ready(loss)
+            samples.append((time.perf_counter() - t0) / steps_per_sample)
+            state[r][1:3] = [variables, opt_state]
+            if not np.isfinite(float(loss)):
+                raise FloatingPointError(f"{r}: non-finite loss at width {width}")
+
+    records = []
+    sizes = {"batch": batch, "width": width, "depth": depth}
+    run_id = f"{time.time():.0f}"
+    for r in recipes:
+        *_, facts, samples = state[r]
+        s = np.asarray(samples)
+        q1, med, q3 = np.percentile(s, [25, 50, 75])
+        emulated = (not jax.default_backend() == "gpu") if r == PEER else ops.is_emulated(
+            get_recipe(r))
+        common = dict(claims=["A2", "A4"], recipe=r, sizes=sizes, repeats=len(s),
+                      emulated=emulated, profile=profile,
+                      extra={"run_id": run_id, "samples_ms": (s * 1e3).round(4).tolist(),
+                             "steps_per_sample": steps_per_sample, **facts})
+        records.append(results.make_record(EXPERIMENT, "step_time_ms", med * 1e3, "ms",
+                                           spread=(q3 - q1) * 1e3, **common))
+        flops = step_flops(batch, width, depth)
+        records.append(results.make_record(EXPERIMENT, "tflops", flops / med / 1e12, "TFLOP/s",
+                                           spread=flops / q1 / 1e12 - flops / q3 / 1e12,
+                                           **common))
+        if facts["memory_bytes"] is not None:
+            records.append(results.make_record(EXPERIMENT, "step_memory_bytes",
+                                               facts["memory_bytes"], "bytes", **common))
+    return records
+
+
+def record(profile: str, root: Path | None = None, force: bool = False) -> list[Path]:
+    """Run the ``mlp_step`` study of ``params.yaml`` for ``profile``, one cell per width."""
+    from tqdm.auto import tqdm
+
+    from repro.config import stage_params
+
+    p = stage_params(EXPERIMENT, profile)
+    root = root or results.record_root(p["profile"])
+    for r in p["recipes"]:
+        if r != PEER:
+            get_recipe(r)  # fail early on a bad name
+    written = []
+    for width in (bar := tqdm(p["widths"], desc="mlp_step")):
+        cell = f"w{width}_b{p['batch']}_d{p['depth']}"
+        if not force and results.have_cell(EXPERIMENT, cell, root=root):
+            continue
+        bar.set_postfix(width=width)
+        recs = bench_cell(width, p["batch"], p["depth"], p["recipes"], p["repeats"],
+                          profile=p["profile"])
+        written.append(results.write_records(recs, EXPERIMENT, cell, root=root))
+    return written
