@@ -84,9 +84,8 @@ def _fp8_grads(recipe, x, w, c, meta=None):
     def loss(x, w, meta):
         return jnp.sum(ops.fp8_dot(x, w, recipe, meta).astype(jnp.float32) * c)
 
-    y = ops.fp8_dot(x, w, recipe, meta)
-    gx, gw, gm = jax.grad(loss, argnums=(0, 1, 2))(x, w, meta)
-    return y, gx, gw, gm
+    y, (gx, gw, gm) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(x, w, meta)
+    return ops.fp8_dot(x, w, recipe, meta), gx, gw, gm
 
 
 def test_fp8_dot_current_matches_quantized_reference_and_exact_product():
@@ -222,13 +221,13 @@ def test_fp8_dot_rejects_bad_inputs():
 def test_mxfp8_dot_forward_and_grads_match_references():
     r = get_recipe("mxfp8", compute_dtype="float32")
     x, w, c = randn(12, (32, 64)), randn(13, (64, 40), 0.1), randn(14, (32, 40))
-    y = ops.mxfp8_dot(x, w, r, backend="emulated")
+    y = jax.jit(lambda x, w: ops.mxfp8_dot(x, w, r, backend="emulated"))(x, w)
     # forward: x blocks along K, w blocks along K (rows of w^T)
     y_ref = np_mxfp8(x) @ np_mxfp8(w.T).T
     np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5 * np.abs(y_ref).max())
     assert rel(y, x.astype(np.float64) @ w) < 0.08
 
-    gx, gw = jax.grad(lambda x, w: jnp.sum(ops.mxfp8_dot(x, w, r) * c), argnums=(0, 1))(x, w)
+    gx, gw = jax.jit(jax.grad(lambda x, w: jnp.sum(ops.mxfp8_dot(x, w, r) * c), (0, 1)))(x, w)
     # dgrad: g and w blocked along N (N=40 is zero-padded to 64)
     pad = lambda a: np.pad(a, ((0, 0), (0, 64 - a.shape[1])))  # noqa: E731
     gx_ref = np_mxfp8(pad(c)) @ np_mxfp8(pad(w)).T
@@ -247,7 +246,7 @@ NV_KEY = jax.random.PRNGKey(42)
 def test_nvfp4_dot_forward_matches_reference(block_2d):
     r = get_recipe("nvfp4", compute_dtype="float32", weight_block_2d=block_2d)
     x, w = randn(15, (2, 16, 64)), randn(16, (64, 32), 0.1)
-    y = ops.nvfp4_dot(x, w, r, NV_KEY, backend="emulated")
+    y = jax.jit(lambda x, w: ops.nvfp4_dot(x, w, r, NV_KEY, backend="emulated"))(x, w)
     wd = np_nvfp4(w, (16, 16)) if block_2d else np_nvfp4(w.T, (1, 16)).T
     y_ref = np_nvfp4(x.reshape(-1, 64), (1, 16)) @ wd
     np.testing.assert_allclose(y.reshape(-1, 32), y_ref, rtol=1e-5,
@@ -258,7 +257,7 @@ def test_nvfp4_dot_forward_matches_reference(block_2d):
 def test_nvfp4_dgrad_uses_same_2d_weight_and_nearest_reference():
     r = get_recipe("nvfp4", compute_dtype="float32", stochastic_rounding=False, rht=False)
     x, w, c = randn(17, (32, 48), 1.0), randn(18, (48, 32), 0.1), randn(19, (32, 32))
-    gx, gw = jax.grad(lambda x, w: jnp.sum(ops.nvfp4_dot(x, w, r) * c), argnums=(0, 1))(x, w)
+    gx, gw = jax.jit(jax.grad(lambda x, w: jnp.sum(ops.nvfp4_dot(x, w, r) * c), (0, 1)))(x, w)
     # w is 48 x 32: 16x16 blocks; K=48 on the dgrad output
     gx_ref = np_nvfp4(c, (1, 16)) @ np_nvfp4(w, (16, 16)).T
     np.testing.assert_allclose(gx, gx_ref, rtol=1e-5, atol=1e-5 * np.abs(gx_ref).max())
@@ -267,7 +266,7 @@ def test_nvfp4_dgrad_uses_same_2d_weight_and_nearest_reference():
 
 
 def _nvfp4_wgrad(recipe, x, w, c, key):
-    return jax.grad(lambda w: jnp.sum(ops.nvfp4_dot(x, w, recipe, key) * c))(w)
+    return jax.jit(jax.grad(lambda w: jnp.sum(ops.nvfp4_dot(x, w, recipe, key) * c)))(w)
 
 
 def test_nvfp4_rht_is_exact_without_quantization(monkeypatch):
@@ -320,14 +319,15 @@ def test_nvfp4_needs_key_when_random():
     x, w = np.ones((16, 16), np.float32), np.ones((16, 16), np.float32)
     with pytest.raises(ValueError, match="key"):
         ops.nvfp4_dot(x, w, "nvfp4")
-    ops.nvfp4_dot(x, w, get_recipe("nvfp4", rht=False, stochastic_rounding=False))
+    jax.jit(lambda x, w: ops.nvfp4_dot(x, w, get_recipe("nvfp4", rht=False,
+                                                        stochastic_rounding=False)))(x, w)
 
 
 def test_nvfp4_meta_step_gradient_counts():
     r = get_recipe("nvfp4")
     x, w = randn(29, (16, 16)), randn(30, (16, 16))
-    g = jax.grad(lambda m: jnp.sum(ops.nvfp4_dot(x, w, r, NV_KEY, m).astype(jnp.float32)))(
-        {"step": jnp.float32(7.0)})
+    g = jax.jit(jax.grad(lambda m: jnp.sum(ops.nvfp4_dot(x, w, r, NV_KEY, m)
+                                           .astype(jnp.float32))))({"step": jnp.float32(7.0)})
     assert float(g["step"]) == 8.0
 
 
