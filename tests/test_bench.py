@@ -1,0 +1,148 @@
+"""GEMM benchmark: timing statistics, records, and numerics against float64."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from repro import bench
+from repro.config import ConfigError
+
+
+def test_time_fn_statistics_and_rotation():
+    calls = []
+
+    def f(x):
+        calls.append(x)
+        return jnp.asarray(x)
+
+    t = bench.time_fn(f, repeats=5, warmup=2, input_sets=[(1,), (2,), (3,)])
+    assert calls == [1, 2, 1, 2, 3, 1, 2]  # warm-up, then the timed calls, rotating
+    assert len(t.samples) == 5 and all(s >= 0 for s in t.samples)
+    q25, q50, q75 = np.percentile(t.samples, [25, 50, 75])
+    assert t.median_s == pytest.approx(q50) and t.iqr_s == pytest.approx(q75 - q25)
+
+    calls.clear()
+    bench.time_fn(f, 7, repeats=3, warmup=0)
+    assert calls == [7, 7, 7]
+    with pytest.raises(ValueError):
+        bench.time_fn(f, repeats=0)
+    with pytest.raises(ValueError):
+        bench.time_fn(f, 1, repeats=1, input_sets=[(1,)])
+
+
+def test_time_fn_measures_blocking_work():
+    t = bench.time_fn(lambda: time.sleep(0.01), repeats=3, warmup=0)
+    assert 0.009 < t.median_s < 0.5
+
+
+def test_gemm_sweep_cpu_records():
+    m, k, n = 32, 64, 16
+    recs = bench.gemm_sweep([(m, k, n)], repeats=2, warmup=1, profile="smoke")
+    assert len(recs) == 2 * len(bench.GEMM_DTYPES)
+    by = {(r["recipe"], r["metric"]): r for r in recs}
+    for dtype in bench.GEMM_DTYPES:
+        tf, ms = by[(dtype, "tflops")], by[(dtype, "time_ms")]
+        assert tf["experiment"] == "gemm" and tf["claims"] == ["A2", "B2"]
+        assert tf["unit"] == "TFLOP/s" and ms["unit"] == "ms" and tf["profile"] == "smoke"
+        assert tf["sizes"] == {"M": m, "K": k, "N": n} and tf["repeats"] == 2
+        assert tf["value"] > 0 and tf["spread"] >= 0 and ms["spread"] >= 0
+        assert tf["value"] == pytest.approx(2 * m * k * n / (ms["value"] / 1e3) / 1e12)
+        assert tf["extra"]["layout"] == "TN" and tf["extra"]["hlo_fp8_gemm"] is False
+    # On a CPU the f8 operands are upcast before the dot: emulated, and said so.
+    assert by[("fp8", "tflops")]["emulated"] is True
+    assert by[("fp8", "tflops")]["extra"]["fp8_lowering"] == "upcast"
+    assert not any(by[(d, "tflops")]["emulated"] for d in ("fp32", "tf32", "bf16", "fp16"))
+    with pytest.raises(ConfigError, match="valid recipes: fp32, tf32, bf16, fp16, fp8"):
+        bench.gemm_sweep([(8, 8, 8)], ["fp9"])
+
+
+@pytest.mark.parametrize("dtype,rtol", [("fp32", 1e-6), ("bf16", 2e-2), ("fp16", 2e-3)])
+def test_gemm_is_a_times_b_transposed(dtype, rtol):
+    a, b = bench._random_inputs(jax.random.key(0), 16, 48, 8)
+    c = jax.jit(bench.gemm_fn(dtype))(*bench.gemm_operands(dtype, a, b))
+    ref = np.asarray(a, np.float64) @ np.asarray(b, np.float64).T
+    assert c.shape == (16, 8)
+    assert bench.relative_error(c, ref) < rtol
+
+
+def test_fp8_gemm_against_float64_of_the_same_fp8_operands():
+    rng = np.random.default_rng(0)
+    a = (rng.normal(size=(64, 128)) * 30).astype(np.float32)
+    b = (rng.normal(size=(32, 128)) * 0.01).astype(np.float32)
+    a_q, b_q, sa, sb = bench.gemm_operands("fp8", jnp.asarray(a), jnp.asarray(b))
+    assert a_q.dtype == jnp.float8_e4m3fn and b_q.dtype == jnp.float8_e4m3fn
+    # Independent quantization reference: per-tensor amax/448 scale, RNE cast by ml_dtypes.
+    assert float(sa) == pytest.approx(np.abs(a).max() / 448, rel=1e-6)
+    ref_a_q = (a / np.float32(sa)).astype(ml_dtypes.float8_e4m3fn)
+    assert np.array_equal(np.asarray(a_q).view(np.uint8), ref_a_q.view(np.uint8))
+
+    c = jax.jit(bench.gemm_fn("fp8"))(a_q, b_q, sa, sb)
+    assert c.dtype == jnp.bfloat16 and c.shape == (64, 32)
+    da = np.asarray(a_q).astype(np.float64) * float(sa)
+    db = np.asarray(b_q).astype(np.float64) * float(sb)
+    ref = da @ db.T
+    # Exact products accumulated in >= fp32, then two bf16 roundings (scale, output).
+    np.testing.assert_allclose(np.asarray(c, np.float64), ref, rtol=2 ** -7,
+                               atol=1e-3 * np.abs(ref).max())
+    # Against the unquantized operands the error is FP8's, an order above bf16's.
+    full = a.astype(np.float64) @ b.astype(np.float64).T
+    assert 0.01 < bench.relative_error(c, full) < 0.1
+
+
+def test_gemm_error_records():
+    recs = bench.gemm_error(shape=(32, 64, 16))
+    err = {r["recipe"]: r for r in recs}
+    assert all(r["metric"] == "rel_error" for r in recs)
+    assert err["fp32"]["value"] < 1e-5 < err["fp16"]["value"] < err["bf16"]["value"]
+    assert err["bf16"]["value"] < err["fp8"]["value"] < 0.1
+    for r in recs:
+        assert r["extra"]["rel_error_same_operands"] <= r["value"] * 1.01 + 1e-7
+
+
+def test_fp8_lowering_from_hlo():
+    assert bench.fp8_lowering("ROOT %x = bf16[4,4] dot(%a, %b)") == "no-f8"
+    cublas = 'custom-call(%a, %b), custom_call_target="__cublas$lt$matmul$f8"'
+    assert bench.fp8_lowering("f8e4m3fn " + cublas) == "cublaslt-f8"
+    fused = ("%gemm (p0: f8e4m3fn[4,4], p1: f8e4m3fn[4,4]) -> bf16[4,4] {\n"
+             "  %p0 = f8e4m3fn[4,4]{1,0} parameter(0)\n  %p1 = f8e4m3fn[4,4]{1,0} parameter(1)\n"
+             "  ROOT %d = bf16[4,4]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}\n}\n")
+    assert bench.fp8_lowering(fused) == "fused-f8-dot"
+    upcast = ("%f (p0: f8e4m3fn[4,4]) -> f32[4,4] {\n  %p0 = f8e4m3fn[4,4]{1,0} parameter(0)\n"
+              "  %c = f32[4,4]{1,0} convert(%p0)\n  %c2 = f32[4,4]{1,0} convert(%p0)\n"
+              "  ROOT %d = f32[4,4]{1,0} dot(%c, %c2)\n}\n")
+    assert bench.fp8_lowering(upcast) == "upcast"
+
+
+@pytest.fixture
+def tiny_params(tmp_path, monkeypatch):
+    (tmp_path / "params.yaml").write_text(
+        "profile: smoke\n"
+        "gemm:\n"
+        "  common: {dtypes: [bf16, fp8]}\n"
+        "  smoke: {repeats: 1, shapes: [[16, 16, 16]], error_shape: [16, 16, 16]}\n"
+        "  full: {repeats: 1, shapes: [[16, 16, 16]]}\n")
+    monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
+    return tmp_path
+
+
+def test_record_gemm_is_resumable(tiny_params):
+    root = tiny_params / "out"
+    first = bench.record_gemm("smoke", root)
+    assert sorted(p.name for p in first) == ["16x16x16.json", "rel_error_16x16x16.json"]
+    assert all(p.parent == root / "cpu" / "gemm" for p in first)
+    assert bench.record_gemm("smoke", root) == []  # finished cells are skipped
+    assert len(bench.record_gemm("smoke", root, force=True)) == 2
+    subset = bench.record_gemm("smoke", root, recipes=["bf16"])  # its own cells
+    assert sorted(p.name for p in subset) == ["16x16x16_bf16.json", "rel_error_16x16x16_bf16.json"]
+
+
+def test_record_gemm_rejects_bad_params_before_writing(tiny_params):
+    (tiny_params / "params.yaml").write_text(
+        "gemm:\n  smoke: {dtypes: [bf16, int3], shapes: [[16, 16, 16]]}\n  full: {}\n")
+    with pytest.raises(ConfigError, match="int3.*valid recipes"):
+        bench.record_gemm("smoke", tiny_params / "out")
+    assert not (tiny_params / "out").exists()

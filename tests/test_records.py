@@ -1,0 +1,96 @@
+"""Tidy records: fields, atomic writes, resumable cells, loading across hardware."""
+
+import datetime as dt
+import json
+
+import pytest
+
+from repro import hardware, results
+
+
+@pytest.fixture
+def roots(tmp_path, monkeypatch):
+    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("REPRO_SCRATCH_RESULTS", str(tmp_path / "scratch"))
+    return tmp_path
+
+
+def rec(slug="h200", value=1.0, recipe="bf16", **kw):
+    return results.make_record("gemm", "tflops", value, "TFLOP/s", claims=["A2", "B2"],
+                               recipe=recipe, sizes={"M": 8, "K": 4, "N": 2}, repeats=3,
+                               spread=0.25, hardware=hardware.lookup(slug), **kw)
+
+
+def test_record_fields():
+    r = rec(value=3, emulated=True, profile="smoke", extra={"hlo_fp8_gemm": False})
+    assert list(r) == results.RECORD_FIELDS
+    assert r["experiment"] == "gemm" and r["claims"] == ["A2", "B2"]
+    assert r["hardware"] == "h200" and r["hardware_name"] == "NVIDIA H200"
+    assert r["compute_capability"] == "9.0" and r["backend"] == "gpu"
+    assert isinstance(r["value"], float) and r["value"] == 3.0
+    assert r["unit"] == "TFLOP/s" and r["repeats"] == 3 and r["spread"] == 0.25
+    assert r["emulated"] is True and r["profile"] == "smoke"
+    assert r["sizes"] == {"M": 8, "K": 4, "N": 2} and r["extra"] == {"hlo_fp8_gemm": False}
+    for key in ("jax", "jaxlib", "flax", "git_commit"):
+        assert isinstance(r[key], str) and r[key]
+    assert dt.datetime.fromisoformat(r["timestamp"]).tzinfo is not None
+    json.dumps(r)  # serialisable as is
+
+
+def test_write_then_read_back(roots):
+    path = results.write_records([rec(value=1.5)], "gemm", "8x4x2", root=roots / "results")
+    assert path == roots / "results" / "h200" / "gemm" / "8x4x2.json"
+    assert json.loads(path.read_text())[0]["value"] == 1.5
+
+
+def test_write_is_atomic(roots, monkeypatch):
+    root = roots / "results"
+    path = results.write_records([rec(value=1.0)], "gemm", "cell", root=root)
+    before = path.read_text()
+
+    def broken_dump(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(results.json, "dump", broken_dump)
+    with pytest.raises(OSError, match="disk full"):
+        results.write_records([rec(value=2.0)], "gemm", "cell", root=root)
+    assert path.read_text() == before  # the old cell is intact
+    assert sorted(p.name for p in path.parent.iterdir()) == ["cell.json"]  # no temp file left
+
+
+def test_write_refuses_nothing(roots):
+    with pytest.raises(ValueError, match="no records"):
+        results.write_records([], "gemm", "cell", root=roots)
+
+
+def test_resumable_cells(roots):
+    root = roots / "results"
+    assert not results.have_cell("gemm", "8x4x2", hardware="h200", root=root)
+    results.write_records([rec()], "gemm", "8x4x2", root=root)
+    assert results.have_cell("gemm", "8x4x2", hardware="h200", root=root)
+    assert not results.have_cell("gemm", "8x4x2", hardware="b200", root=root)
+    assert not results.have_cell("gemm", "16x4x2", hardware="h200", root=root)
+    assert not results.have_cell("mlp_step", "8x4x2", hardware="h200", root=root)
+
+
+def test_load_across_hardware_and_roots(roots):
+    results.write_records([rec("h200", 1.0), rec("h200", 2.0, recipe="fp8")], "gemm", "a",
+                          root=roots / "results")
+    results.write_records([rec("b200", 3.0)], "gemm", "a", root=roots / "results")
+    results.write_records([rec("cpu", 0.1)], "gemm", "a", root=roots / "scratch")
+    other = results.make_record("mlp_step", "ms", 1.0, "ms", hardware=hardware.lookup("h200"))
+    results.write_records([other], "mlp_step", "a", root=roots / "results")
+
+    df = results.load_records("gemm")  # default roots: REPRO_RESULTS and REPRO_SCRATCH_RESULTS
+    assert sorted(df.hardware) == ["b200", "cpu", "h200", "h200"]
+    assert set(df.experiment) == {"gemm"}
+    assert {"source", "size_M", "size_K", "size_N"} <= set(df.columns)
+    assert df.set_index("hardware").loc["b200", "value"] == 3.0
+    assert all(str(roots) in s for s in df.source)
+    assert len(results.load_records()) == 5  # every experiment
+    assert len(results.load_records("gemm", roots=roots / "scratch")) == 1
+
+
+def test_load_nothing_has_columns(roots):
+    df = results.load_records("gemm")
+    assert df.empty and {"experiment", "value", "source"} <= set(df.columns)
