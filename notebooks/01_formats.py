@@ -32,13 +32,14 @@
 # (`02_gemm_roofline`) on machines that have FP4 tensor cores; here `repro.hardware` only says
 # whether this machine has them.
 #
+# The verdict goes to the claims ledger (`verdicts/B1.json`, `repro.claims`).
+#
 # Regenerate: `dvc repro formats` (or `repro notebook 01_formats --profile smoke`).
 
 # %% tags=["parameters"]
 profile = "smoke"
 
 # %%
-import json
 from pathlib import Path
 
 import jax
@@ -49,7 +50,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from repro import config, formats, hardware
+from repro import claims, config, formats, hardware
 from repro.formats import E2M1, E4M3, E5M2
 
 P = config.stage_params("formats", profile)
@@ -267,14 +268,16 @@ flat
 passed = all(checks.values())
 failed = [name for name, ok in checks.items() if not ok]
 nvfp4_err = float(flat.loc[("NVFP4", "per block (16, E4M3) + FP32 tensor"), "median"])
-verdict = ("reproduced (format is bit-faithful)" if passed
-           else "contradicted (quantizer differs from the NVFP4 recipe: " + "; ".join(failed) + ")")
+verdict = "reproduced" if passed else "contradicted"
+note = ("format is bit-faithful: " + "; ".join(checks) if passed
+        else "quantizer differs from the NVFP4 recipe: " + "; ".join(failed))
+note += (f". Native FP4 tensor cores on this machine ({HW.slug}): {'yes' if HW.has_fp4 else 'no'}"
+         " (the hardware half of the claim is a datasheet fact here)")
 key_number = (f"0 bit mismatches in {t.q.size} E2M1 elements and {t.block_scale.size} E4M3 "
               f"block scales vs ml_dtypes; NVFP4 relative error {nvfp4_err:.3f} on normal data"
               if passed else f"{mism_q} element and {mism_s} block-scale bit mismatches")
-record = {"claim": "B1", "verdict": verdict, "key_number": key_number, "hardware": HW.slug,
-          "native_fp4_tensor_cores_here": HW.has_fp4, "profile": P["profile"],
-          "source": "notebooks/01_formats.py", "checks": {k: bool(v) for k, v in checks.items()}}
-Path("build/verdicts").mkdir(parents=True, exist_ok=True)
-Path("build/verdicts/B1.json").write_text(json.dumps(record, indent=1) + "\n")
-print(f"B1: {verdict}\n    {key_number}")
+path = claims.write_verdict("B1", verdict, key_number, hardware=HW.slug,
+                            source="notebooks/01_formats.py (checks run in the notebook)",
+                            note=note)
+print(f"B1: {verdict}" + (" (format is bit-faithful)" if passed else "") + f"\n    {key_number}")
+print(f"-> {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
