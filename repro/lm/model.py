@@ -121,8 +121,8 @@ def _bf16() -> Recipe:
 def base_recipe(recipe: str | Recipe) -> Recipe:
     """The Recipe object for a name; ``jax-nvfp4`` is NVFP4 without RHT, SR or 2D weights."""
     if isinstance(recipe, str) and recipe == JAX_NVFP4:
-        return get_recipe("nvfp4", name=JAX_NVFP4, rht=False, stochastic_rounding=False,
-                          weight_block_2d=False)
+        return get_recipe("nvfp4").replace(name=JAX_NVFP4, rht=False, stochastic_rounding=False,
+                                           weight_block_2d=False)
     return get_recipe(recipe)
 
 
@@ -268,6 +268,23 @@ def rope(x, positions, theta: float = 10000.0):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
+def attention_implementation(dtype) -> str:
+    """cuDNN flash attention on GPUs for BF16/FP16 (no T x T matrix in memory), else XLA."""
+    on_gpu = jax.default_backend() == "gpu"
+    return "cudnn" if on_gpu and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) else "xla"
+
+
+def causal_attention(q, k, v):
+    """softmax(q k^T / sqrt(d) + causal mask) v for ``[B, T, H, D]``; FP32 softmax."""
+    impl = attention_implementation(q.dtype)
+    if impl == "cudnn":
+        try:
+            return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+        except Exception:  # noqa: BLE001 - an unsupported shape/version: XLA's is exact too
+            pass
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+
+
 class Attention(nn.Module):
     cfg: LMConfig
     recipe: Recipe | str
@@ -285,9 +302,7 @@ class Attention(nn.Module):
         pos = jnp.arange(t)
         q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
         core = layer_recipe(self.recipe, "attn_core", self.block, cfg).dtype
-        # QK^T and AV in BF16 with FP32 softmax (cuDNN flash attention on GPUs where it fits).
-        o = jax.nn.dot_product_attention(q.astype(core), k.astype(core), v.astype(core),
-                                         is_causal=True)
+        o = causal_attention(q.astype(core), k.astype(core), v.astype(core))
         o = o.reshape(b, t, d)
         # Depth-scaled init of the residual projections (GPT-2 / MaxText practice).
         std = cfg.init_std / (2 * cfg.n_layers) ** 0.5

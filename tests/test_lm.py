@@ -1,0 +1,219 @@
+"""The decoder LM (repro.lm): model properties, recipe policy, corpus, pre-training errors,
+training that learns, and checkpoint resume that reproduces an uninterrupted run."""
+
+from __future__ import annotations
+
+import gzip
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from repro.lm import data as D
+from repro.lm import experiments as E
+from repro.lm import model as M
+from repro.lm import train as T
+
+TINY = M.get_config("tiny")
+
+
+@pytest.fixture(scope="module")
+def tiny_vars():
+    model = M.Decoder(TINY, "bf16")
+    tokens = jnp.zeros((2, TINY.seq_len), jnp.int32)
+    return model, model.init(jax.random.key(0), tokens)
+
+
+# ------------------------------------------------------------------------------ model
+
+
+def test_shapes_and_param_count(tiny_vars):
+    model, variables = tiny_vars
+    tokens = jax.random.randint(jax.random.key(1), (3, TINY.seq_len), 0, 256)
+    logits = model.apply(variables, tokens)
+    assert logits.shape == (3, TINY.seq_len, 256) and logits.dtype == jnp.float32
+    n = sum(p.size for p in jax.tree.leaves(variables["params"]))
+    assert n == M.param_count(TINY)
+    for name, lo, hi in (("20m", 18e6, 22e6), ("120m", 110e6, 130e6)):
+        assert lo < M.param_count(M.get_config(name)) < hi
+
+
+def test_causal_mask(tiny_vars):
+    """Changing a future token leaves every earlier position's logits unchanged."""
+    model, variables = tiny_vars
+    tokens = jax.random.randint(jax.random.key(2), (1, TINY.seq_len), 0, 256)
+    t = 40
+    changed = tokens.at[0, t].set((tokens[0, t] + 7) % 256)
+    a, b = model.apply(variables, tokens), model.apply(variables, changed)
+    np.testing.assert_array_equal(np.asarray(a[0, :t]), np.asarray(b[0, :t]))
+    assert not np.allclose(np.asarray(a[0, t:]), np.asarray(b[0, t:]))
+
+
+def test_rope_relative_position():
+    """<rope(q, m), rope(k, n)> depends only on m - n, and rope keeps the norm."""
+    q = jax.random.normal(jax.random.key(3), (1, 1, 16))
+    k = jax.random.normal(jax.random.key(4), (1, 1, 16))
+
+    def score(m, n):
+        qm = M.rope(q, jnp.array([m]))[0, 0]
+        kn = M.rope(k, jnp.array([n]))[0, 0]
+        return float(jnp.dot(qm, kn))
+
+    for (m, n), (m2, n2) in [((5, 2), (13, 10)), ((0, 7), (20, 27)), ((3, 3), (50, 50))]:
+        assert score(m, n) == pytest.approx(score(m2, n2), rel=1e-4, abs=1e-5)
+    assert score(5, 2) != pytest.approx(score(5, 4), rel=1e-3)
+    np.testing.assert_allclose(jnp.linalg.norm(M.rope(q, jnp.array([9]))), jnp.linalg.norm(q),
+                               rtol=1e-5)
+
+
+def test_layer_recipe_policy():
+    cfg = M.get_config("20m")  # 6 blocks
+    last = cfg.n_layers - 1
+    for kind in ("embed", "head", "attn_core", "norm"):
+        assert M.layer_recipe("nvfp4", kind, 0, cfg).name == "bf16", kind
+    for kind in M.BLOCK_LINEAR_KINDS:
+        assert M.layer_recipe("nvfp4", kind, 0, cfg).gemm == "nvfp4"
+        assert M.layer_recipe("nvfp4", kind, last, cfg).name == "bf16"  # last block BF16
+    two = cfg.replace(n_bf16_last_blocks=2)
+    assert M.layer_recipe("nvfp4", "mlp_in", last - 1, two).name == "bf16"
+    every = cfg.replace(nvfp4_scope="all")
+    assert M.layer_recipe("nvfp4", "head", None, every).gemm == "nvfp4"
+    assert M.layer_recipe("nvfp4", "mlp_out", last, every).gemm == "nvfp4"
+    assert M.layer_recipe("nvfp4", "attn_core", 0, every).name == "bf16"
+    assert M.layer_recipe("nvfp4", "embed", None, every).name == "bf16"
+    mlp = cfg.replace(nvfp4_scope="mlp")
+    assert M.layer_recipe("nvfp4", "attn_qkv", 0, mlp).name == "bf16"
+    assert M.layer_recipe("nvfp4", "mlp_in", 0, mlp).gemm == "nvfp4"
+    # Ablation fields travel through the policy; FP8 stays in every block, head BF16.
+    assert M.layer_recipe(E.VARIANTS["nvfp4-no-rht"].make_recipe(), "mlp_in", 0, cfg).rht is False
+    assert M.layer_recipe("fp8-delayed", "attn_out", last, cfg).gemm == "fp8"
+    assert M.layer_recipe("fp8-delayed", "head", None, cfg).name == "bf16"
+    assert M.layer_recipe("bf16", "head", None, cfg).name == "bf16"
+    with pytest.raises(ValueError, match="unknown layer kind"):
+        M.layer_recipe("nvfp4", "conv", 0, cfg)
+
+
+def test_nvfp4_model_uses_nvfp4_state():
+    """Under nvfp4 exactly the policy's layers carry NVFP4 state (FP8_META step counters)."""
+    from repro.layers import FP8_META
+
+    v = M.Decoder(TINY, "nvfp4").init(jax.random.key(0), jnp.zeros((1, TINY.seq_len), jnp.int32))
+    meta = jax.tree_util.tree_flatten_with_path(v[FP8_META])[0]
+    paths = {"/".join(str(getattr(k, "key", k)) for k in p[:-1]) for p, _ in meta}
+    assert paths == {"block0/attn/qkv", "block0/attn/out", "block0/mlp/wi", "block0/mlp/wo"}
+
+
+def test_jax_nvfp4_is_gpu_only():
+    if jax.default_backend() == "gpu":
+        pytest.skip("GPU present")
+    with pytest.raises(RuntimeError, match="needs a GPU"):
+        M.Decoder(TINY, M.JAX_NVFP4).init(jax.random.key(0),
+                                          jnp.zeros((1, TINY.seq_len), jnp.int32))
+
+
+# ------------------------------------------------------------------------------- data
+
+
+def test_corpus_loads_offline_and_splits():
+    tokens = D.load_corpus()
+    assert tokens.dtype == np.uint8 and tokens.size > 6_000_000
+    text = D.decode(tokens[:200_000])
+    assert "In the beginning" in text and " the " in text
+    s = D.load_splits()
+    assert s.train.size + s.heldout.size == tokens.size
+    assert 0.04 < s.heldout.size / tokens.size < 0.06
+    assert D.decode(D.encode("naïve café")) == "naïve café"
+    x, y = D.train_batch(s.train, 3, 4, 32, seed=1)
+    x2, _ = D.train_batch(s.train, 3, 4, 32, seed=1)
+    np.testing.assert_array_equal(x, x2)
+    np.testing.assert_array_equal(x[:, 1:], y[:, :-1])
+
+
+def test_bad_inputs_raise_before_training(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(T, "_functions", lambda *a, **k: calls.append(a))  # must not compile
+    tc = T.TrainConfig(steps=5, batch_size=2)
+    with pytest.raises(D.DataError, match="missing"):
+        T.train(TINY, tc, corpus=tmp_path / "nope.txt", progress=False)
+    (tmp_path / "empty.txt").write_text("  \n")
+    with pytest.raises(D.DataError, match="empty"):
+        T.train(TINY, tc, corpus=tmp_path / "empty.txt", progress=False)
+    (tmp_path / "empty.txt.gz").write_bytes(gzip.compress(b""))
+    with pytest.raises(D.DataError, match="empty"):
+        T.train(TINY, tc, corpus=tmp_path / "empty.txt.gz", progress=False)
+    (tmp_path / "small.txt").write_text("a short corpus. " * 200)  # 3200 bytes, 160 held out
+    with pytest.raises(D.DataError, match="sequence length 256 is larger"):
+        T.train(TINY.replace(seq_len=256), tc, corpus=tmp_path / "small.txt", progress=False)
+    with pytest.raises(D.DataError, match="needs about .* GiB"):
+        T.train(M.get_config("120m"), tc.replace(batch_size=64), progress=False,
+                bytes_limit=8 * 2**30)
+    monkeypatch.setenv("REPRO_MEMORY_LIMIT_BYTES", str(2**30))
+    with pytest.raises(D.DataError, match="device has 1.00 GiB"):
+        T.train(M.get_config("120m"), tc, progress=False)
+    assert calls == []
+
+
+# ------------------------------------------------------------------------------ train
+
+
+def test_loss_decreases_on_tiny():
+    res = T.train(TINY, T.TrainConfig(steps=30, batch_size=8, eval_every=10, eval_batches=2),
+                  "bf16", progress=False)
+    losses = [h["eval_loss"] for h in res.eval_history]
+    assert [h["step"] for h in res.eval_history] == [10, 20, 30]
+    assert losses[-1] < losses[0] - 0.5 and losses[0] < np.log(256)
+    assert res.finished and res.final_eval_loss == losses[-1]
+
+
+@pytest.mark.slow
+def test_checkpoint_resume_is_identical(tmp_path):
+    """2N steps straight == N steps, killed, restarted from the checkpoint, N more."""
+    tc = T.TrainConfig(steps=12, batch_size=4, eval_every=4, eval_batches=1, warmup_steps=3)
+    recipe = "nvfp4"  # stochastic rounding + RHT keys must also resume exactly
+    straight = T.train(TINY, tc, recipe, progress=False, keep_variables=True)
+    ck = tmp_path / "ck"
+    first = T.train(TINY, tc, recipe, ckpt_dir=ck, stop_after=6, progress=False)
+    assert not first.finished and first.steps_done == 6
+    resumed = T.train(TINY, tc, recipe, ckpt_dir=ck, progress=False, keep_variables=True)
+    assert resumed.resumed_from == 6 and resumed.finished
+    assert resumed.eval_history == straight.eval_history  # every loss bit-identical
+    for a, b in zip(jax.tree.leaves(straight.variables), jax.tree.leaves(resumed.variables)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match="different run configuration"):
+        T.train(TINY, tc.replace(lr=1e-4), recipe, ckpt_dir=ck, progress=False)
+
+
+# ---------------------------------------------------------------------- experiments
+
+
+def test_stored_bytes_follow_the_formats():
+    cfg = TINY
+    t = 512
+    nv = E.stored_bytes(cfg, E.VARIANTS["nvfp4"], t)
+    bf = E.stored_bytes(cfg, E.VARIANTS["bf16"], t)
+    # NVFP4 16x16 weights: 4 bits + 1 byte per 256 elements + 4 bytes per tensor.
+    assert nv["weight_bytes_quantized_only"] == pytest.approx(
+        sum((0.5 + 1 / 256) * di * do + 4 for di, do in
+            [(64, 192), (64, 64), (64, 384), (192, 64)]))
+    # NVFP4 1x16 activations: 4 bits + 1 byte per 16 elements (+4 per tensor).
+    ratio = nv["activation_bytes_quantized_only"] / nv["activation_bytes_quantized_only_bf16"]
+    assert ratio == pytest.approx((0.5 + 1 / 16) / 2, rel=1e-3)
+    assert nv["weight_bytes_bf16"] == bf["weight_bytes"]
+    assert bf["quantized_layers"] == 0 and nv["quantized_layers"] == 4
+    fp8 = E.stored_bytes(cfg, E.VARIANTS["fp8-delayed"], t)
+    assert fp8["quantized_layers"] == 8  # every block linear layer, head BF16
+
+
+def test_smoke_profile_plan():
+    runs = E.plan("smoke")
+    assert runs[0].size == "tiny" and len(runs[0].seeds) >= 3
+    names = {v.name for v in runs[0].variants}
+    assert {"bf16", "fp8-delayed", "fp8-current", "mxfp8", "nvfp4", "nvfp4-no-rht",
+            "nvfp4-no-sr", "nvfp4-1d-weights", "nvfp4-all-layers"} <= names
+    full = E.plan("full")
+    assert {r.size for r in full} == {"20m", "120m"}
+    r20 = next(r for r in full if r.size == "20m")
+    assert r20.train.steps * r20.train.batch_size * M.get_config("20m").seq_len >= \
+        20 * M.param_count(M.get_config("20m"))
+    assert all(len(r.seeds) >= 3 for r in full)
