@@ -1,0 +1,224 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06 · Claim B2: "MaxText LLM training up to 1.6x faster with NVFP4"
+#
+# **The claim.** NVFP4 (4-bit E2M1 values, an E4M3 scale per 16, an FP32 scale per tensor) makes
+# LLM training up to 1.6x faster on Blackwell. The primary sources: NVIDIA's NeMo post (Feb 2026,
+# Llama 3 8B, 1,850 vs 1,165 TFLOP/s per GPU: **1.59x vs BF16**, last 4 blocks in BF16) and its
+# JAX/MaxText post (June 2026, NVFP4 on the MLP GEMMs only, FP8 baseline: **1.35x / 1.44x** for
+# Llama 3 8B / 3.1 405B on GB200, **1.31x / 1.73x** on GB300).
+#
+# **Why a model.** Our GPU is a Hopper H200: it has FP8 tensor cores but no FP4 ones, so an NVFP4
+# speedup cannot be measured here (NVFP4 runs emulated, at BF16 speed or slower). Instead:
+#
+# 1. A step is a list of GEMMs plus memory traffic (`repro.perfmodel`):
+#    $t_\text{step} = \max\big(\sum_g t_g + \sum_p \tfrac{\text{bytes}_p}{BW\cdot\eta_{bw}}
+#    + \lambda\, n_\text{kernels},\ t_\text{floor}\big)$,
+#    where $t_g$ is the **measured** GEMM time of that shape (`gemm` sweep, its per-call overhead
+#    removed), interpolated in log(flops) and scaled by $\eta_\text{off}$ for shapes off the
+#    sweep. Quantization costs what it adds to the BF16 step: an amax read per activation operand
+#    (current scaling), the weight quantization, the scale kernels.
+# 2. **Calibrate** $\eta_\text{off}, \eta_{bw}, \lambda, t_\text{floor}$ on measured **BF16** MLP
+#    training steps only (`mlp_step`).
+# 3. **Validate**: predict the FP8 step times (never seen by the fit) and compare the predicted
+#    FP8/BF16 speedup with the measured one, shape by shape. Goal: within ±10%.
+# 4. **Project**: Blackwell datasheet peaks times the efficiencies calibrated on Hopper (FP4 GEMMs
+#    at the efficiency FP8 reaches on the same shape), for Llama-3-shaped steps and this
+#    repository's LM. That is an **assumption**, and every projection record says so.
+#
+# The records are written under the chip that calibrated the model, with `sizes.target` naming the
+# projected chip, `extra.kind = "projection"` and metric names `projected_*`: nothing here poses as
+# a Blackwell measurement.
+
+# %% tags=["parameters"]
+profile = "smoke"
+
+# %%
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from repro import claims, perfmodel, results
+from repro.config import resolve_profile
+
+profile = resolve_profile(profile)
+root = results.record_root(profile)
+written = perfmodel.record(profile, root)
+perf = perfmodel.select_cells(results.load_records("perfmodel", roots=root))
+print(f"profile={profile}: wrote {len(written)} cell(s) under {root}; "
+      f"{len(perf)} perfmodel records from {perf['hardware'].unique().tolist()}")
+FIG = Path("figures")
+FIG.mkdir(exist_ok=True)
+
+# %% [markdown]
+# ## Calibration
+#
+# The parameters the fit found (or the defaults, where nothing was measured), and how well the
+# BF16 step times that were fitted are reproduced.
+
+# %%
+params = perf[perf["metric"] == "model_parameter"]
+mode = params["extra"].iloc[0].get("mode", "datasheet") if len(params) else "datasheet"
+calibrated = mode == "calibrated"
+table = pd.DataFrame({
+    "chip": params["hardware"], "parameter": params["size_parameter"], "value": params["value"],
+    "unit": params["unit"], "fitted": params["extra"].map(lambda e: e.get("fitted"))})
+print({"calibrated": "calibrated on measured BF16 steps (gemm + mlp_step records)",
+       "rates_only": "NOT calibrated: measured GEMM rates, but no mlp_step records yet; "
+                     "bandwidth/latency parameters at their defaults",
+       "datasheet": "NOT calibrated: no GPU records yet; datasheet peaks x default "
+                    "efficiencies"}[mode])
+table
+
+# %%
+fit = perf[perf["metric"] == "predicted_step_time_ms"]
+if len(fit):
+    fit = fit.assign(measured_ms=fit["extra"].map(lambda e: e["measured_ms"]),
+                     error=fit["extra"].map(lambda e: e["error"]))
+    print(fit[["hardware", "size_batch", "size_width", "size_depth", "measured_ms", "value",
+               "error"]].rename(columns={"value": "predicted_ms"}).round(3).to_string(index=False))
+
+# %% [markdown]
+# ## Validation: the FP8 speedup on Hopper, predicted vs measured
+#
+# Each point is one MLP shape and FP8 recipe; the grey band is ±10% around perfect prediction.
+
+# %%
+pred = perf[perf["metric"] == "predicted_speedup"]
+meas = perf[perf["metric"] == "measured_speedup"]
+key = ["hardware", "recipe", "size_batch", "size_width", "size_depth"]
+val = (pred.set_index(key)["value"].rename("predicted")
+       .to_frame().join(meas.set_index(key)["value"].rename("measured")).reset_index()
+       if len(pred) else pd.DataFrame(columns=key + ["predicted", "measured"]))
+val["error"] = val["predicted"] / val["measured"] - 1
+
+fig, ax = plt.subplots(figsize=(6.2, 5.4))
+if len(val):
+    lo = 0.8 * min(val["measured"].min(), val["predicted"].min())
+    hi = 1.2 * max(val["measured"].max(), val["predicted"].max())
+    xs = np.geomspace(lo, hi, 50)
+    ax.fill_between(xs, xs * 0.9, xs * 1.1, color="0.85", label="±10%")
+    ax.plot(xs, xs, color="0.4", lw=1)
+    for (chip, recipe), g in val.groupby(["hardware", "recipe"]):
+        ax.scatter(g["measured"], g["predicted"], label=f"{recipe} ({chip})", s=40)
+        for r in g.itertuples():
+            ax.annotate(f"{int(r.size_batch)}x{int(r.size_width)}x{int(r.size_depth)}",
+                        (r.measured, r.predicted),
+                        fontsize=6, xytext=(3, -3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    n_ok = int((val["error"].abs() <= 0.10).sum())
+    ax.set_title(f"FP8/BF16 step speedup, MLP training step\n"
+                 f"{n_ok}/{len(val)} within ±10% (fit on BF16 steps only)")
+    ax.legend(fontsize=7)
+else:
+    ax.text(0.5, 0.5, "no GPU records yet:\nrun `repro record gemm --profile full`\nand "
+            "`repro record mlp_step --profile full`\non a Hopper GPU", ha="center", va="center",
+            transform=ax.transAxes)
+    ax.set_title("FP8/BF16 step speedup: not validated")
+ax.set_xlabel("measured speedup (x)")
+ax.set_ylabel("predicted speedup (x)")
+fig.tight_layout()
+fig.savefig(FIG / "06_perfmodel_validation.png", dpi=130)
+val.round(3)
+
+# %% [markdown]
+# ## Projection: NVFP4 on B200, GB200 and GB300
+#
+# Left: NVFP4 (NVIDIA's recipe: every block linear layer except the last BF16 blocks) against
+# BF16. Right: NVFP4 on the MLP GEMMs only with the rest in FP8 (MaxText's setting) against FP8.
+# Attention and the output head stay BF16 throughout. Stars are NVIDIA's **published** numbers;
+# bars are **projections**, not measurements.
+
+# %%
+proj = perf[perf["metric"] == "projected_speedup"]
+proj = proj[proj["size_target"].isin(perfmodel.TARGETS)]
+models = [m for m in ("llama3-8b", "llama3-405b", "lm-20m", "lm-120m")
+          if m in set(proj["size_model"])]
+panels = [("nvfp4_vs_bf16", "bf16", "paper", "NVFP4 vs BF16"),
+          ("nvfp4_mlp_vs_fp8", "fp8", "mlp", "NVFP4 (MLP GEMMs) vs FP8")]
+fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True)
+width = 0.8 / max(len(models), 1)
+for ax, (comp, base, policy, title) in zip(axes, panels):
+    sub = proj[proj["size_comparison"] == comp]
+    for i, model in enumerate(models):
+        ys = [sub[(sub["size_model"] == model) & (sub["size_target"] == t)]["value"]
+              for t in perfmodel.TARGETS]
+        ys = [float(y.iloc[0]) if len(y) else np.nan for y in ys]
+        xs = np.arange(len(perfmodel.TARGETS)) + (i - (len(models) - 1) / 2) * width
+        ax.bar(xs, ys, width * 0.95, label=f"{model} (projected)")
+        for x, y in zip(xs, ys):
+            if np.isfinite(y):
+                ax.text(x, y - 0.03, f"{y:.2f}", ha="center", va="top", fontsize=6.5,
+                        color="white", rotation=90)
+        for p in perfmodel.PUBLISHED:
+            if p["model"] == model and p["baseline"] == base and p["policy"] == policy:
+                for t in p["targets"]:
+                    j = perfmodel.TARGETS.index(t)
+                    ax.scatter(xs[j], p["speedup"], marker="*", s=160, color="black", zorder=5)
+                    ax.annotate(f"published\n{p['speedup']:.2f}x", (xs[j], p["speedup"]),
+                                fontsize=6.5, xytext=(0, 9), textcoords="offset points",
+                                ha="center")
+    ax.axhline(1.0, color="0.5", lw=0.8)
+    ax.set_xticks(np.arange(len(perfmodel.TARGETS)), [t.upper() for t in perfmodel.TARGETS])
+    ax.set_title(title)
+axes[0].set_ylabel("step-time speedup (x)")
+axes[0].scatter([], [], marker="*", s=120, color="black", label="published (NVIDIA)")
+handles, labels = axes[0].get_legend_handles_labels()
+fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=len(labels), frameon=False)
+chip = perf["hardware"].iloc[0] if len(perf) else "?"
+fig.suptitle({"calibrated": f"PROJECTION from efficiencies calibrated on {chip}",
+              "rates_only": f"PROJECTION from GEMM efficiencies measured on {chip} "
+                            "(step model not calibrated: no mlp_step records yet)",
+              "datasheet": "PROJECTION from datasheet peaks (not calibrated: no GPU records "
+                           "yet)"}[mode], fontsize=10)
+fig.tight_layout(rect=(0, 0.06, 1, 1))
+fig.savefig(FIG / "06_perfmodel_projection.png", dpi=130)
+(proj.pivot_table(index=["size_model", "size_comparison"], columns="size_target", values="value")
+ .round(2))
+
+# %% [markdown]
+# ## Verdict
+#
+# B2 stays **projected** until a record comes from a chip with FP4 tensor cores (`has_fp4`:
+# Blackwell, compute capability >= 10). With one, the measured NVFP4 throughput decides. To add
+# that measurement, on a Blackwell machine run
+#
+# ```
+# repro record gemm --profile full && repro record lm --profile full
+# ```
+#
+# then `dvc repro` (or `repro notebook 06_perfmodel --profile full`): this notebook picks the
+# records up and compares them with the projection.
+
+# %%
+lm = results.load_records("lm")
+measured_fp4 = perfmodel.measured_fp4_speedups(lm)
+verdict = perfmodel.b2_verdict(perf, measured_fp4)
+claims.write_verdict("B2", verdict["verdict"], verdict["key_number"], verdict["hardware"],
+                     verdict["source"], verdict["note"], emulated=False)
+if len(measured_fp4):
+    print("measured on FP4 hardware:\n", measured_fp4.round(3).to_string(index=False))
+else:
+    print("no record from a chip with FP4 tensor cores: the verdict is a projection")
+for k, v in verdict.items():
+    print(f"{k}: {v}")

@@ -1,0 +1,287 @@
+"""The step-time model: FLOP counts by hand, measured rates returned exactly, a calibration
+that recovers the parameters that generated its data, projections that use the target's peaks
+and never pose as measurements."""
+
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from repro import hardware as hw
+from repro import perfmodel as pm
+from repro import results
+
+H200 = hw.lookup("h200")
+
+
+# ------------------------------------------------------------------------------ FLOP counts
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "fp8-current", "fp8-delayed", "flax-fp8"])
+def test_mlp_flops_by_hand(recipe):
+    step = pm.mlp_step_gemms(4, 8, 2, recipe)
+    assert step.flops == 6 * 4 * 8 * 8 * 2
+    # forward, data gradient, weight gradient of each layer; weight gradient is (W, B, W)
+    assert [(g.m, g.k, g.n) for g in step.gemms] == [(4, 8, 8), (4, 8, 8), (8, 4, 8)] * 2
+    want = "bf16" if recipe == "bf16" else "fp8"
+    assert {g.fmt for g in step.gemms} == {want}
+    # Without the input's gradient (what XLA runs): one (B, W, W) GEMM fewer.
+    assert pm.mlp_step_gemms(4, 8, 2, recipe, input_grad=False).flops == 6 * 4 * 64 * 2 - 2 * 4 * 64
+
+
+def test_mlp_quantization_traffic_by_hand():
+    b, w = 4, 8
+    e, p = b * w, w * w
+    bf16 = pm.mlp_step_gemms(b, w, 2, "bf16")
+    cur = pm.mlp_step_gemms(b, w, 2, "fp8-current")
+    dly = pm.mlp_step_gemms(b, w, 2, "fp8-delayed")
+    # Current scaling: one amax read (2 bytes) of x and of g per layer.
+    assert cur.traffic_bytes(["amax"]) == 2 * (2 * e * 2)
+    assert dly.traffic_bytes(["amax"]) == 0
+    # The first layer's input has no producing pass: quantized on its own (read 2, write 2x1).
+    assert cur.traffic_bytes(["quantize"]) == e * (2 + 2)
+    # Weights from the FP32 master: read 4 (+4 for the amax) and write both FP8 layouts.
+    assert cur.traffic_bytes(["weight_quantize"]) == 2 * p * (8 + 2)
+    assert dly.traffic_bytes(["weight_quantize"]) == 2 * p * (4 + 2)
+    assert bf16.traffic_bytes(["cast"]) == 2 * p * (4 + 2)
+    # Everything else (activations, loss, optimizer) is the same in every recipe.
+    common = ["activation", "bias_grad", "optimizer", "loss"]
+    assert bf16.traffic_bytes(common) == cur.traffic_bytes(common) == dly.traffic_bytes(common)
+    assert bf16.traffic_bytes(["optimizer"]) == 2 * (p + w) * 28
+
+
+def test_lm_flops_by_hand():
+    cfg = pm.DecoderShape("t", hidden=64, n_layers=3, ffn=96, n_heads=4, n_kv_heads=2,
+                          vocab=100, seq_len=16, n_bf16_last_blocks=1)
+    T, hd = 32, 16
+    linear = 64 * (4 + 2 * 2) * hd + 4 * hd * 64 + 64 * 2 * 96 + 96 * 64  # qkv, out, gate+up, down
+    attn = 7 * 2 * 16 * hd * 16 * (T // 16) * 4 * 0.5  # 2 fwd + 5 bwd products, causal half
+    head = 6 * T * 64 * 100
+    want = 3 * (6 * T * linear + attn) + head
+    for recipe in ("bf16", "fp8-current", "nvfp4"):
+        assert pm.lm_step_gemms(cfg, T, recipe).flops == pytest.approx(want, rel=1e-12)
+    fp4 = pm.lm_step_gemms(cfg, T, "nvfp4", "paper").flops_by_format()
+    assert fp4["fp4"] == pytest.approx(2 * 6 * T * linear)  # the last block stays BF16
+    mlp = pm.lm_step_gemms(cfg, T, "nvfp4", "mlp", other_recipe="fp8-current").flops_by_format()
+    assert mlp["fp4"] == pytest.approx(3 * 6 * T * (64 * 2 * 96 + 96 * 64))
+    assert mlp["fp8"] == pytest.approx(3 * 6 * T * (64 * (4 + 2 * 2) * hd + 4 * hd * 64))
+    # attention and head stay BF16 under every policy
+    assert mlp["bf16"] == pytest.approx(3 * attn + head)
+
+
+def test_llama_shapes():
+    c = pm.llama3_8b_config()
+    assert (c.hidden, c.n_layers, c.ffn, c.n_heads, c.n_kv_heads, c.vocab) == (
+        4096, 32, 14336, 32, 8, 128256)
+    assert 7.9e9 < c.params < 8.2e9  # Llama 3 8B: 8.03B parameters
+    c = pm.llama3_405b_config()
+    assert (c.hidden, c.n_layers, c.ffn, c.n_heads, c.n_kv_heads) == (16384, 126, 53248, 128, 8)
+    assert 4.0e11 < c.params < 4.1e11
+
+
+# ----------------------------------------------------------------- synthetic measurements
+
+SWEEP = [(2048, 64, 64), (4096, 1024, 1024), (8192, 8192, 8192), (65536, 256, 256),
+         (65536, 1024, 1024), (65536, 4096, 4096)]
+OVERHEAD_S = 40e-6  # per-call overhead in the synthetic sweep
+
+
+def _true_time(m, k, n, fmt):
+    """A smooth 'hardware': latency-throughput GEMM law plus the sweep's call overhead."""
+    f = 2.0 * m * k * n
+    peak = {"bf16": 700e12, "fp8": 1300e12}[fmt]
+    return f / peak + 4e-6 + OVERHEAD_S
+
+
+def _gemm_records(info=H200):
+    recs = []
+    for m, k, n in SWEEP:
+        for fmt in ("bf16", "fp8"):
+            t = _true_time(m, k, n, fmt)
+            recs.append(results.make_record("gemm", "tflops", 2.0 * m * k * n / t / 1e12,
+                                            "TFLOP/s", recipe=fmt,
+                                            sizes={"M": m, "K": k, "N": n}, hardware=info))
+    return recs
+
+
+def _frame(recs):
+    return pd.DataFrame(recs)
+
+
+def test_interpolation_is_exact_at_measured_shapes(tmp_path, monkeypatch):
+    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("REPRO_SCRATCH_RESULTS", str(tmp_path / "scratch"))
+    recs = _gemm_records()
+    results.write_records(recs, "gemm", "synthetic", root=tmp_path / "results")
+    df = results.load_records("gemm")
+    table = pm.RateTable.from_records(df, H200)
+    by_shape = {(r["recipe"], r["sizes"]["M"], r["sizes"]["K"], r["sizes"]["N"]): r["value"]
+                for r in recs}
+    for (fmt, m, k, n), tflops in by_shape.items():
+        assert table.measured_rate(m, k, n, fmt, H200) == pytest.approx(tflops, rel=1e-12)
+    # The overhead: the smallest excess of a measured time over its datasheet roofline (here
+    # set by the tiny and the memory-bound shapes: the call overhead plus at most the latency).
+    assert OVERHEAD_S - 1e-6 < table.overhead_s["bf16"] < OVERHEAD_S + 4e-6
+    # At a measured shape the model's GEMM time is the measured time less that overhead.
+    cal = pm.Calibration(H200, pm.ModelParams(), table, True)
+    m, k, n = 65536, 4096, 4096
+    t_meas = 2.0 * m * k * n / (by_shape[("bf16", m, k, n)] * 1e12)
+    assert pm.gemm_time(pm.Gemm(m, k, n), cal) == pytest.approx(
+        t_meas - table.overhead_s["bf16"], rel=1e-9)
+    # Off the sweep: a rate between its measured neighbours (in flops), scaled by the factor.
+    lo = pm.gemm_time(pm.Gemm(65536, 1024, 1024), cal)
+    hi = pm.gemm_time(pm.Gemm(65536, 4096, 4096), cal)
+    mid = pm.Gemm(65536, 2048, 2048)
+    t_mid = pm.gemm_time(mid, cal)
+    rate = mid.flops / t_mid
+    assert 65536 * 1024 * 1024 * 2 / lo < rate < 65536 * 4096 * 4096 * 2 / hi
+    half = dataclasses.replace(cal, params=dataclasses.replace(cal.params, offsweep_gemm_eff=0.5))
+    assert pm.gemm_time(mid, half) == pytest.approx(2 * t_mid, rel=1e-9)
+    assert pm.gemm_time(pm.Gemm(m, k, n), half) == pytest.approx(t_meas - table.overhead_s["bf16"])
+
+
+TRUE = pm.ModelParams(offsweep_gemm_eff=0.8, bw_eff=0.7, kernel_latency_us=6.0,
+                      step_floor_us=150.0)
+FIT_SHAPES = [(256, 64, 2), (1024, 128, 2), (65536, 256, 3), (65536, 1024, 3),
+              (65536, 4096, 3), (16384, 4096, 4), (8192, 8192, 3), (4096, 1024, 2)]
+
+
+def _step_records(params, recipe_times=None, info=H200):
+    table = pm.RateTable.from_records(_frame(_gemm_records(info)), info)
+    cal = pm.Calibration(info, params, table, True)
+    recs = []
+    for b, w, d in FIT_SHAPES:
+        for recipe in ("bf16", "fp8-current", "fp8-delayed"):
+            t = pm.predict(pm.mlp_step_gemms(b, w, d, recipe, input_grad=False), cal)["total_s"]
+            if recipe_times and recipe in recipe_times:
+                t = recipe_times[recipe]
+            recs.append(results.make_record("mlp_step", "step_time_ms", t * 1e3, "ms",
+                                            recipe=recipe, hardware=info,
+                                            sizes={"batch": b, "width": w, "depth": d}))
+    return recs
+
+
+def test_calibration_recovers_known_parameters():
+    df = _frame(_gemm_records() + _step_records(TRUE))
+    cal = pm.calibrate(df, "h200")
+    assert cal.calibrated and set(cal.fitted) == set(pm.ModelParams.FITTED)
+    for name in pm.ModelParams.FITTED:
+        assert getattr(cal.params, name) == pytest.approx(getattr(TRUE, name), rel=0.03), name
+    # ... so the FP8 speedups it was never shown come out right.
+    val = pm.validate(df, cal)
+    assert len(val) == 2 * len(FIT_SHAPES)
+    assert val["error"].abs().max() < 0.01
+
+
+def test_calibration_never_sees_fp8_step_times():
+    honest = _frame(_gemm_records() + _step_records(TRUE))
+    absurd = _frame(_gemm_records() + _step_records(TRUE, {"fp8-current": 9.0,
+                                                           "fp8-delayed": 1e-6}))
+    a, b = pm.calibrate(honest, "h200"), pm.calibrate(absurd, "h200")
+    assert a.params == b.params
+    # ...and validation does use them.
+    assert pm.validate(absurd, b)["error"].abs().min() > 0.5
+
+
+# ------------------------------------------------------------------------------ projection
+
+
+def test_projection_uses_target_peaks():
+    cal = pm.calibrate(_frame(_gemm_records() + _step_records(TRUE)), "h200")
+    big = pm.Gemm(16384, 16384, 16384, fmt="fp8")
+    fp4 = dataclasses.replace(big, fmt="fp4")
+    for slug in pm.TARGETS:
+        tgt = hw.lookup(slug)
+        ratio = pm.gemm_time(big, cal, tgt) / pm.gemm_time(fp4, cal, tgt)
+        assert ratio == pytest.approx(tgt.peak_tflops["fp4"] / tgt.peak_tflops["fp8"], rel=1e-6)
+        # The efficiency is the one measured on the H200 for that shape.
+        eff = big.flops / pm.gemm_time(big, cal, tgt) / (tgt.peak_tflops["fp8"] * 1e12)
+        h200_eff = big.flops / pm.gemm_time(big, cal) / (H200.peak_tflops["fp8"] * 1e12)
+        assert eff == pytest.approx(h200_eff, rel=1e-6)
+    with pytest.raises(ValueError, match="no fp4"):
+        pm.gemm_time(fp4, cal)  # Hopper has no FP4 tensor cores
+    proj = pm.project(cal)
+    assert set(proj["target"]) == {"h200", *pm.TARGETS}
+    assert not ((proj["target"] == "h200") & (proj["recipe"] == "nvfp4")).any()
+    big_lm = proj[(proj["model"] == "llama3-405b") & (proj["comparison"] == "nvfp4_vs_bf16")]
+    assert (big_lm["speedup"] > 1.5).all()
+    gb = big_lm.set_index("target")["speedup"]
+    assert gb["gb300"] > gb["gb200"]  # 15 vs 10 PFLOP/s of FP4, same BF16
+
+
+def _check_no_fake_measurements(recs, calibrating):
+    assert recs
+    for r in recs:
+        assert r["emulated"] is False
+        assert r["experiment"] == "perfmodel"
+        assert r["hardware"] == calibrating
+        if r["metric"].startswith("projected_"):
+            assert r["extra"]["kind"] == "projection"
+            assert r["sizes"]["target"] in {calibrating, *pm.TARGETS}
+        else:
+            assert r["extra"]["kind"] in ("calibration", "fit", "validation")
+            assert "target" not in r["sizes"]
+    kinds = {r["extra"]["kind"] for r in recs}
+    assert "projection" in kinds
+
+
+def test_record_writes_labelled_projections(tmp_path):
+    import json
+
+    df = _frame(_gemm_records() + _step_records(TRUE))
+    paths = pm.record("smoke", tmp_path, measured=df)
+    assert [p.relative_to(tmp_path).as_posix() for p in paths] == ["h200/perfmodel/calibrated.json"]
+    recs = json.loads(paths[0].read_text())
+    _check_no_fake_measurements(recs, "h200")
+    metrics = {r["metric"] for r in recs}
+    assert {"predicted_speedup", "measured_speedup", "projected_speedup"} <= metrics
+    val = [r for r in recs if r["metric"] == "predicted_speedup"]
+    assert len(val) == 2 * len(FIT_SHAPES) and all("error" in r["extra"] for r in val)
+    # Unchanged inputs: nothing rewritten; force rewrites.
+    assert pm.record("smoke", tmp_path, measured=df) == []
+    assert len(pm.record("smoke", tmp_path, measured=df, force=True)) == 1
+
+
+def test_record_without_gpu_records_is_datasheet_only(tmp_path):
+    import json
+
+    paths = pm.record("smoke", tmp_path, measured=pd.DataFrame())
+    assert len(paths) == 1 and paths[0].name == "datasheet.json"
+    recs = json.loads(paths[0].read_text())
+    here = hw.detect().slug
+    _check_no_fake_measurements(recs, here)
+    assert all(r["extra"]["calibrated"] is False for r in recs)
+    assert not any(r["metric"] in ("predicted_speedup", "measured_speedup") for r in recs)
+    perf = results.load_records("perfmodel", roots=tmp_path)
+    v = pm.b2_verdict(perf)
+    assert v["verdict"] == "projected" and "NOT validated" in v["note"]
+
+
+def test_verdict_uses_blackwell_measurements_when_they_exist():
+    gb = hw.lookup("gb200")
+    recs = [results.make_record("lm", "tokens_per_s", v, "tokens/s", recipe=r, hardware=gb,
+                                sizes={"model": "20m", "seed": s})
+            for r, v in (("bf16", 100.0), ("nvfp4", 170.0)) for s in (0, 1)]
+    m = pm.measured_fp4_speedups(pd.DataFrame(recs))
+    assert m["speedup"].tolist() == [pytest.approx(1.7)]
+    v = pm.b2_verdict(pd.DataFrame(), m)
+    assert v["verdict"] == "reproduced" and "1.70x" in v["key_number"]
+    # Emulated NVFP4 (any chip without FP4 tensor cores) never counts as a measurement.
+    hop = [dict(r, hardware="h200", emulated=True) for r in recs]
+    assert pm.measured_fp4_speedups(pd.DataFrame(hop)).empty
+
+
+def test_record_with_gemm_rates_but_no_steps(tmp_path):
+    import json
+
+    paths = pm.record("smoke", tmp_path, measured=_frame(_gemm_records()))
+    assert [p.name for p in paths] == ["rates_only.json"]
+    recs = json.loads(paths[0].read_text())
+    _check_no_fake_measurements(recs, "h200")
+    assert all(r["extra"]["calibrated"] is False and r["extra"]["mode"] == "rates_only"
+               for r in recs)
+    # A datasheet cell left over from an earlier run is not reported beside it.
+    pm.record("smoke", tmp_path, measured=pd.DataFrame())
+    perf = pm.select_cells(results.load_records("perfmodel", roots=tmp_path))
+    assert set(perf["extra"].map(lambda e: e["mode"])) == {"rates_only"}
+    assert "no mlp_step records" in pm.b2_verdict(perf)["note"]
