@@ -302,7 +302,7 @@ def record_gemm(profile: str, root: str | Path | None = None, force: bool = Fals
     cells are skipped unless ``force``. ``recipes`` restricts the dtypes (a subset is recorded
     in its own cell, so it never masks the full sweep). Returns the paths written.
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # not tqdm.auto: that wants ipywidgets inside notebooks
 
     from repro import config
     from repro.results import have_cell, record_root, write_records
