@@ -1,0 +1,121 @@
+"""PPO pieces against hand computations, determinism, a little learning, early validation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from repro.rl import networks, ppo
+
+
+def _gae_reference(rewards, values, terminated, truncated, next_values, final_values, gamma,
+                   lam):
+    """Advantages from the definition, one env, plain Python: A_t = sum_k (g*l)^k delta_{t+k}
+    within the episode, delta_t = r_t + g * V(s'_t) * (1 - terminated_t) - V(s_t), where s'_t
+    is the state the step reached: the final observation if the episode ended at t."""
+    T = len(rewards)
+    deltas = []
+    for t in range(T):
+        ended = terminated[t] or truncated[t]
+        v_next = final_values[t] if ended else next_values[t]
+        deltas.append(rewards[t] + gamma * v_next * (0.0 if terminated[t] else 1.0) - values[t])
+    adv = np.zeros(T)
+    for t in range(T):
+        acc, k = 0.0, 0
+        for j in range(t, T):
+            acc += (gamma * lam) ** k * deltas[j]
+            k += 1
+            if terminated[j] or truncated[j]:
+                break
+        adv[t] = acc
+    return adv
+
+
+def test_gae_with_termination_and_truncation():
+    gamma, lam = 0.9, 0.8
+    rewards = np.array([1.0, 0.5, 2.0, -1.0, 0.3, 1.5])
+    values = np.array([0.2, 0.4, -0.3, 0.7, 0.1, 0.9])
+    terminated = np.array([0, 1, 0, 0, 0, 0], bool)  # episode ends at t=1 (no bootstrap)
+    truncated = np.array([0, 0, 0, 1, 0, 0], bool)   # time limit at t=3 (bootstrap)
+    final_values = np.array([9.0, 5.0, 9.0, 0.6, 9.0, 9.0])  # V(final_observation)
+    last_value = 0.25
+    next_values = np.append(values[1:], last_value)
+    ref = _gae_reference(rewards, values, terminated, truncated, next_values, final_values,
+                         gamma, lam)
+
+    r = ppo.bootstrap_reward(jnp.asarray(rewards), jnp.asarray(terminated),
+                             jnp.asarray(truncated), jnp.asarray(final_values), gamma)
+    adv, ret = ppo.compute_gae(r[:, None], jnp.asarray(values)[:, None],
+                               jnp.asarray(terminated | truncated)[:, None],
+                               jnp.asarray([last_value]), gamma, lam)
+    np.testing.assert_allclose(np.asarray(adv)[:, 0], ref, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(ret)[:, 0], ref + values, rtol=1e-6)
+    # Termination and truncation on the same step: termination wins (no bootstrap).
+    both = ppo.bootstrap_reward(jnp.asarray([1.0]), jnp.asarray([True]), jnp.asarray([True]),
+                                jnp.asarray([5.0]), gamma)
+    assert float(both[0]) == 1.0
+
+
+SMOKE = dict(env="CartPole-v1", num_envs=4, num_steps=128, total_timesteps=20_480,
+             update_epochs=4, num_minibatches=4, lr=2.5e-3, recipe="fp32")
+
+
+def test_ppo_cartpole_learns_and_is_deterministic():
+    train = jax.jit(jax.vmap(ppo.make_train(SMOKE)))
+    keys = jnp.stack([jax.random.key_data(jax.random.key(s)) for s in (0, 1, 0)])
+    keys = jax.random.wrap_key_data(keys)
+    m1 = jax.device_get(train(keys))
+    m2 = jax.device_get(train(keys))
+    ret = m1["episode_return"]
+    assert ret.shape == (3, SMOKE["total_timesteps"] // 512)
+    np.testing.assert_array_equal(ret, m2["episode_return"])  # two runs, same seeds
+    np.testing.assert_array_equal(ret[0], ret[2])  # the same seed inside one vmap
+    assert not np.array_equal(ret[0], ret[1])  # different seeds differ
+    final = ppo.final_return(m1, 0.2)
+    early = np.nanmean(ret[:, :3])
+    assert early < 35  # random CartPole play lasts about 22 steps
+    assert np.all(final > 50), final
+    assert np.all(m1["skipped"] == 0) and not m1["nonfinite_params"].any()
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(env="Cartpole-v9"), r"unknown env 'Cartpole-v9'; valid envs: .*CartPole-v1"),
+    (dict(recipe="fp7"), r"unknown recipe 'fp7'; valid recipes: .*fp8-delayed"),
+    (dict(num_minibatches=3), r"num_minibatches=3 does not divide the batch"),
+    (dict(total_timesteps=10), r"less than one update"),
+    (dict(network="cnn"), r"needs image observations"),
+    (dict(lr_typo=1.0), r"unknown PPO config key"),
+])
+def test_validation_is_one_line_and_before_compilation(monkeypatch, change, match):
+    def no_tracing(*a, **k):
+        raise AssertionError("traced before the config was validated")
+
+    monkeypatch.setattr(ppo, "make_update_step", no_tracing)
+    monkeypatch.setattr(ppo.jax, "jit", no_tracing)
+    with pytest.raises(ValueError, match=match) as e:
+        ppo.make_train({**SMOKE, **change})
+    assert "\n" not in str(e.value)
+
+
+def test_networks_first_last_layers_stay_wide_and_fp8_elsewhere():
+    from repro.layers import FP8_META
+
+    x = jnp.zeros((2, 4))
+    net = networks.make_network("mlp", 2, "fp8-delayed", width=32, depth=3)
+    v = net.init(jax.random.key(0), x)
+    meta = v[FP8_META]
+    # hidden_0 (input) and out (head) run dense BF16; hidden_1, hidden_2 carry FP8 state.
+    assert sorted(meta["actor"]) == ["hidden_1", "hidden_2"]
+    logits, value = net.apply(v, x)
+    assert logits.shape == (2, 2) and value.shape == (2,) and logits.dtype == jnp.float32
+    all_fp8 = networks.make_network("mlp", 2, "fp8-delayed", width=32, depth=3,
+                                    keep_io_precise=False)
+    assert len(all_fp8.init(jax.random.key(0), x)[FP8_META]["actor"]) == 4
+
+    frames = jnp.zeros((3, 10, 10, 4), bool)
+    for name, kind in (("cnn", "minatar"), ("cnn-large", "large")):
+        cnn = networks.make_network(name, 6, "bf16", obs_shape=(10, 10, 4))
+        lv, vv = cnn.apply(cnn.init(jax.random.key(1), frames), frames)
+        assert lv.shape == (3, 6) and vv.shape == (3,)
+    large = networks.make_network("cnn-large", 6, "bf16", obs_shape=(10, 10, 4))
+    assert large.upsample == 8  # MinAtar 10x10 -> 80x80 pixel-like input
