@@ -473,12 +473,15 @@ def nvfp4_dot(x, w, recipe, key=None, meta=None, backend=None):
 
 
 def dense_dot(x, w, recipe):
-    """Ordinary ``x[..., K] @ w[K, N]``: operands in ``recipe.dtype``, FP32 accumulation,
-    ``precision=recipe.precision`` (HIGHEST = true FP32, DEFAULT = TF32 for FP32 on GPUs)."""
+    """Ordinary ``x[..., K] @ w[K, N]``: operands and output in ``recipe.dtype``,
+    ``precision=recipe.precision`` (HIGHEST = true FP32, DEFAULT = TF32 for FP32 on GPUs).
+
+    The output stays in ``recipe.dtype`` on purpose: GPU GEMMs accumulate in FP32 internally
+    either way, and an FP32 output would make the backward pass multiply an FP32 cotangent
+    with BF16 operands, which XLA runs as a (slower) FP32/TF32 GEMM: an unfair baseline."""
     dt = recipe.dtype
-    y = lax.dot_general(x.astype(dt), w.astype(dt), (((x.ndim - 1,), (0,)), ((), ())),
-                        precision=recipe.precision, preferred_element_type=jnp.float32)
-    return y.astype(dt)
+    return lax.dot_general(x.astype(dt), w.astype(dt), (((x.ndim - 1,), (0,)), ((), ())),
+                           precision=recipe.precision)
 
 
 def dot(x, w, recipe, meta=None, key=None):

@@ -363,3 +363,23 @@ def test_dot_dense_recipes():
     assert y.dtype == jnp.bfloat16 and 1e-4 < rel(y.astype(np.float32), exact) < 0.01
     y = ops.dot(x, w, "fp16")
     assert y.dtype == jnp.float16 and rel(y.astype(np.float32), exact) < 0.002
+
+
+def test_bf16_dense_backward_gemms_stay_bf16():
+    """The BF16 baseline must not fall back to FP32 GEMMs in its backward pass."""
+    import re
+
+    from repro.recipes import get_recipe
+
+    r = get_recipe("bf16")
+    x = jnp.ones((8, 16), jnp.bfloat16)
+    w = jnp.ones((16, 4), jnp.float32)
+
+    def f(x, w):
+        return ops.dense_dot(x, w, r).astype(jnp.float32).sum()
+
+    txt = jax.jit(jax.grad(f, argnums=(0, 1))).lower(x, w).as_text()
+    dots = re.findall(r"dot_general.*", txt)
+    assert len(dots) == 2
+    assert all(re.search(r"\(tensor<[0-9x]+xbf16>, tensor<[0-9x]+xbf16>\) -> tensor<[0-9x]+xbf16>", d)
+               for d in dots), dots
