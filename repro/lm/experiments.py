@@ -234,6 +234,14 @@ def plan(profile: str, variants: Iterable[str] | None = None,
     return runs
 
 
+def cell_order(run: Run, priority: Iterable[str] = ()) -> list[tuple[int, Variant]]:
+    """(seed, variant) in training order: the ``priority`` variants over all seeds first, then
+    the rest seed by seed, so a study cut short is still balanced across seeds."""
+    first = [v for v in run.variants if v.name in set(priority)]
+    rest = [v for v in run.variants if v.name not in set(priority)]
+    return [(s, v) for s in run.seeds for v in first] + [(s, v) for s in run.seeds for v in rest]
+
+
 def cell_name(size: str, variant: str, seed: int) -> str:
     return f"{size}_{variant}_s{seed}"
 
@@ -314,6 +322,7 @@ def record(profile: str, root: Path | None = None, force: bool = False,
         time_budget_s = float(os.environ["REPRO_TIME_BUDGET_S"])
     t_start = time.monotonic()
     runs = plan(profile, variants, recipes, sizes, seeds)
+    priority = stage_params("lm", profile).get("priority", [])
     on_gpu = jax.default_backend() == "gpu"
     written: list[Path] = []
     for run in runs:
@@ -329,34 +338,171 @@ def record(profile: str, root: Path | None = None, force: bool = False,
         if skipped:
             print(f"lm: skipping {', '.join(skipped)} on {jax.default_backend().upper()}: "
                   "jax.nn.scaled_dot_general (nvfp4) has no CPU lowering; GPU only")
-        for seed in run.seeds:
-            for v in run.variants:
-                if v.gpu_only and not on_gpu:
-                    continue
-                cell = cell_name(run.size, v.name, seed)
-                if not force and results.have_cell(EXPERIMENT, cell, root=root):
-                    continue
-                left = None
-                if time_budget_s is not None:
-                    left = time_budget_s - (time.monotonic() - t_start)
-                    if left <= 0:
-                        print(f"lm: time budget spent; stopping before {cell}")
-                        return written
-                cfg = v.make_config(M.get_config(run.size))
-                tc = run.train.replace(seed=seed)
-                ckpt = ckpt_root() / hardware.detect().slug / profile / cell
-                if force:
-                    T.remove_checkpoints(ckpt)
-                res = T.train(cfg, tc, v.make_recipe(), ckpt_dir=ckpt, time_budget_s=left,
-                              progress=progress, desc=cell)
-                if not res.finished:
-                    print(f"lm: {cell} stopped at step {res.steps_done}/{tc.steps} "
-                          f"(checkpoint in {ckpt}); run again to resume")
+        for seed, v in cell_order(run, priority):
+            if v.gpu_only and not on_gpu:
+                continue
+            cell = cell_name(run.size, v.name, seed)
+            if not force and results.have_cell(EXPERIMENT, cell, root=root):
+                continue
+            left = None
+            if time_budget_s is not None:
+                left = time_budget_s - (time.monotonic() - t_start)
+                if left <= 0:
+                    print(f"lm: time budget spent; stopping before {cell}")
                     return written
-                if res.final_eval_loss is None or not math.isfinite(res.final_eval_loss):
-                    warnings.warn(f"lm: {cell} ended with eval loss {res.final_eval_loss}",
-                                  stacklevel=2)
-                recs = _train_records(run, v, seed, res, profile, cfg)
-                written.append(results.write_records(recs, EXPERIMENT, cell, root=root))
+            cfg = v.make_config(M.get_config(run.size))
+            tc = run.train.replace(seed=seed)
+            ckpt = ckpt_root() / hardware.detect().slug / profile / cell
+            if force:
                 T.remove_checkpoints(ckpt)
+            res = T.train(cfg, tc, v.make_recipe(), ckpt_dir=ckpt, time_budget_s=left,
+                          progress=progress, desc=cell)
+            if not res.finished:
+                print(f"lm: {cell} stopped at step {res.steps_done}/{tc.steps} "
+                      f"(checkpoint in {ckpt}); run again to resume")
+                return written
+            if res.final_eval_loss is None or not math.isfinite(res.final_eval_loss):
+                warnings.warn(f"lm: {cell} ended with eval loss {res.final_eval_loss}",
+                              stacklevel=2)
+            recs = _train_records(run, v, seed, res, profile, cfg)
+            written.append(results.write_records(recs, EXPERIMENT, cell, root=root))
+            T.remove_checkpoints(ckpt)
     return written
+
+
+# ---------------------------------------------------------------------------- analysis
+
+
+def t_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high): Student-t confidence interval of the mean (NaNs for n < 2)."""
+    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], float)
+    if v.size == 0:
+        return math.nan, math.nan, math.nan
+    m = float(v.mean())
+    if v.size < 2:
+        return m, math.nan, math.nan
+    from scipy import stats
+
+    half = float(stats.t.ppf(0.5 + confidence / 2, v.size - 1) * v.std(ddof=1)
+                 / math.sqrt(v.size))
+    return m, m - half, m + half
+
+
+def final_losses(df):
+    """One row per (hardware, profile, model, variant, seed): the final held-out loss."""
+    import pandas as pd
+
+    cols = ["hardware", "profile", "size_model", "recipe", "size_seed", "value", "emulated"]
+    if df.empty or not set(cols) <= set(df.columns):
+        return pd.DataFrame(columns=["hardware", "profile", "model", "recipe", "seed",
+                                     "final_eval_loss", "emulated"])
+    f = df[df["metric"] == "final_eval_loss"]
+    return (f[cols].rename(columns={"size_model": "model", "size_seed": "seed",
+                                    "value": "final_eval_loss"})
+            .drop_duplicates(["hardware", "profile", "model", "recipe", "seed"], keep="last")
+            .reset_index(drop=True))
+
+
+def paired_gaps(df, baseline: str = "bf16", confidence: float = 0.95):
+    """Final-loss gap of every variant to ``baseline``, paired by seed (same init and batches).
+
+    One row per (hardware, profile, model, variant): seeds, mean gap in nats with its t
+    interval, and the relative gap (gap / baseline loss) with its t interval.
+    """
+    import pandas as pd
+
+    fl = final_losses(df)
+    rows = []
+    for (hw, prof, size), g in fl.groupby(["hardware", "profile", "model"]):
+        base = g[g["recipe"] == baseline].set_index("seed")["final_eval_loss"]
+        for rec, gr in g.groupby("recipe"):
+            if rec == baseline:
+                continue
+            s = gr.set_index("seed")["final_eval_loss"]
+            seeds = sorted(set(s.index) & set(base.index))
+            if not seeds:
+                continue
+            gap = [float(s[i] - base[i]) for i in seeds]
+            rel = [float((s[i] - base[i]) / base[i]) for i in seeds]
+            m, lo, hi = t_interval(gap, confidence)
+            rm, rlo, rhi = t_interval(rel, confidence)
+            rows.append({"hardware": hw, "profile": prof, "model": size, "recipe": rec,
+                         "baseline": baseline, "n_seeds": len(seeds),
+                         "baseline_loss": float(np.mean([base[i] for i in seeds])),
+                         "loss": float(np.mean([s[i] for i in seeds])),
+                         "gap_nats": m, "gap_lo": lo, "gap_hi": hi,
+                         "rel_gap": rm, "rel_lo": rlo, "rel_hi": rhi,
+                         "emulated": bool(gr["emulated"].any())})
+    return pd.DataFrame(rows, columns=[
+        "hardware", "profile", "model", "recipe", "baseline", "n_seeds", "baseline_loss",
+        "loss", "gap_nats", "gap_lo", "gap_hi", "rel_gap", "rel_lo", "rel_hi", "emulated"])
+
+
+SIZE_ORDER = {"tiny": 0, "20m": 1, "120m": 2}
+
+
+def b4_verdict(gaps, threshold: float = 0.015, min_seeds: int = 3) -> dict[str, Any]:
+    """Claim B4 from ``paired_gaps(df, "bf16")``: the rule the notebook states.
+
+    Evidence: the largest model with >= ``min_seeds`` paired NVFP4/BF16 seeds (full profile
+    preferred over smoke). With the 95% t-interval [lo, hi] of the relative gap
+    (NVFP4 - BF16) / BF16: hi <= 1.5% -> "reproduced"; lo > 1.5% -> "contradicted"; otherwise
+    "partly" (the interval straddles 1.5%). From smoke records only (the tiny model, ~100
+    steps) a passing rule gives at most "partly": that is a pipeline check, not evidence.
+    """
+    g = gaps[(gaps["recipe"] == "nvfp4") & (gaps["n_seeds"] >= min_seeds)]
+    if g.empty:
+        return {"verdict": "not yet measured", "row": None,
+                "key_number": "no NVFP4/BF16 pair with enough seeds"}
+    g = g.assign(_full=(g["profile"] == "full").astype(int),
+                 _size=g["model"].map(SIZE_ORDER).fillna(-1))
+    row = g.sort_values(["_full", "_size", "n_seeds"]).iloc[-1]
+    if row["rel_hi"] <= threshold:
+        verdict = "reproduced"
+    elif row["rel_lo"] > threshold:
+        verdict = "contradicted"
+    else:
+        verdict = "partly"
+    smoke_only = row["profile"] != "full"
+    if smoke_only and verdict == "reproduced":
+        verdict = "partly"
+    key = (f"NVFP4 vs BF16 final held-out loss {100 * row['rel_gap']:+.2f}% "
+           f"(95% CI {100 * row['rel_lo']:+.2f}% .. {100 * row['rel_hi']:+.2f}%, "
+           f"{int(row['n_seeds'])} seeds, {row['model']} model, {row['profile']} profile"
+           f"{', emulated NVFP4' if row['emulated'] else ''})")
+    return {"verdict": verdict, "row": row, "key_number": key, "smoke_only": smoke_only}
+
+
+def b3_verdict(df, limit: float = 0.30) -> dict[str, Any]:
+    """Claim B3 from the stored-bytes records: the rule the notebook states.
+
+    format ratio: NVFP4 bytes / BF16 (= FP16) bytes over the tensors the policy quantizes,
+    max of weights and activations. model ratio: weights + activations of the whole model
+    under the paper policy (BF16 embedding, head, last block). format ratio <= 0.30 (1/4 plus
+    at most 5 points of scales) and model ratio <= 0.30 -> "reproduced"; format ratio <= 0.30
+    only -> "partly"; else "contradicted". Uses the largest model recorded.
+    """
+    m = df[(df["recipe"] == "nvfp4") & df["metric"].str.startswith("stored_")] \
+        if not df.empty else df
+    if m.empty:
+        return {"verdict": "not yet measured", "key_number": "no stored-bytes records"}
+    m = m.assign(_size=m["size_model"].map(SIZE_ORDER).fillna(-1))
+    size = m.sort_values("_size")["size_model"].iloc[-1]
+    m = m[m["size_model"] == size].drop_duplicates("metric", keep="last").set_index("metric")
+
+    def ratio(metric):
+        return float(m.loc[metric, "extra"]["ratio_to_bf16"])
+
+    w_q, a_q = ratio("stored_weight_bytes_quantized_only"), ratio(
+        "stored_activation_bytes_quantized_only")
+    whole = ((m.loc["stored_weight_bytes", "value"] + m.loc["stored_activation_bytes", "value"])
+             / (m.loc["stored_weight_bytes", "extra"]["bf16_bytes"]
+                + m.loc["stored_activation_bytes", "extra"]["bf16_bytes"]))
+    fmt = max(w_q, a_q)
+    verdict = ("reproduced" if fmt <= limit and whole <= limit else
+               "partly" if fmt <= limit else "contradicted")
+    key = (f"NVFP4 tensors take {w_q:.3f} (weights, 16x16 blocks) and {a_q:.3f} (activations, "
+           f"1x16) of their BF16/FP16 bytes; the {size} model's GEMM operands under NVIDIA's "
+           f"policy {whole:.3f}")
+    return {"verdict": verdict, "key_number": key, "model": size, "weights": w_q,
+            "activations": a_q, "whole": float(whole)}
