@@ -220,7 +220,7 @@ def dynamic_loss_scale(inner: optax.GradientTransformation, init_scale: float = 
     def update(updates, state, params=None):
         inv = 1.0 / state.scale
         grads = jax.tree.map(lambda g: g.astype(jnp.float32) * inv, updates)
-        finite = _all_finite(grads)
+        finite = all_finite(grads)
         new_updates, new_inner = inner.update(grads, state.inner_state, params)
         new_updates = jax.tree.map(lambda u: jnp.where(finite, u, jnp.zeros_like(u)), new_updates)
         new_inner = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new_inner,
@@ -250,7 +250,7 @@ def skip_nonfinite(inner: optax.GradientTransformation,
     return optax.apply_if_finite(inner, max_consecutive_errors=max_consecutive)
 
 
-def _all_finite(tree) -> jax.Array:
+def all_finite(tree) -> jax.Array:
     leaves = jax.tree.leaves(tree)
     if not leaves:
         return jnp.array(True)

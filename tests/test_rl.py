@@ -119,3 +119,48 @@ def test_networks_first_last_layers_stay_wide_and_fp8_elsewhere():
         assert lv.shape == (3, 6) and vv.shape == (3,)
     large = networks.make_network("cnn-large", 6, "bf16", obs_shape=(10, 10, 4))
     assert large.upsample == 8  # MinAtar 10x10 -> 80x80 pixel-like input
+
+
+def test_quality_statistics_match_rliable_and_a_hand_count(monkeypatch):
+    import builtins
+
+    from repro.rl import experiments as X
+
+    rng = np.random.default_rng(0)
+    scores = {"a": rng.normal(1.0, 0.2, (8, 3)), "b": rng.normal(0.6, 0.2, (8, 3))}
+    ref_agg = X.aggregate(scores, reps=50)
+    ref_poi = X.probability_of_improvement(scores, [("a", "b")], reps=50)
+    # P(a > b) by hand: pairs over seeds, averaged over tasks.
+    hand = np.mean([np.mean(scores["a"][:, j][:, None] > scores["b"][:, j][None, :])
+                    for j in range(3)])
+    assert ref_poi.p[0] == pytest.approx(hand)
+
+    real_import = builtins.__import__
+
+    def no_rliable(name, *a, **k):
+        if name.startswith("rliable"):
+            raise ImportError(name)
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_rliable)
+    agg = X.aggregate(scores, reps=50)
+    poi = X.probability_of_improvement(scores, [("a", "b")], reps=50)
+    assert set(agg.backend) == {"numpy"}
+    np.testing.assert_allclose(agg.iqm, ref_agg.iqm, rtol=1e-9)
+    assert poi.p[0] == pytest.approx(hand)
+    assert (agg.iqm_lo <= agg.iqm).all() and (agg.iqm <= agg.iqm_hi).all()
+
+
+def test_precision_policy_and_record_validation(tmp_path):
+    from repro.config import ConfigError
+    from repro.rl import experiments as X
+
+    pol = X.precision_policy("fp8-delayed", master_weights="fp8")
+    assert pol["params (stored)"].startswith("fp8") and pol["gradients (GEMM operand)"] == \
+        "fp8-e5m2" and pol["optimizer state (Adam moments)"] == "fp32"
+    assert X.precision_policy("tf32")["weights (GEMM operand)"] == "tf32"
+    with pytest.raises(ValueError, match="unknown recipe"):
+        X.record_throughput("smoke", tmp_path, recipes=["fp7"])
+    with pytest.raises(ConfigError, match="unknown RL variant"):
+        X.variant_config("fp8-magic")
+    assert not list(tmp_path.iterdir())  # nothing written before validation passed

@@ -1,0 +1,338 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · Claim A2: "H100 FP8 is up to 1.6x faster than H100 FP16 for RL training"
+#
+# **The claims** (seed article on end-to-end FP8 RL; see `docs/CLAIMS.md`):
+#
+# * **A2** FP8 RL training is up to **1.6x** faster than FP16 on an H100.
+# * **A3** up to **2.8x** faster than an A100 in FP16 (and "up to 4x" RL throughput).
+# * **A1** parameters, activations, gradients and optimizer updates are all FP8;
+#   **A4** memory drops; **A9** it works for MLPs and CNNs.
+#
+# NVIDIA's primary source (NeMo RL, GRPO on LLMs) reports +15-25% from FP8 linear layers and
+# about 1.48x overall; the 1.6x-vs-FP16 figure does not appear there.
+#
+# **Method.** PPO (`repro.rl.ppo`, PureJaxRL-shaped: the whole run is one jitted function) on a
+# gymnax task, with the actor-critic network under each precision recipe (`repro.recipes`):
+# fp32 (true FP32), tf32, bf16, fp16 (dynamic loss scaling), fp8-current and fp8-delayed (all
+# three GEMMs of each hidden layer in FP8; first/last layers stay BF16). For each network (MLP of
+# width 64..4096, the MinAtar CNN, a Nature-DQN conv stack on 80x80 inputs), number of parallel
+# environments and recipe, `repro.rl.experiments.record_throughput` times
+#
+# * the **whole PPO loop** (rollouts, GAE, 4 epochs of minibatch updates): env-steps/s,
+# * the **update alone** on a rollout-sized batch: the part FP8 can speed up,
+# * the compiled update's **memory** (XLA buffer assignment).
+#
+# An FP8 record made where no FP8 GEMM ran (a CPU, or a GPU program without cuBLASLt FP8 calls)
+# is **emulated**: its numbers are drawn hollow and never called a speedup.
+#
+# Regenerate: `dvc repro rl_throughput` (or `repro notebook 03_rl_throughput --profile smoke`);
+# GPU records: `repro record rl_throughput --profile full` (resumable per cell).
+
+# %% tags=["parameters"]
+profile = "smoke"
+
+# %%
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from repro import claims, hardware, results
+from repro.config import resolve_profile, stage_params
+from repro.rl import experiments as X
+
+profile = resolve_profile(profile)
+P = stage_params("rl_throughput", profile)
+if profile == "smoke":  # full-profile records are made on the GPU by `repro record`
+    written = X.record_throughput("smoke", results.record_root("smoke"))
+    print(f"smoke: wrote {len(written)} cell(s) under {results.record_root('smoke')}")
+df = results.load_records("rl_throughput")
+table = X.throughput_table(df)
+FIG = Path("figures")
+FIG.mkdir(exist_ok=True)
+HW = sorted(table.hardware.unique()) if len(table) else []
+print(f"profile={profile}; records from: {HW}")
+
+# %% [markdown]
+# ## Throughput per recipe
+#
+# Env-steps per second of the whole PPO loop (one seed) against MLP width; one panel per
+# hardware and number of environments. Hollow markers: emulated FP8.
+
+# %%
+mlp = table[table.network == "mlp"]
+panels = sorted({(h, n) for h, n in zip(mlp.hardware, mlp.num_envs)})
+fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5 * max(len(panels), 1), 4),
+                         squeeze=False)
+colors = dict(zip(X.THROUGHPUT_RECIPES, plt.cm.tab10.colors))
+for ax, (h, n) in zip(axes[0], panels):
+    g = mlp[(mlp.hardware == h) & (mlp.num_envs == n)]
+    for r, gr in g.groupby("recipe"):
+        gr = gr.sort_values("width")
+        ax.plot(gr.width, gr.env_steps_per_s, "-", color=colors.get(r), label=r)
+        for em, mk in ((False, "o"), (True, "o")):
+            s = gr[gr.emulated == em]
+            ax.scatter(s.width, s.env_steps_per_s, color=colors.get(r),
+                       facecolors="none" if em else colors.get(r), zorder=3)
+    ax.set(xscale="log", yscale="log", xlabel="MLP width", ylabel="env-steps / s",
+           title=f"{h}, {n} envs")
+    ax.legend(fontsize=8)
+fig.suptitle("Whole PPO loop throughput (hollow = emulated FP8, not a speed measurement)")
+fig.tight_layout()
+fig.savefig(FIG / "03_rl_throughput.png", dpi=130)
+
+# %% [markdown]
+# ## Speedup of FP8 over FP16 and BF16
+#
+# Ratios of two timings from the same hardware and configuration: end to end (env-steps/s) and
+# the update alone (time). The dashed line is the seed's 1.6x.
+
+# %%
+sp = pd.concat([X.speedups(table, r) for r in ("fp8-current", "fp8-delayed")
+                if r in set(table.recipe)], ignore_index=True) if len(table) else pd.DataFrame()
+fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex=True)
+for i, kind in enumerate(("e2e", "update")):
+    for j, base in enumerate(("fp16", "bf16")):
+        ax = axes[i, j]
+        g = sp[(sp.baseline == base) & (sp.network == "mlp")] if len(sp) else sp
+        for (h, n, r), gg in (g.groupby(["hardware", "num_envs", "recipe"]) if len(g) else []):
+            gg = gg.sort_values("width")
+            em = gg[gg.emulated]
+            real = gg[~gg.emulated]
+            tag = " (EMULATED)" if len(em) and not len(real) else ""
+            line, = ax.plot(gg.width, gg[kind], "-" if len(real) else ":",
+                            label=f"{r} · {h} · {n} envs{tag}")
+            ax.scatter(real.width, real[kind], color=line.get_color(), zorder=3)
+            ax.scatter(em.width, em[kind], facecolors="none", edgecolors=line.get_color(),
+                       zorder=3)
+            for w, y in zip(em.width, em[kind]):
+                ax.annotate("emulated", (w, y), textcoords="offset points", xytext=(4, 4),
+                            fontsize=7, color=line.get_color())
+        ax.axhline(1.6, ls="--", color="k", lw=1)
+        ax.text(0.01, 1.6, "seed: 1.6x", transform=ax.get_yaxis_transform(), fontsize=8,
+                va="bottom")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set(xscale="log", ylabel=f"FP8 / {base.upper()} ({'whole loop' if kind == 'e2e' else 'update only'})",
+               title=f"{'whole PPO loop' if kind == 'e2e' else 'update only'} vs {base}")
+        if i == 1:
+            ax.set_xlabel("MLP width")
+axes[0, 0].legend(fontsize=7)
+fig.suptitle("FP8 speedup (dotted / hollow = emulated FP8: NOT a speedup)")
+fig.tight_layout()
+fig.savefig(FIG / "03_rl_speedup.png", dpi=130)
+(sp.round(3) if len(sp) else sp)
+
+# %% [markdown]
+# ## Verdict A2 (computed)
+#
+# Rule, applied to non-emulated records on hardware with FP8 tensor cores only:
+# **reproduced** if the whole PPO loop with FP8 is >= 1.6x faster than FP16 at half or more of
+# the measured MLP widths (at the largest number of environments); **partly** if >= 1.6x is
+# reached only at some widths, or only by the update alone, or FP8 is faster end to end
+# (>= 1.1x) but below 1.6x; **contradicted** if FP8 is never >= 1.1x faster end to end;
+# **not yet measured** without such records.
+
+# %%
+def a2_verdict(sp: pd.DataFrame):
+    real = sp[(~sp.emulated) & (sp.baseline == "fp16") & (sp.network == "mlp")] if len(sp) \
+        else sp
+    if not len(real):
+        return ("not yet measured", "no native-FP8 records (FP8 on this hardware is emulated)",
+                ", ".join(HW) or "none")
+    lines, verdicts = [], []
+    for h, g in real.groupby("hardware"):
+        nmax = g.num_envs.max()
+        best = g[g.num_envs == nmax].groupby("width")[["e2e", "update"]].max()
+        e2e_max, upd_max = g.e2e.max(), g["update"].max()
+        widths_ok = best.index[best.e2e >= 1.6].tolist()
+        if len(widths_ok) >= max(1, len(best) / 2):
+            v = "reproduced"
+        elif e2e_max >= 1.6 or upd_max >= 1.6 or e2e_max >= 1.1:
+            v = "partly"
+        else:
+            v = "contradicted"
+        verdicts.append(v)
+        w_best = g.loc[g.e2e.idxmax()]
+        lines.append(f"{h}: FP8/FP16 whole loop up to {e2e_max:.2f}x (width {int(w_best.width)},"
+                     f" {int(w_best.num_envs)} envs), update alone up to {upd_max:.2f}x; "
+                     f">= 1.6x end to end at widths {widths_ok or 'none'}")
+    order = ["reproduced", "partly", "contradicted"]
+    return min(verdicts, key=order.index), "; ".join(lines), ", ".join(sorted(real.hardware.unique()))
+
+
+a2, a2_key, a2_hw = a2_verdict(sp)
+print("A2:", a2, "|", a2_key)
+claims.write_verdict("A2", a2, a2_key, a2_hw, "results/*/rl_throughput (env_steps_per_s, "
+                     "update_time_ms)", note="notebook 03_rl_throughput")
+
+# %% [markdown]
+# ## CNNs (A9, speed side)
+#
+# The same ratios for the MinAtar CNN and the Nature-DQN stack on 80x80 inputs. FP8
+# convolutions run FP8 forward but their backward pass is emulated through BF16 transposed
+# convolutions (`repro.ops.fp8_conv`); MEASURED.md found an FP8 forward convolution 2x slower than
+# BF16 on the H200, so no speedup is expected here. (A9's quality side is notebook 04.)
+
+# %%
+cnn = sp[sp.network != "mlp"] if len(sp) else sp
+(cnn.round(3) if len(cnn) else cnn)
+
+# %%
+def a9_verdict(sp):
+    real = sp[(~sp.emulated) & (sp.baseline == "bf16")] if len(sp) else sp
+    if not len(real):
+        return "not yet measured", "no native-FP8 records", ", ".join(HW) or "none"
+    best = real.groupby(real.network.map(lambda n: "mlp" if n == "mlp" else "cnn")).e2e.max()
+    ok = {k: v >= 1.0 for k, v in best.items()}
+    v = ("reproduced" if len(ok) == 2 and all(ok.values()) else
+         "partly" if any(ok.values()) else "contradicted")
+    key = "; ".join(f"best FP8/BF16 whole loop, {k}: {x:.2f}x" for k, x in best.items())
+    return v, key, ", ".join(sorted(real.hardware.unique()))
+
+
+a9, a9_key, a9_hw = a9_verdict(sp)
+print("A9 (speed):", a9, "|", a9_key)
+claims.write_verdict("A9", a9, a9_key + " (speed; quality in notebook 04)", a9_hw,
+                     "results/*/rl_throughput", note="notebook 03_rl_throughput")
+
+# %% [markdown]
+# ## A1 and A4: which values are FP8, and the memory they save
+#
+# The precision policy of each recipe and quality variant (`repro.rl.experiments
+# .precision_policy`). The four stores of claim A1 are the stored parameters, the activations
+# and gradients entering GEMMs, and the optimizer update. Adam's moments and the update
+# arithmetic stay FP32 in every recipe we run (as in Transformer Engine, DeepSeek-V3 and
+# NVIDIA's NVFP4 recipe); FP8-stored weights (`master_weights: fp8`) are held in a BF16
+# container (see `repro.optim`), so their memory saving is counted from the format (1 byte per
+# weight), not measured.
+
+# %%
+stores = df[df.metric == "fp8_stores"].drop_duplicates("sizes", keep="last") if len(df) else df
+policy = pd.DataFrame({r["sizes"]["variant"]: r["extra"]["policy"] for _, r in stores.iterrows()})
+policy
+
+# %%
+mem = table.dropna(subset=["update_memory_bytes"]) if "update_memory_bytes" in table else table
+big = (mem[mem.network == "mlp"].sort_values(["width", "num_envs"]).groupby("hardware").tail(
+    len(X.THROUGHPUT_RECIPES)) if len(mem) else mem)
+if len(big):
+    big = big.assign(order=big.recipe.map(list(X.THROUGHPUT_RECIPES).index)).sort_values(
+        ["hardware", "order"])
+fig, ax = plt.subplots(figsize=(8, 3.8))
+if len(big):
+    labels = [f"{r.hardware}\n{r.recipe}" + (" (emul.)" if r.emulated else "")
+              for r in big.itertuples()]
+    ax.bar(range(len(big)), big.update_memory_bytes / 2**20,
+           color=[colors.get(r) for r in big.recipe],
+           hatch=["//" if e else "" for e in big.emulated])
+    ax.set_xticks(range(len(big)), labels, rotation=60, fontsize=7)
+ax.set_ylabel("compiled update buffers (MiB)")
+ax.set_title("Memory of one PPO update, widest MLP, most envs (hatched = emulated)")
+fig.tight_layout()
+fig.savefig(FIG / "03_rl_memory.png", dpi=130)
+
+
+# %%
+def a1_verdict(stores):
+    if not len(stores):
+        return "not yet measured", "no stores record", "none"
+    best = stores.loc[stores.value.idxmax()]
+    n = int(best.value)
+    v = "reproduced" if n == 4 else "partly" if n >= 2 else "contradicted"
+    key = (f"at most {n} of 4 A1 stores in FP8 (variant {best['sizes']['variant']}); optimizer "
+           "moments and update arithmetic stay FP32; FP8 weight storage held in a BF16 container")
+    return v, key, best.hardware
+
+
+def a4_verdict(mem):
+    rows = []
+    for h, g in (mem[mem.network == "mlp"].groupby("hardware") if len(mem) else []):
+        top = g[g.width == g.width.max()]
+        top = top[top.num_envs == top.num_envs.max()].set_index("recipe")
+        if {"fp8-delayed", "fp16"} <= set(top.index):
+            rows.append((h, top.loc["fp8-delayed", "update_memory_bytes"]
+                         / top.loc["fp16", "update_memory_bytes"],
+                         bool(top.loc["fp8-delayed", "emulated"]), int(g.width.max())))
+    real = [r for r in rows if not r[2]]
+    if not real:
+        return ("not yet measured", "no native-FP8 memory record" + (
+            f" (emulated: FP8/FP16 = {rows[0][1]:.2f} on {rows[0][0]})" if rows else ""),
+            ", ".join(r[0] for r in rows) or "none")
+    ratio = min(r[1] for r in real)
+    v = "reproduced" if ratio <= 0.9 else "partly" if ratio < 1.0 else "contradicted"
+    key = "; ".join(f"{h}: update memory FP8/FP16 = {x:.2f} at width {w}" for h, x, _, w in real)
+    return v, key, ", ".join(r[0] for r in real)
+
+
+for cid, (v, key, hw) in {"A1": a1_verdict(stores), "A4": a4_verdict(mem)}.items():
+    print(cid, v, "|", key)
+    claims.write_verdict(cid, v, key, hw, "results/*/rl_throughput (fp8_stores, "
+                         "update_memory_bytes)", note="notebook 03_rl_throughput")
+
+# %% [markdown]
+# ## A3 as a PROJECTION: H100 FP8 against A100 FP16
+#
+# No A100 was measured, so this is a projection, labelled as such. The measured FP8/FP16 ratio
+# on a Hopper GPU is multiplied by how much faster an H100 runs the FP16 loop than an A100,
+# bounded by the datasheets (`repro.hardware.lookup`): by memory bandwidth (a memory-bound loop,
+# the lower bound) and by dense FP16 tensor-core rate (a GEMM-bound loop, the upper bound).
+# Someone with an A100 can replace the projection with a measurement:
+# `repro record rl_throughput --profile full --recipe fp16` on that machine.
+
+# %%
+a100, h100 = hardware.lookup("a100-sxm"), hardware.lookup("h100-sxm")
+bw = h100.memory_bandwidth_tbs / a100.memory_bandwidth_tbs
+fl = h100.peak_tflops["fp16"] / a100.peak_tflops["fp16"]
+ceiling = h100.peak_tflops["fp8"] / a100.peak_tflops["fp16"]
+real = sp[(~sp.emulated) & (sp.baseline == "fp16") & (sp.network == "mlp")] if len(sp) else sp
+proj = real.assign(lo=real.e2e * bw, hi=real.e2e * fl) if len(real) else real
+fig, ax = plt.subplots(figsize=(7, 4))
+if len(proj):
+    for (h, n, r), g in proj.groupby(["hardware", "num_envs", "recipe"]):
+        g = g.sort_values("width")
+        ax.fill_between(g.width, g.lo, g.hi, alpha=0.25, label=f"PROJECTION {r} · {h} · {n} envs")
+    ax.set_xscale("log")
+else:
+    ax.bar(["memory-bound", "GEMM-bound ceiling"], [bw, ceiling], color="lightgrey",
+           edgecolor="k", hatch="//")
+    ax.text(0.5, 0.9, "PROJECTION from datasheets only\n(no native-FP8 measurement yet)",
+            transform=ax.transAxes, ha="center", va="top")
+ax.axhline(2.8, ls="--", color="k", lw=1)
+ax.text(0.01, 2.8, "seed: 2.8x", transform=ax.get_yaxis_transform(), fontsize=8, va="bottom")
+ax.set(xlabel="MLP width" if len(proj) else "", ylabel="H100 FP8 / A100 FP16 (projected)",
+       title="A3: PROJECTION, not a measurement")
+if len(proj):
+    ax.legend(fontsize=7, loc="upper left")
+fig.tight_layout()
+fig.savefig(FIG / "03_rl_projection.png", dpi=130)
+
+if len(proj):
+    b = proj.loc[proj.hi.idxmax()]
+    a3_key = (f"projected {b.lo:.1f}-{b.hi:.1f}x at width {int(b.width)} ({b.hardware} FP8/FP16 "
+              f"{b.e2e:.2f}x x H100/A100 FP16 {bw:.2f}-{fl:.2f}x); seed claims 2.8x")
+    a3_hw = ", ".join(sorted(proj.hardware.unique())) + " -> a100-sxm (datasheet)"
+else:
+    a3_key = (f"datasheet bounds only: {bw:.2f}x (bandwidth) to {ceiling:.2f}x (H100 FP8 peak / "
+              f"A100 FP16 peak); seed claims 2.8x")
+    a3_hw = "datasheets h100-sxm, a100-sxm"
+print("A3: projected |", a3_key)
+claims.write_verdict("A3", "projected", a3_key, a3_hw,
+                     "repro/data/hardware.yaml + results/*/rl_throughput",
+                     note="PROJECTION from datasheet ratios; no A100 measured")
