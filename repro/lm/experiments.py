@@ -506,3 +506,31 @@ def b3_verdict(df, limit: float = 0.30) -> dict[str, Any]:
            f"policy {whole:.3f}")
     return {"verdict": verdict, "key_number": key, "model": size, "weights": w_q,
             "activations": a_q, "whole": float(whole)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m repro.lm.experiments PROFILE [--sizes ..] [--variants ..] [--seeds ..]``:
+    record a subset of the cells (e.g. one per GPU of a multi-GPU machine)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m repro.lm.experiments")
+    ap.add_argument("profile", choices=["smoke", "full", "auto"])
+    ap.add_argument("--sizes", nargs="*")
+    ap.add_argument("--variants", nargs="*", help=f"of: {', '.join(VARIANTS)}")
+    ap.add_argument("--seeds", nargs="*", type=int)
+    ap.add_argument("--time-budget-s", type=float, help="default: REPRO_TIME_BUDGET_S")
+    ap.add_argument("--force", action="store_true")
+    a = ap.parse_args(argv)
+    from repro.config import resolve_profile
+
+    profile = resolve_profile(a.profile)
+    written = record(profile, force=a.force, variants=a.variants, sizes=a.sizes,
+                     seeds=a.seeds, time_budget_s=a.time_budget_s)
+    for p in written:
+        print(p)
+    print(f"lm [{profile}]: wrote {len(written)} cell(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
