@@ -47,12 +47,15 @@
 #
 # **Profiles.** `smoke` (this notebook's default; CPU, minutes): the 0.14M-parameter `tiny`
 # model, 100 steps, 3 seeds, every recipe: a check that the pipeline works, not evidence.
-# `full` (GPU, recorded into `results/`): `20m` to 20 tokens per parameter (byte tokens) and
-# `120m` for 2 tokens per parameter, 3 seeds (`params.yaml`, section `lm`). The notebook draws
-# every `lm` record it finds, from every machine.
+# `full` (GPU, recorded into `results/`): `20m` to 20 tokens per parameter (byte tokens, every
+# recipe and ablation) and `120m` for 0.8 tokens per parameter (BF16, FP8, NVFP4), 3 seeds
+# (`params.yaml`, section `lm`). The notebook draws every `lm` record it finds, from every
+# machine.
 #
 # Regenerate: `dvc repro lm` (or `repro notebook 05_lm_nvfp4 --profile smoke`); the GPU study:
-# `REPRO_TIME_BUDGET_S=420 repro record lm --profile full`, repeated until every cell is done.
+# `REPRO_TIME_BUDGET_S=420 python -m repro.lm.experiments full`, repeated until every cell is
+# done (each call stops cleanly with a checkpoint and the next resumes it), then commit
+# `results/`.
 
 # %% tags=["parameters"]
 profile = "smoke"

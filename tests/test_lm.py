@@ -184,6 +184,14 @@ def test_checkpoint_resume_is_identical(tmp_path):
         T.train(TINY, tc.replace(lr=1e-4), recipe, ckpt_dir=ck, progress=False)
 
 
+def test_time_budget_stops_with_a_checkpoint(tmp_path):
+    tc = T.TrainConfig(steps=4, batch_size=4, eval_every=2, eval_batches=1, warmup_steps=1)
+    first = T.train(TINY, tc, "bf16", ckpt_dir=tmp_path, time_budget_s=0.0, progress=False)
+    assert not first.finished and first.steps_done == 1 and first.final_eval_loss is None
+    rest = T.train(TINY, tc, "bf16", ckpt_dir=tmp_path, progress=False)
+    assert rest.finished and rest.resumed_from == 1 and len(rest.eval_history) == 2
+
+
 # ---------------------------------------------------------------------- experiments
 
 

@@ -225,6 +225,7 @@ def train(cfg: M.LMConfig | str, tc: TrainConfig, recipe="bf16", *, corpus=None,
     ``stop_after``: stop (with a checkpoint) after this global step, as a kill would; for tests.
     All input checks (``data.preflight``) run before anything is compiled.
     """
+    t_call = time.monotonic()  # the time budget counts compilation too
     cfg = M.get_config(cfg)
     if isinstance(recipe, str) and recipe == M.JAX_NVFP4:
         M.check_jax_nvfp4_available()
@@ -306,7 +307,8 @@ def train(cfg: M.LMConfig | str, tc: TrainConfig, recipe="bf16", *, corpus=None,
                             "train_loss": train_loss, "lr": float(sched(step))})
             bar.set_postfix(eval=f"{ev:.3f}")
         more = step < tc.steps
-        budget_hit = more and time_budget_s is not None and time.monotonic() - t0 > time_budget_s
+        budget_hit = (more and time_budget_s is not None
+                      and time.monotonic() - t_call > time_budget_s)
         killed = more and stop_after is not None and step >= stop_after
         periodic = tc.checkpoint_every and step % tc.checkpoint_every == 0
         if mgr is not None and (budget_hit or killed or (periodic and more)):
