@@ -56,18 +56,24 @@ def ledger() -> list[dict[str, Any]]:
                      "verdict": v.get("verdict", "not yet measured"),
                      "key_number": v.get("key_number", ""), "hardware": v.get("hardware", ""),
                      "source": v.get("source", ""), "note": v.get("note", ""),
+                     "emulated": bool(v.get("emulated", False)),
                      "notebook": c.get("notebook") or ""})
     return rows
 
 
 def markdown_table(rows: list[dict[str, Any]] | None = None) -> str:
     rows = ledger() if rows is None else rows
-    out = ["| claim | statement | verdict | key number | hardware | notebook |",
-           "|---|---|---|---|---|---|"]
+    out = ["| claim | statement | verdict | key number | hardware | record | notebook |",
+           "|---|---|---|---|---|---|---|"]
+
+    def cell(text: str) -> str:  # a pipe or a newline would break the table row
+        return " ".join(str(text).split()).replace("|", "\\|")
+
     for r in rows:
         nb = f"[{r['notebook']}](notebooks/{r['notebook']}.py)" if r["notebook"] else ""
-        out.append(f"| {r['claim']} | {r['statement']} | **{r['verdict']}** | "
-                   f"{r['key_number']} | {r['hardware']} | {nb} |")
+        key = cell(r["key_number"]) + (" (emulated)" if r.get("emulated") else "")
+        out.append(f"| {r['claim']} | {cell(r['statement'])} | **{r['verdict']}** | "
+                   f"{key} | {cell(r['hardware'])} | {cell(r['source'])} | {nb} |")
     return "\n".join(out)
 
 

@@ -1,16 +1,23 @@
 """The ``repro`` command: record measurements, run notebooks, show the hardware.
 
     repro record EXPERIMENT [--profile smoke|full|auto] [--force] [--hardware SLUG] [--recipe R]
+    repro record all [--profile P] [--force] [--hardware SLUG]
     repro bench gemm ...                  (alias of ``repro record gemm``)
     repro notebook NAME [--profile P] [-p key=value ...]
     repro hardware
+    repro claims [--json | --markdown] [--update-readme]
+    repro site [--out DIR]
 
 ``record`` looks EXPERIMENT up in :data:`EXPERIMENTS` ("module:function"), and calls
 ``function(profile, root, force)``; records go to ``results/`` (full profile, committed) or
-``build/results/`` (smoke, scratch). ``notebook`` converts ``notebooks/NAME.py`` (Jupytext
+``build/results/`` (smoke, scratch). ``record all`` runs every experiment of :data:`EXPERIMENTS`
+in order, resumably (each experiment skips the cells it already recorded), with a progress bar
+and a log in ``build/logs/record.log``. ``notebook`` converts ``notebooks/NAME.py`` (Jupytext
 py:percent) to ``build/notebooks/NAME.ipynb`` and executes it with papermill into
 ``build/notebooks/NAME.out.ipynb``, with the repository root as working directory and the
 kernel's output in ``build/logs/NAME.log``; this is the command every DVC stage runs.
+``claims`` prints the claims ledger (``repro.claims``) and regenerates the README's table;
+``site`` builds the static documentation site (``repro.site``) in ``build/site/``.
 
 Bad input (an unknown experiment, recipe, profile or notebook, a malformed ``params.yaml``)
 prints one line ``repro: error: ...`` on stderr and exits 2 before anything is written.
@@ -22,9 +29,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import json
 import logging
 import os
+import shutil
 import sys
+import textwrap
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,6 +50,7 @@ EXPERIMENTS: dict[str, str] = {
     "lm": "repro.lm.experiments:record",
 }
 BENCH_ALIASES = ("gemm",)
+ALL = "all"  # repro record all: every experiment above, in order
 KERNEL = "python3"
 
 
@@ -77,7 +89,7 @@ def resolve_experiment(name: str) -> Callable:
     """The record function of ``name``, or a one-line error if it does not exist (yet)."""
     if name not in EXPERIMENTS:
         raise UsageError(f"unknown experiment {name!r}; valid experiments: "
-                         f"{', '.join(EXPERIMENTS)}")
+                         f"{', '.join(EXPERIMENTS)} (or {ALL})")
     module, func = EXPERIMENTS[name].split(":")
     try:
         mod = importlib.import_module(module)
@@ -105,19 +117,25 @@ def valid_recipes(experiment: str) -> list[str]:
 # ------------------------------------------------------------------------------ commands
 
 
+def _use_hardware(slug: str | None) -> None:
+    if slug:
+        os.environ["REPRO_HARDWARE"] = slug
+        from repro import hardware
+
+        hardware.detect.cache_clear()
+
+
 def cmd_record(args) -> int:
     from repro import config, results
 
     if args.command == "bench" and args.experiment not in BENCH_ALIASES:
         raise UsageError(f"repro bench knows {', '.join(BENCH_ALIASES)}; "
                          f"use repro record {args.experiment}")
+    if args.experiment == ALL:
+        return record_all(args)
     if args.experiment not in EXPERIMENTS:
         resolve_experiment(args.experiment)  # raises the one-line error
-    if args.hardware:
-        os.environ["REPRO_HARDWARE"] = args.hardware
-        from repro import hardware
-
-        hardware.detect.cache_clear()
+    _use_hardware(args.hardware)
     # Validate everything before the first write: profile, params.yaml, recipes, module.
     profile = _profile(args.profile)
     config.stage_params(args.experiment, profile)
@@ -141,6 +159,102 @@ def cmd_record(args) -> int:
     print(f"{args.experiment} [{profile}]: wrote {len(written)} cell(s) under {root}"
           + ("" if written else " (all cells already recorded; --force redoes them)"))
     return 0
+
+
+def record_all(args) -> int:
+    """``repro record all``: every experiment of :data:`EXPERIMENTS`, in order.
+
+    Resumable: each experiment skips the cells it has already recorded for this hardware, so
+    rerunning after an interruption (Ctrl-C, a lost machine) continues where it stopped. An
+    experiment that fails is logged (traceback in ``build/logs/record.log``) and the next one
+    runs; the exit status is 1 if any failed. An experiment whose module is missing from this
+    checkout is skipped with a note.
+    """
+    from tqdm import tqdm  # not tqdm.auto: that wants ipywidgets inside notebooks
+
+    from repro import config, results
+
+    if args.recipe:
+        raise UsageError("--recipe selects recipes of one experiment; it does not apply to "
+                         "`repro record all`")
+    _use_hardware(args.hardware)
+    # Validate everything before the first write: profile, every experiment's params section.
+    profile = _profile(args.profile)
+    params = config.load_params()
+    plan, unavailable = [], []
+    for name in EXPERIMENTS:
+        config.stage_params(name, profile, params)
+        try:
+            plan.append((name, resolve_experiment(name)))
+        except UsageError as e:
+            unavailable.append((name, str(e)))
+    root = results.record_root(profile)
+
+    from repro import hardware
+
+    slug = hardware.detect().slug
+    log_path = results.repo_root() / "build" / "logs" / "record.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = logging.getLogger("repro.record")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    handler = logging.FileHandler(log_path, mode="a")  # append: the history of resumed runs
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    print(f"repro record all [{profile}] on {slug}: {len(plan)} experiment(s) -> {root} "
+          f"(log {_rel(log_path)})", file=sys.stderr)
+    log.info("record all: profile=%s hardware=%s root=%s force=%s experiments=%s", profile,
+             slug, root, args.force, ",".join(n for n, _ in plan))
+    for name, why in unavailable:
+        log.warning("%s: skipped: %s", name, why)
+        print(f"repro: skipping {name}: {why}", file=sys.stderr)
+
+    done: dict[str, int] = {}
+    failed: list[str] = []
+    try:
+        bar = tqdm(plan, desc=f"record all [{profile}]", unit="experiment", file=sys.stderr)
+        for name, fn in bar:
+            bar.set_postfix_str(name)
+            log.info("%s: start", name)
+            t0 = time.perf_counter()
+            try:
+                written = fn(profile, root, args.force) or []
+            except KeyboardInterrupt:
+                log.warning("%s: interrupted after %.1f s; finished cells are kept, rerun to "
+                            "resume", name, time.perf_counter() - t0)
+                raise
+            except Exception as e:  # noqa: BLE001 - one experiment must not stop the others
+                log.exception("%s: failed after %.1f s", name, time.perf_counter() - t0)
+                failed.append(name)
+                tqdm.write(f"repro: {name} failed: {type(e).__name__}: {_one_line(e)[:300]} "
+                           f"(traceback in {_rel(log_path)})", file=sys.stderr)
+                continue
+            for path in written:
+                log.info("%s: wrote %s", name, path)
+                print(path)
+            done[name] = len(written)
+            log.info("%s: wrote %d cell(s) in %.1f s%s", name, len(written),
+                     time.perf_counter() - t0, "" if written else " (all already recorded)")
+        bar.close()
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+    summary = ", ".join(f"{n} {c}" for n, c in done.items()) or "nothing"
+    print(f"record all [{profile}] on {slug}: cells written: {summary}"
+          + (f"; FAILED: {', '.join(failed)}" if failed else "")
+          + (f"; skipped (not in this checkout): {', '.join(n for n, _ in unavailable)}"
+             if unavailable else "")
+          + f" (under {root})")
+    return 1 if failed else 0
+
+
+def _rel(path: Path) -> str:
+    from repro.results import repo_root
+
+    try:
+        return str(Path(path).resolve().relative_to(repo_root().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _parse_params(pairs: list[str] | None) -> dict[str, Any]:
@@ -241,6 +355,71 @@ def cmd_notebook(args) -> int:
     return 0
 
 
+def format_ledger(rows: list[dict[str, Any]], width: int | None = None) -> str:
+    """The ledger for a terminal: one block per claim (verdict, hardware, key number, record)."""
+    from collections import Counter
+
+    width = width or min(shutil.get_terminal_size((100, 24)).columns, 120)
+    counts = Counter(r["verdict"] for r in rows)
+    from repro.claims import VERDICTS
+
+    head = ", ".join(f"{counts[v]} {v}" for v in VERDICTS if counts[v])
+    out = [f"claims ledger: {len(rows)} claims ({head})", ""]
+    vw = max(len(v) for v in VERDICTS)
+
+    def wrap(label: str, text: str) -> list[str]:
+        return textwrap.wrap(f"{label}{text}", width=width, initial_indent="     ",
+                             subsequent_indent="       ")
+
+    for r in rows:
+        hw = f"  on {r['hardware']}" if r["hardware"] else ""
+        emu = "  (emulated)" if r.get("emulated") else ""
+        out.append(f"{r['claim']:<4} {r['verdict']:<{vw}}{hw}{emu}")
+        out += wrap("", r["statement"])
+        if r["key_number"]:
+            out += wrap("key number: ", r["key_number"])
+        if r["source"]:
+            out += wrap("record: ", r["source"])
+        out += wrap("notebook: ", f"notebooks/{r['notebook']}.py" if r["notebook"]
+                    else "none (not tested in this repository)")
+    return "\n".join(out)
+
+
+def cmd_claims(args) -> int:
+    from repro import claims
+    from repro.results import repo_root
+
+    rows = claims.ledger()
+    if args.update_readme:
+        readme = repo_root() / "README.md"
+        if not readme.is_file():
+            raise UsageError(f"no README.md at {readme}")
+        changed = claims.update_readme(readme)
+        print(f"{_rel(readme)}: claims table {'updated' if changed else 'already up to date'} "
+              f"({len(rows)} claims)", file=sys.stderr)
+        if not (args.json or args.markdown):
+            return 0
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    elif args.markdown:
+        print(claims.markdown_table(rows))
+    else:
+        print(format_ledger(rows))
+    return 0
+
+
+def cmd_site(args) -> int:
+    from repro import site
+    from repro.results import repo_root
+
+    root = repo_root()
+    out = Path(args.out) if args.out else root / "build" / "site"
+    index = site.build_site(root, out)
+    print(f"wrote {_rel(index)} ({len(site.notebook_pages(root / 'build' / 'notebooks'))} "
+          f"notebook page(s))", file=sys.stderr)
+    return 0
+
+
 def cmd_hardware(args) -> int:
     from repro import hardware
 
@@ -274,7 +453,8 @@ def build_parser() -> argparse.ArgumentParser:
     def add_record(name, help_):
         r = sub.add_parser(name, help=help_)
         r.add_argument("experiment", metavar="EXPERIMENT",
-                       help=f"one of: {', '.join(EXPERIMENTS if name == 'record' else BENCH_ALIASES)}")
+                       help="one of: " + (", ".join([*EXPERIMENTS, ALL]) if name == "record"
+                                          else ", ".join(BENCH_ALIASES)))
         r.add_argument("--profile", help="smoke | full | auto (default: params.yaml's profile)")
         r.add_argument("--force", action="store_true", help="redo cells already recorded")
         r.add_argument("--hardware", metavar="SLUG",
@@ -295,6 +475,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     h = sub.add_parser("hardware", help="the detected hardware and the datasheet registry")
     h.set_defaults(func=cmd_hardware)
+
+    c = sub.add_parser("claims", help="the claims ledger: verdict, key number, hardware, record")
+    fmt = c.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="a JSON list, one object per claim")
+    fmt.add_argument("--markdown", action="store_true", help="the README's markdown table")
+    c.add_argument("--update-readme", action="store_true",
+                   help="rewrite README.md's table between the claims markers")
+    c.set_defaults(func=cmd_claims)
+
+    s = sub.add_parser("site", help="build the static HTML documentation site")
+    s.add_argument("--out", metavar="DIR", help="output directory (default build/site)")
+    s.set_defaults(func=cmd_site)
     return p
 
 
@@ -308,6 +500,15 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"repro: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `repro claims --json | head`: not an error
+        sys.stdout = open(os.devnull, "w")
+        return 0
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("repro: interrupted; finished cells are kept: rerun the same command to resume",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

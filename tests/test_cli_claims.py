@@ -1,0 +1,306 @@
+"""`repro claims` (the ledger), `repro record all` (new-hardware flow) and resuming a record."""
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from repro import claims, cli, hardware, results
+
+ROOT = Path(__file__).resolve().parent.parent
+IDS = [f"A{i}" for i in range(1, 12)] + [f"B{i}" for i in range(1, 7)]
+
+
+@pytest.fixture
+def vdir(tmp_path, monkeypatch):
+    d = tmp_path / "verdicts"
+    monkeypatch.setenv("REPRO_VERDICTS", str(d))
+    claims.write_verdict("B1", "reproduced", "0 bit mismatches in 123 elements", "cpu",
+                         "notebooks/01_formats.py (checks)")
+    claims.write_verdict("B4", "partly", "loss gap +0.7% | 3 seeds", "fake-gpu-x",
+                         "build/results/fake-gpu-x/lm/*.json", emulated=True)
+    return d
+
+
+def one_error_line(capsys):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("repro: error: "), err
+    return err[0]
+
+
+# ------------------------------------------------------------------------------ claims
+
+
+def test_claims_prints_every_claim_with_verdict_number_hardware_record(vdir, capsys):
+    assert cli.main(["claims"]) == 0
+    out = capsys.readouterr().out
+    starts = [line.split()[0] for line in out.splitlines() if line and not line[0].isspace()]
+    assert starts[1:] == IDS  # first line is the summary
+    assert "17 claims (1 reproduced, 1 partly, 15 not yet measured)" in out
+    b1 = out[out.index("\nB1 "):out.index("\nB2 ")]
+    assert "reproduced" in b1 and "on cpu" in b1
+    assert "key number: 0 bit mismatches in 123 elements" in b1
+    assert "record: notebooks/01_formats.py (checks)" in b1
+    b4 = out[out.index("\nB4 "):out.index("\nB5 ")]
+    assert "partly" in b4 and "fake-gpu-x" in b4 and "(emulated)" in b4
+    a2 = out[out.index("\nA2 "):out.index("\nA3 ")]
+    assert "not yet measured" in a2 and "notebooks/03_rl_throughput.py" in a2
+
+
+def test_claims_json_is_the_ledger(vdir, capsys):
+    assert cli.main(["claims", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["claim"] for r in rows] == IDS
+    assert all(r["verdict"] in claims.VERDICTS for r in rows)
+    for r in rows:
+        assert {"claim", "statement", "verdict", "key_number", "hardware", "source",
+                "notebook", "emulated"} <= set(r)
+    by_id = {r["claim"]: r for r in rows}
+    assert by_id["B1"]["verdict"] == "reproduced" and by_id["B1"]["hardware"] == "cpu"
+    assert by_id["B4"]["source"] == "build/results/fake-gpu-x/lm/*.json"
+    assert by_id["B4"]["emulated"] is True and by_id["B1"]["emulated"] is False
+    assert by_id["A5"] | {} == {**by_id["A5"], "verdict": "not yet measured", "key_number": ""}
+
+
+def test_claims_markdown_is_the_readme_table(vdir, capsys):
+    assert cli.main(["claims", "--markdown"]) == 0
+    table = capsys.readouterr().out.strip()
+    assert table == claims.markdown_table()
+    lines = table.splitlines()
+    assert len(lines) == 2 + len(IDS)
+    ncols = lines[0].count("|")
+    b4 = next(x for x in lines if x.startswith("| B4 "))
+    # a '|' inside a key number is escaped, so every row keeps the header's columns
+    assert b4.replace("\\|", "").count("|") == ncols and "(emulated)" in b4
+    assert "build/results/fake-gpu-x/lm/*.json" in b4  # the record it comes from
+
+
+def test_claims_update_readme(vdir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
+    readme = tmp_path / "README.md"
+    readme.write_text("# t\n\n<!-- claims:begin -->\nstale\n<!-- claims:end -->\n\nend\n")
+    assert cli.main(["claims", "--update-readme"]) == 0
+    assert "claims table updated" in capsys.readouterr().err
+    text = readme.read_text()
+    assert "stale" not in text and text.startswith("# t\n") and text.endswith("\nend\n")
+    assert claims.markdown_table() in text
+    assert cli.main(["claims", "--update-readme"]) == 0
+    assert "already up to date" in capsys.readouterr().err
+    # a new verdict changes the generated table
+    claims.write_verdict("A2", "contradicted", "1.1x", "h100-sxm", "results/h100-sxm/x")
+    assert cli.main(["claims", "--update-readme", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[1]["verdict"] == "contradicted"
+    assert "| A2 |" in readme.read_text() and "**contradicted**" in readme.read_text()
+
+
+def test_claims_errors_are_one_line(vdir, tmp_path, monkeypatch, capsys):
+    assert cli.main(["claims", "--json", "--markdown"]) == 2
+    assert "not allowed with" in one_error_line(capsys)
+    monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
+    assert cli.main(["claims", "--update-readme"]) == 2
+    assert "no README.md" in one_error_line(capsys)
+    (tmp_path / "README.md").write_text("no markers\n")
+    assert cli.main(["claims", "--update-readme"]) == 2
+    assert "claims:begin" in one_error_line(capsys)
+    assert (tmp_path / "README.md").read_text() == "no markers\n"
+
+
+def test_claims_console_script_json(vdir):
+    exe = Path(sys.executable).parent / "repro"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "repro.cli"]
+    r = subprocess.run(cmd + ["claims", "--json"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [x["claim"] for x in json.loads(r.stdout)] == IDS
+
+
+def test_dvc_claims_stage_follows_every_verdict_writer():
+    """The `claims` stage depends on the verdicts/ directory (so on every notebook stage that
+    writes a verdict) and keeps README.md (persist, not cached); `site` comes after all."""
+    import yaml
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    c = stages["claims"]
+    assert c["cmd"] == "repro claims --update-readme" and "verdicts" in c["deps"]
+    assert c["outs"] == [{"README.md": {"cache": False, "persist": True}}]
+    writers = [n for n, s in stages.items() for o in s.get("outs", [])
+               if next(iter(o) if isinstance(o, dict) else [o]).startswith("verdicts/")]
+    assert writers, "no notebook stage declares a verdict output"
+    assert list(stages)[-2:] == ["claims", "site"]
+    assert "build/notebooks" in stages["site"]["deps"]
+    for name, s in stages.items():  # nothing is both a dep and an out of one stage
+        outs = {next(iter(o)) if isinstance(o, dict) else o for o in s.get("outs", [])}
+        for dep in s.get("deps", []):
+            assert not any(o == dep or o.startswith(dep.rstrip("/") + "/") for o in outs), name
+
+
+# ------------------------------------------------------------------- record all, resume
+
+TOY_CELLS = ("a", "b", "c")
+
+
+def _toy_module(calls, interrupt_at=None):
+    """A registered experiment with three resumable cells; optionally interrupted."""
+    mod = types.ModuleType("repro_toy_experiment")
+
+    def record(profile, root, force=False):
+        written = []
+        for cell in TOY_CELLS:
+            if not force and results.have_cell("toy", cell, root=root):
+                continue
+            if cell == interrupt_at:
+                raise KeyboardInterrupt
+            calls.append(cell)
+            rec = results.make_record("toy", "answer", len(calls), "1", profile=profile,
+                                      sizes={"cell": cell})
+            written.append(results.write_records([rec], "toy", cell, root=root))
+        return written
+
+    def broken(profile, root, force=False):
+        raise RuntimeError("boom\nsecond line")
+
+    mod.record, mod.broken = record, broken
+    return mod
+
+
+PARAMS = """profile: smoke
+gemm:
+  common: {dtypes: [fp32, bf16], repeats: 1, input_sets: 1, error_shape: [32, 32, 32]}
+  smoke: {shapes: [[64, 32, 32], [32, 64, 32]]}
+  full: {shapes: [[64, 64, 64]]}
+toy: {smoke: {}, full: {}}
+broken: {smoke: {}, full: {}}
+"""
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A throwaway repository root: its own params.yaml, results/, build/ and a toy experiment."""
+    (tmp_path / "params.yaml").write_text(PARAMS)
+    monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
+    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("REPRO_SCRATCH_RESULTS", str(tmp_path / "build" / "results"))
+    monkeypatch.setenv("REPRO_HARDWARE", "unused")  # restored (and cache cleared) afterwards
+    monkeypatch.delenv("REPRO_HARDWARE")
+    hardware.detect.cache_clear()
+    calls = []
+    monkeypatch.setitem(sys.modules, "repro_toy_experiment", _toy_module(calls))
+    monkeypatch.setattr(cli, "EXPERIMENTS", {"gemm": "repro.bench:record_gemm",
+                                             "toy": "repro_toy_experiment:record"})
+    yield types.SimpleNamespace(root=tmp_path, calls=calls)
+    hardware.detect.cache_clear()
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*.json"))}
+
+
+def test_record_all_on_a_new_hardware_then_side_by_side(repo, capsys):
+    rc = cli.main(["record", "all", "--profile", "full", "--hardware", "fake-gpu-x"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    res = repo.root / "results"
+    assert sorted(p.name for p in (res / "fake-gpu-x" / "gemm").glob("*.json")) == [
+        "64x64x64.json", "rel_error_32x32x32.json"]
+    assert sorted(p.stem for p in (res / "fake-gpu-x" / "toy").glob("*.json")) == list(TOY_CELLS)
+    assert not (repo.root / "build" / "results").exists()  # full profile -> results/
+    assert "record all [full]" in cap.err  # the progress bar
+    assert "cells written: gemm 2, toy 3" in cap.out
+    log = (repo.root / "build" / "logs" / "record.log").read_text()
+    assert "hardware=fake-gpu-x" in log and "gemm: wrote 2 cell(s)" in log
+
+    # A second machine records the same study under its own name ...
+    assert cli.main(["record", "gemm", "--profile", "full", "--hardware", "fake-gpu-y"]) == 0
+    df = results.load_records("gemm", roots=res)
+    assert set(df["hardware"]) == {"fake-gpu-x", "fake-gpu-y"}
+    # ... and the records line up side by side: same cells, one row per hardware.
+    tf = df[df["metric"] == "tflops"].pivot_table(index=["recipe", "size_M"],
+                                                  columns="hardware", values="value")
+    assert list(tf.columns) == ["fake-gpu-x", "fake-gpu-y"] and not tf.isna().any().any()
+    assert set(results.load_records("toy", roots=res)["hardware"]) == {"fake-gpu-x"}
+
+    # Rerunning the whole flow redoes nothing.
+    before = _snapshot(res)
+    capsys.readouterr()
+    assert cli.main(["record", "all", "--profile", "full", "--hardware", "fake-gpu-x"]) == 0
+    assert "cells written: gemm 0, toy 0" in capsys.readouterr().out
+    assert _snapshot(res) == before and repo.calls == list(TOY_CELLS)
+
+
+def test_interrupted_record_resumes_without_redoing_cells(repo, monkeypatch, capsys):
+    from repro import bench
+
+    real_sweep, sweeps = bench.gemm_sweep, []
+
+    def interrupted_sweep(*args, **kwargs):  # Ctrl-C during the second shape
+        sweeps.append(tuple(args[0][0]))
+        if len(sweeps) == 2:
+            raise KeyboardInterrupt
+        return real_sweep(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "gemm_sweep", interrupted_sweep)
+    argv = ["record", "gemm", "--profile", "smoke", "--hardware", "fake-gpu-x"]
+    assert cli.main(argv) == 130
+    assert "interrupted" in capsys.readouterr().err
+    cells = repo.root / "build" / "results" / "fake-gpu-x" / "gemm"
+    assert [p.name for p in cells.glob("*.json")] == ["64x32x32.json"]
+    first = (cells / "64x32x32.json").read_bytes()
+
+    assert cli.main(argv) == 0  # resume: the finished cell is not redone
+    assert "wrote 2 cell(s)" in capsys.readouterr().out
+    assert sweeps == [(64, 32, 32), (32, 64, 32), (32, 64, 32)]
+    assert (cells / "64x32x32.json").read_bytes() == first
+    assert sorted(p.name for p in cells.glob("*.json")) == [
+        "32x64x32.json", "64x32x32.json", "rel_error_32x32x32.json"]
+
+    assert cli.main(argv) == 0  # finished: nothing new
+    assert "wrote 0 cell(s)" in capsys.readouterr().out and len(sweeps) == 3
+
+
+def test_record_all_resumes_an_interrupted_experiment(repo, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "repro_toy_experiment",
+                        _toy_module(repo.calls, interrupt_at="b"))
+    monkeypatch.setattr(cli, "EXPERIMENTS", {"toy": "repro_toy_experiment:record"})
+    assert cli.main(["record", "all", "--hardware", "fake-gpu-x"]) == 130
+    assert repo.calls == ["a"]
+    assert "toy: interrupted" in (repo.root / "build/logs/record.log").read_text()
+    monkeypatch.setitem(sys.modules, "repro_toy_experiment", _toy_module(repo.calls))
+    assert cli.main(["record", "all", "--hardware", "fake-gpu-x"]) == 0
+    assert repo.calls == ["a", "b", "c"]  # a was not redone
+    assert "cells written: toy 2" in capsys.readouterr().out
+
+
+def test_record_all_keeps_going_past_a_failure_and_skips_missing_modules(repo, monkeypatch,
+                                                                        capsys):
+    monkeypatch.setattr(cli, "EXPERIMENTS", {
+        "broken": "repro_toy_experiment:broken", "ghost": "repro.no_such_module:record",
+        "toy": "repro_toy_experiment:record"})
+    (repo.root / "params.yaml").write_text(PARAMS + "ghost: {smoke: {}, full: {}}\n")
+    assert cli.main(["record", "all", "--hardware", "fake-gpu-x"]) == 1
+    cap = capsys.readouterr()
+    assert "broken failed: RuntimeError: boom second line" in cap.err
+    assert "skipping ghost" in cap.err
+    assert "cells written: toy 3; FAILED: broken; skipped (not in this checkout): ghost" in cap.out
+    log = (repo.root / "build/logs/record.log").read_text()
+    assert "Traceback" in log and "RuntimeError: boom" in log
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["record", "all", "--recipe", "bf16"], "does not apply to `repro record all`"),
+    (["bench", "all"], "repro bench knows gemm"),
+    (["record", "all", "--profile", "huge"], "unknown profile 'huge'"),
+])
+def test_record_all_bad_input_is_one_line(repo, argv, expected, capsys):
+    assert cli.main(argv) == 2
+    assert expected in one_error_line(capsys)
+    assert not (repo.root / "results").exists() and not (repo.root / "build").exists()
+
+
+def test_record_all_validates_every_section_before_writing(repo, capsys):
+    (repo.root / "params.yaml").write_text(PARAMS.replace("toy: {smoke: {}, full: {}}\n", ""))
+    assert cli.main(["record", "all"]) == 2
+    assert "no section 'toy'" in one_error_line(capsys)
+    assert not (repo.root / "build").exists()  # gemm, first in order, did not run

@@ -1,0 +1,117 @@
+"""The documentation site: notebook pages and the claims ledger index, from a fake notebook."""
+
+import base64
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from repro import claims, cli, site
+
+# A 1x1 PNG: enough to check that figures are embedded in the page.
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGP4z8DwHwAFAAH/"
+                       "q842iQAAAABJRU5ErkJggg==")
+
+
+def fake_executed_notebook(path: Path, title: str, profile: str = "smoke") -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["papermill"] = {"parameters": {"profile": profile}}
+    code = nbformat.v4.new_code_cell("plot()", execution_count=1)
+    code.outputs = [nbformat.v4.new_output(
+        "display_data", data={"image/png": base64.b64encode(PNG).decode(),
+                              "text/plain": "<Figure>"}),
+        nbformat.v4.new_output("stream", name="stdout", text="verdict: reproduced\n")]
+    nb.cells = [nbformat.v4.new_markdown_cell(f"# {title}\n\nSome text."), code]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(path))
+
+
+class Links(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.hrefs, self.srcs, self.rows, self._row = [], [], [], None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "a":
+            self.hrefs.append(a["href"])
+        if tag == "img":
+            self.srcs.append(a["src"])
+        if tag == "tr" and "id" in a:
+            self._row = [a["id"], []]
+            self.rows.append(self._row)
+
+    def handle_endtag(self, tag):
+        if tag == "tr":
+            self._row = None
+
+    def handle_data(self, data):
+        if self._row is not None and data.strip():
+            self._row[1].append(data.strip())
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch):
+    monkeypatch.setenv("REPRO_VERDICTS", str(tmp_path / "verdicts"))
+    monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
+    fake_executed_notebook(tmp_path / "build/notebooks/01_formats.out.ipynb", "01 · Formats")
+    # the converted (not executed) notebook and a failed run are not pages
+    fake_executed_notebook(tmp_path / "build/notebooks/01_formats.ipynb", "unexecuted")
+    fake_executed_notebook(tmp_path / "build/notebooks/02_x.failed.ipynb", "failed")
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures/01_formats_values.png").write_bytes(PNG)
+    (tmp_path / "figures/06_other.png").write_bytes(PNG)
+    claims.write_verdict("B1", "reproduced", "0 bit mismatches <in> 19456 elements", "cpu",
+                         "notebooks/01_formats.py (checks)")
+    claims.write_verdict("B2", "projected", "1.53x", "h200 -> gb200", "perfmodel records")
+    return tmp_path
+
+
+def test_site_index_links_pages_and_shows_the_ledger(root):
+    out = root / "site"
+    index = site.build_site(root, out)
+    assert index == out / "index.html"
+    assert sorted(p.name for p in out.glob("*.html")) == ["01_formats.html", "index.html"]
+
+    p = Links()
+    p.feed(index.read_text())
+    for href in p.hrefs + p.srcs:  # every link of the index resolves inside the site
+        assert (out / href).exists(), href
+    assert "01_formats.html" in p.hrefs and p.srcs == ["figures/01_formats_values.png"]
+
+    rows = {rid: cells for rid, cells in p.rows}
+    assert list(rows) == list(claims.claims())  # every claim, in ledger order
+    assert rows["B1"] == ["B1", claims.claims()["B1"]["claim"], "reproduced",
+                          "0 bit mismatches <in> 19456 elements", "cpu",
+                          "notebooks/01_formats.py (checks)", "01_formats"]
+    assert rows["B2"][2:5] == ["projected", "1.53x", "h200 -> gb200"]
+    assert rows["B2"][-2:] == ["06_perfmodel", "(not built)"]  # no page, no dead link
+    assert rows["A2"][2] == "not yet measured"
+    assert "&lt;in&gt;" in index.read_text()  # text is escaped
+    text = index.read_text()
+    assert "01 · Formats" in text and "profile smoke" in text and "claims B1" in text
+
+    page = (out / "01_formats.html").read_text()
+    assert "data:image/png;base64," in page  # figures embedded: one self-contained file
+    assert '<a href="index.html">' in page and "verdict: reproduced" in page
+    assert (out / "figures/01_formats_values.png").read_bytes() == PNG
+
+
+def test_site_rebuild_replaces_the_old_site(root):
+    out = root / "site"
+    site.build_site(root, out)
+    (root / "build/notebooks/01_formats.out.ipynb").unlink()
+    (out / "stray.txt").write_text("x")
+    index = site.build_site(root, out)
+    assert sorted(p.name for p in out.iterdir()) == ["figures", "index.html"]
+    assert "No executed notebooks yet" in index.read_text()
+    assert not list(root.glob(".site-*"))  # no temp dirs left
+
+
+def test_repro_site_command(root, capsys):
+    assert cli.main(["site"]) == 0
+    assert "wrote build/site/index.html (1 notebook page(s))" in capsys.readouterr().err
+    assert (root / "build/site/01_formats.html").exists()
+    assert re.search(r'href="01_formats.html"', (root / "build/site/index.html").read_text())
