@@ -216,7 +216,7 @@ if len(mem):
                             "quantized layers only", "whole model")
     mem = mem.drop_duplicates(["size_model", "recipe", "metric"], keep="last")
     sizes = sorted(mem["size_model"].unique(), key=lambda s: E.SIZE_ORDER.get(s, 9))
-    fig, axes = plt.subplots(1, len(sizes), figsize=(7 * len(sizes), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(sizes), figsize=(9 * len(sizes), 4.5), squeeze=False)
     for ax, size in zip(axes[0], sizes):
         g = mem[(mem["size_model"] == size) & ~((mem["scope"] == "quantized layers only")
                                                  & (mem["recipe"] == "bf16"))]
@@ -225,7 +225,7 @@ if len(mem):
         ax.axvline(0.25, ls="--", color="gray", lw=1)
         ax.set(title=f"{size}: stored bytes relative to BF16/FP16 (dashed: 1/4)",
                xlabel="bytes / BF16 bytes", ylabel="")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(FIG / "05_lm_memory.png", dpi=130)
     display(mem.pivot_table(index=["size_model", "recipe"], columns=["tensor", "scope"],
