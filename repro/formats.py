@@ -98,21 +98,26 @@ def stochastic_round_to(x, dtype, key):
     representable values are returned unchanged. Values beyond +-max (and inf)
     saturate to +-max; NaN stays NaN where the format has a NaN (it does not in
     E2M1, where the cast gives an unspecified finite value).
-    Neighbours come from the explicit value table, which is exact for every
-    format and avoids per-format bit tricks.
+    The neighbours come from arithmetic, not a table search (a searchsorted over the value
+    table made NVFP4 training ~4x slower on an H200): below the format's max, representable
+    values near |x| are spaced ``ulp = 2**(max(e, emin) - nmant)`` with ``e = floor(log2|x|)``
+    read from the float32 exponent bits, so ``lo = floor(|x| / ulp) * ulp`` and
+    ``hi = lo + ulp``, all exact in float32 (ulp is a power of two).
     """
     _check_floating(x, "stochastic_round_to")
     x = jnp.asarray(x).astype(jnp.float32)
-    pos = representable_values(dtype)
-    grid = jnp.asarray(np.concatenate([-pos[:0:-1], pos]), jnp.float32)  # symmetric, one 0
-    fmax = grid[-1]
-    xc = jnp.clip(x, -fmax, fmax)
-    i = jnp.clip(jnp.searchsorted(grid, xc, side="right") - 1, 0, grid.size - 2)
-    lo, hi = grid[i], grid[i + 1]
-    p_up = (xc - lo) / (hi - lo)  # in [0, 1]; exactly 0 when xc == lo
+    info = ml_dtypes.finfo(dtype)
+    fmax = float(info.max)
+    ax = jnp.minimum(jnp.abs(x), fmax)  # saturate; NaN handled at the end
+    bits = jax.lax.bitcast_convert_type(ax, jnp.uint32)
+    e = (bits >> 23).astype(jnp.int32) - 127  # floor(log2|x|) for normal float32 values
+    ulp_exp = jnp.maximum(e, info.minexp) - info.nmant  # >= -16 for every <= 8-bit format
+    ulp = jax.lax.bitcast_convert_type(((ulp_exp + 127) << 23).astype(jnp.uint32), jnp.float32)
+    lo = jnp.floor(ax / ulp) * ulp
+    p_up = (ax - lo) / ulp  # in [0, 1); exactly 0 when |x| is representable
     u = jax.random.uniform(key, x.shape, jnp.float32)
-    r = jnp.where(u < p_up, hi, lo)
-    r = jnp.copysign(r, xc)  # keep the sign of zero results (-tiny -> -0)
+    r = jnp.where(u < p_up, lo + ulp, lo)
+    r = jnp.copysign(r, x)  # keep the sign of zero results (-tiny -> -0)
     return jnp.where(jnp.isnan(x), x, r).astype(dtype)
 
 
