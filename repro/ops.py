@@ -5,13 +5,17 @@ A layer computes ``y = x @ w`` forward and two GEMMs backward: the data gradient
 here is a ``jax.custom_vjp`` that runs all three in the recipe's format:
 
 * :func:`fp8_dot`: FP8 operands (e4m3 forward, e5m2 gradients, ``recipe.fwd_dtype`` /
-  ``recipe.bwd_dtype``) go STRAIGHT into ``lax.dot_general`` with
-  ``preferred_element_type=float32``; the product of the two dequantize scales multiplies the
-  output. (The older "convert f8 -> bf16, multiply by the scale, then dot" pattern is no longer
-  rewritten into an FP8 GEMM by XLA: see MEASURED.md.) The residuals saved for the backward pass
-  are the FP8 operands, not BF16 copies. ``recipe.scaling``: "current" (this tensor's amax now),
-  "delayed" (Transformer Engine's amax history, state in ``meta``), "none" (plain saturating
-  cast, scale 1: the ablation).
+  ``recipe.bwd_dtype``) go STRAIGHT into ``lax.dot_general``; the product of the two dequantize
+  scales multiplies the output, a multiply of the GEMM result by a broadcast scalar that XLA's
+  GEMM rewriter folds into the cuBLASLt FP8 call. (The older "convert f8 -> bf16, multiply by
+  the scale, then dot" pattern is no longer rewritten into an FP8 GEMM by XLA: see MEASURED.md.)
+  The forward and data-gradient GEMMs write ``recipe.dtype`` (``recipe.fp8_gemm_out ==
+  "compute"``, the default: half the bytes of FP32, and the bias add can join the cuBLASLt
+  epilogue) or FP32 (``"float32"``); weight gradients are always FP32. The residuals saved for
+  the backward pass are the FP8 operands, not BF16 copies, and each weight is quantized once
+  per call (the data gradient reuses the forward's copy). ``recipe.scaling``: "current" (this
+  tensor's amax now), "delayed" (Transformer Engine's amax history, state in ``meta``), "none"
+  (plain saturating cast, scale 1: the ablation).
 * :func:`mxfp8_dot`, :func:`nvfp4_dot`: block-scaled GEMMs. "native" backend (compute
   capability >= 10): ``jax.nn.scaled_matmul`` on the quantized elements and block scales.
   "emulated" backend (anything else, incl. the H200 and CPU): the same quantized values,
@@ -19,14 +23,16 @@ here is a ``jax.custom_vjp`` that runs all three in the recipe's format:
   dot with FP32 accumulation; the NVFP4 per-tensor global scales multiply the output. The
   numbers are those of the block-scaled format; only the speed is not.
 
-Layout. Every GEMM is written as ``dot_general`` with the natural contraction dims:
-fwd ``x[M,K] . w[K,N]`` (contract K), dgrad ``g[M,N] . w[K,N]`` (contract N), wgrad
-``x[M,K] . g[M,N]`` (contract M). cuBLASLt FP8 on Hopper needs both operands with the
-contraction dim minor ("TN"); XLA's GEMM rewriter inserts the missing transposes, and with
-this formulation they are always transposes of 1-byte FP8 arrays: ``w`` in the forward pass
-(weight-sized), and ``xq``/``gq`` in the wgrad (activation-sized, the same "cast-transpose"
-Transformer Engine does). Block-scaled GEMMs are written directly in the TN form
-``a[M,K] . b[N,K]`` that ``scaled_matmul`` requires.
+Layout (``recipe.fp8_layout``). "natural" (default): every GEMM is written as
+``dot_general`` with the natural contraction dims: fwd ``x[M,K] . w[K,N]`` (contract K), dgrad
+``g[M,N] . w[K,N]`` (contract N), wgrad ``x[M,K] . g[M,N]`` (contract M). cuBLASLt FP8 on
+Hopper needs both operands with the contraction dim minor ("TN"); XLA's GEMM rewriter inserts
+the missing transposes, and with this formulation they are always transposes of 1-byte FP8
+arrays: ``w`` in the forward pass (weight-sized), and ``xq``/``gq`` in the wgrad
+(activation-sized). "tn": every GEMM written in TN form, the transposed FP8 copies quantized
+from the high-precision source (Transformer Engine's cast-transpose: ``x^T``, ``g^T``, ``w^T``),
+``x^T`` saved instead of ``x``; same values, other fusion. Block-scaled GEMMs are written
+directly in the TN form ``a[M,K] . b[N,K]`` that ``scaled_matmul`` requires.
 
 Delayed scaling and the ``meta`` cotangent. ``meta`` is a dict
 ``{"input", "kernel", "output_grad"}`` of ``repro.scaling.DelayedScalingState``. The forward
@@ -133,20 +139,50 @@ def _scale_now(x, dtype, recipe):
     return S.current_scale(x, _fmax(dtype), recipe.margin)
 
 
-def _fwd_gemm(op, xq, wq):
-    """The forward product of FP8 operands, FP32 out, unscaled."""
+def _gemm_out_dtype(recipe, op) -> jnp.dtype:
+    """Element type of the forward and dgrad GEMM outputs (``Recipe.fp8_gemm_out``).
+
+    "compute" writes ``recipe.dtype`` when it has FP32's exponent range (BF16, FP32): the
+    unscaled product of FP8 values (up to K * 448 * 57344) overflows FP16, so FP16 keeps FP32.
+    Convolutions always use FP32."""
+    dt = recipe.dtype
+    if (op[0] in ("dot", "dot_tn") and recipe.fp8_gemm_out == "compute"
+            and jnp.finfo(dt).maxexp >= jnp.finfo(jnp.float32).maxexp):
+        return dt
+    return jnp.dtype(jnp.float32)
+
+
+def _rescale(acc, scale, dtype):
+    """``acc * scale`` cast to ``dtype``, the multiply in ``acc``'s dtype: a multiply of the
+    GEMM output by a broadcast scalar, which XLA's GEMM rewriter folds into the cuBLASLt FP8
+    call (and a following vector bias add into its epilogue)."""
+    return (acc * scale.astype(acc.dtype)).astype(dtype)
+
+
+def _fwd_gemm(op, xq, wq, out_dtype=jnp.float32):
+    """The forward product of FP8 operands in ``out_dtype``, unscaled. For "tn", ``wq`` is
+    the transposed weight ``w^T[N, K]``."""
     if op[0] == "dot":
-        return lax.dot_general(xq, wq, _DN_FWD, preferred_element_type=jnp.float32)
+        return lax.dot_general(xq, wq, _DN_FWD, preferred_element_type=out_dtype)
+    if op[0] == "dot_tn":
+        return lax.dot_general(xq, wq, _DN_TN, preferred_element_type=out_dtype)
     _, strides, padding, dn = op
     return lax.conv_general_dilated(xq, wq, strides, padding, dimension_numbers=dn,
                                     preferred_element_type=jnp.float32)
 
 
-def _bwd_gemms(op, gq, xq, wq):
-    """dgrad and wgrad of FP8 operands, FP32 out, unscaled."""
+def _bwd_gemms(op, gq, xq, wq, out_dtype=jnp.float32, gq_t=None):
+    """dgrad (``out_dtype``) and wgrad (FP32) of FP8 operands, unscaled.
+
+    "dot": ``xq`` is the saved input ``x[M, K]``. "dot_tn": ``xq`` is the saved ``x^T[K, M]``
+    and ``gq_t`` the transposed gradient ``g^T[N, M]``: every GEMM in TN form."""
     if op[0] == "dot":
-        dx = lax.dot_general(gq, wq, _DN_DGRAD, preferred_element_type=jnp.float32)
+        dx = lax.dot_general(gq, wq, _DN_DGRAD, preferred_element_type=out_dtype)
         dw = lax.dot_general(xq, gq, _DN_WGRAD, preferred_element_type=jnp.float32)
+        return dx, dw
+    if op[0] == "dot_tn":
+        dx = lax.dot_general(gq, wq, _DN_DGRAD, preferred_element_type=out_dtype)
+        dw = lax.dot_general(xq, gq_t, _DN_TN, preferred_element_type=jnp.float32)
         return dx, dw
     # Convolution backward: quantize-dequantize emulation. The FP8 values (exact in BF16,
     # unscaled) go through BF16 transposed convolutions; scales are applied afterwards.
@@ -173,20 +209,31 @@ def _fp8_fwd(x, w, meta, recipe, op):
         mx, mw = meta["input"], meta["kernel"]
         sx, sw = mx.scale, mw.scale
         algo, margin = recipe.amax_compute_algo, recipe.margin
+        # Quantization uses the STORED scales, so it does not wait for these amaxes: XLA can
+        # compute each in the pass that quantizes (the kernel's from the FP32 master itself).
         new_x = S.delayed_update(mx, S.amax(x), _fmax(fdt), algo, margin)
         new_w = S.delayed_update(mw, S.amax(w), _fmax(fdt), algo, margin)
         carry = (meta["output_grad"], new_x, new_w)
     else:
         sx, sw = _scale_now(x, fdt, recipe), _scale_now(w, fdt, recipe)
         carry = None
+    odt = _gemm_out_dtype(recipe, op)
     xq = F.fp8_quantize(x, fdt, sx)
-    wq = F.fp8_quantize(w, fdt, sw)
-    y = (_fwd_gemm(op, xq, wq) * (sx * sw)).astype(recipe.dtype)
-    return y, (xq, wq, sx, sw, carry, _token(x), _token(w), meta)
+    wq = F.fp8_quantize(w, fdt, sw)  # quantized ONCE per call; the dgrad reuses this residual
+    if op[0] == "dot_tn":
+        # Cast-transpose: the transposed copies come from the high-precision source (same
+        # values as xq.T / wq.T); x^T, not x, is kept for the weight-gradient GEMM.
+        acc = _fwd_gemm(op, xq, F.fp8_quantize(w.T, fdt, sw), odt)
+        x_res = F.fp8_quantize(x.T, fdt, sx)
+    else:
+        acc = _fwd_gemm(op, xq, wq, odt)
+        x_res = xq
+    y = _rescale(acc, sx * sw, recipe.dtype)
+    return y, (x_res, wq, sx, sw, carry, _token(x), _token(w), meta)
 
 
 def _fp8_bwd(recipe, op, res, g):
-    xq, wq, sx, sw, carry, xt, wt, meta = res
+    x_res, wq, sx, sw, carry, xt, wt, meta = res
     bdt = jnp.dtype(recipe.bwd_dtype)
     if recipe.scaling == "delayed":
         mg, new_x, new_w = carry
@@ -198,9 +245,10 @@ def _fp8_bwd(recipe, op, res, g):
         sg = _scale_now(g, bdt, recipe)
         meta_ct = None if meta is None else jax.tree.map(jnp.zeros_like, meta)
     gq = F.fp8_quantize(g, bdt, sg)
-    dx, dw = _bwd_gemms(op, gq, xq, wq)
-    dx = (dx * (sg * sw)).astype(xt.dtype)
-    dw = (dw * (sx * sg)).astype(wt.dtype)
+    gq_t = F.fp8_quantize(g.T, bdt, sg) if op[0] == "dot_tn" else None
+    dx, dw = _bwd_gemms(op, gq, x_res, wq, _gemm_out_dtype(recipe, op), gq_t)
+    dx = _rescale(dx, sg * sw, xt.dtype)
+    dw = _rescale(dw, sx * sg, wt.dtype)
     return dx, dw, meta_ct
 
 
@@ -238,7 +286,8 @@ def fp8_dot(x, w, recipe, meta=None):
     recipe = get_recipe(recipe)
     _check_2d_weight(w, "fp8_dot")
     x2 = _flatten_lhs(x, w, "fp8_dot")
-    y = _fp8_call(x2, w, recipe, meta, ("dot",), "fp8_dot")
+    op = ("dot_tn",) if recipe.fp8_layout == "tn" else ("dot",)
+    y = _fp8_call(x2, w, recipe, meta, op, "fp8_dot")
     return y.reshape(*x.shape[:-1], w.shape[1])
 
 
