@@ -83,17 +83,21 @@ def _setup(recipe: str, width: int, batch: int, depth: int, seed: int = 0, lr: f
     return step, variables, opt_state, x, y
 
 
-def _compiled_facts(step, variables, opt_state, x, y) -> dict[str, Any]:
+def _compile(step, variables, opt_state, x, y):
+    """Compile once; return the executable and facts read off it (FP8 GEMM lowering, bytes)."""
+    from repro.bench import fp8_lowering
+
     compiled = step.lower(variables, opt_state, x, y).compile()
     text = compiled.as_text()
-    facts: dict[str, Any] = {"fp8_gemm_calls": text.count("__cublas$lt$matmul$f8")}
+    facts: dict[str, Any] = {"fp8_gemm_calls": text.count("__cublas$lt$matmul$f8"),
+                             "fp8_lowering": fp8_lowering(text)}
     try:
         mem = compiled.memory_analysis()
         facts["memory_bytes"] = int(mem.argument_size_in_bytes + mem.output_size_in_bytes
                                     + mem.temp_size_in_bytes - mem.alias_size_in_bytes)
     except Exception:  # memory_analysis is not available on every backend
         facts["memory_bytes"] = None
-    return facts
+    return compiled, facts
 
 
 def bench_cell(width: int, batch: int, depth: int, recipes: list[str], repeats: int,
@@ -102,8 +106,8 @@ def bench_cell(width: int, batch: int, depth: int, recipes: list[str], repeats: 
     state = {}
     for r in recipes:
         step, variables, opt_state, x, y = _setup(r, width, batch, depth)
-        facts = _compiled_facts(step, variables, opt_state, x, y)
-        variables, opt_state, loss = step(variables, opt_state, x, y)  # compile + warm up
+        step, facts = _compile(step, variables, opt_state, x, y)
+        variables, opt_state, loss = step(variables, opt_state, x, y)  # warm up
         jax.block_until_ready(loss)
         state[r] = [step, variables, opt_state, x, y, facts, []]
     for _ in range(repeats):
