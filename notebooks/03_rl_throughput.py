@@ -94,7 +94,8 @@ for ax, (h, n) in zip(axes[0], panels):
     ax.set(xscale="log", yscale="log", xlabel="MLP width", ylabel="env-steps / s",
            title=f"{h}, {n} envs")
     ax.legend(fontsize=8)
-fig.suptitle("Whole PPO loop throughput (hollow = emulated FP8, not a speed measurement)")
+fig.suptitle("Whole PPO loop throughput\n(hollow = emulated FP8, not a speed measurement)",
+             fontsize=10)
 fig.tight_layout()
 fig.savefig(FIG / "03_rl_throughput.png", dpi=130)
 

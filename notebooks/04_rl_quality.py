@@ -201,7 +201,7 @@ poi.round(3)
 def cmp(x, y):
     r = poi[(poi.x == x) & (poi.y == y)]
     if not len(r):
-        return None, "n/a"
+        return None, f"{x} vs {y}: not run"
     r = r.iloc[0]
     s = "better" if r.lo > 0.5 else "worse" if r.hi < 0.5 else "same"
     return s, f"P({x}>{y})={r.p:.2f} [{r.lo:.2f},{r.hi:.2f}]"
