@@ -44,7 +44,7 @@ import numpy as np
 import optax
 
 from repro import optim
-from repro.recipes import get_recipe, recipe_names
+from repro.recipes import get_recipe
 from repro.rl import networks
 
 
@@ -128,9 +128,10 @@ def validate(config: Mapping[str, Any] | PPOConfig) -> PPOConfig:
     envs = valid_envs()
     if c.env not in envs:
         raise ValueError(f"unknown env {c.env!r}; valid envs: {', '.join(envs)}")
-    if c.recipe not in recipe_names():
-        raise ValueError(f"unknown recipe {c.recipe!r}; valid recipes: "
-                         f"{', '.join(recipe_names())}")
+    try:
+        get_recipe(c.recipe)  # a registry name or a variant 'base:field=value,...'
+    except ValueError as e:
+        raise ValueError(" ".join(str(e).split())) from None
     if c.network not in networks.NETWORKS:
         raise ValueError(f"unknown network {c.network!r}; valid: {', '.join(networks.NETWORKS)}")
     if c.activation not in networks.ACTIVATIONS:
