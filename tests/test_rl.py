@@ -164,3 +164,13 @@ def test_precision_policy_and_record_validation(tmp_path):
     with pytest.raises(ConfigError, match="unknown RL variant"):
         X.variant_config("fp8-magic")
     assert not list(tmp_path.iterdir())  # nothing written before validation passed
+
+
+def test_cell_selection_for_split_gpu_runs(capsys):
+    from repro.rl import experiments as X
+
+    X.main(["quality", "--profile", "full", "--list", "--only", "Breakout*",
+            "--recipe", "fp8-delayed"])
+    cells = capsys.readouterr().out.split()
+    assert "Breakout-MinAtar_fp8-e2e-nokahan" in cells and "Breakout-MinAtar_random" in cells
+    assert not any(c.startswith("CartPole") or c.endswith("_fp32") for c in cells)

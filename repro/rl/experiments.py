@@ -293,9 +293,23 @@ def throughput_cells(p: Mapping[str, Any], recipes: Sequence[str]) -> list[tuple
     return cells
 
 
+def _select(cells: list[tuple], only: Sequence[str] | None) -> list[tuple]:
+    """Cells whose name matches one of the ``only`` globs (all cells without ``only``)."""
+    if not only:
+        return cells
+    from fnmatch import fnmatch
+
+    return [c for c in cells if any(fnmatch(c[0], pat) for pat in only)]
+
+
 def record_throughput(profile: str, root: str | Path | None = None, force: bool = False,
-                      recipes: Sequence[str] | None = None) -> list[Path]:
-    """Run the ``rl_throughput`` study of ``params.yaml`` for ``profile``; returns paths."""
+                      recipes: Sequence[str] | None = None,
+                      only: Sequence[str] | None = None) -> list[Path]:
+    """Run the ``rl_throughput`` study of ``params.yaml`` for ``profile``; returns paths.
+
+    ``recipes`` restricts the recipes; ``only`` (globs on cell names such as
+    ``"mlp_w4096_*"``) restricts the cells, so a long study splits into short runs.
+    """
     from tqdm import tqdm
 
     p = config.stage_params(THROUGHPUT, profile)
@@ -311,7 +325,7 @@ def record_throughput(profile: str, root: str | Path | None = None, force: bool 
     if force or not results.have_cell(THROUGHPUT, "stores", root=root):
         written.append(results.write_records(stores_records(profile), THROUGHPUT, "stores",
                                              root=root))
-    cells = throughput_cells(p, use)
+    cells = _select(throughput_cells(p, use), only)
     for cell, network, width, recipe, n in (bar := tqdm(cells, desc=f"{THROUGHPUT} [{profile}]",
                                                         unit="cell")):
         if not force and results.have_cell(THROUGHPUT, cell, root=root):
@@ -447,10 +461,12 @@ def quality_cells(p: Mapping[str, Any], variants: Sequence[str]) -> list[tuple]:
 
 
 def record_quality(profile: str, root: str | Path | None = None, force: bool = False,
-                   recipes: Sequence[str] | None = None) -> list[Path]:
+                   recipes: Sequence[str] | None = None,
+                   only: Sequence[str] | None = None) -> list[Path]:
     """Run the ``rl_quality`` study of ``params.yaml`` for ``profile``; returns paths.
 
-    ``recipes`` restricts the run to the variants built on those recipes.
+    ``recipes`` restricts the run to the variants built on those recipes; ``only`` (globs on
+    cell names such as ``"CartPole-v1_*"`` or ``"*_fp8-e2e*"``) to some cells.
     """
     from tqdm import tqdm
 
@@ -468,7 +484,7 @@ def record_quality(profile: str, root: str | Path | None = None, force: bool = F
             quality_config(env_name, v, p)  # validate every cell before the first run
     root = Path(root) if root is not None else results.record_root(profile)
     written = []
-    cells = quality_cells(p, variants)
+    cells = _select(quality_cells(p, variants), only)
     for cell, kind, env_name, v in (bar := tqdm(cells, desc=f"{QUALITY} [{profile}]",
                                                 unit="cell")):
         if not force and results.have_cell(QUALITY, cell, root=root):
@@ -668,3 +684,41 @@ def speedups(table: pd.DataFrame, recipe: str, baselines: Sequence[str] = ("fp16
                                     / r.get("update_memory_bytes_base", np.nan)),
                          "emulated": bool(r["emulated"] or r["emulated_base"])})
     return pd.DataFrame(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m repro.rl.experiments {throughput,quality} [--profile P] [--recipe R]
+    [--only GLOB] [--force] [--list]``: a subset of cells, e.g. one 8-minute GPU call each."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m repro.rl.experiments")
+    ap.add_argument("study", choices=["throughput", "quality"])
+    ap.add_argument("--profile", default="full")
+    ap.add_argument("--recipe", action="append", help="restrict to recipes (repeatable)")
+    ap.add_argument("--only", action="append", help="glob on cell names (repeatable)")
+    ap.add_argument("--force", action="store_true")
+    ap.add_argument("--list", action="store_true", help="print the selected cells and exit")
+    a = ap.parse_args(argv)
+    recipes = [r for item in a.recipe or [] for r in item.split(",") if r] or None
+    if a.list:
+        name = THROUGHPUT if a.study == "throughput" else QUALITY
+        p = config.stage_params(name, a.profile)
+        if a.study == "throughput":
+            use = [r for r in p.get("recipes", THROUGHPUT_RECIPES)
+                   if recipes is None or r in recipes]
+            cells = throughput_cells(p, use)
+        else:
+            use = [v for v in p["variants"]
+                   if recipes is None or VARIANTS[v]["recipe"] in recipes]
+            cells = quality_cells(p, use)
+        for c in _select(cells, a.only):
+            print(c[0])
+        return 0
+    fn = record_throughput if a.study == "throughput" else record_quality
+    written = fn(a.profile, None, a.force, recipes=recipes, only=a.only)
+    print(f"{a.study} [{a.profile}]: wrote {len(written)} cell(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
