@@ -48,6 +48,7 @@ EXPERIMENTS: dict[str, str] = {
     "rl_throughput": "repro.rl.experiments:record_throughput",
     "rl_quality": "repro.rl.experiments:record_quality",
     "lm": "repro.lm.experiments:record",
+    "multigpu": "repro.multigpu:record",
 }
 BENCH_ALIASES = ("gemm",)
 ALL = "all"  # repro record all: every experiment above, in order

@@ -117,9 +117,9 @@ def _static_key(tc: TrainConfig) -> TrainConfig:
     return tc.replace(seed=0, eval_every=0, eval_batches=0, checkpoint_every=0)
 
 
-@functools.lru_cache(maxsize=16)
-def _functions(cfg: M.LMConfig, recipe, tc_static: TrainConfig, donate: bool):
-    """(init, step, eval) jitted once per (model, recipe, optimizer) and shared by seeds."""
+def _raw_functions(cfg: M.LMConfig, recipe, tc_static: TrainConfig):
+    """(init, step, eval), not jitted: :func:`_functions` jits them for one device,
+    ``repro.lm.sharded.functions`` with data-parallel / FSDP shardings."""
     model = M.Decoder(cfg, recipe)
     tx = make_optimizer(tc_static)
 
@@ -139,6 +139,13 @@ def _functions(cfg: M.LMConfig, recipe, tc_static: TrainConfig, donate: bool):
     def evaluate(variables, x, y):
         return M.cross_entropy(model.apply(variables, x), y)
 
+    return init, step, evaluate
+
+
+@functools.lru_cache(maxsize=16)
+def _functions(cfg: M.LMConfig, recipe, tc_static: TrainConfig, donate: bool):
+    """(init, step, eval) jitted once per (model, recipe, optimizer) and shared by seeds."""
+    init, step, evaluate = _raw_functions(cfg, recipe, tc_static)
     return (jax.jit(init), jax.jit(step, donate_argnums=(0, 1) if donate else ()),
             jax.jit(evaluate))
 
@@ -217,13 +224,18 @@ def _peak_bytes() -> int | None:
 def train(cfg: M.LMConfig | str, tc: TrainConfig, recipe="bf16", *, corpus=None,
           ckpt_dir: str | Path | None = None, time_budget_s: float | None = None,
           stop_after: int | None = None, progress: bool = True, keep_variables: bool = False,
-          bytes_limit: int | None = None, desc: str | None = None) -> TrainResult:
+          bytes_limit: int | None = None, desc: str | None = None, mesh=None,
+          fsdp: bool = False) -> TrainResult:
     """Train (or resume) one run; see the module docstring.
 
     ``ckpt_dir``: resume from the latest checkpoint there, and checkpoint into it. A
     checkpoint written by a different model/recipe/TrainConfig is refused (one-line error).
     ``stop_after``: stop (with a checkpoint) after this global step, as a kill would; for tests.
     All input checks (``data.preflight``) run before anything is compiled.
+    ``mesh`` (a ``jax.sharding.Mesh``, see ``repro.distributed.make_mesh``): data-parallel
+    training, the batch split over the mesh; ``fsdp=True`` also splits parameters and
+    optimizer state over its "fsdp" axis (``repro.lm.sharded``). Checkpoints hold the global
+    arrays, so a run may resume on another mesh.
     """
     t_call = time.monotonic()  # the time budget counts compilation too
     cfg = M.get_config(cfg)
@@ -240,7 +252,16 @@ def train(cfg: M.LMConfig | str, tc: TrainConfig, recipe="bf16", *, corpus=None,
     evals = D.heldout_batches(splits.heldout, cfg.seq_len, tc.batch_size,
                               max(1, tc.eval_batches))
     on_gpu = jax.default_backend() == "gpu"
-    init_fn, step_fn, eval_fn = _functions(cfg, recipe_obj, _static_key(tc), on_gpu)
+    if mesh is None:
+        init_fn, step_fn, eval_fn = _functions(cfg, recipe_obj, _static_key(tc), on_gpu)
+        put = jnp.asarray
+    else:
+        from repro.lm import sharded
+
+        sharded.check_batch(tc.batch_size, mesh)
+        init_fn, step_fn, eval_fn = sharded.functions(cfg, recipe_obj, _static_key(tc), on_gpu,
+                                                      mesh, bool(fsdp))
+        put = sharded.batch_putter(mesh)
     seed = jnp.int32(tc.seed)
 
     x0, _ = D.train_batch(splits.train, 0, tc.batch_size, cfg.seq_len, tc.seed)
@@ -266,15 +287,15 @@ def train(cfg: M.LMConfig | str, tc: TrainConfig, recipe="bf16", *, corpus=None,
     sched = make_schedule(tc)
 
     def do_eval():
-        return float(np.mean([float(eval_fn(variables, jnp.asarray(x), jnp.asarray(y)))
-                              for x, y in evals]))
+        return float(np.mean([float(eval_fn(variables, put(x), put(y))) for x, y in evals]))
 
     # Compile the step ahead of time (once per model/recipe/optimizer/batch shape: seeds share
     # it); its memory analysis is claim B3's "compiled" number.
-    key = (cfg, recipe_obj, _static_key(tc), on_gpu)
+    key = (cfg, recipe_obj, _static_key(tc), on_gpu) + (() if mesh is None else
+                                                        (mesh, bool(fsdp)))
     if key not in _COMPILED:
         x, y = D.train_batch(splits.train, start, tc.batch_size, cfg.seq_len, tc.seed)
-        c = step_fn.lower(variables, opt_state, jnp.asarray(x), jnp.asarray(y), seed,
+        c = step_fn.lower(variables, opt_state, put(x), put(y), seed,
                           jnp.int32(start)).compile()
         while len(_COMPILED) >= 12:  # a study cycles through ~11 recipes, seed by seed
             _COMPILED.pop(next(iter(_COMPILED)))
@@ -291,8 +312,8 @@ def train(cfg: M.LMConfig | str, tc: TrainConfig, recipe="bf16", *, corpus=None,
     stopped = False
     while step < tc.steps:
         x, y = D.train_batch(splits.train, step, tc.batch_size, cfg.seq_len, tc.seed)
-        variables, opt_state, loss = compiled(variables, opt_state, jnp.asarray(x),
-                                              jnp.asarray(y), seed, jnp.int32(step))
+        variables, opt_state, loss = compiled(variables, opt_state, put(x), put(y), seed,
+                                              jnp.int32(step))
         pending.append(loss)
         step += 1
         bar.update(1)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -258,13 +258,21 @@ def make_optimizer(c: PPOConfig) -> optax.GradientTransformation:
     return optim.make_optimizer(c.optimizer_config(), learning_rate=lr)
 
 
-def make_update_step(c: PPOConfig, network, tx):
+def _no_shard(tree, axis):
+    return tree
+
+
+def make_update_step(c: PPOConfig, network, tx, shard: Callable | None = None):
     """One PPO update (``update_epochs`` x ``num_minibatches`` gradient steps) on a rollout.
 
     ``(variables, opt_state, traj: Transition [T, N, ...], advantages, targets, key) ->
     (variables, opt_state)``. Used by ``make_train`` and timed alone by the throughput study.
+    ``shard(tree, axis)``: optional sharding constraint on the batch axis ``axis`` of every
+    leaf (``repro.rl.sharded``: data parallelism); each minibatch is split by it.
     """
     from repro import layers
+
+    shard = shard or _no_shard
 
     def minibatch_step(carry, mb):
         variables, opt_state = carry
@@ -283,8 +291,8 @@ def make_update_step(c: PPOConfig, network, tx):
         variables, opt_state, data = carry
         perm = jax.random.permutation(key, c.batch_size)
         shuffled = jax.tree.map(lambda x: jnp.take(x, perm, axis=0), data)
-        mbs = jax.tree.map(lambda x: x.reshape(c.num_minibatches, c.minibatch_size,
-                                               *x.shape[1:]), shuffled)
+        mbs = shard(jax.tree.map(lambda x: x.reshape(c.num_minibatches, c.minibatch_size,
+                                                     *x.shape[1:]), shuffled), 1)
         (variables, opt_state), _ = jax.lax.scan(minibatch_step, (variables, opt_state), mbs)
         return (variables, opt_state, data), None
 
@@ -298,19 +306,24 @@ def make_update_step(c: PPOConfig, network, tx):
     return update
 
 
-def make_train(config: Mapping[str, Any] | PPOConfig):
+def make_train(config: Mapping[str, Any] | PPOConfig, shard: Callable | None = None):
     """Validate ``config`` (one-line ValueError) and return the pure ``train(rng) -> metrics``.
 
     ``metrics``: dict of [num_updates] arrays -- ``episode_return`` (mean return of the episodes
     completed during the update's rollout, NaN if none), ``episodes`` (their count),
     ``skipped`` (cumulative optimizer steps skipped for non-finite gradients), ``loss_scale``,
     ``nonfinite_params`` (any parameter inf/NaN after the update).
+
+    ``shard(tree, axis)``: optional sharding constraint on the environment axis of env states,
+    observations and trajectories (``repro.rl.sharded``: environments split over devices);
+    without it nothing is constrained.
     """
     c = validate(config)
     env, env_params = make_env(c.env)
     network = build_network(c, env, env_params)
     tx = make_optimizer(c)
-    update_step = make_update_step(c, network, tx)
+    shard = shard or _no_shard
+    update_step = make_update_step(c, network, tx, shard)
 
     def policy_value(variables, obs):
         return network.apply(variables, obs)
@@ -326,6 +339,7 @@ def make_train(config: Mapping[str, Any] | PPOConfig):
         variables, opt_state = init_state(c, network, env, env_params, tx, k_init)
         obs, env_state = v_reset(jax.random.split(k_env, c.num_envs), env_params)
         ep_ret = jnp.zeros((c.num_envs,), jnp.float32)
+        obs, env_state, ep_ret = shard((obs, env_state, ep_ret), 0)
 
         def env_step(carry, _):
             variables, env_state, obs, ep_ret, rng = carry
@@ -345,12 +359,14 @@ def make_train(config: Mapping[str, Any] | PPOConfig):
             finished = jnp.where(done, ep_ret, 0.0)
             tr = Transition(obs, action, log_prob, value, r_boot, done)
             ep_ret = jnp.where(done, 0.0, ep_ret)
+            env_state, obs2, ep_ret = shard((env_state, obs2, ep_ret), 0)
             return (variables, env_state, obs2, ep_ret, rng), (tr, done, finished)
 
         def update(carry, _):
             variables, opt_state, env_state, obs, ep_ret, rng = carry
             (variables, env_state, obs, ep_ret, rng), (traj, done, finished) = jax.lax.scan(
                 env_step, (variables, env_state, obs, ep_ret, rng), None, c.num_steps)
+            traj, done, finished = shard((traj, done, finished), 1)
             last_value = critic(variables, obs)
             adv, targets = compute_gae(traj.reward, traj.value, traj.done, last_value,
                                        c.gamma, c.gae_lambda)
