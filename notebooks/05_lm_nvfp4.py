@@ -86,7 +86,8 @@ pd.DataFrame([{"size": n, "parameters": M.param_count(c), "d_model": c.d_model,
 # ## 1. Record
 #
 # In the smoke profile this trains every (recipe, seed) cell of the tiny model on this machine
-# into `build/results/` (about 4 minutes on 2 CPU cores; finished cells are skipped). The full
+# into `build/results/` (about 4 minutes on 2 CPU cores; `repro notebook` starts smoke runs from an
+# empty folder, while full-profile cells resume). The full
 # profile is recorded on a GPU with `repro record lm --profile full` and committed to
 # `results/`; this notebook does not retrain it.
 

@@ -325,6 +325,13 @@ def cmd_notebook(args) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [pkg_parent] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
+    if params["profile"] == "smoke" and "REPRO_SCRATCH_RESULTS" not in os.environ:
+        # Smoke records are scratch: each run starts from an empty folder of its own, so a
+        # figure never mixes in records that older code wrote (resuming is for full runs).
+        scratch = root / "build" / "results" / name
+        shutil.rmtree(scratch, ignore_errors=True)
+        os.environ["REPRO_SCRATCH_RESULTS"] = str(scratch)
+
     tmp_out = nb_dir / f".{name}.running.ipynb"
     print(f"repro notebook {name}: {source.relative_to(root)} -> {out.relative_to(root)} "
           f"(profile={params['profile']}, log {log_path.relative_to(root)})", file=sys.stderr)
