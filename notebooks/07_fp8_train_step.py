@@ -146,8 +146,8 @@ prediction
 # `fp8-current:fp8_gemm_out=float32`), capped by the GEMM ceiling of the `gemm` records. A
 # cross-check that tempers it: flax's peer, which already writes BF16 GEMM outputs, was 0.8 ms
 # (not 1.25 ms) faster than that FP8 step at 4096, so perhaps two thirds of the byte savings
-# show up. The ceiling at 1024 is itself uncertain: the committed `gemm` records give 1.19x
-# (455 vs 382 TFLOP/s) where MEASURED.md's earlier run gave 1.49x (608 vs 408), so the 1024
+# show up. The ceiling at 1024 is itself uncertain: the committed `gemm` records (the table's
+# ceiling column) give a lower FP8/BF16 ratio there than MEASURED.md's earlier run, so the 1024
 # target sits right at the recorded ceiling.
 
 # %%
@@ -301,6 +301,16 @@ if len(steps):
                 (line,) = ax.plot(*zip(*pts), color="0.45", lw=3, alpha=0.5,
                                   label=f"GEMM ceiling {batch}xWxW" + tag)
                 handles.append(line)
+# Hardware with GEMM records but no native mlp_step records yet: draw its ceiling alone, so the
+# figure shows what a measurement there could reach.
+measured_hw = set(steps[~steps.emulated].hardware) if len(steps) else set()
+gemm_hw = set(gemm[~gemm.emulated].hardware) if len(gemm) else set()
+for hw_slug in sorted(gemm_hw - measured_hw):
+    pts = [(w, c) for w in sorted(TARGETS) if (c := gemm_ceiling(hw_slug, BATCH, w))]
+    if pts:
+        (line,) = ax.plot(*zip(*pts), color="0.45", lw=3, alpha=0.5,
+                          label=f"GEMM ceiling {BATCH}xWxW ({hw_slug}, gemm records)")
+        handles.append(line)
 tw, tv = zip(*sorted(TARGETS.items()))
 handles.append(ax.scatter(tw, tv, marker="*", s=220, color="gold", edgecolor="black",
                           zorder=5, label="target (issue 3)"))
