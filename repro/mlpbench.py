@@ -2,9 +2,10 @@
 timed per precision recipe in the same process, interleaved, on the same device.
 
 Recipes: every name in ``repro.recipes.RECIPES`` plus ``flax-fp8``, the peer
-``flax.linen.fp8_ops.Fp8DirectDotGeneralOp`` (delayed scaling). A cell is one (width, batch,
-depth): all its recipes are timed together in rounds (recipe A, B, C, A, B, C, ...), so a
-speedup is always a ratio of two timings from the same run.
+``flax.linen.fp8_ops.Fp8DirectDotGeneralOp`` (delayed scaling), and the Transformer Engine
+peers of ``repro.te_backend`` where TE is installed (skipped with a note elsewhere). A cell is
+one (width, batch, depth): all its recipes are timed together in rounds (recipe A, B, C, A, B,
+C, ...), so a speedup is always a ratio of two timings from the same run.
 
     repro record mlp_step --profile full      # the H200 study, resumable per width
 """
@@ -22,7 +23,7 @@ import optax
 from flax import linen as nn
 from flax.linen import fp8_ops
 
-from repro import layers, ops, results
+from repro import layers, ops, results, te_backend
 from repro.recipes import get_recipe
 
 PEER = "flax-fp8"
@@ -42,6 +43,9 @@ class MLP(nn.Module):
             if self.recipe == PEER:
                 x = nn.Dense(self.width, dtype=jnp.bfloat16, param_dtype=jnp.float32,
                              dot_general_cls=fp8_ops.Fp8DirectDotGeneralOp)(x)
+            elif te_backend.is_te_recipe(self.recipe):
+                x = nn.Dense(self.width, dtype=jnp.bfloat16, param_dtype=jnp.float32,
+                             dot_general=te_backend.dot_general_cls(self.recipe)())(x)
             else:
                 x = layers.Dense(self.width, recipe=get_recipe(self.recipe))(x)
             if i < self.depth - 1:
@@ -49,8 +53,13 @@ class MLP(nn.Module):
         return x
 
 
+def _is_peer(recipe: str) -> bool:
+    """flax's FP8 op or a Transformer Engine recipe: not one of this repository's recipes."""
+    return recipe == PEER or te_backend.is_te_recipe(recipe)
+
+
 def _input_dtype(recipe: str):
-    return jnp.bfloat16 if recipe == PEER else get_recipe(recipe).dtype
+    return jnp.bfloat16 if _is_peer(recipe) else get_recipe(recipe).dtype
 
 
 def make_train_step(model: MLP, tx: optax.GradientTransformation):
@@ -129,7 +138,7 @@ def bench_cell(width: int, batch: int, depth: int, recipes: list[str], repeats: 
         *_, facts, samples = state[r]
         s = np.asarray(samples)
         q1, med, q3 = np.percentile(s, [25, 50, 75])
-        emulated = (not jax.default_backend() == "gpu") if r == PEER else ops.is_emulated(
+        emulated = (not jax.default_backend() == "gpu") if _is_peer(r) else ops.is_emulated(
             get_recipe(r))
         common = dict(claims=["A2", "A4"], recipe=r, sizes=sizes, repeats=len(s),
                       emulated=emulated, profile=profile,
@@ -155,16 +164,22 @@ def record(profile: str, root: Path | None = None, force: bool = False) -> list[
 
     p = stage_params(EXPERIMENT, profile)
     root = root or results.record_root(p["profile"])
+    recipes = []
     for r in p["recipes"]:
-        if r != PEER:
+        if te_backend.is_te_recipe(r):
+            if not te_backend.available():
+                print(f"mlp_step: skipping {r}: Transformer Engine is not installed")
+                continue
+        elif r != PEER:
             get_recipe(r)  # fail early on a bad name
+        recipes.append(r)
     written = []
     for width in (bar := tqdm(p["widths"], desc="mlp_step")):
         cell = f"w{width}_b{p['batch']}_d{p['depth']}"
         if not force and results.have_cell(EXPERIMENT, cell, root=root):
             continue
         bar.set_postfix(width=width)
-        recs = bench_cell(width, p["batch"], p["depth"], p["recipes"], p["repeats"],
+        recs = bench_cell(width, p["batch"], p["depth"], recipes, p["repeats"],
                           profile=p["profile"])
         written.append(results.write_records(recs, EXPERIMENT, cell, root=root))
     return written
