@@ -56,8 +56,15 @@ def _pow2_scale(amax: jax.Array, fmax: float) -> jax.Array:
     """Smallest power of two ``s`` with ``amax / s <= fmax`` (1.0 for a zero/non-finite amax)."""
     amax = jnp.asarray(amax, jnp.float32)
     ok = jnp.isfinite(amax) & (amax > 0)
-    e = jnp.ceil(jnp.log2(jnp.where(ok, amax, 1.0) / fmax))
-    return jnp.where(ok, jnp.exp2(e), 1.0).astype(jnp.float32)
+    a = jnp.where(ok, amax, 1.0)
+    # Exponent arithmetic (frexp/ldexp), not log2/exp2: XLA's are inexact on CPU for powers of
+    # two, which gave scales 2x too large or not powers of two at all.
+    m, e = jnp.frexp(a / jnp.float32(fmax))  # a / fmax = m * 2**e, m in [0.5, 1)
+    k = jnp.where(m == 0.5, e - 1, e)  # ceil(log2(a / fmax)) of the rounded quotient
+    fm = jnp.float32(fmax)
+    k = jnp.where(a > jnp.ldexp(fm, k), k + 1, k)  # correct for the rounding of a / fmax
+    k = jnp.where(a <= jnp.ldexp(fm, k - 1), k - 1, k)
+    return jnp.where(ok, jnp.ldexp(jnp.float32(1.0), k), 1.0).astype(jnp.float32)
 
 
 def round_to_storage(x: jax.Array, storage: str) -> jax.Array:

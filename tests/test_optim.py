@@ -125,3 +125,19 @@ def test_make_optimizer_flags_and_dtypes_stable_under_scan():
             assert float(jnp.max(jnp.abs(p1["w"]))) <= 0.5 + 1e-6
     with pytest.raises(ValueError, match="master_weights"):
         optim.make_optimizer({"master_weights": "int8"})
+
+
+@pytest.mark.parametrize("e", list(range(-40, 40)))
+def test_fp8_storage_scale_is_the_smallest_exact_power_of_two(e):
+    """amax = 448 * 2**e exactly fits scale 2**e (not 2**(e+1), and exactly a power of two):
+    XLA's log2/exp2 on CPU are not exact for powers of two, so they must not pick the scale."""
+    s = float(optim._pow2_scale(jnp.float32(448.0 * 2.0 ** e), 448.0))
+    assert s == 2.0 ** e
+    above = np.float32(448.0 * 2.0 ** e) * np.float32(1 + 2 ** -20)
+    assert float(optim._pow2_scale(jnp.float32(above), 448.0)) == 2.0 ** (e + 1)
+    below = np.float32(448.0 * 2.0 ** e) * np.float32(1 - 2 ** -20)
+    assert float(optim._pow2_scale(jnp.float32(below), 448.0)) == 2.0 ** e
+    # The smallest E4M3 subnormal at that scale survives the store (float64 reference).
+    x = np.array([448.0 * 2.0 ** e, 2.0 ** (e - 9), -3 * 2.0 ** (e - 9)], np.float32)
+    np.testing.assert_array_equal(np.asarray(optim.round_to_storage(jnp.asarray(x), "fp8"),
+                                             np.float64), x.astype(np.float64))
