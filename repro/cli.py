@@ -115,6 +115,25 @@ def valid_recipes(experiment: str) -> list[str]:
     return recipe_names()
 
 
+def _recipe_ok(experiment: str, name: str, valid: list[str]) -> bool:
+    """A registry name, a variant ('fp8-delayed:fp8_gemm_out=float32') or a benchmark peer."""
+    if name in valid:
+        return True
+    if experiment == "gemm":
+        return False
+    from repro import te_backend
+    from repro.mlpbench import PEER
+    from repro.recipes import get_recipe
+
+    if name == PEER or te_backend.is_te_recipe(name):
+        return True
+    try:
+        get_recipe(name)
+    except ValueError:
+        return False
+    return True
+
+
 # ------------------------------------------------------------------------------ commands
 
 
@@ -143,7 +162,7 @@ def cmd_record(args) -> int:
     recipes = _split_list(args.recipe)
     if recipes is not None:
         valid = valid_recipes(args.experiment)
-        bad = [r for r in recipes if r not in valid]
+        bad = [r for r in recipes if not _recipe_ok(args.experiment, r, valid)]
         if bad:
             raise UsageError(f"unknown recipe(s) {', '.join(bad)} for {args.experiment}; "
                              f"valid recipes: {', '.join(valid)}")

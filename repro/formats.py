@@ -78,7 +78,10 @@ def compute_scale(amax, fmax, margin=0):
     amax = jnp.asarray(amax, jnp.float32)
     # ldexp, not exp2: XLA's exp2 is not exact for integer arguments on CPU.
     scale = jnp.ldexp(amax / jnp.float32(fmax), jnp.asarray(margin, jnp.int32))
-    ok = jnp.isfinite(amax) & (amax > 0) & jnp.isfinite(scale) & (scale > 0)
+    # A subnormal scale would make 1/scale inf (and 0 * inf NaN) on GPUs, which keep
+    # subnormals; CPUs flush them to zero. Transformer Engine clamps likewise.
+    ok = (jnp.isfinite(amax) & (amax > 0) & jnp.isfinite(scale)
+          & (scale >= jnp.finfo(jnp.float32).tiny))
     return jnp.where(ok, scale, jnp.float32(1.0))
 
 

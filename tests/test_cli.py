@@ -140,3 +140,13 @@ def test_notebook_converts_and_executes(tmp_path):
     assert (nb_dir / "00_tiny.out.ipynb").read_bytes() == before
     assert (nb_dir / "00_tiny.failed.ipynb").exists()
     assert not list(nb_dir.glob(".*"))  # no temp files left
+
+
+def test_recipe_variants_and_peers_pass_validation():
+    from repro.cli import _recipe_ok, valid_recipes
+
+    valid = valid_recipes("rl_throughput")
+    assert _recipe_ok("rl_throughput", "fp8-delayed:fp8_gemm_out=float32", valid)
+    assert _recipe_ok("mlp_step", "flax-fp8", valid)
+    assert not _recipe_ok("rl_throughput", "fp8-delayed:nope=1", valid)
+    assert not _recipe_ok("gemm", "flax-fp8", valid_recipes("gemm"))

@@ -618,3 +618,12 @@ def test_fake_quantize_e4m3_matches_reference_and_ste_grad():
     for fmt in ["e4m3", "nvfp4"]:
         g = jax.jit(jax.grad(lambda v: jnp.sum(F.fake_quantize(v, fmt) * w)))(jnp.asarray(x))
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))  # straight-through
+
+
+def test_compute_scale_never_subnormal():
+    """A subnormal scale would give inf = 1/scale on a GPU (subnormals kept): fall back to 1."""
+    tiny = np.float32(np.finfo(np.float32).tiny)
+    s = np.asarray(F.compute_scale(jnp.float32(tiny * 448 / 4), 448.0))
+    assert s == 1.0
+    ok = np.asarray(F.compute_scale(jnp.float32(tiny * 448 * 4), 448.0))
+    assert ok == np.float32(tiny * 4)
