@@ -35,8 +35,8 @@
 # * the **update alone** on a rollout-sized batch: the part FP8 can speed up,
 # * the compiled update's **memory** (XLA buffer assignment).
 #
-# An FP8 record made where no FP8 GEMM ran (a CPU, or a GPU program without cuBLASLt FP8 calls)
-# is **emulated**: its numbers are drawn hollow and never called a speedup.
+# An FP8 record made where no FP8 GEMM ran (a CPU, or a GPU program with neither cuBLASLt FP8
+# calls nor XLA's Triton GEMM on f8 operands) is **emulated**: its numbers are drawn hollow and never called a speedup.
 #
 # Regenerate: `dvc repro rl_throughput` (or `repro notebook 03_rl_throughput --profile smoke`);
 # GPU records: `repro record rl_throughput --profile full` (resumable per cell).

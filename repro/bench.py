@@ -186,6 +186,40 @@ def fp8_lowering(hlo_text: str) -> str:
     return "upcast"
 
 
+def compiled_facts(compiled) -> dict[str, Any]:
+    """What a compiled program says about itself: how many cuBLASLt FP8 GEMM calls it makes,
+    how its f8 products lower (:func:`fp8_lowering`) and its buffer bytes (arguments + outputs
+    + temporaries - aliased, from XLA's ``memory_analysis``; None where not implemented)."""
+    text = compiled.as_text() or ""
+    facts: dict[str, Any] = {"fp8_gemm_calls": text.count(FP8_GEMM_TARGET),
+                             "fp8_lowering": fp8_lowering(text), "memory_bytes": None}
+    try:
+        m = compiled.memory_analysis()
+        facts["memory_bytes"] = int(m.argument_size_in_bytes + m.output_size_in_bytes
+                                    + m.temp_size_in_bytes - m.alias_size_in_bytes)
+    except Exception:  # not every backend implements it
+        pass
+    return facts
+
+
+def recipe_emulated(recipe, lowering: str, hardware=None) -> bool:
+    """Whether a timing of ``recipe`` measures emulation rather than its format.
+
+    ``repro.ops.is_emulated`` (no tensor cores for the format on this hardware), and also an
+    FP8 recipe whose compiled program on a GPU ran no FP8 GEMM at all (``lowering`` is neither
+    cuBLASLt's FP8 call nor XLA's Triton GEMM with f8 operands, which small GEMMs get).
+    """
+    from repro import ops
+    from repro.hardware import detect
+    from repro.recipes import get_recipe
+
+    r = get_recipe(recipe)
+    hardware = hardware or detect()
+    if ops.is_emulated(r, hardware):
+        return True
+    return r.gemm == "fp8" and lowering not in ("cublaslt-f8", "fused-f8-dot")
+
+
 def compiled_gemm_info(fn: Callable, *args) -> dict[str, Any]:
     """What the compiled GEMM is: ``hlo_fp8_gemm`` (the HLO calls ``__cublas$lt$matmul$f8``),
     ``fp8_lowering`` (see :func:`fp8_lowering`) and the custom-call targets it names."""

@@ -23,7 +23,8 @@ import optax
 from flax import linen as nn
 from flax.linen import fp8_ops
 
-from repro import layers, ops, results, te_backend
+from repro import layers, results, te_backend
+from repro.bench import compiled_facts, recipe_emulated
 from repro.recipes import get_recipe
 
 PEER = "flax-fp8"
@@ -93,20 +94,9 @@ def _setup(recipe: str, width: int, batch: int, depth: int, seed: int = 0, lr: f
 
 
 def _compile(step, variables, opt_state, x, y):
-    """Compile once; return the executable and facts read off it (FP8 GEMM lowering, bytes)."""
-    from repro.bench import fp8_lowering
-
+    """Compile once; return the executable and what it says about itself."""
     compiled = step.lower(variables, opt_state, x, y).compile()
-    text = compiled.as_text()
-    facts: dict[str, Any] = {"fp8_gemm_calls": text.count("__cublas$lt$matmul$f8"),
-                             "fp8_lowering": fp8_lowering(text)}
-    try:
-        mem = compiled.memory_analysis()
-        facts["memory_bytes"] = int(mem.argument_size_in_bytes + mem.output_size_in_bytes
-                                    + mem.temp_size_in_bytes - mem.alias_size_in_bytes)
-    except Exception:  # memory_analysis is not available on every backend
-        facts["memory_bytes"] = None
-    return compiled, facts
+    return compiled, compiled_facts(compiled)
 
 
 def bench_cell(width: int, batch: int, depth: int, recipes: list[str], repeats: int,
@@ -138,8 +128,8 @@ def bench_cell(width: int, batch: int, depth: int, recipes: list[str], repeats: 
         *_, facts, samples = state[r]
         s = np.asarray(samples)
         q1, med, q3 = np.percentile(s, [25, 50, 75])
-        emulated = (not jax.default_backend() == "gpu") if _is_peer(r) else ops.is_emulated(
-            get_recipe(r))
+        emulated = (jax.default_backend() != "gpu" if _is_peer(r)
+                    else recipe_emulated(r, facts["fp8_lowering"]))
         common = dict(claims=["A2", "A4"], recipe=r, sizes=sizes, repeats=len(s),
                       emulated=emulated, profile=profile,
                       extra={"run_id": run_id, "samples_ms": (s * 1e3).round(4).tolist(),

@@ -19,8 +19,8 @@ throughput_1``: the scaling efficiency is ``throughput_n / (n * throughput_1)``.
 cell (rewritten on every call, from this hardware's cells) holds ``scaling_efficiency`` per
 (workload, recipe, n) and ``fp8_speedup`` (FP8 over BF16 throughput) per (workload, n).
 
-Every record carries ``emulated`` (``repro.ops.is_emulated``; also True for an FP8 recipe on a
-GPU whose compiled program has no FP8 GEMM) and ``extra.n_devices``, ``extra.mesh``, the
+Every record carries ``emulated`` (``repro.bench.recipe_emulated``: no tensor cores for the
+format, or an FP8 recipe on a GPU whose compiled program ran no FP8 GEMM) and ``extra.n_devices``, ``extra.mesh``, the
 collectives in the compiled program (``extra.collectives``: all-reduce, all-gather,
 reduce-scatter, ...) and ``extra.simulated_devices``: True on the CPU backend, where the
 "devices" (``XLA_FLAGS=--xla_force_host_platform_device_count=N``) share one host's cores, so a
@@ -44,13 +44,13 @@ import numpy as np
 import pandas as pd
 
 from repro import config, distributed, results
+from repro.bench import FP8_GEMM_TARGET, fp8_lowering, recipe_emulated
 
 EXPERIMENT = "multigpu"
 CLAIMS = ["B5"]
 WORKLOADS = ("ppo", "lm_dp", "lm_fsdp")
 METRIC = {"ppo": ("env_steps_per_s", "steps/s"), "lm_dp": ("tokens_per_s", "tokens/s"),
           "lm_fsdp": ("tokens_per_s", "tokens/s")}
-FP8_GEMM_TARGET = "__cublas$lt$matmul$f8"
 BASELINE = "bf16"
 EFFICIENCY_TARGET = 0.8  # B5 rule: weak-scaling efficiency at the largest count (notebook 08)
 _COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|reduce-scatter|all-to-all|"
@@ -72,15 +72,7 @@ def collectives(hlo_text: str) -> dict[str, int]:
 
 
 def _emulated(recipe: str, hlo_text: str) -> bool:
-    from repro import hardware, ops
-    from repro.recipes import get_recipe
-
-    r = get_recipe(recipe)
-    emulated = bool(ops.is_emulated(r))
-    if r.gemm == "fp8" and hardware.detect().backend == "gpu" and \
-            FP8_GEMM_TARGET not in (hlo_text or ""):
-        emulated = True  # no FP8 GEMM in the compiled program: not a measurement of FP8
-    return emulated
+    return recipe_emulated(recipe, fp8_lowering(hlo_text or ""))
 
 
 def _time(fn, *args, repeats: int):

@@ -146,3 +146,18 @@ def test_record_gemm_rejects_bad_params_before_writing(tiny_params):
     with pytest.raises(ConfigError, match="int3.*valid recipes"):
         bench.record_gemm("smoke", tiny_params / "out")
     assert not (tiny_params / "out").exists()
+
+
+def test_recipe_emulated_accepts_both_native_fp8_lowerings():
+    """On an FP8-capable GPU an FP8 timing is native whether XLA called cuBLASLt's FP8 GEMM or
+    its own Triton GEMM on f8 operands (small GEMMs); only an upcast program is emulation."""
+    from repro.bench import recipe_emulated
+    from repro.hardware import lookup
+
+    h200 = lookup("h200")
+    assert not recipe_emulated("fp8-delayed", "cublaslt-f8", h200)
+    assert not recipe_emulated("fp8-delayed", "fused-f8-dot", h200)
+    assert recipe_emulated("fp8-delayed", "upcast", h200)
+    assert recipe_emulated("fp8-delayed", "cublaslt-f8", lookup("cpu"))
+    assert recipe_emulated("nvfp4", "no-f8", h200)  # no FP4 tensor cores on Hopper
+    assert not recipe_emulated("bf16", "no-f8", h200)

@@ -21,8 +21,10 @@ Throughput (experiment ``rl_throughput``). Per cell:
   - aliased), from XLA's ``memory_analysis()`` (every backend). Where the device reports
   ``memory_stats()`` the process peak is kept in ``extra`` too (it is cumulative over the
   process, so it is not a per-recipe number).
-* ``extra.fp8_gemm_calls`` -- how many cuBLASLt FP8 GEMMs the compiled update contains; an FP8
-  recipe on a GPU without them is marked ``emulated`` (it ran at BF16 speed or worse).
+* ``extra.fp8_gemm_calls`` / ``extra.fp8_lowering`` -- cuBLASLt FP8 GEMM calls in the compiled
+  update and how its f8 products lowered (``repro.bench.fp8_lowering``: small GEMMs get XLA's
+  Triton GEMM with f8 operands, also FP8 tensor-core math); an FP8 recipe on a GPU whose
+  program ran no FP8 GEMM is marked ``emulated`` (``repro.bench.recipe_emulated``).
 * a ``stores`` cell: which stores are FP8 under each recipe / variant (claim A1), and the bytes
   per weight.
 
@@ -52,13 +54,13 @@ import numpy as np
 import pandas as pd
 
 from repro import config, optim, results
+from repro.bench import compiled_facts, recipe_emulated
 from repro.recipes import get_recipe
 from repro.rl import ppo
 
 THROUGHPUT = "rl_throughput"
 QUALITY = "rl_quality"
 THROUGHPUT_RECIPES = ("fp32", "tf32", "bf16", "fp16", "fp8-current", "fp8-delayed")
-FP8_GEMM_TARGET = "__cublas$lt$matmul$f8"
 
 # A variant = a recipe + flags of repro.optim / repro.rl.networks. `claims` says which claims
 # it serves. The FP8 "end to end" variants store the weights in FP8 (E4M3 with a per-tensor
@@ -175,15 +177,6 @@ def _time_fn(fn, *args, repeats: int, warmup: int = 1):
     return float(med), float(q3 - q1), s
 
 
-def _memory_bytes(compiled) -> int | None:
-    try:
-        m = compiled.memory_analysis()
-        return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-                   - m.alias_size_in_bytes)
-    except Exception:  # not every backend implements it
-        return None
-
-
 def _device_peak_bytes() -> int | None:
     try:
         stats = jax.devices()[0].memory_stats()
@@ -213,7 +206,7 @@ def synthetic_rollout(c: ppo.PPOConfig, env, env_params, key):
 def throughput_cell(network: str, width: int, recipe: str, num_envs: int, p: Mapping[str, Any],
                     profile: str) -> list[dict[str, Any]]:
     """Time the whole PPO loop and the update alone for one configuration."""
-    from repro import hardware, ops
+    from repro import hardware
 
     env_name = p["networks"][network]
     c = ppo.validate(dict(
@@ -246,18 +239,15 @@ def throughput_cell(network: str, width: int, recipe: str, num_envs: int, p: Map
     compiled_update = update.lower(*args).compile()
     compile_upd = time.perf_counter() - t0
     umed, uiqr, usamples = _time_fn(compiled_update, *args, repeats=repeats)
-    text = compiled_update.as_text() or ""
-    fp8_calls = text.count(FP8_GEMM_TARGET)
-    mem = _memory_bytes(compiled_update)
-
+    facts = compiled_facts(compiled_update)
+    fp8_calls, mem = facts["fp8_gemm_calls"], facts["memory_bytes"]
     r = get_recipe(recipe)
-    emulated = bool(ops.is_emulated(r))
-    if r.gemm == "fp8" and info.backend == "gpu" and fp8_calls == 0:
-        emulated = True  # no FP8 GEMM in the compiled program: not a measurement of FP8
+    emulated = recipe_emulated(r, facts["fp8_lowering"], info)
     sizes = {"network": network, "width": width, "depth": c.depth, "num_envs": num_envs,
              "num_steps": c.num_steps, "env": c.env, "batch": c.batch_size,
              "minibatch": c.minibatch_size, "update_epochs": c.update_epochs}
-    extra = {"fp8_gemm_calls": fp8_calls, "compile_e2e_s": compile_e2e,
+    extra = {"fp8_gemm_calls": fp8_calls, "fp8_lowering": facts["fp8_lowering"],
+             "compile_e2e_s": compile_e2e,
              "compile_update_s": compile_upd, "updates_per_call": c.num_updates,
              "keep_io_precise": c.keep_io_precise, "device_peak_bytes": _device_peak_bytes(),
              "device_peak_note": "cumulative over the process, not per recipe",
