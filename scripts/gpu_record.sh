@@ -4,8 +4,12 @@
 # new GPU"). Each experiment is resumable per cell; results are packed after every experiment
 # so that a run stopped at its time limit still returns what it finished.
 #
-#   usage: scripts/gpu_record.sh SECONDS EXPERIMENT[:ARGS] ...
-#   e.g.   scripts/gpu_record.sh 540 gemm mlp_step
+#   usage: scripts/gpu_record.sh SECONDS ITEM ...
+#   ITEM is EXPERIMENT[:ARGS] (`repro record EXPERIMENT --profile full ARGS`, ARGS comma-separated)
+#   or a quoted "MODULE ARGS..." containing a space (`python3 -m MODULE ARGS...`), e.g.
+#          scripts/gpu_record.sh 540 mlp_step \
+#            "repro.rl.experiments throughput --profile full --recipe bf16,fp8-delayed --only mlp_w4096_*"
+#   Every item gets what is left of SECONDS (stopped with SIGINT, so it keeps finished cells).
 set -uo pipefail
 budget=${1:?seconds}; shift
 start=$(date +%s)
@@ -21,8 +25,12 @@ for exp in "$@"; do
   left=$(( budget - ($(date +%s) - start) - 15 ))
   if [ "$left" -le 20 ]; then echo "== skip $exp: budget spent"; continue; fi
   echo "== $exp (<= ${left}s)"
-  name=${exp%%:*}; args=${exp#"$name"}; args=${args#:}
-  timeout --signal=INT "$left" python3 -m repro.cli record "$name" --profile full ${args//,/ } 2>&1 | tee -a "$out/log.txt"
+  if [[ "$exp" == *" "* ]]; then
+    set -f; timeout --signal=INT "$left" python3 -m $exp 2>&1 | tee -a "$out/log.txt"; set +f
+  else
+    name=${exp%%:*}; args=${exp#"$name"}; args=${args#:}
+    timeout --signal=INT "$left" python3 -m repro.cli record "$name" --profile full ${args//,/ } 2>&1 | tee -a "$out/log.txt"
+  fi
   tar czf "$out/results.tgz" results/
 done
 echo "== done in $(( $(date +%s) - start ))s"
