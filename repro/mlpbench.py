@@ -12,6 +12,7 @@ C, ...), so a speedup is always a ratio of two timings from the same run.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -99,15 +100,26 @@ def _compile(step, variables, opt_state, x, y):
     return compiled, compiled_facts(compiled)
 
 
+def _log(msg: str) -> None:
+    """One progress line on stderr (compiles of wide FP8 steps can take a while on a GPU)."""
+    print(f"mlp_step: {msg}", file=sys.stderr, flush=True)
+
+
 def bench_cell(width: int, batch: int, depth: int, recipes: list[str], repeats: int,
                steps_per_sample: int = 5, profile: str | None = None) -> list[dict]:
     """Time every recipe's train step for one shape, interleaved; one record per metric."""
     state = {}
     for r in recipes:
+        t0 = time.perf_counter()
         step, variables, opt_state, x, y = _setup(r, width, batch, depth)
+        t1 = time.perf_counter()
+        _log(f"w{width} {r}: compiling")
         step, facts = _compile(step, variables, opt_state, x, y)
+        t2 = time.perf_counter()
         variables, opt_state, loss = step(variables, opt_state, x, y)  # warm up
         jax.block_until_ready(loss)
+        _log(f"w{width} {r}: init {t1 - t0:.1f} s, compile {t2 - t1:.1f} s, first step "
+             f"{time.perf_counter() - t2:.2f} s, lowering {facts['fp8_lowering']}")
         state[r] = [step, variables, opt_state, x, y, facts, []]
     for _ in range(repeats):
         for r in recipes:

@@ -26,10 +26,10 @@ for exp in "$@"; do
   if [ "$left" -le 20 ]; then echo "== skip $exp: budget spent"; continue; fi
   echo "== $exp (<= ${left}s)"
   if [[ "$exp" == *" "* ]]; then
-    set -f; timeout --signal=INT "$left" python3 -m $exp 2>&1 | tee -a "$out/log.txt"; set +f
+    set -f; timeout -k 20 --signal=INT "$left" python3 -m $exp 2>&1 | tee -a "$out/log.txt"; set +f
   else
     name=${exp%%:*}; args=${exp#"$name"}; args=${args#:}
-    timeout --signal=INT "$left" python3 -m repro.cli record "$name" --profile full ${args//,/ } 2>&1 | tee -a "$out/log.txt"
+    timeout -k 20 --signal=INT "$left" python3 -m repro.cli record "$name" --profile full ${args//,/ } 2>&1 | tee -a "$out/log.txt"
   fi
   tar czf "$out/results.tgz" results/
 done
