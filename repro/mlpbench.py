@@ -87,7 +87,7 @@ def _setup(recipe: str, width: int, batch: int, depth: int, seed: int = 0, lr: f
     kx, ky, kp = jax.random.split(jax.random.key(seed), 3)
     x = jax.random.normal(kx, (batch, width), jnp.float32).astype(_input_dtype(recipe))
     y = jax.random.normal(ky, (batch, width), jnp.float32)
-    variables = model.init(kp, x)
+    variables = model.init(kp, x[:8])  # shapes only: no eager GEMM of the whole batch
     tx = optax.adam(lr)
     opt_state = tx.init(variables["params"])
     step = jax.jit(make_train_step(model, tx), donate_argnums=(0, 1))
@@ -166,22 +166,31 @@ def record(profile: str, root: Path | None = None, force: bool = False) -> list[
 
     p = stage_params(EXPERIMENT, profile)
     root = root or results.record_root(p["profile"])
-    recipes = []
-    for r in p["recipes"]:
-        if te_backend.is_te_recipe(r):
-            if not te_backend.available():
-                print(f"mlp_step: skipping {r}: Transformer Engine is not installed")
-                continue
-        elif r != PEER:
-            get_recipe(r)  # fail early on a bad name
-        recipes.append(r)
+    def usable(names):
+        out = []
+        for r in names:
+            if te_backend.is_te_recipe(r):
+                if not te_backend.available():
+                    print(f"mlp_step: skipping {r}: Transformer Engine is not installed")
+                    continue
+            elif r != PEER:
+                get_recipe(r)  # fail early on a bad name
+            out.append(r)
+        return out
+
+    recipes, levers = usable(p["recipes"]), usable(p.get("levers") or [])
+    # main cells first (every width), then the lever cells: each lever ablation is timed with
+    # bf16 and the default recipes it ablates, in the same process
+    lever_cell = [r for r in ("bf16", "fp8-current", "fp8-delayed") if r in recipes] + levers
+    cells = [(w, "", recipes) for w in p["widths"]]
+    cells += [(w, "_levers", lever_cell) for w in p["widths"] if levers]
     written = []
-    for width in (bar := tqdm(p["widths"], desc="mlp_step")):
-        cell = f"w{width}_b{p['batch']}_d{p['depth']}"
+    for width, suffix, names in (bar := tqdm(cells, desc="mlp_step")):
+        cell = f"w{width}_b{p['batch']}_d{p['depth']}{suffix}"
         if not force and results.have_cell(EXPERIMENT, cell, root=root):
             continue
-        bar.set_postfix(width=width)
-        recs = bench_cell(width, p["batch"], p["depth"], recipes, p["repeats"],
+        bar.set_postfix(cell=cell)
+        recs = bench_cell(width, p["batch"], p["depth"], names, p["repeats"],
                           profile=p["profile"])
         written.append(results.write_records(recs, EXPERIMENT, cell, root=root))
     return written

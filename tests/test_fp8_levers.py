@@ -136,7 +136,7 @@ def test_recipe_rejects_bad_lever_values():
 
 def test_full_mlp_step_lists_every_lever_ablation():
     p = stage_params("mlp_step", "full")
-    recipes = p["recipes"]
+    recipes = p["recipes"] + p["levers"]
     assert recipes[0] == "bf16" and mlpbench.PEER in recipes and "fp16" in recipes
     parsed = [get_recipe(r) for r in recipes  # all valid names; peers are not our recipes
               if r != mlpbench.PEER and not te_backend.is_te_recipe(r)]
