@@ -98,6 +98,22 @@ summary = (pool[pool.hardware == HWQ].groupby(["env", "variant"])["final_return"
 summary.reindex([v for v in X.VARIANTS if v in summary.index])
 
 # %% [markdown]
+# ## Memory: every seed of a cell trains at once on one device
+#
+# Issue 4 asks that 16 seeds of a MinAtar game train together on one H200. Each cell vmaps all
+# its seeds in one program and keeps only per-update metrics; `peak GiB` is the recording
+# process's device peak after the cell (an upper bound for the cell; empty on CPU, which keeps
+# no device statistics).
+
+# %%
+fin = df[df.metric == "final_return"]
+(fin.assign(peak_GiB=fin.extra.map(lambda e: (e.get("peak_device_bytes") or np.nan) / 2**30),
+            seeds=fin.size_seeds.astype(int))
+ .groupby(["hardware", "profile", "env"]).agg(seeds=("seeds", "max"),
+                                              peak_GiB=("peak_GiB", "max")).round(2)
+ if len(fin) else pd.DataFrame())
+
+# %% [markdown]
 # ## Learning curves
 #
 # Mean over seeds of the per-update mean episode return (thinned to 100 points).

@@ -395,6 +395,7 @@ def quality_cell(env_name: str, variant: str, p: Mapping[str, Any],
     t0 = time.perf_counter()
     m = run_seeds(c, seeds)
     wall = time.perf_counter() - t0
+    peak = _device_peak_bytes()
     final = ppo.final_return(m, float(p.get("last_fraction", 0.1)))
     from repro import ops
 
@@ -414,7 +415,10 @@ def quality_cell(env_name: str, variant: str, p: Mapping[str, Any],
                    "final_loss_scale": float(m["loss_scale"][i, -1]),
                    "diverged": bool(m["nonfinite_params"][i, -1]),
                    "last_fraction": float(p.get("last_fraction", 0.1)),
-                   "wall_s_all_seeds": wall}))
+                   "wall_s_all_seeds": wall,
+                   # all seeds of the cell train together: the process's device peak so far
+                   # (an upper bound for this cell; None where the backend has no stats)
+                   "peak_device_bytes": peak}))
     return recs
 
 

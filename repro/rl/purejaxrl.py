@@ -1,0 +1,280 @@
+"""This repository's PPO against PureJaxRL's ``ppo.py``: env-steps/s, same config, same device.
+
+Issue 4's performance target: on PureJaxRL's CartPole-v1 configuration, ``repro.rl.ppo`` should
+beat PureJaxRL's ``ppo.py`` in env-steps/s by >= 1.2x, for one seed and for 1024 seeds under
+``vmap``. Both run in the same process, compiled first, then timed in alternation.
+
+PureJaxRL is not a package and its code is not redistributed here: point ``--purejaxrl DIR`` at a
+checkout of https://github.com/luchris429/purejaxrl (the folder that holds ``purejaxrl/ppo.py``).
+Three adapters let that ``ppo.py`` run on this repository's stack; none changes what it computes:
+
+- gymnax >= 1.0 steps return ``(obs, state, reward, terminated, truncated, info)``; ``ppo.py``
+  and its wrappers expect gymnax 0.x's ``(obs, state, reward, done, info)``. ``gymnax.make`` is
+  seen through :class:`FiveTupleStep`: ``done = terminated | truncated`` and ``info`` without the
+  three keys gymnax 1.0 added (so PureJaxRL's per-step metrics are as large as on gymnax 0.x).
+- ``distrax`` (for ``Categorical``) does not import under current JAX (its TensorFlow-Probability
+  dependency fails); where it fails, :func:`distrax_stand_in` provides ``Categorical`` with the
+  three methods ``ppo.py`` calls, written as distrax does (``jax.random.categorical``,
+  ``log_softmax``).
+- ``purejaxrl/wrappers.py`` imports ``brax`` for wrappers CartPole does not use, and ``chex``
+  for type annotations only; where either is missing, a module that has nothing (brax) or
+  answers every attribute with ``typing.Any`` (chex) stands in.
+
+Ours runs with the ``tf32`` recipe: JAX's default matmul precision, as in ``ppo.py``. Ours also
+evaluates the critic on the final observation of truncated episodes (bootstrapping through
+truncation, which ``ppo.py`` does not do), so it does slightly more work per step.
+
+    python -m repro.rl.purejaxrl --purejaxrl ~/src/purejaxrl --profile full
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from repro import results
+from repro.rl import ppo
+
+EXPERIMENT = "rl_purejaxrl"
+URL = "https://github.com/luchris429/purejaxrl"
+
+# PureJaxRL's ppo.py __main__ configuration for CartPole-v1 (DEBUG off: no host callbacks).
+CARTPOLE = {"LR": 2.5e-4, "NUM_ENVS": 4, "NUM_STEPS": 128, "TOTAL_TIMESTEPS": 5e5,
+            "UPDATE_EPOCHS": 4, "NUM_MINIBATCHES": 4, "GAMMA": 0.99, "GAE_LAMBDA": 0.95,
+            "CLIP_EPS": 0.2, "ENT_COEF": 0.01, "VF_COEF": 0.5, "MAX_GRAD_NORM": 0.5,
+            "ACTIVATION": "tanh", "ENV_NAME": "CartPole-v1", "ANNEAL_LR": True, "DEBUG": False}
+GYMNAX_1_INFO = ("terminated", "truncated", "final_observation")
+
+
+def ours_config(cfg: dict[str, Any], recipe: str = "tf32") -> ppo.PPOConfig:
+    """The same PPO in ``repro.rl.ppo``'s terms (its defaults equal PureJaxRL's otherwise)."""
+    return ppo.validate({
+        "env": cfg["ENV_NAME"], "num_envs": cfg["NUM_ENVS"], "num_steps": cfg["NUM_STEPS"],
+        "total_timesteps": int(cfg["TOTAL_TIMESTEPS"]), "update_epochs": cfg["UPDATE_EPOCHS"],
+        "num_minibatches": cfg["NUM_MINIBATCHES"], "gamma": cfg["GAMMA"],
+        "gae_lambda": cfg["GAE_LAMBDA"], "clip_eps": cfg["CLIP_EPS"],
+        "ent_coef": cfg["ENT_COEF"], "vf_coef": cfg["VF_COEF"], "grad_clip": cfg["MAX_GRAD_NORM"],
+        "activation": cfg["ACTIVATION"], "anneal_lr": cfg["ANNEAL_LR"], "lr": cfg["LR"],
+        "width": 64, "depth": 2, "network": "mlp", "recipe": recipe})
+
+
+class FiveTupleStep:
+    """A gymnax >= 1.0 environment with gymnax 0.x's ``step`` signature (see module doc)."""
+
+    def __init__(self, env):
+        self._env = env
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+    def step(self, key, state, action, params=None):
+        out = self._env.step(key, state, action, params)
+        if len(out) == 5:  # already gymnax 0.x
+            return out
+        obs, state, reward, terminated, truncated, info = out
+        info = {k: v for k, v in info.items() if k not in GYMNAX_1_INFO}
+        return obs, state, reward, jnp.logical_or(terminated, truncated), info
+
+
+def distrax_stand_in() -> types.ModuleType:
+    """A module ``distrax`` with ``Categorical(logits=...)``: ``sample``, ``log_prob``,
+    ``entropy`` -- the part of distrax that PureJaxRL's discrete PPO uses."""
+
+    class Categorical:
+        def __init__(self, logits):
+            self.logits = logits
+
+        def sample(self, seed):
+            return jax.random.categorical(seed, self.logits)
+
+        def log_prob(self, value):
+            logp = jax.nn.log_softmax(self.logits)
+            return jnp.take_along_axis(logp, jnp.asarray(value)[..., None].astype(jnp.int32),
+                                       axis=-1)[..., 0]
+
+        def entropy(self):
+            logp = jax.nn.log_softmax(self.logits)
+            return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+
+    mod = types.ModuleType("distrax")
+    mod.Categorical = Categorical
+    mod.REPRO_STAND_IN = True
+    return mod
+
+
+def _ensure_importable(name: str, make) -> str | None:
+    """Import ``name``; where that fails, put ``make()`` in its place. Returns a note or None."""
+    try:
+        importlib.import_module(name)
+        return None
+    except Exception as e:  # ImportError, or a dependency that breaks at import time
+        mod = make()
+        sys.modules[name] = mod
+        for sub, val in vars(mod).items():
+            if isinstance(val, types.ModuleType):
+                sys.modules[f"{name}.{sub}"] = val
+        return f"{name} stand-in ({type(e).__name__})"
+
+
+def _empty_brax() -> types.ModuleType:
+    mod = types.ModuleType("brax")
+    mod.envs = types.ModuleType("brax.envs")
+    return mod
+
+
+class _AnyTypes(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return Any
+
+
+def load(path: str | Path):
+    """Import PureJaxRL's ``ppo`` module from a checkout; returns (module, notes on adapters)."""
+    path = Path(path).expanduser().resolve()
+    if (path / "ppo.py").is_file() and path.name == "purejaxrl":
+        path = path.parent
+    if not (path / "purejaxrl" / "ppo.py").is_file():
+        raise FileNotFoundError(f"no purejaxrl/ppo.py under {path}: pass the folder of a "
+                                f"checkout of {URL}")
+    notes = [n for n in (_ensure_importable("distrax", distrax_stand_in),
+                         _ensure_importable("brax", _empty_brax),
+                         _ensure_importable("chex", lambda: _AnyTypes("chex"))) if n]
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+    module = importlib.import_module("purejaxrl.ppo")
+    import gymnax
+
+    real_make = gymnax.make
+
+    def make(name, **kw):
+        env, params = real_make(name, **kw)
+        return FiveTupleStep(env), params
+
+    module.gymnax = types.SimpleNamespace(make=make)
+    notes.append("gymnax>=1.0 step seen as 0.x (done = terminated | truncated)")
+    return module, notes
+
+
+def _keys(n: int):
+    return jax.vmap(jax.random.key)(jnp.arange(n, dtype=jnp.uint32))
+
+
+def compare(module, cfg: dict[str, Any], seeds: int, repeats: int,
+            recipe: str = "tf32") -> dict[str, list[float]]:
+    """Seconds per whole training run of ``seeds`` vmapped seeds: {"purejaxrl": [...],
+    "repro": [...]}, compiled first, then timed alternately."""
+    theirs = jax.jit(jax.vmap(module.make_train(dict(cfg))))
+    ours = jax.jit(jax.vmap(ppo.make_train(ours_config(cfg, recipe))))
+    keys_theirs = jax.random.split(jax.random.PRNGKey(30), seeds)
+    keys_ours = _keys(seeds)
+    runs = {"purejaxrl": (theirs, keys_theirs), "repro": (ours, keys_ours)}
+    compiled = {}
+    for name, (fn, keys) in runs.items():
+        compiled[name] = fn.lower(keys).compile()
+        jax.block_until_ready(compiled[name](keys))  # warm-up
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, (_, keys) in runs.items():
+            t0 = time.perf_counter()
+            out = compiled[name](keys)
+            jax.block_until_ready(out)
+            samples[name].append(time.perf_counter() - t0)
+            del out
+    return samples
+
+
+def env_steps(cfg: dict[str, Any], seeds: int) -> int:
+    """Environment steps of one vmapped run, as PureJaxRL counts them (whole updates)."""
+    updates = int(cfg["TOTAL_TIMESTEPS"]) // cfg["NUM_STEPS"] // cfg["NUM_ENVS"]
+    return seeds * updates * cfg["NUM_STEPS"] * cfg["NUM_ENVS"]
+
+
+def record(purejaxrl_dir: str | Path, profile: str, root: str | Path | None = None,
+           force: bool = False) -> list[Path]:
+    """One cell per seed count of ``params.yaml``'s ``rl_purejaxrl`` section."""
+    from tqdm.auto import tqdm
+
+    from repro.config import stage_params
+
+    p = stage_params(EXPERIMENT, profile)
+    module, notes = load(purejaxrl_dir)
+    cfg = {**CARTPOLE, "TOTAL_TIMESTEPS": p["total_timesteps"]}
+    root = root or results.record_root(p["profile"])
+    written = []
+    for seeds in tqdm(p["seeds"], desc=EXPERIMENT):
+        cell = f"{cfg['ENV_NAME']}_s{seeds}"
+        if not force and results.have_cell(EXPERIMENT, cell, root=root):
+            continue
+        samples = compare(module, cfg, seeds, p["repeats"], p["recipe"])
+        steps = env_steps(cfg, seeds)
+        recs = []
+        for impl, s in samples.items():
+            rate = steps / np.asarray(s)
+            q1, med, q3 = np.percentile(rate, [25, 50, 75])
+            recs.append(results.make_record(
+                EXPERIMENT, "env_steps_per_s", float(med), "steps/s", claims=["A2"],
+                recipe=p["recipe"], sizes={"seeds": seeds, "env_steps": steps},
+                repeats=len(s), spread=float(q3 - q1), profile=p["profile"],
+                extra={"impl": impl, "run_s": [round(x, 5) for x in s], "config": cfg,
+                       "adapters": notes if impl == "purejaxrl" else [],
+                       "source": URL if impl == "purejaxrl" else "repro.rl.ppo"}))
+        written.append(results.write_records(recs, EXPERIMENT, cell, root=root))
+    return written
+
+
+def speedups(df) -> "pd.DataFrame":  # noqa: F821 - pandas imported by the caller's loader
+    """Ours over PureJaxRL per (hardware, seeds): median env-steps/s ratio, and the range of the
+    per-repeat ratios (repeat i of each, timed back to back)."""
+    import pandas as pd
+
+    rows = []
+    d = df[df.experiment == EXPERIMENT]
+    for (hw, seeds), g in d.groupby(["hardware", "size_seeds"]):
+        by = {r["extra"]["impl"]: r for _, r in g.iterrows()}
+        if {"repro", "purejaxrl"} <= set(by):
+            ours, theirs = np.asarray(by["repro"]["extra"]["run_s"]), np.asarray(
+                by["purejaxrl"]["extra"]["run_s"])
+            per = theirs / ours
+            rows.append({"hardware": hw, "seeds": int(seeds),
+                         "repro steps/s": by["repro"]["value"],
+                         "purejaxrl steps/s": by["purejaxrl"]["value"],
+                         "speedup": by["repro"]["value"] / by["purejaxrl"]["value"],
+                         "min": per.min(), "max": per.max(),
+                         "emulated": bool(g.emulated.any())})
+    return pd.DataFrame(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m repro.rl.purejaxrl", description=__doc__.split(
+        "\n")[0])
+    ap.add_argument("--purejaxrl", required=True, metavar="DIR",
+                    help=f"a checkout of {URL} (holding purejaxrl/ppo.py)")
+    ap.add_argument("--profile", default="full", help="smoke | full | auto")
+    ap.add_argument("--force", action="store_true", help="redo cells already recorded")
+    a = ap.parse_args(argv)
+    from repro.config import resolve_profile
+
+    try:
+        written = record(a.purejaxrl, resolve_profile(a.profile), force=a.force)
+    except FileNotFoundError as e:
+        print(f"repro.rl.purejaxrl: error: {e}", file=sys.stderr)
+        return 2
+    for w in written:
+        print(w)
+    print(f"{EXPERIMENT}: wrote {len(written)} cell(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,146 @@
+"""The PureJaxRL comparison's adapters, checked against independent computations.
+
+PureJaxRL's code is not in this repository: the loader is exercised with a small stand-in
+checkout written here, shaped like the real one (``purejaxrl/ppo.py`` importing distrax, gymnax
+and ``purejaxrl.wrappers``, which imports brax and chex and unpacks 5-value steps)."""
+
+import sys
+import textwrap
+from unittest import mock
+
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from repro import results
+from repro.rl import purejaxrl
+
+
+@pytest.fixture
+def clean_modules():
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name.split(".")[0] in ("distrax", "brax", "chex", "purejaxrl"):
+            del sys.modules[name]
+
+
+def test_categorical_stand_in_matches_float64_softmax():
+    logits = np.array([[0.3, -1.2, 2.0], [5.0, 5.0, -30.0]], np.float32)
+    pi = purejaxrl.distrax_stand_in().Categorical(logits=jnp.asarray(logits))
+    z = logits.astype(np.float64)
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    np.testing.assert_allclose(pi.log_prob(jnp.array([2, 0])), np.log([p[0, 2], p[1, 0]]),
+                               rtol=1e-5)
+    ent = -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0), 1)
+    np.testing.assert_allclose(pi.entropy(), ent, rtol=1e-5)
+    keys = jax.random.split(jax.random.PRNGKey(0), 20000)
+    draws = np.asarray(jax.vmap(lambda k: pi.sample(seed=k))(keys))[:, 0]
+    freq = np.bincount(draws, minlength=3) / len(draws)
+    np.testing.assert_allclose(freq, p[0], atol=0.015)
+
+
+def test_five_tuple_step_is_gymnax_0x():
+    env, params = gymnax.make("CartPole-v1")
+    wrapped = purejaxrl.FiveTupleStep(env)
+    key = jax.random.PRNGKey(3)
+    obs, state = env.reset(key, params)
+    state = state.replace(time=params.max_steps_in_episode - 1)  # next step truncates
+    raw = env.step(key, state, 1, params)
+    out = wrapped.step(key, state, 1, params)
+    assert len(raw) == 6 and len(out) == 5
+    assert bool(raw[4]) and bool(out[3])  # truncated -> done
+    np.testing.assert_array_equal(out[0], raw[0])
+    assert not set(purejaxrl.GYMNAX_1_INFO) & set(out[4])
+    assert wrapped.action_space(params).n == env.action_space(params).n
+
+
+STAND_IN_WRAPPERS = """
+import chex
+from brax import envs
+
+
+class LogWrapper:
+    def __init__(self, env):
+        self._env = env
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+    def step(self, key: chex.PRNGKey, state, action, params=None):
+        obs, state, reward, done, info = self._env.step(key, state, action, params)
+        info["returned_episode"] = done
+        return obs, state, reward, done, info
+"""
+
+STAND_IN_PPO = """
+import distrax
+import gymnax
+import jax
+import jax.numpy as jnp
+from purejaxrl.wrappers import LogWrapper
+
+
+def make_train(config):
+    env, env_params = gymnax.make(config["ENV_NAME"])
+    env = LogWrapper(env)
+    updates = int(config["TOTAL_TIMESTEPS"]) // config["NUM_STEPS"] // config["NUM_ENVS"]
+
+    def train(rng):
+        obs, state = jax.vmap(env.reset, in_axes=(0, None))(
+            jax.random.split(rng, config["NUM_ENVS"]), env_params)
+
+        def step(carry, _):
+            obs, state, rng = carry
+            rng, k1, k2 = jax.random.split(rng, 3)
+            pi = distrax.Categorical(logits=jnp.zeros((config["NUM_ENVS"], 2)))
+            action = pi.sample(seed=k1)
+            obs, state, reward, done, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+                jax.random.split(k2, config["NUM_ENVS"]), state, action, env_params)
+            return (obs, state, rng), done
+
+        _, done = jax.lax.scan(step, (obs, state, rng), None, updates * config["NUM_STEPS"])
+        return {"metrics": done}
+
+    return train
+"""
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    pkg = tmp_path / "purejaxrl_checkout" / "purejaxrl"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "wrappers.py").write_text(textwrap.dedent(STAND_IN_WRAPPERS))
+    (pkg / "ppo.py").write_text(textwrap.dedent(STAND_IN_PPO))
+    return pkg.parent
+
+
+def test_load_and_record_a_stand_in_checkout(checkout, tmp_path, clean_modules):
+    params = {"profile": "smoke", "recipe": "tf32", "repeats": 2, "total_timesteps": 1024,
+              "seeds": [1, 2]}
+    with mock.patch("repro.config.stage_params", return_value=params):
+        written = purejaxrl.record(checkout / "purejaxrl", "smoke", root=tmp_path / "r")
+    assert len(written) == 2
+    df = results.load_records(purejaxrl.EXPERIMENT, roots=[tmp_path / "r"])
+    assert sorted(df.extra.map(lambda e: e["impl"]).unique()) == ["purejaxrl", "repro"]
+    # 1024 // 128 // 4 = 2 updates of 128 steps x 4 envs, per seed
+    assert sorted(df.size_env_steps.astype(int).unique()) == [1024, 2048]
+    table = purejaxrl.speedups(df)
+    assert sorted(table.seeds) == [1, 2] and (table.speedup > 0).all()
+    assert (table["min"] <= table["max"]).all()
+
+
+def test_missing_checkout_is_one_clear_line(tmp_path, capsys):
+    assert purejaxrl.main(["--purejaxrl", str(tmp_path), "--profile", "smoke"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "purejaxrl/ppo.py" in err
+
+
+def test_ours_config_is_purejaxrl_cartpole():
+    c = purejaxrl.ours_config(purejaxrl.CARTPOLE)
+    assert (c.num_envs, c.num_steps, c.total_timesteps, c.num_minibatches) == (4, 128, 500000, 4)
+    assert (c.lr, c.grad_clip, c.activation, c.width, c.depth) == (2.5e-4, 0.5, "tanh", 64, 2)
