@@ -186,13 +186,48 @@ def fp8_lowering(hlo_text: str) -> str:
     return "upcast"
 
 
+_NOT_KERNELS = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "bitcast"})
+
+
+def entry_ops(hlo_text: str) -> dict[str, int]:
+    """Opcode counts of the ENTRY computation of an optimized HLO module, leaving out those
+    that launch nothing (parameters, constants, tuples, bitcasts). On a GPU each remaining op
+    (``fusion``, ``custom-call`` to cuBLAS, ``copy``...) is about one kernel; loops (``while``)
+    count once, whatever their bodies launch."""
+    start = hlo_text.find("ENTRY")
+    if start < 0:
+        return {}
+    end = hlo_text.find("\n}", start)
+    body = hlo_text[start:end if end > 0 else None]
+    counts: dict[str, int] = {}
+    for op in re.findall(r"^\s*(?:ROOT )?%?[\w.\-]+ = .*?[\]})] ([a-z][\w\-]*)\(", body,
+                         re.M):
+        if op not in _NOT_KERNELS:
+            counts[op] = counts.get(op, 0) + 1
+    return counts
+
+
 def compiled_facts(compiled) -> dict[str, Any]:
     """What a compiled program says about itself: how many cuBLASLt FP8 GEMM calls it makes,
-    how its f8 products lower (:func:`fp8_lowering`) and its buffer bytes (arguments + outputs
-    + temporaries - aliased, from XLA's ``memory_analysis``; None where not implemented)."""
+    how its f8 products lower (:func:`fp8_lowering`), its buffer bytes (arguments + outputs
+    + temporaries - aliased, from XLA's ``memory_analysis``), and XLA's own static cost
+    estimate: ``hlo_bytes_accessed`` and ``hlo_flops`` (``cost_analysis``) and ``hlo_kernels``
+    (launching ops of the ENTRY computation, :func:`entry_ops`). None where not implemented.
+    The step-time model (``repro.perfmodel``) can read a program's traffic and kernel count
+    from these instead of assuming them."""
     text = compiled.as_text() or ""
+    ops = entry_ops(text)
     facts: dict[str, Any] = {"fp8_gemm_calls": text.count(FP8_GEMM_TARGET),
-                             "fp8_lowering": fp8_lowering(text), "memory_bytes": None}
+                             "fp8_lowering": fp8_lowering(text), "memory_bytes": None,
+                             "hlo_kernels": sum(ops.values()) if ops else None,
+                             "hlo_bytes_accessed": None, "hlo_flops": None}
+    try:
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        facts["hlo_bytes_accessed"] = float(cost["bytes accessed"])
+        facts["hlo_flops"] = float(cost["flops"])
+    except Exception:  # not every backend implements it
+        pass
     try:
         m = compiled.memory_analysis()
         facts["memory_bytes"] = int(m.argument_size_in_bytes + m.output_size_in_bytes

@@ -183,7 +183,8 @@ def record(profile: str, root: Path | None = None, force: bool = False) -> list[
     # bf16 and the default recipes it ablates, in the same process
     lever_cell = [r for r in ("bf16", "fp8-current", "fp8-delayed") if r in recipes] + levers
     cells = [(w, "", recipes) for w in p["widths"]]
-    cells += [(w, "_levers", lever_cell) for w in p["widths"] if levers]
+    lever_widths = p.get("lever_widths") or p["widths"]
+    cells += [(w, "_levers", lever_cell) for w in lever_widths if levers]
     written = []
     for width, suffix, names in (bar := tqdm(cells, desc="mlp_step")):
         cell = f"w{width}_b{p['batch']}_d{p['depth']}{suffix}"

@@ -20,7 +20,11 @@ labelled projection:
 3. :func:`calibrate` fits the three free parameters (``offsweep_gemm_eff``, ``bw_eff``,
    ``kernel_latency_us``) on MEASURED BF16 step times of ``mlp_step`` only; :func:`validate`
    then predicts the FP8 step times and compares the FP8/BF16 speedup with the measured one.
-   The FP8 numbers are never used in the fit.
+   The FP8 numbers are never used in the fit. Where ``mlp_step`` records carry the compiled
+   program's facts (XLA's bytes accessed and launching ops, ``repro.bench.compiled_facts``),
+   :func:`program_step` takes each program's elementwise traffic and kernel count from them
+   instead of the assumed passes of :func:`_quant_traffic` (static facts of the program, not
+   timings, so the FP8 side still predicts without any FP8 timing).
 4. :func:`project` applies the calibrated efficiencies to another chip's datasheet peaks
    (B200, GB200, GB300): an ASSUMPTION, recorded as such. Projection records are written under
    the chip that calibrated the model (``sizes.target`` names the projected chip), carry
@@ -611,10 +615,32 @@ def predict(step: Step, cal: Calibration, target: hw.HardwareInfo | str | None =
 # ----------------------------------------------------------------------------- calibration
 
 
+def program_step(step: Step, hlo_bytes: float | None, hlo_kernels: float | None) -> Step:
+    """``step`` with its assumed elementwise traffic replaced by what the compiled program says
+    (``repro.bench.compiled_facts``): XLA's bytes accessed minus the GEMMs' own operand and
+    output bytes, in the program's launching ops minus the GEMM launches. The GEMMs stay.
+    Without both facts (records made before they were recorded), ``step`` unchanged."""
+    if hlo_bytes is None or hlo_kernels is None or not (
+            math.isfinite(hlo_bytes) and math.isfinite(hlo_kernels)):
+        return step
+    gemm_bytes = sum(g.launch_bytes * g.count for g in step.gemms)
+    gemm_launches = sum(g.count for g in step.gemms)
+    other = Traffic(max(0.0, hlo_bytes - gemm_bytes), "compiled_program",
+                    max(0, int(hlo_kernels) - gemm_launches))
+    return Step(list(step.gemms), [other], step.name + " (compiled traffic)")
+
+
+def _fact(extra: Any, key: str) -> float:
+    v = (extra or {}).get(key) if isinstance(extra, dict) else None
+    return float(v) if v is not None else math.nan
+
+
 def _step_records(records: pd.DataFrame, slug: str, recipes: Sequence[str] | None = None
                   ) -> pd.DataFrame:
-    """Median measured step time (ms) per (batch, width, depth, recipe) of ``mlp_step``."""
-    cols = ["batch", "width", "depth", "recipe", "measured_ms"]
+    """Median measured step time (ms) per (batch, width, depth, recipe) of ``mlp_step``, with
+    the compiled program's ``hlo_bytes`` and ``hlo_kernels`` where the records carry them
+    (NaN otherwise)."""
+    cols = ["batch", "width", "depth", "recipe", "measured_ms", "hlo_bytes", "hlo_kernels"]
     if records is None or not len(records):
         return pd.DataFrame(columns=cols)
     df = records[(records["experiment"] == "mlp_step") & (records["metric"] == "step_time_ms")
@@ -626,16 +652,21 @@ def _step_records(records: pd.DataFrame, slug: str, recipes: Sequence[str] | Non
         s = rec["sizes"] or {}
         try:
             rows.append((int(s["batch"]), int(s["width"]), int(s["depth"]), rec["recipe"],
-                         float(rec["value"])))
+                         float(rec["value"]), _fact(rec.get("extra"), "hlo_bytes_accessed"),
+                         _fact(rec.get("extra"), "hlo_kernels")))
         except (KeyError, TypeError, ValueError):
             continue
     out = pd.DataFrame(rows, columns=cols)
-    return out.groupby(cols[:4], as_index=False)["measured_ms"].median()
+    return out.groupby(cols[:4], as_index=False).agg(
+        measured_ms=("measured_ms", "median"), hlo_bytes=("hlo_bytes", "median"),
+        hlo_kernels=("hlo_kernels", "median"))
 
 
-def _mlp_step(batch, width, depth, recipe) -> Step:
-    # The timed step: XLA drops the first layer's data gradient (nothing consumes it).
-    return mlp_step_gemms(batch, width, depth, recipe, input_grad=False)
+def _mlp_step(batch, width, depth, recipe, hlo_bytes=None, hlo_kernels=None) -> Step:
+    # The timed step: XLA drops the first layer's data gradient (nothing consumes it). With
+    # the compiled program's facts, its traffic is the program's (``program_step``).
+    step = mlp_step_gemms(batch, width, depth, recipe, input_grad=False)
+    return program_step(step, hlo_bytes, hlo_kernels)
 
 
 def fit_params(steps: Sequence[Step], measured_s: Sequence[float], cal: Calibration,
@@ -696,7 +727,8 @@ def calibrate(measured_records: pd.DataFrame | None, hardware: hw.HardwareInfo |
         "datasheet_gemm_eff", "bw_eff", "kernel_latency_us", "step_floor_us"]
     # With fewer points than parameters, fit the most important ones only.
     names = names[:max(1, min(len(names), len(bf16)))]
-    steps = [_mlp_step(r.batch, r.width, r.depth, "bf16") for r in bf16.itertuples()]
+    steps = [_mlp_step(r.batch, r.width, r.depth, "bf16", r.hlo_bytes, r.hlo_kernels)
+             for r in bf16.itertuples()]
     params = fit_params(steps, bf16["measured_ms"].to_numpy() * 1e-3, cal, names)
     cal = Calibration(info, params, rates, True, fitted=tuple(names))
     bf16 = bf16.copy()
@@ -710,24 +742,29 @@ def validate(measured_records: pd.DataFrame, cal: Calibration,
     """Predicted vs measured FP8/BF16 step-time speedup at every measured shape.
 
     One row per (shape, FP8 recipe) that has a BF16 step time of the same shape on the same
-    chip; ``error`` = predicted / measured speedup - 1.
+    chip; ``error`` = predicted / measured speedup - 1; ``compiled_traffic``: both programs'
+    traffic came from their compiled HLO (:func:`program_step`), not from the assumed passes.
     """
     df = _step_records(measured_records, cal.hardware.slug, ["bf16", *recipes])
     cols = ["batch", "width", "depth", "recipe", "measured_ms", "predicted_ms",
             "bf16_measured_ms", "bf16_predicted_ms", "measured_speedup", "predicted_speedup",
-            "error"]
+            "error", "compiled_traffic"]
     if not len(df):
         return pd.DataFrame(columns=cols)
-    base = df[df["recipe"] == "bf16"].set_index(["batch", "width", "depth"])["measured_ms"]
+    b16 = df[df["recipe"] == "bf16"].set_index(["batch", "width", "depth"])
+    base = b16["measured_ms"]
     rows = []
     for r in df[df["recipe"] != "bf16"].itertuples():
         key = (r.batch, r.width, r.depth)
         if key not in base.index:
             continue
-        pb = predict(_mlp_step(*key, "bf16"), cal)["total_s"] * 1e3
-        pq = predict(_mlp_step(*key, r.recipe), cal)["total_s"] * 1e3
+        b = b16.loc[key]
+        pb = predict(_mlp_step(*key, "bf16", b.hlo_bytes, b.hlo_kernels), cal)["total_s"] * 1e3
+        pq = predict(_mlp_step(*key, r.recipe, r.hlo_bytes, r.hlo_kernels),
+                     cal)["total_s"] * 1e3
         ms, ps = base[key] / r.measured_ms, pb / pq
-        rows.append((*key, r.recipe, r.measured_ms, pq, base[key], pb, ms, ps, ps / ms - 1))
+        rows.append((*key, r.recipe, r.measured_ms, pq, base[key], pb, ms, ps, ps / ms - 1,
+                     bool(math.isfinite(r.hlo_bytes) and math.isfinite(b.hlo_bytes))))
     return pd.DataFrame(rows, columns=cols)
 
 

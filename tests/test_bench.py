@@ -161,3 +161,40 @@ def test_recipe_emulated_accepts_both_native_fp8_lowerings():
     assert recipe_emulated("fp8-delayed", "cublaslt-f8", lookup("cpu"))
     assert recipe_emulated("nvfp4", "no-f8", h200)  # no FP4 tensor cores on Hopper
     assert not recipe_emulated("bf16", "no-f8", h200)
+
+
+HLO_MODULE = """HloModule jit_step, entry_computation_layout={(f32[8,4]{1,0})->f32[8,4]{1,0}}
+
+%fused_computation (p: f32[8,4]) -> f32[8,4] {
+  %p = f32[8,4]{1,0} parameter(0)
+  ROOT %neg = f32[8,4]{1,0} negate(%p)
+}
+
+ENTRY %main.9 (Arg_0.1: f32[8,4]) -> (f32[8,4], f32[]) {
+  %Arg_0.1 = f32[8,4]{1,0} parameter(0)
+  %c = f32[] constant(1)
+  %fusion = f32[8,4]{1,0} fusion(%Arg_0.1), kind=kLoop, calls=%fused_computation
+  %custom-call.2 = (bf16[8,4]{1,0}, s8[1024]{0}) custom-call(%fusion, %fusion), custom_call_target="__cublas$lt$matmul"
+  %gte = bf16[8,4]{1,0} get-tuple-element(%custom-call.2), index=0
+  %copy.1 = f32[8,4]{0,1} copy(%fusion)
+  ROOT %tuple = (f32[8,4]{0,1}, f32[]) tuple(%copy.1, %c)
+}
+"""
+
+
+def test_entry_ops_counts_launching_ops_of_entry_only():
+    # hand-counted: one fusion, one cuBLAS call (tuple-shaped), one copy; the fused
+    # computation's negate and the parameters, constant, get-tuple-element and tuple launch
+    # nothing
+    assert bench.entry_ops(HLO_MODULE) == {"fusion": 1, "custom-call": 1, "copy": 1}
+    assert bench.entry_ops("no module here") == {}
+
+
+def test_compiled_facts_report_xla_cost_of_a_matmul():
+    m, k, n = 64, 32, 16
+    a = jnp.ones((m, k), jnp.float32)
+    b = jnp.ones((k, n), jnp.float32)
+    facts = bench.compiled_facts(jax.jit(jnp.dot).lower(a, b).compile())
+    assert facts["hlo_flops"] == 2 * m * k * n  # one multiply-add per (i, j, l)
+    assert facts["hlo_bytes_accessed"] >= 4 * (m * k + k * n + m * n)  # read both, write once
+    assert facts["hlo_kernels"] >= 1

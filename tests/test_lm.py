@@ -164,6 +164,10 @@ def test_loss_decreases_on_tiny():
     assert [h["step"] for h in res.eval_history] == [10, 20, 30]
     assert losses[-1] < losses[0] - 0.5 and losses[0] < np.log(256)
     assert res.finished and res.final_eval_loss == losses[-1]
+    # step 10's last update was update 9 of a 10-step linear warmup from 0: 9/10 of the peak lr
+    tc = T.TrainConfig()
+    assert tc.warmup_steps == 10
+    assert res.eval_history[0]["lr"] == pytest.approx(0.9 * tc.lr, rel=1e-6)
 
 
 @pytest.mark.slow

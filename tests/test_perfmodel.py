@@ -285,3 +285,40 @@ def test_record_with_gemm_rates_but_no_steps(tmp_path):
     perf = pm.select_cells(results.load_records("perfmodel", roots=tmp_path))
     assert set(perf["extra"].map(lambda e: e["mode"])) == {"rates_only"}
     assert "no mlp_step records" in pm.b2_verdict(perf)["note"]
+
+
+def test_program_step_takes_traffic_from_the_compiled_program():
+    step = pm.Step([pm.Gemm(4, 8, 2, fmt="bf16")], [pm.Traffic(1e9, "assumed", 7)])
+    # hand-computed GEMM bytes: (4*8 + 8*2) * 2 bytes read + 4*2 * 2 bytes written = 112
+    out = pm.program_step(step, hlo_bytes=1112.0, hlo_kernels=5)
+    assert out.gemms == step.gemms
+    assert [(t.bytes, t.passes) for t in out.traffic] == [(1000.0, 4)]
+    assert pm.program_step(step, None, 5) is step  # no facts: unchanged
+    assert pm.program_step(step, float("nan"), 5) is step
+
+
+def test_validation_uses_compiled_traffic_where_records_carry_it():
+    df = _frame(_gemm_records() + _step_records(TRUE))
+    cal = pm.calibrate(df, "h200")
+    assert not pm.validate(df, cal).compiled_traffic.any()
+    # the same records, each program saying it moves 1 GB besides its GEMMs, in 40 launches
+    heavy = df.copy()
+    extra = []
+    for _, r in heavy.iterrows():
+        e = dict(r["extra"] or {})
+        if r["experiment"] == "mlp_step":
+            s = r["sizes"]
+            gemms = pm._mlp_step(s["batch"], s["width"], s["depth"], r["recipe"]).gemms
+            e.update(hlo_bytes_accessed=sum(g.launch_bytes * g.count for g in gemms) + 1e9,
+                     hlo_kernels=40 + sum(g.count for g in gemms))
+        extra.append(e)
+    heavy["extra"] = extra
+    v = pm.validate(heavy, cal)
+    assert len(v) and v.compiled_traffic.all()
+    p, bw = cal.params, H200.memory_bandwidth_tbs * 1e12
+    for r in v.itertuples():
+        gemms = pm.mlp_step_gemms(r.batch, r.width, r.depth, r.recipe, input_grad=False).gemms
+        device = (sum(pm.gemm_time(g, cal) for g in gemms) + 1e9 / (bw * p.bw_eff)
+                  + (40 + sum(g.count for g in gemms)) * p.kernel_latency_us * 1e-6)
+        expect_ms = max(device, p.step_floor_us * 1e-6) * 1e3
+        assert r.predicted_ms == pytest.approx(expect_ms, rel=1e-9)

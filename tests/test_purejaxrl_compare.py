@@ -144,3 +144,10 @@ def test_ours_config_is_purejaxrl_cartpole():
     c = purejaxrl.ours_config(purejaxrl.CARTPOLE)
     assert (c.num_envs, c.num_steps, c.total_timesteps, c.num_minibatches) == (4, 128, 500000, 4)
     assert (c.lr, c.grad_clip, c.activation, c.width, c.depth) == (2.5e-4, 0.5, "tanh", 64, 2)
+
+
+def test_speedups_of_no_records_is_an_empty_table():
+    import pandas as pd
+
+    empty = purejaxrl.speedups(pd.DataFrame())
+    assert not len(empty) and "speedup" in empty.columns

@@ -73,7 +73,8 @@ class TrainConfig:
 class TrainResult:
     steps_done: int
     finished: bool
-    eval_history: list[dict[str, float]]  # {"step", "tokens", "eval_loss", "train_loss", "lr"}
+    # {"step", "tokens", "eval_loss", "train_loss", "lr"}; "lr": that of the step's last update
+    eval_history: list[dict[str, float]]
     final_eval_loss: float | None
     n_params: int
     tokens_per_step: int
@@ -325,7 +326,8 @@ def train(cfg: M.LMConfig | str, tc: TrainConfig, recipe="bf16", *, corpus=None,
                 warnings.warn(f"{cfg.name}/{getattr(recipe_obj, 'name', recipe_obj)} seed "
                               f"{tc.seed}: non-finite eval loss at step {step}", stacklevel=2)
             history.append({"step": step, "tokens": step * tokens_per_step, "eval_loss": ev,
-                            "train_loss": train_loss, "lr": float(sched(step))})
+                            "train_loss": train_loss,
+                            "lr": float(sched(step - 1))})  # of the last update applied
             bar.set_postfix(eval=f"{ev:.3f}")
         more = step < tc.steps
         budget_hit = (more and time_budget_s is not None

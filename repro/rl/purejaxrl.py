@@ -236,6 +236,10 @@ def speedups(df) -> "pd.DataFrame":  # noqa: F821 - pandas imported by the calle
     per-repeat ratios (repeat i of each, timed back to back)."""
     import pandas as pd
 
+    cols = ["hardware", "seeds", "repro steps/s", "purejaxrl steps/s", "speedup", "min", "max",
+            "emulated"]
+    if not len(df) or "size_seeds" not in df:
+        return pd.DataFrame(columns=cols)
     rows = []
     d = df[df.experiment == EXPERIMENT]
     for (hw, seeds), g in d.groupby(["hardware", "size_seeds"]):
@@ -250,7 +254,7 @@ def speedups(df) -> "pd.DataFrame":  # noqa: F821 - pandas imported by the calle
                          "speedup": by["repro"]["value"] / by["purejaxrl"]["value"],
                          "min": per.min(), "max": per.max(),
                          "emulated": bool(g.emulated.any())})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=cols)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
