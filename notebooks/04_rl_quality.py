@@ -109,6 +109,7 @@ summary.reindex([v for v in X.VARIANTS if v in summary.index])
 fin = df[df.metric == "final_return"]
 (fin.assign(peak_GiB=fin.extra.map(lambda e: (e.get("peak_device_bytes") or np.nan) / 2**30),
             seeds=fin.size_seeds.astype(int))
+ .rename(columns={"size_env": "env"})
  .groupby(["hardware", "profile", "env"]).agg(seeds=("seeds", "max"),
                                               peak_GiB=("peak_GiB", "max")).round(2)
  if len(fin) else pd.DataFrame())
