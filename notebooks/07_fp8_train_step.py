@@ -464,3 +464,34 @@ def verdict():
 
 VERDICT = verdict()
 print("\n".join(VERDICT))
+
+# %% [markdown]
+# ## Where FP8 starts to pay, and against the peer (computed)
+#
+# Crossover: the narrowest measured width at which this repository's best FP8 recipe is faster
+# than BF16 in the same process. Peer: at how many widths that recipe beats flax's
+# `Fp8DirectDotGeneralOp`, and by how much at the widest.
+
+# %%
+def crossover_and_peer():
+    out = []
+    ours = [r for r in native.recipe.unique() if kind(r) in ("ours", "ablation")]
+    for hw_slug, g in native[native.batch == BATCH].groupby("hardware"):
+        best = (g[g.recipe.isin(ours)].sort_values("speedup").groupby("width").tail(1)
+                .set_index("width").sort_index())
+        peer = g[g.recipe == mlpbench.PEER].set_index("width").speedup
+        pays = best[best.speedup > 1.0]
+        cross = (f"FP8 pays from width {int(pays.index.min())} "
+                 f"({pays.iloc[0].recipe} {pays.iloc[0].speedup:.2f}x)" if len(pays)
+                 else "FP8 never pays at the measured widths")
+        both = best.index.intersection(peer.index)
+        wins = [w for w in both if best.speedup[w] > peer[w]]
+        widest = max(both) if len(both) else None
+        vs = (f"; beats the flax peer at {len(wins)}/{len(both)} widths, by "
+              f"{best.speedup[widest] / peer[widest] - 1:+.1%} at width {widest}"
+              if widest else "")
+        out.append(f"{hw_slug}: {cross}{vs}")
+    return out or ["no native FP8 records yet"]
+
+
+print("\n".join(crossover_and_peer()))
