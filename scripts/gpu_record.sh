@@ -9,7 +9,9 @@
 #   or a quoted "MODULE ARGS..." containing a space (`python3 -m MODULE ARGS...`), e.g.
 #          scripts/gpu_record.sh 540 mlp_step \
 #            "repro.rl.experiments throughput --profile full --recipe bf16,fp8-delayed --only mlp_w4096_*"
-#   Every item gets what is left of SECONDS (stopped with SIGINT, so it keeps finished cells).
+#   A module item is split on spaces, without globbing and without quote removal (write
+#   --only mlp_w4096_*, not quoted). Every item gets what is left of SECONDS (stopped with
+#   SIGINT, killed 20 s later if it ignores it), and results/ is packed after each item.
 set -uo pipefail
 budget=${1:?seconds}; shift
 start=$(date +%s)

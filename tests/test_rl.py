@@ -90,6 +90,10 @@ def test_validation_is_one_line_and_before_compilation(monkeypatch, change, matc
     def no_tracing(*a, **k):
         raise AssertionError("traced before the config was validated")
 
+    # gymnax's env classes wrap methods in jax.jit when their modules are first imported:
+    # import them now, so the check below sees only what validation itself would compile
+    ppo.valid_envs()
+    ppo.make_env(SMOKE["env"])
     monkeypatch.setattr(ppo, "make_update_step", no_tracing)
     monkeypatch.setattr(ppo.jax, "jit", no_tracing)
     with pytest.raises(ValueError, match=match) as e:
