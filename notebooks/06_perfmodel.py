@@ -142,6 +142,29 @@ fig.savefig(FIG / "06_perfmodel_validation.png", dpi=130)
 val.round(3)
 
 # %% [markdown]
+# ## Where the model misses: what FP8 adds to a step
+#
+# The step time FP8 adds (or saves) against BF16 of the same shape, measured and predicted, in
+# ms. A positive "measured" at small widths is quantization overhead (extra passes and
+# launches) that outweighs the faster GEMMs. `traffic from` says whether the prediction took
+# each program's traffic and kernel count from its compiled HLO (`compiled`, records made with
+# `repro.bench.compiled_facts`) or from the model's assumed passes (`assumed`).
+
+# %%
+v = meas.assign(**{
+    "FP8 - BF16 measured (ms)": meas["extra"].map(
+        lambda e: e["measured_ms"] - e["bf16_measured_ms"]),
+    "FP8 - BF16 predicted (ms)": meas["extra"].map(
+        lambda e: e["predicted_ms"] - e["bf16_predicted_ms"]),
+    "traffic from": meas["extra"].map(
+        lambda e: "compiled" if e.get("compiled_traffic") else "assumed"),
+}) if len(meas) else pd.DataFrame()
+(v[["hardware", "recipe", "size_width", "FP8 - BF16 measured (ms)",
+    "FP8 - BF16 predicted (ms)", "traffic from"]].sort_values(["hardware", "recipe",
+                                                             "size_width"]).round(3)
+ if len(v) else pd.DataFrame())
+
+# %% [markdown]
 # ## Projection: NVFP4 on B200, GB200 and GB300
 #
 # Left: NVFP4 (NVIDIA's recipe: every block linear layer except the last BF16 blocks) against

@@ -889,7 +889,7 @@ def _records_for(cal: Calibration, val: pd.DataFrame, proj: pd.DataFrame, profil
         extra = {"kind": "validation", "calibrated": cal.calibrated, "error": r.error,
                  "measured_ms": r.measured_ms, "predicted_ms": r.predicted_ms,
                  "bf16_measured_ms": r.bf16_measured_ms, "bf16_predicted_ms": r.bf16_predicted_ms,
-                 "input_digest": digest}
+                 "compiled_traffic": bool(r.compiled_traffic), "input_digest": digest}
         for metric, value in (("predicted_speedup", r.predicted_speedup),
                               ("measured_speedup", r.measured_speedup)):
             recs.append(results.make_record(EXPERIMENT, metric, value, "x", recipe=r.recipe,
