@@ -179,9 +179,10 @@ def record(profile: str, root: Path | None = None, force: bool = False) -> list[
         return out
 
     recipes, levers = usable(p["recipes"]), usable(p.get("levers") or [])
-    # main cells first (every width), then the lever cells: each lever ablation is timed with
-    # bf16 and the default recipes it ablates, in the same process
-    lever_cell = [r for r in ("bf16", "fp8-current", "fp8-delayed") if r in recipes] + levers
+    # main cells first (every width), then the lever cells: each lever ablation
+    # ("base:field=value") is timed with bf16 and the base recipe it ablates, in one process
+    bases = [r.split(":", 1)[0] for r in levers]
+    lever_cell = list(dict.fromkeys(["bf16", *bases])) + levers
     cells = [(w, "", recipes) for w in p["widths"]]
     lever_widths = p.get("lever_widths") or p["widths"]
     cells += [(w, "_levers", lever_cell) for w in lever_widths if levers]

@@ -39,6 +39,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 
 from repro import results
 from repro.rl import ppo
@@ -231,11 +232,9 @@ def record(purejaxrl_dir: str | Path, profile: str, root: str | Path | None = No
     return written
 
 
-def speedups(df) -> "pd.DataFrame":  # noqa: F821 - pandas imported by the caller's loader
+def speedups(df: pd.DataFrame) -> pd.DataFrame:
     """Ours over PureJaxRL per (hardware, seeds): median env-steps/s ratio, and the range of the
     per-repeat ratios (repeat i of each, timed back to back)."""
-    import pandas as pd
-
     cols = ["hardware", "seeds", "repro steps/s", "purejaxrl steps/s", "speedup", "min", "max",
             "emulated"]
     if not len(df) or "size_seeds" not in df:
