@@ -175,7 +175,8 @@ for w, (bf, old) in PREVIOUS_H200_MS.items():
     new = old - LEVERS[-1][3](w)
     ceil = gemm_ceiling("h200", BATCH, w)
     pred = bf / new if ceil is None else min(bf / new, ceil)
-    rows.append({"width": w, "BF16 ms (before)": bf, "FP8 ms (before)": old,
+    rows.append({"width": w, "BF16 ms (MEASURED.md, before; not a record)": bf,
+                 "FP8 ms (MEASURED.md, before; not a record)": old,
                  "predicted fp8-delayed ms": round(new, 2),
                  "bytes-only speedup": round(bf / new, 2),
                  "GEMM ceiling (h200 records)": None if ceil is None else round(ceil, 2),
