@@ -2,7 +2,7 @@
 
 PureJaxRL's code is not in this repository: the loader is exercised with a small stand-in
 checkout written here, shaped like the real one (``purejaxrl/ppo.py`` importing distrax, gymnax
-and ``purejaxrl.wrappers``, which imports brax and chex and unpacks 5-value steps)."""
+and ``purejaxrl.wrappers``, which imports brax, navix and chex and unpacks 5-value steps)."""
 
 import sys
 import textwrap
@@ -23,7 +23,7 @@ def clean_modules():
     before = set(sys.modules)
     yield
     for name in set(sys.modules) - before:
-        if name.split(".")[0] in ("distrax", "brax", "chex", "purejaxrl"):
+        if name.split(".")[0] in ("distrax", "brax", "navix", "chex", "purejaxrl"):
             del sys.modules[name]
 
 
@@ -61,6 +61,8 @@ def test_five_tuple_step_is_gymnax_0x():
 STAND_IN_WRAPPERS = """
 import chex
 from brax import envs
+from brax.envs.wrappers.training import EpisodeWrapper, AutoResetWrapper
+import navix as nx
 
 
 class LogWrapper:

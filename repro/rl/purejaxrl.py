@@ -16,9 +16,9 @@ Three adapters let that ``ppo.py`` run on this repository's stack; none changes 
   dependency fails); where it fails, :func:`distrax_stand_in` provides ``Categorical`` with the
   three methods ``ppo.py`` calls, written as distrax does (``jax.random.categorical``,
   ``log_softmax``).
-- ``purejaxrl/wrappers.py`` imports ``brax`` for wrappers CartPole does not use, and ``chex``
-  for type annotations only; where either is missing, a module that has nothing (brax) or
-  answers every attribute with ``typing.Any`` (chex) stands in.
+- ``purejaxrl/wrappers.py`` imports ``brax`` (``brax.envs``, ``brax.envs.wrappers.training``) and
+  ``navix`` for wrappers CartPole does not use, and ``chex`` for type annotations only; where
+  one is missing, a package whose modules answer every attribute with ``typing.Any`` stands in.
 
 Ours runs with the ``tf32`` recipe: JAX's default matmul precision, as in ``ppo.py``. Ours also
 evaluates the critic on the final observation of truncated episodes (bootstrapping through
@@ -112,30 +112,39 @@ def distrax_stand_in() -> types.ModuleType:
 
 
 def _ensure_importable(name: str, make) -> str | None:
-    """Import ``name``; where that fails, put ``make()`` in its place. Returns a note or None."""
+    """Import ``name``; where that fails, put ``make()`` (a module, or a package: a dict of
+    dotted names to modules) in its place. Returns a note or None."""
     try:
         importlib.import_module(name)
         return None
     except Exception as e:  # ImportError, or a dependency that breaks at import time
-        mod = make()
-        sys.modules[name] = mod
-        for sub, val in vars(mod).items():
-            if isinstance(val, types.ModuleType):
-                sys.modules[f"{name}.{sub}"] = val
+        made = make()
+        sys.modules.update(made if isinstance(made, dict) else {name: made})
         return f"{name} stand-in ({type(e).__name__})"
 
 
-def _empty_brax() -> types.ModuleType:
-    mod = types.ModuleType("brax")
-    mod.envs = types.ModuleType("brax.envs")
-    return mod
-
-
 class _AnyTypes(types.ModuleType):
+    """A module that answers every public attribute with ``typing.Any``."""
+
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
         return Any
+
+
+def _any_package(*names: str) -> dict[str, types.ModuleType]:
+    """``_AnyTypes`` modules for dotted ``names``, each set as an attribute of its parent
+    (``brax.envs.wrappers.training`` gives brax, brax.envs, brax.envs.wrappers and the leaf)."""
+    mods: dict[str, types.ModuleType] = {}
+    for dotted in names:
+        parts = dotted.split(".")
+        for i in range(1, len(parts) + 1):
+            full = ".".join(parts[:i])
+            if full not in mods:
+                mods[full] = _AnyTypes(full)
+                if i > 1:
+                    setattr(mods[".".join(parts[:i - 1])], parts[i - 1], mods[full])
+    return mods
 
 
 def load(path: str | Path):
@@ -146,9 +155,11 @@ def load(path: str | Path):
     if not (path / "purejaxrl" / "ppo.py").is_file():
         raise FileNotFoundError(f"no purejaxrl/ppo.py under {path}: pass the folder of a "
                                 f"checkout of {URL}")
-    notes = [n for n in (_ensure_importable("distrax", distrax_stand_in),
-                         _ensure_importable("brax", _empty_brax),
-                         _ensure_importable("chex", lambda: _AnyTypes("chex"))) if n]
+    notes = [n for n in (
+        _ensure_importable("distrax", distrax_stand_in),
+        _ensure_importable("brax", lambda: _any_package("brax.envs.wrappers.training")),
+        _ensure_importable("navix", lambda: _any_package("navix")),
+        _ensure_importable("chex", lambda: _any_package("chex"))) if n]
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
     module = importlib.import_module("purejaxrl.ppo")
