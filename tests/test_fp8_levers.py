@@ -144,8 +144,8 @@ def test_full_mlp_step_lists_every_lever_ablation():
     delayed = [r for r in parsed if r.gemm == "fp8" and r.scaling == "delayed"]
     assert any(r.fp8_gemm_out == "float32" for r in delayed)  # lever: GEMM output dtype
     assert any(r.fp8_layout == "tn" for r in delayed)  # lever: transposes
-    # the path before the levers, for the before/after comparison in the same run
-    assert any(r.scaling == "current" and r.fp8_gemm_out == "float32"
+    # the scaling lever: current scaling with the other levers at their defaults
+    assert any(r.scaling == "current" and r.fp8_gemm_out == "compute"
                and r.fp8_layout == "natural" for r in parsed)
     assert p["repeats"] <= 10  # the whole run fits a few minutes on an H200
 
