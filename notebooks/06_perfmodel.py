@@ -30,8 +30,8 @@
 #    removed), interpolated in log(flops) and scaled by $\eta_\text{off}$ for shapes off the
 #    sweep. Quantization costs what it adds to the BF16 step: an amax read per activation operand
 #    (current scaling), the weight quantization, the scale kernels.
-# 2. **Calibrate** $\eta_\text{off}, \eta_{bw}, \lambda, t_\text{floor}$ on measured **BF16** MLP
-#    training steps only (`mlp_step`).
+# 2. **Calibrate** $\eta_\text{off}, \eta_{bw}, \lambda, t_\text{floor}$ on measured **BF16**
+#    training steps only: of an MLP (`mlp_step`) and of this repository's LM (`lm_step`).
 # 3. **Validate**: predict the FP8 step times (never seen by the fit) and compare the predicted
 #    FP8/BF16 speedup with the measured one, shape by shape. Goal: within ±10%.
 # 4. **Project**: Blackwell datasheet peaks times the efficiencies calibrated on Hopper (FP4 GEMMs
@@ -80,8 +80,8 @@ calibrated = mode == "calibrated"
 table = pd.DataFrame({
     "chip": params["hardware"], "parameter": params["size_parameter"], "value": params["value"],
     "unit": params["unit"], "fitted": params["extra"].map(lambda e: e.get("fitted"))})
-print({"calibrated": "calibrated on measured BF16 steps (gemm + mlp_step records)",
-       "rates_only": "NOT calibrated: measured GEMM rates, but no mlp_step records yet; "
+print({"calibrated": "calibrated on measured BF16 steps (gemm + mlp_step/lm_step records)",
+       "rates_only": "NOT calibrated: measured GEMM rates, but no mlp_step/lm_step records yet; "
                      "bandwidth/latency parameters at their defaults",
        "datasheet": "NOT calibrated: no GPU records yet; datasheet peaks x default "
                     "efficiencies"}[mode])
@@ -92,22 +92,21 @@ fit = perf[perf["metric"] == "predicted_step_time_ms"]
 if len(fit):
     fit = fit.assign(measured_ms=fit["extra"].map(lambda e: e["measured_ms"]),
                      error=fit["extra"].map(lambda e: e["error"]))
-    print(fit[["hardware", "size_batch", "size_width", "size_depth", "measured_ms", "value",
-               "error"]].rename(columns={"value": "predicted_ms"}).round(3).to_string(index=False))
+    fit = fit.assign(shape=fit["sizes"].map(perfmodel.sizes_label))
+    print(fit[["hardware", "shape", "measured_ms", "value", "error"]]
+          .rename(columns={"value": "predicted_ms"}).round(3).to_string(index=False))
 
 # %% [markdown]
 # ## Validation: the FP8 speedup on Hopper, predicted vs measured
 #
-# Each point is one MLP shape and FP8 recipe; the grey band is ±10% around perfect prediction.
+# Each point is one measured shape and FP8 recipe: circles are MLP training steps (`mlp_step`,
+# labelled batch x width x depth), squares this repository's LM training steps (`lm_step`,
+# `repro.lmbench`: the 20m and 120m decoders, labelled by preset and sequences per step, predicted
+# as `lm_step_gemms` of that preset). Emulated timings are never used. The grey band is ±10%
+# around perfect prediction; MLP and LM shapes count alike.
 
 # %%
-pred = perf[perf["metric"] == "predicted_speedup"]
-meas = perf[perf["metric"] == "measured_speedup"]
-key = ["hardware", "recipe", "size_batch", "size_width", "size_depth"]
-val = (pred.set_index(key)["value"].rename("predicted")
-       .to_frame().join(meas.set_index(key)["value"].rename("measured")).reset_index()
-       if len(pred) else pd.DataFrame(columns=key + ["predicted", "measured"]))
-val["error"] = val["predicted"] / val["measured"] - 1
+val = perfmodel.validation_table(perf)
 
 fig, ax = plt.subplots(figsize=(6.2, 5.4))
 if len(val):
@@ -116,30 +115,32 @@ if len(val):
     xs = np.geomspace(lo, hi, 50)
     ax.fill_between(xs, xs * 0.9, xs * 1.1, color="0.85", label="±10%")
     ax.plot(xs, xs, color="0.4", lw=1)
-    for (chip, recipe), g in val.groupby(["hardware", "recipe"]):
-        ax.scatter(g["measured"], g["predicted"], label=f"{recipe} ({chip})", s=40)
+    for (chip, workload, recipe), g in val.groupby(["hardware", "workload", "recipe"]):
+        ax.scatter(g["measured"], g["predicted"], label=f"{recipe}, {workload.upper()} ({chip})",
+                   s=40, marker="s" if workload == "lm" else "o")
         for r in g.itertuples():
-            ax.annotate(f"{int(r.size_batch)}x{int(r.size_width)}x{int(r.size_depth)}",
-                        (r.measured, r.predicted),
+            ax.annotate(r.shape, (r.measured, r.predicted),
                         fontsize=6, xytext=(3, -3), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     n_ok = int((val["error"].abs() <= 0.10).sum())
-    ax.set_title(f"FP8/BF16 step speedup, MLP training step\n"
-                 f"{n_ok}/{len(val)} within ±10% (fit on BF16 steps only)")
+    n_lm = int((val["workload"] == "lm").sum())
+    ax.set_title(f"FP8/BF16 step speedup, MLP and LM training steps\n"
+                 f"{n_ok}/{len(val)} within ±10% ({len(val) - n_lm} MLP, {n_lm} LM; "
+                 "fit on BF16 steps only)")
     ax.legend(fontsize=7)
 else:
-    ax.text(0.5, 0.5, "no GPU records yet:\nrun `repro record gemm --profile full`\nand "
-            "`repro record mlp_step --profile full`\non a Hopper GPU", ha="center", va="center",
-            transform=ax.transAxes)
+    ax.text(0.5, 0.5, "no GPU records yet:\nrun `repro record gemm --profile full`,\n"
+            "`repro record mlp_step --profile full`\nand `repro record lm_step --profile full`"
+            "\non a Hopper GPU", ha="center", va="center", transform=ax.transAxes)
     ax.set_title("FP8/BF16 step speedup: not validated")
 ax.set_xlabel("measured speedup (x)")
 ax.set_ylabel("predicted speedup (x)")
 fig.tight_layout()
 fig.savefig(FIG / "06_perfmodel_validation.png", dpi=130)
-val.round(3)
+val[["hardware", "workload", "shape", "recipe", "predicted", "measured", "error"]].round(3)
 
 # %% [markdown]
 # ## Where the model misses: what FP8 adds to a step
@@ -151,18 +152,11 @@ val.round(3)
 # `repro.bench.compiled_facts`) or from the model's assumed passes (`assumed`).
 
 # %%
-v = meas.assign(**{
-    "FP8 - BF16 measured (ms)": meas["extra"].map(
-        lambda e: e["measured_ms"] - e["bf16_measured_ms"]),
-    "FP8 - BF16 predicted (ms)": meas["extra"].map(
-        lambda e: e["predicted_ms"] - e["bf16_predicted_ms"]),
-    "traffic from": meas["extra"].map(
-        lambda e: "compiled" if e.get("compiled_traffic") else "assumed"),
-}) if len(meas) else pd.DataFrame()
-(v[["hardware", "recipe", "size_width", "FP8 - BF16 measured (ms)",
-    "FP8 - BF16 predicted (ms)", "traffic from"]].sort_values(["hardware", "recipe",
-                                                             "size_width"]).round(3)
- if len(v) else pd.DataFrame())
+(val[["hardware", "workload", "shape", "recipe", "fp8_minus_bf16_measured_ms",
+      "fp8_minus_bf16_predicted_ms", "traffic_from"]]
+ .rename(columns={"fp8_minus_bf16_measured_ms": "FP8 - BF16 measured (ms)",
+                  "fp8_minus_bf16_predicted_ms": "FP8 - BF16 predicted (ms)",
+                  "traffic_from": "traffic from"}).round(3))
 
 # %% [markdown]
 # ## Projection: NVFP4 on B200, GB200 and GB300
@@ -211,7 +205,7 @@ fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=len(labels), fr
 chip = perf["hardware"].iloc[0] if len(perf) else "?"
 fig.suptitle({"calibrated": f"PROJECTION from efficiencies calibrated on {chip}",
               "rates_only": f"PROJECTION from GEMM efficiencies measured on {chip} "
-                            "(step model not calibrated: no mlp_step records yet)",
+                            "(step model not calibrated: no mlp_step/lm_step records yet)",
               "datasheet": "PROJECTION from datasheet peaks (not calibrated: no GPU records "
                            "yet)"}[mode], fontsize=10)
 fig.tight_layout(rect=(0, 0.06, 1, 1))

@@ -45,6 +45,7 @@ from repro.config import ConfigError
 EXPERIMENTS: dict[str, str] = {
     "gemm": "repro.bench:record_gemm",
     "mlp_step": "repro.mlpbench:record",
+    "lm_step": "repro.lmbench:record",
     "rl_throughput": "repro.rl.experiments:record_throughput",
     "rl_quality": "repro.rl.experiments:record_quality",
     "lm": "repro.lm.experiments:record",

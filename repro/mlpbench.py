@@ -105,10 +105,47 @@ def _log(msg: str) -> None:
     print(f"mlp_step: {msg}", file=sys.stderr, flush=True)
 
 
+def stepper(step, variables, opt_state, *args):
+    """A zero-argument function that runs one training step ``step(variables, opt_state,
+    *args) -> (variables, opt_state, loss)`` on state it keeps, and returns the loss."""
+    state = [variables, opt_state]
+
+    def run():
+        state[0], state[1], loss = step(state[0], state[1], *args)
+        return loss
+
+    return run
+
+
+def time_interleaved(runners: dict[str, Any], repeats: int, steps_per_sample: int = 5,
+                     where: str = "") -> dict[str, np.ndarray]:
+    """Seconds per step of each runner (:func:`stepper`), timed in rounds (A, B, C, A, B, C,
+    ...): a sample is ``steps_per_sample`` steps ended by ``jax.block_until_ready``, so every
+    runner sees the same machine state over the run and a ratio of two medians compares like
+    with like. A non-finite loss stops the run (``where`` says which cell)."""
+    samples: dict[str, list[float]] = {r: [] for r in runners}
+    for _ in range(repeats):
+        for r, run in runners.items():
+            t0 = time.perf_counter()
+            for _ in range(steps_per_sample):
+                loss = run()
+            jax.block_until_ready(loss)
+            samples[r].append((time.perf_counter() - t0) / steps_per_sample)
+            if not np.isfinite(float(loss)):
+                raise FloatingPointError(f"{r}: non-finite loss{where}")
+    return {r: np.asarray(s) for r, s in samples.items()}
+
+
+def quartiles(samples: np.ndarray) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile) of the samples."""
+    q1, med, q3 = np.percentile(samples, [25, 50, 75])
+    return float(q1), float(med), float(q3)
+
+
 def bench_cell(width: int, batch: int, depth: int, recipes: list[str], repeats: int,
                steps_per_sample: int = 5, profile: str | None = None) -> list[dict]:
     """Time every recipe's train step for one shape, interleaved; one record per metric."""
-    state = {}
+    facts_of, runners = {}, {}
     for r in recipes:
         t0 = time.perf_counter()
         step, variables, opt_state, x, y = _setup(r, width, batch, depth)
@@ -120,26 +157,15 @@ def bench_cell(width: int, batch: int, depth: int, recipes: list[str], repeats: 
         jax.block_until_ready(loss)
         _log(f"w{width} {r}: init {t1 - t0:.1f} s, compile {t2 - t1:.1f} s, first step "
              f"{time.perf_counter() - t2:.2f} s, lowering {facts['fp8_lowering']}")
-        state[r] = [step, variables, opt_state, x, y, facts, []]
-    for _ in range(repeats):
-        for r in recipes:
-            step, variables, opt_state, x, y, facts, samples = state[r]
-            t0 = time.perf_counter()
-            for _ in range(steps_per_sample):
-                variables, opt_state, loss = step(variables, opt_state, x, y)
-            jax.block_until_ready(loss)
-            samples.append((time.perf_counter() - t0) / steps_per_sample)
-            state[r][1:3] = [variables, opt_state]
-            if not np.isfinite(float(loss)):
-                raise FloatingPointError(f"{r}: non-finite loss at width {width}")
+        facts_of[r], runners[r] = facts, stepper(step, variables, opt_state, x, y)
+    samples_of = time_interleaved(runners, repeats, steps_per_sample, f" at width {width}")
 
     records = []
     sizes = {"batch": batch, "width": width, "depth": depth}
     run_id = f"{time.time():.0f}"
     for r in recipes:
-        *_, facts, samples = state[r]
-        s = np.asarray(samples)
-        q1, med, q3 = np.percentile(s, [25, 50, 75])
+        facts, s = facts_of[r], samples_of[r]
+        q1, med, q3 = quartiles(s)
         emulated = (jax.default_backend() != "gpu" if _is_peer(r)
                     else recipe_emulated(r, facts["fp8_lowering"]))
         common = dict(claims=["A2", "A4"], recipe=r, sizes=sizes, repeats=len(s),

@@ -18,20 +18,23 @@ labelled projection:
    measurements, the datasheet peak times the efficiency the measured chip reaches on the
    same shape. ``n_kernels``: GEMM launches plus passes.
 3. :func:`calibrate` fits the three free parameters (``offsweep_gemm_eff``, ``bw_eff``,
-   ``kernel_latency_us``) on MEASURED BF16 step times of ``mlp_step`` only; :func:`validate`
-   then predicts the FP8 step times and compares the FP8/BF16 speedup with the measured one.
-   The FP8 numbers are never used in the fit. Where ``mlp_step`` records carry the compiled
-   program's facts (XLA's bytes accessed and launching ops, ``repro.bench.compiled_facts``),
-   :func:`program_step` takes each program's elementwise traffic and kernel count from them
-   instead of the assumed passes of :func:`_quant_traffic` (static facts of the program, not
-   timings, so the FP8 side still predicts without any FP8 timing).
+   ``kernel_latency_us``) on MEASURED BF16 step times only: of ``mlp_step`` (the MLP) and,
+   where recorded, ``lm_step`` (this repository's decoder LM, ``repro.lmbench``, whose step
+   is :func:`lm_step_gemms` of its preset); :func:`validate` then predicts the FP8 step times
+   of both and compares the FP8/BF16 speedup with the measured one, shape by shape (emulated
+   records never count). The FP8 numbers are never used in the fit. Where step records
+   carry the compiled program's facts (XLA's bytes accessed and launching ops,
+   ``repro.bench.compiled_facts``), :func:`program_step` takes each program's elementwise
+   traffic and kernel count from them instead of the assumed passes of :func:`_quant_traffic`
+   (static facts of the program, not timings, so the FP8 side still predicts without any FP8
+   timing).
 4. :func:`project` applies the calibrated efficiencies to another chip's datasheet peaks
    (B200, GB200, GB300): an ASSUMPTION, recorded as such. Projection records are written under
    the chip that calibrated the model (``sizes.target`` names the projected chip), carry
    ``extra.kind = "projection"`` and metric names starting with ``projected_``, so nothing
    poses as a Blackwell measurement.
 
-    python -c "from repro import perfmodel; perfmodel.record('full')"  # after gemm, mlp_step
+    python -c "from repro import perfmodel; perfmodel.record('full')"  # after gemm, *_step
     repro notebook 06_perfmodel --profile full                         # the same, plus figures
 """
 
@@ -305,25 +308,39 @@ def llama3_405b_config(seq_len: int = 8192, n_bf16_last_blocks: int = 0) -> Deco
                         n_bf16_last_blocks)
 
 
-def lm_shapes() -> dict[str, DecoderShape]:
-    """This repository's LM presets (``repro.lm.model.PRESETS``: 20m, 120m) as decoder shapes;
-    the same sizes are written out here for a checkout without ``repro.lm.model``."""
+_LM_FALLBACK = {
+    "20m": DecoderShape("lm-20m", 512, 6, 1408, 8, 8, 256, 512, 1),
+    "120m": DecoderShape("lm-120m", 768, 17, 2048, 12, 12, 256, 1024, 1),
+}
+
+
+def lm_shape(size: str, seq_len: int | None = None) -> DecoderShape | None:
+    """The decoder shape of one LM preset of ``repro.lm.model.PRESETS`` (``tiny``, ``20m``,
+    ``120m``), named ``lm-<size>``, optionally at another ``seq_len``; None for an unknown
+    size. Without ``repro.lm.model``, the 20m and 120m sizes written out here."""
     try:
         from repro.lm.model import PRESETS
     except ImportError:
-        return {
-            "lm-20m": DecoderShape("lm-20m", 512, 6, 1408, 8, 8, 256, 512, 1),
-            "lm-120m": DecoderShape("lm-120m", 768, 17, 2048, 12, 12, 256, 1024, 1),
-        }
-    out = {}
-    for key in ("20m", "120m"):
-        if key not in PRESETS:
-            continue
-        c = PRESETS[key]
-        out[f"lm-{key}"] = DecoderShape(
-            f"lm-{key}", c.d_model, c.n_layers, c.d_ff, c.n_heads,
+        shape = _LM_FALLBACK.get(size)
+    else:
+        c = PRESETS.get(size)
+        shape = None if c is None else DecoderShape(
+            f"lm-{size}", c.d_model, c.n_layers, c.d_ff, c.n_heads,
             getattr(c, "n_kv_heads", c.n_heads), c.vocab_size, c.seq_len,
             getattr(c, "n_bf16_last_blocks", 0))
+    if shape is not None and seq_len:
+        shape = dataclasses.replace(shape, seq_len=int(seq_len))
+    return shape
+
+
+def lm_shapes() -> dict[str, DecoderShape]:
+    """This repository's LM presets (``repro.lm.model.PRESETS``: 20m, 120m) as decoder shapes;
+    the same sizes are written out here for a checkout without ``repro.lm.model``."""
+    out = {}
+    for key in ("20m", "120m"):
+        shape = lm_shape(key)
+        if shape is not None:
+            out[shape.name] = shape
     return out
 
 
@@ -635,29 +652,48 @@ def _fact(extra: Any, key: str) -> float:
     return float(v) if v is not None else math.nan
 
 
+WORKLOADS = {"mlp_step": "mlp", "lm_step": "lm"}  # experiment -> workload of a step record
+STEP_KEY = ["workload", "model", "batch", "seq_len", "width", "depth"]
+
+
 def _step_records(records: pd.DataFrame, slug: str, recipes: Sequence[str] | None = None
                   ) -> pd.DataFrame:
-    """Median measured step time (ms) per (batch, width, depth, recipe) of ``mlp_step``, with
+    """Median measured step time (ms) per (shape, recipe) of ``mlp_step`` and ``lm_step``, with
     the compiled program's ``hlo_bytes`` and ``hlo_kernels`` where the records carry them
-    (NaN otherwise)."""
-    cols = ["batch", "width", "depth", "recipe", "measured_ms", "hlo_bytes", "hlo_kernels"]
+    (NaN otherwise). Emulated records are left out.
+
+    A shape is :data:`STEP_KEY`: ``workload`` ("mlp" or "lm"), ``model`` (the LM preset, ""
+    for the MLP), ``batch`` (rows of the MLP, sequences of the LM), ``seq_len`` (0 for the
+    MLP), ``width`` and ``depth`` (the MLP's; the LM's d_model and layers, for reading only:
+    the LM step is rebuilt from its preset, :func:`lm_shape`).
+    """
+    cols = [*STEP_KEY, "recipe", "measured_ms", "hlo_bytes", "hlo_kernels"]
     if records is None or not len(records):
         return pd.DataFrame(columns=cols)
-    df = records[(records["experiment"] == "mlp_step") & (records["metric"] == "step_time_ms")
-                 & (records["hardware"] == slug) & (~records["emulated"].astype(bool))]
+    df = records[records["experiment"].isin(list(WORKLOADS))
+                 & (records["metric"] == "step_time_ms") & (records["hardware"] == slug)
+                 & (~records["emulated"].astype(bool))]
     if recipes is not None:
         df = df[df["recipe"].isin(list(recipes))]
     rows = []
     for rec in df.to_dict("records"):
         s = rec["sizes"] or {}
+        facts = (_fact(rec.get("extra"), "hlo_bytes_accessed"),
+                 _fact(rec.get("extra"), "hlo_kernels"))
         try:
-            rows.append((int(s["batch"]), int(s["width"]), int(s["depth"]), rec["recipe"],
-                         float(rec["value"]), _fact(rec.get("extra"), "hlo_bytes_accessed"),
-                         _fact(rec.get("extra"), "hlo_kernels")))
+            if rec["experiment"] == "lm_step":
+                shape = lm_shape(str(s["model"]), int(s["seq_len"]))
+                if shape is None:
+                    continue  # a preset this checkout does not know
+                key = ("lm", str(s["model"]), int(s["batch"]), shape.seq_len, shape.hidden,
+                       shape.n_layers)
+            else:
+                key = ("mlp", "", int(s["batch"]), 0, int(s["width"]), int(s["depth"]))
+            rows.append((*key, rec["recipe"], float(rec["value"]), *facts))
         except (KeyError, TypeError, ValueError):
             continue
     out = pd.DataFrame(rows, columns=cols)
-    return out.groupby(cols[:4], as_index=False).agg(
+    return out.groupby([*STEP_KEY, "recipe"], as_index=False).agg(
         measured_ms=("measured_ms", "median"), hlo_bytes=("hlo_bytes", "median"),
         hlo_kernels=("hlo_kernels", "median"))
 
@@ -667,6 +703,34 @@ def _mlp_step(batch, width, depth, recipe, hlo_bytes=None, hlo_kernels=None) -> 
     # the compiled program's facts, its traffic is the program's (``program_step``).
     step = mlp_step_gemms(batch, width, depth, recipe, input_grad=False)
     return program_step(step, hlo_bytes, hlo_kernels)
+
+
+def _lm_step(model, batch, seq_len, recipe, hlo_bytes=None, hlo_kernels=None) -> Step:
+    # ``repro.lmbench``'s step of an LM preset (``batch`` sequences of ``seq_len`` tokens);
+    # traffic from the compiled program where the record carries its facts, as the MLP's.
+    shape = lm_shape(model, seq_len)
+    if shape is None:
+        raise ValueError(f"unknown LM preset {model!r}")
+    step = lm_step_gemms(shape, int(batch) * int(seq_len), recipe)
+    return program_step(step, hlo_bytes, hlo_kernels)
+
+
+def measured_step(row, recipe: str | None = None, hlo_bytes=None, hlo_kernels=None) -> Step:
+    """The model's step for one row of :func:`_step_records` (any object with the
+    :data:`STEP_KEY` attributes), under ``recipe`` (default: the row's) and the given
+    compiled-program facts."""
+    recipe = recipe or row.recipe
+    if row.workload == "lm":
+        return _lm_step(row.model, row.batch, row.seq_len, recipe, hlo_bytes, hlo_kernels)
+    return _mlp_step(row.batch, row.width, row.depth, recipe, hlo_bytes, hlo_kernels)
+
+
+def shape_label(workload: str, model: str, batch: int, width: int, depth: int) -> str:
+    """How a measured shape is named in tables: ``65536x4096x3`` (MLP batch x width x depth)
+    or ``lm-120m b32`` (LM preset, sequences per step)."""
+    if workload == "lm":
+        return f"lm-{model} b{int(batch)}"
+    return f"{int(batch)}x{int(width)}x{int(depth)}"
 
 
 def fit_params(steps: Sequence[Step], measured_s: Sequence[float], cal: Calibration,
@@ -704,12 +768,13 @@ def fit_params(steps: Sequence[Step], measured_s: Sequence[float], cal: Calibrat
 
 def calibrate(measured_records: pd.DataFrame | None, hardware: hw.HardwareInfo | str
               ) -> Calibration:
-    """Fit the model of ``hardware`` on its MEASURED BF16 ``mlp_step`` step times.
+    """Fit the model of ``hardware`` on its MEASURED BF16 step times (``mlp_step`` and, where
+    recorded, ``lm_step``).
 
-    ``measured_records``: records of the ``gemm`` and ``mlp_step`` experiments (other rows are
-    ignored; only this chip's non-emulated rows are used). GEMM rates come from the ``gemm``
-    records; the fit sees only ``recipe == "bf16"`` step times, never an FP8 one. Without BF16
-    step times the defaults stay (``calibrated=False``).
+    ``measured_records``: records of the ``gemm``, ``mlp_step`` and ``lm_step`` experiments
+    (other rows are ignored; only this chip's non-emulated rows are used). GEMM rates come from
+    the ``gemm`` records; the fit sees only ``recipe == "bf16"`` step times, never an FP8 one.
+    Without BF16 step times the defaults stay (``calibrated=False``).
     """
     info = hw.lookup(hardware) if isinstance(hardware, str) else hardware
     df = measured_records if measured_records is not None else pd.DataFrame()
@@ -727,8 +792,7 @@ def calibrate(measured_records: pd.DataFrame | None, hardware: hw.HardwareInfo |
         "datasheet_gemm_eff", "bw_eff", "kernel_latency_us", "step_floor_us"]
     # With fewer points than parameters, fit the most important ones only.
     names = names[:max(1, min(len(names), len(bf16)))]
-    steps = [_mlp_step(r.batch, r.width, r.depth, "bf16", r.hlo_bytes, r.hlo_kernels)
-             for r in bf16.itertuples()]
+    steps = [measured_step(r, "bf16", r.hlo_bytes, r.hlo_kernels) for r in bf16.itertuples()]
     params = fit_params(steps, bf16["measured_ms"].to_numpy() * 1e-3, cal, names)
     cal = Calibration(info, params, rates, True, fitted=tuple(names))
     bf16 = bf16.copy()
@@ -739,33 +803,69 @@ def calibrate(measured_records: pd.DataFrame | None, hardware: hw.HardwareInfo |
 
 def validate(measured_records: pd.DataFrame, cal: Calibration,
              recipes: Sequence[str] = FP8_RECIPES) -> pd.DataFrame:
-    """Predicted vs measured FP8/BF16 step-time speedup at every measured shape.
+    """Predicted vs measured FP8/BF16 step-time speedup at every measured shape, MLP
+    (``mlp_step``) and LM (``lm_step``) alike.
 
     One row per (shape, FP8 recipe) that has a BF16 step time of the same shape on the same
-    chip; ``error`` = predicted / measured speedup - 1; ``compiled_traffic``: both programs'
+    chip (emulated records never count); ``workload`` says "mlp" or "lm", ``model`` the LM
+    preset; ``error`` = predicted / measured speedup - 1; ``compiled_traffic``: both programs'
     traffic came from their compiled HLO (:func:`program_step`), not from the assumed passes.
     """
     df = _step_records(measured_records, cal.hardware.slug, ["bf16", *recipes])
-    cols = ["batch", "width", "depth", "recipe", "measured_ms", "predicted_ms",
-            "bf16_measured_ms", "bf16_predicted_ms", "measured_speedup", "predicted_speedup",
-            "error", "compiled_traffic"]
+    cols = [*STEP_KEY, "recipe", "measured_ms", "predicted_ms", "bf16_measured_ms",
+            "bf16_predicted_ms", "measured_speedup", "predicted_speedup", "error",
+            "compiled_traffic"]
     if not len(df):
         return pd.DataFrame(columns=cols)
-    b16 = df[df["recipe"] == "bf16"].set_index(["batch", "width", "depth"])
-    base = b16["measured_ms"]
+    b16 = df[df["recipe"] == "bf16"].set_index(STEP_KEY)
     rows = []
     for r in df[df["recipe"] != "bf16"].itertuples():
-        key = (r.batch, r.width, r.depth)
-        if key not in base.index:
+        key = tuple(getattr(r, k) for k in STEP_KEY)
+        if key not in b16.index:
             continue
         b = b16.loc[key]
-        pb = predict(_mlp_step(*key, "bf16", b.hlo_bytes, b.hlo_kernels), cal)["total_s"] * 1e3
-        pq = predict(_mlp_step(*key, r.recipe, r.hlo_bytes, r.hlo_kernels),
+        pb = predict(measured_step(r, "bf16", b.hlo_bytes, b.hlo_kernels), cal)["total_s"] * 1e3
+        pq = predict(measured_step(r, r.recipe, r.hlo_bytes, r.hlo_kernels),
                      cal)["total_s"] * 1e3
-        ms, ps = base[key] / r.measured_ms, pb / pq
-        rows.append((*key, r.recipe, r.measured_ms, pq, base[key], pb, ms, ps, ps / ms - 1,
+        ms, ps = b.measured_ms / r.measured_ms, pb / pq
+        rows.append((*key, r.recipe, r.measured_ms, pq, b.measured_ms, pb, ms, ps, ps / ms - 1,
                      bool(math.isfinite(r.hlo_bytes) and math.isfinite(b.hlo_bytes))))
     return pd.DataFrame(rows, columns=cols)
+
+
+def sizes_label(sizes: dict) -> str:
+    """:func:`shape_label` of a fit or validation record's ``sizes`` (records written before
+    ``lm_step`` existed have no ``workload``: they are MLP shapes)."""
+    s = sizes or {}
+    return s.get("shape") or shape_label(s.get("workload", "mlp"), s.get("model", ""),
+                                         s.get("batch", 0), s.get("width", 0), s.get("depth", 0))
+
+
+def validation_table(perf: pd.DataFrame) -> pd.DataFrame:
+    """The validation rows of perfmodel records (``predicted_speedup`` / ``measured_speedup``),
+    one row per (chip, workload, shape, FP8 recipe): predicted and measured speedup, error,
+    and what FP8 adds to the BF16 step in ms, measured and predicted. Records written before
+    ``lm_step`` existed are MLP rows."""
+    cols = ["hardware", "workload", "shape", "recipe", "predicted", "measured", "error",
+            "fp8_minus_bf16_measured_ms", "fp8_minus_bf16_predicted_ms", "traffic_from"]
+    if perf is None or not len(perf):
+        return pd.DataFrame(columns=cols)
+    rows = {}
+    for rec in perf[perf["metric"].isin(["predicted_speedup", "measured_speedup"])
+                    ].to_dict("records"):
+        s, e = rec["sizes"] or {}, rec["extra"] or {}
+        key = (rec["hardware"], s.get("workload", "mlp"), sizes_label(s), rec["recipe"])
+        row = rows.setdefault(key, {
+            "fp8_minus_bf16_measured_ms": e.get("measured_ms", np.nan)
+            - e.get("bf16_measured_ms", np.nan),
+            "fp8_minus_bf16_predicted_ms": e.get("predicted_ms", np.nan)
+            - e.get("bf16_predicted_ms", np.nan),
+            "traffic_from": "compiled" if e.get("compiled_traffic") else "assumed"})
+        row["predicted" if rec["metric"] == "predicted_speedup" else "measured"] = rec["value"]
+    out = pd.DataFrame([{**dict(zip(cols[:4], k)), **v} for k, v in rows.items()])
+    out = out.reindex(columns=cols)
+    out["error"] = out["predicted"] / out["measured"] - 1
+    return out.sort_values(["hardware", "workload", "recipe", "shape"]).reset_index(drop=True)
 
 
 # ------------------------------------------------------------------------------ projection
@@ -864,6 +964,19 @@ def published_for(model: str, target: str, baseline: str, policy: str) -> dict |
 # --------------------------------------------------------------------------------- records
 
 
+def _shape_sizes(r) -> dict[str, Any]:
+    """``sizes`` of a fit or validation record for one measured shape (a row of
+    :func:`_step_records`): the MLP's batch, width, depth, or the LM's preset, sequences and
+    sequence length; with ``workload`` and the table label ``shape``."""
+    label = shape_label(r.workload, r.model, r.batch, r.width, r.depth)
+    if r.workload == "lm":
+        return {"workload": "lm", "model": r.model, "batch": int(r.batch),
+                "seq_len": int(r.seq_len), "batch_tokens": int(r.batch) * int(r.seq_len),
+                "shape": label}
+    return {"workload": "mlp", "batch": int(r.batch), "width": int(r.width),
+            "depth": int(r.depth), "shape": label}
+
+
 def _records_for(cal: Calibration, val: pd.DataFrame, proj: pd.DataFrame, profile: str,
                  digest: str, info: hw.HardwareInfo | None = None) -> list[dict[str, Any]]:
     """Records of one cell, written under ``info`` (default: the calibrating chip)."""
@@ -878,14 +991,14 @@ def _records_for(cal: Calibration, val: pd.DataFrame, proj: pd.DataFrame, profil
                    "fitted": name in cal.fitted, "input_digest": digest, **calib}, **common))
     if cal.fit is not None:
         for r in cal.fit.itertuples():
-            sizes = {"batch": r.batch, "width": r.width, "depth": r.depth}
+            sizes = _shape_sizes(r)
             extra = {"kind": "fit", "calibrated": True, "measured_ms": r.measured_ms,
                      "error": r.predicted_ms / r.measured_ms - 1, "input_digest": digest}
             recs.append(results.make_record(EXPERIMENT, "predicted_step_time_ms",
                                             r.predicted_ms, "ms", recipe="bf16", sizes=sizes,
                                             extra=extra, **common))
     for r in val.itertuples():
-        sizes = {"batch": r.batch, "width": r.width, "depth": r.depth, "baseline": "bf16"}
+        sizes = {**_shape_sizes(r), "baseline": "bf16"}
         extra = {"kind": "validation", "calibrated": cal.calibrated, "error": r.error,
                  "measured_ms": r.measured_ms, "predicted_ms": r.predicted_ms,
                  "bf16_measured_ms": r.bf16_measured_ms, "bf16_predicted_ms": r.bf16_predicted_ms,
@@ -918,12 +1031,12 @@ def _records_for(cal: Calibration, val: pd.DataFrame, proj: pd.DataFrame, profil
 
 def calibrating_hardware(records: pd.DataFrame, need_steps: bool = True) -> list[str]:
     """GPU chips in the registry with non-emulated ``gemm`` rates (and, with ``need_steps``,
-    BF16 ``mlp_step`` times)."""
+    BF16 ``mlp_step`` or ``lm_step`` times)."""
     if records is None or not len(records):
         return []
     ok = records[~records["emulated"].astype(bool)]
     gemm = set(ok[(ok["experiment"] == "gemm") & (ok["metric"] == "tflops")]["hardware"])
-    step = set(ok[(ok["experiment"] == "mlp_step") & (ok["metric"] == "step_time_ms")
+    step = set(ok[ok["experiment"].isin(list(WORKLOADS)) & (ok["metric"] == "step_time_ms")
                   & (ok["recipe"] == "bf16")]["hardware"])
     reg = hw.registry()
     chips = gemm & step if need_steps else gemm
@@ -963,13 +1076,14 @@ def _cell_digest(path: Path) -> str | None:
 
 def record(profile: str, root: Path | None = None, force: bool = False,
            measured: pd.DataFrame | None = None) -> list[Path]:
-    """Calibrate on every chip with ``gemm`` + ``mlp_step`` records, validate against its FP8
-    step times, project NVFP4 onto Blackwell; one cell per calibrating chip.
+    """Calibrate on every chip with ``gemm`` + ``mlp_step`` (and/or ``lm_step``) records,
+    validate against its FP8 step times, project NVFP4 onto Blackwell; one cell per
+    calibrating chip.
 
     Without GPU records, one cell of datasheet-only projections (``extra.calibrated=False``)
     under the current hardware. A cell is rewritten only when its inputs changed (or
-    ``force``). ``measured``: the records to use (default: ``load_records`` of ``gemm`` and
-    ``mlp_step`` from ``results/`` and ``build/results/``).
+    ``force``). ``measured``: the records to use (default: ``load_records`` of ``gemm``,
+    ``mlp_step`` and ``lm_step`` from ``results/`` and ``build/results/``).
     """
     from repro.config import ConfigError, stage_params
 
@@ -980,7 +1094,7 @@ def record(profile: str, root: Path | None = None, force: bool = False,
     profile = p["profile"]
     root = Path(root) if root is not None else results.record_root(profile)
     if measured is None:
-        measured = pd.concat([results.load_records("gemm"), results.load_records("mlp_step")],
+        measured = pd.concat([results.load_records(e) for e in ("gemm", *WORKLOADS)],
                              ignore_index=True)
     setup, targets = _setup_from_params(p)
     setup_key = {k: {kk: (dataclasses.asdict(vv) if dataclasses.is_dataclass(vv) else vv)
@@ -1095,17 +1209,20 @@ def b2_verdict(perf: pd.DataFrame, measured_fp4: pd.DataFrame | None = None) -> 
     f8_300 = pick("llama3-405b", "nvfp4_mlp_vs_fp8", "gb300")
     val = perf[perf["metric"] == "predicted_speedup"]
     if len(val):
+        # MLP and LM shapes count alike
         err = val["extra"].map(lambda e: abs(e.get("error", np.nan)))
+        n_lm = int(val["sizes"].map(lambda s: (s or {}).get("workload") == "lm").sum())
         vtxt = (f"validated on {hw_slug}: FP8/BF16 speedup predicted within 10% at "
-                f"{int((err <= 0.10).sum())}/{len(err)} measured shapes (max error "
-                f"{err.max():.0%})")
+                f"{int((err <= 0.10).sum())}/{len(err)} measured shapes ({len(err) - n_lm} MLP, "
+                f"{n_lm} LM; max error {err.max():.0%})")
     elif calibrated:
-        vtxt = "not validated: no FP8 mlp_step records beside the BF16 ones"
+        vtxt = "not validated: no FP8 mlp_step/lm_step records beside the BF16 ones"
     elif proj["extra"].map(lambda e: e.get("mode") == "rates_only").any():
-        vtxt = (f"NOT validated: measured {hw_slug} GEMM rates, but no mlp_step records yet to "
-                "calibrate and validate the step model (default bandwidth/latency parameters)")
+        vtxt = (f"NOT validated: measured {hw_slug} GEMM rates, but no mlp_step records (nor "
+                "lm_step) yet to calibrate and validate the step model (default "
+                "bandwidth/latency parameters)")
     else:
-        vtxt = "NOT validated: no GPU gemm/mlp_step records yet (datasheet peaks only)"
+        vtxt = "NOT validated: no GPU gemm/mlp_step/lm_step records yet (datasheet peaks only)"
     key = (f"projected NVFP4 {bf:.2f}x vs BF16 (Llama-3-8B, GB200; published 1.59x), "
            f"{f8:.2f}x vs FP8 MLP-only (GB200; published 1.35x), 405B GB300 {f8_300:.2f}x "
            f"(published 1.73x)")

@@ -322,3 +322,94 @@ def test_validation_uses_compiled_traffic_where_records_carry_it():
                   + (40 + sum(g.count for g in gemms)) * p.kernel_latency_us * 1e-6)
         expect_ms = max(device, p.step_floor_us * 1e-6) * 1e3
         assert r.predicted_ms == pytest.approx(expect_ms, rel=1e-9)
+
+
+# --------------------------------------------------------------------- LM step validation
+
+# The LM presets of repro.lm.model, written out by hand (hidden, layers, ffn, heads, kv heads,
+# vocab, seq_len, BF16 last blocks), so the test does not take them from the code under test.
+LM_20M = pm.DecoderShape("lm-20m", 512, 6, 1408, 8, 8, 256, 512, 1)
+LM_120M = pm.DecoderShape("lm-120m", 768, 17, 2048, 12, 12, 256, 1024, 1)
+# hand-chosen step times (ms): {model: (batch, seq_len, {recipe: ms})}
+LM_TIMES = {"20m": (64, 512, {"bf16": 100.0, "fp8-current": 80.0, "fp8-delayed": 90.0,
+                              "nvfp4": 500.0, "mxfp8": 400.0}),
+            "120m": (32, 1024, {"bf16": 300.0, "fp8-current": 240.0, "fp8-delayed": 200.0})}
+
+
+def _lm_step_records(times=LM_TIMES, info=H200):
+    recs = []
+    for model, (batch, seq, by_recipe) in times.items():
+        for recipe, ms in by_recipe.items():
+            recs.append(results.make_record(
+                "lm_step", "step_time_ms", ms, "ms", recipe=recipe, hardware=info,
+                emulated=recipe in ("nvfp4", "mxfp8"),
+                sizes={"model": model, "batch": batch, "seq_len": seq, "tokens": batch * seq}))
+            # another metric of the same cell: never read as a step time
+            recs.append(results.make_record(
+                "lm_step", "tokens_per_s", batch * seq / ms * 1e3, "tokens/s", recipe=recipe,
+                hardware=info, sizes={"model": model, "batch": batch, "seq_len": seq}))
+    # an emulated FP8 timing beside a BF16 one: emulated records never make a row
+    for recipe in ("bf16", "fp8-current"):
+        recs.append(results.make_record("lm_step", "step_time_ms", 5.0, "ms", recipe=recipe,
+                                        hardware=info, emulated=recipe != "bf16",
+                                        sizes={"model": "tiny", "batch": 2, "seq_len": 64}))
+    return recs
+
+
+def test_validation_has_lm_rows_with_the_measured_ratio():
+    df = _frame(_gemm_records() + _step_records(TRUE) + _lm_step_records())
+    cal = pm.calibrate(df, "h200")
+    val = pm.validate(df, cal)
+    assert len(val[val["workload"] == "mlp"]) == 2 * len(FIT_SHAPES)
+    lm = val[val["workload"] == "lm"].set_index(["model", "recipe"])
+    assert sorted(lm.index) == [("120m", "fp8-current"), ("120m", "fp8-delayed"),
+                                ("20m", "fp8-current"), ("20m", "fp8-delayed")]
+    # measured speedup: the hand-chosen BF16 time over the FP8 one
+    assert lm.loc[("20m", "fp8-current"), "measured_speedup"] == pytest.approx(100 / 80)
+    assert lm.loc[("20m", "fp8-delayed"), "measured_speedup"] == pytest.approx(100 / 90)
+    assert lm.loc[("120m", "fp8-current"), "measured_speedup"] == pytest.approx(300 / 240)
+    assert lm.loc[("120m", "fp8-delayed"), "measured_speedup"] == pytest.approx(300 / 200)
+    # predicted: the decoder step of that preset at batch x seq_len tokens
+    for (model, recipe), r in lm.iterrows():
+        shape, (batch, seq, _) = {"20m": LM_20M, "120m": LM_120M}[model], LM_TIMES[model]
+        pb = pm.predict(pm.lm_step_gemms(shape, batch * seq, "bf16"), cal)["total_s"] * 1e3
+        pq = pm.predict(pm.lm_step_gemms(shape, batch * seq, recipe), cal)["total_s"] * 1e3
+        assert r["bf16_predicted_ms"] == pytest.approx(pb, rel=1e-9)
+        assert r["predicted_ms"] == pytest.approx(pq, rel=1e-9)
+        assert r["predicted_speedup"] == pytest.approx(pb / pq, rel=1e-9)
+        assert r["batch"] == batch and r["seq_len"] == seq
+    assert not lm["compiled_traffic"].any()
+
+
+def test_calibration_uses_lm_bf16_steps_but_never_lm_fp8_ones():
+    base = _gemm_records() + _step_records(TRUE)
+    a = pm.calibrate(_frame(base + _lm_step_records()), "h200")
+    absurd = {m: (b, s, {r: (t if r == "bf16" else {"fp8-current": 1e4}.get(r, 1e-3))
+                         for r, t in ts.items()}) for m, (b, s, ts) in LM_TIMES.items()}
+    b = pm.calibrate(_frame(base + _lm_step_records(absurd)), "h200")
+    assert a.params == b.params
+    # the BF16 LM steps are fitted: a different BF16 time moves the fit
+    slower = {m: (bs, s, {**ts, "bf16": 3 * ts["bf16"]}) for m, (bs, s, ts) in LM_TIMES.items()}
+    c = pm.calibrate(_frame(base + _lm_step_records(slower)), "h200")
+    assert c.params != a.params
+    fit = a.fit.set_index(["workload", "model"])
+    # one BF16 step time per LM cell (tokens_per_s records are not step times)
+    assert sorted(fit.loc["lm"].index) == ["120m", "20m", "tiny"]
+    assert len(a.fit) == len(FIT_SHAPES) + 3 and (a.fit["recipe"] == "bf16").all()
+
+
+def test_record_and_verdict_count_lm_rows(tmp_path):
+    df = _frame(_gemm_records() + _step_records(TRUE) + _lm_step_records())
+    pm.record("smoke", tmp_path, measured=df)
+    perf = pm.select_cells(results.load_records("perfmodel", roots=tmp_path))
+    table = pm.validation_table(perf)
+    lm = table[table["workload"] == "lm"].set_index(["shape", "recipe"])
+    assert len(lm) == 4 and len(table) == 2 * len(FIT_SHAPES) + 4
+    assert lm.loc[("lm-20m b64", "fp8-current"), "measured"] == pytest.approx(1.25)
+    assert lm.loc[("lm-120m b32", "fp8-delayed"), "measured"] == pytest.approx(1.5)
+    assert lm.loc[("lm-120m b32", "fp8-delayed"), "fp8_minus_bf16_measured_ms"] == \
+        pytest.approx(200.0 - 300.0)
+    mlp = table[table["workload"] == "mlp"]
+    assert set(mlp["shape"]) == {f"{b}x{w}x{d}" for b, w, d in FIT_SHAPES}
+    note = pm.b2_verdict(perf)["note"]
+    assert f"/{2 * len(FIT_SHAPES) + 4} measured shapes ({2 * len(FIT_SHAPES)} MLP, 4 LM" in note
