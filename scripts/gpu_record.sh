@@ -14,6 +14,8 @@
 #   SIGINT, killed 20 s later if it ignores it), and results/ is packed after each item.
 set -uo pipefail
 budget=${1:?seconds}; shift
+# The GPU machine's copy of the tree may carry a stale .git: records must name the commit run.
+: "${REPRO_GIT_COMMIT:?set REPRO_GIT_COMMIT to the commit being run (git rev-parse HEAD, here)}"
 start=$(date +%s)
 out=${OUT:-build/gpu_out}; mkdir -p "$out"
 if compgen -G ".whl/*.whl" >/dev/null; then
