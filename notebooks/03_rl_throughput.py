@@ -187,6 +187,21 @@ claims.write_verdict("A2", a2, a2_key, a2_hw, "results/*/rl_throughput (env_step
                      "update_time_ms)", note="notebook 03_rl_throughput")
 
 # %% [markdown]
+# ## Performance target: the FP8 update of the 4096-wide MLP >= 1.5x BF16's
+#
+# Update throughput ratio (BF16 update time / FP8 update time, same hardware and batch),
+# non-emulated records only.
+
+# %%
+wide = (sp[(~sp.emulated) & (sp.baseline == "bf16") & (sp.network == "mlp")
+           & (sp.width == 4096)] if len(sp) else sp)
+for r in wide.itertuples():
+    print(f"{r.hardware}, {r.recipe}, {r.num_envs} envs: FP8 update {r.update:.3f}x BF16's "
+          f"-> {'meets' if r.update >= 1.5 else 'misses'} the 1.5x target")
+if not len(wide):
+    print("not yet measured on hardware with FP8 tensor cores")
+
+# %% [markdown]
 # ## CNNs (A9, speed side)
 #
 # The same ratios for the MinAtar CNN and the Nature-DQN stack on 80x80 inputs. FP8

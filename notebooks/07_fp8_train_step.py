@@ -419,6 +419,15 @@ lever_table = pd.DataFrame(lever_rows)
 lever_table
 
 # %% [markdown]
+# "not measured" on the GPU: the two rows whose ablation is
+# `fp8-current:fp8_gemm_out=float32` were dropped from the H200 study (`params.yaml`,
+# `mlp_step.full.levers`). An FP8 step whose GEMMs write FP32 compiled for ~200 s at width 4096
+# on the H200 (XLA autotunes each FP8 GEMM; see `results/h200/logs/`), so one such variant per
+# lever cell is what fits a 10-minute GPU call. The `fp8_gemm_out` lever is measured with
+# delayed scaling (first row); the path before this work differs from `fp8-delayed` by that
+# lever and the scaling lever together.
+
+# %% [markdown]
 # ## Memory per recipe
 #
 # Device memory of the compiled training step (arguments + outputs + temporaries - aliased),

@@ -413,3 +413,19 @@ def test_record_and_verdict_count_lm_rows(tmp_path):
     assert set(mlp["shape"]) == {f"{b}x{w}x{d}" for b, w, d in FIT_SHAPES}
     note = pm.b2_verdict(perf)["note"]
     assert f"/{2 * len(FIT_SHAPES) + 4} measured shapes ({2 * len(FIT_SHAPES)} MLP, 4 LM" in note
+
+
+def test_bf16_and_fp16_samples_of_a_shape_are_pooled_to_the_faster():
+    # Same tensor-core peak: a shape's slower 16-bit sample is treated as an outlier.
+    def rec(fmt, m, k, n, tflops):
+        return results.make_record("gemm", "tflops", tflops, "TFLOP/s", recipe=fmt,
+                                   sizes={"M": m, "K": k, "N": n}, hardware=H200)
+    df = _frame([rec("bf16", 65536, 2048, 2048, 476.0), rec("fp16", 65536, 2048, 2048, 586.0),
+                 rec("bf16", 8192, 8192, 8192, 700.0), rec("fp16", 8192, 8192, 8192, 650.0),
+                 rec("bf16", 4096, 1024, 1024, 300.0), rec("fp8", 65536, 2048, 2048, 900.0)])
+    table = pm.RateTable.from_records(df, H200)
+    for fmt in ("bf16", "fp16"):
+        assert table.measured_rate(65536, 2048, 2048, fmt, H200) == pytest.approx(586.0)
+        assert table.measured_rate(8192, 8192, 8192, fmt, H200) == pytest.approx(700.0)
+    assert table.measured_rate(4096, 1024, 1024, "bf16", H200) == pytest.approx(300.0)
+    assert table.measured_rate(65536, 2048, 2048, "fp8", H200) == pytest.approx(900.0)
