@@ -25,6 +25,15 @@ fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1 | tee "$out/gpu.txt"
 python3 -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())" 2>&1 | tee -a "$out/gpu.txt"
+# Compile caches (compile time, not run time, bounds a call: an FP8 step autotunes every GEMM
+# for 40-200 s). XLA's per-fusion autotune results go to build/xla_autotune/<jax>-<gpu>/ (the
+# cache has no version check of its own) and come back as $out/autotune.tgz: unpack it here
+# and carry build/xla_autotune next time. JAX's executable cache stays on the machine (it is
+# kept between calls while the machine is warm): seeds of one variant compile once.
+tag=$(python3 -c "import jax; d=jax.devices()[0]; print(f'{jax.__version__}-{d.device_kind}'.replace(' ', '_'))" 2>/dev/null || echo unknown)
+mkdir -p "build/xla_autotune/$tag" build/jax_cache
+export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=$PWD/build/xla_autotune/$tag"
+export JAX_COMPILATION_CACHE_DIR=$PWD/build/jax_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=2
 for exp in "$@"; do
   left=$(( budget - ($(date +%s) - start) - 15 ))
   if [ "$left" -le 20 ]; then echo "== skip $exp: budget spent"; continue; fi
@@ -36,5 +45,6 @@ for exp in "$@"; do
     timeout -k 20 --signal=INT "$left" python3 -m repro.cli record "$name" --profile full ${args//,/ } 2>&1 | tee -a "$out/log.txt"
   fi
   tar czf "$out/results.tgz" results/
+  tar czf "$out/autotune.tgz" build/xla_autotune/
 done
 echo "== done in $(( $(date +%s) - start ))s"
