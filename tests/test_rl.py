@@ -178,3 +178,29 @@ def test_cell_selection_for_split_gpu_runs(capsys):
     cells = capsys.readouterr().out.split()
     assert "Breakout-MinAtar_fp8-e2e-nokahan" in cells and "Breakout-MinAtar_random" in cells
     assert not any(c.startswith("CartPole") or c.endswith("_fp32") for c in cells)
+
+
+def test_rollout_bootstrap_matches_a_per_step_loop():
+    # The whole-rollout bootstrap (one batched critic call) against a loop over steps and envs
+    # with a critic that depends on every observation entry, so any mix-up of the T / N order
+    # in the flatten-and-reshape shows.
+    rng = np.random.default_rng(0)
+    T, N, gamma = 5, 3, 0.9
+    final_obs = rng.normal(size=(T, N, 2, 2)).astype(np.float32)
+    rewards = rng.normal(size=(T, N)).astype(np.float32)
+    terminated = rng.random((T, N)) < 0.3
+    truncated = rng.random((T, N)) < 0.5
+    weights = np.array([[1.0, -2.0], [0.5, 3.0]], np.float32)
+
+    def critic_np(o):
+        return float((o * weights).sum())
+
+    expected = rewards.astype(np.float64).copy()
+    for t in range(T):
+        for n in range(N):
+            if truncated[t, n] and not terminated[t, n]:
+                expected[t, n] += gamma * critic_np(final_obs[t, n])
+    got = ppo.bootstrap_rollout(lambda o: jnp.sum(o * weights, axis=(1, 2)), jnp.asarray(rewards),
+                                jnp.asarray(final_obs), jnp.asarray(terminated),
+                                jnp.asarray(truncated), gamma)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5)

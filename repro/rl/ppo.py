@@ -195,6 +195,15 @@ def bootstrap_reward(reward, terminated, truncated, final_value, gamma):
     return reward + gamma * final_value * boot.astype(reward.dtype)
 
 
+def bootstrap_rollout(value_fn, rewards, final_obs, terminated, truncated, gamma):
+    """:func:`bootstrap_reward` for a whole [T, N] rollout: ``value_fn`` (observations [B, ...]
+    -> values [B]) runs once on all T * N final observations (the parameters are fixed during
+    a rollout), instead of once per environment step."""
+    T, N = terminated.shape
+    final_value = value_fn(final_obs.reshape((T * N,) + final_obs.shape[2:])).reshape(T, N)
+    return bootstrap_reward(rewards, terminated, truncated, final_value, gamma)
+
+
 def compute_gae(rewards, values, dones, last_value, gamma, gae_lambda):
     """Generalised advantage estimation over a [T, ...] rollout.
 
@@ -370,11 +379,8 @@ def make_train(config: Mapping[str, Any] | PPOConfig, shard: Callable | None = N
                              c.num_steps))
             traj, done, finished, boot = shard((traj, done, finished, boot), 1)
             if c.bootstrap_truncation:
-                final_obs, term, trunc = boot
-                T, N = term.shape
-                final_value = critic(variables, final_obs.reshape((T * N,) + final_obs.shape[2:]))
-                traj = traj._replace(reward=bootstrap_reward(
-                    traj.reward, term, trunc, final_value.reshape(T, N), c.gamma))
+                traj = traj._replace(reward=bootstrap_rollout(
+                    lambda o: critic(variables, o), traj.reward, *boot, c.gamma))
             last_value = critic(variables, obs)
             adv, targets = compute_gae(traj.reward, traj.value, traj.done, last_value,
                                        c.gamma, c.gae_lambda)
