@@ -267,6 +267,19 @@ ax.set_title("Memory of one PPO update, widest MLP, most envs (hatched = emulate
 fig.tight_layout()
 fig.savefig(FIG / "03_rl_memory.png", dpi=130)
 
+# %% [markdown]
+# **The widest MLP that fits a fixed budget** (A4's practical form): 80 GiB, an H100's memory.
+# From the compiled update's memory at the measured widths (a quadratic in the width fitted per
+# recipe, `repro.rl.experiments.widest_fitting`); `extrapolated` marks answers beyond the widest
+# measured width, which are projections from the fit, not measurements; `max_rel_residual` is how
+# far the quadratic misses the measured points (a large one: do not trust the answer).
+
+# %%
+BUDGET_GIB = 80
+fits = X.widest_fitting(mem, BUDGET_GIB * 2**30)
+(fits.assign(widest_width=fits.widest_width.round(0), max_rel_residual=fits.max_rel_residual.round(4))
+ if len(fits) else "fewer than three measured widths per recipe: nothing to fit")
+
 
 # %%
 def a1_verdict(stores):

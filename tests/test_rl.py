@@ -204,3 +204,26 @@ def test_rollout_bootstrap_matches_a_per_step_loop():
                                 jnp.asarray(final_obs), jnp.asarray(terminated),
                                 jnp.asarray(truncated), gamma)
     np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_widest_fitting_solves_a_hand_made_quadratic():
+    import pandas as pd
+
+    from repro.rl import experiments as X
+
+    # memory(W) = 1e6 + 2e3 W + 30 W^2 bytes: the budget 1e6 + 2e3*5000 + 30*5000^2 is met at
+    # W = 5000 exactly (beyond the measured 4096: extrapolated); bf16 has 2 widths (left out).
+    def mem(w):
+        return 1e6 + 2e3 * w + 30.0 * w * w
+    rows = [{"hardware": "h", "recipe": "fp8-delayed", "num_envs": 64, "network": "mlp",
+             "width": w, "update_memory_bytes": mem(w), "emulated": False}
+            for w in (256, 1024, 2048, 4096)]
+    rows += [{"hardware": "h", "recipe": "bf16", "num_envs": 64, "network": "mlp", "width": w,
+              "update_memory_bytes": mem(w), "emulated": False} for w in (256, 1024)]
+    out = X.widest_fitting(pd.DataFrame(rows), mem(5000))
+    assert list(out.recipe) == ["fp8-delayed"]
+    r = out.iloc[0]
+    assert r.widest_width == pytest.approx(5000, rel=1e-6) and r.extrapolated
+    assert r.max_rel_residual < 1e-9
+    inside = X.widest_fitting(pd.DataFrame(rows), mem(1500)).iloc[0]
+    assert inside.widest_width == pytest.approx(1500, rel=1e-6) and not inside.extrapolated

@@ -660,6 +660,36 @@ def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
     return t.join(em).join(calls).reset_index()
 
 
+def widest_fitting(table: pd.DataFrame, budget_bytes: float) -> pd.DataFrame:
+    """The widest MLP whose PPO update fits ``budget_bytes`` of device memory, per (hardware,
+    recipe, num_envs), from the compiled update's memory (``update_memory_bytes``) at the
+    measured widths: a least-squares quadratic in the width (parameters, gradients and
+    optimizer state grow as W^2, activations as W), solved for the budget. ``extrapolated``:
+    the answer lies beyond the widest measured width (a projection, not a measurement). Needs
+    three measured widths; others are left out."""
+    cols = ["hardware", "recipe", "num_envs", "widths", "widest_width", "extrapolated",
+            "max_rel_residual", "emulated"]
+    if not len(table) or "update_memory_bytes" not in table:
+        return pd.DataFrame(columns=cols)
+    mlp = table[(table.network == "mlp")].dropna(subset=["update_memory_bytes"])
+    rows = []
+    for (h, r, n), g in mlp.groupby(["hardware", "recipe", "num_envs"]):
+        g = g.groupby("width", as_index=False).agg(
+            mem=("update_memory_bytes", "median"), emulated=("emulated", "any"))
+        if len(g) < 3:
+            continue
+        w, m = g.width.to_numpy(float), g.mem.to_numpy(float)
+        c2, c1, c0 = np.polyfit(w, m, 2)
+        resid = float(np.max(np.abs(np.polyval([c2, c1, c0], w) - m) / m))
+        roots = np.roots([c2, c1, c0 - budget_bytes])
+        real = [x.real for x in roots if abs(x.imag) < 1e-9 and x.real > 0]
+        widest = max(real) if real else float("nan")
+        rows.append((h, r, int(n), [int(x) for x in w], widest,
+                     bool(np.isfinite(widest) and widest > w.max()), resid,
+                     bool(g.emulated.any())))
+    return pd.DataFrame(rows, columns=cols)
+
+
 def speedups(table: pd.DataFrame, recipe: str, baselines: Sequence[str] = ("fp16", "bf16")
              ) -> pd.DataFrame:
     """``recipe`` vs each baseline, per (hardware, network, width, num_envs): the end-to-end
