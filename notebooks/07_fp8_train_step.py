@@ -35,9 +35,9 @@
 # `gemm` records of the same hardware (notebook 02): a step made of such GEMMs cannot beat it
 # by much (the weight-gradient GEMMs have another shape, so it is a guide, not a wall). The
 # 16-bit rate is the faster of the BF16 and FP16 samples of the shape (same tensor cores, same
-# peak): on the H200 the BF16 sample at 65536x2048x2048 ran at 476 TFLOP/s against FP16's 586,
-# below what the BF16 train step itself reaches there, so taken alone it inflated the ceiling
-# (as `repro.perfmodel` does for its rate table).
+# peak): on the H200 the BF16 sample at 65536x2048x2048 is slower than FP16's (the `gemm`
+# records, notebook 02) and than the BF16 train step itself at that width, so taken alone it
+# inflated the ceiling (`repro.perfmodel` pools its rate table the same way).
 #
 # Records from a CPU are **emulated** (FP8 products computed by upcasting): they check that the
 # pipeline runs, and are drawn grey and hatched, labelled "emulated - not a speedup".

@@ -4,7 +4,7 @@ timed per precision recipe in the same process, interleaved, on the same device.
 The step is ``repro.lm.train``'s own (``train._functions``: the function ``train.train`` runs),
 on a fixed batch of the shipped corpus. A cell is one (model size, batch): all its recipes are
 compiled one at a time, then timed together in rounds (recipe A, B, C, A, B, C, ...) exactly
-as ``repro.mlpbench`` times the MLP step (:func:`repro.mlpbench.time_interleaved`), so a speedup
+as ``repro.mlpbench`` times the MLP step (:func:`repro.bench.time_interleaved`), so a speedup
 is always a ratio of two timings from the same run. Each recipe's records carry the compiled
 program's facts (``repro.bench.compiled_facts``: XLA's bytes accessed, flops and launching
 ops) for the step-time model (``repro.perfmodel.validate``, claim B2). Recipes without tensor
@@ -26,9 +26,8 @@ import jax
 import jax.numpy as jnp
 
 from repro import results
-from repro.bench import compiled_facts, recipe_emulated
+from repro.bench import compiled_facts, quartiles, recipe_emulated, stepper, time_interleaved
 from repro.config import ConfigError
-from repro.mlpbench import quartiles, stepper, time_interleaved
 
 EXPERIMENT = "lm_step"
 CLAIMS = ("B2",)

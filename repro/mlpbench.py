@@ -15,17 +15,15 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import linen as nn
 from flax.linen import fp8_ops
 
 from repro import layers, results, te_backend
-from repro.bench import compiled_facts, recipe_emulated
+from repro.bench import compiled_facts, quartiles, recipe_emulated, stepper, time_interleaved
 from repro.recipes import get_recipe
 
 PEER = "flax-fp8"
@@ -103,43 +101,6 @@ def _compile(step, variables, opt_state, x, y):
 def _log(msg: str) -> None:
     """One progress line on stderr (compiles of wide FP8 steps can take a while on a GPU)."""
     print(f"mlp_step: {msg}", file=sys.stderr, flush=True)
-
-
-def stepper(step, variables, opt_state, *args):
-    """A zero-argument function that runs one training step ``step(variables, opt_state,
-    *args) -> (variables, opt_state, loss)`` on state it keeps, and returns the loss."""
-    state = [variables, opt_state]
-
-    def run():
-        state[0], state[1], loss = step(state[0], state[1], *args)
-        return loss
-
-    return run
-
-
-def time_interleaved(runners: dict[str, Any], repeats: int, steps_per_sample: int = 5,
-                     where: str = "") -> dict[str, np.ndarray]:
-    """Seconds per step of each runner (:func:`stepper`), timed in rounds (A, B, C, A, B, C,
-    ...): a sample is ``steps_per_sample`` steps ended by ``jax.block_until_ready``, so every
-    runner sees the same machine state over the run and a ratio of two medians compares like
-    with like. A non-finite loss stops the run (``where`` says which cell)."""
-    samples: dict[str, list[float]] = {r: [] for r in runners}
-    for _ in range(repeats):
-        for r, run in runners.items():
-            t0 = time.perf_counter()
-            for _ in range(steps_per_sample):
-                loss = run()
-            jax.block_until_ready(loss)
-            samples[r].append((time.perf_counter() - t0) / steps_per_sample)
-            if not np.isfinite(float(loss)):
-                raise FloatingPointError(f"{r}: non-finite loss{where}")
-    return {r: np.asarray(s) for r, s in samples.items()}
-
-
-def quartiles(samples: np.ndarray) -> tuple[float, float, float]:
-    """(first quartile, median, third quartile) of the samples."""
-    q1, med, q3 = np.percentile(samples, [25, 50, 75])
-    return float(q1), float(med), float(q3)
 
 
 def bench_cell(width: int, batch: int, depth: int, recipes: list[str], repeats: int,

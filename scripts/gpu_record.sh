@@ -32,7 +32,11 @@ python3 -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.
 # kept between calls while the machine is warm): seeds of one variant compile once.
 tag=$(python3 -c "import jax; d=jax.devices()[0]; print(f'{jax.__version__}-{d.device_kind}'.replace(' ', '_'))" 2>/dev/null || echo unknown)
 mkdir -p "build/xla_autotune/$tag" build/jax_cache
-export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=$PWD/build/xla_autotune/$tag"
+xla_flags_before=${XLA_FLAGS:-}
+export XLA_FLAGS="$xla_flags_before --xla_gpu_per_fusion_autotune_cache_dir=$PWD/build/xla_autotune/$tag"
+if ! python3 -c "import jax; jax.devices()" >/dev/null 2>&1; then  # an XLA without the flag
+  echo "== no XLA autotune cache: this XLA rejects the flag"; export XLA_FLAGS="$xla_flags_before"
+fi
 export JAX_COMPILATION_CACHE_DIR=$PWD/build/jax_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=2
 for exp in "$@"; do
   left=$(( budget - ($(date +%s) - start) - 15 ))
