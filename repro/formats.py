@@ -41,6 +41,43 @@ def _check_floating(x, name: str):
         raise TypeError(f"{name}: input must be floating, got dtype {dt}")
 
 
+# ------------------------------------------------------------------- exact rounding
+
+
+def round_to(x, dtype):
+    """``x`` rounded to the nearest value of float ``dtype`` (ties to even), kept float32.
+
+    Why not ``x.astype(dtype).astype(jnp.float32)``: XLA may drop such a round trip. With
+    ``xla_allow_excess_precision`` (on by default) the GPU compiler runs
+    ``SimplifyFPConversions``, which collapses any chain of float converts ``A -> B -> C`` into
+    ``A -> C`` (openxla/xla#41605); a quantize-then-dequantize then silently skips the rounding,
+    on the GPU only (the CPU keeps it). Rounding with ``lax.reduce_precision``, which XLA keeps,
+    makes the value exactly representable first, so a later cast to ``dtype`` is exact and it
+    no longer matters whether XLA keeps or drops it.
+
+    ``reduce_precision`` flushes the format's subnormals and treats the top exponent as inf,
+    so: normal values are rounded with one spare exponent bit, values below the smallest
+    normal on the subnormal grid (spacing ``2**(minexp - nmant)``). Saturation is the caller's
+    job (every quantizer here clips first); NaN stays NaN. Exact against ml_dtypes' casts for
+    bfloat16, float16, E4M3, E5M2 and E2M1 (``tests/test_formats.py``).
+    """
+    x = jnp.asarray(x).astype(jnp.float32)
+    info = ml_dtypes.finfo(dtype)
+    if info.nexp >= 8:  # bfloat16: float32's exponent range, only the mantissa shrinks
+        return jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=int(info.nmant))
+    normal = jax.lax.reduce_precision(x, exponent_bits=int(info.nexp) + 1,
+                                      mantissa_bits=int(info.nmant))
+    inv_ulp = np.float32(2.0 ** (int(info.nmant) - int(info.minexp)))  # 1 / subnormal spacing
+    sub = jnp.round(x * inv_ulp) / inv_ulp  # exact: power-of-two scaling, |x * inv_ulp| < 2**nmant
+    return jnp.where(jnp.abs(x) < np.float32(2.0 ** int(info.minexp)), sub, normal)
+
+
+def cast(x, dtype):
+    """Round ``x`` to ``dtype`` (ties to even) and return it in ``dtype``: :func:`round_to`,
+    then a cast that is exact, so XLA's convert folding cannot change the values."""
+    return round_to(x, dtype).astype(dtype)
+
+
 # --------------------------------------------------------------------------- FP8
 
 
@@ -59,7 +96,7 @@ def fp8_quantize(x, dtype, scale):
     fmax = _fmax(dtype)
     inv = jnp.float32(1.0) / jnp.asarray(scale, jnp.float32)
     y = jnp.asarray(x).astype(jnp.float32) * inv
-    return jnp.clip(y, -fmax, fmax).astype(dtype)
+    return cast(jnp.clip(y, -fmax, fmax), dtype)
 
 
 def fp8_dequantize(q, scale, dtype=jnp.float32):
@@ -164,7 +201,7 @@ def mxfp8_quantize(x, axis=-1, block=32) -> MXTensor:
     finite = jnp.isfinite(bmax)
     # Exact power-of-two scaling (ldexp: XLA's exp2 is inexact on CPU).
     y = jnp.ldexp(xb, -shared)
-    q = jnp.clip(y, -448.0, 448.0).astype(E4M3)
+    q = cast(jnp.clip(y, -448.0, 448.0), E4M3)
     # Build E8M0 from its biased exponent bits (0xFF is NaN): exact, no float detour.
     bits = jnp.where(finite, shared + 127, 255).astype(jnp.uint8)
     scale = jax.lax.bitcast_convert_type(bits[..., 0], E8M0)
@@ -254,7 +291,7 @@ def nvfp4_quantize(x, block=(1, 16), rounding="nearest", key=None) -> NVFP4Tenso
     gs = jnp.float32(1.0) / s_enc  # global (dequantize) scale
 
     bmax = jnp.max(a, axis=(-3, -1), keepdims=True)
-    bs = jnp.minimum(bmax * (s_enc * jnp.float32(1.0 / E2M1_MAX)), 448.0).astype(E4M3)
+    bs = cast(jnp.minimum(bmax * (s_enc * jnp.float32(1.0 / E2M1_MAX)), 448.0), E4M3)
     has_nan = jnp.any(jnp.isnan(t), axis=(-3, -1), keepdims=True)
     bs = jnp.where(has_nan, jnp.nan, bs.astype(jnp.float32)).astype(E4M3)
 
@@ -265,7 +302,7 @@ def nvfp4_quantize(x, block=(1, 16), rounding="nearest", key=None) -> NVFP4Tenso
     if rounding == "stochastic":
         q = stochastic_round_to(y, E2M1, key)
     else:
-        q = y.astype(E2M1)
+        q = cast(y, E2M1)
 
     q = q.reshape(shape)
     bs = bs[..., 0, :, 0]  # drop the in-block axes -> [..., M/br, N/bc]

@@ -77,7 +77,7 @@ def round_to_storage(x: jax.Array, storage: str) -> jax.Array:
     if storage == "fp32":
         return x.astype(jnp.float32)
     if storage == "bf16":
-        return x.astype(jnp.bfloat16)
+        return formats.cast(x, jnp.bfloat16)  # not x.astype: XLA may fold a round trip
     if storage == "fp8":
         x = x.astype(jnp.float32)
         e4m3 = formats.E4M3

@@ -141,8 +141,55 @@ def cell_path(experiment: str, cell: str, hardware: str | None = None,
 
 def have_cell(experiment: str, cell: str, hardware: str | None = None,
               root: Path | None = None) -> bool:
-    """True when this cell was already recorded on this hardware (for resumable studies)."""
-    return cell_path(experiment, cell, hardware, root).exists()
+    """True when this cell was already recorded on this hardware (for resumable studies).
+
+    A cell whose records are all known defects (``repro/data/defects.yaml``) counts as not
+    recorded, so the next run of the study records it again (the old file is overwritten;
+    git keeps it)."""
+    path = cell_path(experiment, cell, hardware, root)
+    if not path.exists():
+        return False
+    with open(path) as f:
+        data = json.load(f)
+    recs = data if isinstance(data, list) else [data]
+    return not recs or not all(defect_of(r) for r in recs)
+
+
+# ------------------------------------------------------------------------ known defects
+
+
+@functools.lru_cache(maxsize=1)
+def defects() -> tuple[dict[str, Any], ...]:
+    """Known defects of recorded cells (``repro/data/defects.yaml``): records measured with a
+    bug found later. Each entry names the experiment, the hardware, the commits (prefixes) and
+    optional ``where`` filters (``"sizes.env"`` or ``"extra.variant"``: a list of values), and
+    says why; matching records are left in ``results/`` but out of the analyses."""
+    import yaml
+
+    path = Path(__file__).resolve().parent / "data" / "defects.yaml"
+    if not path.exists():
+        return ()
+    return tuple(yaml.safe_load(path.read_text()) or ())
+
+
+def _field(rec: dict[str, Any], dotted: str):
+    v: Any = rec
+    for part in dotted.split("."):
+        v = v.get(part) if isinstance(v, dict) else None
+    return v
+
+
+def defect_of(rec: dict[str, Any]) -> str | None:
+    """The ``reason`` of the first known defect matching this record, else None."""
+    for d in defects():
+        if rec.get("experiment") != d["experiment"] or rec.get("hardware") != d["hardware"]:
+            continue
+        commit = str(rec.get("git_commit") or "")
+        if not any(commit.startswith(str(c)) for c in d["commits"]):
+            continue
+        if all(_field(rec, k) in vals for k, vals in (d.get("where") or {}).items()):
+            return str(d["reason"]).strip()
+    return None
 
 
 def write_records(records: list[dict[str, Any]], experiment: str, cell: str,
@@ -178,12 +225,14 @@ def _json_default(o):
 
 
 def load_records(experiment: str | None = None,
-                 roots: Path | Iterable[Path] | None = None) -> pd.DataFrame:
+                 roots: Path | Iterable[Path] | None = None,
+                 keep_defective: bool = False) -> pd.DataFrame:
     """All records (every hardware) as one DataFrame.
 
     By default reads the committed ``results/`` and this machine's smoke records in
     ``build/results/``; ``source`` names each row's file. ``sizes`` entries are also spread
-    into ``size_<name>`` columns for plotting.
+    into ``size_<name>`` columns for plotting. Records matching a known defect (:func:`defects`)
+    are dropped unless ``keep_defective``; then the ``defect`` column gives the reason.
     """
     if roots is None:
         roots = [results_dir(), scratch_results_dir()]
@@ -198,8 +247,10 @@ def load_records(experiment: str | None = None,
             for rec in data if isinstance(data, list) else [data]:
                 rec = dict(rec)
                 rec["source"] = str(path)
-                rows.append(rec)
-    df = pd.DataFrame(rows, columns=None if rows else RECORD_FIELDS + ["source"])
+                rec["defect"] = defect_of(rec)
+                if rec["defect"] is None or keep_defective:
+                    rows.append(rec)
+    df = pd.DataFrame(rows, columns=None if rows else RECORD_FIELDS + ["source", "defect"])
     if rows:
         sizes = pd.json_normalize(df["sizes"].tolist()).add_prefix("size_")
         df = pd.concat([df.reset_index(drop=True), sizes], axis=1)

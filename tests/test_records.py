@@ -94,3 +94,31 @@ def test_load_across_hardware_and_roots(roots):
 def test_load_nothing_has_columns(roots):
     df = results.load_records("gemm")
     assert df.empty and {"experiment", "value", "source"} <= set(df.columns)
+
+
+def test_known_defects_are_left_out_and_re_recorded(roots, monkeypatch):
+    bad = [dict(rec(recipe="fp8"), git_commit="abc1234def"),
+           dict(rec(recipe="fp8", extra={"variant": "x"}), git_commit="abc1234def")]
+    ok = [dict(rec(recipe="fp8", extra={"variant": "y"}), git_commit="abc1234def"),
+          dict(rec(recipe="fp8", extra={"variant": "x"}), git_commit="fff0000")]
+    monkeypatch.setattr(results, "defects", lambda: (
+        {"experiment": "gemm", "hardware": "h200", "commits": ["abc1234"],
+         "where": {"extra.variant": ["x"], "recipe": ["fp8"]}, "reason": "a bug"},))
+    root = roots / "results"
+    results.write_records(bad[1:], "gemm", "bad", root=root)
+    results.write_records(ok, "gemm", "ok", root=root)
+    results.write_records(bad[:1] + bad[1:], "gemm", "mixed", root=root)
+    df = results.load_records("gemm", roots=[root])
+    assert len(df) == 3 and df["defect"].isna().all()  # "bad" and one of "mixed" left out
+    full = results.load_records("gemm", roots=[root], keep_defective=True)
+    assert len(full) == 5 and (full["defect"] == "a bug").sum() == 2
+    assert not results.have_cell("gemm", "bad", "h200", root)   # all defective: record again
+    assert results.have_cell("gemm", "ok", "h200", root)
+    assert results.have_cell("gemm", "mixed", "h200", root)     # partly valid: keep
+
+
+def test_shipped_defects_registry_is_well_formed():
+    for d in results.defects():
+        assert {"experiment", "hardware", "commits", "reason"} <= set(d)
+        assert all(isinstance(c, str) and len(c) >= 7 for c in d["commits"])
+        assert all(isinstance(v, list) for v in (d.get("where") or {}).values())
