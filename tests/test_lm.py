@@ -229,3 +229,60 @@ def test_smoke_profile_plan():
     assert r20.train.steps * r20.train.batch_size * M.get_config("20m").seq_len >= \
         20 * M.param_count(M.get_config("20m"))
     assert all(len(r.seeds) >= 3 for r in full)
+
+
+# ------------------------------------------------------------------ loss analysis (notebook 05)
+
+
+def _lm_frame(tmp_path, runs):
+    """Records like ``_train_records`` writes, for runs {(recipe, seed): [(eval, train)...]}."""
+    from repro import hardware, results
+
+    hw = hardware.lookup("cpu")
+    for (recipe, seed), points in runs.items():
+        recs = [results.make_record(
+            E.EXPERIMENT, "eval_loss", ev, "nats/byte", recipe=recipe, profile="full",
+            sizes={"model": "20m", "seed": seed, "step": 100 * (i + 1)},
+            extra={"train_loss": tr}, hardware=hw) for i, (ev, tr) in enumerate(points)]
+        recs.append(results.make_record(E.EXPERIMENT, "final_eval_loss", points[-1][0],
+                                        "nats/byte", recipe=recipe, profile="full",
+                                        sizes={"model": "20m", "seed": seed}, hardware=hw))
+        results.write_records(recs, E.EXPERIMENT, f"20m_{recipe}_s{seed}", root=tmp_path)
+    return results.load_records(E.EXPERIMENT, roots=[tmp_path])
+
+
+def test_run_losses_best_final_and_overfit(tmp_path):
+    df = _lm_frame(tmp_path, {("bf16", 0): [(2.0, 2.1), (1.5, 1.2), (3.0, 0.5)],
+                              ("nvfp4", 0): [(2.2, 2.3), (1.9, 1.8), (1.8, 1.6)]})
+    r = E.run_losses(df).set_index("recipe")
+    assert r.loc["bf16", "best_eval_loss"] == 1.5 and r.loc["bf16", "best_step"] == 200
+    assert r.loc["bf16", "final_eval_loss"] == 3.0
+    assert r.loc["bf16", "final_train_loss"] == 0.5
+    assert r.loc["bf16", "overfit"] == pytest.approx(1.0)       # 3.0 / 1.5 - 1
+    assert r.loc["nvfp4", "best_eval_loss"] == 1.8                # still falling: best = final
+    assert r.loc["nvfp4", "overfit"] == pytest.approx(0.0)
+
+
+def test_paired_gaps_by_metric_and_interval(tmp_path):
+    # best held-out losses: bf16 1.0 each seed; nvfp4 1.01, 1.02, 1.03 -> gaps 0.01..0.03
+    runs = {}
+    for s, d in enumerate((0.01, 0.02, 0.03)):
+        runs[("bf16", s)] = [(1.2, 1.2), (1.0, 0.9), (1.5, 0.4)]
+        runs[("nvfp4", s)] = [(1.2, 1.2), (1.0 + d, 0.9), (1.4, 0.5)]
+    df = _lm_frame(tmp_path, runs)
+    g = E.paired_gaps(df, "bf16").iloc[0]
+    assert g["metric"] == "best_eval_loss" and g["n_seeds"] == 3
+    # mean 0.02, sd 0.01, t(0.975, 2) = 4.302653: half width 0.0248414
+    assert g["gap_nats"] == pytest.approx(0.02)
+    assert g["gap_lo"] == pytest.approx(0.02 - 0.0248414, abs=1e-6)
+    assert g["gap_hi"] == pytest.approx(0.02 + 0.0248414, abs=1e-6)
+    assert g["overfit"] == pytest.approx(0.5)                     # bf16: 1.5 / 1.0 - 1
+    f = E.paired_gaps(df, "bf16", metric="final_eval_loss").iloc[0]
+    assert f["gap_nats"] == pytest.approx(-0.1)
+    t = E.paired_gaps(df, "bf16", metric="final_train_loss").iloc[0]
+    assert t["gap_nats"] == pytest.approx(0.1)
+    v = E.b4_verdict(E.paired_gaps(df, "bf16"))
+    # relative gap CI upper bound 4.48% > 1.5%, lower bound < 1.5%: partly
+    assert v["verdict"] == "partly" and "best held-out loss" in v["key_number"]
+    with pytest.raises(ValueError, match="choose one of"):
+        E.paired_gaps(df, "bf16", metric="eval")

@@ -388,54 +388,100 @@ def t_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
-def final_losses(df):
-    """One row per (hardware, profile, model, variant, seed): the final held-out loss."""
-    import pandas as pd
-
-    cols = ["hardware", "profile", "size_model", "recipe", "size_seed", "value", "emulated"]
-    if df.empty or not set(cols) <= set(df.columns):
-        return pd.DataFrame(columns=["hardware", "profile", "model", "recipe", "seed",
-                                     "final_eval_loss", "emulated"])
-    f = df[df["metric"] == "final_eval_loss"]
-    return (f[cols].rename(columns={"size_model": "model", "size_seed": "seed",
-                                    "value": "final_eval_loss"})
-            .drop_duplicates(["hardware", "profile", "model", "recipe", "seed"], keep="last")
-            .reset_index(drop=True))
+RUN_KEYS = ["hardware", "profile", "model", "recipe", "seed"]
+LOSS_METRICS = ("best_eval_loss", "final_eval_loss", "final_train_loss")
 
 
-def paired_gaps(df, baseline: str = "bf16", confidence: float = 0.95):
-    """Final-loss gap of every variant to ``baseline``, paired by seed (same init and batches).
+def run_losses(df):
+    """One row per (hardware, profile, model, variant, seed): the losses a run ended with.
 
-    One row per (hardware, profile, model, variant): seeds, mean gap in nats with its t
-    interval, and the relative gap (gap / baseline loss) with its t interval.
+    ``final_eval_loss``: held-out loss at the last step. ``best_eval_loss``: the lowest
+    held-out loss over the run's evaluations (the early-stopping loss; equal to the final one
+    while the held-out loss still falls) and ``best_step``, where it was reached.
+    ``final_train_loss``: the training loss logged at the last evaluation. ``overfit``:
+    final / best held-out loss - 1 (0 for a run whose held-out loss never rose).
     """
     import pandas as pd
 
-    fl = final_losses(df)
+    cols = RUN_KEYS + ["final_eval_loss", "best_eval_loss", "best_step", "final_train_loss",
+                       "overfit", "emulated"]
+    need = {"hardware", "profile", "size_model", "recipe", "size_seed", "value", "emulated"}
+    if df.empty or not need <= set(df.columns):
+        return pd.DataFrame(columns=cols)
+    ren = {"size_model": "model", "size_seed": "seed"}
+    f = (df[df["metric"] == "final_eval_loss"].rename(columns=ren)
+         .drop_duplicates(RUN_KEYS, keep="last").set_index(RUN_KEYS))
+    ev = df[df["metric"] == "eval_loss"].rename(columns=ren)
+    rows = []
+    for key, r in f.iterrows():
+        g = ev
+        for k, v in zip(RUN_KEYS, key):
+            g = g[g[k] == v]
+        g = g.drop_duplicates("size_step", keep="last").sort_values("size_step")
+        final = float(r["value"])
+        if len(g):
+            i = int(np.argmin(g["value"].to_numpy()))
+            best, step = float(g["value"].iloc[i]), int(g["size_step"].iloc[i])
+            train = g["extra"].iloc[-1].get("train_loss")
+        else:
+            best, step, train = final, None, None
+        best = min(best, final)
+        rows.append({**dict(zip(RUN_KEYS, key)), "final_eval_loss": final,
+                     "best_eval_loss": best, "best_step": step,
+                     "final_train_loss": None if train is None else float(train),
+                     "overfit": final / best - 1.0, "emulated": bool(r["emulated"])})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def final_losses(df):
+    """One row per (hardware, profile, model, variant, seed): the final held-out loss."""
+    return run_losses(df)[RUN_KEYS + ["final_eval_loss", "emulated"]]
+
+
+def paired_gaps(df, baseline: str = "bf16", confidence: float = 0.95,
+                metric: str = "best_eval_loss"):
+    """Loss gap of every variant to ``baseline``, paired by seed (same init and batches).
+
+    ``metric`` is one of :data:`LOSS_METRICS` (see :func:`run_losses`). One row per
+    (hardware, profile, model, variant): seeds, mean gap in nats with its t interval, and the
+    relative gap (gap / baseline loss) with its t interval; ``overfit``: the largest
+    final/best held-out loss - 1 of the runs compared.
+    """
+    import pandas as pd
+
+    if metric not in LOSS_METRICS:
+        raise ValueError(f"metric {metric!r}: choose one of {', '.join(LOSS_METRICS)}")
+    fl = run_losses(df)
     rows = []
     for (hw, prof, size), g in fl.groupby(["hardware", "profile", "model"]):
-        base = g[g["recipe"] == baseline].set_index("seed")["final_eval_loss"]
+        base = g[g["recipe"] == baseline].set_index("seed")
         for rec, gr in g.groupby("recipe"):
             if rec == baseline:
                 continue
-            s = gr.set_index("seed")["final_eval_loss"]
-            seeds = sorted(set(s.index) & set(base.index))
+            s = gr.set_index("seed")
+            seeds = sorted(i for i in set(s.index) & set(base.index)
+                           if s.loc[i, metric] is not None and base.loc[i, metric] is not None
+                           and math.isfinite(s.loc[i, metric])
+                           and math.isfinite(base.loc[i, metric]))
             if not seeds:
                 continue
-            gap = [float(s[i] - base[i]) for i in seeds]
-            rel = [float((s[i] - base[i]) / base[i]) for i in seeds]
+            b, x = base.loc[seeds, metric].astype(float), s.loc[seeds, metric].astype(float)
+            gap = list(x - b)
+            rel = list((x - b) / b)
             m, lo, hi = t_interval(gap, confidence)
             rm, rlo, rhi = t_interval(rel, confidence)
             rows.append({"hardware": hw, "profile": prof, "model": size, "recipe": rec,
-                         "baseline": baseline, "n_seeds": len(seeds),
-                         "baseline_loss": float(np.mean([base[i] for i in seeds])),
-                         "loss": float(np.mean([s[i] for i in seeds])),
+                         "baseline": baseline, "metric": metric, "n_seeds": len(seeds),
+                         "baseline_loss": float(b.mean()), "loss": float(x.mean()),
                          "gap_nats": m, "gap_lo": lo, "gap_hi": hi,
                          "rel_gap": rm, "rel_lo": rlo, "rel_hi": rhi,
+                         "overfit": float(max(base.loc[seeds, "overfit"].max(),
+                                              s.loc[seeds, "overfit"].max())),
                          "emulated": bool(gr["emulated"].any())})
     return pd.DataFrame(rows, columns=[
-        "hardware", "profile", "model", "recipe", "baseline", "n_seeds", "baseline_loss",
-        "loss", "gap_nats", "gap_lo", "gap_hi", "rel_gap", "rel_lo", "rel_hi", "emulated"])
+        "hardware", "profile", "model", "recipe", "baseline", "metric", "n_seeds",
+        "baseline_loss", "loss", "gap_nats", "gap_lo", "gap_hi", "rel_gap", "rel_lo", "rel_hi",
+        "overfit", "emulated"])
 
 
 SIZE_ORDER = {"tiny": 0, "20m": 1, "120m": 2}
@@ -446,9 +492,10 @@ def b4_verdict(gaps, threshold: float = 0.015, min_seeds: int = 3) -> dict[str, 
 
     Evidence: the largest model with >= ``min_seeds`` paired NVFP4/BF16 seeds (full profile
     preferred over smoke). With the 95% t-interval [lo, hi] of the relative gap
-    (NVFP4 - BF16) / BF16: hi <= 1.5% -> "reproduced"; lo > 1.5% -> "contradicted"; otherwise
-    "partly" (the interval straddles 1.5%). From smoke records only (the tiny model, ~100
-    steps) a passing rule gives at most "partly": that is a pipeline check, not evidence.
+    (NVFP4 - BF16) / BF16 of the gaps' metric (the best held-out loss by default): hi <= 1.5%
+    -> "reproduced"; lo > 1.5% -> "contradicted"; otherwise "partly" (the interval straddles
+    1.5%). From smoke records only (the tiny model, ~100 steps) a passing rule gives at most
+    "partly": that is a pipeline check, not evidence.
     """
     g = gaps[(gaps["recipe"] == "nvfp4") & (gaps["n_seeds"] >= min_seeds)]
     if g.empty:
@@ -466,7 +513,9 @@ def b4_verdict(gaps, threshold: float = 0.015, min_seeds: int = 3) -> dict[str, 
     smoke_only = row["profile"] != "full"
     if smoke_only and verdict == "reproduced":
         verdict = "partly"
-    key = (f"NVFP4 vs BF16 final held-out loss {100 * row['rel_gap']:+.2f}% "
+    what = {"best_eval_loss": "best held-out loss", "final_eval_loss": "final held-out loss",
+            "final_train_loss": "final training loss"}.get(row.get("metric"), "held-out loss")
+    key = (f"NVFP4 vs BF16 {what} {100 * row['rel_gap']:+.2f}% "
            f"(95% CI {100 * row['rel_lo']:+.2f}% .. {100 * row['rel_hi']:+.2f}%, "
            f"{int(row['n_seeds'])} seeds, {row['model']} model, {row['profile']} profile"
            f"{', emulated NVFP4' if row['emulated'] else ''})")
