@@ -233,7 +233,9 @@ poi.round(3)
 #   bit-identical returns; partly if one of the two; contradicted otherwise.
 #
 # Without full-profile records every verdict is "not yet measured" (the smoke numbers are shown
-# in its key number, not used as evidence).
+# in its key number, not used as evidence). With fewer than 3 environments behind the
+# statistics, "reproduced" is capped at "partly": one or two games (CartPole-v1, where every
+# recipe reaches the maximum return of 500, least of all) cannot carry a claim about RL.
 
 # %%
 def cmp(x, y):
@@ -293,12 +295,18 @@ V["A10"] = (verdict([None if not_worse("fp8-delayed", "fp32") is None else
             [cmp("fp8-delayed", "fp32")[1], cmp("fp8-delayed", "bf16")[1],
              f"same seed bit-identical: {same_seed}"])
 
+MIN_ENVS = 3
+PLANNED_ENVS = list(stage_params("rl_quality", "full")["envs"])  # the GPU study's games
 n_seeds = int(pool[pool.hardware == HWQ].groupby(["env", "variant"]).size().min()) if len(
     pool) else 0
 for cid, (v, parts) in V.items():
     if evidence != "full" and v != "not yet measured":
         parts = [f"smoke only ({v} on {n_seeds} seeds, {', '.join(used_envs)})"] + parts
         v = "not yet measured"
+    elif v == "reproduced" and len(used_envs) < MIN_ENVS:
+        v = "partly"
+        parts = [f"reproduced on {len(used_envs)} of {len(PLANNED_ENVS)} planned environments "
+                 f"(< {MIN_ENVS}: capped at partly)"] + parts
     key = "; ".join(parts)
     print(f"{cid}: {v} | {key}")
     claims.write_verdict(cid, v, key, HWQ, "results/*/rl_quality (final_return, random_return, "

@@ -25,6 +25,11 @@ fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1 | tee "$out/gpu.txt"
 python3 -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())" 2>&1 | tee -a "$out/gpu.txt"
+# Every rounding the experiments rely on must happen on this device (XLA's GPU compiler folds
+# plain cast round trips; repro.formats.cast does not rely on them): refuse to record otherwise.
+if ! python3 -m repro.numerics_check 2>&1 | tee -a "$out/gpu.txt"; then
+  echo "== numerics check failed: nothing recorded"; exit 1
+fi
 # Compile caches (compile time, not run time, bounds a call: an FP8 step autotunes every GEMM
 # for 40-200 s). XLA's per-fusion autotune results go to build/xla_autotune/<jax>-<gpu>/ (the
 # cache has no version check of its own) and come back as $out/autotune.tgz: unpack it here

@@ -124,3 +124,13 @@ def test_fp8_conv_gradients_survive_convert_folding():
     g = jax.grad(loss, argnums=(0, 1))
     a, b = g(x, w), fold_converts(g)(x, w)
     assert all(_same(u, v) for u, v in zip(a, b))
+
+
+def test_numerics_check_passes_here_and_catches_a_skipped_rounding(monkeypatch):
+    from repro import numerics_check
+
+    rows = numerics_check.checks()
+    assert all(r["ok"] for r in rows if r["required"])
+    assert numerics_check.main([]) == 0
+    monkeypatch.setattr(F, "cast", lambda v, d: jnp.asarray(v, jnp.float32))  # rounding skipped
+    assert numerics_check.main([]) == 1
