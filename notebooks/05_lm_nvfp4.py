@@ -90,7 +90,9 @@ pd.DataFrame([{"size": n, "parameters": M.param_count(c), "d_model": c.d_model,
 # held-out loss then measures overfitting, where quantization noise can act as a regulariser,
 # not how faithfully a format trains. B4 is therefore judged on the **best held-out loss** of a
 # run (the early-stopping loss; it equals the final loss while the held-out loss still falls),
-# and the final held-out and training losses are shown beside it (section 4).
+# and the final held-out and training losses are shown beside it (section 4). Full-profile runs
+# also evaluate at `eval_log_points` log-spaced steps after the warmup, where the best loss
+# lies; a pair of runs recorded with different schedules is compared at the steps both have.
 
 # %%
 from repro.lm import data as D
@@ -169,7 +171,7 @@ if len(curves):
 # %%
 runs = E.run_losses(df)
 if len(runs):
-    display(runs.round(4))
+    display(runs.drop(columns="curve").round(4))
 
 # %% [markdown]
 # ## 4. Loss gap to BF16 (claim B4)

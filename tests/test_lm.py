@@ -286,3 +286,34 @@ def test_paired_gaps_by_metric_and_interval(tmp_path):
     assert v["verdict"] == "partly" and "best held-out loss" in v["key_number"]
     with pytest.raises(ValueError, match="choose one of"):
         E.paired_gaps(df, "bf16", metric="eval")
+
+
+def test_best_gap_uses_the_evaluation_steps_both_runs_have(tmp_path):
+    # bf16 was evaluated at steps 100, 200, 300; nvfp4 also earlier (its own extra point at
+    # 50 is lower than anything bf16 saw): the pair is compared at 100-300 only.
+    from repro import hardware, results
+
+    hw = hardware.lookup("cpu")
+
+    def write(recipe, points):
+        recs = [results.make_record(E.EXPERIMENT, "eval_loss", v, "nats/byte", recipe=recipe,
+                                    profile="full", sizes={"model": "20m", "seed": 0, "step": s},
+                                    extra={"train_loss": v}, hardware=hw) for s, v in points]
+        recs.append(results.make_record(E.EXPERIMENT, "final_eval_loss", points[-1][1],
+                                        "nats/byte", recipe=recipe, profile="full",
+                                        sizes={"model": "20m", "seed": 0}, hardware=hw))
+        results.write_records(recs, E.EXPERIMENT, f"20m_{recipe}_s0", root=tmp_path)
+
+    write("bf16", [(100, 1.2), (200, 1.0), (300, 1.1)])
+    write("nvfp4", [(50, 0.5), (100, 1.3), (200, 1.05), (300, 1.2)])
+    df = results.load_records(E.EXPERIMENT, roots=[tmp_path])
+    g = E.paired_gaps(df, "bf16").iloc[0]
+    assert g["baseline_loss"] == pytest.approx(1.0) and g["loss"] == pytest.approx(1.05)
+    assert E.run_losses(df).set_index("recipe").loc["nvfp4", "best_eval_loss"] == 0.5
+
+
+def test_early_eval_steps_and_schedule():
+    assert E.early_eval_steps(200, 1192, 5) == (200, 286, 408, 584, 834)
+    assert E.early_eval_steps(200, 100, 5) == () and E.early_eval_steps(1, 50, 0) == ()
+    tc = T.TrainConfig(steps=100, eval_every=40, eval_extra=(5, 10, 40, 500))
+    assert tc.eval_steps() == [5, 10, 40, 80, 100]

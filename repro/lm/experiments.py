@@ -202,6 +202,18 @@ class Run:
     seeds: list[int] = field(default_factory=list)
 
 
+def early_eval_steps(start: int, stop: int, n: int) -> tuple[int, ...]:
+    """``n`` log-spaced steps in ``[start, stop)``: evaluations before the first regular one.
+
+    A run that makes many epochs over the small corpus overfits early (notebook 05), and its
+    best held-out loss falls before the first of ``eval_points`` evenly spaced evaluations.
+    """
+    if n <= 0 or stop <= start:
+        return ()
+    pts = np.geomspace(max(1, start), stop, n + 1)[:-1]
+    return tuple(sorted({int(round(x)) for x in pts} - {stop}))
+
+
 def plan(profile: str, variants: Iterable[str] | None = None,
          recipes: Iterable[str] | None = None, sizes: Iterable[str] | None = None,
          seeds: Iterable[int] | None = None, params: dict | None = None) -> list[Run]:
@@ -219,12 +231,16 @@ def plan(profile: str, variants: Iterable[str] | None = None,
         else:
             steps = math.ceil(spec["tokens_per_param"] * M.param_count(cfg) / tokens_per_step)
         n_points = int(p.get("eval_points", 5))
+        warmup = int(spec.get("warmup_steps", max(1, steps // 20)))
         tc = T.TrainConfig(
             steps=steps, batch_size=int(spec["batch_size"]), lr=float(spec["lr"]),
-            warmup_steps=int(spec.get("warmup_steps", max(1, steps // 20))),
+            warmup_steps=warmup,
             min_lr_ratio=float(p.get("min_lr_ratio", 0.1)),
             weight_decay=float(p.get("weight_decay", 0.1)),
-            eval_every=max(1, steps // n_points), eval_batches=int(p.get("eval_batches", 4)),
+            eval_every=max(1, steps // n_points),
+            eval_extra=early_eval_steps(warmup, max(1, steps // n_points),
+                                        int(p.get("eval_log_points", 0))),
+            eval_batches=int(p.get("eval_batches", 4)),
             checkpoint_every=int(spec.get("checkpoint_every", 0)))
         names = [n for n in spec.get("variants", default_variants)
                  if variants is None or n in set(variants)]
@@ -404,7 +420,7 @@ def run_losses(df):
     import pandas as pd
 
     cols = RUN_KEYS + ["final_eval_loss", "best_eval_loss", "best_step", "final_train_loss",
-                       "overfit", "emulated"]
+                       "overfit", "emulated", "curve"]
     need = {"hardware", "profile", "size_model", "recipe", "size_seed", "value", "emulated"}
     if df.empty or not need <= set(df.columns):
         return pd.DataFrame(columns=cols)
@@ -419,6 +435,7 @@ def run_losses(df):
             g = g[g[k] == v]
         g = g.drop_duplicates("size_step", keep="last").sort_values("size_step")
         final = float(r["value"])
+        curve = {int(k): float(v) for k, v in zip(g["size_step"], g["value"])}
         if len(g):
             i = int(np.argmin(g["value"].to_numpy()))
             best, step = float(g["value"].iloc[i]), int(g["size_step"].iloc[i])
@@ -429,7 +446,8 @@ def run_losses(df):
         rows.append({**dict(zip(RUN_KEYS, key)), "final_eval_loss": final,
                      "best_eval_loss": best, "best_step": step,
                      "final_train_loss": None if train is None else float(train),
-                     "overfit": final / best - 1.0, "emulated": bool(r["emulated"])})
+                     "overfit": final / best - 1.0, "emulated": bool(r["emulated"]),
+                     "curve": curve})
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -438,11 +456,21 @@ def final_losses(df):
     return run_losses(df)[RUN_KEYS + ["final_eval_loss", "emulated"]]
 
 
+def _paired_best(a: dict, b: dict, fallback: tuple[float, float]) -> tuple[float, float]:
+    """Best held-out losses of two runs over the evaluation steps BOTH have (runs recorded
+    with different evaluation schedules are compared at the same points)."""
+    common = sorted(set(a) & set(b))
+    if not common:
+        return fallback
+    return min(a[k] for k in common), min(b[k] for k in common)
+
+
 def paired_gaps(df, baseline: str = "bf16", confidence: float = 0.95,
                 metric: str = "best_eval_loss"):
     """Loss gap of every variant to ``baseline``, paired by seed (same init and batches).
 
-    ``metric`` is one of :data:`LOSS_METRICS` (see :func:`run_losses`). One row per
+    ``metric`` is one of :data:`LOSS_METRICS` (see :func:`run_losses`); the best held-out
+    losses of a pair are taken over the evaluation steps both runs have. One row per
     (hardware, profile, model, variant): seeds, mean gap in nats with its t interval, and the
     relative gap (gap / baseline loss) with its t interval; ``overfit``: the largest
     final/best held-out loss - 1 of the runs compared.
@@ -466,6 +494,11 @@ def paired_gaps(df, baseline: str = "bf16", confidence: float = 0.95,
             if not seeds:
                 continue
             b, x = base.loc[seeds, metric].astype(float), s.loc[seeds, metric].astype(float)
+            if metric == "best_eval_loss":  # over the evaluation steps both runs have
+                pairs = [_paired_best(base.loc[i, "curve"], s.loc[i, "curve"], (b[i], x[i]))
+                         for i in seeds]
+                b = pd.Series([u for u, _ in pairs], index=seeds)
+                x = pd.Series([v for _, v in pairs], index=seeds)
             gap = list(x - b)
             rel = list((x - b) / b)
             m, lo, hi = t_interval(gap, confidence)

@@ -56,6 +56,7 @@ class TrainConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0
     eval_every: int = 25
+    eval_extra: tuple[int, ...] = ()  # more evaluation steps (e.g. log-spaced early ones)
     eval_batches: int = 4
     checkpoint_every: int = 0  # 0: only when stopping (time budget) and at the end
     seed: int = 0
@@ -64,9 +65,11 @@ class TrainConfig:
         return dataclasses.replace(self, **changes)
 
     def eval_steps(self) -> list[int]:
-        """Steps after which the held-out loss is measured (always including the last)."""
-        pts = list(range(self.eval_every, self.steps + 1, self.eval_every)) if self.eval_every else []
-        return pts if pts and pts[-1] == self.steps else pts + [self.steps]
+        """Steps after which the held-out loss is measured: every ``eval_every``, the
+        ``eval_extra`` steps, and always the last."""
+        pts = set(range(self.eval_every, self.steps + 1, self.eval_every)) if self.eval_every else set()
+        pts |= {int(s) for s in self.eval_extra if 0 < int(s) <= self.steps}
+        return sorted(pts | {self.steps})
 
 
 @dataclass
