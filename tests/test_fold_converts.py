@@ -13,12 +13,11 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-import optax
 import pytest
 
 from _fold_converts import fold_converts
 from repro import formats as F
-from repro import ops, optim
+from repro import numerics_check, ops, optim
 from repro.recipes import get_recipe
 
 DTYPES = [jnp.bfloat16, jnp.float16, F.E4M3, F.E5M2, F.E2M1]
@@ -96,16 +95,7 @@ def test_storage_and_kahan_survive_convert_folding(storage):
                                 storage)}
 
     def run(kahan):
-        tx = optim.make_optimizer({"lr": 2.5e-4, "master_weights": storage, "kahan": kahan})
-
-        def steps(p):
-            s = tx.init(p)
-            for _ in range(20):
-                u, s = tx.update({"w": jnp.ones_like(p["w"])}, s, p)
-                p = optax.apply_updates(p, u)
-            return p["w"]
-
-        return steps
+        return numerics_check.storage_updates(storage, kahan)
 
     kahan, naive = run(True)(p0), run(False)(p0)
     assert not _same(kahan, naive)  # Kahan changes the result (A7 can be measured)
@@ -127,8 +117,6 @@ def test_fp8_conv_gradients_survive_convert_folding():
 
 
 def test_numerics_check_passes_here_and_catches_a_skipped_rounding(monkeypatch):
-    from repro import numerics_check
-
     rows = numerics_check.checks()
     assert all(r["ok"] for r in rows if r["required"])
     assert numerics_check.main([]) == 0
