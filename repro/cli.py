@@ -146,6 +146,15 @@ def _use_hardware(slug: str | None) -> None:
         hardware.detect.cache_clear()
 
 
+def _check_numerics(profile: str) -> None:
+    """Full-profile records are evidence: refuse to write them on a device where a rounding
+    the experiments rely on is skipped (``repro.numerics_check``; raises a one-line error)."""
+    if profile == "full":
+        from repro import numerics_check
+
+        numerics_check.require()
+
+
 def cmd_record(args) -> int:
     from repro import config, results
 
@@ -168,6 +177,7 @@ def cmd_record(args) -> int:
             raise UsageError(f"unknown recipe(s) {', '.join(bad)} for {args.experiment}; "
                              f"valid recipes: {', '.join(valid)}")
     fn = resolve_experiment(args.experiment)
+    _check_numerics(profile)
     kwargs: dict[str, Any] = {}
     if recipes is not None:
         if "recipes" not in inspect.signature(fn).parameters:
@@ -210,6 +220,7 @@ def record_all(args) -> int:
         except UsageError as e:
             unavailable.append((name, str(e)))
     root = results.record_root(profile)
+    _check_numerics(profile)
 
     from repro import hardware
 

@@ -8,7 +8,8 @@ default device and compares the bits with numpy/ml_dtypes on the host:
 
     python -m repro.numerics_check        # exit 1 if a rounding this repository uses is skipped
 
-``scripts/gpu_record.sh`` runs it before recording anything. The first row, the plain round
+``repro record ... --profile full`` (:func:`require`) and ``scripts/gpu_record.sh`` run it
+before recording anything. The first row, the plain round
 trip, is informational: it shows whether this compiler folds (expected on the GPU).
 """
 
@@ -77,6 +78,20 @@ def checks() -> list[dict]:
     rows.append({"check": "Kahan and naive BF16-stored updates differ",
                  "ok": _kahan_differs(), "required": True})
     return rows
+
+
+class NumericsError(ValueError):
+    """A rounding the experiments rely on does not happen on this device (one line)."""
+
+
+def require() -> None:
+    """Raise :class:`NumericsError` unless every required check passes here (``repro record
+    --profile full`` calls this before recording anything)."""
+    bad = [r["check"] for r in checks() if r["required"] and not r["ok"]]
+    if bad:
+        dev = jax.devices()[0]
+        raise NumericsError(f"numerics check failed on {dev.platform}:{dev.device_kind}: "
+                            f"{'; '.join(bad)}; nothing recorded (python -m repro.numerics_check)")
 
 
 def main(argv=None) -> int:

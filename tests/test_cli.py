@@ -150,3 +150,16 @@ def test_recipe_variants_and_peers_pass_validation():
     assert _recipe_ok("mlp_step", "flax-fp8", valid)
     assert not _recipe_ok("rl_throughput", "fp8-delayed:nope=1", valid)
     assert not _recipe_ok("gemm", "flax-fp8", valid_recipes("gemm"))
+
+
+def test_full_record_refuses_a_device_that_skips_roundings(tmp_path, monkeypatch, capsys):
+    from repro import numerics_check
+
+    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setattr(numerics_check, "checks", lambda: [
+        {"check": "formats.cast to bfloat16 matches ml_dtypes", "ok": False, "required": True}])
+    for argv in (["record", "gemm", "--profile", "full"], ["record", "all", "--profile", "full"]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "numerics check failed" in err[0] and "bfloat16" in err[0]
+    assert not (tmp_path / "results").exists()
