@@ -101,6 +101,19 @@ else:
     print("no records left out")
 
 # %% [markdown]
+# ## Same seed, separate processes (A10)
+#
+# The determinism cell reruns one variant within a process. Where a cell was recorded twice in
+# separate processes on the same machine and commit (`results/<hw>/rl_quality_repeat/`), every
+# seed's final return and learning curve are compared bit for bit. Reproducibility does not
+# depend on a numerics defect, so defective cells count here.
+
+# %%
+repeat = X.repeat_identical(results.load_records("rl_quality", keep_defective=True),
+                            results.load_records(X.QUALITY_REPEAT, keep_defective=True))
+repeat if len(repeat) else print("no cell recorded twice")
+
+# %% [markdown]
 # ## Which records the statistics use
 #
 # The numerics of every recipe are the same on any hardware (emulated FP8 is bit-faithful, only
@@ -230,7 +243,8 @@ poi.round(3)
 # * **A8** reproduced if removing gradient clipping and removing weight clipping both make
 #   fp8-e2e worse; partly if one does; contradicted if neither (no divergence without them).
 # * **A10** reproduced if fp8-delayed is not worse than FP32 and BF16 AND the same seed gives
-#   bit-identical returns; partly if one of the two; contradicted otherwise.
+#   bit-identical returns (within a process, and across processes where a cell was recorded
+#   twice); partly if one of the two; contradicted otherwise.
 #
 # Without full-profile records every verdict is "not yet measured" (the smoke numbers are shown
 # in its key number, not used as evidence). With fewer than 3 environments behind the
@@ -269,6 +283,10 @@ def better(x, y):
 
 det = df[(df.metric == "same_seed_identical") & (df.hardware == HWQ)]
 same_seed = bool(det.value.min() == 1.0) if len(det) else None
+rep_hw = repeat[repeat.hardware == HWQ] if len(repeat) else repeat
+if len(rep_hw):  # across processes too (the repeat cells): both must hold
+    same_seed = bool(rep_hw.identical.all()) if same_seed is None else bool(
+        same_seed and rep_hw.identical.all())
 divs = pool[pool.hardware == HWQ].groupby("variant")["diverged"].sum().to_dict()
 
 V = {}
@@ -293,7 +311,9 @@ V["A10"] = (verdict([None if not_worse("fp8-delayed", "fp32") is None else
                      bool(not_worse("fp8-delayed", "fp32") and not_worse("fp8-delayed", "bf16")),
                      same_seed]),
             [cmp("fp8-delayed", "fp32")[1], cmp("fp8-delayed", "bf16")[1],
-             f"same seed bit-identical: {same_seed}"])
+             f"same seed bit-identical: {same_seed}"
+             + (f" (in one process, and across processes for {len(rep_hw)} cells x "
+                f"{int(rep_hw.seeds.min())} seeds)" if len(rep_hw) else "")])
 
 MIN_ENVS = 3
 PLANNED_ENVS = list(stage_params("rl_quality", "full")["envs"])  # the GPU study's games

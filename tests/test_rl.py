@@ -227,3 +227,29 @@ def test_widest_fitting_solves_a_hand_made_quadratic():
     assert r.max_rel_residual < 1e-9
     inside = X.widest_fitting(pd.DataFrame(rows), mem(1500)).iloc[0]
     assert inside.widest_width == pytest.approx(1500, rel=1e-6) and not inside.extrapolated
+
+
+def test_repeat_identical_compares_returns_and_curves_bitwise(tmp_path):
+    from repro import hardware, results
+    from repro.rl import experiments as X
+
+    hw = hardware.lookup("cpu")
+
+    def recs(values, curves, commit):
+        out = []
+        for seed, (v, c) in enumerate(zip(values, curves)):
+            r = results.make_record("rl_quality", "final_return", v, "return", recipe="fp32",
+                                    sizes={"env": "CartPole-v1", "seed": seed},
+                                    extra={"variant": "fp32", "curve": c}, hardware=hw)
+            out.append({**r, "git_commit": commit})
+        return out
+
+    import pandas as pd
+
+    a = pd.DataFrame(recs([1.0, float("nan")], [[1.0, None], [2.0]], "abcdef0123"))
+    same = pd.DataFrame(recs([1.0, float("nan")], [[1.0, None], [2.0]], "abcdef0123"))
+    other = pd.DataFrame(recs([1.0, float("nan")], [[1.0, None], [2.0000001]], "abcdef0123"))
+    t = X.repeat_identical(a, same)
+    assert len(t) == 1 and t.iloc[0]["seeds"] == 2 and bool(t.iloc[0]["identical"])
+    assert not bool(X.repeat_identical(a, other).iloc[0]["identical"])  # one curve point differs
+    assert X.repeat_identical(a, a.iloc[0:0]).empty

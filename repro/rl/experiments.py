@@ -497,6 +497,41 @@ def record_quality(profile: str, root: str | Path | None = None, force: bool = F
     return written
 
 
+QUALITY_REPEAT = "rl_quality_repeat"
+
+
+def repeat_identical(df: pd.DataFrame, repeat: pd.DataFrame) -> pd.DataFrame:
+    """A10 across processes: quality cells recorded twice, compared bitwise.
+
+    ``repeat`` holds ``final_return`` records of cells that were run a second time in another
+    process (``results/<hw>/rl_quality_repeat/``: same commit, machine and seeds; load it with
+    ``keep_defective=True``: reproducibility does not depend on a numerics defect). One row per
+    (hardware, env, variant): the seeds compared, whether every seed's final return AND its
+    learning curve are identical, and the two runs' commits.
+    """
+    cols = ["hardware", "env", "variant", "seeds", "identical", "commit", "commit_repeat"]
+
+    def keyed(d):
+        d = d[d.metric == "final_return"]
+        return {(r.hardware, r.sizes["env"], r.extra["variant"], r.sizes["seed"]):
+                (r.value, r.extra.get("curve"), r.git_commit) for r in d.itertuples()}
+
+    if repeat.empty or df.empty:
+        return pd.DataFrame(columns=cols)
+    a, b = keyed(df), keyed(repeat)
+    rows: dict[tuple, dict] = {}
+    for k in sorted(set(a) & set(b), key=str):
+        cell = rows.setdefault(k[:3], {"hardware": k[0], "env": k[1], "variant": k[2],
+                                       "seeds": 0, "identical": True,
+                                       "commit": str(a[k][2])[:7],
+                                       "commit_repeat": str(b[k][2])[:7]})
+        va, vb = a[k][0], b[k][0]
+        same = (va == vb or (np.isnan(va) and np.isnan(vb))) and a[k][1] == b[k][1]
+        cell["seeds"] += 1
+        cell["identical"] &= bool(same)
+    return pd.DataFrame(list(rows.values()), columns=cols)
+
+
 # ----------------------------------------------------------------------- analysis (04)
 
 
