@@ -248,8 +248,8 @@ poi.round(3)
 #
 # Without full-profile records every verdict is "not yet measured" (the smoke numbers are shown
 # in its key number, not used as evidence). With fewer than 3 environments behind the
-# statistics, "reproduced" is capped at "partly": one or two games (CartPole-v1, where every
-# recipe reaches the maximum return of 500, least of all) cannot carry a claim about RL.
+# statistics, "reproduced" is capped at "partly": one or two games cannot carry a claim about
+# RL (least of all CartPole-v1, whose return is capped at 500 by the environment).
 
 # %%
 def cmp(x, y):

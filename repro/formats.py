@@ -59,7 +59,7 @@ def round_to(x, dtype):
     so: normal values are rounded with one spare exponent bit, values below the smallest
     normal on the subnormal grid (spacing ``2**(minexp - nmant)``). Saturation is the caller's
     job (every quantizer here clips first); NaN stays NaN. Exact against ml_dtypes' casts for
-    bfloat16, float16, E4M3, E5M2 and E2M1 (``tests/test_formats.py``).
+    bfloat16, float16, E4M3, E5M2 and E2M1 (``tests/test_fold_converts.py``).
     """
     x = jnp.asarray(x).astype(jnp.float32)
     info = ml_dtypes.finfo(dtype)

@@ -434,8 +434,9 @@ def _norm_sizes(sizes: dict) -> tuple[int, int, int] | None:
 def _pool_16bit(points: dict[str, np.ndarray]) -> None:
     """BF16 and FP16 run the same tensor-core instructions at the same datasheet peak, so a
     shape measured in both gets the faster of the two times in both tables (in place). On the
-    H200 the sweep's BF16 sample at 65536x2048x2048 ran at 476 TFLOP/s against FP16's 586,
-    while the BF16 train step at that width ran at ~680: the slower sample is the outlier."""
+    H200 the sweep's BF16 sample at 65536x2048x2048 ran well below both its FP16 sample and the
+    BF16 train step at that width (the gemm and mlp_step records): the slower sample is the
+    outlier."""
     a, b = points.get("bf16"), points.get("fp16")
     if a is None or b is None:
         return

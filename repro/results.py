@@ -162,8 +162,9 @@ def have_cell(experiment: str, cell: str, hardware: str | None = None,
 def defects() -> tuple[dict[str, Any], ...]:
     """Known defects of recorded cells (``repro/data/defects.yaml``): records measured with a
     bug found later. Each entry names the experiment, the hardware, the commits (prefixes) and
-    optional ``where`` filters (``"sizes.env"`` or ``"extra.variant"``: a list of values), and
-    says why; matching records are left in ``results/`` but out of the analyses."""
+    optional ``where`` filters (a record field such as ``"metric"``, or a dotted one such as
+    ``"sizes.env"`` / ``"extra.variant"``: the allowed values), and says why; matching records
+    are left in ``results/`` but out of the analyses."""
     import yaml
 
     path = Path(__file__).resolve().parent / "data" / "defects.yaml"

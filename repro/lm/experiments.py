@@ -428,11 +428,10 @@ def run_losses(df):
     f = (df[df["metric"] == "final_eval_loss"].rename(columns=ren)
          .drop_duplicates(RUN_KEYS, keep="last").set_index(RUN_KEYS))
     ev = df[df["metric"] == "eval_loss"].rename(columns=ren)
+    by_run = dict(iter(ev.groupby(RUN_KEYS)))
     rows = []
     for key, r in f.iterrows():
-        g = ev
-        for k, v in zip(RUN_KEYS, key):
-            g = g[g[k] == v]
+        g = by_run.get(key, ev.iloc[:0])
         g = g.drop_duplicates("size_step", keep="last").sort_values("size_step")
         final = float(r["value"])
         curve = {int(k): float(v) for k, v in zip(g["size_step"], g["value"])}
@@ -449,11 +448,6 @@ def run_losses(df):
                      "overfit": final / best - 1.0, "emulated": bool(r["emulated"]),
                      "curve": curve})
     return pd.DataFrame(rows, columns=cols)
-
-
-def final_losses(df):
-    """One row per (hardware, profile, model, variant, seed): the final held-out loss."""
-    return run_losses(df)[RUN_KEYS + ["final_eval_loss", "emulated"]]
 
 
 def _paired_best(a: dict, b: dict, fallback: tuple[float, float]) -> tuple[float, float]:
