@@ -124,6 +124,9 @@ def make_record(
         "emulated": bool(emulated),
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "extra": dict(extra or {}),
+        # what else ran on the machine, said by the script that started the run
+        # (scripts/gpu_record_pair.sh: a job on the other GPU)
+        **({"run_note": note} if (note := os.environ.get("REPRO_RUN_NOTE")) else {}),
     }
 
 

@@ -19,11 +19,20 @@ budget=${1:?seconds}; shift
 start=$(date +%s)
 out=${OUT:-build/gpu_out}; mkdir -p "$out"
 if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-} || exit 1
+  # Under a lock and once per machine: two of these scripts may start together, one per GPU
+  # (scripts/gpu_record_pair.sh).
+  (
+    command -v flock >/dev/null && flock 9
+    [ -e /tmp/site/.repro_wheels_done ] || {
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && touch /tmp/site/.repro_wheels_done; }
+  ) 9>/tmp/repro_wheels.lock || exit 1
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1 | tee "$out/gpu.txt"
+nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1 | tee "$out/gpu.txt"
+nvidia-smi topo -m 2>&1 | tee -a "$out/gpu.txt"  # how the GPUs are linked (multi-GPU machines)
+echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-} REPRO_RUN_NOTE=${REPRO_RUN_NOTE:-}" | tee -a "$out/gpu.txt"
 python3 -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())" 2>&1 | tee -a "$out/gpu.txt"
 # Every rounding the experiments rely on must happen on this device (XLA's GPU compiler folds
 # plain cast round trips; repro.formats.cast does not rely on them): refuse to record otherwise.

@@ -21,7 +21,8 @@ def rec(slug="h200", value=1.0, recipe="bf16", **kw):
                                spread=0.25, hardware=hardware.lookup(slug), **kw)
 
 
-def test_record_fields():
+def test_record_fields(monkeypatch):
+    monkeypatch.delenv("REPRO_RUN_NOTE", raising=False)
     r = rec(value=3, emulated=True, profile="smoke", extra={"hlo_fp8_gemm": False})
     assert list(r) == results.RECORD_FIELDS
     assert r["experiment"] == "gemm" and r["claims"] == ["A2", "B2"]
@@ -35,6 +36,15 @@ def test_record_fields():
         assert isinstance(r[key], str) and r[key]
     assert dt.datetime.fromisoformat(r["timestamp"]).tzinfo is not None
     json.dumps(r)  # serialisable as is
+
+
+def test_run_note_only_when_set(monkeypatch):
+    monkeypatch.delenv("REPRO_RUN_NOTE", raising=False)
+    assert "run_note" not in rec()
+    monkeypatch.setenv("REPRO_RUN_NOTE", "GPU 1 of 2; beside it on GPU 0: lm")
+    r = rec()
+    assert r["run_note"] == "GPU 1 of 2; beside it on GPU 0: lm"
+    assert list(r) == results.RECORD_FIELDS + ["run_note"]
 
 
 def test_write_then_read_back(roots):
