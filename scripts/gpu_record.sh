@@ -63,6 +63,6 @@ for exp in "$@"; do
     timeout -k 20 --signal=INT "$left" python3 -m repro.cli record "$name" --profile full ${args//,/ } 2>&1 | tee -a "$out/log.txt"
   fi
   tar czf "$out/results.tgz" results/
-  tar czf "$out/autotune.tgz" build/xla_autotune/
+  [ "${REPRO_PACK_AUTOTUNE:-1}" = 1 ] && tar czf "$out/autotune.tgz" build/xla_autotune/
 done
 echo "== done in $(( $(date +%s) - start ))s"

@@ -18,11 +18,13 @@ for x in "$@"; do
 done
 [ ${#a[@]} -gt 0 ] && [ ${#b[@]} -gt 0 ] || { echo "usage: $0 SECONDS ITEM... -- ITEM..."; exit 2; }
 out=${OUT:-build/gpu_out}; mkdir -p "$out/gpu0" "$out/gpu1"
+# Few files: the device tool returns a limited number from $OUT (8 in the session of 2026-11-29).
+export REPRO_PACK_AUTOTUNE=0
 CUDA_VISIBLE_DEVICES=0 OUT=$out/gpu0 REPRO_RUN_NOTE="GPU 0 of 2; beside it on GPU 1: ${b[*]}" \
-  bash scripts/gpu_record.sh "$budget" "${a[@]}" > "$out/gpu0/stdout.txt" 2>&1 &
+  bash scripts/gpu_record.sh "$budget" "${a[@]}" > /tmp/gpu0_stdout.txt 2>&1 &
 CUDA_VISIBLE_DEVICES=1 OUT=$out/gpu1 REPRO_RUN_NOTE="GPU 1 of 2; beside it on GPU 0: ${a[*]}" \
-  bash scripts/gpu_record.sh "$budget" "${b[@]}" > "$out/gpu1/stdout.txt" 2>&1 &
+  bash scripts/gpu_record.sh "$budget" "${b[@]}" > /tmp/gpu1_stdout.txt 2>&1 &
 wait
 tar czf "$out/results.tgz" results/
 tar czf "$out/autotune.tgz" build/xla_autotune/
-tail -n 25 "$out/gpu0/stdout.txt" "$out/gpu1/stdout.txt"
+tail -n 25 /tmp/gpu0_stdout.txt /tmp/gpu1_stdout.txt
