@@ -56,6 +56,12 @@ for exp in "$@"; do
   left=$(( budget - ($(date +%s) - start) - 15 ))
   if [ "$left" -le 20 ]; then echo "== skip $exp: budget spent"; continue; fi
   echo "== $exp (<= ${left}s)"
+  # Studies that checkpoint (repro.lm.experiments) stop cleanly at REPRO_TIME_BUDGET_S: give
+  # each item a budget that ends 30 s before its timeout (or the caller's, if smaller).
+  item_budget=$(( left - 30 )); user_budget=${REPRO_TIME_BUDGET_S_USER:-${REPRO_TIME_BUDGET_S:-}}
+  REPRO_TIME_BUDGET_S_USER=$user_budget
+  if [ -n "$user_budget" ] && [ "${user_budget%.*}" -lt "$item_budget" ]; then item_budget=${user_budget%.*}; fi
+  export REPRO_TIME_BUDGET_S=$item_budget
   if [[ "$exp" == *" "* ]]; then
     set -f; timeout -k 20 --signal=INT "$left" python3 -m $exp 2>&1 | tee -a "$out/log.txt"; set +f
   else

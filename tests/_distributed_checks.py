@@ -194,9 +194,30 @@ def lm_check(recipe):
     return out
 
 
+def lm_collectives(recipe, mesh, fsdp, cfg, batch=4):
+    """The collectives in the compiled LM training step of ``cfg`` on ``mesh`` (a global
+    batch of ``batch`` sequences: 2 a device on 2 devices, where letting XLA keep the weights
+    split made it move activations)."""
+    from repro import multigpu
+    from repro.lm import sharded as LS
+
+    init, step, _ = LS.functions(cfg, M.base_recipe(recipe), T._static_key(LM_TC), False,
+                                 mesh, fsdp)
+    v, o = init(jnp.int32(0), jnp.zeros((1, cfg.seq_len), jnp.int32))
+    x = LS.batch_putter(mesh)(np.zeros((batch, cfg.seq_len), np.int32))
+    text = step.lower(v, o, x, x, jnp.int32(0), jnp.int32(0)).compile().as_text()
+    return multigpu.collectives(text)
+
+
 @timed("lm_bf16")
 def _():
-    return lm_check("bf16")
+    out = lm_check("bf16")
+    # the "tiny" preset on 2 devices, as the multigpu study runs the 120m one
+    tiny = M.get_config("tiny")
+    out["collectives"] = {
+        "dp2": lm_collectives("bf16", distributed.make_mesh(2), False, tiny),
+        "fsdp1x2": lm_collectives("bf16", distributed.make_mesh(2, fsdp=True), True, tiny)}
+    return out
 
 
 @timed("lm_nvfp4")

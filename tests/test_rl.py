@@ -253,3 +253,6 @@ def test_repeat_identical_compares_returns_and_curves_bitwise(tmp_path):
     assert len(t) == 1 and t.iloc[0]["seeds"] == 2 and bool(t.iloc[0]["identical"])
     assert not bool(X.repeat_identical(a, other).iloc[0]["identical"])  # one curve point differs
     assert X.repeat_identical(a, a.iloc[0:0]).empty
+    # re-recorded at another commit (other code): not a repeat, not compared
+    later = pd.DataFrame(recs([1.0, float("nan")], [[1.0, None], [2.0000001]], "fedcba9876"))
+    assert X.repeat_identical(a, later).empty

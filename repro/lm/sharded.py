@@ -19,8 +19,13 @@
 * the loss: replicated (a mean over the sharded batch: an all-reduce).
 
 XLA inserts the collectives: with replicated parameters, an all-reduce of the gradients; with
-FSDP, all-gathers of the weights where the GEMMs need them and reduce-scatters of their
-gradients. The quantization recipes need nothing more: the FP8 delayed-scaling amaxes and the
+FSDP, all-gathers of the weights and reduce-scatters of their gradients. For FSDP the forward
+pass reads the variables through a sharding constraint to "replicated"
+(``train._raw_functions(gather=...)``): without it XLA kept some GEMMs on split weights and
+moved the activations instead (on the H200, 157 all-to-alls in the 120m step on 2 GPUs, which
+ran slower than one GPU; ``tests/test_distributed.py`` checks the step has none). The weights
+are gathered whole, so a device holds a full copy of the parameters during the step (not of
+Adam's moments): ZeRO-3's memory saving only for the optimizer state at these sizes. The quantization recipes need nothing more: the FP8 delayed-scaling amaxes and the
 NVFP4 per-tensor amaxes are ``jnp.max`` reductions, global over the shards; the NVFP4 random
 bits come from ``jax.random`` with a key that does not depend on the device count (threefry is
 partitionable), so a sharded run computes the single-device values up to the order of
@@ -65,9 +70,11 @@ def functions(cfg: M.LMConfig, recipe, tc_static, donate: bool, mesh: Mesh, fsdp
     """(init, step, eval) of ``train._raw_functions`` jitted with the shardings above."""
     from repro.lm import train as T
 
-    init, step, evaluate = T._raw_functions(cfg, recipe, tc_static)
-    var_sh, opt_sh = state_shardings(cfg, recipe, tc_static, mesh, fsdp)
     rep = distributed.replicated(mesh)
+    # FSDP: the forward pass reads the weights all-gathered (see the module's docstring)
+    gather = (lambda v: jax.lax.with_sharding_constraint(v, rep)) if fsdp else None
+    init, step, evaluate = T._raw_functions(cfg, recipe, tc_static, gather)
+    var_sh, opt_sh = state_shardings(cfg, recipe, tc_static, mesh, fsdp)
     batch = distributed.batch_sharding(mesh, 2)
     return (
         jax.jit(init, in_shardings=(rep, rep), out_shardings=(var_sh, opt_sh)),

@@ -121,18 +121,23 @@ def _static_key(tc: TrainConfig) -> TrainConfig:
     return tc.replace(seed=0, eval_every=0, eval_batches=0, checkpoint_every=0)
 
 
-def _raw_functions(cfg: M.LMConfig, recipe, tc_static: TrainConfig):
+def _raw_functions(cfg: M.LMConfig, recipe, tc_static: TrainConfig, gather=None):
     """(init, step, eval), not jitted: :func:`_functions` jits them for one device,
-    ``repro.lm.sharded.functions`` with data-parallel / FSDP shardings."""
+    ``repro.lm.sharded.functions`` with data-parallel / FSDP shardings.
+
+    ``gather`` (FSDP): applied to the variables where the forward pass reads them (a sharding
+    constraint to "replicated": XLA all-gathers the weights and, in the backward pass,
+    reduce-scatters their gradients), so the GEMMs run data-parallel on whole weights."""
     model = M.Decoder(cfg, recipe)
     tx = make_optimizer(tc_static)
+    gather = gather or (lambda v: v)
 
     def init(seed, tokens):
         variables = model.init(jax.random.fold_in(jax.random.key(0), seed), tokens)
         return variables, tx.init(variables["params"])
 
     def loss_fn(variables, x, y, qkey):
-        return M.cross_entropy(model.apply(variables, x, rngs={"quant": qkey}), y)
+        return M.cross_entropy(model.apply(gather(variables), x, rngs={"quant": qkey}), y)
 
     def step(variables, opt_state, x, y, seed, step_i):
         qkey = jax.random.fold_in(jax.random.fold_in(jax.random.key(1), seed), step_i)
@@ -141,7 +146,7 @@ def _raw_functions(cfg: M.LMConfig, recipe, tc_static: TrainConfig):
         return variables, opt_state, loss
 
     def evaluate(variables, x, y):
-        return M.cross_entropy(model.apply(variables, x), y)
+        return M.cross_entropy(model.apply(gather(variables), x), y)
 
     return init, step, evaluate
 

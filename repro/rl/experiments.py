@@ -506,8 +506,8 @@ def repeat_identical(df: pd.DataFrame, repeat: pd.DataFrame) -> pd.DataFrame:
     ``repeat`` holds ``final_return`` records of cells that were run a second time in another
     process (``results/<hw>/rl_quality_repeat/``: same commit, machine and seeds; load it with
     ``keep_defective=True``: reproducibility does not depend on a numerics defect). One row per
-    (hardware, env, variant): the seeds compared, whether every seed's final return AND its
-    learning curve are identical, and the two runs' commits.
+    (hardware, env, variant) recorded at the same commit both times: the seeds compared,
+    whether every seed's final return AND its learning curve are identical, and the commit.
     """
     cols = ["hardware", "env", "variant", "seeds", "identical", "commit", "commit_repeat"]
 
@@ -520,7 +520,9 @@ def repeat_identical(df: pd.DataFrame, repeat: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     a, b = keyed(df), keyed(repeat)
     rows: dict[tuple, dict] = {}
-    for k in sorted(set(a) & set(b), key=str):
+    # a cell recorded again later with other code (e.g. re-recorded after a defect) is not a
+    # repeat: only the same commit counts
+    for k in sorted((k for k in set(a) & set(b) if a[k][2] == b[k][2]), key=str):
         cell = rows.setdefault(k[:3], {"hardware": k[0], "env": k[1], "variant": k[2],
                                        "seeds": 0, "identical": True,
                                        "commit": str(a[k][2])[:7],
