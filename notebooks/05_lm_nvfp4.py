@@ -315,6 +315,11 @@ note4 = ("quality only; NVFP4 GEMMs emulated (bit-faithful values), so no speed 
          if b4.get("row") is not None and b4["row"]["emulated"] else "")
 if b4.get("smoke_only"):
     note4 += "Smoke profile only (tiny model, 100 steps): a pipeline check, not evidence. "
+    few = gaps[(gaps["recipe"] == "nvfp4") & (gaps["profile"] == "full")] if len(gaps) else gaps
+    for _, r in few.iterrows():  # full-profile pairs with fewer seeds than the rule needs
+        note4 += (f"Full profile so far: {r['model']} on {r['hardware']}, {int(r['n_seeds'])} "
+                  f"paired seed(s) (the rule needs 3): NVFP4 vs BF16 "
+                  f"{100 * r['gap_nats'] / r['baseline_loss']:+.2f}% best held-out loss. ")
 if b4.get("row") is not None:
     vs = vs_fp8[(vs_fp8["recipe"] == "nvfp4") & (vs_fp8["model"] == b4["row"]["model"])
                 & (vs_fp8["profile"] == b4["row"]["profile"])] if len(vs_fp8) else vs_fp8
@@ -335,7 +340,7 @@ b3 = E.b3_verdict(df)
 note3 = ("Computed from the quantizers' dtypes and scale shapes (device-independent). Training "
          "memory is dominated by FP32 master weights + AdamW moments (16 bytes/parameter with "
          "gradients), which the format does not change.")
-p3 = claims.write_verdict("B3", b3["verdict"], b3["key_number"], hardware=HW.slug,
+p3 = claims.write_verdict("B3", b3["verdict"], b3["key_number"], hardware=b3.get("hardware", HW.slug),
                           source="lm records stored_*_bytes (notebooks/05_lm_nvfp4.py)",
                           note=note3)
 print(f"B4: {b4['verdict']}\n    {b4['key_number']}\n    {note4}")

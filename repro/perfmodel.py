@@ -89,6 +89,8 @@ class Gemm:
     ``batch``: independent products in ONE launch (attention heads x sequences), so the rate
     is looked up at the launch's total flops. ``work``: fraction of the tiles computed (causal
     attention skips half). ``role``: what it is (``fwd``, ``dgrad``, ``wgrad``, ``attn``...).
+    ``hbm_bytes``: device-memory bytes of one product where they are not its operands and
+    output (fused flash attention keeps the [s, s] scores on chip); None: operands + output.
     """
 
     m: int
@@ -100,6 +102,7 @@ class Gemm:
     batch: int = 1
     work: float = 1.0
     out_bytes: float = 2.0
+    hbm_bytes: float | None = None
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -119,7 +122,10 @@ class Gemm:
 
     @property
     def launch_bytes(self) -> float:
-        """Operand reads and output write of one launch (each operand read once)."""
+        """Operand reads and output write of one launch (each operand read once), or
+        ``batch * hbm_bytes`` where that is given."""
+        if self.hbm_bytes is not None:
+            return self.batch * self.hbm_bytes
         b = ELEMENT_BYTES[self.fmt]
         return self.batch * ((self.m * self.k + self.k * self.n) * b
                              + self.m * self.n * self.work * self.out_bytes)
@@ -398,9 +404,14 @@ def lm_step_gemms(cfg: DecoderShape, batch_tokens: int, recipe: str = "bf16",
         else:
             linear(k, n, recipe, L, name)
 
-    # Attention core, BF16, flash-attention style: per launch all heads of all sequences.
+    # Attention core, BF16, flash-attention style: per launch all heads of all sequences. The
+    # scores and probabilities stay on chip (cuDNN's fused attention, repro.lm.model): each
+    # product moves about two [s, hd] BF16 tiles per (sequence, head) through device memory
+    # (forward: Q, K, V in, O out; backward: Q, K, V, O, dO in, dQ, dK, dV out). Counting the
+    # [s, s] scores instead made the GEMMs' bytes exceed the whole compiled program's, which
+    # left no room for the FP8 quantization traffic in program_step.
     n_seq = max(T // s, 1)
-    score = dict(batch=n_seq * h, work=0.5, fmt="bf16")
+    score = dict(batch=n_seq * h, work=0.5, fmt="bf16", hbm_bytes=2 * s * hd * 2.0)
     step.gemms += [Gemm(s, hd, s, L, role="attn.qk", **score),
                    Gemm(s, s, hd, L, role="attn.pv", **score),
                    Gemm(s, hd, s, L, role="attn.qk_recompute", **score),

@@ -317,3 +317,23 @@ def test_early_eval_steps_and_schedule():
     assert E.early_eval_steps(200, 100, 5) == () and E.early_eval_steps(1, 50, 0) == ()
     tc = T.TrainConfig(steps=100, eval_every=40, eval_extra=(5, 10, 40, 500))
     assert tc.eval_steps() == [5, 10, 40, 80, 100]
+
+
+def test_b3_verdict_ratios_match_hand_counted_bytes_and_name_the_hardware():
+    """NVFP4 stores 4 bits a value plus one E4M3 scale per block: 16x16 weight blocks give
+    0.25 + 1/512 of BF16's bytes, 1x16 activation blocks 0.25 + 1/32 (ignoring the one FP32
+    per-tensor scale). The verdict names the hardware of the records it used."""
+    import pandas as pd
+
+    run = E.plan("full", variants=["nvfp4"], sizes=["20m"])[0]
+    v = next(x for x in run.variants if x.name == "nvfp4")
+    recs = E._memory_records(run, v, "full")
+    for r in recs:
+        r["hardware"] = "h200"
+    frame = pd.DataFrame(recs)
+    frame["size_model"] = [r["sizes"]["model"] for r in recs]
+    out = E.b3_verdict(frame)
+    assert out["weights"] == pytest.approx(0.25 + 1 / 512, abs=1e-4)
+    assert out["activations"] == pytest.approx(0.25 + 1 / 32, abs=1e-4)
+    assert out["hardware"] == "h200" and out["model"] == "20m"
+    assert out["verdict"] in ("reproduced", "partly")

@@ -69,6 +69,23 @@ def test_lm_flops_by_hand():
     assert mlp["bf16"] == pytest.approx(3 * attn + head)
 
 
+def test_lm_attention_bytes_keep_scores_on_chip():
+    """Fused (flash) attention never writes the [s, s] scores: each of the 7 products per block
+    moves two [s, hd] BF16 tiles per (sequence, head), counted by hand here."""
+    cfg = pm.DecoderShape("t", hidden=64, n_layers=3, ffn=96, n_heads=4, n_kv_heads=2,
+                          vocab=100, seq_len=16, n_bf16_last_blocks=1)
+    T, hd, s = 32, 16, 16
+    step = pm.lm_step_gemms(cfg, T, "bf16")
+    attn = [g for g in step.gemms if g.role.startswith("attn.")]
+    assert len(attn) == 7
+    got = sum(g.launch_bytes * g.count for g in attn)
+    assert got == 7 * 3 * (T // s) * 4 * (2 * s * hd * 2)
+    # a plain GEMM still counts its operands and output
+    g = pm.Gemm(8, 4, 2, fmt="bf16")
+    assert g.launch_bytes == (8 * 4 + 4 * 2 + 8 * 2) * 2
+    assert pm.Gemm(8, 4, 2, batch=3, hbm_bytes=10.0).launch_bytes == 30.0
+
+
 def test_llama_shapes():
     c = pm.llama3_8b_config()
     assert (c.hidden, c.n_layers, c.ffn, c.n_heads, c.n_kv_heads, c.vocab) == (

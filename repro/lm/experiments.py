@@ -565,6 +565,7 @@ def b3_verdict(df, limit: float = 0.30) -> dict[str, Any]:
     m = m.assign(_size=m["size_model"].map(SIZE_ORDER).fillna(-1))
     size = m.sort_values("_size")["size_model"].iloc[-1]
     m = m[m["size_model"] == size].drop_duplicates("metric", keep="last").set_index("metric")
+    hardware = str(m["hardware"].iloc[-1])
 
     def ratio(metric):
         return float(m.loc[metric, "extra"]["ratio_to_bf16"])
@@ -581,7 +582,7 @@ def b3_verdict(df, limit: float = 0.30) -> dict[str, Any]:
            f"1x16) of their BF16/FP16 bytes; the {size} model's GEMM operands under NVIDIA's "
            f"policy {whole:.3f}")
     return {"verdict": verdict, "key_number": key, "model": size, "weights": w_q,
-            "activations": a_q, "whole": float(whole)}
+            "activations": a_q, "whole": float(whole), "hardware": hardware}
 
 
 def main(argv: list[str] | None = None) -> int:
