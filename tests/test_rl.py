@@ -155,6 +155,26 @@ def test_quality_statistics_match_rliable_and_a_hand_count(monkeypatch):
     assert (agg.iqm_lo <= agg.iqm).all() and (agg.iqm <= agg.iqm_hi).all()
 
 
+def test_bootstrap_intervals_are_reproducible_and_leave_numpy_alone():
+    """Same scores, same seed: the same confidence intervals (rliable draws from NumPy's global
+    generator; repro seeds it for the call and restores it afterwards)."""
+    from repro.rl import experiments as X
+
+    rng = np.random.default_rng(1)
+    scores = {"a": rng.normal(1.0, 0.3, (16, 2)), "b": rng.normal(0.8, 0.3, (16, 2))}
+    np.random.seed(123)
+    before = np.random.get_state()[1].copy()
+    runs = [(X.aggregate(scores, reps=200), X.probability_of_improvement(scores, [("a", "b")],
+                                                                        reps=200))
+            for _ in range(2)]
+    assert (np.random.get_state()[1] == before).all()
+    for col in ("iqm_lo", "iqm_hi", "mean_lo", "mean_hi"):
+        assert runs[0][0][col].tolist() == runs[1][0][col].tolist()
+    assert runs[0][1][["lo", "hi"]].values.tolist() == runs[1][1][["lo", "hi"]].values.tolist()
+    other = X.probability_of_improvement(scores, [("a", "b")], reps=200, seed=7)
+    assert other[["lo", "hi"]].values.tolist() != runs[0][1][["lo", "hi"]].values.tolist()
+
+
 def test_precision_policy_and_record_validation(tmp_path):
     from repro.config import ConfigError
     from repro.rl import experiments as X

@@ -43,6 +43,7 @@ installed and an equivalent NumPy implementation otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from pathlib import Path
@@ -606,6 +607,20 @@ def _stratified_bootstrap(scores: np.ndarray, fn, reps: int, rng) -> np.ndarray:
     return out
 
 
+@contextlib.contextmanager
+def _global_numpy_seed(seed: int):
+    """rliable's StratifiedBootstrap draws its indices from NumPy's GLOBAL generator
+    (``np.random.choice`` in ``update_indices``), ignoring the ``random_state`` it is given, so
+    its intervals changed from run to run. Seed the global generator for the call, then put
+    its state back."""
+    state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        yield
+    finally:
+        np.random.set_state(state)
+
+
 def aggregate(scores: Mapping[str, np.ndarray], reps: int = 2000, seed: int = 0
               ) -> pd.DataFrame:
     """IQM (and mean) of normalised scores per variant with 95% stratified-bootstrap CIs."""
@@ -615,8 +630,8 @@ def aggregate(scores: Mapping[str, np.ndarray], reps: int = 2000, seed: int = 0
         from rliable import metrics as rm
 
         fn = lambda x: np.array([rm.aggregate_iqm(x), rm.aggregate_mean(x)])  # noqa: E731
-        with warnings.catch_warnings():  # arch: "random_state is deprecated"
-            warnings.simplefilter("ignore", FutureWarning)
+        with warnings.catch_warnings(), _global_numpy_seed(seed):  # arch: "random_state
+            warnings.simplefilter("ignore", FutureWarning)                # is deprecated"
             pt, ci = rly.get_interval_estimates(dict(scores), fn, reps=reps,
                                                 random_state=np.random.RandomState(seed))
         for v in scores:
@@ -656,7 +671,7 @@ def probability_of_improvement(scores: Mapping[str, np.ndarray],
 
         d = {f"{x},{y}": (scores[x], scores[y]) for x, y in pairs}
         if d:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _global_numpy_seed(seed):
                 warnings.simplefilter("ignore", FutureWarning)
                 pt, ci = rly.get_interval_estimates(d, rm.probability_of_improvement, reps=reps,
                                                     random_state=np.random.RandomState(seed))
