@@ -1,0 +1,221 @@
+"""Where a training step's device time goes, kernel by kernel (issue 6: the perfmodel's misses).
+
+    python -m repro.kernelprof mlp --width 256 --recipes bf16,fp8-delayed   # on a GPU
+    python -m repro.kernelprof lm --size 20m --batch 64 --recipes bf16,fp8-delayed
+
+The step is built exactly as the ``mlp_step`` / ``lm_step`` benchmarks build it
+(``repro.mlpbench._setup``, ``repro.lm.train._functions``), compiled, run once to warm up, and
+then ``--steps`` steps run under JAX's profiler (CUPTI on a GPU). The Perfetto trace's kernel
+events on the device's streams are classed by name (:func:`kernel_class`: gemm, attention,
+collective, memory, other) and summed. Per recipe, records under
+``results/<hardware>/kernel_times/<cell>.json``: ``<class>_ms_per_step`` for every class,
+``kernel_ms_per_step`` (their sum: device busy time, streams added up),
+``kernels_per_step`` and ``wall_ms_per_step`` (wall time per traced step, profiler on: an
+upper bound of the untraced step). ``extra.top_kernels`` lists the costliest kernels.
+
+This is what :mod:`repro.perfmodel` cannot see from step times alone: how much of a step the
+GEMMs take, how much the quantization and other fusions, and how much is gaps between
+kernels. On a CPU the trace holds no device kernels: nothing is recorded, and it says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import pandas as pd
+
+from repro import results
+
+EXPERIMENT = "kernel_times"
+CLAIMS = ["B2"]
+CLASSES = ("gemm", "attention", "collective", "memory", "other")
+# Checked in this order: a flash-attention kernel's name also says "gemm"-like things.
+_PATTERNS = (
+    ("collective", re.compile(r"nccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all",
+                              re.I)),
+    ("attention", re.compile(r"fmha|flash|sdpa|attention", re.I)),
+    ("memory", re.compile(r"memcpy|memset", re.I)),
+    ("gemm", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|wgmma|matmul", re.I)),
+)
+# Lines the profiler derives from the kernels (not kernels themselves).
+_OVERLAY = re.compile(r"xla ops|xla modules|steps|tensorflow|launch stats|source", re.I)
+
+
+def kernel_class(name: str) -> str:
+    """The class of a device kernel, from its name."""
+    for cls, pat in _PATTERNS:
+        if pat.search(name):
+            return cls
+    return "other"
+
+
+def kernel_events(trace: dict[str, Any] | list) -> pd.DataFrame:
+    """Complete events (``ph == "X"``) of a Perfetto/Chrome trace that ran on a device stream:
+    columns name, ts, dur (microseconds), pid, tid, process, thread, class."""
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    proc, thread = {}, {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            proc[e["pid"]] = str(e.get("args", {}).get("name", ""))
+        elif e.get("ph") == "M" and e.get("name") == "thread_name":
+            thread[(e["pid"], e.get("tid"))] = str(e.get("args", {}).get("name", ""))
+    device = {p for p, n in proc.items()
+              if n.startswith("/device:") and not n.startswith("/device:CPU")}
+    rows = []
+    for e in events:
+        if e.get("ph") != "X" or e.get("pid") not in device:
+            continue
+        tname = thread.get((e["pid"], e.get("tid")), "")
+        if _OVERLAY.search(tname):
+            continue
+        rows.append({"name": str(e.get("name", "")), "ts": float(e.get("ts", 0.0)),
+                     "dur": float(e.get("dur", 0.0)), "pid": e["pid"], "tid": e.get("tid"),
+                     "process": proc[e["pid"]], "thread": tname})
+    df = pd.DataFrame(rows, columns=["name", "ts", "dur", "pid", "tid", "process", "thread"])
+    df["class"] = [kernel_class(n) for n in df["name"]]
+    return df
+
+
+def summarize(kernels: pd.DataFrame, steps: int) -> dict[str, Any]:
+    """Per-step milliseconds by class, kernel count and the costliest kernels."""
+    if steps < 1:
+        raise ValueError("steps must be >= 1")
+    ms = {f"{c}_ms_per_step": float(kernels.loc[kernels["class"] == c, "dur"].sum())
+          / 1e3 / steps for c in CLASSES}
+    top = (kernels.groupby(["name", "class"])["dur"].agg(["sum", "count"])
+           .sort_values("sum", ascending=False).head(15).reset_index())
+    return {**ms, "kernel_ms_per_step": float(kernels["dur"].sum()) / 1e3 / steps,
+            "kernels_per_step": len(kernels) / steps,
+            "top_kernels": [{"name": r["name"][:120], "class": r["class"],
+                             "ms_per_step": float(r["sum"]) / 1e3 / steps,
+                             "calls_per_step": float(r["count"]) / steps}
+                            for _, r in top.iterrows()]}
+
+
+def load_trace(logdir: Path) -> dict[str, Any]:
+    """The newest ``perfetto_trace.json.gz`` under ``logdir``."""
+    files = sorted(Path(logdir).rglob("perfetto_trace.json.gz"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        raise FileNotFoundError(f"no perfetto_trace.json.gz under {logdir}")
+    with gzip.open(files[-1], "rt") as f:
+        return json.load(f)
+
+
+def trace_steps(run: Callable[[], Any], steps: int, logdir: Path) -> float:
+    """Run ``run`` (one training step) ``steps`` times under the profiler; wall s per step."""
+    jax.block_until_ready(run())  # warm up outside the trace
+    with jax.profiler.trace(str(logdir), create_perfetto_trace=True):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            out = run()
+        jax.block_until_ready(out)
+        wall = (time.perf_counter() - t0) / steps
+    return wall
+
+
+def _mlp_runner(recipe: str, width: int, batch: int, depth: int):
+    from repro import bench, mlpbench
+
+    step, variables, opt_state, x, y = mlpbench._setup(recipe, width, batch, depth)
+    compiled = step.lower(variables, opt_state, x, y).compile()
+    return bench.stepper(compiled, variables, opt_state, x, y)
+
+
+def _lm_runner(recipe: str, size: str, batch: int):
+    import jax.numpy as jnp
+
+    from repro import bench
+    from repro.lm import data as D
+    from repro.lm import model as M
+    from repro.lm import train as T
+
+    cfg = M.get_config(size)
+    splits = D.preflight(cfg, batch, recipe=M.base_recipe(recipe))
+    x, y = (jnp.asarray(a) for a in D.train_batch(splits.train, 0, batch, cfg.seq_len, 0))
+    tc = T.TrainConfig(batch_size=batch)
+    init, step, _ = T._functions(cfg, M.base_recipe(recipe), T._static_key(tc),
+                                 jax.default_backend() == "gpu")
+    seed, i = jnp.int32(0), jnp.int32(0)
+    variables, opt_state = init(seed, x[:1])
+    compiled = step.lower(variables, opt_state, x, y, seed, i).compile()
+    return bench.stepper(compiled, variables, opt_state, x, y, seed, i)
+
+
+def profile_cell(workload: str, recipes: list[str], steps: int, sizes: dict[str, Any],
+                 make_runner: Callable[[str], Callable[[], Any]], profile: str = "full"
+                 ) -> list[dict[str, Any]]:
+    """Records of one shape, one recipe after the other; [] where the trace has no kernels."""
+    records = []
+    for r in recipes:
+        with tempfile.TemporaryDirectory() as tmp:
+            wall = trace_steps(make_runner(r), steps, Path(tmp))
+            kernels = kernel_events(load_trace(Path(tmp)))
+        if kernels.empty:
+            print(f"kernelprof: {workload} {r}: the trace holds no device kernels "
+                  f"(backend {jax.default_backend()}): nothing recorded", file=sys.stderr)
+            continue
+        s = summarize(kernels, steps)
+        extra = {"steps_traced": steps, "top_kernels": s.pop("top_kernels"),
+                 "note": "JAX profiler (CUPTI) trace; kernel times of all streams added"}
+        common = dict(claims=CLAIMS, recipe=r, sizes={"workload": workload, **sizes},
+                      repeats=steps, profile=profile, extra=extra)
+        for metric, value in {**s, "wall_ms_per_step": wall * 1e3}.items():
+            unit = "kernels" if metric == "kernels_per_step" else "ms"
+            records.append(results.make_record(EXPERIMENT, metric, value, unit, **common))
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m repro.kernelprof", description=__doc__.split(
+        "\n\n")[0])
+    ap.add_argument("workload", choices=["mlp", "lm"])
+    ap.add_argument("--recipes", default="bf16,fp8-delayed", help="comma-separated")
+    ap.add_argument("--width", type=int, default=256, help="mlp: width")
+    ap.add_argument("--depth", type=int, default=3, help="mlp: depth")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="rows (mlp, default 65536) or sequences (lm, default 64)")
+    ap.add_argument("--size", default="20m", help="lm: model preset")
+    ap.add_argument("--steps", type=int, default=5, help="steps traced per recipe")
+    ap.add_argument("--force", action="store_true", help="re-record a recorded cell")
+    ap.add_argument("--profile", default="full", help="records' profile (where they go)")
+    a = ap.parse_args(argv)
+    from repro.recipes import get_recipe
+
+    recipes = [r for r in a.recipes.split(",") if r]
+    for r in recipes:
+        try:  # an unknown recipe fails before any compilation, naming the valid ones
+            get_recipe(r)
+        except ValueError as e:
+            ap.error(str(e))
+    if a.workload == "mlp":
+        batch = a.batch or 65536
+        sizes = {"batch": batch, "width": a.width, "depth": a.depth}
+        cell = f"mlp_{batch}x{a.width}x{a.depth}"
+        make = lambda r: _mlp_runner(r, a.width, batch, a.depth)  # noqa: E731
+    else:
+        batch = a.batch or 64
+        sizes = {"model": a.size, "batch": batch}
+        cell = f"lm_{a.size}_b{batch}"
+        make = lambda r: _lm_runner(r, a.size, batch)  # noqa: E731
+    cell += "_" + "_".join(recipes)
+    root = results.record_root(a.profile)
+    if not a.force and results.have_cell(EXPERIMENT, cell, root=root):
+        print(f"kernelprof: {cell} already recorded (--force to redo)")
+        return 0
+    recs = profile_cell(a.workload, recipes, a.steps, sizes, make, a.profile)
+    if recs:
+        print(results.write_records(recs, EXPERIMENT, cell, root=root))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Kernel-time profiles: kernel names to classes, trace events to per-step sums."""
+
+import pytest
+
+from repro import kernelprof as K
+
+
+@pytest.mark.parametrize("name,cls", [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1", "gemm"),
+    ("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NNT", "gemm"),
+    ("cutlass3x_sm90_tensorop_gemm_e4m3_e4m3_f32_bf16_bf16_128x128x128", "gemm"),
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "collective"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x128x128", "attention"),
+    ("loop_multiply_fusion_3", "other"),
+    ("input_reduce_fusion_1", "other"),
+    ("Memcpy DtoD (Device -> Device)", "memory"),
+])
+def test_kernel_class(name, cls):
+    assert K.kernel_class(name) == cls
+
+
+def _trace():
+    M = lambda pid, what, name, tid=None: {"ph": "M", "pid": pid, "name": what,  # noqa: E731
+                                           **({"tid": tid} if tid is not None else {}),
+                                           "args": {"name": name}}
+    X = lambda pid, tid, name, ts, dur: {"ph": "X", "pid": pid, "tid": tid,  # noqa: E731
+                                         "name": name, "ts": ts, "dur": dur}
+    return {"traceEvents": [
+        M(1, "process_name", "/host:CPU"), M(1, "thread_name", "python", 7),
+        M(2, "process_name", "/device:GPU:0 (NVIDIA H200)"),
+        M(2, "thread_name", "Stream #13(Compute)", 1), M(2, "thread_name", "XLA Ops", 2),
+        X(1, 7, "PjitFunction(step)", 0, 900),               # host: not a kernel
+        X(2, 2, "fusion.3", 0, 500),                         # overlay line: not a kernel
+        X(2, 1, "sm90_xmma_gemm_e4m3", 0, 300), X(2, 1, "sm90_xmma_gemm_e4m3", 400, 300),
+        X(2, 1, "loop_convert_fusion", 300, 50), X(2, 1, "loop_convert_fusion", 700, 50),
+        X(2, 1, "ncclDevKernel_AllReduce_Sum_f32", 750, 100),
+    ]}
+
+
+def test_kernel_events_and_per_step_sums_by_hand():
+    k = K.kernel_events(_trace())
+    assert len(k) == 5 and set(k["process"]) == {"/device:GPU:0 (NVIDIA H200)"}
+    s = K.summarize(k, steps=2)
+    assert s["gemm_ms_per_step"] == pytest.approx(0.600 / 2)
+    assert s["other_ms_per_step"] == pytest.approx(0.100 / 2)
+    assert s["collective_ms_per_step"] == pytest.approx(0.100 / 2)
+    assert s["attention_ms_per_step"] == 0 and s["memory_ms_per_step"] == 0
+    assert s["kernel_ms_per_step"] == pytest.approx(0.800 / 2)
+    assert s["kernels_per_step"] == 2.5
+    top = s["top_kernels"][0]
+    assert top["name"] == "sm90_xmma_gemm_e4m3" and top["calls_per_step"] == 1.0
+    with pytest.raises(ValueError):
+        K.summarize(k, steps=0)
+
+
+def test_cpu_run_records_nothing_and_bad_recipe_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("REPRO_SCRATCH_RESULTS", str(tmp_path / "scratch"))
+    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
+    assert K.main(["mlp", "--width", "32", "--batch", "64", "--recipes", "bf16", "--steps", "1",
+                   "--profile", "smoke"]) == 0
+    assert "no device kernels" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.json"))
+    with pytest.raises(SystemExit):
+        K.main(["mlp", "--recipes", "bf16,nope"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "unknown recipe 'nope'" in err[-1] and "valid recipes" in err[-1]
