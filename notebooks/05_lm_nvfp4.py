@@ -298,8 +298,9 @@ if len(df):
 #
 # **B4 rule.** Take the largest model with at least 3 paired NVFP4/BF16 seeds (full-profile
 # records before smoke ones). With the 95 % t-interval [lo, hi] of the relative gap
-# (NVFP4 − BF16) / BF16 of the best held-out loss (section 4 says why not the final one): **reproduced** if hi ≤ 1.5 % (NVFP4 is
-# within the paper's 1.5 % of the baseline, and the seeds can tell); **contradicted** if
+# (NVFP4 − BF16) / BF16 of the best held-out loss (section 4 says why not the final one):
+# **reproduced** if hi ≤ 1.5 % (NVFP4 is within the paper's 1.5 % of the baseline, and the
+# seeds can tell); **contradicted** if
 # lo > 1.5 %; otherwise **partly** (the interval straddles 1.5 %). Smoke records (tiny model,
 # 100 steps) give at most **partly**: they test the pipeline, not the claim.
 #
@@ -340,7 +341,8 @@ b3 = E.b3_verdict(df)
 note3 = ("Computed from the quantizers' dtypes and scale shapes (device-independent). Training "
          "memory is dominated by FP32 master weights + AdamW moments (16 bytes/parameter with "
          "gradients), which the format does not change.")
-p3 = claims.write_verdict("B3", b3["verdict"], b3["key_number"], hardware=b3.get("hardware", HW.slug),
+p3 = claims.write_verdict("B3", b3["verdict"], b3["key_number"],
+                          hardware=b3.get("hardware", HW.slug),
                           source="lm records stored_*_bytes (notebooks/05_lm_nvfp4.py)",
                           note=note3)
 print(f"B4: {b4['verdict']}\n    {b4['key_number']}\n    {note4}")

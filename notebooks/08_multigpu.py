@@ -34,8 +34,9 @@
 # The gradient all-reduce (DP) and the weight all-gathers / gradient reduce-scatters (FSDP)
 # come from XLA. For FSDP the step reads the weights through a sharding constraint to
 # "replicated": left to itself, XLA kept some GEMMs on the split weights and moved activations
-# between the GPUs instead (all-to-alls; the first H200 records, listed below as left out). The delayed-scaling amax is a `jnp.max` over a sharded array, which XLA makes
-# a global all-reduce(max): every device quantizes with the same scale as one device would.
+# between the GPUs instead (all-to-alls; the first H200 records, listed below as left out).
+# The delayed-scaling amax is a `jnp.max` over a sharded array, which XLA makes a global
+# all-reduce(max): every device quantizes with the same scale as one device would.
 # Multi-host: `repro.distributed.initialize_from_env()` calls `jax.distributed.initialize()`
 # under Slurm, Open MPI or `JAX_COORDINATOR_ADDRESS` (+ `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`).
 #
@@ -216,7 +217,8 @@ else:
     emulated = any(r["emulated"] for r in V["rows"])
     have = {(r["workload"], r["recipe"]) for r in V["rows"]}
     full = config.stage_params("multigpu", "full")  # the study the GPU records come from
-    missing = [f"{w} {r}" for w in full["workloads"] for r in full["recipes"] if (w, r) not in have]
+    missing = [f"{w} {r}" for w in full["workloads"] for r in full["recipes"]
+               if (w, r) not in have]
     note = (f"Target >= {multigpu.EFFICIENCY_TARGET} at >= 4 GPUs."
             + (f" Not recorded at {V['n_devices']} GPUs: {', '.join(missing)}." if missing
                else "") + f" {CPU_CHECKS}.")

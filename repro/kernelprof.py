@@ -3,15 +3,15 @@
     python -m repro.kernelprof mlp --width 256 --recipes bf16,fp8-delayed   # on a GPU
     python -m repro.kernelprof lm --size 20m --batch 64 --recipes bf16,fp8-delayed
 
-The step is built exactly as the ``mlp_step`` / ``lm_step`` benchmarks build it
-(``repro.mlpbench._setup``, ``repro.lm.train._functions``), compiled, run once to warm up, and
-then ``--steps`` steps run under JAX's profiler (CUPTI on a GPU). The Perfetto trace's kernel
-events on the device's streams are classed by name (:func:`kernel_class`: gemm, attention,
-collective, memory, other) and summed. Per recipe, records under
+The step is built and compiled exactly as the ``mlp_step`` / ``lm_step`` benchmarks do it
+(``repro.mlpbench._setup`` and ``_compile``, ``repro.lmbench.compile_step``), run once to warm
+up, and then ``--steps`` steps run under JAX's profiler (CUPTI on a GPU). The Perfetto trace's
+kernel events on the device's streams are classed by name (:func:`kernel_class`: gemm,
+attention, collective, memory, other) and summed. Per recipe, records under
 ``results/<hardware>/kernel_times/<cell>.json``: ``<class>_ms_per_step`` for every class,
-``kernel_ms_per_step`` (their sum: device busy time, streams added up),
-``kernels_per_step`` and ``wall_ms_per_step`` (wall time per traced step, profiler on: an
-upper bound of the untraced step). ``extra.top_kernels`` lists the costliest kernels.
+``kernel_ms_per_step`` (their sum: device busy time, streams added up), ``kernels_per_step``
+and ``wall_ms_per_step`` (wall time per traced step, profiler on: an upper bound of the
+untraced step). ``extra.top_kernels`` lists the costliest kernels.
 
 This is what :mod:`repro.perfmodel` cannot see from step times alone: how much of a step the
 GEMMs take, how much the quantization and other fusions, and how much is gaps between
@@ -126,38 +126,34 @@ def _mlp_runner(recipe: str, width: int, batch: int, depth: int):
     from repro import bench, mlpbench
 
     step, variables, opt_state, x, y = mlpbench._setup(recipe, width, batch, depth)
-    compiled = step.lower(variables, opt_state, x, y).compile()
-    return bench.stepper(compiled, variables, opt_state, x, y)
+    compiled, facts = mlpbench._compile(step, variables, opt_state, x, y)
+    return bench.stepper(compiled, variables, opt_state, x, y), facts
 
 
 def _lm_runner(recipe: str, size: str, batch: int):
-    import jax.numpy as jnp
+    from repro import lmbench
 
-    from repro import bench
-    from repro.lm import data as D
-    from repro.lm import model as M
-    from repro.lm import train as T
-
-    cfg = M.get_config(size)
-    splits = D.preflight(cfg, batch, recipe=M.base_recipe(recipe))
-    x, y = (jnp.asarray(a) for a in D.train_batch(splits.train, 0, batch, cfg.seq_len, 0))
-    tc = T.TrainConfig(batch_size=batch)
-    init, step, _ = T._functions(cfg, M.base_recipe(recipe), T._static_key(tc),
-                                 jax.default_backend() == "gpu")
-    seed, i = jnp.int32(0), jnp.int32(0)
-    variables, opt_state = init(seed, x[:1])
-    compiled = step.lower(variables, opt_state, x, y, seed, i).compile()
-    return bench.stepper(compiled, variables, opt_state, x, y, seed, i)
+    cfg = lmbench.check_size(size)
+    x, y = lmbench.fixed_batch(cfg, batch, [recipe])
+    facts, _, run = lmbench.compile_step(cfg, recipe, x, y, f"{size} b{batch}")
+    return run, facts
 
 
 def profile_cell(workload: str, recipes: list[str], steps: int, sizes: dict[str, Any],
-                 make_runner: Callable[[str], Callable[[], Any]], profile: str = "full"
-                 ) -> list[dict[str, Any]]:
-    """Records of one shape, one recipe after the other; [] where the trace has no kernels."""
+                 make_runner: Callable[[str], tuple[Callable[[], Any], dict]],
+                 profile: str = "full") -> list[dict[str, Any]]:
+    """Records of one shape, one recipe after the other; [] where the trace has no kernels.
+
+    ``make_runner(recipe)`` gives ``(run, facts)``: one training step and the compiled
+    program's facts (``repro.bench.compiled_facts``), whose FP8 lowering says whether the
+    recipe ran emulated (then the kernels are those of the emulation, and records say so)."""
+    from repro.bench import recipe_emulated
+
     records = []
     for r in recipes:
+        run, facts = make_runner(r)
         with tempfile.TemporaryDirectory() as tmp:
-            wall = trace_steps(make_runner(r), steps, Path(tmp))
+            wall = trace_steps(run, steps, Path(tmp))
             kernels = kernel_events(load_trace(Path(tmp)))
         if kernels.empty:
             print(f"kernelprof: {workload} {r}: the trace holds no device kernels "
@@ -167,7 +163,8 @@ def profile_cell(workload: str, recipes: list[str], steps: int, sizes: dict[str,
         extra = {"steps_traced": steps, "top_kernels": s.pop("top_kernels"),
                  "note": "JAX profiler (CUPTI) trace; kernel times of all streams added"}
         common = dict(claims=CLAIMS, recipe=r, sizes={"workload": workload, **sizes},
-                      repeats=steps, profile=profile, extra=extra)
+                      repeats=steps, profile=profile, extra=extra,
+                      emulated=recipe_emulated(r, facts["fp8_lowering"]))
         for metric, value in {**s, "wall_ms_per_step": wall * 1e3}.items():
             unit = "kernels" if metric == "kernels_per_step" else "ms"
             records.append(results.make_record(EXPERIMENT, metric, value, unit, **common))

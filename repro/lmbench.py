@@ -118,6 +118,50 @@ def cell_name(size: str, batch: int) -> str:
 # ------------------------------------------------------------------------------- timing
 
 
+def fixed_batch(cfg, batch: int, recipes: list[str]):
+    """The batch a step is timed on: the first training batch of the shipped corpus, after
+    every recipe's preflight (a bad recipe or size fails before the first compile)."""
+    from repro.lm import data as D
+    from repro.lm import model as M
+
+    splits = None
+    for r in recipes:
+        splits = D.preflight(cfg, batch, recipe=M.base_recipe(r))
+    x, y = D.train_batch(splits.train, 0, batch, cfg.seq_len, 0)
+    return jnp.asarray(x), jnp.asarray(y)
+
+
+def compile_step(cfg, recipe: str, x, y, tag: str = ""):
+    """``(facts, times, run)`` of ``recipe``'s training step on the batch ``(x, y)``:
+    ``train.train``'s own step function compiled (only the batch size of its static config
+    matters to the compiled shapes; the schedule's values do not change a step's work), the
+    compiled program's facts, init/compile/first-step seconds, and a zero-argument ``run``
+    that takes one step (:func:`repro.bench.stepper`), already warmed up."""
+    from repro.lm import model as M
+    from repro.lm import train as T
+
+    tc = T.TrainConfig(batch_size=int(x.shape[0]))
+    seed, step_i = jnp.int32(0), jnp.int32(0)
+    t0 = time.perf_counter()
+    init_fn, step_fn, _ = T._functions(cfg, M.base_recipe(recipe), T._static_key(tc),
+                                       jax.default_backend() == "gpu")
+    variables, opt_state = init_fn(seed, x[:1])  # parameter shapes do not depend on B
+    jax.block_until_ready(variables)
+    t1 = time.perf_counter()
+    _log(f"{tag} {recipe}: compiling")
+    compiled = step_fn.lower(variables, opt_state, x, y, seed, step_i).compile()
+    facts = compiled_facts(compiled)
+    t2 = time.perf_counter()
+    run = stepper(compiled, variables, opt_state, x, y, seed, step_i)
+    jax.block_until_ready(run())  # warm up
+    t3 = time.perf_counter()
+    _log(f"{tag} {recipe}: init {t1 - t0:.1f} s, compile {t2 - t1:.1f} s, first step "
+         f"{t3 - t2:.2f} s, lowering {facts['fp8_lowering']}")
+    times = {"init_s": round(t1 - t0, 3), "compile_s": round(t2 - t1, 3),
+             "first_step_s": round(t3 - t2, 3)}
+    return facts, times, run
+
+
 def bench_cell(size: str, batch: int, recipes: list[str], repeats: int,
                steps_per_sample: int = 5, profile: str | None = None) -> list[dict]:
     """Time every recipe's LM training step for one (size, batch), interleaved.
@@ -127,46 +171,18 @@ def bench_cell(size: str, batch: int, recipes: list[str], repeats: int,
     the compiled step, where the backend has one); ``extra`` holds the samples and the
     compiled program's facts.
     """
-    from repro.lm import data as D
     from repro.lm import model as M
-    from repro.lm import train as T
 
     cfg = check_size(size)
     recipes = check_recipes(recipes)
     (batch,) = _batches(batch, size)
     if repeats < 1 or steps_per_sample < 1:
         raise ConfigError(f"{EXPERIMENT}: repeats and steps_per_sample must be >= 1")
-    splits = None
-    for r in recipes:  # all checks first: a bad recipe fails before the first compile
-        splits = D.preflight(cfg, batch, recipe=M.base_recipe(r))
-    x, y = D.train_batch(splits.train, 0, batch, cfg.seq_len, 0)
-    x, y = jnp.asarray(x), jnp.asarray(y)
-    # train.train's static config (only the batch size matters to the compiled shapes; the
-    # schedule's values do not change the work of a step)
-    tc = T.TrainConfig(batch_size=batch)
-    on_gpu = jax.default_backend() == "gpu"
-    seed, step_i = jnp.int32(0), jnp.int32(0)
+    x, y = fixed_batch(cfg, batch, recipes)
     tag = f"{size} b{batch}"
-
     facts_of, times_of, runners = {}, {}, {}
     for r in recipes:
-        t0 = time.perf_counter()
-        init_fn, step_fn, _ = T._functions(cfg, M.base_recipe(r), T._static_key(tc), on_gpu)
-        variables, opt_state = init_fn(seed, x[:1])  # parameter shapes do not depend on B
-        jax.block_until_ready(variables)
-        t1 = time.perf_counter()
-        _log(f"{tag} {r}: compiling")
-        compiled = step_fn.lower(variables, opt_state, x, y, seed, step_i).compile()
-        facts = compiled_facts(compiled)
-        t2 = time.perf_counter()
-        run = stepper(compiled, variables, opt_state, x, y, seed, step_i)
-        jax.block_until_ready(run())  # warm up
-        t3 = time.perf_counter()
-        _log(f"{tag} {r}: init {t1 - t0:.1f} s, compile {t2 - t1:.1f} s, first step "
-             f"{t3 - t2:.2f} s, lowering {facts['fp8_lowering']}")
-        facts_of[r], runners[r] = facts, run
-        times_of[r] = {"init_s": round(t1 - t0, 3), "compile_s": round(t2 - t1, 3),
-                       "first_step_s": round(t3 - t2, 3)}
+        facts_of[r], times_of[r], runners[r] = compile_step(cfg, r, x, y, tag)
     samples_of = time_interleaved(runners, repeats, steps_per_sample, f" in {tag}")
 
     tokens = batch * cfg.seq_len

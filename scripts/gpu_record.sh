@@ -52,15 +52,15 @@ if ! python3 -c "import jax; jax.devices()" >/dev/null 2>&1; then  # an XLA with
   echo "== no XLA autotune cache: this XLA rejects the flag"; export XLA_FLAGS="$xla_flags_before"
 fi
 export JAX_COMPILATION_CACHE_DIR=$PWD/build/jax_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=2
+user_budget=${REPRO_TIME_BUDGET_S:-}; user_budget=${user_budget%.*}  # the caller's, if any
 for exp in "$@"; do
   left=$(( budget - ($(date +%s) - start) - 15 ))
   if [ "$left" -le 20 ]; then echo "== skip $exp: budget spent"; continue; fi
   echo "== $exp (<= ${left}s)"
   # Studies that checkpoint (repro.lm.experiments) stop cleanly at REPRO_TIME_BUDGET_S: give
   # each item a budget that ends 30 s before its timeout (or the caller's, if smaller).
-  item_budget=$(( left - 30 )); user_budget=${REPRO_TIME_BUDGET_S_USER:-${REPRO_TIME_BUDGET_S:-}}
-  REPRO_TIME_BUDGET_S_USER=$user_budget
-  if [ -n "$user_budget" ] && [ "${user_budget%.*}" -lt "$item_budget" ]; then item_budget=${user_budget%.*}; fi
+  item_budget=$(( left - 30 ))
+  if [ -n "$user_budget" ] && [ "$user_budget" -lt "$item_budget" ]; then item_budget=$user_budget; fi
   export REPRO_TIME_BUDGET_S=$item_budget
   if [[ "$exp" == *" "* ]]; then
     set -f; timeout -k 20 --signal=INT "$left" python3 -m $exp 2>&1 | tee -a "$out/log.txt"; set +f

@@ -64,3 +64,18 @@ def test_cpu_run_records_nothing_and_bad_recipe_is_one_line(tmp_path, monkeypatc
         K.main(["mlp", "--recipes", "bf16,nope"])
     err = capsys.readouterr().err.strip().splitlines()
     assert "unknown recipe 'nope'" in err[-1] and "valid recipes" in err[-1]
+
+
+def test_profile_cell_records_per_step_sums_and_marks_emulation(monkeypatch):
+    """NVFP4 has no tensor cores here: its kernel times are the emulation's, and say so."""
+    monkeypatch.setattr(K, "trace_steps", lambda run, steps, logdir: 0.002)
+    monkeypatch.setattr(K, "load_trace", lambda logdir: _trace())
+    recs = K.profile_cell("mlp", ["bf16", "nvfp4"], 2, {"width": 8},
+                          lambda r: (lambda: None, {"fp8_lowering": "no-f8"}), "smoke")
+    by = {(r["recipe"], r["metric"]): r for r in recs}
+    assert by[("bf16", "gemm_ms_per_step")]["value"] == pytest.approx(0.3)
+    assert by[("bf16", "wall_ms_per_step")]["value"] == pytest.approx(2.0)
+    assert by[("bf16", "kernels_per_step")]["unit"] == "kernels"
+    assert not by[("bf16", "gemm_ms_per_step")]["emulated"]
+    assert by[("nvfp4", "gemm_ms_per_step")]["emulated"]
+    assert by[("nvfp4", "gemm_ms_per_step")]["sizes"] == {"workload": "mlp", "width": 8}

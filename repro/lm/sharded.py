@@ -25,9 +25,11 @@ pass reads the variables through a sharding constraint to "replicated"
 moved the activations instead (on the H200, 157 all-to-alls in the 120m step on 2 GPUs, which
 ran slower than one GPU; ``tests/test_distributed.py`` checks the step has none). The weights
 are gathered whole, so a device holds a full copy of the parameters during the step (not of
-Adam's moments): ZeRO-3's memory saving only for the optimizer state at these sizes. The quantization recipes need nothing more: the FP8 delayed-scaling amaxes and the
-NVFP4 per-tensor amaxes are ``jnp.max`` reductions, global over the shards; the NVFP4 random
-bits come from ``jax.random`` with a key that does not depend on the device count (threefry is
+Adam's moments): ZeRO-3's memory saving only for the optimizer state at these sizes.
+
+The quantization recipes need nothing more: the FP8 delayed-scaling amaxes and the NVFP4
+per-tensor amaxes are ``jnp.max`` reductions, global over the shards; the NVFP4 random bits
+come from ``jax.random`` with a key that does not depend on the device count (threefry is
 partitionable), so a sharded run computes the single-device values up to the order of
 floating-point reductions (tested on 8 simulated CPU devices, 8x1 and 2x4 meshes).
 

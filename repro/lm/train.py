@@ -67,7 +67,8 @@ class TrainConfig:
     def eval_steps(self) -> list[int]:
         """Steps after which the held-out loss is measured: every ``eval_every``, the
         ``eval_extra`` steps, and always the last."""
-        pts = set(range(self.eval_every, self.steps + 1, self.eval_every)) if self.eval_every else set()
+        pts = (set(range(self.eval_every, self.steps + 1, self.eval_every)) if self.eval_every
+               else set())
         pts |= {int(s) for s in self.eval_extra if 0 < int(s) <= self.steps}
         return sorted(pts | {self.steps})
 

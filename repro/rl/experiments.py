@@ -630,8 +630,8 @@ def aggregate(scores: Mapping[str, np.ndarray], reps: int = 2000, seed: int = 0
         from rliable import metrics as rm
 
         fn = lambda x: np.array([rm.aggregate_iqm(x), rm.aggregate_mean(x)])  # noqa: E731
-        with warnings.catch_warnings(), _global_numpy_seed(seed):  # arch: "random_state
-            warnings.simplefilter("ignore", FutureWarning)                # is deprecated"
+        with warnings.catch_warnings(), _global_numpy_seed(seed):
+            warnings.simplefilter("ignore", FutureWarning)  # arch: "random_state is deprecated"
             pt, ci = rly.get_interval_estimates(dict(scores), fn, reps=reps,
                                                 random_state=np.random.RandomState(seed))
         for v in scores:
