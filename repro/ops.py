@@ -304,6 +304,10 @@ def _static_padding(padding):
                                                           for pair in padding)
 
 
+# Input channels of an FP8 convolution are zero-padded to a multiple of this (see fp8_conv).
+CONV_CHANNEL_MULTIPLE = 16
+
+
 def fp8_conv(x, w, recipe, meta=None, strides=None, padding="SAME"):
     """Channels-last convolution ``x[N, *spatial, C] * w[*window, C, F]`` in FP8.
 
@@ -317,6 +321,13 @@ def fp8_conv(x, w, recipe, meta=None, strides=None, padding="SAME"):
     nsp = x.ndim - 2
     strides = tuple(strides) if strides is not None else (1,) * nsp
     op = ("conv", strides, _static_padding(padding), conv_dimension_numbers(x.ndim))
+    # Input channels padded with zeros to a multiple of CONV_CHANNEL_MULTIPLE (exact: the
+    # padded products are zero, the amaxes unchanged; pad's gradient slices them off). On the
+    # H200 cuDNN had no FP8 plan for SpaceInvaders-MinAtar's 6 input channels under vmap
+    # (grouped convolution: "No supported configs found", session 6), where 4 worked; XLA's
+    # FP8 conv fallback (openxla/xla#40021) names grouped convs under 16 channels per group.
+    x = _pad_axis(x, x.ndim - 1, CONV_CHANNEL_MULTIPLE)
+    w = _pad_axis(w, w.ndim - 2, CONV_CHANNEL_MULTIPLE)
     return _fp8_call(x, w, recipe, meta, op, "fp8_conv")
 
 

@@ -3,12 +3,14 @@
 import re
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
 from repro import layers as L
+from repro import ops
 from repro.recipes import RECIPES, get_recipe
 
 
@@ -193,3 +195,30 @@ def test_conv_fp8_close_to_fp32(name):
     assert rel(gx, gx32) < 0.1
     if name == "fp8-delayed":
         np.testing.assert_allclose(g[L.FP8_META]["input_amax_history"][0], np.abs(x).max())
+
+
+def test_fp8_conv_pads_odd_channel_counts():
+    """SpaceInvaders-MinAtar has 6 input channels: cuDNN on the H200 had no FP8 plan for them
+    (seeds vmapped into a grouped convolution). The FP8 convolution must see a multiple of 16
+    channels, give the unpadded answer and return gradients of the unpadded shapes."""
+    x, w = randn(7, (2, 10, 10, 6)), 0.2 * randn(8, (3, 3, 6, 8))
+    r = "fp8-current"
+    f = lambda x, w: ops.fp8_conv(x, w, r, strides=(1, 1), padding="SAME")
+    text = jax.jit(f).lower(x, w).as_text()
+    shapes = re.findall(r"stablehlo\.convolution.*?:\s*\(tensor<([0-9x]+)xf8E4M3FN>,\s*"
+                        r"tensor<([0-9x]+)xf8E4M3FN>\)", text)
+    assert shapes == [("2x10x10x16", "3x3x16x8")], shapes
+    exact = lax.conv_general_dilated(x, w,
+                                     (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    y = f(x, w)
+    assert y.shape == (2, 10, 10, 8) and rel(y.astype(jnp.float32), exact) < 0.08
+    t = randn(9, y.shape)
+    gx, gw = jax.grad(lambda x, w: jnp.sum((f(x, w).astype(jnp.float32) - t) ** 2), (0, 1))(x, w)
+    gx64, gw64 = jax.grad(lambda x, w: jnp.sum((lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")) - t) ** 2),
+        (0, 1))(x, w)
+    assert gx.shape == x.shape and gw.shape == w.shape
+    assert rel(gx, gx64) < 0.1 and rel(gw, gw64) < 0.1
+    # seeds vmapped (the quality runs): a grouped convolution, still 16 channels per group
+    ys = jax.vmap(f)(jnp.stack([x, 2 * x]), jnp.stack([w, w]))
+    assert rel(ys[0].astype(jnp.float32), exact) < 0.08
