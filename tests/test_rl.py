@@ -276,3 +276,34 @@ def test_repeat_identical_compares_returns_and_curves_bitwise(tmp_path):
     # re-recorded at another commit (other code): not a repeat, not compared
     later = pd.DataFrame(recs([1.0, float("nan")], [[1.0, None], [2.0000001]], "fedcba9876"))
     assert X.repeat_identical(a, later).empty
+
+
+def test_a_failing_cell_does_not_stop_the_study(tmp_path, monkeypatch, capsys):
+    """A cell that raises (a convolution the device cannot compile) is logged and named at the
+    end; the cells after it still run and are written."""
+    from repro import results
+    from repro.rl import experiments as X
+
+    def fake_cell(env_name, v, p, profile):
+        if v == "fp8-delayed":
+            raise RuntimeError("NOT_FOUND: No supported configs found for HLO\nmore lines")
+        return [results.make_record(X.QUALITY, "final_return", 1.0, "return",
+                                    sizes={"env": env_name, "variant": v}, profile=profile)]
+
+    monkeypatch.setattr(X, "quality_cell", fake_cell)
+    only = ["CartPole-v1_fp32", "CartPole-v1_fp8-delayed", "CartPole-v1_fp8-e2e"]
+    with pytest.raises(X.CellsFailed) as e:
+        X.record_quality("smoke", tmp_path, only=only)
+    assert len(e.value.failures) == 1 and "CartPole-v1_fp8-delayed" in e.value.failures[0]
+    assert "No supported configs" in e.value.failures[0] and "more lines" not in str(e.value)
+    for ok in ("CartPole-v1_fp32", "CartPole-v1_fp8-e2e"):  # before and after the failure
+        assert results.have_cell(X.QUALITY, ok, root=tmp_path)
+    assert not results.have_cell(X.QUALITY, "CartPole-v1_fp8-delayed", root=tmp_path)
+
+    def failing(*a, **k):
+        raise X.CellsFailed(X.QUALITY, ["CartPole-v1_fp8-delayed (RuntimeError: boom)"])
+
+    monkeypatch.setattr(X, "record_quality", failing)
+    capsys.readouterr()
+    assert X.main(["quality", "--profile", "smoke"]) == 1
+    assert "CartPole-v1_fp8-delayed (RuntimeError: boom)" in capsys.readouterr().out

@@ -293,6 +293,25 @@ def _select(cells: list[tuple], only: Sequence[str] | None) -> list[tuple]:
     return [c for c in cells if any(fnmatch(c[0], pat) for pat in only)]
 
 
+class CellsFailed(RuntimeError):
+    """Cells of a study that raised; every other selected cell was run and written. A cell the
+    device cannot compile (session 6: cuDNN had no FP8 convolution for one environment) must
+    not cost the rest of an unattended GPU call."""
+
+    def __init__(self, study: str, failures: list[str]):
+        self.failures = failures
+        super().__init__(f"{study}: {len(failures)} cell(s) failed, the others were written: "
+                         + "; ".join(failures))
+
+
+def _cell_failed(study: str, cell: str, err: Exception, failures: list[str]) -> None:
+    from tqdm import tqdm
+
+    first = (str(err).strip().splitlines() or [""])[0][:300]
+    failures.append(f"{cell} ({type(err).__name__}: {first})")
+    tqdm.write(f"{study}: cell {cell} failed, going on with the next: {failures[-1]}")
+
+
 def record_throughput(profile: str, root: str | Path | None = None, force: bool = False,
                       recipes: Sequence[str] | None = None,
                       only: Sequence[str] | None = None) -> list[Path]:
@@ -316,14 +335,20 @@ def record_throughput(profile: str, root: str | Path | None = None, force: bool 
     if force or not results.have_cell(THROUGHPUT, "stores", root=root):
         written.append(results.write_records(stores_records(profile), THROUGHPUT, "stores",
                                              root=root))
-    cells = _select(throughput_cells(p, use), only)
+    cells, failures = _select(throughput_cells(p, use), only), []
     for cell, network, width, recipe, n in (bar := tqdm(cells, desc=f"{THROUGHPUT} [{profile}]",
                                                         unit="cell")):
         if not force and results.have_cell(THROUGHPUT, cell, root=root):
             continue
         bar.set_postfix_str(cell)
-        recs = throughput_cell(network, width, recipe, n, p, profile)
+        try:
+            recs = throughput_cell(network, width, recipe, n, p, profile)
+        except Exception as e:  # noqa: BLE001 - logged, the study goes on, raised at the end
+            _cell_failed(THROUGHPUT, cell, e, failures)
+            continue
         written.append(results.write_records(recs, THROUGHPUT, cell, root=root))
+    if failures:
+        raise CellsFailed(THROUGHPUT, failures)
     return written
 
 
@@ -479,22 +504,28 @@ def record_quality(profile: str, root: str | Path | None = None, force: bool = F
             quality_config(env_name, v, p)  # validate every cell before the first run
     root = Path(root) if root is not None else results.record_root(profile)
     written = []
-    cells = _select(quality_cells(p, variants), only)
+    cells, failures = _select(quality_cells(p, variants), only), []
     for cell, kind, env_name, v in (bar := tqdm(cells, desc=f"{QUALITY} [{profile}]",
                                                 unit="cell")):
         if not force and results.have_cell(QUALITY, cell, root=root):
             continue
         bar.set_postfix_str(cell)
-        if kind == "random":
-            recs = [results.make_record(
-                QUALITY, "random_return", random_return(env_name), "return", claims=["A10"],
-                sizes={"env": env_name, "variant": "random"}, profile=profile,
-                extra={"policy": "uniform random", "num_envs": 64, "num_steps": 2000})]
-        elif kind == "determinism":
-            recs = determinism_cell(env_name, v, p, profile)
-        else:
-            recs = quality_cell(env_name, v, p, profile)
+        try:
+            if kind == "random":
+                recs = [results.make_record(
+                    QUALITY, "random_return", random_return(env_name), "return", claims=["A10"],
+                    sizes={"env": env_name, "variant": "random"}, profile=profile,
+                    extra={"policy": "uniform random", "num_envs": 64, "num_steps": 2000})]
+            elif kind == "determinism":
+                recs = determinism_cell(env_name, v, p, profile)
+            else:
+                recs = quality_cell(env_name, v, p, profile)
+        except Exception as e:  # noqa: BLE001 - logged, the study goes on, raised at the end
+            _cell_failed(QUALITY, cell, e, failures)
+            continue
         written.append(results.write_records(recs, QUALITY, cell, root=root))
+    if failures:
+        raise CellsFailed(QUALITY, failures)
     return written
 
 
@@ -791,7 +822,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(c[0])
         return 0
     fn = record_throughput if a.study == "throughput" else record_quality
-    written = fn(a.profile, None, a.force, recipes=recipes, only=a.only)
+    try:
+        written = fn(a.profile, None, a.force, recipes=recipes, only=a.only)
+    except CellsFailed as e:
+        print("\n".join([str(e).split(": ")[0] + ": failed cells:", *e.failures]))
+        return 1
     print(f"{a.study} [{a.profile}]: wrote {len(written)} cell(s)")
     return 0
 
