@@ -71,7 +71,11 @@ FIG.mkdir(exist_ok=True)
 # ## Calibration
 #
 # The parameters the fit found (or the defaults, where nothing was measured), and how well the
-# BF16 step times that were fitted are reproduced.
+# BF16 step times that were fitted are reproduced. The per-kernel latency cannot be told apart
+# from GEMM and memory time by BF16 step times alone (the fit puts it at 0 on the H200, while the
+# FP8 programs launch 2-3x the kernels); where `python -m repro.kernelprof` has traced BF16 steps
+# (`results/<chip>/kernel_times/`), it is measured instead: (step time - device busy time) /
+# kernels per step, the median over the traced shapes (`source` says which).
 
 # %%
 params = perf[perf["metric"] == "model_parameter"]
@@ -79,7 +83,8 @@ mode = params["extra"].iloc[0].get("mode", "datasheet") if len(params) else "dat
 calibrated = mode == "calibrated"
 table = pd.DataFrame({
     "chip": params["hardware"], "parameter": params["size_parameter"], "value": params["value"],
-    "unit": params["unit"], "fitted": params["extra"].map(lambda e: e.get("fitted"))})
+    "unit": params["unit"],
+    "source": params["extra"].map(lambda e: e.get("source", "fit" if e.get("fitted") else ""))})
 print({"calibrated": "calibrated on measured BF16 steps (gemm + mlp_step/lm_step records)",
        "rates_only": "NOT calibrated: measured GEMM rates, but no mlp_step/lm_step records yet; "
                      "bandwidth/latency parameters at their defaults",

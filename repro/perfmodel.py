@@ -582,6 +582,7 @@ class Calibration:
     calibrated: bool = False
     fit: pd.DataFrame | None = None
     fitted: tuple[str, ...] = ()
+    traced: pd.DataFrame | None = None  # traced_kernel_latency rows behind kernel_latency_us
 
     def to_dict(self) -> dict[str, Any]:
         return {"hardware": self.hardware.slug, "calibrated": self.calibrated,
@@ -589,7 +590,8 @@ class Calibration:
                 "gemm_formats": self.rates.formats() if self.rates else [],
                 "sweep_overhead_us": ({k: v * 1e6 for k, v in self.rates.overhead_s.items()}
                                       if self.rates else {}),
-                "n_fit": 0 if self.fit is None else int(len(self.fit))}
+                "n_fit": 0 if self.fit is None else int(len(self.fit)),
+                "kernel_latency_traced_shapes": 0 if self.traced is None else len(self.traced)}
 
 
 def datasheet_calibration(info: hw.HardwareInfo | str,
@@ -793,6 +795,46 @@ def fit_params(steps: Sequence[Step], measured_s: Sequence[float], cal: Calibrat
     return params_of(best.x)
 
 
+KERNEL_TIMES = "kernel_times"  # repro.kernelprof's experiment
+
+
+def traced_kernel_latency(records: pd.DataFrame | None, slug: str) -> pd.DataFrame:
+    """Per-kernel latency measured on BF16 steps: (untraced step time - device busy time) /
+    kernels per step, per shape that has both a ``kernel_times`` record (``repro.kernelprof``:
+    busy time and kernels of the traced step) and an ``mlp_step`` / ``lm_step`` BF16 time.
+
+    The gaps between kernels that step times alone cannot separate from GEMM and memory time
+    (the BF16-only fit put this latency at 0). BF16 only, never emulated: the FP8 steps are the
+    validation data. Columns: the shape (:data:`STEP_KEY`), ``step_ms``, ``busy_ms``,
+    ``kernels``, ``latency_us`` (gaps below 0, streams overlapping, count as 0).
+    """
+    cols = [*STEP_KEY, "step_ms", "busy_ms", "kernels", "latency_us"]
+    if records is None or not len(records) or "experiment" not in records:
+        return pd.DataFrame(columns=cols)
+    kt = records[(records["experiment"] == KERNEL_TIMES) & (records["hardware"] == slug)
+                 & (records["recipe"] == "bf16") & (~records["emulated"].astype(bool))]
+    steps = _step_records(records, slug, ["bf16"])
+    by = {}
+    for rec in kt.to_dict("records"):
+        s = rec["sizes"] or {}
+        if s.get("workload") == "lm":
+            key = ("lm", str(s.get("model")), int(s.get("batch", 0)))
+        else:
+            key = ("mlp", int(s.get("batch", 0)), int(s.get("width", 0)), int(s.get("depth", 0)))
+        by.setdefault(key, {})[rec["metric"]] = float(rec["value"])
+    rows = []
+    for r in steps.itertuples():
+        key = (("lm", r.model, int(r.batch)) if r.workload == "lm"
+               else ("mlp", int(r.batch), int(r.width), int(r.depth)))
+        m = by.get(key, {})
+        busy, n = m.get("kernel_ms_per_step"), m.get("kernels_per_step")
+        if busy is None or not n:
+            continue
+        lat = max(0.0, r.measured_ms - busy) / n * 1e3
+        rows.append((*(getattr(r, k) for k in STEP_KEY), r.measured_ms, busy, n, lat))
+    return pd.DataFrame(rows, columns=cols)
+
+
 def calibrate(measured_records: pd.DataFrame | None, hardware: hw.HardwareInfo | str
               ) -> Calibration:
     """Fit the model of ``hardware`` on its MEASURED BF16 step times (``mlp_step`` and, where
@@ -801,7 +843,9 @@ def calibrate(measured_records: pd.DataFrame | None, hardware: hw.HardwareInfo |
     ``measured_records``: records of the ``gemm``, ``mlp_step`` and ``lm_step`` experiments
     (other rows are ignored; only this chip's non-emulated rows are used). GEMM rates come from
     the ``gemm`` records; the fit sees only ``recipe == "bf16"`` step times, never an FP8 one.
-    Without BF16 step times the defaults stay (``calibrated=False``).
+    Without BF16 step times the defaults stay (``calibrated=False``). Where ``kernel_times``
+    records exist (:func:`traced_kernel_latency`), ``kernel_latency_us`` is their median and
+    is not fitted.
     """
     info = hw.lookup(hardware) if isinstance(hardware, str) else hardware
     df = measured_records if measured_records is not None else pd.DataFrame()
@@ -817,11 +861,17 @@ def calibrate(measured_records: pd.DataFrame | None, hardware: hw.HardwareInfo |
         cal.rates = None
     names = list(ModelParams.FITTED) if rates is not None else [
         "datasheet_gemm_eff", "bw_eff", "kernel_latency_us", "step_floor_us"]
+    traced = traced_kernel_latency(df, info.slug)
+    if len(traced):
+        names.remove("kernel_latency_us")
+        cal.params = dataclasses.replace(cal.params,
+                                         kernel_latency_us=float(traced["latency_us"].median()))
     # With fewer points than parameters, fit the most important ones only.
     names = names[:max(1, min(len(names), len(bf16)))]
     steps = [measured_step(r, "bf16", r.hlo_bytes, r.hlo_kernels) for r in bf16.itertuples()]
     params = fit_params(steps, bf16["measured_ms"].to_numpy() * 1e-3, cal, names)
-    cal = Calibration(info, params, rates, True, fitted=tuple(names))
+    cal = Calibration(info, params, rates, True, fitted=tuple(names),
+                      traced=traced if len(traced) else None)
     bf16 = bf16.copy()
     bf16["predicted_ms"] = [predict(s, cal)["total_s"] * 1e3 for s in steps]
     cal.fit = bf16
@@ -1011,11 +1061,15 @@ def _records_for(cal: Calibration, val: pd.DataFrame, proj: pd.DataFrame, profil
     common = dict(claims=CLAIMS, profile=profile, hardware=info, emulated=False)
     recs = []
     for name, value in dataclasses.asdict(cal.params).items():
+        source = ("fit" if name in cal.fitted else
+                  f"kernel traces ({len(cal.traced)} BF16 shapes)"
+                  if name == "kernel_latency_us" and cal.traced is not None else "default")
         recs.append(results.make_record(
             EXPERIMENT, "model_parameter", value, "1" if name != "kernel_latency_us" else "us",
             sizes={"parameter": name},
             extra={"kind": "calibration", "calibrated": cal.calibrated,
-                   "fitted": name in cal.fitted, "input_digest": digest, **calib}, **common))
+                   "fitted": name in cal.fitted, "source": source, "input_digest": digest,
+                   **calib}, **common))
     if cal.fit is not None:
         for r in cal.fit.itertuples():
             sizes = _shape_sizes(r)
@@ -1121,8 +1175,8 @@ def record(profile: str, root: Path | None = None, force: bool = False,
     profile = p["profile"]
     root = Path(root) if root is not None else results.record_root(profile)
     if measured is None:
-        measured = pd.concat([results.load_records(e) for e in ("gemm", *WORKLOADS)],
-                             ignore_index=True)
+        measured = pd.concat([results.load_records(e)
+                              for e in ("gemm", *WORKLOADS, KERNEL_TIMES)], ignore_index=True)
     setup, targets = _setup_from_params(p)
     setup_key = {k: {kk: (dataclasses.asdict(vv) if dataclasses.is_dataclass(vv) else vv)
                      for kk, vv in v.items()} for k, v in setup.items()}

@@ -446,3 +446,40 @@ def test_bf16_and_fp16_samples_of_a_shape_are_pooled_to_the_faster():
         assert table.measured_rate(8192, 8192, 8192, fmt, H200) == pytest.approx(700.0)
     assert table.measured_rate(4096, 1024, 1024, "bf16", H200) == pytest.approx(300.0)
     assert table.measured_rate(65536, 2048, 2048, "fp8", H200) == pytest.approx(900.0)
+
+
+def test_kernel_latency_measured_from_bf16_traces_is_not_fitted():
+    """kernel_times records (repro.kernelprof) give the per-kernel gap of BF16 steps: (step
+    time - busy time) / kernels. Hand-made: gaps of 0.2, 0.3, 0.5 ms over 50, 100, 100 kernels
+    are 4, 3, 5 us; the median, 4 us, is used and not fitted. FP8 and emulated traces (the
+    validation side) are ignored."""
+    steps = _step_records(TRUE)
+    step_ms = {(r["sizes"]["batch"], r["sizes"]["width"], r["sizes"]["depth"]): r["value"]
+               for r in steps if r["recipe"] == "bf16"}
+    traces = []
+
+    def trace(b, w, d, recipe, gap_ms, kernels, emulated=False):
+        sizes = {"workload": "mlp", "batch": b, "width": w, "depth": d}
+        for metric, value in (("kernel_ms_per_step", step_ms[(b, w, d)] - gap_ms),
+                              ("kernels_per_step", kernels)):
+            traces.append(results.make_record(pm.KERNEL_TIMES, metric, value, "ms",
+                                              recipe=recipe, sizes=sizes, hardware=H200,
+                                              emulated=emulated))
+
+    trace(65536, 256, 3, "bf16", 0.2, 50)
+    trace(65536, 1024, 3, "bf16", 0.3, 100)
+    trace(65536, 4096, 3, "bf16", 0.5, 100)
+    trace(4096, 1024, 2, "fp8-delayed", 5.0, 10)  # validation side: ignored
+    trace(1024, 128, 2, "bf16", 0.9, 10, emulated=True)  # ignored
+    df = _frame(_gemm_records() + steps + traces)
+    lat = pm.traced_kernel_latency(df, "h200").sort_values("width")
+    assert lat["latency_us"].tolist() == pytest.approx([4.0, 3.0, 5.0])
+    cal = pm.calibrate(df, "h200")
+    assert cal.params.kernel_latency_us == pytest.approx(4.0)
+    assert "kernel_latency_us" not in cal.fitted and len(cal.fitted) == 3
+    recs = pm._records_for(cal, pm.validate(df, cal), pd.DataFrame(), "full", "x")
+    src = {r["sizes"]["parameter"]: r["extra"]["source"] for r in recs
+           if r["metric"] == "model_parameter"}
+    assert src["kernel_latency_us"].startswith("kernel traces (3") and src["bw_eff"] == "fit"
+    # without traces it is fitted, as before
+    assert "kernel_latency_us" in pm.calibrate(_frame(_gemm_records() + steps), "h200").fitted
