@@ -8,7 +8,9 @@
 #
 #   usage: scripts/gpu_record_pair.sh SECONDS ITEM ... -- ITEM ...
 #   ITEMs as for scripts/gpu_record.sh. $OUT/results.tgz holds results/ once both have ended
-#   (each job also packs its own after every item, in case the call is cut).
+#   (each job also packs its own after every item, in case the call is cut; those are removed
+#   once the joint one exists). Six files come back: room for two more, e.g. a both-GPU item
+#   run first with OUT=$OUT/mg scripts/gpu_record.sh (then remove $OUT/mg/*.tgz).
 set -uo pipefail
 budget=${1:?seconds}; shift
 a=(); b=(); side=a
@@ -27,4 +29,7 @@ CUDA_VISIBLE_DEVICES=1 OUT=$out/gpu1 REPRO_RUN_NOTE="GPU 1 of 2; beside it on GP
 wait
 tar czf "$out/results.tgz" results/
 tar czf "$out/autotune.tgz" build/xla_autotune/
+# Both jobs' records are in $out/results.tgz now: drop their own packs (kept only for a cut
+# call), so that what comes back stays within the device tool's 8 files.
+rm -f "$out/gpu0/results.tgz" "$out/gpu1/results.tgz"
 tail -n 25 /tmp/gpu0_stdout.txt /tmp/gpu1_stdout.txt
