@@ -2,6 +2,7 @@
 
     python -m repro.kernelprof mlp --width 256 --recipes bf16,fp8-delayed   # on a GPU
     python -m repro.kernelprof lm --size 20m --batch 64 --recipes bf16,fp8-delayed
+    python -m repro.kernelprof gemm --shapes 65536x256x256 --recipes bf16,fp8   # sweep's GEMMs
 
 The step is built and compiled exactly as the ``mlp_step`` / ``lm_step`` benchmarks do it
 (``repro.mlpbench._setup`` and ``_compile``, ``repro.lmbench.compile_step``), run once to warm
@@ -15,7 +16,9 @@ untraced step). ``extra.top_kernels`` lists the costliest kernels.
 
 This is what :mod:`repro.perfmodel` cannot see from step times alone: how much of a step the
 GEMMs take, how much the quantization and other fusions, and how much is gaps between
-kernels. On a CPU the trace holds no device kernels: nothing is recorded, and it says so.
+kernels. The ``gemm`` workload traces single calls of the ``gemm`` sweep's GEMM (dtypes, not
+recipes): their device time without the host's per-call overhead, which swamps a small GEMM
+in the sweep's wall-clock timing; ``perfmodel.RateTable`` prefers it where it exists. On a CPU the trace holds no device kernels: nothing is recorded, and it says so.
 """
 
 from __future__ import annotations
@@ -139,6 +142,18 @@ def _lm_runner(recipe: str, size: str, batch: int):
     return run, facts
 
 
+def _gemm_runner(dtype: str, m: int, k: int, n: int):
+    """One GEMM call of the ``gemm`` sweep (``repro.bench``: same operands and function)."""
+    from repro import bench
+
+    a, b = bench._random_inputs(jax.random.key(0), m, k, n)
+    ops = bench.gemm_operands(dtype, a, b)
+    info = bench.compiled_gemm_info(bench.gemm_fn(dtype), *ops)
+    fn = jax.jit(bench.gemm_fn(dtype))
+    return (lambda: fn(*ops)), {**info, "emulated": bench._emulated(dtype, info,
+                                                                    jax.default_backend())}
+
+
 def profile_cell(workload: str, recipes: list[str], steps: int, sizes: dict[str, Any],
                  make_runner: Callable[[str], tuple[Callable[[], Any], dict]],
                  profile: str = "full") -> list[dict[str, Any]]:
@@ -146,7 +161,8 @@ def profile_cell(workload: str, recipes: list[str], steps: int, sizes: dict[str,
 
     ``make_runner(recipe)`` gives ``(run, facts)``: one training step and the compiled
     program's facts (``repro.bench.compiled_facts``), whose FP8 lowering says whether the
-    recipe ran emulated (then the kernels are those of the emulation, and records say so)."""
+    recipe ran emulated (then the kernels are those of the emulation, and records say so);
+    facts with an ``emulated`` key (the GEMM workload's dtypes) say it themselves."""
     from repro.bench import recipe_emulated
 
     records = []
@@ -164,7 +180,8 @@ def profile_cell(workload: str, recipes: list[str], steps: int, sizes: dict[str,
                  "note": "JAX profiler (CUPTI) trace; kernel times of all streams added"}
         common = dict(claims=CLAIMS, recipe=r, sizes={"workload": workload, **sizes},
                       repeats=steps, profile=profile, extra=extra,
-                      emulated=recipe_emulated(r, facts["fp8_lowering"]))
+                      emulated=bool(facts["emulated"]) if "emulated" in facts
+                      else recipe_emulated(r, facts["fp8_lowering"]))
         for metric, value in {**s, "wall_ms_per_step": wall * 1e3}.items():
             unit = "kernels" if metric == "kernels_per_step" else "ms"
             records.append(results.make_record(EXPERIMENT, metric, value, unit, **common))
@@ -174,8 +191,11 @@ def profile_cell(workload: str, recipes: list[str], steps: int, sizes: dict[str,
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m repro.kernelprof", description=__doc__.split(
         "\n\n")[0])
-    ap.add_argument("workload", choices=["mlp", "lm"])
-    ap.add_argument("--recipes", default="bf16,fp8-delayed", help="comma-separated")
+    ap.add_argument("workload", choices=["mlp", "lm", "gemm"])
+    ap.add_argument("--recipes", default=None,
+                    help="comma-separated (default bf16,fp8-delayed; gemm: dtypes, bf16,fp8)")
+    ap.add_argument("--shapes", default="65536x256x256,65536x512x512",
+                    help="gemm: MxKxN,... (one cell each; use shapes of the gemm sweep)")
     ap.add_argument("--width", type=int, default=256, help="mlp: width")
     ap.add_argument("--depth", type=int, default=3, help="mlp: depth")
     ap.add_argument("--batch", type=int, default=None,
@@ -187,12 +207,34 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from repro.recipes import get_recipe
 
-    recipes = [r for r in a.recipes.split(",") if r]
+    default = "bf16,fp8" if a.workload == "gemm" else "bf16,fp8-delayed"
+    recipes = [r for r in (a.recipes or default).split(",") if r]
     for r in recipes:
         try:  # an unknown recipe fails before any compilation, naming the valid ones
-            get_recipe(r)
+            if a.workload == "gemm":
+                from repro.bench import _check_dtypes
+                _check_dtypes([r])
+            else:
+                get_recipe(r)
         except ValueError as e:
             ap.error(str(e))
+    if a.workload == "gemm":
+        try:
+            shapes = [tuple(int(v) for v in x.lower().split("x")) for x in a.shapes.split(",")]
+            assert shapes and all(len(t) == 3 and min(t) > 0 for t in shapes)
+        except (ValueError, AssertionError):
+            ap.error(f"--shapes: expected MxKxN[,MxKxN...], got {a.shapes!r}")
+        root = results.record_root(a.profile)
+        for m, k, n in shapes:
+            cell = f"gemm_{m}x{k}x{n}_" + "_".join(recipes)
+            if not a.force and results.have_cell(EXPERIMENT, cell, root=root):
+                print(f"kernelprof: {cell} already recorded (--force to redo)")
+                continue
+            recs = profile_cell("gemm", recipes, a.steps, {"M": m, "K": k, "N": n},
+                                lambda r: _gemm_runner(r, m, k, n), a.profile)  # noqa: B023
+            if recs:
+                print(results.write_records(recs, EXPERIMENT, cell, root=root))
+        return 0
     if a.workload == "mlp":
         batch = a.batch or 65536
         sizes = {"batch": batch, "width": a.width, "depth": a.depth}

@@ -466,18 +466,45 @@ def _roofline_s(g: Gemm, info: hw.HardwareInfo, fmt: str | None = None) -> float
     return t
 
 
+KERNEL_TIMES = "kernel_times"  # repro.kernelprof's experiment
+
+
+def _traced_gemms(records: pd.DataFrame | None, slug: str
+                  ) -> dict[str, dict[tuple[int, int, int], float]]:
+    """Median traced GEMM-kernel seconds per call, by format and (m, k, n): ``kernel_times``
+    records of the ``gemm`` workload (``repro.kernelprof gemm``), never emulated."""
+    out: dict[str, dict[tuple[int, int, int], list]] = {}
+    if records is None or not len(records) or "experiment" not in records:
+        return {}
+    df = records[(records["experiment"] == KERNEL_TIMES)
+                 & (records["metric"] == "gemm_ms_per_step") & (records["hardware"] == slug)
+                 & (~records["emulated"].astype(bool))]
+    for rec in df.to_dict("records"):
+        sizes = rec["sizes"] or {}
+        mkn = _norm_sizes(sizes)
+        if sizes.get("workload") != "gemm" or mkn is None or rec["recipe"] not in FORMATS:
+            continue
+        if rec["value"] > 0:
+            out.setdefault(rec["recipe"], {}).setdefault(mkn, []).append(rec["value"] * 1e-3)
+    return {f: {k: float(np.median(v)) for k, v in d.items()} for f, d in out.items()}
+
+
 @dataclass
 class RateTable:
     """Measured GEMM times of one chip, by format: rows (m, k, n, seconds per call).
 
     ``overhead_s``: the sweep's per-call overhead per format (host dispatch and
     synchronisation that a GEMM inside a jitted step does not pay), estimated as the smallest
-    excess of a measured time over the datasheet roofline of its shape.
+    excess of a measured time over the datasheet roofline of its shape. ``traced``: device
+    times of sweep shapes from ``repro.kernelprof gemm`` (``kernel_times`` records, GEMM
+    kernels only), by format and shape; where one exists it replaces the sweep's time less
+    the overhead (an estimate that a small GEMM's ~60 us call overhead on the H200 swamps).
     """
 
     hardware: str
     points: dict[str, np.ndarray]
     overhead_s: dict[str, float]
+    traced: dict[str, dict[tuple[int, int, int], float]] = field(default_factory=dict)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -504,7 +531,7 @@ class RateTable:
             excess = [t - _roofline_s(Gemm(int(m), int(k), int(n), fmt=fmt), info)
                       for m, k, n, t in a]
             overhead[fmt] = max(0.0, float(min(excess)))
-        return cls(info.slug, points, overhead)
+        return cls(info.slug, points, overhead, _traced_gemms(records, info.slug))
 
     def formats(self) -> list[str]:
         return sorted(self.points)
@@ -517,7 +544,11 @@ class RateTable:
             flops = 2.0 * a[:, 0] * a[:, 1] * a[:, 2]
             roof = np.array([_roofline_s(Gemm(int(m), int(k), int(n), fmt=fmt), info)
                              for m, k, n in a[:, :3]])
-            t = np.maximum(a[:, 3] - self.overhead_s[fmt], roof)
+            t = a[:, 3] - self.overhead_s[fmt]
+            traced = self.traced.get(fmt, {})
+            t = np.array([traced.get((int(m), int(k), int(n)), ti)
+                          for (m, k, n), ti in zip(a[:, :3], t)])
+            t = np.maximum(t, roof)
             # log-rate against log-flops, shapes of equal flops averaged (for interpolation)
             lf, lr = np.log(flops), np.log(flops / t)
             ulf = np.unique(lf)
@@ -793,9 +824,6 @@ def fit_params(steps: Sequence[Step], measured_s: Sequence[float], cal: Calibrat
         if best is None or sol.cost < best.cost:
             best = sol
     return params_of(best.x)
-
-
-KERNEL_TIMES = "kernel_times"  # repro.kernelprof's experiment
 
 
 def traced_kernel_latency(records: pd.DataFrame | None, slug: str) -> pd.DataFrame:

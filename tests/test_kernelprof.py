@@ -79,3 +79,27 @@ def test_profile_cell_records_per_step_sums_and_marks_emulation(monkeypatch):
     assert not by[("bf16", "gemm_ms_per_step")]["emulated"]
     assert by[("nvfp4", "gemm_ms_per_step")]["emulated"]
     assert by[("nvfp4", "gemm_ms_per_step")]["sizes"] == {"workload": "mlp", "width": 8}
+
+
+def test_gemm_workload_traces_the_sweep_gemm_and_checks_its_arguments(tmp_path, monkeypatch,
+                                                                        capsys):
+    monkeypatch.setenv("REPRO_SCRATCH_RESULTS", str(tmp_path / "scratch"))
+    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
+    run, facts = K._gemm_runner("fp8", 32, 16, 8)
+    assert facts["emulated"]  # no FP8 GEMM on a CPU
+    assert run().shape == (32, 8)
+    assert K.main(["gemm", "--shapes", "32x16x8", "--steps", "1", "--profile", "smoke"]) == 0
+    assert "no device kernels" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.json"))
+    for bad in (["gemm", "--recipes", "bf16,fp7"], ["gemm", "--shapes", "32x16"]):
+        with pytest.raises(SystemExit):
+            K.main(bad)
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "fp7" in err or "MxKxN" in err
+    # the dtype's own emulation flag goes into the records
+    monkeypatch.setattr(K, "trace_steps", lambda run, steps, logdir: 0.002)
+    monkeypatch.setattr(K, "load_trace", lambda logdir: _trace())
+    recs = K.profile_cell("gemm", ["fp8"], 2, {"M": 1, "K": 1, "N": 1},
+                          lambda r: (lambda: None, {"fp8_lowering": "cublaslt-f8",
+                                                    "emulated": True}), "smoke")
+    assert recs and all(r["emulated"] for r in recs)

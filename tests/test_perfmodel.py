@@ -483,3 +483,33 @@ def test_kernel_latency_measured_from_bf16_traces_is_not_fitted():
     assert src["kernel_latency_us"].startswith("kernel traces (3") and src["bw_eff"] == "fit"
     # without traces it is fitted, as before
     assert "kernel_latency_us" in pm.calibrate(_frame(_gemm_records() + steps), "h200").fitted
+
+
+def test_traced_gemm_device_time_replaces_the_sweep_estimate():
+    """kernelprof's GEMM-kernel time of a sweep shape (no call overhead) is the shape's time;
+    shapes without a trace keep sweep - overhead; traces of steps, emulated traces and other
+    chips are ignored. Hand values: 20 us traced at 65536x256x256 (its roofline on the H200
+    is ~14 us: the bytes)."""
+    def rec(value_ms, fmt="bf16", workload="gemm", emulated=False, info=H200):
+        return results.make_record(pm.KERNEL_TIMES, "gemm_ms_per_step", value_ms, "ms",
+                                   recipe=fmt, hardware=info, emulated=emulated,
+                                   sizes={"workload": workload, "M": 65536, "K": 256, "N": 256})
+
+    base = _gemm_records()
+    plain = pm.RateTable.from_records(_frame(base), H200)
+    g, other = pm.Gemm(65536, 256, 256), pm.Gemm(65536, 4096, 4096)
+    t_plain, exact = plain.measured_time(g, H200)
+    assert exact and t_plain == pytest.approx(max(_true_time(65536, 256, 256, "bf16")
+                                                  - plain.overhead_s["bf16"],
+                                                  pm._roofline_s(g, H200)))
+    noise = [rec(0.5, workload="mlp"), rec(0.001, emulated=True),
+             rec(0.001, info=hw.lookup("b200"))]
+    assert pm.RateTable.from_records(_frame(base + noise), H200).measured_time(
+        g, H200) == (t_plain, True)
+    table = pm.RateTable.from_records(_frame(base + noise + [rec(0.020), rec(0.030)]), H200)
+    assert table.traced == {"bf16": {(65536, 256, 256): pytest.approx(25e-6)}}  # the median
+    assert table.measured_time(g, H200) == (pytest.approx(25e-6), True)
+    assert table.overhead_s == plain.overhead_s
+    assert table.measured_time(other, H200) == plain.measured_time(other, H200)
+    assert table.measured_time(pm.Gemm(65536, 256, 256, fmt="fp8"), H200, "fp8") == \
+        plain.measured_time(pm.Gemm(65536, 256, 256, fmt="fp8"), H200, "fp8")
