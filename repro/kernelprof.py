@@ -2,7 +2,7 @@
 
     python -m repro.kernelprof mlp --width 256 --recipes bf16,fp8-delayed   # on a GPU
     python -m repro.kernelprof lm --size 20m --batch 64 --recipes bf16,fp8-delayed
-    python -m repro.kernelprof gemm --shapes 65536x256x256 --recipes bf16,fp8   # sweep's GEMMs
+    python -m repro.kernelprof gemm --recipes bf16,fp8     # the gemm sweep's GEMMs, traced
 
 The step is built and compiled exactly as the ``mlp_step`` / ``lm_step`` benchmarks do it
 (``repro.mlpbench._setup`` and ``_compile``, ``repro.lmbench.compile_step``), run once to warm
@@ -194,8 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("workload", choices=["mlp", "lm", "gemm"])
     ap.add_argument("--recipes", default=None,
                     help="comma-separated (default bf16,fp8-delayed; gemm: dtypes, bf16,fp8)")
-    ap.add_argument("--shapes", default="65536x256x256,65536x512x512",
-                    help="gemm: MxKxN,... (one cell each; use shapes of the gemm sweep)")
+    ap.add_argument("--shapes", default=",".join(f"65536x{w}x{w}"
+                                                 for w in (256, 512, 1024, 2048, 4096)),
+                    help="gemm: MxKxN,... (one cell each; shapes of the gemm sweep; default: "
+                         "the mlp_step GEMMs)")
     ap.add_argument("--width", type=int, default=256, help="mlp: width")
     ap.add_argument("--depth", type=int, default=3, help="mlp: depth")
     ap.add_argument("--batch", type=int, default=None,
