@@ -18,7 +18,8 @@ This is what :mod:`repro.perfmodel` cannot see from step times alone: how much o
 GEMMs take, how much the quantization and other fusions, and how much is gaps between
 kernels. The ``gemm`` workload traces single calls of the ``gemm`` sweep's GEMM (dtypes, not
 recipes): their device time without the host's per-call overhead, which swamps a small GEMM
-in the sweep's wall-clock timing; ``perfmodel.RateTable`` prefers it where it exists. On a CPU the trace holds no device kernels: nothing is recorded, and it says so.
+in the sweep's wall-clock timing; ``perfmodel.RateTable`` prefers it where it exists. On a
+CPU the trace holds no device kernels: nothing is recorded, and it says so.
 """
 
 from __future__ import annotations
@@ -207,56 +208,48 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="re-record a recorded cell")
     ap.add_argument("--profile", default="full", help="records' profile (where they go)")
     a = ap.parse_args(argv)
+    from repro.bench import _check_dtypes
     from repro.recipes import get_recipe
 
-    default = "bf16,fp8" if a.workload == "gemm" else "bf16,fp8-delayed"
-    recipes = [r for r in (a.recipes or default).split(",") if r]
-    for r in recipes:
-        try:  # an unknown recipe fails before any compilation, naming the valid ones
-            if a.workload == "gemm":
-                from repro.bench import _check_dtypes
+    gemm = a.workload == "gemm"
+    recipes = [r for r in (a.recipes or ("bf16,fp8" if gemm else "bf16,fp8-delayed")).split(",")
+               if r]
+    try:  # an unknown recipe fails before any compilation, naming the valid ones
+        for r in recipes:
+            if gemm:
                 _check_dtypes([r])
             else:
                 get_recipe(r)
-        except ValueError as e:
-            ap.error(str(e))
-    if a.workload == "gemm":
+    except ValueError as e:
+        ap.error(str(e))
+    # (cell, sizes, make_runner) per cell: one per shape for gemm, one for mlp / lm
+    if gemm:
         try:
             shapes = [tuple(int(v) for v in x.lower().split("x")) for x in a.shapes.split(",")]
             assert shapes and all(len(t) == 3 and min(t) > 0 for t in shapes)
         except (ValueError, AssertionError):
             ap.error(f"--shapes: expected MxKxN[,MxKxN...], got {a.shapes!r}")
-        root = results.record_root(a.profile)
-        for m, k, n in shapes:
-            cell = f"gemm_{m}x{k}x{n}_" + "_".join(recipes)
-            if not a.force and results.have_cell(EXPERIMENT, cell, root=root):
-                print(f"kernelprof: {cell} already recorded (--force to redo)")
-                continue
-            recs = profile_cell("gemm", recipes, a.steps, {"M": m, "K": k, "N": n},
-                                lambda r: _gemm_runner(r, m, k, n), a.profile)  # noqa: B023
-            if recs:
-                print(results.write_records(recs, EXPERIMENT, cell, root=root))
-        return 0
-    if a.workload == "mlp":
+        cells = [(f"gemm_{m}x{k}x{n}", {"M": m, "K": k, "N": n},
+                  lambda r, m=m, k=k, n=n: _gemm_runner(r, m, k, n)) for m, k, n in shapes]
+    elif a.workload == "mlp":
         batch = a.batch or 65536
-        sizes = {"batch": batch, "width": a.width, "depth": a.depth}
-        cell = f"mlp_{batch}x{a.width}x{a.depth}"
-        make = lambda r: _mlp_runner(r, a.width, batch, a.depth)  # noqa: E731
+        cells = [(f"mlp_{batch}x{a.width}x{a.depth}",
+                  {"batch": batch, "width": a.width, "depth": a.depth},
+                  lambda r: _mlp_runner(r, a.width, batch, a.depth))]
     else:
         batch = a.batch or 64
-        sizes = {"model": a.size, "batch": batch}
-        cell = f"lm_{a.size}_b{batch}"
-        make = lambda r: _lm_runner(r, a.size, batch)  # noqa: E731
-    cell += "_" + "_".join(recipes)
+        cells = [(f"lm_{a.size}_b{batch}", {"model": a.size, "batch": batch},
+                  lambda r: _lm_runner(r, a.size, batch))]
     root = results.record_root(a.profile)
-    if not a.force and results.have_cell(EXPERIMENT, cell, root=root):
-        print(f"kernelprof: {cell} already recorded (--force to redo)")
-        return 0
-    recs = profile_cell(a.workload, recipes, a.steps, sizes, make, a.profile)
-    if recs:
-        print(results.write_records(recs, EXPERIMENT, cell, root=root))
+    for cell, sizes, make in cells:
+        cell += "_" + "_".join(recipes)
+        if not a.force and results.have_cell(EXPERIMENT, cell, root=root):
+            print(f"kernelprof: {cell} already recorded (--force to redo)")
+            continue
+        recs = profile_cell(a.workload, recipes, a.steps, sizes, make, a.profile)
+        if recs:
+            print(results.write_records(recs, EXPERIMENT, cell, root=root))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

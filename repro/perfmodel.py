@@ -847,8 +847,10 @@ def traced_kernel_latency(records: pd.DataFrame | None, slug: str) -> pd.DataFra
         s = rec["sizes"] or {}
         if s.get("workload") == "lm":
             key = ("lm", str(s.get("model")), int(s.get("batch", 0)))
-        else:
+        elif s.get("workload") == "mlp":
             key = ("mlp", int(s.get("batch", 0)), int(s.get("width", 0)), int(s.get("depth", 0)))
+        else:
+            continue  # single GEMMs (repro.kernelprof gemm): _traced_gemms
         by.setdefault(key, {})[rec["metric"]] = float(rec["value"])
     rows = []
     for r in steps.itertuples():

@@ -299,7 +299,7 @@ class CellsFailed(RuntimeError):
     not cost the rest of an unattended GPU call."""
 
     def __init__(self, study: str, failures: list[str]):
-        self.failures = failures
+        self.study, self.failures = study, failures
         super().__init__(f"{study}: {len(failures)} cell(s) failed, the others were written: "
                          + "; ".join(failures))
 
@@ -825,7 +825,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         written = fn(a.profile, None, a.force, recipes=recipes, only=a.only)
     except CellsFailed as e:
-        print("\n".join([str(e).split(": ")[0] + ": failed cells:", *e.failures]))
+        print("\n".join([f"{e.study}: failed cells:", *e.failures]))
         return 1
     print(f"{a.study} [{a.profile}]: wrote {len(written)} cell(s)")
     return 0
