@@ -71,11 +71,12 @@ FIG.mkdir(exist_ok=True)
 # ## Calibration
 #
 # The parameters the fit found (or the defaults, where nothing was measured), and how well the
-# BF16 step times that were fitted are reproduced. The per-kernel latency cannot be told apart
-# from GEMM and memory time by BF16 step times alone (the fit puts it at 0 on the H200, while the
-# FP8 programs launch 2-3x the kernels); where `python -m repro.kernelprof` has traced BF16 steps
-# (`results/<chip>/kernel_times/`), it is measured instead: (step time - device busy time) /
-# kernels per step, the median over the traced shapes (`source` says which).
+# BF16 step times that were fitted are reproduced. BF16 step times alone hardly tell the
+# per-kernel latency apart from GEMM and memory time, yet it weighs more in the FP8 steps, whose
+# programs launch more kernels (`hlo_kernels` in the `lm_step` records). Where
+# `python -m repro.kernelprof` has traced BF16 steps (`results/<chip>/kernel_times/`), it is
+# measured instead: (step time - device busy time) / kernels per step, the median over the
+# traced shapes (the table's `source` says which).
 
 # %%
 params = perf[perf["metric"] == "model_parameter"]
