@@ -165,6 +165,50 @@ val[["hardware", "workload", "shape", "recipe", "predicted", "measured", "error"
                   "traffic_from": "traffic from"}).round(3))
 
 # %% [markdown]
+# ## Where the time goes: the model's parts against kernel traces
+#
+# `python -m repro.kernelprof` traces steps kernel by kernel (JAX's profiler; records under
+# `results/<chip>/kernel_times/`). Per traced shape and recipe, in ms per step: the GEMM and
+# attention kernels (`gemm`), every other kernel (`other`: elementwise, reductions, casts; the
+# model's traffic term) and the idle device time between kernels (`gaps`: the untraced step
+# time minus the traced busy time; the model's latency x kernels), each as predicted and as
+# traced. The traces are not fitted here, except the BF16 gaps that set the per-kernel latency:
+# the FP8 rows are a diagnosis of the validation misses above. Busy time adds the kernels of
+# all streams, so a negative traced gap means kernels ran side by side, which a sum of parts
+# cannot express.
+
+# %%
+measured = perfmodel.measured_records()
+parts = pd.DataFrame()
+for chip in perf["hardware"].unique() if calibrated else []:
+    parts = pd.concat([parts, perfmodel.component_table(measured, perfmodel.calibrate(measured,
+                                                                                     chip))])
+if len(parts):
+    for r in parts.itertuples():
+        miss = {k: getattr(r, f"{k}_pred") - getattr(r, f"{k}_traced")
+                for k in ("gemm", "other", "gaps")}
+        worst = max(miss, key=lambda k: abs(miss[k]))
+        print(f"{r.shape:>13} {r.recipe:>12}: predicted - traced: "
+              + ", ".join(f"{k} {v:+.3f}" for k, v in miss.items())
+              + f" ms; largest: {worst} ({miss[worst] / r.measured_ms:+.0%} of the step)")
+    largest = {r.recipe != "bf16": [] for r in parts.itertuples()}
+    for r in parts.itertuples():
+        miss = {k: abs(getattr(r, f"{k}_pred") - getattr(r, f"{k}_traced"))
+                for k in ("gemm", "other", "gaps")}
+        largest[r.recipe != "bf16"].append(max(miss, key=miss.get))
+    for fp8, parts_missed in largest.items():
+        print(f"{'FP8' if fp8 else 'BF16'} rows, the part the model misses most: "
+              + ", ".join(f"{k} in {parts_missed.count(k)}" for k in ("gemm", "other", "gaps")
+                          if parts_missed.count(k)) + f" of {len(parts_missed)}")
+    overlap = parts[parts["gaps_traced"] < 0]
+    print(f"{len(overlap)} of {len(parts)} traced steps are busier than they are long "
+          f"(kernels overlapping): {', '.join(overlap['shape'] + ' ' + overlap['recipe'])}")
+else:
+    print("no kernel traces yet: `python -m repro.kernelprof mlp --width 256` (and `lm`, `gemm`)"
+          " on a GPU records them")
+parts.round(3)
+
+# %% [markdown]
 # ## Projection: NVFP4 on B200, GB200 and GB300
 #
 # Left: NVFP4 (NVIDIA's recipe: every block linear layer except the last BF16 blocks) against

@@ -44,6 +44,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -826,6 +827,32 @@ def fit_params(steps: Sequence[Step], measured_s: Sequence[float], cal: Calibrat
     return params_of(best.x)
 
 
+def _traced_steps(records: pd.DataFrame | None, slug: str) -> dict[tuple, dict[str, dict]]:
+    """``repro.kernelprof`` traces of whole steps on ``slug`` (never emulated): {shape key:
+    {recipe: {metric: value}}}, the key ``("lm", model, batch)`` or ``("mlp", batch, width,
+    depth)``. Single-GEMM traces (``kernelprof gemm``) are :func:`_traced_gemms`'."""
+    if records is None or not len(records) or "experiment" not in records:
+        return {}
+    kt = records[(records["experiment"] == KERNEL_TIMES) & (records["hardware"] == slug)
+                 & (~records["emulated"].astype(bool))]
+    by: dict[tuple, dict[str, dict]] = {}
+    for rec in kt.to_dict("records"):
+        s = rec["sizes"] or {}
+        if s.get("workload") == "lm":
+            key = ("lm", str(s.get("model")), int(s.get("batch", 0)))
+        elif s.get("workload") == "mlp":
+            key = ("mlp", int(s.get("batch", 0)), int(s.get("width", 0)), int(s.get("depth", 0)))
+        else:
+            continue
+        by.setdefault(key, {}).setdefault(rec["recipe"], {})[rec["metric"]] = float(rec["value"])
+    return by
+
+
+def _trace_key(r) -> tuple:
+    return (("lm", r.model, int(r.batch)) if r.workload == "lm"
+            else ("mlp", int(r.batch), int(r.width), int(r.depth)))
+
+
 def traced_kernel_latency(records: pd.DataFrame | None, slug: str) -> pd.DataFrame:
     """Per-kernel latency measured on BF16 steps: (untraced step time - device busy time) /
     kernels per step, per shape that has both a ``kernel_times`` record (``repro.kernelprof``:
@@ -837,32 +864,59 @@ def traced_kernel_latency(records: pd.DataFrame | None, slug: str) -> pd.DataFra
     ``kernels``, ``latency_us`` (gaps below 0, streams overlapping, count as 0).
     """
     cols = [*STEP_KEY, "step_ms", "busy_ms", "kernels", "latency_us"]
-    if records is None or not len(records) or "experiment" not in records:
-        return pd.DataFrame(columns=cols)
-    kt = records[(records["experiment"] == KERNEL_TIMES) & (records["hardware"] == slug)
-                 & (records["recipe"] == "bf16") & (~records["emulated"].astype(bool))]
-    steps = _step_records(records, slug, ["bf16"])
-    by = {}
-    for rec in kt.to_dict("records"):
-        s = rec["sizes"] or {}
-        if s.get("workload") == "lm":
-            key = ("lm", str(s.get("model")), int(s.get("batch", 0)))
-        elif s.get("workload") == "mlp":
-            key = ("mlp", int(s.get("batch", 0)), int(s.get("width", 0)), int(s.get("depth", 0)))
-        else:
-            continue  # single GEMMs (repro.kernelprof gemm): _traced_gemms
-        by.setdefault(key, {})[rec["metric"]] = float(rec["value"])
+    by = _traced_steps(records, slug)
     rows = []
-    for r in steps.itertuples():
-        key = (("lm", r.model, int(r.batch)) if r.workload == "lm"
-               else ("mlp", int(r.batch), int(r.width), int(r.depth)))
-        m = by.get(key, {})
+    for r in (_step_records(records, slug, ["bf16"]).itertuples() if by else []):
+        m = by.get(_trace_key(r), {}).get("bf16", {})
         busy, n = m.get("kernel_ms_per_step"), m.get("kernels_per_step")
         if busy is None or not n:
             continue
         lat = max(0.0, r.measured_ms - busy) / n * 1e3
         rows.append((*(getattr(r, k) for k in STEP_KEY), r.measured_ms, busy, n, lat))
     return pd.DataFrame(rows, columns=cols)
+
+
+def component_table(records: pd.DataFrame | None, cal: Calibration,
+                    recipes: Sequence[str] = ("bf16", *FP8_RECIPES)) -> pd.DataFrame:
+    """Where a step's time goes, predicted (:func:`predict` under ``cal``) against traced
+    (``repro.kernelprof``), per measured shape and recipe that has both a step time and a trace
+    on ``cal``'s chip. A diagnosis of the model, not an input to it: FP8 rows are shown too.
+
+    Columns (ms per step): ``gemm`` (GEMM and attention kernels; the model counts attention's
+    products as GEMMs), ``other`` (every other kernel: elementwise, reductions, copies;
+    the model's traffic term) and ``gaps`` (device idle between kernels: the untraced step time
+    minus the traced busy time; the model's latency x kernels), each ``_pred`` and ``_traced``;
+    ``kernels_pred`` (the program's launches the model counts) and ``kernels_traced``.
+    """
+    cols = ["workload", "shape", "recipe", "measured_ms", "busy_ms", "gemm_pred", "gemm_traced",
+            "other_pred", "other_traced", "gaps_pred", "gaps_traced", "kernels_pred",
+            "kernels_traced"]
+    slug = cal.hardware.slug
+    by = _traced_steps(records, slug)
+    rows = []
+    for r in (_step_records(records, slug, list(recipes)).itertuples() if by else []):
+        m = by.get(_trace_key(r), {}).get(r.recipe)
+        if not m or "kernel_ms_per_step" not in m:
+            continue
+        step = measured_step(r, r.recipe, r.hlo_bytes, r.hlo_kernels)
+        p = predict(step, cal)
+        busy = m["kernel_ms_per_step"]
+        gemm = m.get("gemm_ms_per_step", 0.0) + m.get("attention_ms_per_step", 0.0)
+        rows.append((r.workload, shape_label(r.workload, r.model, r.batch, r.width, r.depth),
+                     r.recipe, r.measured_ms, busy, p["gemm_s"] * 1e3, gemm,
+                     p["traffic_s"] * 1e3, busy - gemm, p["latency_s"] * 1e3,
+                     r.measured_ms - busy, step.kernels, m.get("kernels_per_step", np.nan)))
+    return pd.DataFrame(rows, columns=cols)
+
+
+def measured_records() -> pd.DataFrame:
+    """The records the model reads, from ``results/`` and ``build/results/``: ``gemm``, the
+    step times (``mlp_step``, ``lm_step``) and the kernel traces (``kernel_times``)."""
+    frames = [results.load_records(e) for e in ("gemm", *WORKLOADS, KERNEL_TIMES)]
+    frames = [f for f in frames if len(f)]
+    with warnings.catch_warnings():  # columns all-NA in one experiment (e.g. spread) stay
+        warnings.simplefilter("ignore", FutureWarning)
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def calibrate(measured_records: pd.DataFrame | None, hardware: hw.HardwareInfo | str
@@ -1205,8 +1259,7 @@ def record(profile: str, root: Path | None = None, force: bool = False,
     profile = p["profile"]
     root = Path(root) if root is not None else results.record_root(profile)
     if measured is None:
-        measured = pd.concat([results.load_records(e)
-                              for e in ("gemm", *WORKLOADS, KERNEL_TIMES)], ignore_index=True)
+        measured = measured_records()
     setup, targets = _setup_from_params(p)
     setup_key = {k: {kk: (dataclasses.asdict(vv) if dataclasses.is_dataclass(vv) else vv)
                      for kk, vv in v.items()} for k, v in setup.items()}

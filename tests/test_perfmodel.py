@@ -513,3 +513,44 @@ def test_traced_gemm_device_time_replaces_the_sweep_estimate():
     assert table.measured_time(other, H200) == plain.measured_time(other, H200)
     assert table.measured_time(pm.Gemm(65536, 256, 256, fmt="fp8"), H200, "fp8") == \
         plain.measured_time(pm.Gemm(65536, 256, 256, fmt="fp8"), H200, "fp8")
+
+
+def test_component_table_sets_traced_parts_beside_predicted_ones():
+    """Hand-made traces of two shapes: a BF16 step at 65536x256x3 whose 40 kernels were busy
+    0.30 ms (0.12 of it GEMM, 0.03 attention-class) and an FP8 one at 65536x4096x3 busier
+    (step + 0.5 ms) than it is long. Traced parts: gemm 0.15, other 0.15, gaps step - 0.30;
+    the FP8 gap is -0.5. A trace without a step time, and an emulated trace, give no row."""
+    steps = _step_records(TRUE)
+    step_ms = {(r["sizes"]["width"], r["recipe"]): r["value"] for r in steps
+               if r["sizes"]["batch"] == 65536}
+    traces = []
+
+    def trace(w, recipe, metrics, emulated=False, batch=65536):
+        sizes = {"workload": "mlp", "batch": batch, "width": w, "depth": 3}
+        traces.extend(results.make_record(pm.KERNEL_TIMES, k, v, "ms", recipe=recipe,
+                                          sizes=sizes, hardware=H200, emulated=emulated)
+                      for k, v in metrics.items())
+
+    trace(256, "bf16", {"kernel_ms_per_step": 0.30, "gemm_ms_per_step": 0.12,
+                        "attention_ms_per_step": 0.03, "kernels_per_step": 40})
+    busy = step_ms[(4096, "fp8-delayed")] + 0.5
+    trace(4096, "fp8-delayed", {"kernel_ms_per_step": busy, "gemm_ms_per_step": 0.6 * busy,
+                                "kernels_per_step": 120})
+    trace(512, "bf16", {"kernel_ms_per_step": 0.2, "kernels_per_step": 10})  # no step time
+    trace(1024, "bf16", {"kernel_ms_per_step": 0.2, "kernels_per_step": 10}, emulated=True)
+    df = _frame(_gemm_records() + steps + traces)
+    cal = pm.calibrate(df, "h200")
+    t = pm.component_table(df, cal).set_index(["shape", "recipe"])
+    assert sorted(t.index) == [("65536x256x3", "bf16"), ("65536x4096x3", "fp8-delayed")]
+    b = t.loc[("65536x256x3", "bf16")]
+    assert (b.gemm_traced, b.other_traced) == (pytest.approx(0.15), pytest.approx(0.15))
+    assert b.gaps_traced == pytest.approx(step_ms[(256, "bf16")] - 0.30)
+    assert b.kernels_traced == 40
+    f = t.loc[("65536x4096x3", "fp8-delayed")]
+    assert f.gaps_traced == pytest.approx(-0.5)
+    assert f.other_traced == pytest.approx(0.4 * busy)
+    # the predicted parts are the model's whole step
+    for r in (b, f):
+        assert r.gemm_pred + r.other_pred + r.gaps_pred == pytest.approx(
+            r.measured_ms, rel=0.05)  # hand-made steps are TRUE's predictions, TRUE refitted
+    assert pm.component_table(_frame(_gemm_records() + steps), cal).empty
