@@ -26,10 +26,11 @@
 # 1. A step is a list of GEMMs plus memory traffic (`repro.perfmodel`):
 #    $t_\text{step} = \max\big(\sum_g t_g + \sum_p \tfrac{\text{bytes}_p}{BW\cdot\eta_{bw}}
 #    + \lambda\, n_\text{kernels},\ t_\text{floor}\big)$,
-#    where $t_g$ is the **measured** GEMM time of that shape (`gemm` sweep, its per-call overhead
-#    removed), interpolated in log(flops) and scaled by $\eta_\text{off}$ for shapes off the
-#    sweep. Quantization costs what it adds to the BF16 step: an amax read per activation operand
-#    (current scaling), the weight quantization, the scale kernels.
+#    where $t_g$ is the **measured** GEMM time of that shape (the GEMM kernel's traced device
+#    time where `repro.kernelprof gemm` recorded one, else the `gemm` sweep's time less its
+#    per-call overhead), interpolated in log(flops) and scaled by $\eta_\text{off}$ for shapes
+#    off the sweep. Quantization costs what it adds to the BF16 step: an amax read per
+#    activation operand (current scaling), the weight quantization, the scale kernels.
 # 2. **Calibrate** $\eta_\text{off}, \eta_{bw}, \lambda, t_\text{floor}$ on measured **BF16**
 #    training steps only: of an MLP (`mlp_step`) and of this repository's LM (`lm_step`).
 # 3. **Validate**: predict the FP8 step times (never seen by the fit) and compare the predicted
@@ -146,6 +147,10 @@ ax.set_xlabel("measured speedup (x)")
 ax.set_ylabel("predicted speedup (x)")
 fig.tight_layout()
 fig.savefig(FIG / "06_perfmodel_validation.png", dpi=130)
+if len(val):
+    print(f"{int((val['error'] < 0).sum())} of {len(val)} errors negative (FP8's speedup "
+          f"predicted lower than measured); median error {val['error'].median():+.1%}, "
+          f"from {val['error'].min():+.1%} to {val['error'].max():+.1%}")
 val[["hardware", "workload", "shape", "recipe", "predicted", "measured", "error"]].round(3)
 
 # %% [markdown]
