@@ -189,22 +189,18 @@ for chip in perf["hardware"].unique() if calibrated else []:
     parts = pd.concat([parts, perfmodel.component_table(measured, perfmodel.calibrate(measured,
                                                                                      chip))])
 if len(parts):
-    for r in parts.itertuples():
-        miss = {k: getattr(r, f"{k}_pred") - getattr(r, f"{k}_traced")
-                for k in ("gemm", "other", "gaps")}
-        worst = max(miss, key=lambda k: abs(miss[k]))
+    PARTS = ["gemm", "other", "gaps"]
+    miss = pd.DataFrame({k: parts[f"{k}_pred"] - parts[f"{k}_traced"] for k in PARTS})
+    parts["largest_miss"] = miss.abs().idxmax(axis=1)
+    for r, m in zip(parts.itertuples(), miss.itertuples(index=False)):
         print(f"{r.shape:>13} {r.recipe:>12}: predicted - traced: "
-              + ", ".join(f"{k} {v:+.3f}" for k, v in miss.items())
-              + f" ms; largest: {worst} ({miss[worst] / r.measured_ms:+.0%} of the step)")
-    largest = {r.recipe != "bf16": [] for r in parts.itertuples()}
-    for r in parts.itertuples():
-        miss = {k: abs(getattr(r, f"{k}_pred") - getattr(r, f"{k}_traced"))
-                for k in ("gemm", "other", "gaps")}
-        largest[r.recipe != "bf16"].append(max(miss, key=miss.get))
-    for fp8, parts_missed in largest.items():
+              + ", ".join(f"{k} {v:+.3f}" for k, v in zip(PARTS, m))
+              + f" ms; largest: {r.largest_miss} "
+              f"({getattr(m, r.largest_miss) / r.measured_ms:+.0%} of the step)")
+    for fp8, g in parts.groupby(parts["recipe"] != "bf16"):
+        n = g["largest_miss"].value_counts()
         print(f"{'FP8' if fp8 else 'BF16'} rows, the part the model misses most: "
-              + ", ".join(f"{k} in {parts_missed.count(k)}" for k in ("gemm", "other", "gaps")
-                          if parts_missed.count(k)) + f" of {len(parts_missed)}")
+              + ", ".join(f"{k} in {n[k]}" for k in PARTS if k in n) + f" of {len(g)}")
     overlap = parts[parts["gaps_traced"] < 0]
     print(f"{len(overlap)} of {len(parts)} traced steps are busier than they are long "
           f"(kernels overlapping): {', '.join(overlap['shape'] + ' ' + overlap['recipe'])}")
