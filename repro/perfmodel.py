@@ -10,17 +10,20 @@ labelled projection:
    ``repro.mlpbench`` and of a Llama-style decoder.
 2. Time of a step (:func:`predict`)::
 
-       t_step = sum_g t_gemm(g) + sum_p bytes_p / (bandwidth * bw_eff) + latency * n_kernels
+       t_step = sum_g t_gemm(g) + sum_p bytes_p / (bandwidth * bw_eff) + gap * n_launches
 
    ``t_gemm``: the MEASURED rate where the ``gemm`` sweep has this shape (minus the sweep's
    per-call overhead, never below the roofline), else the measured rate interpolated in
    log(flops) and multiplied by ``offsweep_gemm_eff``; for a format or chip without
    measurements, the datasheet peak times the efficiency the measured chip reaches on the
-   same shape. ``n_kernels``: GEMM launches plus passes.
-3. :func:`calibrate` fits the three free parameters (``offsweep_gemm_eff``, ``bw_eff``,
-   ``kernel_latency_us``) on MEASURED BF16 step times only: of ``mlp_step`` (the MLP) and,
-   where recorded, ``lm_step`` (this repository's decoder LM, ``repro.lmbench``, whose step
-   is :func:`lm_step_gemms` of its preset); :func:`validate` then predicts the FP8 step times
+   same shape. ``gap``: idle device time per GEMM launch (``gap_per="gemm"``, the default:
+   the kernel traces show idle time at the GEMMs, while the many small elementwise kernels of
+   an FP8 step run back to back), or per launch of any kernel (``gap_per="kernel"``, the
+   model before the traces; notebook 06 compares the two).
+3. :func:`calibrate` fits the free parameters (``offsweep_gemm_eff``, ``bw_eff``, ``gap_us``
+   unless kernel traces measure it, ``step_floor_us``) on MEASURED BF16 step times only: of
+   ``mlp_step`` (the MLP) and, where recorded, ``lm_step`` (this repository's decoder LM,
+   ``repro.lmbench``, whose step is :func:`lm_step_gemms` of its preset); :func:`validate` then predicts the FP8 step times
    of both and compares the FP8/BF16 speedup with the measured one, shape by shape (emulated
    records never count). The FP8 numbers are never used in the fit. Where step records
    carry the compiled program's facts (XLA's bytes accessed and launching ops,
@@ -77,6 +80,7 @@ RECIPE_SCALING = {"fp8-current": "current", "fp8-delayed": "delayed", "flax-fp8"
 FP8_RECIPES = ("fp8-current", "fp8-delayed", "flax-fp8")
 NVFP4_POLICIES = ("paper", "mlp", "all")  # as repro.lm.model.NVFP4_SCOPES
 TARGETS = ("b200", "gb200", "gb300")
+GAP_PER = ("gemm", "kernel")  # what the idle-gap term counts (ModelParams.gap_per)
 AMAX_HISTORY_LEN = 1024
 
 
@@ -164,8 +168,19 @@ class Step:
         return sum(t.bytes for t in self.traffic if kinds is None or t.kind in kinds)
 
     @property
+    def gemm_launches(self) -> int:
+        return sum(g.count for g in self.gemms)
+
+    @property
     def kernels(self) -> int:
-        return sum(g.count for g in self.gemms) + sum(t.passes for t in self.traffic)
+        return self.gemm_launches + sum(t.passes for t in self.traffic)
+
+    def launches(self, per: str) -> int:
+        """The launches an idle gap is charged to: GEMMs (``per="gemm"``) or every kernel
+        (``per="kernel"``)."""
+        if per not in GAP_PER:
+            raise ValueError(f"gap_per must be one of {GAP_PER}, not {per!r}")
+        return self.gemm_launches if per == "gemm" else self.kernels
 
 
 def _linear(step: Step, m: int, k: int, n: int, fmt: str, count: int = 1, *, dgrad=True,
@@ -590,17 +605,19 @@ class RateTable:
 @dataclass(frozen=True)
 class ModelParams:
     """The free parameters. ``datasheet_gemm_eff`` is used only where no rate is measured
-    (fixed, not fitted, unless there are no GEMM records at all)."""
+    (fixed, not fitted, unless there are no GEMM records at all). ``gap_us``: idle device
+    time per launch of what ``gap_per`` names (:data:`GAP_PER`; a choice, never fitted)."""
 
     offsweep_gemm_eff: float = 1.0
     bw_eff: float = 0.85
-    kernel_latency_us: float = 3.0
+    gap_us: float = 10.0
     step_floor_us: float = 100.0
     datasheet_gemm_eff: float = 0.7
+    gap_per: str = "gemm"
 
-    FITTED = ("offsweep_gemm_eff", "bw_eff", "kernel_latency_us", "step_floor_us")
+    FITTED = ("offsweep_gemm_eff", "bw_eff", "gap_us", "step_floor_us")
     BOUNDS = {"offsweep_gemm_eff": (0.5, 1.5), "bw_eff": (0.05, 1.0),
-              "kernel_latency_us": (0.0, 100.0), "step_floor_us": (0.0, 5000.0),
+              "gap_us": (0.0, 200.0), "step_floor_us": (0.0, 5000.0),
               "datasheet_gemm_eff": (0.05, 1.0)}
 
 
@@ -614,7 +631,7 @@ class Calibration:
     calibrated: bool = False
     fit: pd.DataFrame | None = None
     fitted: tuple[str, ...] = ()
-    traced: pd.DataFrame | None = None  # traced_kernel_latency rows behind kernel_latency_us
+    traced: pd.DataFrame | None = None  # traced_gaps rows behind gap_us
 
     def to_dict(self) -> dict[str, Any]:
         return {"hardware": self.hardware.slug, "calibrated": self.calibrated,
@@ -623,7 +640,7 @@ class Calibration:
                 "sweep_overhead_us": ({k: v * 1e6 for k, v in self.rates.overhead_s.items()}
                                       if self.rates else {}),
                 "n_fit": 0 if self.fit is None else int(len(self.fit)),
-                "kernel_latency_traced_shapes": 0 if self.traced is None else len(self.traced)}
+                "gap_traced_shapes": 0 if self.traced is None else len(self.traced)}
 
 
 def datasheet_calibration(info: hw.HardwareInfo | str,
@@ -649,7 +666,7 @@ def _efficiency(g: Gemm, cal: Calibration) -> float:
 
 
 def gemm_time(g: Gemm, cal: Calibration, target: hw.HardwareInfo | None = None) -> float:
-    """Seconds of all ``g.count`` launches of ``g`` (kernel latency not included).
+    """Seconds of all ``g.count`` launches of ``g`` (idle gaps not included).
 
     On the calibrating chip: the measured rate where there is one (see
     :meth:`RateTable.measured_time`). Elsewhere (another chip, or a format the chip was not
@@ -673,7 +690,8 @@ def gemm_time(g: Gemm, cal: Calibration, target: hw.HardwareInfo | None = None) 
 def predict(step: Step, cal: Calibration, target: hw.HardwareInfo | str | None = None
             ) -> dict[str, float]:
     """Predicted step time (seconds) on ``target`` (default: the calibrating chip), split
-    into GEMM, memory-traffic and kernel-latency parts.
+    into GEMM, memory-traffic and idle-gap parts (``gap_s``: ``gap_us`` per launch of what
+    ``gap_per`` counts).
 
     ``total_s = max(device_s, step_floor)``: steps are dispatched asynchronously, so the
     host's per-step dispatch cost hides behind device work unless the device finishes first.
@@ -684,10 +702,10 @@ def predict(step: Step, cal: Calibration, target: hw.HardwareInfo | str | None =
         raise ValueError(f"{tgt.slug} has no memory bandwidth in the registry")
     t_gemm = sum(gemm_time(g, cal, tgt) for g in step.gemms)
     t_mem = step.traffic_bytes() / (tgt.memory_bandwidth_tbs * 1e12 * p.bw_eff)
-    t_lat = step.kernels * p.kernel_latency_us * 1e-6
-    device = t_gemm + t_mem + t_lat
+    t_gap = step.launches(p.gap_per) * p.gap_us * 1e-6
+    device = t_gemm + t_mem + t_gap
     return {"total_s": max(device, p.step_floor_us * 1e-6), "device_s": device,
-            "gemm_s": t_gemm, "traffic_s": t_mem, "latency_s": t_lat, "flops": step.flops}
+            "gemm_s": t_gemm, "traffic_s": t_mem, "gap_s": t_gap, "flops": step.flops}
 
 
 # ----------------------------------------------------------------------------- calibration
@@ -853,17 +871,22 @@ def _trace_key(r) -> tuple:
             else ("mlp", int(r.batch), int(r.width), int(r.depth)))
 
 
-def traced_kernel_latency(records: pd.DataFrame | None, slug: str) -> pd.DataFrame:
-    """Per-kernel latency measured on BF16 steps: (untraced step time - device busy time) /
-    kernels per step, per shape that has both a ``kernel_times`` record (``repro.kernelprof``:
+def traced_gaps(records: pd.DataFrame | None, slug: str, per: str = "gemm") -> pd.DataFrame:
+    """Idle device time per launch, measured on BF16 steps: (untraced step time - device busy
+    time) / launches, per shape that has both a ``kernel_times`` record (``repro.kernelprof``:
     busy time and kernels of the traced step) and an ``mlp_step`` / ``lm_step`` BF16 time.
+    ``per="gemm"``: the launches are the step's GEMMs (as the model counts them, attention's
+    products included); ``per="kernel"``: every traced kernel.
 
     The gaps between kernels that step times alone cannot separate from GEMM and memory time
-    (the BF16-only fit put this latency at 0). BF16 only, never emulated: the FP8 steps are the
+    (the BF16-only fit put them at 0). BF16 only, never emulated: the FP8 steps are the
     validation data. Columns: the shape (:data:`STEP_KEY`), ``step_ms``, ``busy_ms``,
-    ``kernels``, ``latency_us`` (gaps below 0, streams overlapping, count as 0).
+    ``kernels`` (traced), ``launches`` (what the gap is divided by), ``gap_us`` (gaps below 0,
+    streams overlapping, count as 0).
     """
-    cols = [*STEP_KEY, "step_ms", "busy_ms", "kernels", "latency_us"]
+    if per not in GAP_PER:
+        raise ValueError(f"per must be one of {GAP_PER}, not {per!r}")
+    cols = [*STEP_KEY, "step_ms", "busy_ms", "kernels", "launches", "gap_us"]
     by = _traced_steps(records, slug)
     rows = []
     for r in (_step_records(records, slug, ["bf16"]).itertuples() if by else []):
@@ -871,8 +894,9 @@ def traced_kernel_latency(records: pd.DataFrame | None, slug: str) -> pd.DataFra
         busy, n = m.get("kernel_ms_per_step"), m.get("kernels_per_step")
         if busy is None or not n:
             continue
-        lat = max(0.0, r.measured_ms - busy) / n * 1e3
-        rows.append((*(getattr(r, k) for k in STEP_KEY), r.measured_ms, busy, n, lat))
+        launches = n if per == "kernel" else measured_step(r, "bf16").gemm_launches
+        gap = max(0.0, r.measured_ms - busy) / launches * 1e3
+        rows.append((*(getattr(r, k) for k in STEP_KEY), r.measured_ms, busy, n, launches, gap))
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -885,7 +909,7 @@ def component_table(records: pd.DataFrame | None, cal: Calibration,
     Columns (ms per step): ``gemm`` (GEMM and attention kernels; the model counts attention's
     products as GEMMs), ``other`` (every other kernel: elementwise, reductions, copies;
     the model's traffic term) and ``gaps`` (device idle between kernels: the untraced step time
-    minus the traced busy time; the model's latency x kernels), each ``_pred`` and ``_traced``;
+    minus the traced busy time; the model's ``gap_us`` x launches), each ``_pred`` and ``_traced``;
     ``kernels_pred`` (the program's launches the model counts) and ``kernels_traced``.
     """
     cols = ["workload", "shape", "recipe", "measured_ms", "busy_ms", "gemm_pred", "gemm_traced",
@@ -904,7 +928,7 @@ def component_table(records: pd.DataFrame | None, cal: Calibration,
         gemm = m.get("gemm_ms_per_step", 0.0) + m.get("attention_ms_per_step", 0.0)
         rows.append((r.workload, shape_label(r.workload, r.model, r.batch, r.width, r.depth),
                      r.recipe, r.measured_ms, busy, p["gemm_s"] * 1e3, gemm,
-                     p["traffic_s"] * 1e3, busy - gemm, p["latency_s"] * 1e3,
+                     p["traffic_s"] * 1e3, busy - gemm, p["gap_s"] * 1e3,
                      r.measured_ms - busy, step.kernels, m.get("kernels_per_step", np.nan)))
     return pd.DataFrame(rows, columns=cols)
 
@@ -919,8 +943,8 @@ def measured_records() -> pd.DataFrame:
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def calibrate(measured_records: pd.DataFrame | None, hardware: hw.HardwareInfo | str
-              ) -> Calibration:
+def calibrate(measured_records: pd.DataFrame | None, hardware: hw.HardwareInfo | str,
+              gap_per: str = "gemm") -> Calibration:
     """Fit the model of ``hardware`` on its MEASURED BF16 step times (``mlp_step`` and, where
     recorded, ``lm_step``).
 
@@ -928,15 +952,17 @@ def calibrate(measured_records: pd.DataFrame | None, hardware: hw.HardwareInfo |
     (other rows are ignored; only this chip's non-emulated rows are used). GEMM rates come from
     the ``gemm`` records; the fit sees only ``recipe == "bf16"`` step times, never an FP8 one.
     Without BF16 step times the defaults stay (``calibrated=False``). Where ``kernel_times``
-    records exist (:func:`traced_kernel_latency`), ``kernel_latency_us`` is their median and
-    is not fitted.
+    records exist (:func:`traced_gaps`), ``gap_us`` is their median and is not fitted.
+    ``gap_per``: what the gap is charged to (:data:`GAP_PER`).
     """
     info = hw.lookup(hardware) if isinstance(hardware, str) else hardware
     df = measured_records if measured_records is not None else pd.DataFrame()
     rates = RateTable.from_records(df, info) if len(df) else None
     if rates is not None and not rates.points:
         rates = None
-    cal = Calibration(info, ModelParams(), rates, False)
+    if gap_per not in GAP_PER:
+        raise ValueError(f"gap_per must be one of {GAP_PER}, not {gap_per!r}")
+    cal = Calibration(info, ModelParams(gap_per=gap_per), rates, False)
     bf16 = _step_records(df, info.slug, ["bf16"])
     if not len(bf16):
         return cal
@@ -944,12 +970,11 @@ def calibrate(measured_records: pd.DataFrame | None, hardware: hw.HardwareInfo |
         rates = None
         cal.rates = None
     names = list(ModelParams.FITTED) if rates is not None else [
-        "datasheet_gemm_eff", "bw_eff", "kernel_latency_us", "step_floor_us"]
-    traced = traced_kernel_latency(df, info.slug)
+        "datasheet_gemm_eff", "bw_eff", "gap_us", "step_floor_us"]
+    traced = traced_gaps(df, info.slug, gap_per)
     if len(traced):
-        names.remove("kernel_latency_us")
-        cal.params = dataclasses.replace(cal.params,
-                                         kernel_latency_us=float(traced["latency_us"].median()))
+        names.remove("gap_us")
+        cal.params = dataclasses.replace(cal.params, gap_us=float(traced["gap_us"].median()))
     # With fewer points than parameters, fit the most important ones only.
     names = names[:max(1, min(len(names), len(bf16)))]
     steps = [measured_step(r, "bf16", r.hlo_bytes, r.hlo_kernels) for r in bf16.itertuples()]
@@ -1063,7 +1088,7 @@ ASSUMPTIONS = [
     "target chip = its datasheet dense peaks and bandwidth (repro/data/hardware.yaml) times the "
     "efficiency the calibrating chip reaches on the same GEMM shape",
     "FP4 GEMMs reach the efficiency measured for FP8 GEMMs of the same shape",
-    "bandwidth efficiency and per-kernel latency as calibrated on the measuring chip",
+    "bandwidth efficiency and idle gap per GEMM launch as calibrated on the measuring chip",
     "one GPU's share of the step; communication (FSDP/TP collectives) not modelled",
     "flash attention and the output head stay BF16 in every recipe",
 ]
@@ -1145,11 +1170,13 @@ def _records_for(cal: Calibration, val: pd.DataFrame, proj: pd.DataFrame, profil
     common = dict(claims=CLAIMS, profile=profile, hardware=info, emulated=False)
     recs = []
     for name, value in dataclasses.asdict(cal.params).items():
+        if not isinstance(value, (int, float)):
+            continue  # gap_per: a choice, in every record's extra (``params``)
         source = ("fit" if name in cal.fitted else
-                  f"kernel traces ({len(cal.traced)} BF16 shapes)"
-                  if name == "kernel_latency_us" and cal.traced is not None else "default")
+                  f"kernel traces ({len(cal.traced)} BF16 shapes, per {cal.params.gap_per})"
+                  if name == "gap_us" and cal.traced is not None else "default")
         recs.append(results.make_record(
-            EXPERIMENT, "model_parameter", value, "1" if name != "kernel_latency_us" else "us",
+            EXPERIMENT, "model_parameter", value, "us" if name.endswith("_us") else "1",
             sizes={"parameter": name},
             extra={"kind": "calibration", "calibrated": cal.calibrated,
                    "fitted": name in cal.fitted, "source": source, "input_digest": digest,
@@ -1384,7 +1411,7 @@ def b2_verdict(perf: pd.DataFrame, measured_fp4: pd.DataFrame | None = None) -> 
     elif proj["extra"].map(lambda e: e.get("mode") == "rates_only").any():
         vtxt = (f"NOT validated: measured {hw_slug} GEMM rates, but no mlp_step records (nor "
                 "lm_step) yet to calibrate and validate the step model (default "
-                "bandwidth/latency parameters)")
+                "bandwidth/gap parameters)")
     else:
         vtxt = "NOT validated: no GPU gemm/mlp_step/lm_step records yet (datasheet peaks only)"
     key = (f"projected NVFP4 {bf:.2f}x vs BF16 (Llama-3-8B, GB200; published 1.59x), "

@@ -157,7 +157,7 @@ def test_interpolation_is_exact_at_measured_shapes(tmp_path, monkeypatch):
     assert pm.gemm_time(pm.Gemm(m, k, n), half) == pytest.approx(t_meas - table.overhead_s["bf16"])
 
 
-TRUE = pm.ModelParams(offsweep_gemm_eff=0.8, bw_eff=0.7, kernel_latency_us=6.0,
+TRUE = pm.ModelParams(offsweep_gemm_eff=0.8, bw_eff=0.7, gap_us=12.0,
                       step_floor_us=150.0)
 FIT_SHAPES = [(256, 64, 2), (1024, 128, 2), (65536, 256, 3), (65536, 1024, 3),
               (65536, 4096, 3), (16384, 4096, 4), (8192, 8192, 3), (4096, 1024, 2)]
@@ -330,15 +330,37 @@ def test_validation_uses_compiled_traffic_where_records_carry_it():
                      hlo_kernels=40 + sum(g.count for g in gemms))
         extra.append(e)
     heavy["extra"] = extra
-    v = pm.validate(heavy, cal)
-    assert len(v) and v.compiled_traffic.all()
-    p, bw = cal.params, H200.memory_bandwidth_tbs * 1e12
-    for r in v.itertuples():
-        gemms = pm.mlp_step_gemms(r.batch, r.width, r.depth, r.recipe, input_grad=False).gemms
-        device = (sum(pm.gemm_time(g, cal) for g in gemms) + 1e9 / (bw * p.bw_eff)
-                  + (40 + sum(g.count for g in gemms)) * p.kernel_latency_us * 1e-6)
-        expect_ms = max(device, p.step_floor_us * 1e-6) * 1e3
-        assert r.predicted_ms == pytest.approx(expect_ms, rel=1e-9)
+    bw = H200.memory_bandwidth_tbs * 1e12
+    # the gap is charged per GEMM launch (default) or per launch of any kernel, 40 of them
+    for c, extra_launches in ((cal, 0), (pm.calibrate(df, "h200", gap_per="kernel"), 40)):
+        v = pm.validate(heavy, c)
+        assert len(v) and v.compiled_traffic.all()
+        p = c.params
+        for r in v.itertuples():
+            gemms = pm.mlp_step_gemms(r.batch, r.width, r.depth, r.recipe,
+                                      input_grad=False).gemms
+            device = (sum(pm.gemm_time(g, c) for g in gemms) + 1e9 / (bw * p.bw_eff)
+                      + (extra_launches + sum(g.count for g in gemms)) * p.gap_us * 1e-6)
+            expect_ms = max(device, p.step_floor_us * 1e-6) * 1e3
+            assert r.predicted_ms == pytest.approx(expect_ms, rel=1e-9)
+
+
+def test_gap_term_counts_gemm_launches_or_every_kernel():
+    """Two steps with the same two GEMMs (3 launches), one with 2 elementwise passes, one with
+    20 (an FP8 step's extra scale and amax kernels): per GEMM launch their gaps are equal,
+    3 x 10 us; per kernel 5 x 10 and 23 x 10 us. An unknown choice fails with the valid ones."""
+    gemms = [pm.Gemm(1024, 1024, 1024, 2), pm.Gemm(1024, 1024, 1024, 1)]
+    few = pm.Step(list(gemms), [pm.Traffic(1e6, "x", 2)])
+    many = pm.Step(list(gemms), [pm.Traffic(1e6, "x", 20)])
+    for per, want in (("gemm", (30e-6, 30e-6)), ("kernel", (50e-6, 230e-6))):
+        cal = pm.datasheet_calibration("h200", pm.ModelParams(gap_us=10.0, gap_per=per))
+        got = (pm.predict(few, cal)["gap_s"], pm.predict(many, cal)["gap_s"])
+        assert got == (pytest.approx(want[0]), pytest.approx(want[1]))
+    bad = pm.datasheet_calibration("h200", pm.ModelParams(gap_per="pass"))
+    with pytest.raises(ValueError, match="gemm"):
+        pm.predict(few, bad)
+    with pytest.raises(ValueError, match="gemm"):
+        pm.calibrate(None, "h200", gap_per="pass")
 
 
 # --------------------------------------------------------------------- LM step validation
@@ -448,11 +470,12 @@ def test_bf16_and_fp16_samples_of_a_shape_are_pooled_to_the_faster():
     assert table.measured_rate(65536, 2048, 2048, "fp8", H200) == pytest.approx(900.0)
 
 
-def test_kernel_latency_measured_from_bf16_traces_is_not_fitted():
-    """kernel_times records (repro.kernelprof) give the per-kernel gap of BF16 steps: (step
-    time - busy time) / kernels. Hand-made: gaps of 0.2, 0.3, 0.5 ms over 50, 100, 100 kernels
-    are 4, 3, 5 us; the median, 4 us, is used and not fitted. FP8 and emulated traces (the
-    validation side) are ignored."""
+def test_gap_measured_from_bf16_traces_is_not_fitted():
+    """kernel_times records (repro.kernelprof) give the idle gap of BF16 steps: (step time -
+    busy time) / launches. Hand-made: gaps of 0.2, 0.3, 0.5 ms over 50, 100, 100 kernels are
+    4, 3, 5 us per kernel; over the 8 GEMM launches of a 3-layer MLP step (3 forward, 3 weight
+    gradients, 2 data gradients: the first layer's is dropped) 25, 37.5, 62.5 us. The median
+    is used and not fitted. FP8 and emulated traces (the validation side) are ignored."""
     steps = _step_records(TRUE)
     step_ms = {(r["sizes"]["batch"], r["sizes"]["width"], r["sizes"]["depth"]): r["value"]
                for r in steps if r["recipe"] == "bf16"}
@@ -472,17 +495,22 @@ def test_kernel_latency_measured_from_bf16_traces_is_not_fitted():
     trace(4096, 1024, 2, "fp8-delayed", 5.0, 10)  # validation side: ignored
     trace(1024, 128, 2, "bf16", 0.9, 10, emulated=True)  # ignored
     df = _frame(_gemm_records() + steps + traces)
-    lat = pm.traced_kernel_latency(df, "h200").sort_values("width")
-    assert lat["latency_us"].tolist() == pytest.approx([4.0, 3.0, 5.0])
-    cal = pm.calibrate(df, "h200")
-    assert cal.params.kernel_latency_us == pytest.approx(4.0)
-    assert "kernel_latency_us" not in cal.fitted and len(cal.fitted) == 3
+    lat = pm.traced_gaps(df, "h200", per="kernel").sort_values("width")
+    assert lat["gap_us"].tolist() == pytest.approx([4.0, 3.0, 5.0])
+    lat = pm.traced_gaps(df, "h200").sort_values("width")
+    assert lat["launches"].tolist() == [8, 8, 8]
+    assert lat["gap_us"].tolist() == pytest.approx([25.0, 37.5, 62.5])
+    for per, median in (("kernel", 4.0), ("gemm", 37.5)):
+        cal = pm.calibrate(df, "h200", gap_per=per)
+        assert cal.params.gap_us == pytest.approx(median) and cal.params.gap_per == per
+        assert "gap_us" not in cal.fitted and len(cal.fitted) == 3
     recs = pm._records_for(cal, pm.validate(df, cal), pd.DataFrame(), "full", "x")
-    src = {r["sizes"]["parameter"]: r["extra"]["source"] for r in recs
+    src = {r["sizes"]["parameter"]: (r["extra"]["source"], r["unit"]) for r in recs
            if r["metric"] == "model_parameter"}
-    assert src["kernel_latency_us"].startswith("kernel traces (3") and src["bw_eff"] == "fit"
+    assert src["gap_us"][0].startswith("kernel traces (3") and src["gap_us"][1] == "us"
+    assert src["bw_eff"] == ("fit", "1") and "gap_per" not in src
     # without traces it is fitted, as before
-    assert "kernel_latency_us" in pm.calibrate(_frame(_gemm_records() + steps), "h200").fitted
+    assert "gap_us" in pm.calibrate(_frame(_gemm_records() + steps), "h200").fitted
 
 
 def test_traced_gemm_device_time_replaces_the_sweep_estimate():
