@@ -249,6 +249,34 @@ def test_widest_fitting_solves_a_hand_made_quadratic():
     assert inside.widest_width == pytest.approx(1500, rel=1e-6) and not inside.extrapolated
 
 
+def test_throughput_speedups_are_hand_ratios_and_say_which_pairs_share_a_commit():
+    """Hand-made throughput records: at width 1024 fp16 and fp8 recorded at one commit (2.0M
+    vs 3.0M env-steps/s, update 30 vs 20 ms: 1.5x both ways); at width 2048 fp8 at another
+    commit than fp16 (1.0M vs 1.2M: 1.2x end to end; 80 vs 64 ms: 1.25x update)."""
+    import pandas as pd
+
+    from repro import hardware, results
+    from repro.rl import experiments as X
+
+    hw = hardware.lookup("cpu")
+
+    def cell(width, recipe, sps, upd_ms, commit):
+        sizes = {"network": "mlp", "width": width, "num_envs": 2048}
+        return [{**results.make_record("rl_throughput", m, v, u, recipe=recipe, sizes=sizes,
+                                       hardware=hw), "git_commit": commit}
+                for m, v, u in (("env_steps_per_s", sps, "steps/s"),
+                                ("update_time_ms", upd_ms, "ms"))]
+
+    recs = (cell(1024, "fp16", 2.0e6, 30.0, "aaa") + cell(1024, "fp8-delayed", 3.0e6, 20.0, "aaa")
+            + cell(2048, "fp16", 1.0e6, 80.0, "aaa") + cell(2048, "fp8-delayed", 1.2e6, 64.0, "bbb"))
+    table = X.throughput_table(pd.DataFrame(recs))
+    assert sorted(table.git_commit) == ["aaa", "aaa", "aaa", "bbb"]
+    sp = X.speedups(table, "fp8-delayed", baselines=("fp16",)).set_index("width")
+    assert sp.loc[1024, "e2e"] == pytest.approx(1.5) and sp.loc[1024, "update"] == pytest.approx(1.5)
+    assert sp.loc[2048, "e2e"] == pytest.approx(1.2) and sp.loc[2048, "update"] == pytest.approx(1.25)
+    assert bool(sp.loc[1024, "same_commit"]) and not bool(sp.loc[2048, "same_commit"])
+
+
 def test_repeat_identical_compares_returns_and_curves_bitwise(tmp_path):
     from repro import hardware, results
     from repro.rl import experiments as X

@@ -729,7 +729,8 @@ def probability_of_improvement(scores: Mapping[str, np.ndarray],
 
 
 def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (hardware, network, width, num_envs, recipe) with the three metrics."""
+    """One row per (hardware, network, width, num_envs, recipe) with the three metrics, and
+    ``git_commit``: the commit(s) its records were made at, comma-separated."""
     d = df[df.metric.isin(["env_steps_per_s", "update_time_ms", "update_memory_bytes"])].copy()
     if d.empty:
         return pd.DataFrame()
@@ -740,7 +741,11 @@ def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
     t = d.pivot_table(index=keys, columns="metric", values="value", aggfunc="median")
     em = d.groupby(keys)["emulated"].any().rename("emulated")
     calls = d.groupby(keys)["fp8_gemm_calls"].max()
-    return t.join(em).join(calls).reset_index()
+    if "git_commit" not in d:
+        d["git_commit"] = ""
+    commit = d.groupby(keys)["git_commit"].agg(
+        lambda c: ",".join(sorted({str(x) for x in c if isinstance(x, str) and x})))
+    return t.join(em).join(calls).join(commit).reset_index()
 
 
 def widest_fitting(table: pd.DataFrame, budget_bytes: float) -> pd.DataFrame:
@@ -776,7 +781,11 @@ def widest_fitting(table: pd.DataFrame, budget_bytes: float) -> pd.DataFrame:
 def speedups(table: pd.DataFrame, recipe: str, baselines: Sequence[str] = ("fp16", "bf16")
              ) -> pd.DataFrame:
     """``recipe`` vs each baseline, per (hardware, network, width, num_envs): the end-to-end
-    ratio of env-steps/s and the update-only ratio of times (> 1: ``recipe`` is faster)."""
+    ratio of env-steps/s and the update-only ratio of times (> 1: ``recipe`` is faster).
+
+    ``same_commit``: both cells were recorded at one git commit (in this repository's GPU
+    workflow, one call: the same machine, in one sitting). A ratio across commits compares
+    timings from different calls, possibly different machines of the same kind."""
     keys = ["hardware", "network", "width", "num_envs"]
     x = table[table.recipe == recipe].set_index(keys)
     rows = []
@@ -789,7 +798,10 @@ def speedups(table: pd.DataFrame, recipe: str, baselines: Sequence[str] = ("fp16
                          "update": r["update_time_ms_base"] / r["update_time_ms"],
                          "memory": (r.get("update_memory_bytes", np.nan)
                                     / r.get("update_memory_bytes_base", np.nan)),
-                         "emulated": bool(r["emulated"] or r["emulated_base"])})
+                         "emulated": bool(r["emulated"] or r["emulated_base"]),
+                         "same_commit": bool(r.get("git_commit")) and "," not in str(
+                             r.get("git_commit")) and r.get("git_commit") == r.get(
+                             "git_commit_base")})
     return pd.DataFrame(rows)
 
 
