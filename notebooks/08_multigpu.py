@@ -104,6 +104,10 @@ else:
 
 # %% [markdown]
 # ## All records, every hardware
+#
+# `efficiency_same_commit` / `fp8_same_commit`: whether the two cells of that ratio were
+# recorded at one commit (one GPU call, one machine); a ratio across calls is labelled so in
+# the verdict's key number.
 
 # %%
 df = results.load_records("multigpu")
@@ -209,8 +213,12 @@ if V["verdict"] == "not yet measured":
     note = ("No multi-GPU records yet; the smoke run records n=1 on this machine only "
             f"({jax.device_count()} device(s)) and CPU devices never count.")
 else:
+    # a ratio of two cells recorded in different GPU calls says so (notebook 03 does the same)
     parts = [f"{r['workload']} {r['recipe']} {r['efficiency']:.2f}"
-             + (f" (FP8/BF16 {r['fp8_speedup']:.2f}x)" if r["fp8_speedup"] is not None else "")
+             + ("" if r["efficiency_same_commit"] else " [1- and n-GPU cells of different calls]")
+             + (f" (FP8/BF16 {r['fp8_speedup']:.2f}x"
+                + ("" if r["fp8_same_commit"] else ", cells of different calls") + ")"
+                if r["fp8_speedup"] is not None else "")
              for r in V["rows"]]
     key = (f"weak-scaling efficiency at {V['n_devices']} GPUs: " + "; ".join(parts))
     hw_text = V["hardware"]

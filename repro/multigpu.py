@@ -182,9 +182,12 @@ def run_cell(workload: str, recipe: str, n: int, p: Mapping[str, Any],
 def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (hardware, workload, recipe, n_devices) throughput record, with
     ``efficiency`` (throughput_n / (n * throughput_1) of the same hardware, workload and
-    recipe) and ``fp8_speedup`` (this recipe over BF16 at the same count; NaN for BF16)."""
+    recipe) and ``fp8_speedup`` (this recipe over BF16 at the same count; NaN for BF16).
+    ``efficiency_same_commit`` / ``fp8_same_commit``: the two cells of that ratio were
+    recorded at one git commit (in this repository's GPU workflow: one call, one machine)."""
     cols = ["hardware", "workload", "recipe", "n_devices", "throughput", "unit", "spread",
-            "simulated", "emulated", "backend", "profile", "efficiency", "fp8_speedup"]
+            "simulated", "emulated", "backend", "profile", "efficiency", "fp8_speedup",
+            "git_commit", "efficiency_same_commit", "fp8_same_commit"]
     if df is None or df.empty:
         return pd.DataFrame(columns=cols)
     d = df[df["metric"].isin({m for m, _ in METRIC.values()})].copy()
@@ -195,10 +198,16 @@ def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
                       for e, s in zip(d["extra"], d["sizes"])]
     d["simulated"] = [bool(e.get("simulated_devices", False)) for e in d["extra"]]
     d["throughput"] = d["value"].astype(float)
+    d["git_commit"] = (d["git_commit"].map(lambda c: c if isinstance(c, str) else "")
+                       if "git_commit" in d else "")
     d = d.sort_values("timestamp").drop_duplicates(
         ["hardware", "workload", "recipe", "n_devices"], keep="last")
     key = ["hardware", "workload", "recipe"]
     base = d[d["n_devices"] == 1].set_index(key)["throughput"]
+    base_commit = d[d["n_devices"] == 1].set_index(key)["git_commit"]
+    d["efficiency_same_commit"] = [
+        bool(row.git_commit) and row.git_commit == base_commit.get(tuple(row[k] for k in key))
+        for _, row in d.iterrows()]
     d["efficiency"] = [row.throughput / (row.n_devices * base.get(tuple(row[k] for k in key),
                                                                   np.nan))
                        for _, row in d.iterrows()]
@@ -207,6 +216,11 @@ def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
                         row.throughput / bf.get((row.hardware, row.workload, row.n_devices),
                                                 np.nan)
                         for _, row in d.iterrows()]
+    bf_commit = d[d["recipe"] == BASELINE].set_index(
+        ["hardware", "workload", "n_devices"])["git_commit"]
+    d["fp8_same_commit"] = [  # False for BF16 itself: no ratio
+        row.recipe != BASELINE and bool(row.git_commit) and row.git_commit == bf_commit.get(
+            (row.hardware, row.workload, row.n_devices)) for _, row in d.iterrows()]
     return d[cols].sort_values(["hardware", "workload", "recipe", "n_devices"]).reset_index(
         drop=True)
 
@@ -263,6 +277,8 @@ def b5_verdict(table: pd.DataFrame) -> dict[str, Any]:
     rows = [{"workload": r.workload, "recipe": r.recipe, "n_devices": nmax,
              "efficiency": float(r.efficiency),
              "fp8_speedup": None if not np.isfinite(r.fp8_speedup) else float(r.fp8_speedup),
+             "efficiency_same_commit": bool(r.efficiency_same_commit),
+             "fp8_same_commit": bool(r.fp8_same_commit),
              "emulated": bool(r.emulated)} for _, r in last.iterrows()]
     return {"verdict": verdict, "hardware": hw, "n_devices": nmax, "rows": rows}
 

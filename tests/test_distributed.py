@@ -205,14 +205,15 @@ def test_device_counts_divide_the_machine():
     assert multigpu.device_counts((1, 2, 4, 8), 1) == [1]
 
 
-def _table(rows):
+def _table(rows, commit=lambda w, r, n: "abc"):
     recs = []
     for hw, backend, sim, w, r, n, thr in rows:
         recs.append({"experiment": "multigpu", "hardware": hw, "backend": backend,
                      "metric": multigpu.METRIC[w][0], "unit": multigpu.METRIC[w][1],
                      "value": thr, "recipe": r, "sizes": {"workload": w, "n_devices": n},
                      "extra": {"n_devices": n, "simulated_devices": sim}, "spread": 0.0,
-                     "emulated": False, "profile": "full", "timestamp": "t"})
+                     "emulated": False, "profile": "full", "timestamp": "t",
+                     "git_commit": commit(w, r, n)})
     return multigpu.throughput_table(pd.DataFrame(recs))
 
 
@@ -233,6 +234,24 @@ def test_efficiency_speedup_and_b5_verdict():
     poor = _table([("h200", "gpu", False, "lm_dp", "bf16", n, 100.0 * n * e)
                    for n, e in ((1, 1.0), (2, 0.5))])
     assert multigpu.b5_verdict(poor)["verdict"] == "contradicted"
+
+
+def test_ratios_say_whether_their_cells_share_a_commit():
+    """The 2-GPU cells of one call ("new"), the 1-GPU cells and the BF16 4-GPU cell of another
+    ("old"): every 2-GPU efficiency is across calls, every FP8/BF16 ratio at 2 GPUs within
+    one; at 4 GPUs the FP8 cell ("new") against BF16 ("old") is across calls."""
+    rows = [("h200", "gpu", False, "ppo", r, n, 100.0 * n) for r in ("bf16", "fp8-delayed")
+            for n in (1, 2, 4)]
+    t = _table(rows, commit=lambda w, r, n: "new" if n == 2 or (n == 4 and r != "bf16")
+               else "old").set_index(["recipe", "n_devices"])
+    assert not t.loc[("bf16", 2), "efficiency_same_commit"]
+    assert not t.loc[("fp8-delayed", 2), "efficiency_same_commit"]
+    assert t.loc[("bf16", 4), "efficiency_same_commit"]
+    assert t.loc[("fp8-delayed", 2), "fp8_same_commit"]
+    assert not t.loc[("fp8-delayed", 4), "fp8_same_commit"]
+    rows = multigpu.b5_verdict(t.reset_index())["rows"]
+    assert {(r["recipe"], r["efficiency_same_commit"], r["fp8_same_commit"]) for r in rows} == {
+        ("bf16", True, False), ("fp8-delayed", False, False)}
 
 
 def test_record_smoke_one_device(tmp_path, monkeypatch):
