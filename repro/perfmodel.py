@@ -23,14 +23,14 @@ labelled projection:
 3. :func:`calibrate` fits the free parameters (``offsweep_gemm_eff``, ``bw_eff``, ``gap_us``
    unless kernel traces measure it, ``step_floor_us``) on MEASURED BF16 step times only: of
    ``mlp_step`` (the MLP) and, where recorded, ``lm_step`` (this repository's decoder LM,
-   ``repro.lmbench``, whose step is :func:`lm_step_gemms` of its preset); :func:`validate` then predicts the FP8 step times
-   of both and compares the FP8/BF16 speedup with the measured one, shape by shape (emulated
-   records never count). The FP8 numbers are never used in the fit. Where step records
-   carry the compiled program's facts (XLA's bytes accessed and launching ops,
-   ``repro.bench.compiled_facts``), :func:`program_step` takes each program's elementwise
-   traffic and kernel count from them instead of the assumed passes of :func:`_quant_traffic`
-   (static facts of the program, not timings, so the FP8 side still predicts without any FP8
-   timing).
+   ``repro.lmbench``, whose step is :func:`lm_step_gemms` of its preset); :func:`validate`
+   then predicts the FP8 step times of both and compares the FP8/BF16 speedup with the
+   measured one, shape by shape (emulated records never count). The FP8 numbers are never
+   used in the fit. Where step records carry the compiled program's facts (XLA's bytes
+   accessed and launching ops, ``repro.bench.compiled_facts``), :func:`program_step` takes
+   each program's elementwise traffic and kernel count from them instead of the assumed
+   passes of :func:`_quant_traffic` (static facts of the program, not timings, so the FP8
+   side still predicts without any FP8 timing).
 4. :func:`project` applies the calibrated efficiencies to another chip's datasheet peaks
    (B200, GB200, GB300): an ASSUMPTION, recorded as such. Projection records are written under
    the chip that calibrated the model (``sizes.target`` names the projected chip), carry
@@ -606,7 +606,8 @@ class RateTable:
 class ModelParams:
     """The free parameters. ``datasheet_gemm_eff`` is used only where no rate is measured
     (fixed, not fitted, unless there are no GEMM records at all). ``gap_us``: idle device
-    time per launch of what ``gap_per`` names (:data:`GAP_PER`; a choice, never fitted)."""
+    time per launch of what ``gap_per`` names (:data:`GAP_PER`: a modelling choice, never
+    fitted)."""
 
     offsweep_gemm_eff: float = 1.0
     bw_eff: float = 0.85
@@ -909,7 +910,8 @@ def component_table(records: pd.DataFrame | None, cal: Calibration,
     Columns (ms per step): ``gemm`` (GEMM and attention kernels; the model counts attention's
     products as GEMMs), ``other`` (every other kernel: elementwise, reductions, copies;
     the model's traffic term) and ``gaps`` (device idle between kernels: the untraced step time
-    minus the traced busy time; the model's ``gap_us`` x launches), each ``_pred`` and ``_traced``;
+    minus the traced busy time; the model's ``gap_us`` x launches), each ``_pred`` and
+    ``_traced``;
     ``kernels_pred`` (the program's launches the model counts) and ``kernels_traced``.
     """
     cols = ["workload", "shape", "recipe", "measured_ms", "busy_ms", "gemm_pred", "gemm_traced",

@@ -267,13 +267,17 @@ def test_throughput_speedups_are_hand_ratios_and_say_which_pairs_share_a_commit(
                 for m, v, u in (("env_steps_per_s", sps, "steps/s"),
                                 ("update_time_ms", upd_ms, "ms"))]
 
-    recs = (cell(1024, "fp16", 2.0e6, 30.0, "aaa") + cell(1024, "fp8-delayed", 3.0e6, 20.0, "aaa")
-            + cell(2048, "fp16", 1.0e6, 80.0, "aaa") + cell(2048, "fp8-delayed", 1.2e6, 64.0, "bbb"))
+    recs = (cell(1024, "fp16", 2.0e6, 30.0, "aaa")
+            + cell(1024, "fp8-delayed", 3.0e6, 20.0, "aaa")
+            + cell(2048, "fp16", 1.0e6, 80.0, "aaa")
+            + cell(2048, "fp8-delayed", 1.2e6, 64.0, "bbb"))
     table = X.throughput_table(pd.DataFrame(recs))
     assert sorted(table.git_commit) == ["aaa", "aaa", "aaa", "bbb"]
     sp = X.speedups(table, "fp8-delayed", baselines=("fp16",)).set_index("width")
-    assert sp.loc[1024, "e2e"] == pytest.approx(1.5) and sp.loc[1024, "update"] == pytest.approx(1.5)
-    assert sp.loc[2048, "e2e"] == pytest.approx(1.2) and sp.loc[2048, "update"] == pytest.approx(1.25)
+    assert (sp.loc[1024, "e2e"], sp.loc[1024, "update"]) == (pytest.approx(1.5),
+                                                            pytest.approx(1.5))
+    assert (sp.loc[2048, "e2e"], sp.loc[2048, "update"]) == (pytest.approx(1.2),
+                                                            pytest.approx(1.25))
     assert bool(sp.loc[1024, "same_commit"]) and not bool(sp.loc[2048, "same_commit"])
 
 
