@@ -251,5 +251,6 @@ def main(argv: list[str] | None = None) -> int:
             print(results.write_records(recs, EXPERIMENT, cell, root=root))
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main())

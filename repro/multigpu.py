@@ -206,7 +206,7 @@ def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
     base = d[d["n_devices"] == 1].set_index(key)["throughput"]
     base_commit = d[d["n_devices"] == 1].set_index(key)["git_commit"]
     d["efficiency_same_commit"] = [
-        bool(row.git_commit) and row.git_commit == base_commit.get(tuple(row[k] for k in key))
+        results.same_commit(row.git_commit, base_commit.get(tuple(row[k] for k in key)))
         for _, row in d.iterrows()]
     d["efficiency"] = [row.throughput / (row.n_devices * base.get(tuple(row[k] for k in key),
                                                                   np.nan))
@@ -219,8 +219,9 @@ def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
     bf_commit = d[d["recipe"] == BASELINE].set_index(
         ["hardware", "workload", "n_devices"])["git_commit"]
     d["fp8_same_commit"] = [  # False for BF16 itself: no ratio
-        row.recipe != BASELINE and bool(row.git_commit) and row.git_commit == bf_commit.get(
-            (row.hardware, row.workload, row.n_devices)) for _, row in d.iterrows()]
+        row.recipe != BASELINE and results.same_commit(
+            row.git_commit, bf_commit.get((row.hardware, row.workload, row.n_devices)))
+        for _, row in d.iterrows()]
     return d[cols].sort_values(["hardware", "workload", "recipe", "n_devices"]).reset_index(
         drop=True)
 

@@ -81,6 +81,12 @@ FP8_RECIPES = ("fp8-current", "fp8-delayed", "flax-fp8")
 NVFP4_POLICIES = ("paper", "mlp", "all")  # as repro.lm.model.NVFP4_SCOPES
 TARGETS = ("b200", "gb200", "gb300")
 GAP_PER = ("gemm", "kernel")  # what the idle-gap term counts (ModelParams.gap_per)
+
+
+def _check_gap_per(per: str) -> str:
+    if per not in GAP_PER:
+        raise ValueError(f"gap_per must be one of {GAP_PER}, not {per!r}")
+    return per
 AMAX_HISTORY_LEN = 1024
 
 
@@ -178,9 +184,7 @@ class Step:
     def launches(self, per: str) -> int:
         """The launches an idle gap is charged to: GEMMs (``per="gemm"``) or every kernel
         (``per="kernel"``)."""
-        if per not in GAP_PER:
-            raise ValueError(f"gap_per must be one of {GAP_PER}, not {per!r}")
-        return self.gemm_launches if per == "gemm" else self.kernels
+        return self.gemm_launches if _check_gap_per(per) == "gemm" else self.kernels
 
 
 def _linear(step: Step, m: int, k: int, n: int, fmt: str, count: int = 1, *, dgrad=True,
@@ -885,8 +889,7 @@ def traced_gaps(records: pd.DataFrame | None, slug: str, per: str = "gemm") -> p
     ``kernels`` (traced), ``launches`` (what the gap is divided by), ``gap_us`` (gaps below 0,
     streams overlapping, count as 0).
     """
-    if per not in GAP_PER:
-        raise ValueError(f"per must be one of {GAP_PER}, not {per!r}")
+    _check_gap_per(per)
     cols = [*STEP_KEY, "step_ms", "busy_ms", "kernels", "launches", "gap_us"]
     by = _traced_steps(records, slug)
     rows = []
@@ -911,8 +914,8 @@ def component_table(records: pd.DataFrame | None, cal: Calibration,
     products as GEMMs), ``other`` (every other kernel: elementwise, reductions, copies;
     the model's traffic term) and ``gaps`` (device idle between kernels: the untraced step time
     minus the traced busy time; the model's ``gap_us`` x launches), each ``_pred`` and
-    ``_traced``;
-    ``kernels_pred`` (the program's launches the model counts) and ``kernels_traced``.
+    ``_traced``; ``kernels_pred`` (the program's launches the model counts) and
+    ``kernels_traced``.
     """
     cols = ["workload", "shape", "recipe", "measured_ms", "busy_ms", "gemm_pred", "gemm_traced",
             "other_pred", "other_traced", "gaps_pred", "gaps_traced", "kernels_pred",
@@ -962,9 +965,7 @@ def calibrate(measured_records: pd.DataFrame | None, hardware: hw.HardwareInfo |
     rates = RateTable.from_records(df, info) if len(df) else None
     if rates is not None and not rates.points:
         rates = None
-    if gap_per not in GAP_PER:
-        raise ValueError(f"gap_per must be one of {GAP_PER}, not {gap_per!r}")
-    cal = Calibration(info, ModelParams(gap_per=gap_per), rates, False)
+    cal = Calibration(info, ModelParams(gap_per=_check_gap_per(gap_per)), rates, False)
     bf16 = _step_records(df, info.slug, ["bf16"])
     if not len(bf16):
         return cal

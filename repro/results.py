@@ -71,6 +71,13 @@ def git_commit() -> str:
         return "unknown"
 
 
+def same_commit(a: Any, b: Any) -> bool:
+    """Whether two cells were recorded at one known commit (``a``: one commit, not a
+    comma-separated list of several): in this repository's GPU workflow, one call on one
+    machine. A ratio of two timings across commits compares different calls."""
+    return (isinstance(a, str) and a not in ("", "unknown") and "," not in a and a == b)
+
+
 @functools.cache
 def software_versions() -> dict[str, str]:
     import flax

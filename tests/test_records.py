@@ -132,3 +132,12 @@ def test_shipped_defects_registry_is_well_formed():
         assert {"experiment", "hardware", "commits", "reason"} <= set(d)
         assert all(isinstance(c, str) and len(c) >= 7 for c in d["commits"])
         assert all(isinstance(v, list) for v in (d.get("where") or {}).values())
+
+
+def test_same_commit_needs_one_known_commit_on_both_sides():
+    assert results.same_commit("37e388c", "37e388c")
+    assert not results.same_commit("37e388c", "42fbb3f")
+    assert not results.same_commit("unknown", "unknown")  # no git, no REPRO_GIT_COMMIT
+    assert not results.same_commit("", "")
+    assert not results.same_commit("a,b", "a,b")  # a cell recorded over several commits
+    assert not results.same_commit(None, None)

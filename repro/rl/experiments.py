@@ -799,9 +799,8 @@ def speedups(table: pd.DataFrame, recipe: str, baselines: Sequence[str] = ("fp16
                          "memory": (r.get("update_memory_bytes", np.nan)
                                     / r.get("update_memory_bytes_base", np.nan)),
                          "emulated": bool(r["emulated"] or r["emulated_base"]),
-                         "same_commit": bool(r.get("git_commit")) and "," not in str(
-                             r.get("git_commit")) and r.get("git_commit") == r.get(
-                             "git_commit_base")})
+                         "same_commit": results.same_commit(r.get("git_commit"),
+                                                            r.get("git_commit_base"))})
     return pd.DataFrame(rows)
 
 
