@@ -4,6 +4,7 @@ PureJaxRL's code is not in this repository: the loader is exercised with a small
 checkout written here, shaped like the real one (``purejaxrl/ppo.py`` importing distrax, gymnax
 and ``purejaxrl.wrappers``, which imports brax, navix and chex and unpacks 5-value steps)."""
 
+import json
 import sys
 import textwrap
 from unittest import mock
@@ -123,17 +124,83 @@ def checkout(tmp_path):
 
 def test_load_and_record_a_stand_in_checkout(checkout, tmp_path, clean_modules):
     params = {"profile": "smoke", "recipe": "tf32", "repeats": 2, "total_timesteps": 1024,
-              "seeds": [1, 2]}
+              "seeds": [2], "ours": [{}, {"unroll": 2}]}
     with mock.patch("repro.config.stage_params", return_value=params):
         written = purejaxrl.record(checkout / "purejaxrl", "smoke", root=tmp_path / "r")
-    assert len(written) == 2
+    assert sorted(w.stem for w in written) == ["CartPole-v1_s2", "CartPole-v1_s2_unroll-2"]
     df = results.load_records(purejaxrl.EXPERIMENT, roots=[tmp_path / "r"])
-    assert sorted(df.extra.map(lambda e: e["impl"]).unique()) == ["purejaxrl", "repro"]
+    assert sorted(df.extra.map(lambda e: e["impl"])) == [
+        "purejaxrl", "purejaxrl", "repro", "repro[unroll=2]"]
     # 1024 // 128 // 4 = 2 updates of 128 steps x 4 envs, per seed
-    assert sorted(df.size_env_steps.astype(int).unique()) == [1024, 2048]
+    assert set(df.size_env_steps.astype(int)) == {2048}
+    assert purejaxrl.env_steps(purejaxrl.CARTPOLE, 1) == 976 * 512
+    theirs = df[df.extra.map(lambda e: e["impl"]) == "purejaxrl"]
+    assert theirs.extra.iloc[0]["run_s"] == theirs.extra.iloc[1]["run_s"]  # one timing, 2 cells
     table = purejaxrl.speedups(df)
-    assert sorted(table.seeds) == [1, 2] and (table.speedup > 0).all()
+    assert list(table.ours) == ["repro", "repro[unroll=2]"] and (table.speedup > 0).all()
+    assert list(table.options) == [{}, {"unroll": 2}] and table.best.sum() == 1
     assert (table["min"] <= table["max"]).all()
+
+
+def _fake_compare(calls, rates):
+    """A stand-in for ``compare``: run seconds from ``rates`` (label -> per-repeat env-steps/s
+    of one seed at 1024 env steps); ``calls`` collects the option sets asked for."""
+    def compare(module, cfg, seeds, repeats, recipe="tf32", ours=({},)):
+        calls.append((seeds, [dict(o) for o in ours]))
+        names = ["purejaxrl", *map(purejaxrl.label, ours)]
+        return {n: [seeds * 1024 / r for r in rates[n]] for n in names}
+    return compare
+
+
+def test_cells_per_option_set_resume_and_pair_within_one_process(checkout, tmp_path,
+                                                                 clean_modules, monkeypatch):
+    rates = {"purejaxrl": [100.0, 100.0, 100.0], "repro": [90.0, 110.0, 120.0],
+             "repro[unroll=8]": [150.0, 120.0, 200.0], "repro[prng=rbg,unroll=8]": [80.0] * 3}
+    calls = []
+    monkeypatch.setattr(purejaxrl, "compare", _fake_compare(calls, rates))
+    params = {"profile": "smoke", "recipe": "tf32", "repeats": 3, "total_timesteps": 1024,
+              "seeds": [1, 4], "ours": [{}]}
+    root = tmp_path / "r"
+
+    def run(ours, force=False):
+        with mock.patch("repro.config.stage_params", return_value={**params, "ours": ours}):
+            return purejaxrl.record(checkout / "purejaxrl", "smoke", root=root, force=force)
+
+    assert len(run([{}])) == 2
+    # a cell recorded before options existed: no "options", impl "repro"
+    for path in root.glob("*/rl_purejaxrl/*.json"):
+        recs = json.loads(path.read_text())
+        for r in recs:
+            r["extra"].pop("options", None)
+        path.write_text(json.dumps(recs))
+    calls.clear()
+    both = [{}, {"unroll": 8}, {"unroll": 8, "prng": "rbg"}]
+    assert len(run(both)) == 4  # the plain cells stay; the new option sets of both seed counts
+    assert calls == [(1, both[1:]), (4, both[1:])]
+    assert run(both) == [] and len(run(both, force=True)) == 6
+
+    table = purejaxrl.speedups(results.load_records(purejaxrl.EXPERIMENT, roots=[root]))
+    assert len(table) == 6 and list(table.seeds) == [1, 1, 1, 4, 4, 4]
+    assert list(table.ours[:3]) == ["repro", "repro[prng=rbg,unroll=8]", "repro[unroll=8]"]
+    row = table.iloc[2]  # unroll=8: median 150 against 100; per-repeat ratios 1.2 to 2.0
+    assert row.options == {"unroll": 8} and row.best
+    assert (row.speedup, row["min"], row["max"]) == pytest.approx((1.5, 1.2, 2.0))
+    assert table.best.sum() == 2 and not table.iloc[0].best
+    assert table.iloc[0].speedup == pytest.approx(1.1)
+
+
+def test_option_sets_may_only_set_speed_options(tmp_path):
+    c = purejaxrl.ours_config(purejaxrl.CARTPOLE, options={"unroll": 8, "prng": "rbg"})
+    assert (c.unroll, c.prng, c.num_envs) == (8, "rbg", 4)
+    params = {"profile": "smoke", "recipe": "tf32", "repeats": 1, "total_timesteps": 1024,
+              "seeds": [1], "ours": [{}, {"num_envs": 8}]}
+    with mock.patch("repro.config.stage_params", return_value=params):
+        # before the (missing) checkout is looked at
+        with pytest.raises(ValueError, match=r"sets \['num_envs'\]: only unroll") as e:
+            purejaxrl.record(tmp_path, "smoke", root=tmp_path / "r")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="unroll must be >= 1"):
+        purejaxrl.ours_config(purejaxrl.CARTPOLE, options={"unroll": 0})
 
 
 def test_missing_checkout_is_one_clear_line(tmp_path, capsys):

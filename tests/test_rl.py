@@ -78,6 +78,58 @@ def test_ppo_cartpole_learns_and_is_deterministic():
     assert np.all(m1["skipped"] == 0) and not m1["nonfinite_params"].any()
 
 
+TINY = dict(SMOKE, num_steps=16, total_timesteps=2 * 4 * 16, update_epochs=2, num_minibatches=2)
+
+
+def _scan_unrolls(jaxpr, out=None):
+    """(length, unroll) of every scan in a jaxpr, nested ones included."""
+    from jax.extend.core import jaxprs_in_params
+
+    out = [] if out is None else out
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            out.append((eqn.params["length"], eqn.params["unroll"]))
+        for sub in jaxprs_in_params(eqn.params):
+            _scan_unrolls(sub, out)
+    return out
+
+
+def test_unrolled_scans_compute_the_same_run():
+    # unroll=5 does not divide the 16 rollout steps (3 unrolled trips + a remainder step)
+    fast = dict(TINY, unroll=5, update_unroll=2)
+    key = jax.random.key(3)
+    unrolls = _scan_unrolls(jax.make_jaxpr(ppo.make_train(fast))(key).jaxpr)
+    assert (16, 5) in unrolls and unrolls.count((2, 2)) == 2  # rollout; epochs and minibatches
+    assert (16, 5) not in _scan_unrolls(jax.make_jaxpr(ppo.make_train(TINY))(key).jaxpr)
+    plain = jax.device_get(jax.jit(ppo.make_train(TINY))(key))
+    unrolled = jax.device_get(jax.jit(ppo.make_train(fast))(key))
+    assert np.isfinite(plain["episode_return"]).any()
+    for name in plain:  # bitwise on CPU: unrolling changes the loop, not the arithmetic
+        np.testing.assert_array_equal(unrolled[name], plain[name], err_msg=name)
+
+
+def test_run_key_keeps_threefry_and_derives_the_others():
+    key = jax.random.key(7)
+    assert ppo.run_key(key, "threefry") is key  # the default leaves the caller's stream alone
+    for name in ppo.PRNGS[1:]:
+        k = ppo.run_key(key, name)
+        assert str(jax.random.key_impl(k)) == name
+        np.testing.assert_array_equal(jax.random.key_data(k),
+                                      jax.random.key_data(ppo.run_key(key, name)))
+        assert not np.array_equal(jax.random.key_data(k),
+                                  jax.random.key_data(ppo.run_key(jax.random.key(8), name)))
+
+
+def test_rbg_runs_are_deterministic_and_differ_from_threefry():
+    keys = jax.random.split(jax.random.key(0), 2)
+    train = jax.jit(jax.vmap(ppo.make_train(dict(TINY, prng="rbg"))))
+    a, b = jax.device_get(train(keys)), jax.device_get(train(keys))
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    threefry = jax.device_get(jax.jit(jax.vmap(ppo.make_train(TINY)))(keys))
+    assert not np.array_equal(a["episode_return"], threefry["episode_return"], equal_nan=True)
+
+
 @pytest.mark.parametrize("change,match", [
     (dict(env="Cartpole-v9"), r"unknown env 'Cartpole-v9'; valid envs: .*CartPole-v1"),
     (dict(recipe="fp7"), r"unknown recipe 'fp7'; valid recipes: .*fp8-delayed"),
@@ -85,6 +137,9 @@ def test_ppo_cartpole_learns_and_is_deterministic():
     (dict(total_timesteps=10), r"less than one update"),
     (dict(network="cnn"), r"needs image observations"),
     (dict(lr_typo=1.0), r"unknown PPO config key"),
+    (dict(unroll=0), r"unroll must be >= 1, got 0"),
+    (dict(update_unroll=-1), r"update_unroll must be >= 1, got -1"),
+    (dict(prng="mersenne"), r"unknown prng 'mersenne'; valid: threefry, rbg, unsafe_rbg"),
 ])
 def test_validation_is_one_line_and_before_compilation(monkeypatch, change, match):
     def no_tracing(*a, **k):

@@ -4,6 +4,17 @@ Issue 4's performance target: on PureJaxRL's CartPole-v1 configuration, ``repro.
 beat PureJaxRL's ``ppo.py`` in env-steps/s by >= 1.2x, for one seed and for 1024 seeds under
 ``vmap``. Both run in the same process, compiled first, then timed in alternation.
 
+Ours runs in one or more option sets (``params.yaml``, ``rl_purejaxrl.ours``): values of the
+speed options of :class:`repro.rl.ppo.PPOConfig` (``unroll``, ``update_unroll``, ``prng``;
+nothing else may differ from PureJaxRL's config). :func:`compare` compiles PureJaxRL and every
+option set, then times them round-robin (repeat i of each, back to back). :func:`record` writes
+one cell per (seed count, option set): ``CartPole-v1_s1`` for the defaults (the cells recorded
+before options existed: their records, without ``options``, mean ``{}``),
+``CartPole-v1_s1_unroll-8`` and so on, each with PureJaxRL's record of the same process. Cells
+already recorded are skipped, so a new option set is timed (with PureJaxRL) without redoing the
+others; ``--force`` redoes them all. :func:`speedups` gives one row per cell and flags the best
+ratio per seed count -- a choice made after timing, so a selection among the rows.
+
 PureJaxRL is not a package and its code is not redistributed here: point ``--purejaxrl DIR`` at a
 checkout of https://github.com/luchris429/purejaxrl (the folder that holds ``purejaxrl/ppo.py``).
 Three adapters let that ``ppo.py`` run on this repository's stack; none changes what it computes:
@@ -34,7 +45,7 @@ import sys
 import time
 import types
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -53,10 +64,17 @@ CARTPOLE = {"LR": 2.5e-4, "NUM_ENVS": 4, "NUM_STEPS": 128, "TOTAL_TIMESTEPS": 5e
             "CLIP_EPS": 0.2, "ENT_COEF": 0.01, "VF_COEF": 0.5, "MAX_GRAD_NORM": 0.5,
             "ACTIVATION": "tanh", "ENV_NAME": "CartPole-v1", "ANNEAL_LR": True, "DEBUG": False}
 GYMNAX_1_INFO = ("terminated", "truncated", "final_observation")
+SPEED_OPTIONS = ("unroll", "update_unroll", "prng")  # PPOConfig fields that leave PPO as it is
 
 
-def ours_config(cfg: dict[str, Any], recipe: str = "tf32") -> ppo.PPOConfig:
-    """The same PPO in ``repro.rl.ppo``'s terms (its defaults equal PureJaxRL's otherwise)."""
+def ours_config(cfg: dict[str, Any], recipe: str = "tf32",
+                options: Mapping[str, Any] | None = None) -> ppo.PPOConfig:
+    """The same PPO in ``repro.rl.ppo``'s terms (its defaults equal PureJaxRL's otherwise), with
+    ``options``: speed options of :class:`repro.rl.ppo.PPOConfig` (:data:`SPEED_OPTIONS`)."""
+    options = dict(options or {})
+    if bad := sorted(set(options) - set(SPEED_OPTIONS)):
+        raise ValueError(f"ours option set {options} sets {bad}: only "
+                         f"{', '.join(SPEED_OPTIONS)} may differ from PureJaxRL's config")
     return ppo.validate({
         "env": cfg["ENV_NAME"], "num_envs": cfg["NUM_ENVS"], "num_steps": cfg["NUM_STEPS"],
         "total_timesteps": int(cfg["TOTAL_TIMESTEPS"]), "update_epochs": cfg["UPDATE_EPOCHS"],
@@ -64,7 +82,20 @@ def ours_config(cfg: dict[str, Any], recipe: str = "tf32") -> ppo.PPOConfig:
         "gae_lambda": cfg["GAE_LAMBDA"], "clip_eps": cfg["CLIP_EPS"],
         "ent_coef": cfg["ENT_COEF"], "vf_coef": cfg["VF_COEF"], "grad_clip": cfg["MAX_GRAD_NORM"],
         "activation": cfg["ACTIVATION"], "anneal_lr": cfg["ANNEAL_LR"], "lr": cfg["LR"],
-        "width": 64, "depth": 2, "network": "mlp", "recipe": recipe})
+        "width": 64, "depth": 2, "network": "mlp", "recipe": recipe, **options})
+
+
+def label(options: Mapping[str, Any] | None) -> str:
+    """``repro`` for the defaults, else e.g. ``repro[prng=unsafe_rbg,unroll=8]``."""
+    inner = ",".join(f"{k}={v}" for k, v in sorted((options or {}).items()))
+    return f"repro[{inner}]" if inner else "repro"
+
+
+def cell_name(cfg: dict[str, Any], seeds: int, options: Mapping[str, Any] | None) -> str:
+    """``CartPole-v1_s1024`` for the defaults (the cells recorded before options existed), else
+    e.g. ``CartPole-v1_s1024_prng-unsafe_rbg_unroll-8``."""
+    return "_".join([f"{cfg['ENV_NAME']}_s{seeds}",
+                     *(f"{k}-{v}" for k, v in sorted((options or {}).items()))])
 
 
 class FiveTupleStep:
@@ -180,15 +211,18 @@ def _keys(n: int):
     return jax.vmap(jax.random.key)(jnp.arange(n, dtype=jnp.uint32))
 
 
-def compare(module, cfg: dict[str, Any], seeds: int, repeats: int,
-            recipe: str = "tf32") -> dict[str, list[float]]:
-    """Seconds per whole training run of ``seeds`` vmapped seeds: {"purejaxrl": [...],
-    "repro": [...]}, compiled first, then timed alternately."""
-    theirs = jax.jit(jax.vmap(module.make_train(dict(cfg))))
-    ours = jax.jit(jax.vmap(ppo.make_train(ours_config(cfg, recipe))))
-    keys_theirs = jax.random.split(jax.random.PRNGKey(30), seeds)
+def compare(module, cfg: dict[str, Any], seeds: int, repeats: int, recipe: str = "tf32",
+            ours: Sequence[Mapping[str, Any]] = ({},)) -> dict[str, list[float]]:
+    """Seconds per whole training run of ``seeds`` vmapped seeds, by :func:`label`:
+    {"purejaxrl": [...], "repro": [...], "repro[unroll=8]": [...], ...} for PureJaxRL and each
+    option set in ``ours``. All are compiled (and run once) first, then timed round-robin:
+    repeat i of every program back to back."""
+    configs = {label(o): ours_config(cfg, recipe, o) for o in ours}  # validate before compiling
     keys_ours = _keys(seeds)
-    runs = {"purejaxrl": (theirs, keys_theirs), "repro": (ours, keys_ours)}
+    runs = {"purejaxrl": (jax.jit(jax.vmap(module.make_train(dict(cfg)))),
+                          jax.random.split(jax.random.PRNGKey(30), seeds))}
+    runs.update({name: (jax.jit(jax.vmap(ppo.make_train(c))), keys_ours)
+                 for name, c in configs.items()})
     compiled = {}
     for name, (fn, keys) in runs.items():
         compiled[name] = fn.lower(keys).compile()
@@ -212,59 +246,81 @@ def env_steps(cfg: dict[str, Any], seeds: int) -> int:
 
 def record(purejaxrl_dir: str | Path, profile: str, root: str | Path | None = None,
            force: bool = False) -> list[Path]:
-    """One cell per seed count of ``params.yaml``'s ``rl_purejaxrl`` section."""
+    """One cell per (seed count, option set of ``ours``) of ``params.yaml``'s ``rl_purejaxrl``
+    section, each holding PureJaxRL's record and that option set's, from one process. Cells
+    already recorded are skipped (all of them with ``force``); those missing for a seed count
+    are timed together, so their cells share that process's PureJaxRL timing."""
     from tqdm.auto import tqdm
 
     from repro.config import stage_params
 
     p = stage_params(EXPERIMENT, profile)
-    module, notes = load(purejaxrl_dir)
+    variants = [dict(o or {}) for o in p.get("ours", [{}])]
     cfg = {**CARTPOLE, "TOTAL_TIMESTEPS": p["total_timesteps"]}
+    for o in variants:  # a bad option set fails here, before PureJaxRL is loaded
+        ours_config(cfg, p["recipe"], o)
+    module, notes = load(purejaxrl_dir)
     root = root or results.record_root(p["profile"])
     written = []
     for seeds in tqdm(p["seeds"], desc=EXPERIMENT):
-        cell = f"{cfg['ENV_NAME']}_s{seeds}"
-        if not force and results.have_cell(EXPERIMENT, cell, root=root):
+        todo = [o for o in variants if force or not results.have_cell(
+            EXPERIMENT, cell_name(cfg, seeds, o), root=root)]
+        if not todo:
             continue
-        samples = compare(module, cfg, seeds, p["repeats"], p["recipe"])
+        samples = compare(module, cfg, seeds, p["repeats"], p["recipe"], todo)
         steps = env_steps(cfg, seeds)
-        recs = []
-        for impl, s in samples.items():
+
+        def rec(impl, options=None):
+            s = samples[impl]
             rate = steps / np.asarray(s)
             q1, med, q3 = np.percentile(rate, [25, 50, 75])
-            recs.append(results.make_record(
+            theirs = impl == "purejaxrl"
+            extra = {"impl": impl, "run_s": [round(x, 5) for x in s], "config": cfg,
+                     "adapters": notes if theirs else [], "timed_with": list(samples),
+                     "source": URL if theirs else "repro.rl.ppo"}
+            if not theirs:
+                extra["options"] = options
+            return results.make_record(
                 EXPERIMENT, "env_steps_per_s", float(med), "steps/s", claims=["A2"],
                 recipe=p["recipe"], sizes={"seeds": seeds, "env_steps": steps},
-                repeats=len(s), spread=float(q3 - q1), profile=p["profile"],
-                extra={"impl": impl, "run_s": [round(x, 5) for x in s], "config": cfg,
-                       "adapters": notes if impl == "purejaxrl" else [],
-                       "source": URL if impl == "purejaxrl" else "repro.rl.ppo"}))
-        written.append(results.write_records(recs, EXPERIMENT, cell, root=root))
+                repeats=len(s), spread=float(q3 - q1), profile=p["profile"], extra=extra)
+
+        for o in todo:
+            written.append(results.write_records([rec("purejaxrl"), rec(label(o), o)],
+                                                 EXPERIMENT, cell_name(cfg, seeds, o),
+                                                 root=root))
     return written
 
 
 def speedups(df: pd.DataFrame) -> pd.DataFrame:
-    """Ours over PureJaxRL per (hardware, seeds): median env-steps/s ratio, and the range of the
-    per-repeat ratios (repeat i of each, timed back to back)."""
-    cols = ["hardware", "seeds", "repro steps/s", "purejaxrl steps/s", "speedup", "min", "max",
-            "emulated"]
+    """Ours over PureJaxRL, one row per cell (hardware, seeds, option set of ours): median
+    env-steps/s ratio, and the range of the per-repeat ratios (repeat i of each, timed back to
+    back in one process). ``options``: the option set (``{}`` for cells recorded before options
+    existed); ``best``: the highest ratio of its (hardware, seeds) -- picked after timing, so a
+    selection among the rows; ``commit``: rows of different commits come from different
+    processes (each ratio is still within one)."""
+    cols = ["hardware", "seeds", "ours", "options", "repro steps/s", "purejaxrl steps/s",
+            "speedup", "min", "max", "best", "emulated", "commit"]
     if not len(df) or "size_seeds" not in df:
         return pd.DataFrame(columns=cols)
     rows = []
-    d = df[df.experiment == EXPERIMENT]
-    for (hw, seeds), g in d.groupby(["hardware", "size_seeds"]):
-        by = {r["extra"]["impl"]: r for _, r in g.iterrows()}
-        if {"repro", "purejaxrl"} <= set(by):
-            ours, theirs = np.asarray(by["repro"]["extra"]["run_s"]), np.asarray(
-                by["purejaxrl"]["extra"]["run_s"])
-            per = theirs / ours
-            rows.append({"hardware": hw, "seeds": int(seeds),
-                         "repro steps/s": by["repro"]["value"],
-                         "purejaxrl steps/s": by["purejaxrl"]["value"],
-                         "speedup": by["repro"]["value"] / by["purejaxrl"]["value"],
-                         "min": per.min(), "max": per.max(),
-                         "emulated": bool(g.emulated.any())})
-    return pd.DataFrame(rows, columns=cols)
+    for _, g in df[df.experiment == EXPERIMENT].groupby("source"):
+        theirs = [r for _, r in g.iterrows() if r["extra"]["impl"] == "purejaxrl"]
+        for _, ours in g.iterrows():
+            if ours["extra"]["impl"] == "purejaxrl" or len(theirs) != 1:
+                continue
+            per = np.asarray(theirs[0]["extra"]["run_s"]) / np.asarray(ours["extra"]["run_s"])
+            rows.append({"hardware": ours["hardware"], "seeds": int(ours["size_seeds"]),
+                         "ours": ours["extra"]["impl"],
+                         "options": ours["extra"].get("options", {}),
+                         "repro steps/s": ours["value"], "purejaxrl steps/s": theirs[0]["value"],
+                         "speedup": ours["value"] / theirs[0]["value"],
+                         "min": per.min(), "max": per.max(), "emulated": bool(g.emulated.any()),
+                         "commit": str(ours["git_commit"])[:12]})
+    out = pd.DataFrame(rows, columns=cols).sort_values(["hardware", "seeds", "ours"],
+                                                       ignore_index=True)
+    out["best"] = out.speedup.eq(out.groupby(["hardware", "seeds"]).speedup.transform("max"))
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -275,7 +331,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--purejaxrl", required=True, metavar="DIR",
                     help=f"a checkout of {URL} (holding purejaxrl/ppo.py)")
     ap.add_argument("--profile", default="full", help="smoke | full | auto")
-    ap.add_argument("--force", action="store_true", help="redo cells already recorded")
+    ap.add_argument("--force", action="store_true",
+                    help="redo cells already recorded (default: time only the option sets of "
+                         "ours not recorded yet, with PureJaxRL)")
     a = ap.parse_args(argv)
     from repro.config import resolve_profile
 
