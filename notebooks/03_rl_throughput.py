@@ -403,6 +403,9 @@ claims.write_verdict("A3", "projected", a3_key, a3_hw,
 # ratios. `best` marks the highest ratio per seed count: picking the best of N option sets after
 # timing them is a selection, biased upwards by the timing noise of the N candidates, so every
 # row is shown; a chosen option set meets the target firmly only when a later run confirms it.
+# `same_returns`: whether an option set that keeps the random streams (the unrolls) gave
+# bitwise the defaults' returns in the run that timed both (each run's returns are fingerprinted,
+# `purejaxrl.returns_digest`): the evidence that it computes the same PPO on that device.
 
 # %%
 pj = purejaxrl.speedups(results.load_records(purejaxrl.EXPERIMENT))
@@ -411,8 +414,10 @@ if len(pj):
         met = "meets" if r.speedup >= 1.2 else "misses"
         n = ((pj.hardware == r.hardware) & (pj.seeds == r.seeds)).sum()
         best = f" (best of {n} option sets)" if r.best and n > 1 else ""
+        same = {True: "; returns bitwise those of the defaults",
+                False: "; returns DIFFER from the defaults'"}.get(r.same_returns, "")
         print(f"{r.hardware}, {r.seeds} seed(s), {r.ours}: {r.speedup:.2f}x "
-              f"(range {r['min']:.2f}-{r['max']:.2f}) -> {met} the 1.2x target{best}")
+              f"(range {r['min']:.2f}-{r['max']:.2f}) -> {met} the 1.2x target{best}{same}")
 else:
     print("not recorded yet: python -m repro.rl.purejaxrl --purejaxrl DIR --profile full")
 pj

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from repro import results
-from repro.rl import purejaxrl
+from repro.rl import ppo, purejaxrl
 
 
 @pytest.fixture
@@ -139,15 +139,22 @@ def test_load_and_record_a_stand_in_checkout(checkout, tmp_path, clean_modules):
     table = purejaxrl.speedups(df)
     assert list(table.ours) == ["repro", "repro[unroll=2]"] and (table.speedup > 0).all()
     assert list(table.options) == [{}, {"unroll": 2}] and table.best.sum() == 1
+    # unrolling keeps the arithmetic: the two option sets' returns, fingerprinted in the run
+    # that timed them, are bitwise equal (CPU); the digest is of the returns themselves
+    ours = ppo.make_train(purejaxrl.ours_config({**purejaxrl.CARTPOLE, "TOTAL_TIMESTEPS": 1024}))
+    direct = jax.jit(jax.vmap(ours))(purejaxrl._keys(2))
+    assert table.returns_digest[0] == purejaxrl.returns_digest(direct)
+    assert table.same_returns[1] is True and table.same_returns[0] is None
     assert (table["min"] <= table["max"]).all()
 
 
 def _fake_compare(calls, rates):
     """A stand-in for ``compare``: run seconds from ``rates`` (label -> per-repeat env-steps/s
     of one seed at 1024 env steps); ``calls`` collects the option sets asked for."""
-    def compare(module, cfg, seeds, repeats, recipe="tf32", ours=({},)):
+    def compare(module, cfg, seeds, repeats, recipe="tf32", ours=({},), digests=None):
         calls.append((seeds, [dict(o) for o in ours]))
         names = ["purejaxrl", *map(purejaxrl.label, ours)]
+        digests.update({n: "d-" + n for n in names[1:]})  # every option set "differs"
         return {n: [seeds * 1024 / r for r in rates[n]] for n in names}
     return compare
 
@@ -186,6 +193,9 @@ def test_cells_per_option_set_resume_and_pair_within_one_process(checkout, tmp_p
     assert row.options == {"unroll": 8} and row.best
     assert (row.speedup, row["min"], row["max"]) == pytest.approx((1.5, 1.2, 2.0))
     assert table.best.sum() == 2 and not table.iloc[0].best
+    # returns are compared to the defaults' only for option sets that keep the random streams
+    # (the fake digests all differ): the defaults and the prng set have nothing to compare
+    assert list(table.same_returns[:3]) == [None, None, False]
     assert table.iloc[0].speedup == pytest.approx(1.1)
 
 

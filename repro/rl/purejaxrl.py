@@ -40,6 +40,7 @@ truncation, which ``ppo.py`` does not do), so it does slightly more work per ste
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import sys
 import time
@@ -211,12 +212,21 @@ def _keys(n: int):
     return jax.vmap(jax.random.key)(jnp.arange(n, dtype=jnp.uint32))
 
 
+def returns_digest(metrics) -> str:
+    """A fingerprint of a run's per-update episode returns (all seeds): equal digests mean
+    bitwise-equal returns, so option sets that keep the random streams (``unroll``,
+    ``update_unroll``) can be checked to compute the same PPO on the device that timed them."""
+    return hashlib.sha256(np.asarray(metrics["episode_return"]).tobytes()).hexdigest()[:16]
+
+
 def compare(module, cfg: dict[str, Any], seeds: int, repeats: int, recipe: str = "tf32",
-            ours: Sequence[Mapping[str, Any]] = ({},)) -> dict[str, list[float]]:
+            ours: Sequence[Mapping[str, Any]] = ({},),
+            digests: dict[str, str] | None = None) -> dict[str, list[float]]:
     """Seconds per whole training run of ``seeds`` vmapped seeds, by :func:`label`:
     {"purejaxrl": [...], "repro": [...], "repro[unroll=8]": [...], ...} for PureJaxRL and each
     option set in ``ours``. All are compiled (and run once) first, then timed round-robin:
-    repeat i of every program back to back."""
+    repeat i of every program back to back. ``digests``, if given, receives
+    :func:`returns_digest` of each option set's warm-up run, by label."""
     configs = {label(o): ours_config(cfg, recipe, o) for o in ours}  # validate before compiling
     keys_ours = _keys(seeds)
     runs = {"purejaxrl": (jax.jit(jax.vmap(module.make_train(dict(cfg)))),
@@ -226,7 +236,10 @@ def compare(module, cfg: dict[str, Any], seeds: int, repeats: int, recipe: str =
     compiled = {}
     for name, (fn, keys) in runs.items():
         compiled[name] = fn.lower(keys).compile()
-        jax.block_until_ready(compiled[name](keys))  # warm-up
+        out = jax.block_until_ready(compiled[name](keys))  # warm-up
+        if digests is not None and name != "purejaxrl":
+            digests[name] = returns_digest(out)
+        del out
     samples: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, (_, keys) in runs.items():
@@ -267,7 +280,8 @@ def record(purejaxrl_dir: str | Path, profile: str, root: str | Path | None = No
             EXPERIMENT, cell_name(cfg, seeds, o), root=root)]
         if not todo:
             continue
-        samples = compare(module, cfg, seeds, p["repeats"], p["recipe"], todo)
+        digests: dict[str, str] = {}
+        samples = compare(module, cfg, seeds, p["repeats"], p["recipe"], todo, digests)
         steps = env_steps(cfg, seeds)
 
         def rec(impl, options=None):
@@ -280,6 +294,7 @@ def record(purejaxrl_dir: str | Path, profile: str, root: str | Path | None = No
                      "source": URL if theirs else "repro.rl.ppo"}
             if not theirs:
                 extra["options"] = options
+                extra["returns_digest"] = digests.get(impl)
             return results.make_record(
                 EXPERIMENT, "env_steps_per_s", float(med), "steps/s", claims=["A2"],
                 recipe=p["recipe"], sizes={"seeds": seeds, "env_steps": steps},
@@ -298,9 +313,12 @@ def speedups(df: pd.DataFrame) -> pd.DataFrame:
     back in one process). ``options``: the option set (``{}`` for cells recorded before options
     existed); ``best``: the highest ratio of its (hardware, seeds) -- picked after timing, so a
     selection among the rows; ``commit``: rows of different commits come from different
-    processes (each ratio is still within one)."""
+    processes (each ratio is still within one). ``same_returns``: for an option set that keeps
+    the random streams (no ``prng``), whether its returns are bitwise those of the defaults
+    timed in the same process (:func:`returns_digest`); None where that cannot be told."""
     cols = ["hardware", "seeds", "ours", "options", "repro steps/s", "purejaxrl steps/s",
-            "speedup", "min", "max", "best", "emulated", "commit"]
+            "speedup", "min", "max", "best", "emulated", "commit", "returns_digest",
+            "same_returns"]
     if not len(df) or "size_seeds" not in df:
         return pd.DataFrame(columns=cols)
     rows = []
@@ -316,10 +334,21 @@ def speedups(df: pd.DataFrame) -> pd.DataFrame:
                          "repro steps/s": ours["value"], "purejaxrl steps/s": theirs[0]["value"],
                          "speedup": ours["value"] / theirs[0]["value"],
                          "min": per.min(), "max": per.max(), "emulated": bool(g.emulated.any()),
-                         "commit": str(ours["git_commit"])[:12]})
+                         "commit": str(ours["git_commit"])[:12],
+                         "returns_digest": ours["extra"].get("returns_digest")})
     out = pd.DataFrame(rows, columns=cols).sort_values(["hardware", "seeds", "ours"],
                                                        ignore_index=True)
     out["best"] = out.speedup.eq(out.groupby(["hardware", "seeds"]).speedup.transform("max"))
+    plain = {(r.hardware, r.seeds, r.commit): r.returns_digest
+             for r in out.itertuples() if not r.options and r.returns_digest}
+
+    def same(r):
+        ref = plain.get((r.hardware, r.seeds, r.commit))
+        if not r.options or "prng" in r.options or ref is None or not r.returns_digest:
+            return None
+        return r.returns_digest == ref
+
+    out["same_returns"] = [same(r) for r in out.itertuples()]
     return out
 
 
