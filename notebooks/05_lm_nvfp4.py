@@ -325,11 +325,6 @@ note4 = ("quality only; NVFP4 GEMMs emulated (bit-faithful values), so no speed 
          if b4.get("row") is not None and b4["row"]["emulated"] else "")
 if b4.get("smoke_only"):
     note4 += "Smoke profile only (tiny model, 100 steps): a pipeline check, not evidence. "
-    few = gaps[(gaps["recipe"] == "nvfp4") & (gaps["profile"] == "full")] if len(gaps) else gaps
-    for _, r in few.iterrows():  # full-profile pairs with fewer seeds than the rule needs
-        note4 += (f"Full profile so far: {r['model']} on {r['hardware']}, {int(r['n_seeds'])} "
-                  f"paired seed(s) (the rule needs 3): NVFP4 vs BF16 "
-                  f"{100 * r['gap_nats'] / r['baseline_loss']:+.2f}% best held-out loss. ")
 if b4.get("row") is not None:
     vs = vs_fp8[(vs_fp8["recipe"] == "nvfp4") & (vs_fp8["model"] == b4["row"]["model"])
                 & (vs_fp8["profile"] == b4["row"]["profile"])] if len(vs_fp8) else vs_fp8
@@ -337,12 +332,12 @@ if b4.get("row") is not None:
         r = vs.iloc[-1]
         note4 += (f"NVFP4 - FP8(delayed): {r['gap_nats']:+.4f} nats "
                   f"(95% CI {r['gap_lo']:+.4f} .. {r['gap_hi']:+.4f}) vs MaxText's +0.026. ")
-    row4 = b4["row"]
-    more = gaps[(gaps["recipe"] == "nvfp4") & (gaps["profile"] == row4["profile"])
-                & (gaps["model"].map(E.SIZE_ORDER) > E.SIZE_ORDER.get(row4["model"], -1))]
-    for _, r in more.iterrows():  # larger models without the seeds the rule needs (yet)
-        note4 += (f"Larger model so far: {r['model']} on {r['hardware']}, {int(r['n_seeds'])} "
-                  f"paired seed(s) (the rule needs 3): NVFP4 vs BF16 "
+    # full-profile pairs of larger models than the verdict's, without the seeds the rule needs
+    more = gaps[(gaps["recipe"] == "nvfp4") & (gaps["profile"] == "full")
+                & (gaps["model"].map(E.SIZE_ORDER) > E.SIZE_ORDER.get(b4["row"]["model"], -1))]
+    for _, r in more.iterrows():
+        note4 += (f"Full profile, larger model so far: {r['model']} on {r['hardware']}, "
+                  f"{int(r['n_seeds'])} paired seed(s) (the rule needs 3): NVFP4 vs BF16 "
                   f"{100 * r['rel_gap']:+.2f}% best held-out loss. ")
     if b4["row"]["overfit"] > 0.05:
         note4 += (f"Multi-epoch regime: the runs' held-out loss ends up to "

@@ -81,13 +81,13 @@ FP8_RECIPES = ("fp8-current", "fp8-delayed", "flax-fp8")
 NVFP4_POLICIES = ("paper", "mlp", "all")  # as repro.lm.model.NVFP4_SCOPES
 TARGETS = ("b200", "gb200", "gb300")
 GAP_PER = ("gemm", "kernel")  # what the idle-gap term counts (ModelParams.gap_per)
+AMAX_HISTORY_LEN = 1024
 
 
 def _check_gap_per(per: str) -> str:
     if per not in GAP_PER:
         raise ValueError(f"gap_per must be one of {GAP_PER}, not {per!r}")
     return per
-AMAX_HISTORY_LEN = 1024
 
 
 # ------------------------------------------------------------------------ step description
