@@ -61,6 +61,7 @@ def test_five_tuple_step_is_gymnax_0x():
 
 STAND_IN_WRAPPERS = """
 import chex
+import jax.numpy as jnp
 from brax import envs
 from brax.envs.wrappers.training import EpisodeWrapper, AutoResetWrapper
 import navix as nx
@@ -76,6 +77,8 @@ class LogWrapper:
     def step(self, key: chex.PRNGKey, state, action, params=None):
         obs, state, reward, done, info = self._env.step(key, state, action, params)
         info["returned_episode"] = done
+        # the real wrapper holds the last finished episode's return; 10 where one ends here
+        info["returned_episode_returns"] = jnp.where(done, 10.0, 3.0)
         return obs, state, reward, done, info
 """
 
@@ -103,10 +106,12 @@ def make_train(config):
             action = pi.sample(seed=k1)
             obs, state, reward, done, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
                 jax.random.split(k2, config["NUM_ENVS"]), state, action, env_params)
-            return (obs, state, rng), done
+            return (obs, state, rng), info
 
-        _, done = jax.lax.scan(step, (obs, state, rng), None, updates * config["NUM_STEPS"])
-        return {"metrics": done}
+        _, info = jax.lax.scan(step, (obs, state, rng), None, updates * config["NUM_STEPS"])
+        # PureJaxRL's metrics: the wrapper's info, [updates, steps, envs]
+        info = jax.tree.map(lambda x: x.reshape(updates, config["NUM_STEPS"], -1), info)
+        return {"metrics": info}
 
     return train
 """
@@ -135,7 +140,10 @@ def test_load_and_record_a_stand_in_checkout(checkout, tmp_path, clean_modules):
     assert set(df.size_env_steps.astype(int)) == {2048}
     assert purejaxrl.env_steps(purejaxrl.CARTPOLE, 1) == 976 * 512
     theirs = df[df.extra.map(lambda e: e["impl"]) == "purejaxrl"]
-    assert theirs.extra.iloc[0]["run_s"] == theirs.extra.iloc[1]["run_s"]  # one timing, 2 cells
+    # PureJaxRL is re-timed beside each option set; its final return is where episodes ended
+    assert len(theirs.extra.iloc[0]["run_s"]) == 2
+    assert {e["final_return"]["mean"] for e in theirs.extra} == {10.0}
+    assert {e["final_return"]["n"] for e in df.extra} == {2}
     table = purejaxrl.speedups(df)
     assert list(table.ours) == ["repro", "repro[unroll=2]"] and (table.speedup > 0).all()
     assert list(table.options) == [{}, {"unroll": 2}] and table.best.sum() == 1
@@ -151,11 +159,14 @@ def test_load_and_record_a_stand_in_checkout(checkout, tmp_path, clean_modules):
 def _fake_compare(calls, rates):
     """A stand-in for ``compare``: run seconds from ``rates`` (label -> per-repeat env-steps/s
     of one seed at 1024 env steps); ``calls`` collects the option sets asked for."""
-    def compare(module, cfg, seeds, repeats, recipe="tf32", ours=({},), digests=None):
+    def compare(module, cfg, seeds, repeats, recipe="tf32", ours=({},)):
         calls.append((seeds, [dict(o) for o in ours]))
-        names = ["purejaxrl", *map(purejaxrl.label, ours)]
-        digests.update({n: "d-" + n for n in names[1:]})  # every option set "differs"
-        return {n: [seeds * 1024 / r for r in rates[n]] for n in names}
+        for o in ours:
+            name = purejaxrl.label(o)
+            facts = {"purejaxrl": {"final_returns": None},  # every option set "differs"
+                     name: {"returns_digest": "d-" + name, "final_returns": None}}
+            yield name, {n: [seeds * 1024 / r for r in rates[n]]
+                         for n in ("purejaxrl", name)}, facts
     return compare
 
 
@@ -230,3 +241,50 @@ def test_speedups_of_no_records_is_an_empty_table():
 
     empty = purejaxrl.speedups(pd.DataFrame())
     assert not len(empty) and "speedup" in empty.columns
+
+
+def test_final_returns_of_both_output_shapes_by_hand():
+    nan = np.nan
+    ours = {"episode_return": np.array([[1.0, nan, 3.0, 5.0], [9.0, 9.0, nan, 2.0]])}
+    # last half of 4 updates: (3 + 5) / 2; the update with no finished episode does not count
+    np.testing.assert_allclose(purejaxrl.final_returns(ours, "repro", 0.5), [4.0, 2.0])
+    np.testing.assert_allclose(purejaxrl.final_returns(ours, "repro", 0.1), [5.0, 2.0])
+    # PureJaxRL: [seeds=1, updates=2, steps=2, envs=2]; only steps with returned_episode count
+    done = np.array([[[[1, 0], [0, 0]], [[1, 1], [0, 1]]]], bool)
+    rets = np.array([[[[4.0, 7.0], [7.0, 7.0]], [[10.0, 20.0], [99.0, 30.0]]]])
+    theirs = {"metrics": {"returned_episode": done, "returned_episode_returns": rets}}
+    np.testing.assert_allclose(purejaxrl.final_returns(theirs, "purejaxrl", 0.5), [20.0])
+    np.testing.assert_allclose(purejaxrl.final_returns(theirs, "purejaxrl", 1.0), [(4 + 20) / 2])
+    assert purejaxrl.final_returns({"metrics": done}, "purejaxrl") is None
+
+
+def test_welch_interval_matches_scipy():
+    from scipy import stats
+
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(500, 3, 40), rng.normal(498, 9, 25)
+    gap, lo, hi = purejaxrl.welch_interval(a.mean(), a.std(ddof=1), a.size,
+                                           b.mean(), b.std(ddof=1), b.size)
+    ref = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert gap == pytest.approx(a.mean() - b.mean())
+    assert (lo, hi) == pytest.approx((ref.low, ref.high))
+
+
+def test_speedups_report_final_returns_and_their_gap(tmp_path):
+    def rec(impl, value, final):
+        extra = {"impl": impl, "run_s": [1.0 / value], "final_return": final}
+        if impl != "purejaxrl":
+            extra["options"] = {}
+        return results.make_record(purejaxrl.EXPERIMENT, "env_steps_per_s", value, "steps/s",
+                                   sizes={"seeds": 4, "env_steps": 4}, extra=extra)
+
+    mine = {"mean": 500.0, "sd": 0.0, "n": 4}
+    theirs = {"mean": 490.0, "sd": 20.0, "n": 4}
+    results.write_records([rec("purejaxrl", 100.0, theirs), rec("repro", 150.0, mine)],
+                          purejaxrl.EXPERIMENT, "CartPole-v1_s4", root=tmp_path)
+    row = purejaxrl.speedups(results.load_records(purejaxrl.EXPERIMENT,
+                                                  roots=[tmp_path])).iloc[0]
+    # SE = 20 / sqrt(4) = 10 with 3 degrees of freedom (ours has no spread): t = 3.182
+    assert (row.final_return, row["purejaxrl final_return"], row.final_n) == (500, 490, 4)
+    assert row.return_gap == pytest.approx(10.0)
+    assert (row.gap_lo, row.gap_hi) == pytest.approx((10 - 31.82, 10 + 31.82), abs=0.01)

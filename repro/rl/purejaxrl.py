@@ -6,10 +6,13 @@ beat PureJaxRL's ``ppo.py`` in env-steps/s by >= 1.2x, for one seed and for 1024
 
 Ours runs in one or more option sets (``params.yaml``, ``rl_purejaxrl.ours``): values of the
 speed options of :class:`repro.rl.ppo.PPOConfig` (``unroll``, ``update_unroll``, ``prng``;
-nothing else may differ from PureJaxRL's config). :func:`compare` compiles PureJaxRL and every
-option set, then times them round-robin (repeat i of each, back to back). :func:`record` writes
-one cell per (seed count, option set): ``CartPole-v1_s1`` for the defaults (the cells recorded
-before options existed: their records, without ``options``, mean ``{}``),
+nothing else may differ from PureJaxRL's config). :func:`compare` compiles PureJaxRL once,
+then each option set in turn, timing the two round-robin (repeat i of each, back to back).
+Every record also holds its run's final return (:func:`final_returns`: per seed, the mean
+episode return over the last 10% of updates; mean, SD and count), so an option set's learning
+can be checked against the defaults' and PureJaxRL's. :func:`record` writes one cell per
+(seed count, option set), as soon as it is timed: ``CartPole-v1_s1`` for the defaults (the
+cells recorded before options existed: their records, without ``options``, mean ``{}``),
 ``CartPole-v1_s1_unroll-8`` and so on, each with PureJaxRL's record of the same process. Cells
 already recorded are skipped, so a new option set is timed (with PureJaxRL) without redoing the
 others; ``--force`` redoes them all. :func:`speedups` gives one row per cell and flags the best
@@ -219,36 +222,66 @@ def returns_digest(metrics) -> str:
     return hashlib.sha256(np.asarray(metrics["episode_return"]).tobytes()).hexdigest()[:16]
 
 
+FINAL_FRACTION = 0.1  # the final return: mean over the last 10% of updates
+
+
+def final_returns(out, impl: str, fraction: float = FINAL_FRACTION) -> np.ndarray | None:
+    """Each seed's mean episode return over the last ``fraction`` of its updates (updates in
+    which no episode ended do not count), from a vmapped run's output: ours
+    (``episode_return``, [seeds, updates], NaN where none ended) or PureJaxRL's
+    (``metrics`` = the LogWrapper's info: ``returned_episode_returns`` where
+    ``returned_episode``, [seeds, updates, steps, envs]). None if the output has neither."""
+    if impl == "purejaxrl":
+        info = out.get("metrics") if isinstance(out, Mapping) else None
+        if not isinstance(info, Mapping) or "returned_episode_returns" not in info:
+            return None
+        done = jnp.asarray(info["returned_episode"], jnp.float32)
+        ret = jnp.asarray(info["returned_episode_returns"], jnp.float32)
+        n = done.sum(axis=(2, 3))
+        per_update = jnp.where(n > 0, (ret * done).sum(axis=(2, 3)) / jnp.maximum(n, 1), jnp.nan)
+    else:
+        per_update = jnp.asarray(out["episode_return"], jnp.float32)
+    per_update = np.asarray(per_update, np.float64)
+    k = max(1, int(round(per_update.shape[1] * fraction)))
+    return np.nanmean(per_update[:, -k:], axis=1)
+
+
 def compare(module, cfg: dict[str, Any], seeds: int, repeats: int, recipe: str = "tf32",
-            ours: Sequence[Mapping[str, Any]] = ({},),
-            digests: dict[str, str] | None = None) -> dict[str, list[float]]:
-    """Seconds per whole training run of ``seeds`` vmapped seeds, by :func:`label`:
-    {"purejaxrl": [...], "repro": [...], "repro[unroll=8]": [...], ...} for PureJaxRL and each
-    option set in ``ours``. All are compiled (and run once) first, then timed round-robin:
-    repeat i of every program back to back. ``digests``, if given, receives
-    :func:`returns_digest` of each option set's warm-up run, by label."""
+            ours: Sequence[Mapping[str, Any]] = ({},)):
+    """Time PureJaxRL against each option set in ``ours``, one option set at a time; yields
+    ``(label, samples, facts)`` per option set as soon as it is timed: ``samples`` are seconds
+    per whole training run of ``seeds`` vmapped seeds, ``{"purejaxrl": [...], label: [...]}``,
+    the two timed round-robin (repeat i of each, back to back) after a warm-up run of each;
+    ``facts[name]``: ``returns_digest`` (ours only, :func:`returns_digest`) and
+    ``final_returns`` (per seed, :func:`final_returns`) of that warm-up run. PureJaxRL is
+    compiled once and re-timed beside every option set, so a call cut short keeps the cells
+    already yielded."""
     configs = {label(o): ours_config(cfg, recipe, o) for o in ours}  # validate before compiling
-    keys_ours = _keys(seeds)
-    runs = {"purejaxrl": (jax.jit(jax.vmap(module.make_train(dict(cfg)))),
-                          jax.random.split(jax.random.PRNGKey(30), seeds))}
-    runs.update({name: (jax.jit(jax.vmap(ppo.make_train(c))), keys_ours)
-                 for name, c in configs.items()})
-    compiled = {}
-    for name, (fn, keys) in runs.items():
-        compiled[name] = fn.lower(keys).compile()
-        out = jax.block_until_ready(compiled[name](keys))  # warm-up
-        if digests is not None and name != "purejaxrl":
-            digests[name] = returns_digest(out)
+
+    def warm(fn, keys, name):
+        compiled = fn.lower(keys).compile()
+        out = jax.block_until_ready(compiled(keys))  # warm-up
+        facts = {"final_returns": final_returns(out, name)}
+        if name != "purejaxrl":
+            facts["returns_digest"] = returns_digest(out)
         del out
-    samples: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, (_, keys) in runs.items():
-            t0 = time.perf_counter()
-            out = compiled[name](keys)
-            jax.block_until_ready(out)
-            samples[name].append(time.perf_counter() - t0)
-            del out
-    return samples
+        return compiled, facts
+
+    theirs_keys = jax.random.split(jax.random.PRNGKey(30), seeds)
+    theirs, theirs_facts = warm(jax.jit(jax.vmap(module.make_train(dict(cfg)))), theirs_keys,
+                                "purejaxrl")
+    keys_ours = _keys(seeds)
+    for name, c in configs.items():
+        mine, facts = warm(jax.jit(jax.vmap(ppo.make_train(c))), keys_ours, name)
+        runs = {"purejaxrl": (theirs, theirs_keys), name: (mine, keys_ours)}
+        samples: dict[str, list[float]] = {n: [] for n in runs}
+        for _ in range(repeats):
+            for n, (fn, keys) in runs.items():
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn(keys))
+                samples[n].append(time.perf_counter() - t0)
+        yield name, samples, {"purejaxrl": theirs_facts, name: facts}
+        del mine
 
 
 def env_steps(cfg: dict[str, Any], seeds: int) -> int:
@@ -257,12 +290,23 @@ def env_steps(cfg: dict[str, Any], seeds: int) -> int:
     return seeds * updates * cfg["NUM_STEPS"] * cfg["NUM_ENVS"]
 
 
+def _summary(finals: np.ndarray | None) -> dict[str, Any] | None:
+    """Mean, sample SD and count of per-seed final returns (seeds with no episode left out)."""
+    if finals is None:
+        return None
+    f = np.asarray(finals, np.float64)
+    f = f[np.isfinite(f)]
+    return {"mean": float(f.mean()) if len(f) else None,
+            "sd": float(f.std(ddof=1)) if len(f) > 1 else None, "n": int(len(f)),
+            "last_fraction": FINAL_FRACTION}
+
+
 def record(purejaxrl_dir: str | Path, profile: str, root: str | Path | None = None,
            force: bool = False) -> list[Path]:
     """One cell per (seed count, option set of ``ours``) of ``params.yaml``'s ``rl_purejaxrl``
-    section, each holding PureJaxRL's record and that option set's, from one process. Cells
-    already recorded are skipped (all of them with ``force``); those missing for a seed count
-    are timed together, so their cells share that process's PureJaxRL timing."""
+    section, each holding that option set's record and PureJaxRL's, timed beside it in one
+    process. Cells already recorded are skipped (redone with ``force``); each cell is written as
+    soon as it is timed, so a run cut short keeps the finished ones."""
     from tqdm.auto import tqdm
 
     from repro.config import stage_params
@@ -274,37 +318,75 @@ def record(purejaxrl_dir: str | Path, profile: str, root: str | Path | None = No
         ours_config(cfg, p["recipe"], o)
     module, notes = load(purejaxrl_dir)
     root = root or results.record_root(p["profile"])
+    todo = [(seeds, o) for seeds in p["seeds"] for o in variants
+            if force or not results.have_cell(EXPERIMENT, cell_name(cfg, seeds, o), root=root)]
     written = []
-    for seeds in tqdm(p["seeds"], desc=EXPERIMENT):
-        todo = [o for o in variants if force or not results.have_cell(
-            EXPERIMENT, cell_name(cfg, seeds, o), root=root)]
-        if not todo:
+    bar = tqdm(total=len(todo), desc=EXPERIMENT, unit="cell")
+    for seeds in p["seeds"]:
+        mine = [o for s, o in todo if s == seeds]
+        if not mine:
             continue
-        digests: dict[str, str] = {}
-        samples = compare(module, cfg, seeds, p["repeats"], p["recipe"], todo, digests)
         steps = env_steps(cfg, seeds)
+        by_label = {label(o): o for o in mine}
+        for impl_ours, samples, facts in compare(module, cfg, seeds, p["repeats"], p["recipe"],
+                                                 mine):
 
-        def rec(impl, options=None):
-            s = samples[impl]
-            rate = steps / np.asarray(s)
-            q1, med, q3 = np.percentile(rate, [25, 50, 75])
-            theirs = impl == "purejaxrl"
-            extra = {"impl": impl, "run_s": [round(x, 5) for x in s], "config": cfg,
-                     "adapters": notes if theirs else [], "timed_with": list(samples),
-                     "source": URL if theirs else "repro.rl.ppo"}
-            if not theirs:
-                extra["options"] = options
-                extra["returns_digest"] = digests.get(impl)
-            return results.make_record(
-                EXPERIMENT, "env_steps_per_s", float(med), "steps/s", claims=["A2"],
-                recipe=p["recipe"], sizes={"seeds": seeds, "env_steps": steps},
-                repeats=len(s), spread=float(q3 - q1), profile=p["profile"], extra=extra)
+            def rec(impl, options=None):
+                s = samples[impl]
+                rate = steps / np.asarray(s)
+                q1, med, q3 = np.percentile(rate, [25, 50, 75])
+                theirs = impl == "purejaxrl"
+                extra = {"impl": impl, "run_s": [round(x, 5) for x in s], "config": cfg,
+                         "adapters": notes if theirs else [], "timed_with": list(samples),
+                         "source": URL if theirs else "repro.rl.ppo",
+                         "final_return": _summary(facts[impl].get("final_returns"))}
+                if not theirs:
+                    extra["options"] = options
+                    extra["returns_digest"] = facts[impl].get("returns_digest")
+                return results.make_record(
+                    EXPERIMENT, "env_steps_per_s", float(med), "steps/s", claims=["A2"],
+                    recipe=p["recipe"], sizes={"seeds": seeds, "env_steps": steps},
+                    repeats=len(s), spread=float(q3 - q1), profile=p["profile"], extra=extra)
 
-        for o in todo:
-            written.append(results.write_records([rec("purejaxrl"), rec(label(o), o)],
+            o = by_label[impl_ours]
+            written.append(results.write_records([rec("purejaxrl"), rec(impl_ours, o)],
                                                  EXPERIMENT, cell_name(cfg, seeds, o),
                                                  root=root))
+            bar.update()
+    bar.close()
     return written
+
+
+def welch_interval(m1: float, s1: float, n1: int, m2: float, s2: float, n2: int,
+                   confidence: float = 0.95) -> tuple[float, float, float]:
+    """``m1 - m2`` and its Welch t-interval from two samples' means, SDs and sizes."""
+    from scipy import stats
+
+    v1, v2 = s1 * s1 / n1, s2 * s2 / n2
+    se = np.sqrt(v1 + v2)
+    if se == 0:
+        return m1 - m2, m1 - m2, m1 - m2
+    dof = (v1 + v2) ** 2 / (v1 * v1 / (n1 - 1) + v2 * v2 / (n2 - 1))
+    half = float(stats.t.ppf(0.5 + confidence / 2, dof) * se)
+    return m1 - m2, m1 - m2 - half, m1 - m2 + half
+
+
+def _final_columns(ours: Mapping | None, theirs: Mapping | None) -> dict[str, float]:
+    nan = float("nan")
+    out = {"final_return": nan, "final_sd": nan, "purejaxrl final_return": nan,
+           "purejaxrl final_sd": nan, "final_n": nan, "return_gap": nan, "gap_lo": nan,
+           "gap_hi": nan}
+    for prefix, f in (("", ours), ("purejaxrl ", theirs)):
+        if f and f.get("mean") is not None:
+            out[prefix + "final_return"] = f["mean"]
+            out[prefix + "final_sd"] = nan if f.get("sd") is None else f["sd"]
+    if ours and ours.get("mean") is not None:
+        out["final_n"] = ours["n"]
+    if (ours and theirs and ours.get("sd") is not None and theirs.get("sd") is not None
+            and ours["n"] > 1 and theirs["n"] > 1):
+        out["return_gap"], out["gap_lo"], out["gap_hi"] = welch_interval(
+            ours["mean"], ours["sd"], ours["n"], theirs["mean"], theirs["sd"], theirs["n"])
+    return out
 
 
 def speedups(df: pd.DataFrame) -> pd.DataFrame:
@@ -315,10 +397,15 @@ def speedups(df: pd.DataFrame) -> pd.DataFrame:
     selection among the rows; ``commit``: rows of different commits come from different
     processes (each ratio is still within one). ``same_returns``: for an option set that keeps
     the random streams (no ``prng``), whether its returns are bitwise those of the defaults
-    timed in the same process (:func:`returns_digest`); None where that cannot be told."""
+    timed in the same process (:func:`returns_digest`); None where that cannot be told.
+    ``final_return`` / ``purejaxrl final_return``: mean over seeds of each run's final return
+    (:func:`final_returns`), ``final_sd`` / ``purejaxrl final_sd`` their SDs, ``final_n`` the
+    seed count; ``return_gap``, ``gap_lo``, ``gap_hi``: ours minus PureJaxRL's mean final
+    return and its Welch 95% interval (NaN with fewer than 2 seeds or in older records)."""
     cols = ["hardware", "seeds", "ours", "options", "repro steps/s", "purejaxrl steps/s",
             "speedup", "min", "max", "best", "emulated", "commit", "returns_digest",
-            "same_returns"]
+            "same_returns", "final_return", "final_sd", "purejaxrl final_return",
+            "purejaxrl final_sd", "final_n", "return_gap", "gap_lo", "gap_hi"]
     if not len(df) or "size_seeds" not in df:
         return pd.DataFrame(columns=cols)
     rows = []
@@ -335,7 +422,9 @@ def speedups(df: pd.DataFrame) -> pd.DataFrame:
                          "speedup": ours["value"] / theirs[0]["value"],
                          "min": per.min(), "max": per.max(), "emulated": bool(g.emulated.any()),
                          "commit": str(ours["git_commit"])[:12],
-                         "returns_digest": ours["extra"].get("returns_digest")})
+                         "returns_digest": ours["extra"].get("returns_digest"),
+                         **_final_columns(ours["extra"].get("final_return"),
+                                          theirs[0]["extra"].get("final_return"))})
     out = pd.DataFrame(rows, columns=cols).sort_values(["hardware", "seeds", "ours"],
                                                        ignore_index=True)
     out["best"] = out.speedup.eq(out.groupby(["hardware", "seeds"]).speedup.transform("max"))
