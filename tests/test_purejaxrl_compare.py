@@ -127,11 +127,13 @@ def checkout(tmp_path):
     return pkg.parent
 
 
-def test_load_and_record_a_stand_in_checkout(checkout, tmp_path, clean_modules):
+def test_load_and_record_a_stand_in_checkout(checkout, tmp_path, clean_modules, capsys):
     params = {"profile": "smoke", "recipe": "tf32", "repeats": 2, "total_timesteps": 1024,
               "seeds": [2], "ours": [{}, {"unroll": 2}]}
     with mock.patch("repro.config.stage_params", return_value=params):
         written = purejaxrl.record(checkout / "purejaxrl", "smoke", root=tmp_path / "r")
+    # several seeds on the CPU: the known XLA:CPU hang of PureJaxRL's program is named
+    assert "2 or more vmapped seeds has hung" in capsys.readouterr().err
     assert sorted(w.stem for w in written) == ["CartPole-v1_s2", "CartPole-v1_s2_unroll-2"]
     df = results.load_records(purejaxrl.EXPERIMENT, roots=[tmp_path / "r"])
     assert sorted(df.extra.map(lambda e: e["impl"])) == [

@@ -317,6 +317,10 @@ def record(purejaxrl_dir: str | Path, profile: str, root: str | Path | None = No
     for o in variants:  # a bad option set fails here, before PureJaxRL is loaded
         ours_config(cfg, p["recipe"], o)
     module, notes = load(purejaxrl_dir)
+    if jax.default_backend() == "cpu" and max(p["seeds"]) > 1:
+        print(f"{EXPERIMENT}: warning: on XLA:CPU (jax 0.10.2) PureJaxRL's program with 2 or "
+              "more vmapped seeds has hung in its second or third run (idle in "
+              "block_until_ready); time several seeds on a GPU", file=sys.stderr)
     root = root or results.record_root(p["profile"])
     todo = [(seeds, o) for seeds in p["seeds"] for o in variants
             if force or not results.have_cell(EXPERIMENT, cell_name(cfg, seeds, o), root=root)]
