@@ -247,7 +247,9 @@ def test_speedups_of_no_records_is_an_empty_table():
 
 def test_final_returns_of_both_output_shapes_by_hand():
     nan = np.nan
-    ours = {"episode_return": np.array([[1.0, nan, 3.0, 5.0], [9.0, 9.0, nan, 2.0]])}
+    ours = {"episode_return": np.array([[1.0, nan, 3.0, 5.0], [9.0, 9.0, nan, 2.0]]),
+            "episodes": np.array([[1, 0, 1, 1], [1, 1, 0, 1]]),
+            "nonfinite_params": np.zeros((2, 4), bool)}
     # last half of 4 updates: (3 + 5) / 2; the update with no finished episode does not count
     np.testing.assert_allclose(purejaxrl.final_returns(ours, "repro", 0.5), [4.0, 2.0])
     np.testing.assert_allclose(purejaxrl.final_returns(ours, "repro", 0.1), [5.0, 2.0])
@@ -256,7 +258,9 @@ def test_final_returns_of_both_output_shapes_by_hand():
     rets = np.array([[[[4.0, 7.0], [7.0, 7.0]], [[10.0, 20.0], [99.0, 30.0]]]])
     theirs = {"metrics": {"returned_episode": done, "returned_episode_returns": rets}}
     np.testing.assert_allclose(purejaxrl.final_returns(theirs, "purejaxrl", 0.5), [20.0])
-    np.testing.assert_allclose(purejaxrl.final_returns(theirs, "purejaxrl", 1.0), [(4 + 20) / 2])
+    # over both updates, each finished episode counts once (episode-weighted, as ppo.final_return)
+    np.testing.assert_allclose(purejaxrl.final_returns(theirs, "purejaxrl", 1.0),
+                               [(4 + 10 + 20 + 30) / 4])
     assert purejaxrl.final_returns({"metrics": done}, "purejaxrl") is None
 
 

@@ -8,8 +8,8 @@ Ours runs in one or more option sets (``params.yaml``, ``rl_purejaxrl.ours``): v
 speed options of :class:`repro.rl.ppo.PPOConfig` (``unroll``, ``update_unroll``, ``prng``;
 nothing else may differ from PureJaxRL's config). :func:`compare` compiles PureJaxRL once,
 then each option set in turn, timing the two round-robin (repeat i of each, back to back).
-Every record also holds its run's final return (:func:`final_returns`: per seed, the mean
-episode return over the last 10% of updates; mean, SD and count), so an option set's learning
+Every record also holds its run's final return (:func:`final_returns`: per seed, the
+episode-weighted mean return over the last 10% of updates; mean, SD and count), so an option set's learning
 can be checked against the defaults' and PureJaxRL's. :func:`record` writes one cell per
 (seed count, option set), as soon as it is timed: ``CartPole-v1_s1`` for the defaults (the
 cells recorded before options existed: their records, without ``options``, mean ``{}``),
@@ -226,24 +226,21 @@ FINAL_FRACTION = 0.1  # the final return: mean over the last 10% of updates
 
 
 def final_returns(out, impl: str, fraction: float = FINAL_FRACTION) -> np.ndarray | None:
-    """Each seed's mean episode return over the last ``fraction`` of its updates (updates in
-    which no episode ended do not count), from a vmapped run's output: ours
-    (``episode_return``, [seeds, updates], NaN where none ended) or PureJaxRL's
-    (``metrics`` = the LogWrapper's info: ``returned_episode_returns`` where
-    ``returned_episode``, [seeds, updates, steps, envs]). None if the output has neither."""
-    if impl == "purejaxrl":
-        info = out.get("metrics") if isinstance(out, Mapping) else None
-        if not isinstance(info, Mapping) or "returned_episode_returns" not in info:
-            return None
-        done = jnp.asarray(info["returned_episode"], jnp.float32)
-        ret = jnp.asarray(info["returned_episode_returns"], jnp.float32)
-        n = done.sum(axis=(2, 3))
-        per_update = jnp.where(n > 0, (ret * done).sum(axis=(2, 3)) / jnp.maximum(n, 1), jnp.nan)
-    else:
-        per_update = jnp.asarray(out["episode_return"], jnp.float32)
-    per_update = np.asarray(per_update, np.float64)
-    k = max(1, int(round(per_update.shape[1] * fraction)))
-    return np.nanmean(per_update[:, -k:], axis=1)
+    """Each seed's final return as every RL study here defines it (:func:`repro.rl.ppo.
+    final_return`: the episode-weighted mean return over the last ``fraction`` of updates),
+    from a vmapped run's output: ours (its metrics) or PureJaxRL's (``metrics`` = the
+    LogWrapper's info, [seeds, updates, steps, envs]: ``returned_episode_returns`` where
+    ``returned_episode``). None if PureJaxRL's output lacks those."""
+    if impl != "purejaxrl":
+        return ppo.final_return(out, fraction)
+    info = out.get("metrics") if isinstance(out, Mapping) else None
+    if not isinstance(info, Mapping) or "returned_episode_returns" not in info:
+        return None
+    done = jnp.asarray(info["returned_episode"], jnp.float32)
+    n = done.sum(axis=(2, 3))
+    total = (jnp.asarray(info["returned_episode_returns"], jnp.float32) * done).sum(axis=(2, 3))
+    return ppo.final_return({"episode_return": total / jnp.maximum(n, 1), "episodes": n,
+                             "nonfinite_params": jnp.zeros(n.shape, bool)}, fraction)
 
 
 def compare(module, cfg: dict[str, Any], seeds: int, repeats: int, recipe: str = "tf32",
