@@ -337,3 +337,45 @@ def test_b3_verdict_ratios_match_hand_counted_bytes_and_name_the_hardware():
     assert out["activations"] == pytest.approx(0.25 + 1 / 32, abs=1e-4)
     assert out["hardware"] == "h200" and out["model"] == "20m"
     assert out["verdict"] in ("reproduced", "partly")
+
+
+def test_force_rerecord_cut_short_resumes(tmp_path, monkeypatch):
+    """--force re-records from step 0, and a forced re-record cut short resumes on the next
+    --force (a 20m re-record on the GPU may span two calls); a checkpoint left by a run that
+    was not forced is not resumed by --force."""
+    monkeypatch.setenv("REPRO_LM_CKPT_DIR", str(tmp_path / "ck"))
+    params = {"variants": ["bf16"], "eval_points": 2, "eval_batches": 1,
+              "runs": [{"size": "tiny", "steps": 4, "batch_size": 4, "lr": 3e-3,
+                        "warmup_steps": 1, "seeds": [0], "checkpoint_every": 1}]}
+    monkeypatch.setattr(E, "stage_params", lambda stage, profile: params)
+    real_train, calls, cut = T.train, [], []
+
+    def train(*a, **kw):  # stops the next run at the step popped from `cut`, as a budget would
+        res = real_train(*a, **kw, **({"stop_after": cut.pop()} if cut else {}))
+        calls.append(res)
+        return res
+
+    monkeypatch.setattr(E.T, "train", train)
+    root = tmp_path / "results"
+    recorded = lambda: sorted(p.name for p in root.rglob("tiny_bf16_s0*.json"))  # noqa: E731
+    cut.append(2)
+    E.record("smoke", root=root, progress=False)  # a plain run, cut at step 2 ...
+    assert not calls[-1].finished and recorded() == []
+    E.record("smoke", root=root, progress=False)  # ... resumes (as before)
+    assert calls[-1].finished and calls[-1].resumed_from == 2 and len(recorded()) == 1
+
+    cut.append(3)
+    E.record("smoke", root=root, force=True, progress=False)  # a re-record cut at step 3 ...
+    assert not calls[-1].finished and not calls[-1].resumed_from
+    E.record("smoke", root=root, force=True, progress=False)  # ... resumes at step 3
+    assert calls[-1].finished and calls[-1].resumed_from == 3
+    assert len(calls) == 4 and not list((tmp_path / "ck").rglob("*.forced"))
+
+    cut.append(1)  # a leftover checkpoint of a plain run (its cell removed, then cut) ...
+    for p in root.rglob("tiny_bf16_s0*.json"):
+        p.unlink()
+    E.record("smoke", root=root, progress=False)
+    assert not calls[-1].finished and calls[-1].steps_done == 1
+    E.record("smoke", root=root, force=True, progress=False)  # ... is not what --force resumes
+    assert calls[-1].finished and not calls[-1].resumed_from
+    assert len(recorded()) == 1

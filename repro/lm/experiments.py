@@ -330,7 +330,9 @@ def record(profile: str, root: Path | None = None, force: bool = False,
     """Train every (size, variant, seed) cell not yet recorded; returns the files written.
 
     ``time_budget_s`` (default: ``REPRO_TIME_BUDGET_S``) stops the current run cleanly with a
-    checkpoint when the budget is spent; the next call resumes it. GPU-only variants are
+    checkpoint when the budget is spent; the next call resumes it. ``force`` re-records cells
+    that exist, from step 0; a re-record cut by its time budget resumes when ``force`` is given
+    again (a marker beside its checkpoint says it is one). GPU-only variants are
     skipped with a message elsewhere.
     """
     root = Path(root) if root is not None else results.record_root(profile)
@@ -369,8 +371,13 @@ def record(profile: str, root: Path | None = None, force: bool = False,
             cfg = v.make_config(M.get_config(run.size))
             tc = run.train.replace(seed=seed)
             ckpt = ckpt_root() / hardware.detect().slug / profile / cell
-            if force:
+            forced = ckpt.parent / f"{cell}.forced"  # marks a re-record under way
+            if force and not forced.exists():
+                # A fresh re-record: drop any checkpoint of an earlier run. A re-record that
+                # an earlier --force call left cut (time budget) resumes instead.
                 T.remove_checkpoints(ckpt)
+                forced.parent.mkdir(parents=True, exist_ok=True)
+                forced.touch()
             res = T.train(cfg, tc, v.make_recipe(), ckpt_dir=ckpt, time_budget_s=left,
                           progress=progress, desc=cell)
             if not res.finished:
@@ -383,6 +390,7 @@ def record(profile: str, root: Path | None = None, force: bool = False,
             recs = _train_records(run, v, seed, res, profile, cfg)
             written.append(results.write_records(recs, EXPERIMENT, cell, root=root))
             T.remove_checkpoints(ckpt)
+            forced.unlink(missing_ok=True)
     return written
 
 
