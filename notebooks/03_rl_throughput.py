@@ -409,8 +409,9 @@ claims.write_verdict("A3", "projected", a3_key, a3_hw,
 # Where they differ (on a GPU XLA fuses an unrolled loop differently, so float sums round in
 # another order), the runs' final returns are the check that it learns as well: every record
 # since 2026-11-30 holds each run's final return (per seed, as notebook 04 defines it:
-# `ppo.final_return`, the episode-weighted mean return over the last 10% of updates), and `return_gap` is ours minus PureJaxRL's with a Welch 95% interval
-# across seeds (1024 seeds give a tight one; 1 seed, none).
+# `ppo.final_return`, the episode-weighted mean return over the last 10% of updates), and
+# `return_gap` is ours minus PureJaxRL's with a Welch 95% interval across seeds (1024 seeds give
+# a tight one; 1 seed, none).
 
 # %%
 pj = purejaxrl.speedups(results.load_records(purejaxrl.EXPERIMENT))

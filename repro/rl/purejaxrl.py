@@ -9,8 +9,8 @@ speed options of :class:`repro.rl.ppo.PPOConfig` (``unroll``, ``update_unroll``,
 nothing else may differ from PureJaxRL's config). :func:`compare` compiles PureJaxRL once,
 then each option set in turn, timing the two round-robin (repeat i of each, back to back).
 Every record also holds its run's final return (:func:`final_returns`: per seed, the
-episode-weighted mean return over the last 10% of updates; mean, SD and count), so an option set's learning
-can be checked against the defaults' and PureJaxRL's. :func:`record` writes one cell per
+episode-weighted mean return over the last 10% of updates; mean, SD and count), so an option
+set's learning can be checked against the defaults' and PureJaxRL's. :func:`record` writes one cell per
 (seed count, option set), as soon as it is timed: ``CartPole-v1_s1`` for the defaults (the
 cells recorded before options existed: their records, without ``options``, mean ``{}``),
 ``CartPole-v1_s1_unroll-8`` and so on, each with PureJaxRL's record of the same process. Cells
