@@ -428,8 +428,9 @@ if len(pj):
                    f"{r['purejaxrl final_return']:.1f}")
             if np.isfinite(r.return_gap):
                 ret += f" (gap {r.return_gap:+.1f}, 95% CI {r.gap_lo:+.1f} .. {r.gap_hi:+.1f})"
-        print(f"{r.hardware}, {r.seeds} seed(s), {r.ours}: {r.speedup:.2f}x "
-              f"(range {r['min']:.2f}-{r['max']:.2f}) -> {met} the 1.2x target{best}{same}{ret}")
+        # three decimals: 1.197x must not read as "1.20x ... misses"
+        print(f"{r.hardware}, {r.seeds} seed(s), {r.ours}: {r.speedup:.3f}x "
+              f"(range {r['min']:.3f}-{r['max']:.3f}) -> {met} the 1.2x target{best}{same}{ret}")
 else:
     print("not recorded yet: python -m repro.rl.purejaxrl --purejaxrl DIR --profile full")
 pj

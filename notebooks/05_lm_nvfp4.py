@@ -37,7 +37,14 @@
 # one part off (`nvfp4-no-rht`, `nvfp4-no-sr`, `nvfp4-1d-weights`), put NVFP4 everywhere
 # (`nvfp4-all-layers`) or only on the MLP (`nvfp4-mlp-only`, MaxText's setting); on a GPU,
 # `jax-nvfp4` runs the block linear layers through JAX's own `jax.nn.scaled_dot_general`
-# (`nvfp4` config) as a second reference. Every run of a size sees the same batches for a given
+# (`nvfp4` config) as a second reference. On the H200 XLA lowers that config to plain HLO at
+# ~8 steps/s (a whole 20m run ~24 min), so its 20m runs are **truncated on purpose** at step
+# 2384 of 11925 (`stop_at` in `params.yaml`): they follow the whole run's learning-rate
+# schedule and end after the second regular evaluation. Every recorded 20m and 120m run had
+# its best held-out loss at the first regular evaluation (10% of its steps), so the best
+# held-out loss up to there, compared over the evaluations both runs of a pair have
+# (`truncated_at` in the tables), is the quantity B4 uses; final losses of truncated runs do
+# not exist. Every run of a size sees the same batches for a given
 # seed and starts from the same weights, so **gaps are paired by seed** and their 95 %
 # confidence intervals are Student-t intervals over seeds.
 #
@@ -186,7 +193,8 @@ if len(runs):
 # %%
 gaps = E.paired_gaps(df, "bf16")
 if len(gaps):
-    gaps["label"] = gaps["recipe"] + np.where(gaps["emulated"], " (emulated)", "")
+    gaps["label"] = (gaps["recipe"] + np.where(gaps["emulated"], " (emulated)", "")
+                     + np.where(gaps["truncated_at"].notna(), " (truncated)", ""))
     panels = gaps.groupby(["hardware", "profile", "model"])
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
     for ax, ((hw, prof, size), g) in zip(axes[0], panels):
@@ -204,7 +212,7 @@ if len(gaps):
     fig.savefig(FIG / "05_lm_gap.png", dpi=130)
     display(gaps[["hardware", "profile", "model", "recipe", "n_seeds", "baseline_loss", "loss",
                   "gap_nats", "gap_lo", "gap_hi", "rel_gap", "rel_lo", "rel_hi", "overfit",
-                  "emulated"]].round(4))
+                  "truncated_at", "emulated"]].round(4))
 
 # %%
 by_metric = pd.concat([E.paired_gaps(df, "bf16", metric=m) for m in E.LOSS_METRICS])
@@ -248,8 +256,10 @@ if len(abl):
     final = E.paired_gaps(df, "nvfp4", metric="final_eval_loss").set_index(KEY)["gap_nats"]
     for r in abl.itertuples():
         k = (r.hardware, r.profile, r.model, r.recipe)
+        fin = (f"truncated at step {r.truncated_at:.0f}: no final loss"
+               if np.isfinite(r.truncated_at) else f"final {final.get(k, float('nan')):+.4f}")
         print(f"{r.hardware}/{r.profile} {r.model} {r.recipe} ({r.ablation}): best held-out "
-              f"loss {r.gap_nats:+.4f} nats vs nvfp4, final {final.get(k, float('nan')):+.4f}"
+              f"loss {r.gap_nats:+.4f} nats vs nvfp4, {fin}"
               + (" (one seed: no interval)" if r.n_seeds < 2 else f" ({r.n_seeds} seeds)"))
     display(abl[[*KEY, "ablation", "n_seeds", "gap_nats", "gap_lo", "gap_hi"]].round(4))
 

@@ -379,3 +379,75 @@ def test_force_rerecord_cut_short_resumes(tmp_path, monkeypatch):
     E.record("smoke", root=root, force=True, progress=False)  # ... is not what --force resumes
     assert calls[-1].finished and not calls[-1].resumed_from
     assert len(recorded()) == 1
+
+
+def test_truncated_run_is_the_whole_runs_prefix():
+    """stop_at ends a run early under the WHOLE run's schedule: its evaluations are the whole
+    run's up to that step (bit for bit on the CPU), with one at the stop, and it counts as
+    finished and truncated."""
+    tc = T.TrainConfig(steps=8, batch_size=4, eval_every=4, eval_extra=(2,), eval_batches=1,
+                       warmup_steps=2)
+    whole = T.train(TINY, tc, "bf16", progress=False)
+    cut = T.train(TINY, tc, "bf16", stop_at=5, progress=False)
+    assert [h["step"] for h in whole.eval_history] == [2, 4, 8]
+    assert cut.finished and cut.truncated_at == 5 and cut.steps_done == 5
+    assert [h["step"] for h in cut.eval_history] == [2, 4, 5]
+    assert cut.eval_history[:2] == whole.eval_history[:2]
+    # step 5's last update (index 4) used the schedule of the 8-step run: 2 warmup steps,
+    # then cosine from 3e-3 to 3e-4 over 6 steps, 2 in: 3e-4 + 2.7e-3 * (1 + cos(pi/3)) / 2;
+    # a 5-step run's schedule (cosine over 3) would give 3e-4 + 2.7e-3 * (1 + cos(2pi/3)) / 2
+    assert cut.eval_history[2]["lr"] == pytest.approx(3e-4 + 2.7e-3 * 0.75, rel=1e-5)
+    assert whole.truncated_at is None and T.train(
+        TINY, tc, "bf16", stop_at=8, progress=False).truncated_at is None
+    with pytest.raises(ValueError, match="stop_at"):
+        T.train(TINY, tc, "bf16", stop_at=9, progress=False)
+
+
+def test_truncated_runs_are_compared_over_their_evaluations(tmp_path):
+    """A truncated variant (params.yaml stop_at) is compared to whole baseline runs over the
+    evaluation steps both have; it has no final losses, so final-loss gaps leave it out."""
+    from repro import hardware, results
+
+    hw = hardware.lookup("cpu")
+
+    def write(recipe, seed, points, cut=None):
+        extra = {} if cut is None else {"truncated_at": cut}
+        recs = [results.make_record(E.EXPERIMENT, "eval_loss", v, "nats/byte", recipe=recipe,
+                                    profile="full", sizes={"model": "20m", "seed": seed,
+                                                           "step": st},
+                                    extra={**extra, "train_loss": v}, hardware=hw)
+                for st, v in points]
+        recs.append(results.make_record(E.EXPERIMENT, "final_eval_loss", points[-1][1],
+                                        "nats/byte", recipe=recipe, profile="full",
+                                        sizes={"model": "20m", "seed": seed}, extra=extra,
+                                        hardware=hw))
+        results.write_records(recs, E.EXPERIMENT, f"20m_{recipe}_s{seed}", root=tmp_path)
+
+    for seed, d in enumerate((0.01, 0.03)):
+        # every run is best at step 100; bf16 then overfits (final 1.6), jax-nvfp4 stops at 200
+        write("bf16", seed, [(100, 1.0), (200, 1.1), (300, 1.6)])
+        write("jax-nvfp4", seed, [(100, 1.0 + d), (200, 1.2)], cut=200)
+        write("nvfp4", seed, [(100, 1.0 + d), (200, 1.1), (300, 1.5)])
+    df = results.load_records(E.EXPERIMENT, roots=[tmp_path])
+    r = E.run_losses(df).set_index(["recipe", "seed"])
+    assert r.loc[("jax-nvfp4", 0), "truncated_at"] == 200
+    assert np.isnan(r.loc[("jax-nvfp4", 0), "final_eval_loss"])
+    assert np.isnan(r.loc[("jax-nvfp4", 0), "overfit"])
+    assert r.loc[("jax-nvfp4", 1), "best_eval_loss"] == pytest.approx(1.03)
+    assert np.isnan(r.loc[("nvfp4", 0), "truncated_at"])
+    g = E.paired_gaps(df, "bf16").set_index("recipe")
+    assert g.loc["jax-nvfp4", "gap_nats"] == pytest.approx(0.02)  # (0.01 + 0.03) / 2
+    assert g.loc["jax-nvfp4", "truncated_at"] == 200
+    assert np.isnan(g.loc["nvfp4", "truncated_at"])
+    assert g.loc["jax-nvfp4", "overfit"] == pytest.approx(0.6)    # bf16's 1.6 / 1.0 - 1
+    f = E.paired_gaps(df, "bf16", metric="final_eval_loss")
+    assert list(f.recipe) == ["nvfp4"]
+
+
+def test_stop_at_in_params_names_known_variants():
+    params = {"variants": ["bf16"], "runs": [{"size": "tiny", "steps": 10, "batch_size": 4,
+                                              "lr": 1e-3, "stop_at": {"bf16": 4}}]}
+    assert E.plan("smoke", params=params)[0].stop_at == {"bf16": 4}
+    params["runs"][0]["stop_at"] = {"bf-16": 4}
+    with pytest.raises(ValueError, match="unknown variant.*bf-16"):
+        E.plan("smoke", params=params)

@@ -10,7 +10,10 @@ variant is a recipe plus, for the ablations, one change (:data:`VARIANTS`). Unfi
 checkpoint under ``build/lm_checkpoints/`` (``REPRO_LM_CKPT_DIR``) and the next call resumes
 them, so one long run can span several time-limited jobs. A cell per (size, variant) holds the
 stored bytes of weights and activations (claim B3), computed from the quantized tensors' own
-dtypes and scale shapes (``jax.eval_shape`` of ``repro.formats``' quantizers).
+dtypes and scale shapes (``jax.eval_shape`` of ``repro.formats``' quantizers). A run spec's
+``stop_at: {variant: step}`` truncates that variant's runs on purpose (the whole run's
+schedule, ended early; ``truncated_at`` in the records): for a reference recipe too slow to
+train in full, compared over the evaluations up to there.
 
 Quality numbers of emulated recipes are valid (the numerics are bit-faithful to the formats);
 their speed is not (``emulated=True`` in the records).
@@ -200,6 +203,9 @@ class Run:
     train: T.TrainConfig
     variants: list[Variant]
     seeds: list[int] = field(default_factory=list)
+    # variant -> step at which its runs end on purpose (train's ``stop_at``): a truncated run
+    # under the whole run's schedule, for a reference too slow to train in full
+    stop_at: dict[str, int] = field(default_factory=dict)
 
 
 def early_eval_steps(start: int, stop: int, n: int) -> tuple[int, ...]:
@@ -246,7 +252,12 @@ def plan(profile: str, variants: Iterable[str] | None = None,
                  if variants is None or n in set(variants)]
         vs = select_variants(names, recipes)
         sd = [s for s in spec.get("seeds", [0]) if seeds is None or s in set(seeds)]
-        runs.append(Run(spec["size"], tc, vs, sd))
+        stop_at = {str(k): int(v) for k, v in (spec.get("stop_at") or {}).items()}
+        unknown = sorted(set(stop_at) - set(VARIANTS))
+        if unknown:
+            raise ValueError(f"lm run {spec['size']}: stop_at names unknown variant(s) "
+                             f"{', '.join(unknown)}; valid: {', '.join(VARIANTS)}")
+        runs.append(Run(spec["size"], tc, vs, sd, stop_at))
     return runs
 
 
@@ -267,13 +278,15 @@ def _train_records(run: Run, v: Variant, seed: int, res: T.TrainResult, profile:
     tc = run.train
     sizes = {"model": run.size, "params": res.n_params, "seed": seed, "steps": tc.steps,
              "batch_size": tc.batch_size, "seq_len": cfg.seq_len,
-             "tokens": tc.steps * res.tokens_per_step}
+             "tokens": res.steps_done * res.tokens_per_step}
     common = dict(claims=CLAIMS, recipe=v.name, emulated=v.emulated, profile=profile)
     extra = {"base_recipe": v.recipe, "ablation": v.ablation, "lr": tc.lr,
              "warmup_steps": tc.warmup_steps, "n_bf16_last_blocks": cfg.n_bf16_last_blocks,
              "nvfp4_scope": cfg.nvfp4_scope, "layer_recipes": M.recipe_map(v.make_recipe(), cfg),
              "resumed_from": res.resumed_from, "tokens_per_param": round(
-                 tc.steps * res.tokens_per_step / res.n_params, 2)}
+                 res.steps_done * res.tokens_per_step / res.n_params, 2)}
+    if res.truncated_at is not None:  # a run ended on purpose before its schedule's end
+        extra["truncated_at"] = res.truncated_at
     recs = []
     for h in res.eval_history:
         recs.append(results.make_record(
@@ -379,14 +392,19 @@ def record(profile: str, root: Path | None = None, force: bool = False,
                 forced.parent.mkdir(parents=True, exist_ok=True)
                 forced.touch()
             res = T.train(cfg, tc, v.make_recipe(), ckpt_dir=ckpt, time_budget_s=left,
-                          progress=progress, desc=cell)
+                          stop_at=run.stop_at.get(v.name), progress=progress, desc=cell)
             if not res.finished:
-                print(f"lm: {cell} stopped at step {res.steps_done}/{tc.steps} "
+                print(f"lm: {cell} stopped at step {res.steps_done}/"
+                      f"{run.stop_at.get(v.name, tc.steps)} "
                       f"(checkpoint in {ckpt}); run again to resume")
                 return written
             if res.final_eval_loss is None or not math.isfinite(res.final_eval_loss):
                 warnings.warn(f"lm: {cell} ended with eval loss {res.final_eval_loss}",
                               stacklevel=2)
+            if res.truncated_at is not None:
+                print(f"lm: {cell} truncated at step {res.truncated_at} of {tc.steps} "
+                      "(params.yaml stop_at): its best held-out loss is compared over the "
+                      "evaluations up to there")
             recs = _train_records(run, v, seed, res, profile, cfg)
             written.append(results.write_records(recs, EXPERIMENT, cell, root=root))
             T.remove_checkpoints(ckpt)
@@ -424,11 +442,14 @@ def run_losses(df):
     while the held-out loss still falls) and ``best_step``, where it was reached.
     ``final_train_loss``: the training loss logged at the last evaluation. ``overfit``:
     final / best held-out loss - 1 (0 for a run whose held-out loss never rose).
+    ``truncated_at``: the step a run truncated on purpose ended at (params.yaml ``stop_at``;
+    NaN otherwise); such a run has no final losses or overfit (NaN), only its curve and the
+    best held-out loss over it.
     """
     import pandas as pd
 
     cols = RUN_KEYS + ["final_eval_loss", "best_eval_loss", "best_step", "final_train_loss",
-                       "overfit", "emulated", "curve"]
+                       "overfit", "truncated_at", "emulated", "curve"]
     need = {"hardware", "profile", "size_model", "recipe", "size_seed", "value", "emulated"}
     if df.empty or not need <= set(df.columns):
         return pd.DataFrame(columns=cols)
@@ -449,12 +470,18 @@ def run_losses(df):
             train = g["extra"].iloc[-1].get("train_loss")
         else:
             best, step, train = final, None, None
-        best = min(best, final)
+        extra = r["extra"] if isinstance(r["extra"], dict) else {}
+        cut = extra.get("truncated_at")
+        if cut is not None:  # ended on purpose: no final losses, only the curve so far
+            final = train = math.nan
+        else:
+            best = min(best, final)
         rows.append({**dict(zip(RUN_KEYS, key)), "final_eval_loss": final,
                      "best_eval_loss": best, "best_step": step,
                      "final_train_loss": None if train is None else float(train),
-                     "overfit": final / best - 1.0, "emulated": bool(r["emulated"]),
-                     "curve": curve})
+                     "overfit": final / best - 1.0,
+                     "truncated_at": math.nan if cut is None else int(cut),
+                     "emulated": bool(r["emulated"]), "curve": curve})
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -475,7 +502,9 @@ def paired_gaps(df, baseline: str = "bf16", confidence: float = 0.95,
     losses of a pair are taken over the evaluation steps both runs have. One row per
     (hardware, profile, model, variant): seeds, mean gap in nats with its t interval, and the
     relative gap (gap / baseline loss) with its t interval; ``overfit``: the largest
-    final/best held-out loss - 1 of the runs compared.
+    final/best held-out loss - 1 of the runs compared; ``truncated_at``: where the variant's
+    runs ended on purpose (NaN for whole runs): their best held-out loss is compared over the
+    evaluations up to there, and they have no final losses to compare.
     """
     import pandas as pd
 
@@ -510,13 +539,15 @@ def paired_gaps(df, baseline: str = "bf16", confidence: float = 0.95,
                          "baseline_loss": float(b.mean()), "loss": float(x.mean()),
                          "gap_nats": m, "gap_lo": lo, "gap_hi": hi,
                          "rel_gap": rm, "rel_lo": rlo, "rel_hi": rhi,
-                         "overfit": float(max(base.loc[seeds, "overfit"].max(),
-                                              s.loc[seeds, "overfit"].max())),
+                         "overfit": float(pd.concat([base.loc[seeds, "overfit"],
+                                                     s.loc[seeds, "overfit"]]).astype(float)
+                                          .max()),  # NaN-skipping: truncated runs have none
+                         "truncated_at": float(s.loc[seeds, "truncated_at"].max()),
                          "emulated": bool(gr["emulated"].any())})
     return pd.DataFrame(rows, columns=[
         "hardware", "profile", "model", "recipe", "baseline", "metric", "n_seeds",
         "baseline_loss", "loss", "gap_nats", "gap_lo", "gap_hi", "rel_gap", "rel_lo", "rel_hi",
-        "overfit", "emulated"])
+        "overfit", "truncated_at", "emulated"])
 
 
 SIZE_ORDER = {"tiny": 0, "20m": 1, "120m": 2}

@@ -18,6 +18,11 @@ orbax checkpoints that resume to the same result.
   therefore computes exactly what the uninterrupted run computes (tested on CPU).
 * ``time_budget_s`` stops a run cleanly (checkpoint written, ``finished=False``) so that one
   long run can span several time-limited jobs.
+* ``stop_at`` truncates a run on purpose: it follows the schedule of ``steps`` (the same
+  learning rate at every step as the whole run) but ends after ``stop_at`` steps, with an
+  evaluation there, and counts as finished (``truncated_at`` says so). Its curve is the
+  whole run's curve up to that step; for a slow reference recipe whose compared quantity
+  (the best held-out loss) comes early.
 """
 
 from __future__ import annotations
@@ -88,6 +93,7 @@ class TrainResult:
     peak_bytes_in_use: int | None = None
     resumed_from: int | None = None
     variables: Any = None
+    truncated_at: int | None = None  # ``stop_at`` of a run truncated on purpose
 
     @property
     def tokens_per_s(self) -> float:
@@ -233,7 +239,8 @@ def _peak_bytes() -> int | None:
 
 def train(cfg: M.LMConfig | str, tc: TrainConfig, recipe="bf16", *, corpus=None,
           ckpt_dir: str | Path | None = None, time_budget_s: float | None = None,
-          stop_after: int | None = None, progress: bool = True, keep_variables: bool = False,
+          stop_after: int | None = None, stop_at: int | None = None, progress: bool = True,
+          keep_variables: bool = False,
           bytes_limit: int | None = None, desc: str | None = None, mesh=None,
           fsdp: bool = False) -> TrainResult:
     """Train (or resume) one run; see the module docstring.
@@ -241,6 +248,7 @@ def train(cfg: M.LMConfig | str, tc: TrainConfig, recipe="bf16", *, corpus=None,
     ``ckpt_dir``: resume from the latest checkpoint there, and checkpoint into it. A
     checkpoint written by a different model/recipe/TrainConfig is refused (one-line error).
     ``stop_after``: stop (with a checkpoint) after this global step, as a kill would; for tests.
+    ``stop_at``: end the run after this step (a truncated run, see the module docstring).
     All input checks (``data.preflight``) run before anything is compiled.
     ``mesh`` (a ``jax.sharding.Mesh``, see ``repro.distributed.make_mesh``): data-parallel
     training, the batch split over the mesh; ``fsdp=True`` also splits parameters and
@@ -255,6 +263,9 @@ def train(cfg: M.LMConfig | str, tc: TrainConfig, recipe="bf16", *, corpus=None,
         M.base_recipe(recipe)
     if tc.steps < 1:
         raise ValueError(f"steps must be >= 1, got {tc.steps}")
+    if stop_at is not None and not 1 <= stop_at <= tc.steps:
+        raise ValueError(f"stop_at must be in [1, steps={tc.steps}], got {stop_at}")
+    end = tc.steps if stop_at is None else int(stop_at)
     splits = D.preflight(cfg, tc.batch_size, corpus, bytes_limit=bytes_limit, recipe=recipe_obj)
     if tc.eval_batches * tc.batch_size * (cfg.seq_len + 1) > 50 * splits.heldout.size:
         warnings.warn("evaluation windows overlap heavily: the held-out split is small",
@@ -290,9 +301,12 @@ def train(cfg: M.LMConfig | str, tc: TrainConfig, recipe="bf16", *, corpus=None,
                 raise ValueError(f"checkpoint in {ckpt_dir} was written by a different run "
                                  "configuration; remove it or use another directory")
             history, resumed = list(meta["history"]), start
+            if start > end:
+                raise ValueError(f"checkpoint in {ckpt_dir} is at step {start}, past "
+                                 f"stop_at={end}; remove it or drop stop_at")
             pending_restored = [float(v) for v in meta.get("pending", [])]
 
-    eval_at = set(tc.eval_steps())
+    eval_at = set(tc.eval_steps()) | {end}
     tokens_per_step = tc.batch_size * cfg.seq_len
     sched = make_schedule(tc)
 
@@ -314,13 +328,13 @@ def train(cfg: M.LMConfig | str, tc: TrainConfig, recipe="bf16", *, corpus=None,
 
     from tqdm import tqdm
 
-    bar = tqdm(total=tc.steps, initial=start, disable=not progress, leave=False,
+    bar = tqdm(total=end, initial=start, disable=not progress, leave=False,
                desc=desc or f"{cfg.name} {getattr(recipe_obj, 'name', recipe_obj)} s{tc.seed}")
     t0 = time.monotonic()
     pending: list = list(pending_restored)  # train losses since the last eval point
     step = start
     stopped = False
-    while step < tc.steps:
+    while step < end:
         x, y = D.train_batch(splits.train, step, tc.batch_size, cfg.seq_len, tc.seed)
         variables, opt_state, loss = compiled(variables, opt_state, put(x), put(y), seed,
                                               jnp.int32(step))
@@ -338,7 +352,7 @@ def train(cfg: M.LMConfig | str, tc: TrainConfig, recipe="bf16", *, corpus=None,
                             "train_loss": train_loss,
                             "lr": float(sched(step - 1))})  # of the last update applied
             bar.set_postfix(eval=f"{ev:.3f}")
-        more = step < tc.steps
+        more = step < end
         budget_hit = (more and time_budget_s is not None
                       and time.monotonic() - t_call > time_budget_s)
         killed = more and stop_after is not None and step >= stop_after
@@ -353,7 +367,7 @@ def train(cfg: M.LMConfig | str, tc: TrainConfig, recipe="bf16", *, corpus=None,
     jax.block_until_ready(variables)
     wall = time.monotonic() - t0
     bar.close()
-    finished = step >= tc.steps and not stopped
+    finished = step >= end and not stopped
     if finished and mgr is not None and resumed != step:
         _save(mgr, step, variables, opt_state, {"fingerprint": fingerprint,
                                                 "history": history, "step": step,
@@ -363,7 +377,8 @@ def train(cfg: M.LMConfig | str, tc: TrainConfig, recipe="bf16", *, corpus=None,
         steps_done=step, finished=finished, eval_history=history, final_eval_loss=final,
         n_params=n_params, tokens_per_step=tokens_per_step, wall_s=wall,
         steps_this_process=step - start, compiled_memory=mem, peak_bytes_in_use=_peak_bytes(),
-        resumed_from=resumed, variables=variables if keep_variables else None)
+        resumed_from=resumed, variables=variables if keep_variables else None,
+        truncated_at=end if end < tc.steps else None)
 
 
 def remove_checkpoints(ckpt_dir: str | Path) -> None:
