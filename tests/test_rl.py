@@ -336,6 +336,37 @@ def test_throughput_speedups_are_hand_ratios_and_say_which_pairs_share_a_commit(
     assert bool(sp.loc[1024, "same_commit"]) and not bool(sp.loc[2048, "same_commit"])
 
 
+def test_cross_call_note_names_the_earlier_cells(tmp_path):
+    """Timing an FP8 cell whose BF16/FP16 cells exist from an earlier call warns (session 12
+    recorded such a pair by mistake); selecting them with --force, or a configuration with no
+    other recorded cell, does not."""
+    from repro import hardware, results
+    from repro.rl import experiments as X
+
+    p = {"networks": {"cnn": "Breakout-MinAtar", "mlp": "CartPole-v1"}, "widths": [64],
+         "num_envs": [2048]}
+    every = X.throughput_cells(p, ["bf16", "fp16", "fp8-delayed"])
+    hw = hardware.lookup("cpu")
+    for name in ("cnn_w0_bf16_e2048", "cnn_w0_fp16_e2048", "mlp_w64_bf16_e2048"):
+        results.write_records([results.make_record(X.THROUGHPUT, "env_steps_per_s", 1.0,
+                                                   "steps/s", hardware=hw)],
+                              X.THROUGHPUT, name, root=tmp_path)
+    fp8_cnn = X._select(every, ["cnn_*_fp8-delayed_*"])
+    note = X.cross_call_note(fp8_cnn, every, False, tmp_path)
+    assert note and "cnn_w0_fp8-delayed_e2048" in note
+    assert "cnn_w0_bf16_e2048, cnn_w0_fp16_e2048" in note and "mlp_w64" not in note
+    assert X.cross_call_note(X._select(every, ["cnn_*"]), every, True, tmp_path) is None
+    # without --force the existing cells are skipped, so only fp8 runs: still cross-call
+    assert X.cross_call_note(X._select(every, ["cnn_*"]), every, False, tmp_path)
+    # the mlp config has bf16 only; timing fp16 and fp8 there is cross-call with it ...
+    assert "mlp_w64_bf16_e2048" in X.cross_call_note(X._select(every, ["mlp_*"]), every,
+                                                     False, tmp_path)
+    # ... and a configuration nothing was recorded for is not
+    assert X.cross_call_note([c for c in every if c[0] == "mlp_w64_fp8-delayed_e2048"],
+                             [c for c in every if c[0].startswith("mlp_w64_fp8")], False,
+                             tmp_path) is None
+
+
 def test_repeat_identical_compares_returns_and_curves_bitwise(tmp_path):
     from repro import hardware, results
     from repro.rl import experiments as X

@@ -312,6 +312,24 @@ def _cell_failed(study: str, cell: str, err: Exception, failures: list[str]) -> 
     tqdm.write(f"{study}: cell {cell} failed, going on with the next: {failures[-1]}")
 
 
+def cross_call_note(selected: list[tuple], every: list[tuple], force: bool,
+                    root: str | Path) -> str | None:
+    """A warning when this call would time cells whose configuration (network, width, envs)
+    already has cells of other recipes recorded by an earlier call: a speed ratio needs both
+    cells from one call, and notebook 03 leaves cross-call ratios out of A2/A9. None if not."""
+    run = [c for c in selected if force or not results.have_cell(THROUGHPUT, c[0], root=root)]
+    new = {c[0] for c in run}
+    configs = {(c[1], c[2], c[4]) for c in run}
+    kept = sorted(c[0] for c in every if (c[1], c[2], c[4]) in configs and c[0] not in new
+                  and results.have_cell(THROUGHPUT, c[0], root=root))
+    if not kept:
+        return None
+    return (f"{THROUGHPUT}: note: {', '.join(sorted(new))} will be compared with "
+            f"{', '.join(kept)}, recorded by an earlier call: those ratios are cross-call "
+            "(notebook 03 leaves them out of A2/A9); to time them together, select both and "
+            "add --force")
+
+
 def record_throughput(profile: str, root: str | Path | None = None, force: bool = False,
                       recipes: Sequence[str] | None = None,
                       only: Sequence[str] | None = None) -> list[Path]:
@@ -336,6 +354,8 @@ def record_throughput(profile: str, root: str | Path | None = None, force: bool 
         written.append(results.write_records(stores_records(profile), THROUGHPUT, "stores",
                                              root=root))
     cells, failures = _select(throughput_cells(p, use), only), []
+    if note := cross_call_note(cells, throughput_cells(p, all_recipes), force, root):
+        tqdm.write(note)
     for cell, network, width, recipe, n in (bar := tqdm(cells, desc=f"{THROUGHPUT} [{profile}]",
                                                         unit="cell")):
         if not force and results.have_cell(THROUGHPUT, cell, root=root):
