@@ -40,9 +40,9 @@
 # (`nvfp4` config) as a second reference. On the H200 XLA lowers that config to plain HLO at
 # ~8 steps/s (a whole 20m run ~24 min), so its 20m runs are **truncated on purpose** at step
 # 2384 of 11925 (`stop_at` in `params.yaml`): they follow the whole run's learning-rate
-# schedule and end after the second regular evaluation. Every recorded 20m and 120m run had
-# its best held-out loss at the first regular evaluation (10% of its steps), so the best
-# held-out loss up to there, compared over the evaluations both runs of a pair have
+# schedule and end after the second regular evaluation. Every recorded 20m run had its best
+# held-out loss at the first regular evaluation (step 1192), so the best held-out loss up to
+# the cut, compared over the evaluations both runs of a pair have
 # (`truncated_at` in the tables), is the quantity B4 uses; final losses of truncated runs do
 # not exist. Every run of a size sees the same batches for a given
 # seed and starts from the same weights, so **gaps are paired by seed** and their 95 %
@@ -179,6 +179,26 @@ if len(curves):
 runs = E.run_losses(df)
 if len(runs):
     display(runs.drop(columns="curve").round(4))
+
+# %% [markdown]
+# **Is truncating a run fair?** A truncated run (section 1) is compared over the evaluations
+# up to its cut. That is the whole-run comparison only if the whole runs it is compared with
+# were best before the cut: checked here per (machine, model), from the whole runs' `best_step`.
+
+# %%
+if len(runs) and runs["truncated_at"].notna().any():
+    for (hw, prof, size), g in runs.groupby(["hardware", "profile", "model"]):
+        cut = g["truncated_at"].min()
+        if not np.isfinite(cut):
+            continue
+        whole = g[g["truncated_at"].isna()]
+        late = whole[whole["best_step"] > cut]
+        print(f"{hw}/{prof} {size}: truncated at step {cut:.0f}; {len(whole) - len(late)} of "
+              f"{len(whole)} whole runs were best by then"
+              + (f"; NOT: {', '.join(late.recipe + ' s' + late.seed.astype(str))}"
+                 if len(late) else ""))
+else:
+    print("no truncated runs recorded")
 
 # %% [markdown]
 # ## 4. Loss gap to BF16 (claim B4)
