@@ -220,8 +220,10 @@ if not len(wide):
 #
 # The same ratios for the MinAtar CNN and the Nature-DQN stack on 80x80 inputs. FP8
 # convolutions run FP8 forward but their backward pass is emulated through BF16 transposed
-# convolutions (`repro.ops.fp8_conv`); MEASURED.md found an FP8 forward convolution 2x slower than
-# BF16 on the H200, so no speedup is expected here. (A9's quality side is notebook 04.)
+# convolutions (`repro.ops.fp8_conv`), so an FP8 CNN cell counts as **emulated** (its speed is not
+# FP8's; drawn hollow, left out of A9) and only its BF16/FP16 cells are speed measurements.
+# MEASURED.md found an FP8 forward convolution 2x slower than BF16 on the H200, so no speedup is
+# expected here. (A9's quality side is notebook 04.)
 
 # %%
 cnn = sp[sp.network != "mlp"] if len(sp) else sp

@@ -40,9 +40,10 @@
 # (`nvfp4` config) as a second reference. On the H200 XLA lowers that config to plain HLO at
 # ~8 steps/s (a whole 20m run ~24 min), so its 20m runs are **truncated on purpose** at step
 # 2384 of 11925 (`stop_at` in `params.yaml`): they follow the whole run's learning-rate
-# schedule and end after the second regular evaluation. Every recorded 20m run had its best
-# held-out loss at the first regular evaluation (step 1192), so the best held-out loss up to
-# the cut, compared over the evaluations both runs of a pair have
+# schedule and end after the second regular evaluation. When this was set, every recorded
+# 20m run had its best held-out loss at the first regular evaluation (step 1192; section 3
+# checks it again from the records), so the best held-out loss up to the cut, compared over
+# the evaluations both runs of a pair have
 # (`truncated_at` in the tables), is the quantity B4 uses; final losses of truncated runs do
 # not exist. Every run of a size sees the same batches for a given
 # seed and starts from the same weights, so **gaps are paired by seed** and their 95 %

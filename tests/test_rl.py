@@ -336,6 +336,31 @@ def test_throughput_speedups_are_hand_ratios_and_say_which_pairs_share_a_commit(
     assert bool(sp.loc[1024, "same_commit"]) and not bool(sp.loc[2048, "same_commit"])
 
 
+def test_fp8_cnn_throughput_cells_count_as_emulated():
+    """An FP8 CNN cell's backward convolutions are BF16 emulation (repro.ops.fp8_conv), so its
+    speed is not FP8's: the table flags it emulated even where the record (written before that
+    rule) said so only in extra.conv_backward; a BF16 CNN cell and an FP8 MLP cell stay real."""
+    import pandas as pd
+
+    from repro import hardware, results
+    from repro.rl import experiments as X
+
+    hw = hardware.lookup("h200")
+
+    def rec(network, recipe, conv_backward):
+        return results.make_record(
+            "rl_throughput", "env_steps_per_s", 1.0, "steps/s", recipe=recipe, hardware=hw,
+            sizes={"network": network, "width": 0 if network == "cnn" else 64, "num_envs": 8},
+            emulated=False, extra={"conv_backward": conv_backward})
+
+    t = X.throughput_table(pd.DataFrame([rec("cnn", "fp8-delayed", "bf16 emulation of FP8"),
+                                         rec("cnn", "bf16", None),
+                                         rec("mlp", "fp8-delayed", None)]))
+    em = t.set_index(["network", "recipe"])["emulated"]
+    assert bool(em[("cnn", "fp8-delayed")])
+    assert not em[("cnn", "bf16")] and not em[("mlp", "fp8-delayed")]
+
+
 def test_cross_call_note_names_the_earlier_cells(tmp_path):
     """Timing an FP8 cell whose BF16/FP16 cells exist from an earlier call warns (session 12
     recorded such a pair by mistake); selecting them with --force, or a configuration with no

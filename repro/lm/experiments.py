@@ -470,8 +470,7 @@ def run_losses(df):
             train = g["extra"].iloc[-1].get("train_loss")
         else:
             best, step, train = final, None, None
-        extra = r["extra"] if isinstance(r["extra"], dict) else {}
-        cut = extra.get("truncated_at")
+        cut = r["extra"].get("truncated_at")
         if cut is not None:  # ended on purpose: no final losses, only the curve so far
             final = train = math.nan
         else:
