@@ -82,7 +82,7 @@ mlp = table[table.network == "mlp"]
 panels = sorted({(h, n) for h, n in zip(mlp.hardware, mlp.num_envs)})
 fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5 * max(len(panels), 1), 4),
                          squeeze=False)
-colors = dict(zip(X.THROUGHPUT_RECIPES, plt.cm.tab10.colors))
+colors = dict(zip([*X.THROUGHPUT_RECIPES, "fp8-delayed+all-layers"], plt.cm.tab10.colors))
 for ax, (h, n) in zip(axes[0], panels):
     g = mlp[(mlp.hardware == h) & (mlp.num_envs == n)]
     for r, gr in g.groupby("recipe"):
@@ -204,11 +204,18 @@ claims.write_verdict("A2", a2, a2_key, a2_hw, "results/*/rl_throughput (env_step
 # ## Performance target: the FP8 update of the 4096-wide MLP >= 1.5x BF16's
 #
 # Update throughput ratio (BF16 update time / FP8 update time, same hardware and batch),
-# non-emulated records of one GPU call only.
+# non-emulated records of one GPU call only. Besides the two FP8 recipes (first layer and heads
+# dense BF16, as everywhere above), the lever `fp8-delayed+all-layers` puts those layers in FP8
+# too (`X.throughput_recipe`; the first layer of a 4096-wide tower is ~9% of its GEMM work on
+# MinAtar's 400 inputs): its learning is notebook 04's `fp8-all-layers` variant, so it counts
+# for the target only as far as that variant keeps quality. It stays out of A2's verdict.
 
 # %%
-wide = (sp[(~sp.emulated) & (sp.baseline == "bf16") & (sp.network == "mlp")
-           & (sp.width == 4096) & sp.same_commit] if len(sp) else sp)
+lever = (X.speedups(table, "fp8-delayed+all-layers")
+         if len(table) and "fp8-delayed+all-layers" in set(table.recipe) else pd.DataFrame())
+both = pd.concat([sp, lever], ignore_index=True) if len(lever) else sp
+wide = (both[(~both.emulated) & (both.baseline == "bf16") & (both.network == "mlp")
+             & (both.width == 4096) & both.same_commit] if len(both) else both)
 for r in wide.itertuples():
     print(f"{r.hardware}, {r.recipe}, {r.num_envs} envs: FP8 update {r.update:.3f}x BF16's "
           f"-> {'meets' if r.update >= 1.5 else 'misses'} the 1.5x target")
@@ -431,7 +438,8 @@ if len(pj):
             if np.isfinite(r.return_gap):
                 ret += f" (gap {r.return_gap:+.1f}, 95% CI {r.gap_lo:+.1f} .. {r.gap_hi:+.1f})"
         # three decimals: 1.197x must not read as "1.20x ... misses"
-        print(f"{r.hardware}, {r.seeds} seed(s), {r.ours}: {r.speedup:.3f}x "
+        run = f" (run {r.run} of {r.runs})" if r.runs > 1 else ""
+        print(f"{r.hardware}, {r.seeds} seed(s), {r.ours}{run}: {r.speedup:.3f}x "
               f"(range {r['min']:.3f}-{r['max']:.3f}) -> {met} the 1.2x target{best}{same}{ret}")
 else:
     print("not recorded yet: python -m repro.rl.purejaxrl --purejaxrl DIR --profile full")
@@ -445,7 +453,9 @@ pj
 # unrolled returns differ bitwise from the defaults' (as on the H200), the final-return check
 # is the only evidence that the unrolled program learns the same. A set that passes both is
 # still a pick among several (the `best` column), so it becomes the default only after a later
-# run (a fresh `--force` record of that cell) confirms the speed. Until then every study here
+# run confirms the speed: `python -m repro.rl.purejaxrl --purejaxrl DIR --only OPTIONS --again`
+# times that set (with PureJaxRL beside it) once more into a new cell (`..._run2`), keeping the
+# first, and every run must meet the target. Until then every study here
 # runs the defaults, and the option sets stay what `repro.rl.ppo.PPOConfig` calls them: speed
 # options a user may turn on. PureJaxRL's lower final return on CartPole-v1 is consistent with
 # its treating the 500-step time limit as a termination (no bootstrap through truncation,
@@ -457,13 +467,18 @@ RETURN_TOLERANCE = 5.0  # 1% of CartPole-v1's maximum return
 if len(pj):
     for (hw, name), g in pj[pj.ours != "repro"].groupby(["hardware", "ours"]):
         counts = sorted(pj[pj.hardware == hw].seeds.unique())
-        fast = {int(s): bool((g[g.seeds == s].speedup >= 1.2).any()) for s in counts}
+        # every run of the set at every seed count must meet the target
+        fast = {int(s): bool(len(g[g.seeds == s])) and bool((g[g.seeds == s].speedup >= 1.2).all())
+                for s in counts}
+        runs = int(g.groupby("seeds").size().reindex(counts, fill_value=0).min())
         learned = g.dropna(subset=["gap_lo"])
         learns = bool(len(learned)) and bool((learned.gap_lo > -RETURN_TOLERANCE).all())
         why = [f"{s} seed(s): {'meets' if ok else 'misses'} 1.2x" for s, ok in fast.items()]
         why.append("learns at least as well as PureJaxRL" if learns else
                    "no multi-seed final-return check yet" if not len(learned) else
                    "learns worse than PureJaxRL")
-        verdict = "candidate default (pending a confirming run)" if all(fast.values()) and learns \
-            else "stays an option"
+        ok = all(fast.values()) and learns
+        verdict = ("stays an option" if not ok else
+                   "candidate default (pending a confirming run: --only ... --again)" if runs < 2
+                   else f"candidate default, confirmed ({runs} runs at each seed count)")
         print(f"{hw}, {name}: {verdict} -- " + "; ".join(why))

@@ -294,3 +294,48 @@ def test_speedups_report_final_returns_and_their_gap(tmp_path):
     assert (row.final_return, row["purejaxrl final_return"], row.final_n) == (500, 490, 4)
     assert row.return_gap == pytest.approx(10.0)
     assert (row.gap_lo, row.gap_hi) == pytest.approx((10 - 31.82, 10 + 31.82), abs=0.01)
+
+
+def test_only_and_again_keep_earlier_runs_as_separate_cells(checkout, tmp_path, clean_modules,
+                                                            monkeypatch):
+    rates = {"purejaxrl": [100.0] * 3, "repro": [110.0] * 3,
+             "repro[unroll=8,update_unroll=4]": [130.0, 125.0, 120.0]}
+    calls = []
+    monkeypatch.setattr(purejaxrl, "compare", _fake_compare(calls, rates))
+    sets = [{}, {"unroll": 8, "update_unroll": 4}]
+    params = {"profile": "smoke", "recipe": "tf32", "repeats": 3, "total_timesteps": 1024,
+              "seeds": [1], "ours": sets}
+    root = tmp_path / "r"
+
+    def run(**kw):
+        with mock.patch("repro.config.stage_params", return_value=params):
+            return purejaxrl.record(checkout / "purejaxrl", "smoke", root=root, **kw)
+
+    # keys in any order select the set; the defaults are not timed
+    assert [p.stem for p in run(only=["update_unroll=4, unroll=8"])] == [
+        "CartPole-v1_s1_unroll-8_update_unroll-4"]
+    assert calls == [(1, [sets[1]])]
+    assert run(only=["repro[unroll=8,update_unroll=4]"]) == []  # recorded: skipped
+    rates["repro[unroll=8,update_unroll=4]"] = [115.0] * 3  # the second run is slower
+    assert [p.stem for p in run(only=["unroll=8,update_unroll=4"], again=True)] == [
+        "CartPole-v1_s1_unroll-8_update_unroll-4_run2"]
+    # again on a set never recorded records its first run
+    assert [p.stem for p in run(only=["repro"], again=True)] == ["CartPole-v1_s1"]
+    table = purejaxrl.speedups(results.load_records(purejaxrl.EXPERIMENT, roots=[root]))
+    unrolled = table[table.ours == "repro[unroll=8,update_unroll=4]"]
+    assert list(unrolled.run) == [1, 2] and list(unrolled.runs) == [2, 2]
+    assert list(unrolled.speedup) == pytest.approx([1.25, 1.15])
+    assert table[table.ours == "repro"].runs.tolist() == [1]
+
+
+def test_only_names_an_unknown_option_set_in_one_line(tmp_path, capsys):
+    params = {"profile": "smoke", "recipe": "tf32", "repeats": 1, "total_timesteps": 1024,
+              "seeds": [1], "ours": [{}, {"unroll": 8}]}
+    with mock.patch("repro.config.stage_params", return_value=params):
+        # before the (missing) checkout is looked at
+        assert purejaxrl.main(["--purejaxrl", str(tmp_path), "--profile", "smoke",
+                               "--only", "unroll=16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert "repro[unroll=16]" in err or "unroll=16" in err
+    assert "valid: repro, repro[unroll=8]" in err

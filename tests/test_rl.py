@@ -450,3 +450,35 @@ def test_a_failing_cell_does_not_stop_the_study(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     assert X.main(["quality", "--profile", "smoke"]) == 1
     assert "CartPole-v1_fp8-delayed (RuntimeError: boom)" in capsys.readouterr().out
+
+
+def test_all_layers_throughput_token_puts_first_layer_and_heads_in_fp8(tmp_path):
+    """``fp8-delayed+all-layers`` is the fp8-delayed recipe with keep_io_precise off: its
+    lowered PPO update quantizes to E4M3 in more places (the first layer and both heads of
+    each tower, forward) than plain fp8-delayed's, and BF16's none; an unknown base recipe
+    fails before any work."""
+    import re
+
+    from repro import config
+    from repro.rl import experiments as X
+
+    assert X.throughput_recipe("fp8-delayed+all-layers") == ("fp8-delayed", False)
+    assert X.throughput_recipe("bf16") == ("bf16", True)
+    p = {**config.stage_params("rl_throughput", "smoke"), "num_minibatches": 1}
+
+    def e4m3_converts(token):
+        c = X.throughput_config("mlp", 64, token, 8, p)
+        env, env_params = ppo.make_env(c.env)
+        net = ppo.build_network(c, env, env_params)
+        tx = ppo.make_optimizer(c)
+        variables, opt_state = ppo.init_state(c, net, env, env_params, tx, jax.random.key(1))
+        traj, adv, tgt = X.synthetic_rollout(c, env, env_params, jax.random.key(2))
+        text = jax.jit(ppo.make_update_step(c, net, tx)).lower(
+            variables, opt_state, traj, adv, tgt, jax.random.key(3)).as_text()
+        return len(re.findall(r"-> tensor<[0-9x]*xf8E4M3FN>", text))
+
+    plain, every = e4m3_converts("fp8-delayed"), e4m3_converts("fp8-delayed+all-layers")
+    assert e4m3_converts("bf16") == 0 and plain > 0
+    assert every > plain
+    with pytest.raises(ValueError, match="unknown recipe"):
+        X.record_throughput("smoke", tmp_path, recipes=["fp7+all-layers"])

@@ -62,6 +62,18 @@ from repro.rl import ppo
 THROUGHPUT = "rl_throughput"
 QUALITY = "rl_quality"
 THROUGHPUT_RECIPES = ("fp32", "tf32", "bf16", "fp16", "fp8-current", "fp8-delayed")
+ALL_LAYERS = "+all-layers"
+
+
+def throughput_recipe(token: str) -> tuple[str, bool]:
+    """A throughput study's recipe token -> (recipe, keep_io_precise). ``<recipe>+all-layers``
+    (e.g. ``fp8-delayed+all-layers``) puts the first layer and the heads in FP8 too
+    (``keep_io_precise=False``: notebook 04's ``fp8-all-layers`` variant, whose learning is
+    measured there), a speed lever for the widest networks; any other token is a plain recipe
+    name, with the first/last layers dense."""
+    if token.endswith(ALL_LAYERS):
+        return token[:-len(ALL_LAYERS)], False
+    return token, True
 
 # A variant = a recipe + flags of repro.optim / repro.rl.networks. `claims` says which claims
 # it serves. The FP8 "end to end" variants store the weights in FP8 (E4M3 with a per-tensor
@@ -204,18 +216,26 @@ def synthetic_rollout(c: ppo.PPOConfig, env, env_params, key):
     return traj, jax.random.normal(kv2, shape), jax.random.normal(kv3, shape)
 
 
+def throughput_config(network: str, width: int, recipe: str, num_envs: int,
+                      p: Mapping[str, Any]) -> ppo.PPOConfig:
+    """The PPO configuration a throughput cell times (``recipe``: a :func:`throughput_recipe`
+    token)."""
+    base, keep_io = throughput_recipe(recipe)
+    return ppo.validate(dict(
+        env=p["networks"][network], network=network, width=width, depth=int(p.get("depth", 2)),
+        recipe=base, keep_io_precise=keep_io, num_envs=num_envs, num_steps=int(p["num_steps"]),
+        total_timesteps=num_envs * int(p["num_steps"]) * int(p["updates"]),
+        update_epochs=int(p.get("update_epochs", 4)),
+        num_minibatches=int(p.get("num_minibatches", 4)), anneal_lr=False))
+
+
 def throughput_cell(network: str, width: int, recipe: str, num_envs: int, p: Mapping[str, Any],
                     profile: str) -> list[dict[str, Any]]:
     """Time the whole PPO loop and the update alone for one configuration."""
     from repro import hardware
 
-    env_name = p["networks"][network]
-    c = ppo.validate(dict(
-        env=env_name, network=network, width=width, depth=int(p.get("depth", 2)),
-        recipe=recipe, num_envs=num_envs, num_steps=int(p["num_steps"]),
-        total_timesteps=num_envs * int(p["num_steps"]) * int(p["updates"]),
-        update_epochs=int(p.get("update_epochs", 4)),
-        num_minibatches=int(p.get("num_minibatches", 4)), anneal_lr=False))
+    c = throughput_config(network, width, recipe, num_envs, p)
+    base = c.recipe
     repeats = int(p["repeats"])
     info = hardware.detect()
 
@@ -242,7 +262,7 @@ def throughput_cell(network: str, width: int, recipe: str, num_envs: int, p: Map
     umed, uiqr, usamples = _time_fn(compiled_update, *args, repeats=repeats)
     facts = compiled_facts(compiled_update)
     fp8_calls, mem = facts["fp8_gemm_calls"], facts["memory_bytes"]
-    r = get_recipe(recipe)
+    r = get_recipe(base)
     # an FP8 CNN's backward convolutions are emulated through BF16 (repro.ops.fp8_conv): the
     # cell's speed is not FP8's even where its GEMMs and forward convolutions are native
     conv_emulated = network != "mlp" and r.gemm == "fp8"
@@ -347,7 +367,7 @@ def record_throughput(profile: str, root: str | Path | None = None, force: bool 
     all_recipes = list(p.get("recipes", THROUGHPUT_RECIPES))
     use = all_recipes if recipes is None else [r for r in all_recipes if r in recipes]
     for r in list(recipes or []) + all_recipes:
-        get_recipe(r)  # one-line error for an unknown name, before any work
+        get_recipe(throughput_recipe(r)[0])  # one-line error for an unknown name, first
     for network, env in p["networks"].items():
         ppo.validate(dict(env=env, network=network))
     root = Path(root) if root is not None else results.record_root(profile)

@@ -39,6 +39,8 @@ evaluates the critic on the final observation of truncated episodes (bootstrappi
 truncation, which ``ppo.py`` does not do), so it does slightly more work per step.
 
     python -m repro.rl.purejaxrl --purejaxrl ~/src/purejaxrl --profile full
+    # a confirming run of one option set, kept beside the first (cells ``..._run2``):
+    python -m repro.rl.purejaxrl --purejaxrl DIR --only unroll=32,update_unroll=4 --again
 """
 
 from __future__ import annotations
@@ -298,18 +300,57 @@ def _summary(finals: np.ndarray | None) -> dict[str, Any] | None:
             "last_fraction": FINAL_FRACTION}
 
 
+def select(variants: Sequence[Mapping[str, Any]], only: Sequence[str]) -> list[dict]:
+    """The option sets of ``variants`` named in ``only``: by label (``repro[unroll=8]``, or
+    ``repro`` for the defaults) or by its inside (``unroll=8``, keys in any order). A name that
+    matches none fails with one line listing the valid ones."""
+    labels = {label(o): dict(o) for o in variants}
+
+    def norm(spec: str) -> str:
+        spec = spec.strip()
+        if spec in ("", "repro", "{}") or spec.startswith("repro["):
+            return spec if spec.startswith("repro[") else "repro"
+        parts = sorted(x.strip() for x in spec.split(",") if x.strip())
+        return f"repro[{','.join(parts)}]"
+
+    chosen = [norm(x) for x in only]
+    bad = [x for x, n in zip(only, chosen) if n not in labels]
+    if bad:
+        raise ValueError(f"--only {', '.join(bad)}: not an option set of params.yaml's "
+                         f"{EXPERIMENT}.ours; valid: {', '.join(labels)}")
+    return [labels[n] for n in dict.fromkeys(chosen)]
+
+
+def _run_cells(cfg: dict[str, Any], seeds: int, options: Mapping[str, Any],
+               root: Path) -> list[str]:
+    """Names of the recorded runs of one cell: the first run's name, then ``<name>_run2``..."""
+    base = cell_name(cfg, seeds, options)
+    names = [base] if results.have_cell(EXPERIMENT, base, root=root) else []
+    k = 2
+    while results.have_cell(EXPERIMENT, f"{base}_run{k}", root=root):
+        names.append(f"{base}_run{k}")
+        k += 1
+    return names
+
+
 def record(purejaxrl_dir: str | Path, profile: str, root: str | Path | None = None,
-           force: bool = False) -> list[Path]:
+           force: bool = False, only: Sequence[str] | None = None,
+           again: bool = False) -> list[Path]:
     """One cell per (seed count, option set of ``ours``) of ``params.yaml``'s ``rl_purejaxrl``
     section, each holding that option set's record and PureJaxRL's, timed beside it in one
     process. Cells already recorded are skipped (redone with ``force``); each cell is written as
-    soon as it is timed, so a run cut short keeps the finished ones."""
+    soon as it is timed, so a run cut short keeps the finished ones. ``only`` restricts the
+    option sets (:func:`select`). ``again`` times recorded cells once more into new cells
+    (``<cell>_run2``, ``_run3``, ...), keeping the earlier runs: an independent run that
+    confirms (or not) a ratio picked as the best of several option sets."""
     from tqdm.auto import tqdm
 
     from repro.config import stage_params
 
     p = stage_params(EXPERIMENT, profile)
     variants = [dict(o or {}) for o in p.get("ours", [{}])]
+    if only:
+        variants = select(variants, only)
     cfg = {**CARTPOLE, "TOTAL_TIMESTEPS": p["total_timesteps"]}
     for o in variants:  # a bad option set fails here, before PureJaxRL is loaded
         ours_config(cfg, p["recipe"], o)
@@ -318,17 +359,27 @@ def record(purejaxrl_dir: str | Path, profile: str, root: str | Path | None = No
         print(f"{EXPERIMENT}: warning: on XLA:CPU (jax 0.10.2) PureJaxRL's program with 2 or "
               "more vmapped seeds has hung in its second or third run (idle in "
               "block_until_ready); time several seeds on a GPU", file=sys.stderr)
-    root = root or results.record_root(p["profile"])
-    todo = [(seeds, o) for seeds in p["seeds"] for o in variants
-            if force or not results.have_cell(EXPERIMENT, cell_name(cfg, seeds, o), root=root)]
+    root = Path(root or results.record_root(p["profile"]))
+
+    def target(seeds, o):  # (cell to write, run number), or None to skip
+        runs = _run_cells(cfg, seeds, o, root)
+        if again and runs:
+            return f"{cell_name(cfg, seeds, o)}_run{len(runs) + 1}", len(runs) + 1
+        if force or not runs:
+            return cell_name(cfg, seeds, o), 1
+        return None
+
+    todo = [(seeds, o, t) for seeds in p["seeds"] for o in variants
+            if (t := target(seeds, o)) is not None]
     written = []
     bar = tqdm(total=len(todo), desc=EXPERIMENT, unit="cell")
     for seeds in p["seeds"]:
-        mine = [o for s, o in todo if s == seeds]
+        mine = [o for s, o, _ in todo if s == seeds]
         if not mine:
             continue
         steps = env_steps(cfg, seeds)
         by_label = {label(o): o for o in mine}
+        where = {label(o): t for s, o, t in todo if s == seeds}
         for impl_ours, samples, facts in compare(module, cfg, seeds, p["repeats"], p["recipe"],
                                                  mine):
 
@@ -344,6 +395,7 @@ def record(purejaxrl_dir: str | Path, profile: str, root: str | Path | None = No
                 if not theirs:
                     extra["options"] = options
                     extra["returns_digest"] = facts[impl].get("returns_digest")
+                extra["run"] = where[impl_ours][1]
                 return results.make_record(
                     EXPERIMENT, "env_steps_per_s", float(med), "steps/s", claims=["A2"],
                     recipe=p["recipe"], sizes={"seeds": seeds, "env_steps": steps},
@@ -351,8 +403,7 @@ def record(purejaxrl_dir: str | Path, profile: str, root: str | Path | None = No
 
             o = by_label[impl_ours]
             written.append(results.write_records([rec("purejaxrl"), rec(impl_ours, o)],
-                                                 EXPERIMENT, cell_name(cfg, seeds, o),
-                                                 root=root))
+                                                 EXPERIMENT, where[impl_ours][0], root=root))
             bar.update()
     bar.close()
     return written
@@ -402,8 +453,11 @@ def speedups(df: pd.DataFrame) -> pd.DataFrame:
     ``final_return`` / ``purejaxrl final_return``: mean over seeds of each run's final return
     (:func:`final_returns`), ``final_sd`` / ``purejaxrl final_sd`` their SDs, ``final_n`` the
     seed count; ``return_gap``, ``gap_lo``, ``gap_hi``: ours minus PureJaxRL's mean final
-    return and its Welch 95% interval (NaN with fewer than 2 seeds or in older records)."""
-    cols = ["hardware", "seeds", "ours", "options", "repro steps/s", "purejaxrl steps/s",
+    return and its Welch 95% interval (NaN with fewer than 2 seeds or in older records).
+    ``run``: 1 for a cell's first run, k for its ``_run{k}`` (``record(again=True)``);
+    ``runs``: how many runs that (hardware, seeds, option set) has."""
+    cols = ["hardware", "seeds", "ours", "options", "run", "runs", "repro steps/s",
+            "purejaxrl steps/s",
             "speedup", "min", "max", "best", "emulated", "commit", "returns_digest",
             "same_returns", "final_return", "final_sd", "purejaxrl final_return",
             "purejaxrl final_sd", "final_n", "return_gap", "gap_lo", "gap_hi"]
@@ -419,6 +473,7 @@ def speedups(df: pd.DataFrame) -> pd.DataFrame:
             rows.append({"hardware": ours["hardware"], "seeds": int(ours["size_seeds"]),
                          "ours": ours["extra"]["impl"],
                          "options": ours["extra"].get("options", {}),
+                         "run": int(ours["extra"].get("run", 1)),
                          "repro steps/s": ours["value"], "purejaxrl steps/s": theirs[0]["value"],
                          "speedup": ours["value"] / theirs[0]["value"],
                          "min": per.min(), "max": per.max(), "emulated": bool(g.emulated.any()),
@@ -426,8 +481,9 @@ def speedups(df: pd.DataFrame) -> pd.DataFrame:
                          "returns_digest": ours["extra"].get("returns_digest"),
                          **_final_columns(ours["extra"].get("final_return"),
                                           theirs[0]["extra"].get("final_return"))})
-    out = pd.DataFrame(rows, columns=cols).sort_values(["hardware", "seeds", "ours"],
+    out = pd.DataFrame(rows, columns=cols).sort_values(["hardware", "seeds", "ours", "run"],
                                                        ignore_index=True)
+    out["runs"] = out.groupby(["hardware", "seeds", "ours"]).run.transform("size")
     out["best"] = out.speedup.eq(out.groupby(["hardware", "seeds"]).speedup.transform("max"))
     plain = {(r.hardware, r.seeds, r.commit): r.returns_digest
              for r in out.itertuples() if not r.options and r.returns_digest}
@@ -453,12 +509,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true",
                     help="redo cells already recorded (default: time only the option sets of "
                          "ours not recorded yet, with PureJaxRL)")
+    ap.add_argument("--only", action="append", metavar="OPTIONS",
+                    help="time only this option set of params.yaml's rl_purejaxrl.ours, e.g. "
+                         "'unroll=32,update_unroll=4' or 'repro' for the defaults (repeatable)")
+    ap.add_argument("--again", action="store_true",
+                    help="time recorded cells once more into new cells (<cell>_run2, ...), "
+                         "keeping the earlier runs: a confirming run")
     a = ap.parse_args(argv)
     from repro.config import resolve_profile
 
     try:
-        written = record(a.purejaxrl, resolve_profile(a.profile), force=a.force)
-    except FileNotFoundError as e:
+        written = record(a.purejaxrl, resolve_profile(a.profile), force=a.force, only=a.only,
+                         again=a.again)
+    except (FileNotFoundError, ValueError) as e:
         print(f"repro.rl.purejaxrl: error: {e}", file=sys.stderr)
         return 2
     for w in written:
