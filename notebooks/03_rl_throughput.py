@@ -223,6 +223,31 @@ if not len(wide):
     print("not yet measured on hardware with FP8 tensor cores")
 
 # %% [markdown]
+# Where the update's device time goes (`python -m repro.kernelprof ppo --width 4096 --recipes
+# bf16,fp8-delayed,fp8-delayed+all-layers` on a GPU: the same compiled update, traced kernel by
+# kernel): GEMM kernels against everything else (quantization, elementwise, optimizer), in ms
+# per update. FP8 can only shrink the GEMM part, so `other` bounds what any FP8 recipe gains.
+
+# %%
+kt = results.load_records("kernel_times")
+if len(kt):
+    kt = kt[kt["sizes"].map(lambda s: (s or {}).get("workload") == "ppo")]
+if len(kt):
+    kt = kt.assign(width=kt["sizes"].map(lambda s: s.get("width")),
+                   num_envs=kt["sizes"].map(lambda s: s.get("num_envs")))
+    upd = kt.pivot_table(index=["hardware", "width", "num_envs", "recipe"], columns="metric",
+                         values="value", aggfunc="median")
+    keep = [c for c in ("gemm_ms_per_step", "other_ms_per_step", "memory_ms_per_step",
+                        "kernel_ms_per_step", "wall_ms_per_step") if c in upd]
+    upd = upd[keep].rename(columns=lambda c: c.replace("_ms_per_step", " ms"))
+    upd["gemm share"] = upd["gemm ms"] / upd["kernel ms"]
+else:
+    upd = pd.DataFrame()
+    print("no kernel traces of the PPO update yet: python -m repro.kernelprof ppo --width 4096 "
+          "--recipes bf16,fp8-delayed,fp8-delayed+all-layers (on a GPU)")
+upd.round(3)
+
+# %% [markdown]
 # ## CNNs (A9, speed side)
 #
 # The same ratios for the MinAtar CNN and the Nature-DQN stack on 80x80 inputs. FP8

@@ -3,9 +3,11 @@
     python -m repro.kernelprof mlp --width 256 --recipes bf16,fp8-delayed   # on a GPU
     python -m repro.kernelprof lm --size 20m --batch 64 --recipes bf16,fp8-delayed
     python -m repro.kernelprof gemm --recipes bf16,fp8     # the gemm sweep's GEMMs, traced
+    python -m repro.kernelprof ppo --width 4096 --recipes bf16,fp8-delayed   # the PPO update
 
 The step is built and compiled exactly as the ``mlp_step`` / ``lm_step`` benchmarks do it
-(``repro.mlpbench._setup`` and ``_compile``, ``repro.lmbench.compile_step``), run once to warm
+(``repro.mlpbench._setup`` and ``_compile``, ``repro.lmbench.compile_step``; ``ppo``: the update
+step of an ``rl_throughput`` MLP cell, ``repro.rl.experiments.update_program``), run once to warm
 up, and then ``--steps`` steps run under JAX's profiler (CUPTI on a GPU). The Perfetto trace's
 kernel events on the device's streams are classed by name (:func:`kernel_class`: gemm,
 attention, collective, memory, other) and summed. Per recipe, records under
@@ -155,6 +157,22 @@ def _gemm_runner(dtype: str, m: int, k: int, n: int):
                                                                     jax.default_backend())}
 
 
+def _ppo_runner(token: str, width: int, num_envs: int, profile: str = "full"):
+    """The PPO update of the ``rl_throughput`` MLP cell ``mlp_w{width}_{token}_e{num_envs}``
+    (``params.yaml``'s settings of ``profile``), built as that cell builds it
+    (``repro.rl.experiments.update_program``); ``token`` may be a lever such as
+    ``fp8-delayed+all-layers``."""
+    from repro.bench import compiled_facts, recipe_emulated
+    from repro.config import stage_params
+    from repro.rl import experiments as X
+
+    c = X.throughput_config("mlp", width, token, num_envs, stage_params(X.THROUGHPUT, profile))
+    compiled, args, _ = X.update_program(c)
+    facts = compiled_facts(compiled)
+    return (lambda: compiled(*args)), {
+        **facts, "emulated": recipe_emulated(c.recipe, facts["fp8_lowering"])}
+
+
 def profile_cell(workload: str, recipes: list[str], steps: int, sizes: dict[str, Any],
                  make_runner: Callable[[str], tuple[Callable[[], Any], dict]],
                  profile: str = "full") -> list[dict[str, Any]]:
@@ -192,7 +210,7 @@ def profile_cell(workload: str, recipes: list[str], steps: int, sizes: dict[str,
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m repro.kernelprof", description=__doc__.split(
         "\n\n")[0])
-    ap.add_argument("workload", choices=["mlp", "lm", "gemm"])
+    ap.add_argument("workload", choices=["mlp", "lm", "gemm", "ppo"])
     ap.add_argument("--recipes", default=None,
                     help="comma-separated (default bf16,fp8-delayed; gemm: dtypes, bf16,fp8)")
     ap.add_argument("--shapes", default=",".join(f"65536x{w}x{w}"
@@ -201,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
                          "the mlp_step GEMMs)")
     ap.add_argument("--width", type=int, default=256, help="mlp: width")
     ap.add_argument("--depth", type=int, default=3, help="mlp: depth")
+    ap.add_argument("--num-envs", type=int, default=2048,
+                    help="ppo: parallel envs of the rl_throughput cell whose update is traced "
+                         "(MLP of --width; --profile's rl_throughput settings)")
     ap.add_argument("--batch", type=int, default=None,
                     help="rows (mlp, default 65536) or sequences (lm, default 64)")
     ap.add_argument("--size", default="20m", help="lm: model preset")
@@ -210,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from repro.bench import _check_dtypes
     from repro.recipes import get_recipe
+    from repro.rl.experiments import throughput_recipe
 
     gemm = a.workload == "gemm"
     recipes = [r for r in (a.recipes or ("bf16,fp8" if gemm else "bf16,fp8-delayed")).split(",")
@@ -219,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             if gemm:
                 _check_dtypes([r])
             else:
-                get_recipe(r)
+                get_recipe(throughput_recipe(r)[0] if a.workload == "ppo" else r)
     except ValueError as e:
         ap.error(str(e))
     # (cell, sizes, make_runner) per cell: one per shape for gemm, one for mlp / lm
@@ -236,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         cells = [(f"mlp_{batch}x{a.width}x{a.depth}",
                   {"batch": batch, "width": a.width, "depth": a.depth},
                   lambda r: _mlp_runner(r, a.width, batch, a.depth))]
+    elif a.workload == "ppo":
+        cells = [(f"ppo_update_w{a.width}_e{a.num_envs}",
+                  {"network": "mlp", "width": a.width, "num_envs": a.num_envs},
+                  lambda r: _ppo_runner(r, a.width, a.num_envs, a.profile))]
     else:
         batch = a.batch or 64
         cells = [(f"lm_{a.size}_b{batch}", {"model": a.size, "batch": batch},

@@ -103,3 +103,25 @@ def test_gemm_workload_traces_the_sweep_gemm_and_checks_its_arguments(tmp_path, 
                           lambda r: (lambda: None, {"fp8_lowering": "cublaslt-f8",
                                                     "emulated": True}), "smoke")
     assert recs and all(r["emulated"] for r in recs)
+
+
+def test_ppo_workload_traces_the_throughput_cells_update(tmp_path, monkeypatch, capsys):
+    """``kernelprof ppo`` runs the PPO update of an rl_throughput MLP cell (a lever token
+    included); on a CPU its FP8 is emulated and the trace has no kernels: nothing recorded."""
+    import jax
+    import numpy as np
+
+    monkeypatch.setenv("REPRO_SCRATCH_RESULTS", str(tmp_path / "scratch"))
+    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
+    run, facts = K._ppo_runner("fp8-delayed+all-layers", 64, 8, "smoke")
+    assert facts["emulated"]  # no FP8 GEMM on a CPU
+    leaves = jax.tree_util.tree_leaves(run())
+    assert leaves and all(np.isfinite(np.asarray(x, np.float64)).all() for x in leaves
+                          if np.issubdtype(np.asarray(x).dtype, np.floating))
+    assert K.main(["ppo", "--width", "64", "--num-envs", "8", "--recipes", "bf16", "--steps",
+                   "1", "--profile", "smoke"]) == 0
+    assert "no device kernels" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.json"))
+    with pytest.raises(SystemExit):
+        K.main(["ppo", "--recipes", "bf16,fp7+all-layers"])
+    assert "unknown recipe 'fp7'" in capsys.readouterr().err.strip().splitlines()[-1]

@@ -229,6 +229,21 @@ def throughput_config(network: str, width: int, recipe: str, num_envs: int,
         num_minibatches=int(p.get("num_minibatches", 4)), anneal_lr=False))
 
 
+def update_program(c: ppo.PPOConfig) -> tuple[Any, tuple, float]:
+    """PPO's update step alone for ``c``, compiled, on a synthetic rollout: (compiled, its
+    arguments, compile seconds). What a throughput cell times and ``repro.kernelprof ppo``
+    traces."""
+    env, env_params = ppo.make_env(c.env)
+    net = ppo.build_network(c, env, env_params)
+    tx = ppo.make_optimizer(c)
+    variables, opt_state = ppo.init_state(c, net, env, env_params, tx, jax.random.key(1))
+    traj, adv, tgt = synthetic_rollout(c, env, env_params, jax.random.key(2))
+    args = (variables, opt_state, traj, adv, tgt, jax.random.key(3))
+    t0 = time.perf_counter()
+    compiled = jax.jit(ppo.make_update_step(c, net, tx)).lower(*args).compile()
+    return compiled, args, time.perf_counter() - t0
+
+
 def throughput_cell(network: str, width: int, recipe: str, num_envs: int, p: Mapping[str, Any],
                     profile: str) -> list[dict[str, Any]]:
     """Time the whole PPO loop and the update alone for one configuration."""
@@ -249,16 +264,7 @@ def throughput_cell(network: str, width: int, recipe: str, num_envs: int, p: Map
     steps = c.num_updates * c.batch_size
 
     # The update alone.
-    env, env_params = ppo.make_env(c.env)
-    net = ppo.build_network(c, env, env_params)
-    tx = ppo.make_optimizer(c)
-    variables, opt_state = ppo.init_state(c, net, env, env_params, tx, jax.random.key(1))
-    traj, adv, tgt = synthetic_rollout(c, env, env_params, jax.random.key(2))
-    update = jax.jit(ppo.make_update_step(c, net, tx))
-    args = (variables, opt_state, traj, adv, tgt, jax.random.key(3))
-    t0 = time.perf_counter()
-    compiled_update = update.lower(*args).compile()
-    compile_upd = time.perf_counter() - t0
+    compiled_update, args, compile_upd = update_program(c)
     umed, uiqr, usamples = _time_fn(compiled_update, *args, repeats=repeats)
     facts = compiled_facts(compiled_update)
     fp8_calls, mem = facts["fp8_gemm_calls"], facts["memory_bytes"]
