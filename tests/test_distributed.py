@@ -7,6 +7,7 @@ which prints its results as JSON; the tests below assert on them. The rest (spec
 multi-host detection, the B5 verdict rule, the record pipeline) runs in this process.
 """
 
+import fcntl
 import json
 import math
 import os
@@ -24,8 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 P = distributed.P
 
 
-@pytest.fixture(scope="module")
-def checks():
+def _run_checks() -> str:
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            # the device count must be set before JAX starts; opt level 0: ~2x faster compiles
            "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
@@ -35,7 +35,26 @@ def checks():
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=400)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULTS ")]
     assert r.returncode == 0 and lines, f"checks failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    out = json.loads(lines[-1][len("RESULTS "):])
+    return lines[-1][len("RESULTS "):]
+
+
+@pytest.fixture(scope="session")
+def checks(tmp_path_factory):
+    # Under pytest-xdist every worker would run the subprocess (~150 s on 2 cores, both at
+    # once): the first worker to get here runs it and leaves its JSON in the session's shared
+    # temp folder; the others wait on the lock and read it.
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    done = shared / "distributed_checks.json"
+    with open(shared / "distributed_checks.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not done.exists():
+                done.write_text(_run_checks())
+            text = done.read_text()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    out = json.loads(text)
     errors = {k: v["error"] for k, v in out.items() if isinstance(v, dict) and "error" in v}
     out["_errors"] = errors
     return out

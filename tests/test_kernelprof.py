@@ -106,21 +106,30 @@ def test_gemm_workload_traces_the_sweep_gemm_and_checks_its_arguments(tmp_path, 
 
 
 def test_ppo_workload_traces_the_throughput_cells_update(tmp_path, monkeypatch, capsys):
-    """``kernelprof ppo`` runs the PPO update of an rl_throughput MLP cell (a lever token
-    included); on a CPU its FP8 is emulated and the trace has no kernels: nothing recorded."""
+    """``kernelprof ppo`` traces the PPO update of an rl_throughput MLP cell (a lever token
+    included): the runner main hands to ``profile_cell`` runs that update, and on a CPU its FP8
+    is emulated. An unknown base recipe is one line. (The no-kernels path is the mlp test's.)"""
     import jax
     import numpy as np
 
     monkeypatch.setenv("REPRO_SCRATCH_RESULTS", str(tmp_path / "scratch"))
     monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
-    run, facts = K._ppo_runner("fp8-delayed+all-layers", 64, 8, "smoke")
-    assert facts["emulated"]  # no FP8 GEMM on a CPU
-    leaves = jax.tree_util.tree_leaves(run())
-    assert leaves and all(np.isfinite(np.asarray(x, np.float64)).all() for x in leaves
-                          if np.issubdtype(np.asarray(x).dtype, np.floating))
-    assert K.main(["ppo", "--width", "64", "--num-envs", "8", "--recipes", "bf16", "--steps",
-                   "1", "--profile", "smoke"]) == 0
-    assert "no device kernels" in capsys.readouterr().err
+    seen = {}
+
+    def profile_cell(workload, recipes, steps, sizes, make_runner, profile):
+        run, facts = make_runner(recipes[0])
+        seen.update(workload=workload, sizes=sizes, facts=facts, out=run())
+        return []
+
+    monkeypatch.setattr(K, "profile_cell", profile_cell)
+    assert K.main(["ppo", "--width", "64", "--num-envs", "8", "--recipes",
+                   "fp8-delayed+all-layers", "--steps", "1", "--profile", "smoke"]) == 0
+    assert seen["workload"] == "ppo"
+    assert seen["sizes"] == {"network": "mlp", "width": 64, "num_envs": 8}
+    assert seen["facts"]["emulated"]  # no FP8 GEMM on a CPU
+    floats = [np.asarray(x, np.float64) for x in jax.tree_util.tree_leaves(seen["out"])
+              if np.issubdtype(np.asarray(x).dtype, np.floating)]
+    assert floats and all(np.isfinite(x).all() for x in floats)
     assert not list(tmp_path.rglob("*.json"))
     with pytest.raises(SystemExit):
         K.main(["ppo", "--recipes", "bf16,fp7+all-layers"])

@@ -455,8 +455,8 @@ def test_a_failing_cell_does_not_stop_the_study(tmp_path, monkeypatch, capsys):
 def test_all_layers_throughput_token_puts_first_layer_and_heads_in_fp8(tmp_path):
     """``fp8-delayed+all-layers`` is the fp8-delayed recipe with keep_io_precise off: its
     lowered PPO update quantizes to E4M3 in more places (the first layer and both heads of
-    each tower, forward) than plain fp8-delayed's, and BF16's none; an unknown base recipe
-    fails before any work."""
+    each tower, forward) than plain fp8-delayed's; an unknown base recipe fails before any
+    work."""
     import re
 
     from repro import config
@@ -478,7 +478,6 @@ def test_all_layers_throughput_token_puts_first_layer_and_heads_in_fp8(tmp_path)
         return len(re.findall(r"-> tensor<[0-9x]*xf8E4M3FN>", text))
 
     plain, every = e4m3_converts("fp8-delayed"), e4m3_converts("fp8-delayed+all-layers")
-    assert e4m3_converts("bf16") == 0 and plain > 0
-    assert every > plain
+    assert plain > 0 and every > plain
     with pytest.raises(ValueError, match="unknown recipe"):
         X.record_throughput("smoke", tmp_path, recipes=["fp7+all-layers"])
