@@ -82,7 +82,7 @@ mlp = table[table.network == "mlp"]
 panels = sorted({(h, n) for h, n in zip(mlp.hardware, mlp.num_envs)})
 fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5 * max(len(panels), 1), 4),
                          squeeze=False)
-colors = dict(zip([*X.THROUGHPUT_RECIPES, "fp8-delayed+all-layers"], plt.cm.tab10.colors))
+colors = dict(zip([*X.THROUGHPUT_RECIPES, "fp8-all-layers"], plt.cm.tab10.colors))
 for ax, (h, n) in zip(axes[0], panels):
     g = mlp[(mlp.hardware == h) & (mlp.num_envs == n)]
     for r, gr in g.groupby("recipe"):
@@ -205,14 +205,14 @@ claims.write_verdict("A2", a2, a2_key, a2_hw, "results/*/rl_throughput (env_step
 #
 # Update throughput ratio (BF16 update time / FP8 update time, same hardware and batch),
 # non-emulated records of one GPU call only. Besides the two FP8 recipes (first layer and heads
-# dense BF16, as everywhere above), the lever `fp8-delayed+all-layers` puts those layers in FP8
-# too (`X.throughput_recipe`; the first layer of a 4096-wide tower is ~9% of its GEMM work on
-# MinAtar's 400 inputs): its learning is notebook 04's `fp8-all-layers` variant, so it counts
-# for the target only as far as that variant keeps quality. It stays out of A2's verdict.
+# dense BF16, as everywhere above), the lever `fp8-all-layers` puts those layers in FP8 too
+# (notebook 04's variant of that name, `X.throughput_variant`; the first layer of a 4096-wide
+# tower is ~9% of its GEMM work on MinAtar's 400 inputs): it counts for the target only as far
+# as that variant keeps quality in notebook 04. It stays out of A2's verdict.
 
 # %%
-lever = (X.speedups(table, "fp8-delayed+all-layers")
-         if len(table) and "fp8-delayed+all-layers" in set(table.recipe) else pd.DataFrame())
+lever = (X.speedups(table, "fp8-all-layers")
+         if len(table) and "fp8-all-layers" in set(table.recipe) else pd.DataFrame())
 both = pd.concat([sp, lever], ignore_index=True) if len(lever) else sp
 wide = (both[(~both.emulated) & (both.baseline == "bf16") & (both.network == "mlp")
              & (both.width == 4096) & both.same_commit] if len(both) else both)
@@ -224,7 +224,7 @@ if not len(wide):
 
 # %% [markdown]
 # Where the update's device time goes (`python -m repro.kernelprof ppo --width 4096 --recipes
-# bf16,fp8-delayed,fp8-delayed+all-layers` on a GPU: the same compiled update, traced kernel by
+# bf16,fp8-delayed,fp8-all-layers` on a GPU: the same compiled update, traced kernel by
 # kernel): GEMM kernels against everything else (quantization, elementwise, optimizer), in ms
 # per update. FP8 can only shrink the GEMM part, so `other` bounds what any FP8 recipe gains.
 
@@ -244,7 +244,7 @@ if len(kt):
 else:
     upd = pd.DataFrame()
     print("no kernel traces of the PPO update yet: python -m repro.kernelprof ppo --width 4096 "
-          "--recipes bf16,fp8-delayed,fp8-delayed+all-layers (on a GPU)")
+          "--recipes bf16,fp8-delayed,fp8-all-layers (on a GPU)")
 upd.round(3)
 
 # %% [markdown]

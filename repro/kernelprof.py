@@ -160,8 +160,8 @@ def _gemm_runner(dtype: str, m: int, k: int, n: int):
 def _ppo_runner(token: str, width: int, num_envs: int, profile: str = "full"):
     """The PPO update of the ``rl_throughput`` MLP cell ``mlp_w{width}_{token}_e{num_envs}``
     (``params.yaml``'s settings of ``profile``), built as that cell builds it
-    (``repro.rl.experiments.update_program``); ``token`` may be a lever such as
-    ``fp8-delayed+all-layers``."""
+    (``repro.rl.experiments.update_program``); ``token`` may name an RL variant such as
+    ``fp8-all-layers`` (``repro.rl.experiments.throughput_variant``)."""
     from repro.bench import compiled_facts, recipe_emulated
     from repro.config import stage_params
     from repro.rl import experiments as X
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from repro.bench import _check_dtypes
     from repro.recipes import get_recipe
-    from repro.rl.experiments import throughput_recipe
+    from repro.rl.experiments import throughput_variant
 
     gemm = a.workload == "gemm"
     recipes = [r for r in (a.recipes or ("bf16,fp8" if gemm else "bf16,fp8-delayed")).split(",")
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             if gemm:
                 _check_dtypes([r])
             else:
-                get_recipe(throughput_recipe(r)[0] if a.workload == "ppo" else r)
+                throughput_variant(r) if a.workload == "ppo" else get_recipe(r)
     except ValueError as e:
         ap.error(str(e))
     # (cell, sizes, make_runner) per cell: one per shape for gemm, one for mlp / lm

@@ -106,9 +106,9 @@ def test_gemm_workload_traces_the_sweep_gemm_and_checks_its_arguments(tmp_path, 
 
 
 def test_ppo_workload_traces_the_throughput_cells_update(tmp_path, monkeypatch, capsys):
-    """``kernelprof ppo`` traces the PPO update of an rl_throughput MLP cell (a lever token
-    included): the runner main hands to ``profile_cell`` runs that update, and on a CPU its FP8
-    is emulated. An unknown base recipe is one line. (The no-kernels path is the mlp test's.)"""
+    """``kernelprof ppo`` traces the PPO update of an rl_throughput MLP cell (an RL variant
+    name included): the runner main hands to ``profile_cell`` runs that update, and on a CPU its
+    FP8 is emulated. An unknown recipe is one line. (The no-kernels path is the mlp test's.)"""
     import jax
     import numpy as np
 
@@ -123,7 +123,7 @@ def test_ppo_workload_traces_the_throughput_cells_update(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(K, "profile_cell", profile_cell)
     assert K.main(["ppo", "--width", "64", "--num-envs", "8", "--recipes",
-                   "fp8-delayed+all-layers", "--steps", "1", "--profile", "smoke"]) == 0
+                   "fp8-all-layers", "--steps", "1", "--profile", "smoke"]) == 0
     assert seen["workload"] == "ppo"
     assert seen["sizes"] == {"network": "mlp", "width": 64, "num_envs": 8}
     assert seen["facts"]["emulated"]  # no FP8 GEMM on a CPU
@@ -132,5 +132,5 @@ def test_ppo_workload_traces_the_throughput_cells_update(tmp_path, monkeypatch, 
     assert floats and all(np.isfinite(x).all() for x in floats)
     assert not list(tmp_path.rglob("*.json"))
     with pytest.raises(SystemExit):
-        K.main(["ppo", "--recipes", "bf16,fp7+all-layers"])
+        K.main(["ppo", "--recipes", "bf16,fp7"])
     assert "unknown recipe 'fp7'" in capsys.readouterr().err.strip().splitlines()[-1]

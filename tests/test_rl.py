@@ -452,18 +452,19 @@ def test_a_failing_cell_does_not_stop_the_study(tmp_path, monkeypatch, capsys):
     assert "CartPole-v1_fp8-delayed (RuntimeError: boom)" in capsys.readouterr().out
 
 
-def test_all_layers_throughput_token_puts_first_layer_and_heads_in_fp8(tmp_path):
-    """``fp8-delayed+all-layers`` is the fp8-delayed recipe with keep_io_precise off: its
-    lowered PPO update quantizes to E4M3 in more places (the first layer and both heads of
-    each tower, forward) than plain fp8-delayed's; an unknown base recipe fails before any
-    work."""
+def test_all_layers_throughput_variant_puts_first_layer_and_heads_in_fp8(tmp_path):
+    """A throughput cell named ``fp8-all-layers`` runs that RL variant (fp8-delayed with
+    keep_io_precise off): its lowered PPO update quantizes to E4M3 in more places (the first
+    layer and both heads of each tower, forward) than plain fp8-delayed's; a name that is
+    neither a variant nor a recipe fails before any work."""
     import re
 
     from repro import config
     from repro.rl import experiments as X
 
-    assert X.throughput_recipe("fp8-delayed+all-layers") == ("fp8-delayed", False)
-    assert X.throughput_recipe("bf16") == ("bf16", True)
+    assert X.throughput_variant("fp8-all-layers") == {"recipe": "fp8-delayed",
+                                                      "keep_io_precise": False}
+    assert X.throughput_variant("tf32") == {"recipe": "tf32"}  # a recipe with no variant
     p = {**config.stage_params("rl_throughput", "smoke"), "num_minibatches": 1}
 
     def e4m3_converts(token):
@@ -477,7 +478,7 @@ def test_all_layers_throughput_token_puts_first_layer_and_heads_in_fp8(tmp_path)
             variables, opt_state, traj, adv, tgt, jax.random.key(3)).as_text()
         return len(re.findall(r"-> tensor<[0-9x]*xf8E4M3FN>", text))
 
-    plain, every = e4m3_converts("fp8-delayed"), e4m3_converts("fp8-delayed+all-layers")
+    plain, every = e4m3_converts("fp8-delayed"), e4m3_converts("fp8-all-layers")
     assert plain > 0 and every > plain
     with pytest.raises(ValueError, match="unknown recipe"):
-        X.record_throughput("smoke", tmp_path, recipes=["fp7+all-layers"])
+        X.record_throughput("smoke", tmp_path, recipes=["fp7"])

@@ -62,18 +62,6 @@ from repro.rl import ppo
 THROUGHPUT = "rl_throughput"
 QUALITY = "rl_quality"
 THROUGHPUT_RECIPES = ("fp32", "tf32", "bf16", "fp16", "fp8-current", "fp8-delayed")
-ALL_LAYERS = "+all-layers"
-
-
-def throughput_recipe(token: str) -> tuple[str, bool]:
-    """A throughput study's recipe token -> (recipe, keep_io_precise). ``<recipe>+all-layers``
-    (e.g. ``fp8-delayed+all-layers``) puts the first layer and the heads in FP8 too
-    (``keep_io_precise=False``: notebook 04's ``fp8-all-layers`` variant, whose learning is
-    measured there), a speed lever for the widest networks; any other token is a plain recipe
-    name, with the first/last layers dense."""
-    if token.endswith(ALL_LAYERS):
-        return token[:-len(ALL_LAYERS)], False
-    return token, True
 
 # A variant = a recipe + flags of repro.optim / repro.rl.networks. `claims` says which claims
 # it serves. The FP8 "end to end" variants store the weights in FP8 (E4M3 with a per-tensor
@@ -107,6 +95,18 @@ def variant_config(name: str) -> dict[str, Any]:
         raise config.ConfigError(f"unknown RL variant {name!r}; valid variants: "
                                  f"{', '.join(VARIANTS)}")
     return dict(VARIANTS[name])
+
+
+def throughput_variant(name: str) -> dict[str, Any]:
+    """The PPO fields of a throughput cell's recipe name: an RL quality variant of
+    :data:`VARIANTS` where one has that name (e.g. ``fp8-all-layers``: fp8-delayed with the
+    first layer and heads in FP8 too, a speed lever for the widest networks whose learning
+    notebook 04 measures under the same name), else the plain recipe (``tf32`` has no
+    variant). Unknown recipe names fail in :func:`repro.recipes.get_recipe`."""
+    if name in VARIANTS:
+        return variant_config(name)
+    get_recipe(name)
+    return {"recipe": name}
 
 
 # ------------------------------------------------------------------------ precision policy
@@ -218,12 +218,12 @@ def synthetic_rollout(c: ppo.PPOConfig, env, env_params, key):
 
 def throughput_config(network: str, width: int, recipe: str, num_envs: int,
                       p: Mapping[str, Any]) -> ppo.PPOConfig:
-    """The PPO configuration a throughput cell times (``recipe``: a :func:`throughput_recipe`
-    token)."""
-    base, keep_io = throughput_recipe(recipe)
+    """The PPO configuration a throughput cell times (``recipe``: a recipe or RL variant name,
+    :func:`throughput_variant`)."""
     return ppo.validate(dict(
+        **throughput_variant(recipe),
         env=p["networks"][network], network=network, width=width, depth=int(p.get("depth", 2)),
-        recipe=base, keep_io_precise=keep_io, num_envs=num_envs, num_steps=int(p["num_steps"]),
+        num_envs=num_envs, num_steps=int(p["num_steps"]),
         total_timesteps=num_envs * int(p["num_steps"]) * int(p["updates"]),
         update_epochs=int(p.get("update_epochs", 4)),
         num_minibatches=int(p.get("num_minibatches", 4)), anneal_lr=False))
@@ -373,7 +373,7 @@ def record_throughput(profile: str, root: str | Path | None = None, force: bool 
     all_recipes = list(p.get("recipes", THROUGHPUT_RECIPES))
     use = all_recipes if recipes is None else [r for r in all_recipes if r in recipes]
     for r in list(recipes or []) + all_recipes:
-        get_recipe(throughput_recipe(r)[0])  # one-line error for an unknown name, first
+        throughput_variant(r)  # one-line error for an unknown name, before any work
     for network, env in p["networks"].items():
         ppo.validate(dict(env=env, network=network))
     root = Path(root) if root is not None else results.record_root(profile)

@@ -306,12 +306,10 @@ def select(variants: Sequence[Mapping[str, Any]], only: Sequence[str]) -> list[d
     matches none fails with one line listing the valid ones."""
     labels = {label(o): dict(o) for o in variants}
 
-    def norm(spec: str) -> str:
-        spec = spec.strip()
-        if spec in ("", "repro", "{}") or spec.startswith("repro["):
-            return spec if spec.startswith("repro[") else "repro"
-        parts = sorted(x.strip() for x in spec.split(",") if x.strip())
-        return f"repro[{','.join(parts)}]"
+    def norm(spec: str) -> str:  # "repro[b=2,a=1]", "b=2, a=1" -> "repro[a=1,b=2]"
+        inner = spec.strip().removeprefix("repro").strip("[]{}")
+        parts = sorted(x.strip() for x in inner.split(",") if x.strip())
+        return f"repro[{','.join(parts)}]" if parts else "repro"
 
     chosen = [norm(x) for x in only]
     bad = [x for x, n in zip(only, chosen) if n not in labels]
