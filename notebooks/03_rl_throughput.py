@@ -462,7 +462,7 @@ if len(pj):
                    f"{r['purejaxrl final_return']:.1f}")
             if np.isfinite(r.return_gap):
                 ret += f" (gap {r.return_gap:+.1f}, 95% CI {r.gap_lo:+.1f} .. {r.gap_hi:+.1f})"
-        # three decimals: 1.197x must not read as "1.20x ... misses"
+        # three decimals: a ratio just under 1.2 must not read as "1.20x ... misses"
         run = f" (run {r.run} of {r.runs})" if r.runs > 1 else ""
         print(f"{r.hardware}, {r.seeds} seed(s), {r.ours}{run}: {r.speedup:.3f}x "
               f"(range {r['min']:.3f}-{r['max']:.3f}) -> {met} the 1.2x target{best}{same}{ret}")

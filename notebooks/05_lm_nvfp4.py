@@ -37,8 +37,9 @@
 # one part off (`nvfp4-no-rht`, `nvfp4-no-sr`, `nvfp4-1d-weights`), put NVFP4 everywhere
 # (`nvfp4-all-layers`) or only on the MLP (`nvfp4-mlp-only`, MaxText's setting); on a GPU,
 # `jax-nvfp4` runs the block linear layers through JAX's own `jax.nn.scaled_dot_general`
-# (`nvfp4` config) as a second reference. On the H200 XLA lowers that config to plain HLO at
-# ~8 steps/s (a whole 20m run ~24 min), so its 20m runs are **truncated on purpose** at step
+# (`nvfp4` config) as a second reference. On the H200 XLA lowers that config to plain HLO,
+# several times slower than our own emulation (tokens/s per recipe in section 6's throughput
+# table), so its 20m runs are **truncated on purpose** at step
 # 2384 of 11925 (`stop_at` in `params.yaml`): they follow the whole run's learning-rate
 # schedule and end after the second regular evaluation. When this was set, every recorded
 # 20m run had its best held-out loss at the first regular evaluation (step 1192; section 3
