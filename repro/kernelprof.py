@@ -107,6 +107,22 @@ def summarize(kernels: pd.DataFrame, steps: int) -> dict[str, Any]:
                             for _, r in top.iterrows()]}
 
 
+def headroom(base: pd.Series, fast: pd.Series, target: float = 1.5) -> dict[str, float]:
+    """Amdahl's law over two traced steps (ms per step: ``gemm`` and ``kernel``, the total).
+
+    ``gemm x``: how much faster ``fast``'s GEMM kernels are; ``update x``: the whole step's
+    ratio; ``bound``: the step ratio ``fast`` would reach if it added no time outside the GEMMs
+    (``base``'s non-GEMM time kept); ``added ms``: the non-GEMM time it adds (for FP8: amax
+    reductions, converts, operand transposes); ``allowed ms``: the non-GEMM time it may spend
+    and still be ``target`` x ``base``; ``spent ms``: what it spends.
+    """
+    b_other = base["kernel"] - base["gemm"]
+    f_other = fast["kernel"] - fast["gemm"]
+    return {"gemm x": base["gemm"] / fast["gemm"], "update x": base["kernel"] / fast["kernel"],
+            "bound": base["kernel"] / (fast["gemm"] + b_other), "added ms": f_other - b_other,
+            "allowed ms": base["kernel"] / target - fast["gemm"], "spent ms": f_other}
+
+
 def load_trace(logdir: Path) -> dict[str, Any]:
     """The newest ``perfetto_trace.json.gz`` under ``logdir``."""
     files = sorted(Path(logdir).rglob("perfetto_trace.json.gz"), key=lambda p: p.stat().st_mtime)

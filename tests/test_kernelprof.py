@@ -1,5 +1,6 @@
 """Kernel-time profiles: kernel names to classes, trace events to per-step sums."""
 
+import pandas as pd
 import pytest
 
 from repro import kernelprof as K
@@ -134,3 +135,17 @@ def test_ppo_workload_traces_the_throughput_cells_update(tmp_path, monkeypatch, 
     with pytest.raises(SystemExit):
         K.main(["ppo", "--recipes", "bf16,fp7"])
     assert "unknown recipe 'fp7'" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_headroom_is_amdahls_law_on_hand_numbers():
+    # BF16: 300 ms of GEMMs in a 400 ms step; FP8: GEMMs twice as fast (150 ms) but 40 ms more
+    # outside them (140 instead of 100), so a 290 ms step.
+    base = pd.Series({"gemm": 300.0, "kernel": 400.0})
+    fast = pd.Series({"gemm": 150.0, "kernel": 290.0})
+    h = K.headroom(base, fast, target=1.5)
+    assert h["gemm x"] == pytest.approx(2.0)
+    assert h["update x"] == pytest.approx(400 / 290)
+    assert h["bound"] == pytest.approx(1.6)  # 400 / (150 + 100)
+    assert h["added ms"] == pytest.approx(40.0)
+    assert h["allowed ms"] == pytest.approx(400 / 1.5 - 150)  # 116.7: it spends 140, over
+    assert h["spent ms"] == pytest.approx(140.0)
