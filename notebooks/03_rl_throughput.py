@@ -338,11 +338,13 @@ policy
 
 # %%
 mem = table.dropna(subset=["update_memory_bytes"]) if "update_memory_bytes" in table else table
-big = (mem[mem.network == "mlp"].sort_values(["width", "num_envs"]).groupby("hardware").tail(
-    len(X.THROUGHPUT_RECIPES)) if len(mem) else mem)
-if len(big):
-    big = big.assign(order=big.recipe.map(list(X.THROUGHPUT_RECIPES).index)).sort_values(
-        ["hardware", "order"])
+order = list(colors)  # the throughput recipes, then the lever
+big = mem[mem.network == "mlp"] if len(mem) else mem
+if len(big):  # per hardware: every recipe of its widest MLP at its most envs
+    top = big.sort_values(["width", "num_envs"]).groupby("hardware")[["width", "num_envs"]].last()
+    big = big.merge(top.reset_index(), on=["hardware", "width", "num_envs"])
+    big = big.assign(order=big.recipe.map(lambda r: order.index(r) if r in order
+                                          else len(order))).sort_values(["hardware", "order"])
 fig, ax = plt.subplots(figsize=(8, 3.8))
 if len(big):
     labels = [f"{r.hardware}\n{r.recipe}" + (" (emul.)" if r.emulated else "")
