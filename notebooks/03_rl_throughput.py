@@ -495,7 +495,7 @@ pj = purejaxrl.speedups(results.load_records(purejaxrl.EXPERIMENT))
 if len(pj):
     for _, r in pj.iterrows():
         met = "meets" if r.speedup >= 1.2 else "misses"
-        n = ((pj.hardware == r.hardware) & (pj.seeds == r.seeds)).sum()
+        n = pj[(pj.hardware == r.hardware) & (pj.seeds == r.seeds)].ours.nunique()
         best = f" (best of {n} option sets)" if r.best and n > 1 else ""
         same = {True: "; returns bitwise those of the defaults",
                 False: "; returns DIFFER from the defaults'"}.get(r.same_returns, "")
