@@ -263,14 +263,13 @@ upd.round(3)
 if len(upd):
     rows = []
     for (hw, w, n), g in upd.groupby(level=["hardware", "width", "num_envs"]):
-        g = g.droplevel(["hardware", "width", "num_envs"])
+        g = g.droplevel(["hardware", "width", "num_envs"]).rename(
+            columns=lambda c: c.replace(" ms", ""))  # headroom's names: gemm, kernel
         if "bf16" not in g.index:
             continue
-        b = g.loc["bf16"].rename(lambda c: c.replace(" ms", ""))
         for rec, f in g.drop(index="bf16").iterrows():
             rows.append(dict(hardware=hw, width=w, num_envs=n, recipe=rec,
-                             **kernelprof.headroom(b, f.rename(lambda c: c.replace(" ms", "")),
-                                                   target=1.5)))
+                             **kernelprof.headroom(g.loc["bf16"], f, target=1.5)))
     amdahl = pd.DataFrame(rows)
     for _, r in amdahl.iterrows():
         ok = "within" if r["spent ms"] <= r["allowed ms"] else "over"

@@ -468,14 +468,8 @@ def test_all_layers_throughput_variant_puts_first_layer_and_heads_in_fp8(tmp_pat
     p = {**config.stage_params("rl_throughput", "smoke"), "num_minibatches": 1}
 
     def e4m3_converts(token):
-        c = X.throughput_config("mlp", 64, token, 8, p)
-        env, env_params = ppo.make_env(c.env)
-        net = ppo.build_network(c, env, env_params)
-        tx = ppo.make_optimizer(c)
-        variables, opt_state = ppo.init_state(c, net, env, env_params, tx, jax.random.key(1))
-        traj, adv, tgt = X.synthetic_rollout(c, env, env_params, jax.random.key(2))
-        text = jax.jit(ppo.make_update_step(c, net, tx)).lower(
-            variables, opt_state, traj, adv, tgt, jax.random.key(3)).as_text()
+        update, args = X.update_step(X.throughput_config("mlp", 64, token, 8, p))
+        text = update.lower(*args).as_text()
         return len(re.findall(r"-> tensor<[0-9x]*xf8E4M3FN>", text))
 
     plain, every = e4m3_converts("fp8-delayed"), e4m3_converts("fp8-all-layers")

@@ -229,18 +229,23 @@ def throughput_config(network: str, width: int, recipe: str, num_envs: int,
         num_minibatches=int(p.get("num_minibatches", 4)), anneal_lr=False))
 
 
-def update_program(c: ppo.PPOConfig) -> tuple[Any, tuple, float]:
-    """PPO's update step alone for ``c``, compiled, on a synthetic rollout: (compiled, its
-    arguments, compile seconds). What a throughput cell times and ``repro.kernelprof ppo``
-    traces."""
+def update_step(c: ppo.PPOConfig) -> tuple[Any, tuple]:
+    """PPO's update step alone for ``c``, jitted, and its arguments (a synthetic rollout)."""
     env, env_params = ppo.make_env(c.env)
     net = ppo.build_network(c, env, env_params)
     tx = ppo.make_optimizer(c)
     variables, opt_state = ppo.init_state(c, net, env, env_params, tx, jax.random.key(1))
     traj, adv, tgt = synthetic_rollout(c, env, env_params, jax.random.key(2))
-    args = (variables, opt_state, traj, adv, tgt, jax.random.key(3))
+    return (jax.jit(ppo.make_update_step(c, net, tx)),
+            (variables, opt_state, traj, adv, tgt, jax.random.key(3)))
+
+
+def update_program(c: ppo.PPOConfig) -> tuple[Any, tuple, float]:
+    """:func:`update_step` compiled: (compiled, its arguments, compile seconds). What a
+    throughput cell times and ``repro.kernelprof ppo`` traces."""
+    update, args = update_step(c)
     t0 = time.perf_counter()
-    compiled = jax.jit(ppo.make_update_step(c, net, tx)).lower(*args).compile()
+    compiled = update.lower(*args).compile()
     return compiled, args, time.perf_counter() - t0
 
 
