@@ -230,11 +230,14 @@ if not len(wide):
 # bf16,fp8-delayed,fp8-all-layers` on a GPU: the same compiled update, traced kernel by
 # kernel): GEMM kernels against everything else (quantization, elementwise, optimizer), in ms
 # per update. FP8 can only shrink the GEMM part, so `other` bounds what any FP8 recipe gains.
+# Traces of emulated recipes (e.g. an FP8 recipe on a GPU without FP8 GEMMs) are left out: their
+# times are not the format's.
 
 # %%
 kt = results.load_records("kernel_times")
 if len(kt):
-    kt = kt[kt["sizes"].map(lambda s: (s or {}).get("workload") == "ppo")]
+    kt = kt[kt["sizes"].map(lambda s: (s or {}).get("workload") == "ppo")
+            & ~kt["emulated"].fillna(False).astype(bool)]
 if len(kt):
     kt = kt.assign(width=kt["sizes"].map(lambda s: s.get("width")),
                    num_envs=kt["sizes"].map(lambda s: s.get("num_envs")))
