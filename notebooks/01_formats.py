@@ -20,7 +20,7 @@
 # per block of 16 elements**, **one FP32 scale per tensor** (NVIDIA, arXiv 2509.25149; Transformer
 # Engine's `NVFP4BlockScaling`).
 #
-# **Method.** `repro.formats` implements the quantizers in pure JAX. This notebook
+# **Method.** `repro.precision.formats` implements the quantizers in pure JAX. This notebook
 #
 # 1. lists every representable value of E4M3, E5M2 and E2M1 (from the bit patterns),
 # 2. checks the NVFP4 quantizer against an independent NumPy + `ml_dtypes` implementation of
@@ -32,7 +32,7 @@
 # (`02_gemm_roofline`) on machines that have FP4 tensor cores; here `repro.hardware` only says
 # whether this machine has them.
 #
-# The verdict goes to the claims ledger (`verdicts/B1.json`, `repro.claims`).
+# The verdict goes to the claims ledger (`verdicts/B1.json`, `repro.claims.ledger`).
 #
 # Regenerate: `dvc repro formats` (or `repro notebook 01_formats --profile smoke`).
 
@@ -50,8 +50,10 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from repro import claims, config, formats, hardware
-from repro.formats import E2M1, E4M3, E5M2
+from repro.claims import ledger as claims
+from repro import config, hardware
+from repro.precision import formats
+from repro.precision.formats import E2M1, E4M3, E5M2
 
 P = config.stage_params("formats", profile)
 HW = hardware.detect()
@@ -64,7 +66,7 @@ print(f"profile={P['profile']}  hardware={HW.slug}  native FP4 tensor cores: {HW
 # ## 1. Representable values
 #
 # Every finite, non-negative value of each format, read off all of its bit patterns
-# (`repro.formats.representable_values`). E2M1 has 8 magnitudes; E4M3 (no infinities, max 448)
+# (`repro.precision.formats.representable_values`). E2M1 has 8 magnitudes; E4M3 (no infinities, max 448)
 # trades range for precision against E5M2 (max 57344).
 
 # %%
@@ -99,7 +101,7 @@ fig.savefig(FIG / "01_formats_values.png", dpi=130)
 # %% [markdown]
 # ## 2. Is the NVFP4 quantizer bit-faithful?
 #
-# The reference below is written independently of `repro.formats`, with NumPy and `ml_dtypes`
+# The reference below is written independently of `repro.precision.formats`, with NumPy and `ml_dtypes`
 # casts (round to nearest even, saturating): global scale `amax / (448 * 6)` in FP32, block
 # scale `e4m3((block_amax / 6) / global)`, elements `e2m1(clip(x / (block_scale * global), ±6))`.
 # Bits are compared, not values.

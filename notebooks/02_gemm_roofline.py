@@ -20,7 +20,7 @@
 # shape* is the **ceiling** for the speedup of a training step built from such GEMMs:
 # quantization passes, launches and everything that is not a GEMM only take away from it.
 #
-# **Method.** `repro.bench.gemm_sweep` times `A[M,K] x B[N,K]^T` (the TN layout cuBLASLt wants
+# **Method.** `repro.studies.gemm.gemm_sweep` times `A[M,K] x B[N,K]^T` (the TN layout cuBLASLt wants
 # for FP8) in FP32 (`Precision.HIGHEST`), TF32, BF16, FP16 and FP8 (E4M3 operands that are
 # already FP8, fed straight into `dot_general`; on a GPU it asserts that the compiled GEMM keeps
 # the f8 operands). Median of `repeats` timed calls after warm-up, random normal operands
@@ -44,7 +44,8 @@ import seaborn as sns
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from repro import bench, config, hardware, results
+from repro.studies import gemm as bench
+from repro import config, hardware, results
 
 P = config.stage_params("gemm", profile)
 HW = hardware.detect()

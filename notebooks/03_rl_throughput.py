@@ -24,12 +24,12 @@
 # NVIDIA's primary source (NeMo RL, GRPO on LLMs) reports +15-25% from FP8 linear layers and
 # about 1.48x overall; the 1.6x-vs-FP16 figure does not appear there.
 #
-# **Method.** PPO (`repro.rl.ppo`, PureJaxRL-shaped: the whole run is one jitted function) on a
-# gymnax task, with the actor-critic network under each precision recipe (`repro.recipes`):
+# **Method.** PPO (`repro.models.ppo`, PureJaxRL-shaped: the whole run is one jitted function) on a
+# gymnax task, with the actor-critic network under each precision recipe (`repro.precision.recipes`):
 # fp32 (true FP32), tf32, bf16, fp16 (dynamic loss scaling), fp8-current and fp8-delayed (all
 # three GEMMs of each hidden layer in FP8; first/last layers stay BF16). For each network (MLP of
 # width 64..4096, the MinAtar CNN, a Nature-DQN conv stack on 80x80 inputs), number of parallel
-# environments and recipe, `repro.rl.experiments.record_throughput` times
+# environments and recipe, `repro.studies.rl_throughput.record_throughput` times
 #
 # * the **whole PPO loop** (rollouts, GAE, 4 epochs of minibatch updates): env-steps/s,
 # * the **update alone** on a rollout-sized batch: the part FP8 can speed up,
@@ -54,10 +54,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from repro import claims, hardware, kernelprof, results
+from repro.claims import ledger as claims
+from repro import hardware, results
+from repro.studies import kernel_times as kernelprof
 from repro.config import resolve_profile, stage_params
-from repro.rl import experiments as X
-from repro.rl import purejaxrl
+from repro.studies import rl_throughput as X
+from repro.studies import purejaxrl
+from repro.analysis import traces
+from repro.analysis import rl as rl_analysis
 
 profile = resolve_profile(profile)
 P = stage_params("rl_throughput", profile)
@@ -65,7 +69,7 @@ if profile == "smoke":  # full-profile records are made on the GPU by `repro rec
     written = X.record_throughput("smoke", results.record_root("smoke"))
     print(f"smoke: wrote {len(written)} cell(s) under {results.record_root('smoke')}")
 df = results.load_records("rl_throughput")
-table = X.throughput_table(df)
+table = rl_analysis.throughput_table(df)
 FIG = Path("figures")
 FIG.mkdir(exist_ok=True)
 HW = sorted(table.hardware.unique()) if len(table) else []
@@ -82,7 +86,8 @@ mlp = table[table.network == "mlp"]
 panels = sorted({(h, n) for h, n in zip(mlp.hardware, mlp.num_envs)})
 fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5 * max(len(panels), 1), 4),
                          squeeze=False)
-colors = dict(zip([*X.THROUGHPUT_RECIPES, "fp8-all-layers"], plt.cm.tab10.colors))
+colors = dict(zip(["fp32", "tf32", "bf16", "fp16", "fp8-current", "fp8-delayed", "fp8-all-layers"],
+                  plt.cm.tab10.colors))
 for ax, (h, n) in zip(axes[0], panels):
     g = mlp[(mlp.hardware == h) & (mlp.num_envs == n)]
     for r, gr in g.groupby("recipe"):
@@ -109,7 +114,7 @@ fig.savefig(FIG / "03_rl_throughput.png", dpi=130)
 # not used by the verdict below.
 
 # %%
-sp = pd.concat([X.speedups(table, r) for r in ("fp8-current", "fp8-delayed")
+sp = pd.concat([rl_analysis.speedups(table, r) for r in ("fp8-current", "fp8-delayed")
                 if r in set(table.recipe)], ignore_index=True) if len(table) else pd.DataFrame()
 fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex=True)
 for i, kind in enumerate(("e2e", "update")):
@@ -214,7 +219,7 @@ claims.write_verdict("A2", a2, a2_key, a2_hw, "results/*/rl_throughput (env_step
 # stays out of A2's verdict.
 
 # %%
-lever = (X.speedups(table, "fp8-all-layers")
+lever = (rl_analysis.speedups(table, "fp8-all-layers")
          if len(table) and "fp8-all-layers" in set(table.recipe) else pd.DataFrame())
 both = pd.concat([sp, lever], ignore_index=True) if len(lever) else sp
 wide = (both[(~both.emulated) & (both.baseline == "bf16") & (both.network == "mlp")
@@ -226,7 +231,7 @@ if not len(wide):
     print("not yet measured on hardware with FP8 tensor cores")
 
 # %% [markdown]
-# Where the update's device time goes (`python -m repro.kernelprof ppo --width 4096 --recipes
+# Where the update's device time goes (`python -m repro.studies.kernel_times ppo --width 4096 --recipes
 # bf16,fp8-delayed,fp8-all-layers` on a GPU: the same compiled update, traced kernel by
 # kernel): GEMM kernels against everything else (quantization, elementwise, optimizer), in ms
 # per update. FP8 can only shrink the GEMM part, so `other` bounds what any FP8 recipe gains.
@@ -249,7 +254,7 @@ if len(kt):
     upd["gemm share"] = upd["gemm ms"] / upd["kernel ms"]
 else:
     upd = pd.DataFrame()
-    print("no kernel traces of the PPO update yet: python -m repro.kernelprof ppo --width 4096 "
+    print("no kernel traces of the PPO update yet: python -m repro.studies.kernel_times ppo --width 4096 "
           "--recipes bf16,fp8-delayed,fp8-all-layers (on a GPU)")
 upd.round(3)
 
@@ -272,7 +277,7 @@ if len(upd):
             continue
         for rec, f in g.drop(index="bf16").iterrows():
             rows.append(dict(hardware=hw, width=w, num_envs=n, recipe=rec,
-                             **kernelprof.headroom(g.loc["bf16"], f, target=1.5)))
+                             **traces.headroom(g.loc["bf16"], f, target=1.5)))
     amdahl = pd.DataFrame(rows)
     for _, r in amdahl.iterrows():
         ok = "within" if r["spent ms"] <= r["allowed ms"] else "over"
@@ -295,7 +300,7 @@ amdahl
 #
 # The same ratios for the MinAtar CNN and the Nature-DQN stack on 80x80 inputs. FP8
 # convolutions run FP8 forward but their backward pass is emulated through BF16 transposed
-# convolutions (`repro.ops.fp8_conv`), so an FP8 CNN cell counts as **emulated** (its speed is not
+# convolutions (`repro.precision.ops.fp8_conv`), so an FP8 CNN cell counts as **emulated** (its speed is not
 # FP8's; drawn hollow, left out of A9) and only its BF16/FP16 cells are speed measurements.
 # MEASURED.md found an FP8 forward convolution 2x slower than BF16 on the H200, so no speedup is
 # expected here. (A9's quality side is notebook 04.)
@@ -325,12 +330,12 @@ claims.write_verdict("A9", a9, a9_key + " (speed; quality in notebook 04)", a9_h
 # %% [markdown]
 # ## A1 and A4: which values are FP8, and the memory they save
 #
-# The precision policy of each recipe and quality variant (`repro.rl.experiments
+# The precision policy of each recipe and quality variant (`repro.studies.rl_throughput
 # .precision_policy`). The four stores of claim A1 are the stored parameters, the activations
 # and gradients entering GEMMs, and the optimizer update. Adam's moments and the update
 # arithmetic stay FP32 in every recipe we run (as in Transformer Engine, DeepSeek-V3 and
 # NVIDIA's NVFP4 recipe); FP8-stored weights (`master_weights: fp8`) are held in a BF16
-# container (see `repro.optim`), so their memory saving is counted from the format (1 byte per
+# container (see `repro.precision.optim`), so their memory saving is counted from the format (1 byte per
 # weight), not measured.
 
 # %%
@@ -363,13 +368,13 @@ fig.savefig(FIG / "03_rl_memory.png", dpi=130)
 # %% [markdown]
 # **The widest MLP that fits a fixed budget** (A4's practical form): 80 GiB, an H100's memory.
 # From the compiled update's memory at the measured widths (a quadratic in the width fitted per
-# recipe, `repro.rl.experiments.widest_fitting`); `extrapolated` marks answers beyond the widest
+# recipe, `repro.studies.rl_throughput.widest_fitting`); `extrapolated` marks answers beyond the widest
 # measured width, which are projections from the fit, not measurements; `max_rel_residual` is how
 # far the quadratic misses the measured points (a large one: do not trust the answer).
 
 # %%
 BUDGET_GIB = 80
-fits = X.widest_fitting(mem, BUDGET_GIB * 2**30)
+fits = rl_analysis.widest_fitting(mem, BUDGET_GIB * 2**30)
 (fits.assign(widest_width=fits.widest_width.round(0), max_rel_residual=fits.max_rel_residual.round(4))
  if len(fits) else "fewer than three measured widths per recipe: nothing to fit")
 
@@ -469,7 +474,7 @@ claims.write_verdict("A3", "projected", a3_key, a3_hw,
 # Same CartPole-v1 configuration (PureJaxRL's), same device, one process, the compiled programs
 # timed alternately; target: ours >= 1.2x PureJaxRL's env-steps/s for 1 seed and for 1024
 # vmapped seeds. PureJaxRL is not redistributed here; record with a checkout of it:
-# `python -m repro.rl.purejaxrl --purejaxrl DIR --profile full` (`repro/rl/purejaxrl.py` lists
+# `python -m repro.studies.purejaxrl --purejaxrl DIR --profile full` (`repro/rl/purejaxrl.py` lists
 # the three import adapters it needs on gymnax 1.0 and current JAX).
 #
 # Ours runs in several option sets (`params.yaml` `rl_purejaxrl.ours`), all with the same PPO:
@@ -493,7 +498,7 @@ claims.write_verdict("A3", "projected", a3_key, a3_hw,
 # a tight one; 1 seed, none).
 
 # %%
-pj = purejaxrl.speedups(results.load_records(purejaxrl.EXPERIMENT))
+pj = rl_analysis.purejaxrl_speedups(results.load_records(purejaxrl.EXPERIMENT))
 if len(pj):
     for _, r in pj.iterrows():
         met = "meets" if r.speedup >= 1.2 else "misses"
@@ -512,7 +517,7 @@ if len(pj):
         print(f"{r.hardware}, {r.seeds} seed(s), {r.ours}{run}: {r.speedup:.3f}x "
               f"(range {r['min']:.3f}-{r['max']:.3f}) -> {met} the 1.2x target{best}{same}{ret}")
 else:
-    print("not recorded yet: python -m repro.rl.purejaxrl --purejaxrl DIR --profile full")
+    print("not recorded yet: python -m repro.studies.purejaxrl --purejaxrl DIR --profile full")
 pj
 
 # %% [markdown]
@@ -523,14 +528,14 @@ pj
 # returns differ bitwise from the defaults' (as on the H200), the final-return check is the only
 # evidence that the unrolled program learns the same. A set that passes both is still a pick
 # among several (the `best` column), so it is recommended only after a later run confirms the
-# speed: `python -m repro.rl.purejaxrl --purejaxrl DIR --only OPTIONS --again` times that set
+# speed: `python -m repro.studies.purejaxrl --purejaxrl DIR --only OPTIONS --again` times that set
 # (with PureJaxRL beside it) once more into a new cell (`..._run2`), keeping the first, and
 # every run must meet the target. A confirmed set is the recommended speed setting on that
-# hardware (`PPOConfig(**options)`); `repro.rl.ppo.PPOConfig`'s defaults stay off, because every
+# hardware (`PPOConfig(**options)`); `repro.models.ppo.PPOConfig`'s defaults stay off, because every
 # quality and throughput record of notebooks 03-04 was made with them and their programs would
 # no longer be the code's. PureJaxRL's lower final return on CartPole-v1 is consistent with its
 # treating the 500-step time limit as a termination (no bootstrap through truncation, which
-# ours does: `repro.rl.ppo`'s module doc); that explanation is not isolated by a run here.
+# ours does: `repro.models.ppo`'s module doc); that explanation is not isolated by a run here.
 
 # %%
 RETURN_TOLERANCE = 5.0  # 1% of CartPole-v1's maximum return

@@ -25,9 +25,9 @@
 # The technique goes back to Bjorck et al. (ICML 2021, fp16 SAC): naive low precision fails, all
 # fixes together match FP32.
 #
-# **Method.** PPO (`repro.rl.ppo`) on CartPole-v1, Acrobot-v1 and three MinAtar games (Breakout,
+# **Method.** PPO (`repro.models.ppo`) on CartPole-v1, Acrobot-v1 and three MinAtar games (Breakout,
 # SpaceInvaders, Asterix; MinAtar CNN), 16 seeds per cell in the full profile, seeds under
-# `jax.vmap`. Each *variant* (`repro.rl.experiments.VARIANTS`) is a recipe plus optimizer flags:
+# `jax.vmap`. Each *variant* (`repro.studies.rl_throughput.VARIANTS`) is a recipe plus optimizer flags:
 #
 # | variant | what it tests |
 # |---|---|
@@ -62,18 +62,22 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from repro import claims, results
+from repro.claims import ledger as claims
+from repro import results
 from repro.config import resolve_profile, stage_params
-from repro.rl import experiments as X
+from repro.studies import rl_throughput as X
+from repro.studies import rl_quality as RQ
+from repro.analysis import stats
+from repro.analysis import rl as rl_analysis
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # arch's RandomState deprecation
 profile = resolve_profile(profile)
 P = stage_params("rl_quality", profile)
 if profile == "smoke":  # full-profile records are made on the GPU by `repro record`
-    written = X.record_quality("smoke", results.record_root("smoke"))
+    written = RQ.record_quality("smoke", results.record_root("smoke"))
     print(f"smoke: wrote {len(written)} cell(s) under {results.record_root('smoke')}")
 df = results.load_records("rl_quality")
-fr = X.final_returns(df)
+fr = rl_analysis.final_returns(df)
 FIG = Path("figures")
 FIG.mkdir(exist_ok=True)
 print(f"profile={profile}; records from {sorted(fr.hardware.unique())}, "
@@ -109,8 +113,8 @@ else:
 # depend on a numerics defect, so defective cells count here.
 
 # %%
-repeat = X.repeat_identical(results.load_records("rl_quality", keep_defective=True),
-                            results.load_records(X.QUALITY_REPEAT, keep_defective=True))
+repeat = rl_analysis.repeat_identical(results.load_records("rl_quality", keep_defective=True),
+                            results.load_records(RQ.QUALITY_REPEAT, keep_defective=True))
 repeat if len(repeat) else print("no cell recorded twice")
 
 # %% [markdown]
@@ -129,7 +133,7 @@ evidence = "full" if len(full) else "smoke"
 print(f"statistics from {HWQ} ({evidence} profile)")
 summary = (pool[pool.hardware == HWQ].groupby(["env", "variant"])["final_return"]
            .agg(["mean", "std", "count"]).round(1).unstack("env"))
-summary.reindex([v for v in X.VARIANTS if v in summary.index])
+summary.reindex([v for v in P["variants"] if v in summary.index])
 
 # %% [markdown]
 # ## Memory: every seed of a cell trains at once on one device
@@ -182,8 +186,8 @@ fig.savefig(FIG / "04_rl_curves.png", dpi=130)
 # ## Aggregate: IQM of normalised scores, 95% stratified-bootstrap CIs
 
 # %%
-scores, used_envs, long = X.normalised_scores(df, HWQ)
-agg = X.aggregate(scores, reps=2000) if scores else pd.DataFrame()
+scores, used_envs, long = rl_analysis.normalised_scores(df, HWQ, order=P["variants"])
+agg = stats.aggregate(scores, reps=2000) if scores else pd.DataFrame()
 fig, ax = plt.subplots(figsize=(7, 0.45 * max(len(agg), 2) + 1))
 if len(agg):
     a = agg.iloc[::-1]
@@ -210,7 +214,7 @@ PAIRS = [("fp8-delayed", "fp32"), ("fp8-delayed", "bf16"), ("fp8-current", "bf16
          ("fp8-e2e", "fp32"), ("fp8-e2e", "fp8-e2e-nokahan"), ("bf16w-kahan", "bf16w-nokahan"),
          ("fp8-e2e", "fp8-e2e-nogradclip"), ("fp8-e2e", "fp8-e2e-noweightclip"),
          ("fp8-all-layers", "fp8-delayed"), ("fp8-delayed", "fp16")]
-poi = X.probability_of_improvement(scores, PAIRS, reps=1000) if scores else pd.DataFrame(
+poi = stats.probability_of_improvement(scores, PAIRS, reps=1000) if scores else pd.DataFrame(
     columns=["x", "y", "p", "lo", "hi"])
 fig, ax = plt.subplots(figsize=(7, 0.45 * max(len(poi), 2) + 1))
 if len(poi):

@@ -29,7 +29,7 @@
 # `repro/lm/model.py`) trained with AdamW, FP32 master weights and moments, warmup + cosine
 # (`repro/lm/train.py`) on a public-domain English corpus shipped with the package (World
 # English Bible, *The Devil's Dictionary*, the Jargon File; byte tokens; `repro/lm/data.py`).
-# Every linear layer takes its recipe from `repro.lm.model.layer_recipe`, NVIDIA's policy:
+# Every linear layer takes its recipe from `repro.models.lm.layer_recipe`, NVIDIA's policy:
 # the block linear layers in NVFP4 (16x16 weight blocks, 1x16 activations and gradients,
 # random Hadamard transform on the weight-gradient inputs, stochastic rounding of gradients),
 # the embedding, output head, attention (QK^T, AV), norms and the **last block** in BF16.
@@ -62,7 +62,7 @@
 # machine.
 #
 # Regenerate: `dvc repro lm` (or `repro notebook 05_lm_nvfp4 --profile smoke`); the GPU study:
-# `REPRO_TIME_BUDGET_S=420 python -m repro.lm.experiments full`, repeated until every cell is
+# `REPRO_TIME_BUDGET_S=420 python -m repro.studies.lm_quality full`, repeated until every cell is
 # done (each call stops cleanly with a checkpoint and the next resumes it), then commit
 # `results/`.
 
@@ -77,9 +77,10 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from repro import claims, config, hardware, results
-from repro.lm import experiments as E
-from repro.lm import model as M
+from repro.claims import ledger as claims
+from repro import config, hardware, results
+from repro.studies import lm_quality as E
+from repro.models import lm as M
 
 P = config.stage_params("lm", profile)
 HW = hardware.detect()
@@ -104,7 +105,9 @@ pd.DataFrame([{"size": n, "parameters": M.param_count(c), "d_model": c.d_model,
 # lies; a pair of runs recorded with different schedules is compared at the steps both have.
 
 # %%
-from repro.lm import data as D
+from repro.models import lm_data as D
+from repro.analysis import lm as lm_analysis
+from repro.precision import resolve
 
 _train_tokens = D.load_splits().train.size
 pd.DataFrame([{"profile": prof, "size": r.size, "steps": r.train.steps,
@@ -178,7 +181,7 @@ if len(curves):
 # losses, and `overfit` = final / best held-out loss − 1 (0 while the held-out loss still falls).
 
 # %%
-runs = E.run_losses(df)
+runs = lm_analysis.run_losses(df)
 if len(runs):
     display(runs.drop(columns="curve").round(4))
 
@@ -213,7 +216,7 @@ else:
 # single-pass quantity the anchors report.
 
 # %%
-gaps = E.paired_gaps(df, "bf16")
+gaps = lm_analysis.paired_gaps(df, "bf16")
 if len(gaps):
     gaps["label"] = (gaps["recipe"] + np.where(gaps["emulated"], " (emulated)", "")
                      + np.where(gaps["truncated_at"].notna(), " (truncated)", ""))
@@ -237,7 +240,7 @@ if len(gaps):
                   "truncated_at", "emulated"]].round(4))
 
 # %%
-by_metric = pd.concat([E.paired_gaps(df, "bf16", metric=m) for m in E.LOSS_METRICS])
+by_metric = pd.concat([lm_analysis.paired_gaps(df, "bf16", metric=m) for m in lm_analysis.LOSS_METRICS])
 if len(by_metric):
     display(by_metric.pivot_table(index=["hardware", "profile", "model", "recipe", "n_seeds"],
                                   columns="metric", values="rel_gap")
@@ -250,7 +253,7 @@ if len(by_metric):
 # magnitude is what can be compared, not the digits.
 
 # %%
-vs_fp8 = E.paired_gaps(df, "fp8-delayed")
+vs_fp8 = lm_analysis.paired_gaps(df, "fp8-delayed")
 if len(vs_fp8):
     vs_fp8 = vs_fp8[vs_fp8["recipe"].isin(["nvfp4", "nvfp4-mlp-only", "jax-nvfp4"])]
     vs_fp8 = vs_fp8.assign(maxtext_anchor_nats=0.026, paper_anchor_rel=0.015)
@@ -269,13 +272,12 @@ if len(vs_fp8):
 # well it generalises.
 
 # %%
-abl = E.paired_gaps(df, "nvfp4")
+abl = lm_analysis.paired_gaps(df, "nvfp4")
 if len(abl):
     abl = abl[abl["recipe"].str.startswith("nvfp4-") | (abl["recipe"] == "jax-nvfp4")]
-    abl["ablation"] = abl["recipe"].map(lambda r: E.VARIANTS[r].ablation if r in E.VARIANTS
-                                        else "")
+    abl["ablation"] = abl["recipe"].map(lambda r: resolve(r).about)
     KEY = ["hardware", "profile", "model", "recipe"]
-    final = E.paired_gaps(df, "nvfp4", metric="final_eval_loss").set_index(KEY)["gap_nats"]
+    final = lm_analysis.paired_gaps(df, "nvfp4", metric="final_eval_loss").set_index(KEY)["gap_nats"]
     for r in abl.itertuples():
         k = (r.hardware, r.profile, r.model, r.recipe)
         fin = (f"truncated at step {r.truncated_at:.0f}: no final loss"
@@ -289,7 +291,7 @@ if len(abl):
 # ## 6. Memory (claim B3)
 #
 # Stored bytes of the GEMM operands, from the quantized tensors' own dtypes and scale shapes
-# (`repro.lm.experiments.stored_bytes`): NVFP4 = 4-bit E2M1 elements + one E4M3 byte per block
+# (`repro.studies.lm_quality.stored_bytes`): NVFP4 = 4-bit E2M1 elements + one E4M3 byte per block
 # (16x16 for weights, 1x16 for activations) + one FP32 per tensor; MXFP8 = 1 byte + one E8M0
 # byte per 32; FP8 = 1 byte + an FP32 scale; BF16 = FP16 = 2 bytes. "quantized layers only" is
 # the format's own ratio; "whole model" includes what the policy keeps in BF16 (embedding,
@@ -305,7 +307,7 @@ if len(mem):
     mem["scope"] = np.where(mem["metric"].str.endswith("quantized_only"),
                             "quantized layers only", "whole model")
     mem = mem.drop_duplicates(["size_model", "recipe", "metric"], keep="last")
-    sizes = sorted(mem["size_model"].unique(), key=lambda s: E.SIZE_ORDER.get(s, 9))
+    sizes = sorted(mem["size_model"].unique(), key=lambda s: lm_analysis.SIZE_ORDER.get(s, 9))
     fig, axes = plt.subplots(1, len(sizes), figsize=(9 * len(sizes), 4.5), squeeze=False)
     for ax, size in zip(axes[0], sizes):
         g = mem[(mem["size_model"] == size) & ~((mem["scope"] == "quantized layers only")
@@ -351,7 +353,7 @@ if len(df):
 # **partly** if only the format ratio is; **contradicted** otherwise.
 
 # %%
-b4 = E.b4_verdict(gaps)
+b4 = lm_analysis.b4_verdict(gaps)
 b4_hw = b4["row"]["hardware"] if b4.get("row") is not None else HW.slug
 note4 = ("quality only; NVFP4 GEMMs emulated (bit-faithful values), so no speed claim. "
          if b4.get("row") is not None and b4["row"]["emulated"] else "")
@@ -366,7 +368,7 @@ if b4.get("row") is not None:
                   f"(95% CI {r['gap_lo']:+.4f} .. {r['gap_hi']:+.4f}) vs MaxText's +0.026. ")
     # full-profile pairs of larger models than the verdict's, without the seeds the rule needs
     more = gaps[(gaps["recipe"] == "nvfp4") & (gaps["profile"] == "full")
-                & (gaps["model"].map(E.SIZE_ORDER) > E.SIZE_ORDER.get(b4["row"]["model"], -1))]
+                & (gaps["model"].map(lm_analysis.SIZE_ORDER) > lm_analysis.SIZE_ORDER.get(b4["row"]["model"], -1))]
     for _, r in more.iterrows():
         note4 += (f"Full profile, larger model so far: {r['model']} on {r['hardware']}, "
                   f"{int(r['n_seeds'])} paired seed(s) (the rule needs 3): NVFP4 vs BF16 "
@@ -380,7 +382,7 @@ p4 = claims.write_verdict("B4", b4["verdict"], b4["key_number"], hardware=b4_hw,
                                  "(eval_loss, best per run; notebooks/05_lm_nvfp4.py)",
                           note=note4.strip(), emulated=bool(b4.get("row") is not None
                                                             and b4["row"]["emulated"]))
-b3 = E.b3_verdict(df)
+b3 = lm_analysis.b3_verdict(df)
 note3 = ("Computed from the quantizers' dtypes and scale shapes (device-independent). Training "
          "memory is dominated by FP32 master weights + AdamW moments (16 bytes/parameter with "
          "gradients), which the format does not change.")

@@ -27,7 +27,7 @@
 #    $t_\text{step} = \max\big(\sum_g t_g + \sum_p \tfrac{\text{bytes}_p}{BW\cdot\eta_{bw}}
 #    + \gamma\, n_\text{GEMM launches},\ t_\text{floor}\big)$,
 #    where $t_g$ is the **measured** GEMM time of that shape (the GEMM kernel's traced device
-#    time where `repro.kernelprof gemm` recorded one, else the `gemm` sweep's time less its
+#    time where `repro.studies.kernel_times gemm` recorded one, else the `gemm` sweep's time less its
 #    per-call overhead), interpolated in log(flops) and scaled by $\eta_\text{off}$ for shapes
 #    off the sweep. Quantization costs what it adds to the BF16 step: an amax read per
 #    activation operand (current scaling), the weight quantization, the scale kernels.
@@ -57,7 +57,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from repro import claims, perfmodel, results
+from repro.claims import ledger as claims
+from repro import perfmodel, results
 from repro.config import resolve_profile
 
 profile = resolve_profile(profile)
@@ -74,7 +75,7 @@ FIG.mkdir(exist_ok=True)
 #
 # The parameters the fit found (or the defaults, where nothing was measured), and how well the
 # BF16 step times that were fitted are reproduced. BF16 step times alone hardly tell the
-# device's idle time apart from GEMM and memory time. Where `python -m repro.kernelprof` has
+# device's idle time apart from GEMM and memory time. Where `python -m repro.studies.kernel_times` has
 # traced BF16 steps (`results/<chip>/kernel_times/`), it is measured instead: (step time -
 # device busy time) / GEMM launches per step, the median over the traced shapes (`gap_us`; the
 # table's `source` says which).
@@ -108,7 +109,7 @@ if len(fit):
 #
 # Each point is one measured shape and FP8 recipe: circles are MLP training steps (`mlp_step`,
 # labelled batch x width x depth), squares this repository's LM training steps (`lm_step`,
-# `repro.lmbench`: the 20m and 120m decoders, labelled by preset and sequences per step, predicted
+# `repro.studies.lm_step`: the 20m and 120m decoders, labelled by preset and sequences per step, predicted
 # as `lm_step_gemms` of that preset). Emulated timings are never used. The grey band is ±10%
 # around perfect prediction; MLP and LM shapes count alike.
 
@@ -160,7 +161,7 @@ val[["hardware", "workload", "shape", "recipe", "predicted", "measured", "error"
 # ms. A positive "measured" at small widths is quantization overhead (extra passes and
 # launches) that outweighs the faster GEMMs. `traffic from` says whether the prediction took
 # each program's traffic and kernel count from its compiled HLO (`compiled`, records made with
-# `repro.bench.compiled_facts`) or from the model's assumed passes (`assumed`).
+# `repro.studies.gemm.compiled_facts`) or from the model's assumed passes (`assumed`).
 
 # %%
 (val[["hardware", "workload", "shape", "recipe", "fp8_minus_bf16_measured_ms",
@@ -172,7 +173,7 @@ val[["hardware", "workload", "shape", "recipe", "predicted", "measured", "error"
 # %% [markdown]
 # ## Where the time goes: the model's parts against kernel traces
 #
-# `python -m repro.kernelprof` traces steps kernel by kernel (JAX's profiler; records under
+# `python -m repro.studies.kernel_times` traces steps kernel by kernel (JAX's profiler; records under
 # `results/<chip>/kernel_times/`). Per traced shape and recipe, in ms per step: the GEMM and
 # attention kernels (`gemm`), every other kernel (`other`: elementwise, reductions, casts; the
 # model's traffic term) and the idle device time between kernels (`gaps`: the untraced step
@@ -206,7 +207,7 @@ if len(parts):
     print(f"{len(overlap)} of {len(parts)} traced steps are busier than they are long "
           f"(kernels overlapping): {', '.join(overlap['shape'] + ' ' + overlap['recipe'])}")
 else:
-    print("no kernel traces yet: `python -m repro.kernelprof mlp --width 256` (and `lm`, `gemm`)"
+    print("no kernel traces yet: `python -m repro.studies.kernel_times mlp --width 256` (and `lm`, `gemm`)"
           " on a GPU records them")
 parts.round(3)
 

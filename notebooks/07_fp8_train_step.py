@@ -17,7 +17,7 @@
 # **Issue 3.** Make this repository's FP8 layers the fastest FP8 training path in JAX on Hopper,
 # close to the physical limit, and push down the width at which FP8 starts to pay.
 #
-# **Benchmark** (`repro.mlpbench`, `repro record mlp_step --profile full`): a ReLU MLP with 3
+# **Benchmark** (`repro.studies.mlp_step`, `repro record mlp_step --profile full`): a ReLU MLP with 3
 # hidden layers, batch 65536, widths 256..4096; one full training step (forward, backward, Adam
 # on FP32 master weights). All recipes of a width are compiled and then timed **interleaved in
 # one process** (A, B, C, A, B, C, ...), so every speedup is a ratio of two timings from the same
@@ -59,8 +59,9 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from repro import config, hardware, mlpbench, results
-from repro.recipes import get_recipe
+from repro import config, hardware, results
+from repro.studies import mlp_step as mlpbench
+from repro.precision.recipes import resolve
 
 P = config.stage_params("mlp_step", profile)
 HW = hardware.detect()
@@ -75,7 +76,7 @@ print(f"profile={P['profile']}  this machine: {HW.slug} ({HW.name})  recipes: {P
 # Written on 2026-11-29, before any GPU run of these levers; the measured column below is
 # filled from records only.
 #
-# Each lever is a field of `repro.recipes.Recipe` (documented there) and is measured as an
+# Each lever is a field of `repro.precision.recipes.Recipe` (documented there) and is measured as an
 # ablation: a recipe variant with the lever switched back, timed in the same run as the default.
 #
 # | lever | default (predicted fastest) | ablation variant in the run |
@@ -218,9 +219,9 @@ OURS_DEFAULT = ("fp8-current", "fp8-delayed")
 
 
 def kind(recipe):
-    if recipe == mlpbench.PEER:
+    if recipe == "flax-fp8":
         return "peer"
-    r = get_recipe(recipe)
+    r = resolve(recipe)
     if r.gemm != "fp8":
         return "baseline"
     return "ours" if recipe in OURS_DEFAULT else "ablation"
@@ -272,7 +273,7 @@ table
 # %%
 STYLE = {"fp8-current": dict(color="tab:blue", lw=2.2, marker="o"),
          "fp8-delayed": dict(color="tab:red", lw=2.2, marker="o"),
-         mlpbench.PEER: dict(color="black", lw=1.8, ls="--", marker="s"),
+         "flax-fp8": dict(color="black", lw=1.8, ls="--", marker="s"),
          "fp16": dict(color="tab:green", lw=1.2, ls=":", marker="."),
          "bf16": dict(color="tab:gray")}
 PALETTE = list(plt.cm.Dark2.colors)
@@ -464,7 +465,7 @@ def verdict():
                 absent.append(str(w))
                 continue
             best = d.loc[d.speedup.idxmax()]
-            peer = g[(g.width == w) & (g.recipe == mlpbench.PEER)].speedup
+            peer = g[(g.width == w) & (g.recipe == "flax-fp8")].speedup
             ceil = gemm_ceiling(hw_slug, BATCH, w)
             text = (f"W={w}: {best.recipe} {best.speedup:.2f}x vs target {target:.2f}x"
                     + (f", peer {peer.iloc[0]:.2f}x" if len(peer) else "")
@@ -494,7 +495,7 @@ def crossover_and_peer():
     for hw_slug, g in native[native.batch == BATCH].groupby("hardware"):
         best = (g[g.recipe.isin(ours)].sort_values("speedup").groupby("width").tail(1)
                 .set_index("width").sort_index())
-        peer = g[g.recipe == mlpbench.PEER].set_index("width").speedup
+        peer = g[g.recipe == "flax-fp8"].set_index("width").speedup
         pays = best[best.speedup > 1.0]
         cross = (f"FP8 pays from width {int(pays.index.min())} "
                  f"({pays.iloc[0].recipe} {pays.iloc[0].speedup:.2f}x)" if len(pays)

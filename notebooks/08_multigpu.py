@@ -24,9 +24,9 @@
 #
 # | what | mesh `("data",)` (data parallel) | mesh `("data", "fsdp")` (FSDP) |
 # |---|---|---|
-# | PPO env states, observations, trajectories (`repro.rl.sharded`) | `P("data")` on the env axis (`with_sharding_constraint`) | - |
+# | PPO env states, observations, trajectories (`repro.models.ppo`) | `P("data")` on the env axis (`with_sharding_constraint`) | - |
 # | PPO minibatches | `P(None, "data")` | - |
-# | LM batch `[B, T]` (`repro.lm.sharded`) | `P("data")` | `P(("data", "fsdp"))` |
+# | LM batch `[B, T]` (`repro.models.lm_train`) | `P("data")` | `P(("data", "fsdp"))` |
 # | parameters, Adam moments | replicated `P()` | stored split: largest divisible axis over `"fsdp"`, e.g. `P(None, "fsdp")`; < 1024 elements replicated. The forward pass reads them all-gathered |
 # | FP8_META (amax histories, scales, NVFP4 step) | replicated | replicated |
 # | loss, metrics | replicated (a mean over the sharded batch: all-reduce) | replicated |
@@ -37,7 +37,7 @@
 # between the GPUs instead (all-to-alls; the first H200 records, listed below as left out).
 # The delayed-scaling amax is a `jnp.max` over a sharded array, which XLA makes a global
 # all-reduce(max): every device quantizes with the same scale as one device would.
-# Multi-host: `repro.distributed.initialize_from_env()` calls `jax.distributed.initialize()`
+# Multi-host: `repro.models.sharding.initialize_from_env()` calls `jax.distributed.initialize()`
 # under Slurm, Open MPI or `JAX_COORDINATOR_ADDRESS` (+ `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`).
 #
 # **Verified on CPU** (`tests/test_distributed.py`, 8 simulated devices via
@@ -49,7 +49,7 @@
 # moments are really split; an FSDP checkpoint restores sharded and resumes exactly, also onto
 # a data-parallel mesh.
 #
-# **Scaling** (`repro.multigpu`, `repro record multigpu --profile full`): WEAK scaling over 1,
+# **Scaling** (`repro.studies.multigpu`, `repro record multigpu --profile full`): WEAK scaling over 1,
 # 2, 4, 8 GPUs (fixed work per device), BF16 and FP8 (delayed scaling): the data-parallel PPO
 # loop (env-steps/s), the LM step with replicated (`lm_dp`) and fully sharded (`lm_fsdp`)
 # parameters (tokens/s). Scaling efficiency `throughput_n / (n * throughput_1)`; FP8/BF16
@@ -74,7 +74,10 @@ import jax
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from repro import claims, config, hardware, multigpu, results
+from repro.claims import ledger as claims
+from repro import config, hardware, results
+from repro.studies import multigpu
+from repro.analysis import scaling as scaling_analysis
 
 P = config.stage_params("multigpu", profile)
 HW = hardware.detect()
@@ -111,7 +114,7 @@ else:
 
 # %%
 df = results.load_records("multigpu")
-table = multigpu.throughput_table(df)
+table = scaling_analysis.throughput_table(df)
 show = table.assign(throughput=table.throughput.round(0), efficiency=table.efficiency.round(3),
                     fp8_speedup=table.fp8_speedup.round(3)).drop(columns=["spread"])
 show
@@ -194,7 +197,7 @@ plt.show()
 # %% [markdown]
 # ## Verdict (computed from the records)
 #
-# Rule (`repro.multigpu.b5_verdict`): only GPU records on real devices with 2 or more GPUs
+# Rule (`repro.studies.multigpu.b5_verdict`): only GPU records on real devices with 2 or more GPUs
 # count. On the hardware with the largest measured count, the weak-scaling efficiency of every
 # (workload, recipe) at that count: **reproduced** when all are >= 0.8 at 4 or more GPUs;
 # **partly** when all are >= 0.8 on 2 GPUs only, or some (not all) are; **contradicted** when
@@ -202,7 +205,7 @@ plt.show()
 # distributed training works and checkpoints; they say nothing about scaling).
 
 # %%
-V = multigpu.b5_verdict(table)
+V = scaling_analysis.b5_verdict(table)
 CPU_CHECKS = ("CPU, 8 simulated devices (tests/test_distributed.py): data-parallel PPO (FP32, "
               "FP8 delayed) and DP/FSDP LM training (BF16, NVFP4) equal single-device runs; "
               "gradient all-reduce and global amax verified; sharded checkpoints resume")

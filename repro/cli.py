@@ -16,7 +16,7 @@ and a log in ``build/logs/record.log``. ``notebook`` converts ``notebooks/NAME.p
 py:percent) to ``build/notebooks/NAME.ipynb`` and executes it with papermill into
 ``build/notebooks/NAME.out.ipynb``, with the repository root as working directory and the
 kernel's output in ``build/logs/NAME.log``; this is the command every DVC stage runs.
-``claims`` prints the claims ledger (``repro.claims``) and regenerates the README's table;
+``claims`` prints the claims ledger (``repro.claims.ledger``) and regenerates the README's table;
 ``site`` builds the static documentation site (``repro.site``) in ``build/site/``.
 
 Bad input (an unknown experiment, recipe, profile or notebook, a malformed ``params.yaml``)
@@ -43,13 +43,13 @@ from repro.config import ConfigError
 
 # experiment -> "module:function"; the function is record(profile, root, force).
 EXPERIMENTS: dict[str, str] = {
-    "gemm": "repro.bench:record_gemm",
-    "mlp_step": "repro.mlpbench:record",
-    "lm_step": "repro.lmbench:record",
-    "rl_throughput": "repro.rl.experiments:record_throughput",
-    "rl_quality": "repro.rl.experiments:record_quality",
-    "lm": "repro.lm.experiments:record",
-    "multigpu": "repro.multigpu:record",
+    "gemm": "repro.studies.gemm:record_gemm",
+    "mlp_step": "repro.studies.mlp_step:record",
+    "lm_step": "repro.studies.lm_step:record",
+    "rl_throughput": "repro.studies.rl_throughput:record_throughput",
+    "rl_quality": "repro.studies.rl_throughput:record_quality",
+    "lm": "repro.studies.lm_quality:record",
+    "multigpu": "repro.studies.multigpu:record",
 }
 BENCH_ALIASES = ("gemm",)
 ALL = "all"  # repro record all: every experiment above, in order
@@ -108,28 +108,24 @@ def resolve_experiment(name: str) -> Callable:
 
 def valid_recipes(experiment: str) -> list[str]:
     if experiment == "gemm":
-        from repro.bench import GEMM_DTYPES
+        from repro.studies.gemm import GEMM_DTYPES
 
         return list(GEMM_DTYPES)
-    from repro.recipes import recipe_names
+    from repro.precision.recipes import names as recipe_names
 
     return recipe_names()
 
 
 def _recipe_ok(experiment: str, name: str, valid: list[str]) -> bool:
-    """A registry name, a variant ('fp8-delayed:fp8_gemm_out=float32') or a benchmark peer."""
+    """A name of the precision registry, or a variant 'base:field=value' of one."""
     if name in valid:
         return True
     if experiment == "gemm":
         return False
-    from repro import te_backend
-    from repro.mlpbench import PEER
-    from repro.recipes import get_recipe
+    from repro.precision import resolve
 
-    if name == PEER or te_backend.is_te_recipe(name):
-        return True
     try:
-        get_recipe(name)
+        resolve(name)
     except ValueError:
         return False
     return True
@@ -148,9 +144,9 @@ def _use_hardware(slug: str | None) -> None:
 
 def _check_numerics(profile: str) -> None:
     """Full-profile records are evidence: refuse to write them on a device where a rounding
-    the experiments rely on is skipped (``repro.numerics_check``; raises a one-line error)."""
+    the experiments rely on is skipped (``repro.precision.check``; raises a one-line error)."""
     if profile == "full":
-        from repro import numerics_check
+        from repro.precision import check as numerics_check
 
         numerics_check.require()
 
@@ -400,7 +396,7 @@ def format_ledger(rows: list[dict[str, Any]], width: int | None = None) -> str:
 
     width = width or min(shutil.get_terminal_size((100, 24)).columns, 120)
     counts = Counter(r["verdict"] for r in rows)
-    from repro.claims import VERDICTS
+    from repro.claims.ledger import VERDICTS
 
     head = ", ".join(f"{counts[v]} {v}" for v in VERDICTS if counts[v])
     out = [f"claims ledger: {len(rows)} claims ({head})", ""]
@@ -425,7 +421,7 @@ def format_ledger(rows: list[dict[str, Any]], width: int | None = None) -> str:
 
 
 def cmd_claims(args) -> int:
-    from repro import claims
+    from repro.claims import ledger as claims
     from repro.results import repo_root
 
     rows = claims.ledger()

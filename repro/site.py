@@ -159,7 +159,7 @@ were not run on the hardware's native FP8/FP4 units.</p>
 def build_site(root: Path, out: Path | None = None, nb_dir: Path | None = None) -> Path:
     """Build the site from ``root``'s executed notebooks into ``out`` (default
     ``root/build/site``), replacing it whole; returns the path of ``index.html``."""
-    from repro import claims
+    from repro.claims import ledger as claims
     from repro.results import git_commit
 
     root = Path(root)

@@ -8,7 +8,7 @@
 #   ITEM is EXPERIMENT[:ARGS] (`repro record EXPERIMENT --profile full ARGS`, ARGS comma-separated)
 #   or a quoted "MODULE ARGS..." containing a space (`python3 -m MODULE ARGS...`), e.g.
 #          scripts/gpu_record.sh 540 mlp_step \
-#            "repro.rl.experiments throughput --profile full --recipe bf16,fp8-delayed --only mlp_w4096_*"
+#            "repro.studies.rl_throughput throughput --profile full --recipe bf16,fp8-delayed --only mlp_w4096_*"
 #   A module item is split on spaces, without globbing and without quote removal (write
 #   --only mlp_w4096_*, not quoted). Every item gets what is left of SECONDS (stopped with
 #   SIGINT, killed 20 s later if it ignores it), and results/ is packed after each item.
@@ -35,8 +35,8 @@ nvidia-smi topo -m 2>&1 | tee -a "$out/gpu.txt"  # how the GPUs are linked (mult
 echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-} REPRO_RUN_NOTE=${REPRO_RUN_NOTE:-}" | tee -a "$out/gpu.txt"
 python3 -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())" 2>&1 | tee -a "$out/gpu.txt"
 # Every rounding the experiments rely on must happen on this device (XLA's GPU compiler folds
-# plain cast round trips; repro.formats.cast does not rely on them): refuse to record otherwise.
-if ! python3 -m repro.numerics_check 2>&1 | tee -a "$out/gpu.txt"; then
+# plain cast round trips; repro.precision.formats.cast does not rely on them): refuse to record otherwise.
+if ! python3 -m repro.precision.check 2>&1 | tee -a "$out/gpu.txt"; then
   echo "== numerics check failed: nothing recorded"; exit 1
 fi
 # Compile caches (compile time, not run time, bounds a call: an FP8 step autotunes every GEMM
@@ -57,7 +57,7 @@ for exp in "$@"; do
   left=$(( budget - ($(date +%s) - start) - 15 ))
   if [ "$left" -le 20 ]; then echo "== skip $exp: budget spent"; continue; fi
   echo "== $exp (<= ${left}s)"
-  # Studies that checkpoint (repro.lm.experiments) stop cleanly at REPRO_TIME_BUDGET_S: give
+  # Studies that checkpoint (repro.studies.lm_quality) stop cleanly at REPRO_TIME_BUDGET_S: give
   # each item a budget that ends 30 s before its timeout (or the caller's, if smaller).
   item_budget=$(( left - 30 ))
   if [ -n "$user_budget" ] && [ "$user_budget" -lt "$item_budget" ]; then item_budget=$user_budget; fi

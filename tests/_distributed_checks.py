@@ -21,11 +21,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from repro import distributed, layers, scaling
-from repro.lm import model as M
-from repro.lm import train as T
-from repro.rl import experiments as RX
-from repro.rl import ppo, sharded
+from repro.models import lm as M
+from repro.models import lm_train as T
+from repro.models import ppo
+from repro.models import sharding as distributed
+from repro.precision import layers, resolve, scaling
+from repro.studies import rl_throughput as RX
 
 OUT: dict = {"timings": {}}
 
@@ -72,7 +73,7 @@ def ppo_equivalence(recipe):
     mesh = distributed.make_mesh(8)
     key = jax.random.key(0)
     single = jax.device_get(jax.jit(ppo.make_train(cfg))(key))
-    compiled = jax.jit(sharded.make_train(cfg, mesh)).lower(key).compile()
+    compiled = jax.jit(ppo.make_train(cfg, mesh)).lower(key).compile()
     multi = jax.device_get(compiled(key))
     text = compiled.as_text()
     return {"single": {k: tolist(v) for k, v in single.items()},
@@ -111,8 +112,8 @@ def _():
     v1, o1 = upd1(variables, opt_state, traj, adv, tgt, key)
     v1, o1 = upd1(v1, o1, traj, adv, tgt, jax.random.key(4))
     mesh = distributed.make_mesh(8)
-    args = sharded.place_update_args(mesh, variables, opt_state, traj, adv, tgt, key)
-    upd8 = jax.jit(sharded.make_update_step(c, net, tx, mesh))
+    args = ppo.place_update_args(mesh, variables, opt_state, traj, adv, tgt, key)
+    upd8 = jax.jit(ppo.make_update_step(c, net, tx, mesh=mesh))
     compiled = upd8.lower(*args).compile()
     v8, o8 = compiled(*args)
     v8, o8 = compiled(v8, o8, *args[2:5], jax.device_put(jax.random.key(4),
@@ -198,13 +199,12 @@ def lm_collectives(recipe, mesh, fsdp, cfg, batch=4):
     """The collectives in the compiled LM training step of ``cfg`` on ``mesh`` (a global
     batch of ``batch`` sequences: 2 a device on 2 devices, where letting XLA keep the weights
     split made it move activations)."""
-    from repro import multigpu
-    from repro.lm import sharded as LS
+    from repro.studies import multigpu
 
-    init, step, _ = LS.functions(cfg, M.base_recipe(recipe), T._static_key(LM_TC), False,
+    init, step, _ = T._sharded_functions(cfg, resolve(recipe), T._static_key(LM_TC), False,
                                  mesh, fsdp)
     v, o = init(jnp.int32(0), jnp.zeros((1, cfg.seq_len), jnp.int32))
-    x = LS.batch_putter(mesh)(np.zeros((batch, cfg.seq_len), np.int32))
+    x = T._batch_putter(mesh)(np.zeros((batch, cfg.seq_len), np.int32))
     text = step.lower(v, o, x, x, jnp.int32(0), jnp.int32(0)).compile().as_text()
     return multigpu.collectives(text)
 
@@ -238,9 +238,8 @@ def _():
             # what the checkpoint restores into: the FSDP state shardings
             mgr = T._manager(d)
             mesh, fsdp = MESHES["fsdp2x4"]
-            from repro.lm import sharded as LS
-
-            init, _, _ = LS.functions(LM_CFG, M.base_recipe("bf16"), T._static_key(LM_TC),
+        
+            init, _, _ = T._sharded_functions(LM_CFG, resolve("bf16"), T._static_key(LM_TC),
                                       False, mesh, fsdp)
             v0, o0 = init(jnp.int32(0), jnp.zeros((1, LM_CFG.seq_len), jnp.int32))
             step, v, o, _ = T._restore(mgr, v0, o0)

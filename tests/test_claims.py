@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from repro import claims
+from repro.claims import ledger as claims
 
 
 @pytest.fixture

@@ -95,7 +95,7 @@ def test_registry_targets_are_module_colon_function():
     for target in cli.EXPERIMENTS.values():
         module, func = target.split(":")
         assert module.startswith("repro.") and func.isidentifier()
-    assert cli.EXPERIMENTS["gemm"] == "repro.bench:record_gemm"
+    assert cli.EXPERIMENTS["gemm"] == "repro.studies.gemm:record_gemm"
 
 
 def test_hardware_command(capsys):
@@ -153,7 +153,7 @@ def test_recipe_variants_and_peers_pass_validation():
 
 
 def test_full_record_refuses_a_device_that_skips_roundings(tmp_path, monkeypatch, capsys):
-    from repro import numerics_check
+    from repro.precision import check as numerics_check
 
     monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
     monkeypatch.setattr(numerics_check, "checks", lambda: [

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from repro import claims, cli, hardware, results
+from repro import cli, hardware, results
+from repro.claims import ledger as claims
 
 ROOT = Path(__file__).resolve().parent.parent
 IDS = [f"A{i}" for i in range(1, 12)] + [f"B{i}" for i in range(1, 7)]
@@ -188,7 +189,7 @@ def repo(tmp_path, monkeypatch):
     hardware.detect.cache_clear()
     calls = []
     monkeypatch.setitem(sys.modules, "repro_toy_experiment", _toy_module(calls))
-    monkeypatch.setattr(cli, "EXPERIMENTS", {"gemm": "repro.bench:record_gemm",
+    monkeypatch.setattr(cli, "EXPERIMENTS", {"gemm": "repro.studies.gemm:record_gemm",
                                              "toy": "repro_toy_experiment:record"})
     yield types.SimpleNamespace(root=tmp_path, calls=calls)
     hardware.detect.cache_clear()
@@ -231,7 +232,7 @@ def test_record_all_on_a_new_hardware_then_side_by_side(repo, capsys):
 
 
 def test_interrupted_record_resumes_without_redoing_cells(repo, monkeypatch, capsys):
-    from repro import bench
+    from repro.studies import gemm as bench
 
     real_sweep, sweeps = bench.gemm_sweep, []
 

@@ -19,7 +19,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repro import distributed, multigpu
+from repro.analysis import scaling as scaling_analysis
+from repro.models import sharding as distributed
+from repro.studies import multigpu
 
 ROOT = Path(__file__).resolve().parent.parent
 P = distributed.P
@@ -168,7 +170,7 @@ def test_fsdp_spec_rules():
 def test_fp8_meta_is_never_sharded():
     import jax.numpy as jnp
 
-    from repro.layers import FP8_META
+    from repro.precision.layers import FP8_META
 
     tree = {"params": {"dense": {"kernel": jnp.zeros((64, 32)), "bias": jnp.zeros((32,))}},
             FP8_META: {"dense": {"input_amax_history": jnp.zeros((1024,)),
@@ -233,7 +235,7 @@ def _table(rows, commit=lambda w, r, n: "abc"):
                      "extra": {"n_devices": n, "simulated_devices": sim}, "spread": 0.0,
                      "emulated": False, "profile": "full", "timestamp": "t",
                      "git_commit": commit(w, r, n)})
-    return multigpu.throughput_table(pd.DataFrame(recs))
+    return scaling_analysis.throughput_table(pd.DataFrame(recs))
 
 
 def test_efficiency_speedup_and_b5_verdict():
@@ -245,14 +247,14 @@ def test_efficiency_speedup_and_b5_verdict():
     assert math.isclose(got.loc[("bf16", 4), "efficiency"], 0.9)
     assert math.isclose(got.loc[("fp8-delayed", 2), "fp8_speedup"], 1.3)
     assert np.isnan(got.loc[("bf16", 2), "fp8_speedup"])
-    v = multigpu.b5_verdict(t)
+    v = scaling_analysis.b5_verdict(t)
     assert v["verdict"] == "reproduced" and v["n_devices"] == 4 and v["hardware"] == "h200"
     # CPU (simulated) records never count
     sim = _table([("cpu", "cpu", True, "ppo", "bf16", n, 10.0 * n) for n in (1, 2, 4, 8)])
-    assert multigpu.b5_verdict(sim)["verdict"] == "not yet measured"
+    assert scaling_analysis.b5_verdict(sim)["verdict"] == "not yet measured"
     poor = _table([("h200", "gpu", False, "lm_dp", "bf16", n, 100.0 * n * e)
                    for n, e in ((1, 1.0), (2, 0.5))])
-    assert multigpu.b5_verdict(poor)["verdict"] == "contradicted"
+    assert scaling_analysis.b5_verdict(poor)["verdict"] == "contradicted"
 
 
 def test_ratios_say_whether_their_cells_share_a_commit():
@@ -268,7 +270,7 @@ def test_ratios_say_whether_their_cells_share_a_commit():
     assert t.loc[("bf16", 4), "efficiency_same_commit"]
     assert t.loc[("fp8-delayed", 2), "fp8_same_commit"]
     assert not t.loc[("fp8-delayed", 4), "fp8_same_commit"]
-    rows = multigpu.b5_verdict(t.reset_index())["rows"]
+    rows = scaling_analysis.b5_verdict(t.reset_index())["rows"]
     assert {(r["recipe"], r["efficiency_same_commit"], r["fp8_same_commit"]) for r in rows} == {
         ("bf16", True, False), ("fp8-delayed", False, False)}
 
@@ -287,15 +289,15 @@ def test_record_smoke_one_device(tmp_path, monkeypatch):
     try:
         written = multigpu.record("smoke", tmp_path)
         names = sorted(Path(w).name for w in written)
-        assert names == ["ppo_bf16_n1.json", "summary.json"]
+        assert names == ["ppo_bf16_n1.json"]
         recs = results.load_records("multigpu", roots=[tmp_path])
         thr = recs[recs["metric"] == "env_steps_per_s"].iloc[0]
         assert thr["value"] > 0 and thr["extra"]["n_devices"] == 1
         assert thr["extra"]["simulated_devices"] is True and thr["claims"] == ["B5"]
-        eff = recs[recs["metric"] == "scaling_efficiency"]
-        assert list(eff["value"]) == [1.0]
+        eff = scaling_analysis.throughput_table(recs)
+        assert list(eff["efficiency"]) == [1.0]
         again = multigpu.record("smoke", tmp_path)
-        assert [Path(w).name for w in again] == ["summary.json"]  # the cell is kept
+        assert again == []  # the cell is kept
     finally:
         monkeypatch.delenv("REPRO_HARDWARE")
         hardware.detect.cache_clear()

@@ -14,11 +14,12 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-
 from _fold_converts import fold_converts
-from repro import formats as F
-from repro import numerics_check, ops, optim
-from repro.recipes import get_recipe
+
+from repro.precision import check as numerics_check
+from repro.precision import formats as F
+from repro.precision import ops, optim
+from repro.precision.recipes import resolve
 
 DTYPES = [jnp.bfloat16, jnp.float16, F.E4M3, F.E5M2, F.E2M1]
 
@@ -105,7 +106,7 @@ def test_storage_and_kahan_survive_convert_folding(storage):
 
 def test_fp8_conv_gradients_survive_convert_folding():
     """The FP8 convolution's backward dequantizes its FP8 operands to BF16 (a convert chain)."""
-    r = get_recipe("fp8-current")
+    r = resolve("fp8-current")
     x, w = _x(5, (2, 6, 6, 16)), _x(6, (3, 3, 16, 16), 0.1)
 
     def loss(x, w):

@@ -1,4 +1,4 @@
-"""Tests for repro.formats against independent references.
+"""Tests for repro.precision.formats against independent references.
 
 References are numpy + ml_dtypes casts, literal hand-computed numbers, or
 closed-form definitions written out here; never the code under test.
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from repro import formats as F
+from repro.precision import formats as F
 
 SETTINGS = settings(max_examples=40, deadline=None)
 NP_DT = {F.E4M3: ml_dtypes.float8_e4m3fn, F.E5M2: ml_dtypes.float8_e5m2, F.E2M1: ml_dtypes.float4_e2m1fn}

@@ -22,11 +22,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from repro import mlpbench, ops, te_backend
-from repro import scaling as scaling_lib
-from repro.layers import FP8_META
 from repro.config import stage_params
-from repro.recipes import RECIPES, Recipe, get_recipe
+from repro.precision import ops
+from repro.precision import scaling as scaling_lib
+from repro.precision.layers import FP8_META
+from repro.precision.recipes import REGISTRY, Recipe, resolve
+from repro.studies import mlp_step as mlpbench
 
 E4M3 = ml_dtypes.float8_e4m3fn
 E5M2 = ml_dtypes.float8_e5m2
@@ -41,12 +42,12 @@ def randn(seed, shape, scale=1.0):
 
 
 def plain(base):
-    return get_recipe(f"{base}:fp8_gemm_out=float32,fp8_layout=natural")
+    return resolve(f"{base}:fp8_gemm_out=float32,fp8_layout=natural")
 
 
 def run(recipe, x, w, c, meta):
     """y, dx, dw and the meta "gradient" of sum(fp8_dot(x, w) * c), jitted."""
-    recipe = get_recipe(recipe)
+    recipe = resolve(recipe)
 
     def loss(x, w, meta):
         y = ops.fp8_dot(x, w, recipe, meta)
@@ -95,17 +96,17 @@ def assert_within_compute_rounding(a, b):
 
 
 def test_variant_syntax_coerces_fields_and_names_the_variant():
-    r = get_recipe("fp8-delayed:fp8_gemm_out=float32, amax_history_len=16,margin=1")
+    r = resolve("fp8-delayed:fp8_gemm_out=float32, amax_history_len=16,margin=1")
     assert r.name == "fp8-delayed:fp8_gemm_out=float32, amax_history_len=16,margin=1"
     assert (r.fp8_gemm_out, r.amax_history_len, r.margin) == ("float32", 16, 1)
     assert isinstance(r.amax_history_len, int)
     assert r.replace(name="fp8-delayed", fp8_gemm_out="compute", amax_history_len=1024,
-                     margin=0) == RECIPES["fp8-delayed"]
-    assert get_recipe("nvfp4:rht=false,stochastic_rounding=0").rht is False
-    assert get_recipe("nvfp4:rht=True").rht is True
-    assert get_recipe("fp8-current:compute_dtype=float32").dtype == jnp.float32
-    assert get_recipe(r.name) == r  # the name round-trips
-    assert get_recipe("fp8-current:fp8_layout=tn", margin=2).margin == 2  # overrides still work
+                     margin=0) == REGISTRY["fp8-delayed"]
+    assert resolve("nvfp4:rht=false,stochastic_rounding=0").rht is False
+    assert resolve("nvfp4:rht=True").rht is True
+    assert resolve("fp8-current:compute_dtype=float32").dtype == jnp.float32
+    assert resolve(r.name) == r  # the name round-trips
+    assert resolve("fp8-current:fp8_layout=tn", margin=2).margin == 2  # overrides still work
 
 
 @pytest.mark.parametrize("spec, words", [
@@ -123,7 +124,7 @@ def test_variant_syntax_coerces_fields_and_names_the_variant():
 ])
 def test_variant_syntax_errors_are_one_line(spec, words):
     with pytest.raises(ValueError) as e:
-        get_recipe(spec)
+        resolve(spec)
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
@@ -131,15 +132,15 @@ def test_recipe_rejects_bad_lever_values():
     with pytest.raises(ValueError, match="fp8_layout must be one of"):
         Recipe("x", gemm="fp8", fp8_layout="nt")
     with pytest.raises(ValueError, match="fp8_gemm_out must be one of"):
-        get_recipe("fp8-current").replace(fp8_gemm_out="bf16")
+        resolve("fp8-current").replace(fp8_gemm_out="bf16")
 
 
 def test_full_mlp_step_lists_every_lever_ablation():
     p = stage_params("mlp_step", "full")
     recipes = p["recipes"] + p["levers"]
-    assert recipes[0] == "bf16" and mlpbench.PEER in recipes and "fp16" in recipes
-    parsed = [get_recipe(r) for r in recipes  # all valid names; peers are not our recipes
-              if r != mlpbench.PEER and not te_backend.is_te_recipe(r)]
+    assert recipes[0] == "bf16" and "flax-fp8" in recipes and "fp16" in recipes
+    parsed = [resolve(r) for r in recipes  # all valid names; peers are not our recipes
+              if resolve(r).backend == "repro"]
     assert {"fp8-current", "fp8-delayed"} <= {r.name for r in parsed}
     delayed = [r for r in parsed if r.gemm == "fp8" and r.scaling == "delayed"]
     assert any(r.fp8_gemm_out == "float32" for r in delayed)  # lever: GEMM output dtype
@@ -179,7 +180,7 @@ def test_compute_dtype_gemm_output_within_bf16_rounding_of_plain(scaling):
 
 @pytest.mark.parametrize("recipe", ["fp8-current", "fp8-delayed:fp8_layout=tn"])
 def test_optimized_path_matches_float64_reference_within_fp8_error(recipe):
-    r = get_recipe(recipe)
+    r = resolve(recipe)
     x, w, c, meta = inputs(r.scaling, seed=5)
     y, dx, dw, _ = run(r, x, w, c, meta)
     x64, w64, c64 = (np.asarray(a, np.float64) for a in (x, w, c))
@@ -203,7 +204,7 @@ def test_fp32_compute_dtype_is_unchanged_by_the_output_lever():
 
 def test_fp16_keeps_fp32_gemm_output_so_unscaled_products_cannot_overflow():
     # The unscaled FP8 product reaches K * 448 * 448 here, beyond FP16's 65504.
-    r = get_recipe("fp8-current:compute_dtype=float16")
+    r = resolve("fp8-current:compute_dtype=float16")
     x = jnp.full((16, 512), 3.0, jnp.float16)
     w = jnp.full((512, 16), 0.5, jnp.float32)
     text = jax.jit(lambda x, w: ops.fp8_dot(x, w, r)).lower(x, w).as_text()
@@ -220,7 +221,7 @@ _DOT = re.compile(r"stablehlo\.dot_general .*contracting_dims = \[(\d)\] x \[(\d
 
 def _dots(recipe, scaling):
     x, w, c, meta = inputs(scaling)
-    r = get_recipe(recipe)
+    r = resolve(recipe)
 
     def loss(x, w, meta):
         return jnp.sum(ops.fp8_dot(x, w, r, meta).astype(jnp.float32) * c)
@@ -232,7 +233,7 @@ def _dots(recipe, scaling):
 @pytest.mark.parametrize("recipe", ["fp8-current", "fp8-delayed", "fp8-delayed:fp8_layout=tn",
                                     "fp8-current:fp8_gemm_out=float32"])
 def test_hlo_keeps_fp8_operands_in_all_three_gemms(recipe):
-    r = get_recipe(recipe)
+    r = resolve(recipe)
     dots = _dots(r, r.scaling)
     assert len(dots) == 3, dots
     for *_, a, b, _out in dots:
@@ -272,7 +273,7 @@ def _eqns(jaxpr):
 @pytest.mark.parametrize("recipe, copies", [("fp8-delayed", 1), ("fp8-current", 1),
                                             ("fp8-delayed:fp8_layout=tn", 2)])
 def test_weight_is_quantized_once_and_reused_by_the_data_gradient(recipe, copies):
-    r = get_recipe(recipe)
+    r = resolve(recipe)
     x, w, c, meta = inputs(r.scaling)
 
     def loss(x, w, meta):
@@ -296,7 +297,7 @@ def test_weight_is_quantized_once_and_reused_by_the_data_gradient(recipe, copies
 
 @pytest.mark.parametrize("layout", ["natural", "tn"])
 def test_backward_residuals_are_fp8_not_bf16(layout):
-    r = get_recipe(f"fp8-delayed:fp8_layout={layout}")
+    r = resolve(f"fp8-delayed:fp8_layout={layout}")
     x, w, _, meta = inputs("delayed")
     op = ("dot_tn",) if layout == "tn" else ("dot",)
     _, res = ops._fp8_fwd(x, w, meta, r, op)

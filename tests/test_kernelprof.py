@@ -3,7 +3,8 @@
 import pandas as pd
 import pytest
 
-from repro import kernelprof as K
+from repro.analysis import traces
+from repro.studies import kernel_times as K
 
 
 @pytest.mark.parametrize("name,cls", [
@@ -17,7 +18,7 @@ from repro import kernelprof as K
     ("Memcpy DtoD (Device -> Device)", "memory"),
 ])
 def test_kernel_class(name, cls):
-    assert K.kernel_class(name) == cls
+    assert traces.kernel_class(name) == cls
 
 
 def _trace():
@@ -142,7 +143,7 @@ def test_headroom_is_amdahls_law_on_hand_numbers():
     # outside them (140 instead of 100), so a 290 ms step.
     base = pd.Series({"gemm": 300.0, "kernel": 400.0})
     fast = pd.Series({"gemm": 150.0, "kernel": 290.0})
-    h = K.headroom(base, fast, target=1.5)
+    h = traces.headroom(base, fast, target=1.5)
     assert h["gemm x"] == pytest.approx(2.0)
     assert h["update x"] == pytest.approx(400 / 290)
     assert h["bound"] == pytest.approx(1.6)  # 400 / (150 + 100)

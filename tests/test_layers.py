@@ -1,17 +1,20 @@
-"""repro.layers on CPU: every recipe against an FP32 reference, the FP8_META update path."""
+"""repro.precision.layers on CPU: every recipe against an FP32 reference, the FP8_META update path."""
 
 import re
 
 import jax
-from jax import lax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax import lax
 
-from repro import layers as L
-from repro import ops
-from repro.recipes import RECIPES, get_recipe
+from repro.precision import layers as L
+from repro.precision import ops
+from repro.precision.recipes import REGISTRY, resolve
+
+# this repository's own precision recipes (not the training-time variants nor the peers)
+RECIPES = [n for n, r in REGISTRY.items() if r.backend == "repro" and r.base is None]
 
 
 def rel(a, b):
@@ -62,18 +65,18 @@ def test_dense_each_recipe_matches_fp32(name, fp32_reference):
         return model.apply(v, X), jax.grad(lambda v: _mse(model, v, X, T))(v)
 
     y, g = step(v)
-    assert y.dtype == get_recipe(name).dtype
+    assert y.dtype == resolve(name).dtype
     fwd_tol, grad_tol = TOL[name]
     e_fwd, e_grad = rel(y.astype(jnp.float32), y32), rel(g["params"]["kernel"], g32["kernel"])
     assert e_fwd < fwd_tol and e_grad < grad_tol, (e_fwd, e_grad)
     assert rel(g["params"]["bias"], g32["bias"]) < grad_tol
-    if get_recipe(name).quantized:
+    if resolve(name).quantized:
         assert e_fwd > 5e-3 and e_grad > 5e-3
     assert (L.FP8_META in v) == (name in ("fp8-delayed", "nvfp4"))
 
 
 def test_apply_gradients_fp8_delayed_updates_history():
-    r = get_recipe("fp8-delayed", amax_history_len=8)
+    r = resolve("fp8-delayed", amax_history_len=8)
     model = L.Dense(24, recipe=r)
     v = model.init(jax.random.PRNGKey(0), X)
     meta = v[L.FP8_META]

@@ -10,10 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from repro.lm import data as D
-from repro.lm import experiments as E
-from repro.lm import model as M
-from repro.lm import train as T
+from repro.analysis import lm as lm_analysis
+from repro.models import lm as M
+from repro.models import lm_data as D
+from repro.models import lm_train as T
+from repro.precision import resolve
+from repro.studies import lm_quality as E
 
 TINY = M.get_config("tiny")
 
@@ -77,16 +79,16 @@ def test_layer_recipe_policy():
         assert M.layer_recipe("nvfp4", kind, last, cfg).name == "bf16"  # last block BF16
     two = cfg.replace(n_bf16_last_blocks=2)
     assert M.layer_recipe("nvfp4", "mlp_in", last - 1, two).name == "bf16"
-    every = cfg.replace(nvfp4_scope="all")
-    assert M.layer_recipe("nvfp4", "head", None, every).gemm == "nvfp4"
-    assert M.layer_recipe("nvfp4", "mlp_out", last, every).gemm == "nvfp4"
-    assert M.layer_recipe("nvfp4", "attn_core", 0, every).name == "bf16"
-    assert M.layer_recipe("nvfp4", "embed", None, every).name == "bf16"
-    mlp = cfg.replace(nvfp4_scope="mlp")
-    assert M.layer_recipe("nvfp4", "attn_qkv", 0, mlp).name == "bf16"
-    assert M.layer_recipe("nvfp4", "mlp_in", 0, mlp).gemm == "nvfp4"
+    every = "nvfp4-all-layers"  # scope "all"
+    assert M.layer_recipe(every, "head", None, cfg).gemm == "nvfp4"
+    assert M.layer_recipe(every, "mlp_out", last, cfg).gemm == "nvfp4"
+    assert M.layer_recipe(every, "attn_core", 0, cfg).name == "bf16"
+    assert M.layer_recipe(every, "embed", None, cfg).name == "bf16"
+    mlp = "nvfp4-mlp-only"  # scope "mlp"
+    assert M.layer_recipe(mlp, "attn_qkv", 0, cfg).name == "bf16"
+    assert M.layer_recipe(mlp, "mlp_in", 0, cfg).gemm == "nvfp4"
     # Ablation fields travel through the policy; FP8 stays in every block, head BF16.
-    assert M.layer_recipe(E.VARIANTS["nvfp4-no-rht"].make_recipe(), "mlp_in", 0, cfg).rht is False
+    assert M.layer_recipe("nvfp4-no-rht", "mlp_in", 0, cfg).rht is False
     assert M.layer_recipe("fp8-delayed", "attn_out", last, cfg).gemm == "fp8"
     assert M.layer_recipe("fp8-delayed", "head", None, cfg).name == "bf16"
     assert M.layer_recipe("bf16", "head", None, cfg).name == "bf16"
@@ -96,7 +98,7 @@ def test_layer_recipe_policy():
 
 def test_nvfp4_model_uses_nvfp4_state():
     """Under nvfp4 exactly the policy's layers carry NVFP4 state (FP8_META step counters)."""
-    from repro.layers import FP8_META
+    from repro.precision.layers import FP8_META
 
     v = M.Decoder(TINY, "nvfp4").init(jax.random.key(0), jnp.zeros((1, TINY.seq_len), jnp.int32))
     meta = jax.tree_util.tree_flatten_with_path(v[FP8_META])[0]
@@ -108,7 +110,7 @@ def test_jax_nvfp4_is_gpu_only():
     if jax.default_backend() == "gpu":
         pytest.skip("GPU present")
     with pytest.raises(RuntimeError, match="needs a GPU"):
-        M.Decoder(TINY, M.JAX_NVFP4).init(jax.random.key(0),
+        M.Decoder(TINY, "jax-nvfp4").init(jax.random.key(0),
                                           jnp.zeros((1, TINY.seq_len), jnp.int32))
 
 
@@ -202,8 +204,8 @@ def test_time_budget_stops_with_a_checkpoint(tmp_path):
 def test_stored_bytes_follow_the_formats():
     cfg = TINY
     t = 512
-    nv = E.stored_bytes(cfg, E.VARIANTS["nvfp4"], t)
-    bf = E.stored_bytes(cfg, E.VARIANTS["bf16"], t)
+    nv = E.stored_bytes(cfg, resolve("nvfp4"), t)
+    bf = E.stored_bytes(cfg, resolve("bf16"), t)
     # NVFP4 16x16 weights: 4 bits + 1 byte per 256 elements + 4 bytes per tensor.
     assert nv["weight_bytes_quantized_only"] == pytest.approx(
         sum((0.5 + 1 / 256) * di * do + 4 for di, do in
@@ -213,7 +215,7 @@ def test_stored_bytes_follow_the_formats():
     assert ratio == pytest.approx((0.5 + 1 / 16) / 2, rel=1e-3)
     assert nv["weight_bytes_bf16"] == bf["weight_bytes"]
     assert bf["quantized_layers"] == 0 and nv["quantized_layers"] == 4
-    fp8 = E.stored_bytes(cfg, E.VARIANTS["fp8-delayed"], t)
+    fp8 = E.stored_bytes(cfg, resolve("fp8-delayed"), t)
     assert fp8["quantized_layers"] == 8  # every block linear layer, head BF16
 
 
@@ -254,7 +256,7 @@ def _lm_frame(tmp_path, runs):
 def test_run_losses_best_final_and_overfit(tmp_path):
     df = _lm_frame(tmp_path, {("bf16", 0): [(2.0, 2.1), (1.5, 1.2), (3.0, 0.5)],
                               ("nvfp4", 0): [(2.2, 2.3), (1.9, 1.8), (1.8, 1.6)]})
-    r = E.run_losses(df).set_index("recipe")
+    r = lm_analysis.run_losses(df).set_index("recipe")
     assert r.loc["bf16", "best_eval_loss"] == 1.5 and r.loc["bf16", "best_step"] == 200
     assert r.loc["bf16", "final_eval_loss"] == 3.0
     assert r.loc["bf16", "final_train_loss"] == 0.5
@@ -270,22 +272,22 @@ def test_paired_gaps_by_metric_and_interval(tmp_path):
         runs[("bf16", s)] = [(1.2, 1.2), (1.0, 0.9), (1.5, 0.4)]
         runs[("nvfp4", s)] = [(1.2, 1.2), (1.0 + d, 0.9), (1.4, 0.5)]
     df = _lm_frame(tmp_path, runs)
-    g = E.paired_gaps(df, "bf16").iloc[0]
+    g = lm_analysis.paired_gaps(df, "bf16").iloc[0]
     assert g["metric"] == "best_eval_loss" and g["n_seeds"] == 3
     # mean 0.02, sd 0.01, t(0.975, 2) = 4.302653: half width 0.0248414
     assert g["gap_nats"] == pytest.approx(0.02)
     assert g["gap_lo"] == pytest.approx(0.02 - 0.0248414, abs=1e-6)
     assert g["gap_hi"] == pytest.approx(0.02 + 0.0248414, abs=1e-6)
     assert g["overfit"] == pytest.approx(0.5)                     # bf16: 1.5 / 1.0 - 1
-    f = E.paired_gaps(df, "bf16", metric="final_eval_loss").iloc[0]
+    f = lm_analysis.paired_gaps(df, "bf16", metric="final_eval_loss").iloc[0]
     assert f["gap_nats"] == pytest.approx(-0.1)
-    t = E.paired_gaps(df, "bf16", metric="final_train_loss").iloc[0]
+    t = lm_analysis.paired_gaps(df, "bf16", metric="final_train_loss").iloc[0]
     assert t["gap_nats"] == pytest.approx(0.1)
-    v = E.b4_verdict(E.paired_gaps(df, "bf16"))
+    v = lm_analysis.b4_verdict(lm_analysis.paired_gaps(df, "bf16"))
     # relative gap CI upper bound 4.48% > 1.5%, lower bound < 1.5%: partly
     assert v["verdict"] == "partly" and "best held-out loss" in v["key_number"]
     with pytest.raises(ValueError, match="choose one of"):
-        E.paired_gaps(df, "bf16", metric="eval")
+        lm_analysis.paired_gaps(df, "bf16", metric="eval")
 
 
 def test_best_gap_uses_the_evaluation_steps_both_runs_have(tmp_path):
@@ -307,9 +309,9 @@ def test_best_gap_uses_the_evaluation_steps_both_runs_have(tmp_path):
     write("bf16", [(100, 1.2), (200, 1.0), (300, 1.1)])
     write("nvfp4", [(50, 0.5), (100, 1.3), (200, 1.05), (300, 1.2)])
     df = results.load_records(E.EXPERIMENT, roots=[tmp_path])
-    g = E.paired_gaps(df, "bf16").iloc[0]
+    g = lm_analysis.paired_gaps(df, "bf16").iloc[0]
     assert g["baseline_loss"] == pytest.approx(1.0) and g["loss"] == pytest.approx(1.05)
-    assert E.run_losses(df).set_index("recipe").loc["nvfp4", "best_eval_loss"] == 0.5
+    assert lm_analysis.run_losses(df).set_index("recipe").loc["nvfp4", "best_eval_loss"] == 0.5
 
 
 def test_early_eval_steps_and_schedule():
@@ -332,7 +334,7 @@ def test_b3_verdict_ratios_match_hand_counted_bytes_and_name_the_hardware():
         r["hardware"] = "h200"
     frame = pd.DataFrame(recs)
     frame["size_model"] = [r["sizes"]["model"] for r in recs]
-    out = E.b3_verdict(frame)
+    out = lm_analysis.b3_verdict(frame)
     assert out["weights"] == pytest.approx(0.25 + 1 / 512, abs=1e-4)
     assert out["activations"] == pytest.approx(0.25 + 1 / 32, abs=1e-4)
     assert out["hardware"] == "h200" and out["model"] == "20m"
@@ -429,18 +431,18 @@ def test_truncated_runs_are_compared_over_their_evaluations(tmp_path):
         write("jax-nvfp4", seed, [(100, 1.0 + d), (200, 1.2)], cut=200)
         write("nvfp4", seed, [(100, 1.0 + d), (200, 1.1), (300, 1.5)])
     df = results.load_records(E.EXPERIMENT, roots=[tmp_path])
-    r = E.run_losses(df).set_index(["recipe", "seed"])
+    r = lm_analysis.run_losses(df).set_index(["recipe", "seed"])
     assert r.loc[("jax-nvfp4", 0), "truncated_at"] == 200
     assert np.isnan(r.loc[("jax-nvfp4", 0), "final_eval_loss"])
     assert np.isnan(r.loc[("jax-nvfp4", 0), "overfit"])
     assert r.loc[("jax-nvfp4", 1), "best_eval_loss"] == pytest.approx(1.03)
     assert np.isnan(r.loc[("nvfp4", 0), "truncated_at"])
-    g = E.paired_gaps(df, "bf16").set_index("recipe")
+    g = lm_analysis.paired_gaps(df, "bf16").set_index("recipe")
     assert g.loc["jax-nvfp4", "gap_nats"] == pytest.approx(0.02)  # (0.01 + 0.03) / 2
     assert g.loc["jax-nvfp4", "truncated_at"] == 200
     assert np.isnan(g.loc["nvfp4", "truncated_at"])
     assert g.loc["jax-nvfp4", "overfit"] == pytest.approx(0.6)    # bf16's 1.6 / 1.0 - 1
-    f = E.paired_gaps(df, "bf16", metric="final_eval_loss")
+    f = lm_analysis.paired_gaps(df, "bf16", metric="final_eval_loss")
     assert list(f.recipe) == ["nvfp4"]
 
 

@@ -8,8 +8,9 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from repro import cli, lmbench, results
+from repro import cli
 from repro.config import ConfigError
+from repro.studies import lm_step as lmbench
 
 RECIPES = ["bf16", "fp8-current", "mxfp8"]  # 16-bit, emulated FP8 (CPU), emulated block-scaled
 SMOKE = {"profile": "smoke", "sizes": ["tiny"], "batch": 2, "repeats": 2, "steps_per_sample": 1,
@@ -79,7 +80,7 @@ def test_bad_input_fails_in_one_line_before_compiling(tmp_path, monkeypatch, cap
 
 
 def test_bench_cell_checks_recipes_before_compiling(monkeypatch):
-    from repro.lm import train as T
+    from repro.models import lm_train as T
 
     def no_compile(*a, **k):
         raise AssertionError("compiled before checking the recipes")
@@ -94,7 +95,7 @@ def test_bench_cell_checks_recipes_before_compiling(monkeypatch):
 def test_registered_and_params_order():
     from repro.config import stage_params
 
-    assert cli.EXPERIMENTS["lm_step"] == "repro.lmbench:record"
+    assert cli.EXPERIMENTS["lm_step"] == "repro.studies.lm_step:record"
     full = stage_params("lm_step", "full")
     cells, recipes = lmbench.cells(full)  # plan() would also check the memory of this device
     assert cells == [("120m", 32), ("20m", 64)]  # 120m first; lm.full.runs' batch sizes

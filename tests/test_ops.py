@@ -1,6 +1,6 @@
-"""repro.ops against independent numpy/ml_dtypes references (CPU).
+"""repro.precision.ops against independent numpy/ml_dtypes references (CPU).
 
-Quantized references are rebuilt here from ml_dtypes casts (not from repro.formats), and
+Quantized references are rebuilt here from ml_dtypes casts (not from repro.precision.formats), and
 products are taken in float64.
 """
 
@@ -12,10 +12,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from repro import ops
 from repro.hardware import lookup
-from repro.recipes import get_recipe
-from repro.scaling import DelayedScalingState
+from repro.precision import ops
+from repro.precision.recipes import resolve
+from repro.precision.scaling import DelayedScalingState
 
 E4M3 = ml_dtypes.float8_e4m3fn
 E5M2 = ml_dtypes.float8_e5m2
@@ -90,7 +90,7 @@ def _fp8_grads(recipe, x, w, c, meta=None):
 
 def test_fp8_dot_current_matches_quantized_reference_and_exact_product():
     x, w, c = randn(0, (2, 24, 64)), randn(1, (64, 48), 0.1), randn(2, (2, 24, 48))
-    r32 = get_recipe("fp8-current", compute_dtype="float32")  # f32 output: tight comparison
+    r32 = resolve("fp8-current", compute_dtype="float32")  # f32 output: tight comparison
     y, gx, gw, _ = _fp8_grads(r32, x, w, c)
 
     x2, c2 = x.reshape(-1, 64), c.reshape(-1, 48)
@@ -112,7 +112,7 @@ def test_fp8_dot_current_matches_quantized_reference_and_exact_product():
 
 
 def test_fp8_dot_default_recipe_dtypes():
-    r = get_recipe("fp8-current")
+    r = resolve("fp8-current")
     x = jnp.asarray(randn(3, (8, 32))).astype(jnp.bfloat16)
     w = jnp.asarray(randn(4, (32, 16), 0.1))
     y = ops.fp8_dot(x, w, r)
@@ -132,7 +132,7 @@ def _dot_operand_types(text):
 
 @pytest.mark.parametrize("scaling", ["current", "delayed"])
 def test_fp8_dot_hlo_feeds_fp8_operands_to_all_three_gemms(scaling):
-    r = get_recipe(f"fp8-{scaling}", amax_history_len=4)
+    r = resolve(f"fp8-{scaling}", amax_history_len=4)
     x, w = jnp.ones((16, 32), jnp.bfloat16), jnp.ones((32, 8), jnp.float32)
     meta = ops.init_meta(4)
     fwd = jax.jit(lambda x, w, m: ops.fp8_dot(x, w, r, m)).lower(x, w, meta).as_text()
@@ -152,7 +152,7 @@ def test_fp8_dot_hlo_feeds_fp8_operands_to_all_three_gemms(scaling):
 
 def test_fp8_dot_delayed_uses_stored_scales_and_returns_updated_meta():
     L = 4
-    r = get_recipe("fp8-delayed", compute_dtype="float32", amax_history_len=L)
+    r = resolve("fp8-delayed", compute_dtype="float32", amax_history_len=L)
     x, w, c = randn(5, (16, 32), 3.0), randn(6, (32, 24), 0.1), randn(7, (16, 24), 1e-3)
     hist = {"input": [2.0, 9.0, 1.0, 5.0], "kernel": [0.3, 0.1, 0.2, 0.7],
             "output_grad": [1e-3, 2e-3, 0.0, 0.0]}
@@ -177,7 +177,7 @@ def test_fp8_dot_delayed_uses_stored_scales_and_returns_updated_meta():
 
 
 def test_fp8_dot_delayed_most_recent_and_margin():
-    r = get_recipe("fp8-delayed", amax_history_len=3, amax_compute_algo="most_recent", margin=1)
+    r = resolve("fp8-delayed", amax_history_len=3, amax_compute_algo="most_recent", margin=1)
     x, w = randn(8, (8, 16)), randn(9, (16, 8), 0.1)
     meta = {k: DelayedScalingState(jnp.asarray([100.0, 100.0, 100.0]), jnp.float32(1.0))
             for k in ops.META_KEYS}
@@ -188,7 +188,7 @@ def test_fp8_dot_delayed_most_recent_and_margin():
 
 @pytest.mark.parametrize("scaling", ["current", "delayed", "none"])
 def test_fp8_dot_nan_propagates(scaling):
-    r = get_recipe(f"fp8-{scaling}" if scaling != "none" else "fp8-noscale", amax_history_len=2)
+    r = resolve(f"fp8-{scaling}" if scaling != "none" else "fp8-noscale", amax_history_len=2)
     x = randn(10, (4, 16))
     x[1, 3] = np.nan
     y = np.asarray(ops.fp8_dot(x, randn(11, (16, 8), 0.1), r, ops.init_meta(2)), np.float32)
@@ -199,9 +199,9 @@ def test_fp8_dot_nan_propagates(scaling):
 def test_fp8_noscale_saturates_and_underflows_current_does_not():
     x = np.array([[1000.0, -3000.0, 1e-4, 2.0] * 4], np.float32)  # [1, 16]
     w = np.eye(16, dtype=np.float32)
-    y = np.asarray(ops.fp8_dot(x, w, get_recipe("fp8-noscale", compute_dtype="float32")))
+    y = np.asarray(ops.fp8_dot(x, w, resolve("fp8-noscale", compute_dtype="float32")))
     np.testing.assert_array_equal(y[0, :4], [448.0, -448.0, 0.0, 2.0])
-    y = np.asarray(ops.fp8_dot(x, w, get_recipe("fp8-current", compute_dtype="float32")))
+    y = np.asarray(ops.fp8_dot(x, w, resolve("fp8-current", compute_dtype="float32")))
     np.testing.assert_allclose(y[0, :2], [1000.0, -3000.0], rtol=0.07)
 
 
@@ -219,7 +219,7 @@ def test_fp8_dot_rejects_bad_inputs():
 
 
 def test_mxfp8_dot_forward_and_grads_match_references():
-    r = get_recipe("mxfp8", compute_dtype="float32")
+    r = resolve("mxfp8", compute_dtype="float32")
     x, w, c = randn(12, (32, 64)), randn(13, (64, 40), 0.1), randn(14, (32, 40))
     y = jax.jit(lambda x, w: ops.mxfp8_dot(x, w, r, backend="emulated"))(x, w)
     # forward: x blocks along K, w blocks along K (rows of w^T)
@@ -244,7 +244,7 @@ NV_KEY = jax.random.PRNGKey(42)
 
 @pytest.mark.parametrize("block_2d", [True, False])
 def test_nvfp4_dot_forward_matches_reference(block_2d):
-    r = get_recipe("nvfp4", compute_dtype="float32", weight_block_2d=block_2d)
+    r = resolve("nvfp4", compute_dtype="float32", weight_block_2d=block_2d)
     x, w = randn(15, (2, 16, 64)), randn(16, (64, 32), 0.1)
     y = jax.jit(lambda x, w: ops.nvfp4_dot(x, w, r, NV_KEY, backend="emulated"))(x, w)
     wd = np_nvfp4(w, (16, 16)) if block_2d else np_nvfp4(w.T, (1, 16)).T
@@ -255,7 +255,7 @@ def test_nvfp4_dot_forward_matches_reference(block_2d):
 
 
 def test_nvfp4_dgrad_uses_same_2d_weight_and_nearest_reference():
-    r = get_recipe("nvfp4", compute_dtype="float32", stochastic_rounding=False, rht=False)
+    r = resolve("nvfp4", compute_dtype="float32", stochastic_rounding=False, rht=False)
     x, w, c = randn(17, (32, 48), 1.0), randn(18, (48, 32), 0.1), randn(19, (32, 32))
     gx, gw = jax.jit(jax.grad(lambda x, w: jnp.sum(ops.nvfp4_dot(x, w, r) * c), (0, 1)))(x, w)
     # w is 48 x 32: 16x16 blocks; K=48 on the dgrad output
@@ -281,7 +281,7 @@ def test_nvfp4_rht_is_exact_without_quantization(monkeypatch):
     x, w, c = randn(20, (40, 16)), randn(21, (16, 16)), randn(22, (40, 16))  # M=40: padded
     exact = x.astype(np.float64).T @ c
     for rht in (True, False):
-        r = get_recipe("nvfp4", compute_dtype="float32", weight_block_2d=False, rht=rht)
+        r = resolve("nvfp4", compute_dtype="float32", weight_block_2d=False, rht=rht)
         gw = _nvfp4_wgrad(r, x, w, c, NV_KEY)
         np.testing.assert_allclose(gw, exact, rtol=1e-4, atol=1e-4 * np.abs(exact).max())
 
@@ -289,7 +289,7 @@ def test_nvfp4_rht_is_exact_without_quantization(monkeypatch):
 def test_nvfp4_rht_changes_quantized_wgrad_within_bounds():
     x, w, c = randn(23, (64, 32)), randn(24, (32, 16), 0.1), randn(25, (64, 16))
     exact = x.astype(np.float64).T @ c
-    base = get_recipe("nvfp4", compute_dtype="float32", stochastic_rounding=False)
+    base = resolve("nvfp4", compute_dtype="float32", stochastic_rounding=False)
     gw_rht = np.asarray(_nvfp4_wgrad(base, x, w, c, NV_KEY))
     gw_plain = np.asarray(_nvfp4_wgrad(base.replace(rht=False), x, w, c, NV_KEY))
     assert not np.allclose(gw_rht, gw_plain)  # the transform is really applied
@@ -301,7 +301,7 @@ def test_nvfp4_stochastic_rounding_makes_wgrad_unbiased():
     x, w = randn(26, (M, K)), randn(27, (K, N), 0.1)
     c = np.clip(randn(28, (M, N), 0.4), -0.9, 0.9)
     c[::16, :] = 1.0  # every 16-block of g^T holds the tensor amax: exact E4M3 block scales
-    r = get_recipe("nvfp4", compute_dtype="float32", rht=False)
+    r = resolve("nvfp4", compute_dtype="float32", rht=False)
     target = np_nvfp4(x.T, (1, 16)) @ c.astype(np.float64)  # x rounded to nearest, g exact
 
     keys = jax.random.split(jax.random.PRNGKey(0), 256)
@@ -319,12 +319,12 @@ def test_nvfp4_needs_key_when_random():
     x, w = np.ones((16, 16), np.float32), np.ones((16, 16), np.float32)
     with pytest.raises(ValueError, match="key"):
         ops.nvfp4_dot(x, w, "nvfp4")
-    jax.jit(lambda x, w: ops.nvfp4_dot(x, w, get_recipe("nvfp4", rht=False,
+    jax.jit(lambda x, w: ops.nvfp4_dot(x, w, resolve("nvfp4", rht=False,
                                                         stochastic_rounding=False)))(x, w)
 
 
 def test_nvfp4_meta_step_gradient_counts():
-    r = get_recipe("nvfp4")
+    r = resolve("nvfp4")
     x, w = randn(29, (16, 16)), randn(30, (16, 16))
     g = jax.jit(jax.grad(lambda m: jnp.sum(ops.nvfp4_dot(x, w, r, NV_KEY, m)
                                            .astype(jnp.float32))))({"step": jnp.float32(7.0)})
@@ -369,9 +369,9 @@ def test_bf16_dense_backward_gemms_stay_bf16():
     """The BF16 baseline must not fall back to FP32 GEMMs in its backward pass."""
     import re
 
-    from repro.recipes import get_recipe
+    from repro.precision.recipes import resolve
 
-    r = get_recipe("bf16")
+    r = resolve("bf16")
     x = jnp.ones((8, 16), jnp.bfloat16)
     w = jnp.ones((16, 4), jnp.float32)
 

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from repro import optim
+from repro.precision import optim
 
 
 def _run(tx, p0, updates):

@@ -365,7 +365,7 @@ def test_gap_term_counts_gemm_launches_or_every_kernel():
 
 # --------------------------------------------------------------------- LM step validation
 
-# The LM presets of repro.lm.model, written out by hand (hidden, layers, ffn, heads, kv heads,
+# The LM presets of repro.models.lm, written out by hand (hidden, layers, ffn, heads, kv heads,
 # vocab, seq_len, BF16 last blocks), so the test does not take them from the code under test.
 LM_20M = pm.DecoderShape("lm-20m", 512, 6, 1408, 8, 8, 256, 512, 1)
 LM_120M = pm.DecoderShape("lm-120m", 768, 17, 2048, 12, 12, 256, 1024, 1)
@@ -471,7 +471,7 @@ def test_bf16_and_fp16_samples_of_a_shape_are_pooled_to_the_faster():
 
 
 def test_gap_measured_from_bf16_traces_is_not_fitted():
-    """kernel_times records (repro.kernelprof) give the idle gap of BF16 steps: (step time -
+    """kernel_times records (repro.studies.kernel_times) give the idle gap of BF16 steps: (step time -
     busy time) / launches. Hand-made: gaps of 0.2, 0.3, 0.5 ms over 50, 100, 100 kernels are
     4, 3, 5 us per kernel; over the 8 GEMM launches of a 3-layer MLP step (3 forward, 3 weight
     gradients, 2 data gradients: the first layer's is dropped) 25, 37.5, 62.5 us. The median

@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 from repro import results
-from repro.rl import ppo, purejaxrl
+from repro.analysis import rl as rl_analysis
+from repro.models import ppo
+from repro.studies import purejaxrl
 
 
 @pytest.fixture
@@ -146,7 +148,7 @@ def test_load_and_record_a_stand_in_checkout(checkout, tmp_path, clean_modules, 
     assert len(theirs.extra.iloc[0]["run_s"]) == 2
     assert {e["final_return"]["mean"] for e in theirs.extra} == {10.0}
     assert {e["final_return"]["n"] for e in df.extra} == {2}
-    table = purejaxrl.speedups(df)
+    table = rl_analysis.purejaxrl_speedups(df)
     assert list(table.ours) == ["repro", "repro[unroll=2]"] and (table.speedup > 0).all()
     assert list(table.options) == [{}, {"unroll": 2}] and table.best.sum() == 1
     # unrolling keeps the arithmetic: the two option sets' returns, fingerprinted in the run
@@ -199,7 +201,7 @@ def test_cells_per_option_set_resume_and_pair_within_one_process(checkout, tmp_p
     assert calls == [(1, both[1:]), (4, both[1:])]
     assert run(both) == [] and len(run(both, force=True)) == 6
 
-    table = purejaxrl.speedups(results.load_records(purejaxrl.EXPERIMENT, roots=[root]))
+    table = rl_analysis.purejaxrl_speedups(results.load_records(purejaxrl.EXPERIMENT, roots=[root]))
     assert len(table) == 6 and list(table.seeds) == [1, 1, 1, 4, 4, 4]
     assert list(table.ours[:3]) == ["repro", "repro[prng=rbg,unroll=8]", "repro[unroll=8]"]
     row = table.iloc[2]  # unroll=8: median 150 against 100; per-repeat ratios 1.2 to 2.0
@@ -241,7 +243,7 @@ def test_ours_config_is_purejaxrl_cartpole():
 def test_speedups_of_no_records_is_an_empty_table():
     import pandas as pd
 
-    empty = purejaxrl.speedups(pd.DataFrame())
+    empty = rl_analysis.purejaxrl_speedups(pd.DataFrame())
     assert not len(empty) and "speedup" in empty.columns
 
 
@@ -269,7 +271,7 @@ def test_welch_interval_matches_scipy():
 
     rng = np.random.default_rng(0)
     a, b = rng.normal(500, 3, 40), rng.normal(498, 9, 25)
-    gap, lo, hi = purejaxrl.welch_interval(a.mean(), a.std(ddof=1), a.size,
+    gap, lo, hi = rl_analysis.welch_interval(a.mean(), a.std(ddof=1), a.size,
                                            b.mean(), b.std(ddof=1), b.size)
     ref = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
     assert gap == pytest.approx(a.mean() - b.mean())
@@ -288,7 +290,7 @@ def test_speedups_report_final_returns_and_their_gap(tmp_path):
     theirs = {"mean": 490.0, "sd": 20.0, "n": 4}
     results.write_records([rec("purejaxrl", 100.0, theirs), rec("repro", 150.0, mine)],
                           purejaxrl.EXPERIMENT, "CartPole-v1_s4", root=tmp_path)
-    row = purejaxrl.speedups(results.load_records(purejaxrl.EXPERIMENT,
+    row = rl_analysis.purejaxrl_speedups(results.load_records(purejaxrl.EXPERIMENT,
                                                   roots=[tmp_path])).iloc[0]
     # SE = 20 / sqrt(4) = 10 with 3 degrees of freedom (ours has no spread): t = 3.182
     assert (row.final_return, row["purejaxrl final_return"], row.final_n) == (500, 490, 4)
@@ -321,7 +323,7 @@ def test_only_and_again_keep_earlier_runs_as_separate_cells(checkout, tmp_path, 
         "CartPole-v1_s1_unroll-8_update_unroll-4_run2"]
     # again on a set never recorded records its first run
     assert [p.stem for p in run(only=["repro"], again=True)] == ["CartPole-v1_s1"]
-    table = purejaxrl.speedups(results.load_records(purejaxrl.EXPERIMENT, roots=[root]))
+    table = rl_analysis.purejaxrl_speedups(results.load_records(purejaxrl.EXPERIMENT, roots=[root]))
     unrolled = table[table.ours == "repro[unroll=8,update_unroll=4]"]
     assert list(unrolled.run) == [1, 2] and list(unrolled.runs) == [2, 2]
     assert list(unrolled.speedup) == pytest.approx([1.25, 1.15])

@@ -5,7 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from repro.rl import networks, ppo
+from repro.analysis import rl as rl_analysis
+from repro.analysis import stats
+from repro.models import networks, ppo
+from repro.precision import resolve
+from repro.studies import rl_quality as RQ
 
 
 def _gae_reference(rewards, values, terminated, truncated, next_values, final_values, gamma,
@@ -157,7 +161,7 @@ def test_validation_is_one_line_and_before_compilation(monkeypatch, change, matc
 
 
 def test_networks_first_last_layers_stay_wide_and_fp8_elsewhere():
-    from repro.layers import FP8_META
+    from repro.precision.layers import FP8_META
 
     x = jnp.zeros((2, 4))
     net = networks.make_network("mlp", 2, "fp8-delayed", width=32, depth=3)
@@ -167,8 +171,7 @@ def test_networks_first_last_layers_stay_wide_and_fp8_elsewhere():
     assert sorted(meta["actor"]) == ["hidden_1", "hidden_2"]
     logits, value = net.apply(v, x)
     assert logits.shape == (2, 2) and value.shape == (2,) and logits.dtype == jnp.float32
-    all_fp8 = networks.make_network("mlp", 2, "fp8-delayed", width=32, depth=3,
-                                    keep_io_precise=False)
+    all_fp8 = networks.make_network("mlp", 2, "fp8-all-layers", width=32, depth=3)
     assert len(all_fp8.init(jax.random.key(0), x)[FP8_META]["actor"]) == 4
 
     frames = jnp.zeros((3, 10, 10, 4), bool)
@@ -183,12 +186,11 @@ def test_networks_first_last_layers_stay_wide_and_fp8_elsewhere():
 def test_quality_statistics_match_rliable_and_a_hand_count(monkeypatch):
     import builtins
 
-    from repro.rl import experiments as X
 
     rng = np.random.default_rng(0)
     scores = {"a": rng.normal(1.0, 0.2, (8, 3)), "b": rng.normal(0.6, 0.2, (8, 3))}
-    ref_agg = X.aggregate(scores, reps=50)
-    ref_poi = X.probability_of_improvement(scores, [("a", "b")], reps=50)
+    ref_agg = stats.aggregate(scores, reps=50)
+    ref_poi = stats.probability_of_improvement(scores, [("a", "b")], reps=50)
     # P(a > b) by hand: pairs over seeds, averaged over tasks.
     hand = np.mean([np.mean(scores["a"][:, j][:, None] > scores["b"][:, j][None, :])
                     for j in range(3)])
@@ -202,8 +204,8 @@ def test_quality_statistics_match_rliable_and_a_hand_count(monkeypatch):
         return real_import(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", no_rliable)
-    agg = X.aggregate(scores, reps=50)
-    poi = X.probability_of_improvement(scores, [("a", "b")], reps=50)
+    agg = stats.aggregate(scores, reps=50)
+    poi = stats.probability_of_improvement(scores, [("a", "b")], reps=50)
     assert set(agg.backend) == {"numpy"}
     np.testing.assert_allclose(agg.iqm, ref_agg.iqm, rtol=1e-9)
     assert poi.p[0] == pytest.approx(hand)
@@ -213,44 +215,44 @@ def test_quality_statistics_match_rliable_and_a_hand_count(monkeypatch):
 def test_bootstrap_intervals_are_reproducible_and_leave_numpy_alone():
     """Same scores, same seed: the same confidence intervals (rliable draws from NumPy's global
     generator; repro seeds it for the call and restores it afterwards)."""
-    from repro.rl import experiments as X
 
     rng = np.random.default_rng(1)
     scores = {"a": rng.normal(1.0, 0.3, (16, 2)), "b": rng.normal(0.8, 0.3, (16, 2))}
     np.random.seed(123)
     before = np.random.get_state()[1].copy()
-    runs = [(X.aggregate(scores, reps=200), X.probability_of_improvement(scores, [("a", "b")],
+    runs = [(stats.aggregate(scores, reps=200), stats.probability_of_improvement(scores, [("a", "b")],
                                                                         reps=200))
             for _ in range(2)]
     assert (np.random.get_state()[1] == before).all()
     for col in ("iqm_lo", "iqm_hi", "mean_lo", "mean_hi"):
         assert runs[0][0][col].tolist() == runs[1][0][col].tolist()
     assert runs[0][1][["lo", "hi"]].values.tolist() == runs[1][1][["lo", "hi"]].values.tolist()
-    other = X.probability_of_improvement(scores, [("a", "b")], reps=200, seed=7)
+    other = stats.probability_of_improvement(scores, [("a", "b")], reps=200, seed=7)
     assert other[["lo", "hi"]].values.tolist() != runs[0][1][["lo", "hi"]].values.tolist()
 
 
 def test_precision_policy_and_record_validation(tmp_path):
-    from repro.config import ConfigError
-    from repro.rl import experiments as X
+    from repro.studies import rl_throughput as X
 
-    pol = X.precision_policy("fp8-delayed", master_weights="fp8")
+    from repro.precision.recipes import value_formats
+
+    pol = value_formats("fp8-e2e")
     assert pol["params (stored)"].startswith("fp8") and pol["gradients (GEMM operand)"] == \
         "fp8-e5m2" and pol["optimizer state (Adam moments)"] == "fp32"
-    assert X.precision_policy("tf32")["weights (GEMM operand)"] == "tf32"
+    assert value_formats("tf32")["weights (GEMM operand)"] == "tf32"
     with pytest.raises(ValueError, match="unknown recipe"):
         X.record_throughput("smoke", tmp_path, recipes=["fp7"])
-    with pytest.raises(ConfigError, match="unknown RL variant"):
-        X.variant_config("fp8-magic")
     assert not list(tmp_path.iterdir())  # nothing written before validation passed
 
 
 def test_cell_selection_for_split_gpu_runs(capsys):
-    from repro.rl import experiments as X
+    from repro.studies import rl_throughput as X
 
-    X.main(["quality", "--profile", "full", "--list", "--only", "Breakout*",
-            "--recipe", "fp8-delayed"])
-    cells = capsys.readouterr().out.split()
+    from repro.config import stage_params
+
+    p = stage_params("rl_quality", "full")
+    variants = [v for v in p["variants"] if resolve(v).family == "fp8-delayed"]
+    cells = [c[0] for c in X._select(RQ.quality_cells(p, variants), ["Breakout*"])]
     assert "Breakout-MinAtar_fp8-e2e-nokahan" in cells and "Breakout-MinAtar_random" in cells
     assert not any(c.startswith("CartPole") or c.endswith("_fp32") for c in cells)
 
@@ -284,7 +286,6 @@ def test_rollout_bootstrap_matches_a_per_step_loop():
 def test_widest_fitting_solves_a_hand_made_quadratic():
     import pandas as pd
 
-    from repro.rl import experiments as X
 
     # memory(W) = 1e6 + 2e3 W + 30 W^2 bytes: the budget 1e6 + 2e3*5000 + 30*5000^2 is met at
     # W = 5000 exactly (beyond the measured 4096: extrapolated); bf16 has 2 widths (left out).
@@ -295,12 +296,12 @@ def test_widest_fitting_solves_a_hand_made_quadratic():
             for w in (256, 1024, 2048, 4096)]
     rows += [{"hardware": "h", "recipe": "bf16", "num_envs": 64, "network": "mlp", "width": w,
               "update_memory_bytes": mem(w), "emulated": False} for w in (256, 1024)]
-    out = X.widest_fitting(pd.DataFrame(rows), mem(5000))
+    out = rl_analysis.widest_fitting(pd.DataFrame(rows), mem(5000))
     assert list(out.recipe) == ["fp8-delayed"]
     r = out.iloc[0]
     assert r.widest_width == pytest.approx(5000, rel=1e-6) and r.extrapolated
     assert r.max_rel_residual < 1e-9
-    inside = X.widest_fitting(pd.DataFrame(rows), mem(1500)).iloc[0]
+    inside = rl_analysis.widest_fitting(pd.DataFrame(rows), mem(1500)).iloc[0]
     assert inside.widest_width == pytest.approx(1500, rel=1e-6) and not inside.extrapolated
 
 
@@ -311,7 +312,6 @@ def test_throughput_speedups_are_hand_ratios_and_say_which_pairs_share_a_commit(
     import pandas as pd
 
     from repro import hardware, results
-    from repro.rl import experiments as X
 
     hw = hardware.lookup("cpu")
 
@@ -326,9 +326,9 @@ def test_throughput_speedups_are_hand_ratios_and_say_which_pairs_share_a_commit(
             + cell(1024, "fp8-delayed", 3.0e6, 20.0, "aaa")
             + cell(2048, "fp16", 1.0e6, 80.0, "aaa")
             + cell(2048, "fp8-delayed", 1.2e6, 64.0, "bbb"))
-    table = X.throughput_table(pd.DataFrame(recs))
+    table = rl_analysis.throughput_table(pd.DataFrame(recs))
     assert sorted(table.git_commit) == ["aaa", "aaa", "aaa", "bbb"]
-    sp = X.speedups(table, "fp8-delayed", baselines=("fp16",)).set_index("width")
+    sp = rl_analysis.speedups(table, "fp8-delayed", baselines=("fp16",)).set_index("width")
     assert (sp.loc[1024, "e2e"], sp.loc[1024, "update"]) == (pytest.approx(1.5),
                                                             pytest.approx(1.5))
     assert (sp.loc[2048, "e2e"], sp.loc[2048, "update"]) == (pytest.approx(1.2),
@@ -337,13 +337,12 @@ def test_throughput_speedups_are_hand_ratios_and_say_which_pairs_share_a_commit(
 
 
 def test_fp8_cnn_throughput_cells_count_as_emulated():
-    """An FP8 CNN cell's backward convolutions are BF16 emulation (repro.ops.fp8_conv), so its
+    """An FP8 CNN cell's backward convolutions are BF16 emulation (repro.precision.ops.fp8_conv), so its
     speed is not FP8's: the table flags it emulated even where the record (written before that
     rule) said so only in extra.conv_backward; a BF16 CNN cell and an FP8 MLP cell stay real."""
     import pandas as pd
 
     from repro import hardware, results
-    from repro.rl import experiments as X
 
     hw = hardware.lookup("h200")
 
@@ -353,7 +352,7 @@ def test_fp8_cnn_throughput_cells_count_as_emulated():
             sizes={"network": network, "width": 0 if network == "cnn" else 64, "num_envs": 8},
             emulated=False, extra={"conv_backward": conv_backward})
 
-    t = X.throughput_table(pd.DataFrame([rec("cnn", "fp8-delayed", "bf16 emulation of FP8"),
+    t = rl_analysis.throughput_table(pd.DataFrame([rec("cnn", "fp8-delayed", "bf16 emulation of FP8"),
                                          rec("cnn", "bf16", None),
                                          rec("mlp", "fp8-delayed", None)]))
     em = t.set_index(["network", "recipe"])["emulated"]
@@ -366,7 +365,7 @@ def test_cross_call_note_names_the_earlier_cells(tmp_path):
     recorded such a pair by mistake); selecting them with --force, or a configuration with no
     other recorded cell, does not."""
     from repro import hardware, results
-    from repro.rl import experiments as X
+    from repro.studies import rl_throughput as X
 
     p = {"networks": {"cnn": "Breakout-MinAtar", "mlp": "CartPole-v1"}, "widths": [64],
          "num_envs": [2048]}
@@ -394,7 +393,6 @@ def test_cross_call_note_names_the_earlier_cells(tmp_path):
 
 def test_repeat_identical_compares_returns_and_curves_bitwise(tmp_path):
     from repro import hardware, results
-    from repro.rl import experiments as X
 
     hw = hardware.lookup("cpu")
 
@@ -412,59 +410,51 @@ def test_repeat_identical_compares_returns_and_curves_bitwise(tmp_path):
     a = pd.DataFrame(recs([1.0, float("nan")], [[1.0, None], [2.0]], "abcdef0123"))
     same = pd.DataFrame(recs([1.0, float("nan")], [[1.0, None], [2.0]], "abcdef0123"))
     other = pd.DataFrame(recs([1.0, float("nan")], [[1.0, None], [2.0000001]], "abcdef0123"))
-    t = X.repeat_identical(a, same)
+    t = rl_analysis.repeat_identical(a, same)
     assert len(t) == 1 and t.iloc[0]["seeds"] == 2 and bool(t.iloc[0]["identical"])
-    assert not bool(X.repeat_identical(a, other).iloc[0]["identical"])  # one curve point differs
-    assert X.repeat_identical(a, a.iloc[0:0]).empty
+    assert not bool(rl_analysis.repeat_identical(a, other).iloc[0]["identical"])  # one curve point differs
+    assert rl_analysis.repeat_identical(a, a.iloc[0:0]).empty
     # re-recorded at another commit (other code): not a repeat, not compared
     later = pd.DataFrame(recs([1.0, float("nan")], [[1.0, None], [2.0000001]], "fedcba9876"))
-    assert X.repeat_identical(a, later).empty
+    assert rl_analysis.repeat_identical(a, later).empty
 
 
 def test_a_failing_cell_does_not_stop_the_study(tmp_path, monkeypatch, capsys):
     """A cell that raises (a convolution the device cannot compile) is logged and named at the
     end; the cells after it still run and are written."""
     from repro import results
-    from repro.rl import experiments as X
+    from repro.studies import rl_throughput as X
 
     def fake_cell(env_name, v, p, profile):
         if v == "fp8-delayed":
             raise RuntimeError("NOT_FOUND: No supported configs found for HLO\nmore lines")
-        return [results.make_record(X.QUALITY, "final_return", 1.0, "return",
+        return [results.make_record(RQ.QUALITY, "final_return", 1.0, "return",
                                     sizes={"env": env_name, "variant": v}, profile=profile)]
 
-    monkeypatch.setattr(X, "quality_cell", fake_cell)
+    monkeypatch.setattr(RQ, "quality_cell", fake_cell)
     only = ["CartPole-v1_fp32", "CartPole-v1_fp8-delayed", "CartPole-v1_fp8-e2e"]
     with pytest.raises(X.CellsFailed) as e:
-        X.record_quality("smoke", tmp_path, only=only)
+        RQ.record_quality("smoke", tmp_path, only=only)
     assert len(e.value.failures) == 1 and "CartPole-v1_fp8-delayed" in e.value.failures[0]
     assert "No supported configs" in e.value.failures[0] and "more lines" not in str(e.value)
     for ok in ("CartPole-v1_fp32", "CartPole-v1_fp8-e2e"):  # before and after the failure
-        assert results.have_cell(X.QUALITY, ok, root=tmp_path)
-    assert not results.have_cell(X.QUALITY, "CartPole-v1_fp8-delayed", root=tmp_path)
+        assert results.have_cell(RQ.QUALITY, ok, root=tmp_path)
+    assert not results.have_cell(RQ.QUALITY, "CartPole-v1_fp8-delayed", root=tmp_path)
 
-    def failing(*a, **k):
-        raise X.CellsFailed(X.QUALITY, ["CartPole-v1_fp8-delayed (RuntimeError: boom)"])
-
-    monkeypatch.setattr(X, "record_quality", failing)
-    capsys.readouterr()
-    assert X.main(["quality", "--profile", "smoke"]) == 1
-    assert "CartPole-v1_fp8-delayed (RuntimeError: boom)" in capsys.readouterr().out
 
 
 def test_all_layers_throughput_variant_puts_first_layer_and_heads_in_fp8(tmp_path):
     """A throughput cell named ``fp8-all-layers`` runs that RL variant (fp8-delayed with
-    keep_io_precise off): its lowered PPO update quantizes to E4M3 in more places (the first
+    scope "all"): its lowered PPO update quantizes to E4M3 in more places (the first
     layer and both heads of each tower, forward) than plain fp8-delayed's; a name that is
     neither a variant nor a recipe fails before any work."""
     import re
 
     from repro import config
-    from repro.rl import experiments as X
+    from repro.studies import rl_throughput as X
 
-    assert X.throughput_variant("fp8-all-layers") == {"recipe": "fp8-delayed",
-                                                      "keep_io_precise": False}
-    assert X.throughput_variant("tf32") == {"recipe": "tf32"}  # a recipe with no variant
+    all_layers = resolve("fp8-all-layers")
+    assert (all_layers.family, all_layers.scope) == ("fp8-delayed", "all")
     p = {**config.stage_params("rl_throughput", "smoke"), "num_minibatches": 1}
 
     def e4m3_converts(token):

@@ -1,4 +1,4 @@
-"""Tests for repro.scaling: current and delayed per-tensor scaling (TE semantics)."""
+"""Tests for repro.precision.scaling: current and delayed per-tensor scaling (TE semantics)."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repro import scaling as S
+from repro.precision import scaling as S
 
 E4M3_MAX = 448.0
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from repro import claims, cli, site
+from repro import cli, site
+from repro.claims import ledger as claims
 
 # A 1x1 PNG: enough to check that figures are embedded in the page.
 PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGP4z8DwHwAFAAH/"

@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from repro import mlpbench, te_backend
+from repro.precision import peers as te_backend
+from repro.precision import resolve
+from repro.studies import mlp_step as mlpbench
 
 
 @pytest.fixture
 def no_te(monkeypatch):
-    monkeypatch.setattr(te_backend, "available", lambda: False)
+    monkeypatch.setattr(te_backend, "te_available", lambda: False)
 
 
 @pytest.fixture
@@ -55,19 +57,21 @@ def fake_te(monkeypatch):
                       "transformer_engine.common": te_common,
                       "transformer_engine.common.recipe": te_recipe}.items():
         monkeypatch.setitem(sys.modules, name, mod)
-    monkeypatch.setattr(te_backend, "available", lambda: True)
+    monkeypatch.setattr(te_backend, "te_available", lambda: True)
     return made
 
 
 def test_missing_te_is_one_clear_error(no_te):
     with pytest.raises(ValueError, match="not installed") as e:
-        te_backend.dot_general_cls("te-fp8-current")
+        te_backend.te_dot_general_cls(resolve("te-fp8-current"))
     assert "\n" not in str(e.value)
 
 
 def test_unknown_te_recipe_lists_valid(fake_te):
-    with pytest.raises(ValueError, match="te-fp8-current"):
-        te_backend.dot_general_cls("te-nvfp9")
+    with pytest.raises(ValueError, match="fp8/current"):
+        te_backend.te_dot_general_cls(resolve("te-fp8-current:gemm=nvfp4"))
+    with pytest.raises(ValueError, match="unknown recipe 'te-nvfp9'"):
+        resolve("te-nvfp9")
 
 
 def test_record_skips_te_recipes_without_te(no_te, monkeypatch, tmp_path, capsys):

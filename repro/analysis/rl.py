@@ -1,0 +1,254 @@
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from repro import results
+from repro.analysis.stats import welch_interval
+from repro.precision.recipes import REGISTRY
+
+
+def repeat_identical(df: pd.DataFrame, repeat: pd.DataFrame) -> pd.DataFrame:
+    """A10 across processes: quality cells recorded twice, compared bitwise.
+
+    ``repeat`` holds ``final_return`` records of cells that were run a second time in another
+    process (``results/<hw>/rl_quality_repeat/``: same commit, machine and seeds; load it with
+    ``keep_defective=True``: reproducibility does not depend on a numerics defect). One row per
+    (hardware, env, variant) recorded at the same commit both times: the seeds compared,
+    whether every seed's final return AND its learning curve are identical, and the commit.
+    """
+    cols = ["hardware", "env", "variant", "seeds", "identical", "commit", "commit_repeat"]
+
+    def keyed(d):
+        d = d[d.metric == "final_return"]
+        return {(r.hardware, r.sizes["env"], r.extra["variant"], r.sizes["seed"]):
+                (r.value, r.extra.get("curve"), r.git_commit) for r in d.itertuples()}
+
+    if repeat.empty or df.empty:
+        return pd.DataFrame(columns=cols)
+    a, b = keyed(df), keyed(repeat)
+    rows: dict[tuple, dict] = {}
+    # a cell recorded again later with other code (e.g. re-recorded after a defect) is not a
+    # repeat: only the same commit counts
+    for k in sorted((k for k in set(a) & set(b) if a[k][2] == b[k][2]), key=str):
+        cell = rows.setdefault(k[:3], {"hardware": k[0], "env": k[1], "variant": k[2],
+                                       "seeds": 0, "identical": True,
+                                       "commit": str(a[k][2])[:7],
+                                       "commit_repeat": str(b[k][2])[:7]})
+        va, vb = a[k][0], b[k][0]
+        same = (va == vb or (np.isnan(va) and np.isnan(vb))) and a[k][1] == b[k][1]
+        cell["seeds"] += 1
+        cell["identical"] &= bool(same)
+    return pd.DataFrame(list(rows.values()), columns=cols)
+
+
+def _variant_col(df: pd.DataFrame) -> pd.Series:
+    return df["extra"].map(lambda e: (e or {}).get("variant"))
+
+
+def final_returns(df: pd.DataFrame, hardware: str | None = None) -> pd.DataFrame:
+    """Tidy per-seed final returns: hardware, env, variant, seed, final_return, emulated."""
+    d = df[df.metric == "final_return"].copy()
+    if hardware is not None:
+        d = d[d.hardware == hardware]
+    d["variant"] = _variant_col(d)
+    d["env"] = d["sizes"].map(lambda s: s["env"])
+    d["seed"] = d["sizes"].map(lambda s: s["seed"])
+    d["diverged"] = d["extra"].map(lambda e: e.get("diverged", False))
+    d["skipped_steps"] = d["extra"].map(lambda e: e.get("skipped_steps", 0))
+    cols = ["hardware", "env", "variant", "recipe", "seed", "value", "emulated", "diverged",
+            "skipped_steps", "profile"]
+    return d[cols].rename(columns={"value": "final_return"}).reset_index(drop=True)
+
+
+def normalised_scores(df: pd.DataFrame, hardware: str, reference: str = "fp32",
+                      order: Sequence[str] | None = None
+                      ) -> tuple[dict[str, np.ndarray], list[str], pd.DataFrame]:
+    """{variant: [seeds, envs]} of (return - random) / (reference mean - random), per hardware.
+
+    The reference variant (fp32) scores 1 on average, a random policy 0; a diverged seed
+    (NaN) scores 0. If the reference did not beat random on an env, the best variant's mean
+    is the reference there. Only envs and seed counts present for every variant are used.
+    ``order``: the variants' order in the result (default: the registry's).
+    """
+    fr = final_returns(df, hardware)
+    rnd = df[(df.metric == "random_return") & (df.hardware == hardware)].copy()
+    rnd["env"] = rnd["sizes"].map(lambda s: s["env"])
+    floor = rnd.groupby("env")["value"].mean()
+    envs = sorted(set(fr.env) & set(floor.index))
+    variants = [v for v in (order or REGISTRY) if v in set(fr.variant)]
+    envs = [e for e in envs if all(((fr.env == e) & (fr.variant == v)).any() for v in variants)]
+    if not envs:
+        return {}, [], pd.DataFrame()
+    n = min(int(((fr.env == e) & (fr.variant == v)).sum()) for e in envs for v in variants)
+    means = fr.groupby(["env", "variant"])["final_return"].mean()
+    scores, rows = {}, []
+    for v in variants:
+        cols = []
+        for e in envs:
+            ref = means.get((e, reference), np.nan)
+            if not np.isfinite(ref) or ref - floor[e] <= 1e-6:
+                ref = means.loc[e].max()
+            x = fr[(fr.env == e) & (fr.variant == v)].sort_values("seed")["final_return"]
+            x = np.asarray(x, np.float64)[:n]
+            z = np.nan_to_num((x - floor[e]) / max(ref - floor[e], 1e-6), nan=0.0)
+            cols.append(z)
+            rows += [{"env": e, "variant": v, "seed": i, "normalised": z[i]} for i in range(n)]
+        scores[v] = np.stack(cols, axis=1)
+    return scores, envs, pd.DataFrame(rows)
+
+
+def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (hardware, network, width, num_envs, recipe) with the three metrics, and
+    ``git_commit``: the commit(s) its records were made at, comma-separated."""
+    d = df[df.metric.isin(["env_steps_per_s", "update_time_ms", "update_memory_bytes"])].copy()
+    if d.empty:
+        return pd.DataFrame()
+    for k in ("network", "width", "num_envs", "env", "batch"):
+        d[k] = d["sizes"].map(lambda s, k=k: s.get(k))
+    d["fp8_gemm_calls"] = d["extra"].map(lambda e: e.get("fp8_gemm_calls"))
+    # records made before the FP8 CNN cells were flagged emulated say so only here
+    d["emulated"] = d["emulated"].astype(bool) | d["extra"].map(
+        lambda e: bool(e.get("conv_backward")))
+    keys = ["hardware", "hardware_name", "network", "width", "num_envs", "recipe"]
+    t = d.pivot_table(index=keys, columns="metric", values="value", aggfunc="median")
+    em = d.groupby(keys)["emulated"].any().rename("emulated")
+    calls = d.groupby(keys)["fp8_gemm_calls"].max()
+    if "git_commit" not in d:
+        d["git_commit"] = ""
+    commit = d.groupby(keys)["git_commit"].agg(
+        lambda c: ",".join(sorted({str(x) for x in c if isinstance(x, str) and x})))
+    return t.join(em).join(calls).join(commit).reset_index()
+
+
+def widest_fitting(table: pd.DataFrame, budget_bytes: float) -> pd.DataFrame:
+    """The widest MLP whose PPO update fits ``budget_bytes`` of device memory, per (hardware,
+    recipe, num_envs), from the compiled update's memory (``update_memory_bytes``) at the
+    measured widths: a least-squares quadratic in the width (parameters, gradients and
+    optimizer state grow as W^2, activations as W), solved for the budget. ``extrapolated``:
+    the answer lies beyond the widest measured width (a projection, not a measurement). Needs
+    three measured widths; others are left out."""
+    cols = ["hardware", "recipe", "num_envs", "widths", "widest_width", "extrapolated",
+            "max_rel_residual", "emulated"]
+    if not len(table) or "update_memory_bytes" not in table:
+        return pd.DataFrame(columns=cols)
+    mlp = table[(table.network == "mlp")].dropna(subset=["update_memory_bytes"])
+    rows = []
+    for (h, r, n), g in mlp.groupby(["hardware", "recipe", "num_envs"]):
+        g = g.groupby("width", as_index=False).agg(
+            mem=("update_memory_bytes", "median"), emulated=("emulated", "any"))
+        if len(g) < 3:
+            continue
+        w, m = g.width.to_numpy(float), g.mem.to_numpy(float)
+        c2, c1, c0 = np.polyfit(w, m, 2)
+        resid = float(np.max(np.abs(np.polyval([c2, c1, c0], w) - m) / m))
+        roots = np.roots([c2, c1, c0 - budget_bytes])
+        real = [x.real for x in roots if abs(x.imag) < 1e-9 and x.real > 0]
+        widest = max(real) if real else float("nan")
+        rows.append((h, r, int(n), [int(x) for x in w], widest,
+                     bool(np.isfinite(widest) and widest > w.max()), resid,
+                     bool(g.emulated.any())))
+    return pd.DataFrame(rows, columns=cols)
+
+
+def speedups(table: pd.DataFrame, recipe: str, baselines: Sequence[str] = ("fp16", "bf16")
+             ) -> pd.DataFrame:
+    """``recipe`` vs each baseline, per (hardware, network, width, num_envs): the end-to-end
+    ratio of env-steps/s and the update-only ratio of times (> 1: ``recipe`` is faster).
+
+    ``same_commit``: both cells were recorded at one git commit (in this repository's GPU
+    workflow, one call: the same machine, in one sitting). A ratio across commits compares
+    timings from different calls, possibly different machines of the same kind."""
+    keys = ["hardware", "network", "width", "num_envs"]
+    x = table[table.recipe == recipe].set_index(keys)
+    rows = []
+    for b in baselines:
+        y = table[table.recipe == b].set_index(keys)
+        j = x.join(y, lsuffix="", rsuffix="_base", how="inner")
+        for k, r in j.iterrows():
+            rows.append({**dict(zip(keys, k)), "recipe": recipe, "baseline": b,
+                         "e2e": r["env_steps_per_s"] / r["env_steps_per_s_base"],
+                         "update": r["update_time_ms_base"] / r["update_time_ms"],
+                         "memory": (r.get("update_memory_bytes", np.nan)
+                                    / r.get("update_memory_bytes_base", np.nan)),
+                         "emulated": bool(r["emulated"] or r["emulated_base"]),
+                         "same_commit": results.same_commit(r.get("git_commit"),
+                                                            r.get("git_commit_base"))})
+    return pd.DataFrame(rows)
+
+
+def _final_columns(ours: Mapping | None, theirs: Mapping | None) -> dict[str, float]:
+    nan = float("nan")
+    out = {"final_return": nan, "final_sd": nan, "purejaxrl final_return": nan,
+           "purejaxrl final_sd": nan, "final_n": nan, "return_gap": nan, "gap_lo": nan,
+           "gap_hi": nan}
+    for prefix, f in (("", ours), ("purejaxrl ", theirs)):
+        if f and f.get("mean") is not None:
+            out[prefix + "final_return"] = f["mean"]
+            out[prefix + "final_sd"] = nan if f.get("sd") is None else f["sd"]
+    if ours and ours.get("mean") is not None:
+        out["final_n"] = ours["n"]
+    if (ours and theirs and ours.get("sd") is not None and theirs.get("sd") is not None
+            and ours["n"] > 1 and theirs["n"] > 1):
+        out["return_gap"], out["gap_lo"], out["gap_hi"] = welch_interval(
+            ours["mean"], ours["sd"], ours["n"], theirs["mean"], theirs["sd"], theirs["n"])
+    return out
+
+
+def purejaxrl_speedups(df: pd.DataFrame) -> pd.DataFrame:
+    """Ours over PureJaxRL, one row per cell (hardware, seeds, option set of ours): median
+    env-steps/s ratio, and the range of the per-repeat ratios (repeat i of each, timed back to
+    back in one process). ``options``: the option set (``{}`` for cells recorded before options
+    existed); ``best``: the highest ratio of its (hardware, seeds) -- picked after timing, so a
+    selection among the rows; ``commit``: rows of different commits come from different
+    processes (each ratio is still within one). ``same_returns``: for an option set that keeps
+    the random streams (no ``prng``), whether its returns are bitwise those of the defaults
+    timed in the same process (:func:`returns_digest`); None where that cannot be told.
+    ``final_return`` / ``purejaxrl final_return``: mean over seeds of each run's final return
+    (:func:`final_returns`), ``final_sd`` / ``purejaxrl final_sd`` their SDs, ``final_n`` the
+    seed count; ``return_gap``, ``gap_lo``, ``gap_hi``: ours minus PureJaxRL's mean final
+    return and its Welch 95% interval (NaN with fewer than 2 seeds or in older records).
+    ``run``: 1 for a cell's first run, k for its ``_run{k}`` (``record(again=True)``);
+    ``runs``: how many runs that (hardware, seeds, option set) has."""
+    cols = ["hardware", "seeds", "ours", "options", "run", "runs", "repro steps/s",
+            "purejaxrl steps/s",
+            "speedup", "min", "max", "best", "emulated", "commit", "returns_digest",
+            "same_returns", "final_return", "final_sd", "purejaxrl final_return",
+            "purejaxrl final_sd", "final_n", "return_gap", "gap_lo", "gap_hi"]
+    if not len(df) or "size_seeds" not in df:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for _, g in df[df.experiment == "rl_purejaxrl"].groupby("source"):
+        theirs = [r for _, r in g.iterrows() if r["extra"]["impl"] == "purejaxrl"]
+        for _, ours in g.iterrows():
+            if ours["extra"]["impl"] == "purejaxrl" or len(theirs) != 1:
+                continue
+            per = np.asarray(theirs[0]["extra"]["run_s"]) / np.asarray(ours["extra"]["run_s"])
+            rows.append({"hardware": ours["hardware"], "seeds": int(ours["size_seeds"]),
+                         "ours": ours["extra"]["impl"],
+                         "options": ours["extra"].get("options", {}),
+                         "run": int(ours["extra"].get("run", 1)),
+                         "repro steps/s": ours["value"], "purejaxrl steps/s": theirs[0]["value"],
+                         "speedup": ours["value"] / theirs[0]["value"],
+                         "min": per.min(), "max": per.max(), "emulated": bool(g.emulated.any()),
+                         "commit": str(ours["git_commit"])[:12],
+                         "returns_digest": ours["extra"].get("returns_digest"),
+                         **_final_columns(ours["extra"].get("final_return"),
+                                          theirs[0]["extra"].get("final_return"))})
+    out = pd.DataFrame(rows, columns=cols).sort_values(["hardware", "seeds", "ours", "run"],
+                                                       ignore_index=True)
+    out["runs"] = out.groupby(["hardware", "seeds", "ours"]).run.transform("size")
+    out["best"] = out.speedup.eq(out.groupby(["hardware", "seeds"]).speedup.transform("max"))
+    plain = {(r.hardware, r.seeds, r.commit): r.returns_digest
+             for r in out.itertuples() if not r.options and r.returns_digest}
+
+    def same(r):
+        ref = plain.get((r.hardware, r.seeds, r.commit))
+        if not r.options or "prng" in r.options or ref is None or not r.returns_digest:
+            return None
+        return r.returns_digest == ref
+
+    out["same_returns"] = [same(r) for r in out.itertuples()]
+    return out

@@ -1,0 +1,109 @@
+"""Check, on the machine at hand, that every rounding this repository relies on happens.
+
+XLA's GPU compiler folds chains of float converts (``x.astype(bf16).astype(f32)`` -> ``x``;
+``SimplifyFPConversions`` under ``xla_allow_excess_precision``, on by default), so a rounding
+written as a cast round trip can vanish on the GPU while CPU tests pass. ``repro.precision.formats.cast``
+rounds with ``lax.reduce_precision`` instead. This module runs each rounding jitted on the
+default device and compares the bits with numpy/ml_dtypes on the host:
+
+    python -m repro.precision.check        # exit 1 if a rounding this repository uses is skipped
+
+``repro record ... --profile full`` (:func:`require`) and ``scripts/gpu_record.sh`` run it
+before recording anything. The first row, the plain round
+trip, is informational: it shows whether this compiler folds (expected on the GPU).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import optax
+
+from repro.precision import formats as F
+from repro.precision import optim
+
+
+def _sample(n: int = 4096, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(n) * np.exp(rng.uniform(-12, 6, n))).astype(np.float32)
+
+
+def storage_updates(storage: str, kahan: bool, steps: int = 20, lr: float = 2.5e-4):
+    """``p -> p["w"]`` after ``steps`` updates with a constant gradient of ``storage``-stored
+    weights (Kahan-compensated or naive): the mechanism of claim A7."""
+    tx = optim.make_optimizer({"lr": lr, "master_weights": storage, "kahan": kahan})
+
+    def run(p):
+        s = tx.init(p)
+        for _ in range(steps):
+            u, s = tx.update({"w": jnp.ones_like(p["w"])}, s, p)
+            p = optax.apply_updates(p, u)
+        return p["w"]
+
+    return run
+
+
+def _kahan_differs() -> bool:
+    """Kahan vs naive BF16-stored update, jitted on the device."""
+    p0 = {"w": jnp.full((64,), 0.1, jnp.bfloat16)}
+    k, n = (np.asarray(jax.jit(storage_updates("bf16", kahan))(p0), np.float32)
+            for kahan in (True, False))
+    return not np.array_equal(k, n)
+
+
+def checks() -> list[dict]:
+    """One row per check: name, ok, required (False: informational)."""
+    x = _sample()
+    rows = []
+    folded = np.array_equal(
+        np.asarray(jax.jit(lambda v: v.astype(jnp.bfloat16).astype(jnp.float32))(x)), x)
+    rows.append({"check": "plain astype round trip rounds (False: this compiler folds it)",
+                 "ok": not folded, "required": False})
+    for dt in (jnp.bfloat16, jnp.float16, F.E4M3, F.E5M2, F.E2M1):
+        fmax = float(ml_dtypes.finfo(dt).max)
+        xc = np.clip(x, -fmax, fmax)
+        ref = xc.astype(dt).astype(np.float32)
+        got = np.asarray(jax.jit(lambda v, d=dt: F.cast(v, d).astype(jnp.float32))(xc))
+        rows.append({"check": f"formats.cast to {jnp.dtype(dt).name} matches ml_dtypes",
+                     "ok": bool(np.array_equal(got, ref)), "required": True})
+    xm = x.reshape(64, 64)
+    for fmt, kw in (("e4m3", {}), ("mxfp8", {}), ("nvfp4", {"block": (16, 16)})):
+        y = np.asarray(jax.jit(lambda v: F.fake_quantize(v, fmt, **kw))(xm))
+        rows.append({"check": f"fake_quantize {fmt} changes the values",
+                     "ok": not np.array_equal(y, xm), "required": True})
+    rows.append({"check": "Kahan and naive BF16-stored updates differ",
+                 "ok": _kahan_differs(), "required": True})
+    return rows
+
+
+class NumericsError(ValueError):
+    """A rounding the experiments rely on does not happen on this device (one line)."""
+
+
+def require() -> None:
+    """Raise :class:`NumericsError` unless every required check passes here (``repro record
+    --profile full`` calls this before recording anything)."""
+    bad = [r["check"] for r in checks() if r["required"] and not r["ok"]]
+    if bad:
+        dev = jax.devices()[0]
+        raise NumericsError(f"numerics check failed on {dev.platform}:{dev.device_kind}: "
+                            f"{'; '.join(bad)}; nothing recorded (python -m repro.precision.check)")
+
+
+def main(argv=None) -> int:
+    rows = checks()
+    dev = jax.devices()[0]
+    print(f"numerics check on {dev.platform}:{dev.device_kind} (jax {jax.__version__})")
+    for r in rows:
+        flag = "ok  " if r["ok"] else ("FAIL" if r["required"] else "note")
+        print(f"  [{flag}] {r['check']}")
+    bad = [r for r in rows if r["required"] and not r["ok"]]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,244 @@
+"""flax.linen layers whose products follow a precision recipe: Dense, DenseGeneral, Conv.
+
+Model code passes a ``recipe`` (a ``repro.precision.recipes.Recipe`` or its name) and never knows which
+format runs: every product goes through ``repro.precision.ops.dot`` (``ops.fp8_conv`` for FP8
+convolutions). Parameters are FP32 master weights (``param_dtype``); activations come out in
+``recipe.dtype``.
+
+Quantization state lives in the ``FP8_META`` collection (flax's ``OVERWRITE_WITH_GRADIENT``):
+
+* fp8 with delayed scaling: ``{input,kernel,output_grad}_amax_history`` ([amax_history_len])
+  and ``..._scale`` (scalar, dequantize multiplier) per layer.
+* nvfp4: ``step``, a float32 counter. The PRNG key for the random Hadamard transform and the
+  stochastic rounding comes from the flax rng stream ``"quant"`` when the caller provides one
+  (``model.apply(v, x, rngs={"quant": key})``); otherwise it is the fixed key
+  ``fold_in(fold_in(PRNGKey(0), crc32(module path)), step)``: different per layer and per
+  step, reproducible, no rng plumbing needed.
+
+The state is never mutated in the forward pass; its "gradient" is the new state (the custom
+VJPs in ``repro.precision.ops`` return it). So differentiate the loss with respect to ALL variables and
+call :func:`apply_gradients`, which runs the optimizer on "params" and overwrites FP8_META with
+its gradient::
+
+    variables = model.init(key, x)                     # {"params", maybe FP8_META}
+    opt_state = tx.init(variables["params"])
+    def loss_fn(v, x, y): return jnp.mean((model.apply(v, x) - y) ** 2)
+    grads = jax.grad(loss_fn)(variables, x, y)         # grads[FP8_META] = updated state
+    variables, opt_state = apply_gradients(variables, grads, tx, opt_state)
+
+Caveats: a layer applied twice within one differentiated loss sums its two "gradients" (the
+state is then wrong): use separate layers. A layer not used by the loss gets a zero
+"gradient", which resets its state.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax.linen import fp8_ops
+from jax import lax
+
+from repro.precision import ops
+from repro.precision.recipes import Recipe, resolve
+from repro.precision.scaling import DelayedScalingState
+
+__all__ = ["FP8_META", "Dense", "DenseGeneral", "Conv", "dense", "apply_gradients", "quant_state"]
+
+FP8_META = fp8_ops.OVERWRITE_WITH_GRADIENT
+
+default_kernel_init = nn.initializers.lecun_normal()
+
+
+def quant_state(module: nn.Module, recipe: Recipe):
+    """(meta, key) for ``ops.dot`` from ``module``'s FP8_META variables and rng streams."""
+    if recipe.gemm == "fp8" and recipe.scaling == "delayed":
+        n = recipe.amax_history_len
+        meta = {}
+        for k in ops.META_KEYS:
+            hist = module.variable(FP8_META, f"{k}_amax_history", jnp.zeros, (n,), jnp.float32)
+            scale = module.variable(FP8_META, f"{k}_scale", jnp.ones, (), jnp.float32)
+            meta[k] = DelayedScalingState(hist.value, scale.value)
+        return meta, None
+    if recipe.gemm == "nvfp4":
+        step = module.variable(FP8_META, "step", jnp.zeros, (), jnp.float32)
+        if module.has_rng("quant"):
+            key = module.make_rng("quant")
+        else:
+            path = "/".join(str(p) for p in module.scope.path)
+            key = jax.random.fold_in(jax.random.PRNGKey(0), zlib.crc32(path.encode()))
+            key = jax.random.fold_in(key, lax.stop_gradient(step.value).astype(jnp.uint32))
+        return {"step": step.value}, key
+    return None, None
+
+
+class Dense(nn.Module):
+    """``y = x @ kernel + bias`` over the last axis, the product as ``recipe`` says."""
+
+    features: int
+    recipe: Recipe | str = "fp32"
+    use_bias: bool = True
+    kernel_init: Callable = default_kernel_init
+    bias_init: Callable = nn.initializers.zeros_init()
+    param_dtype: Any = jnp.float32
+
+    @property
+    def dtype(self):
+        return resolve(self.recipe).dtype
+
+    @nn.compact
+    def __call__(self, x):
+        r = resolve(self.recipe)
+        kernel = self.param("kernel", self.kernel_init, (jnp.shape(x)[-1], self.features),
+                            self.param_dtype)
+        meta, key = quant_state(self, r)
+        y = ops.dot(x, kernel, r, meta=meta, key=key)
+        if self.use_bias:
+            bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+            y = y + bias.astype(y.dtype)
+        return y
+
+
+def dense(features: int, recipe: Recipe | str, *, use_bias: bool = True,
+          kernel_init: Callable | None = None, name: str | None = None) -> nn.Module:
+    """The dense layer for ``recipe``: :class:`Dense` for this repository's recipes, the peer
+    library's layer (``repro.precision.peers``) for ``backend`` flax, te or jax."""
+    r = resolve(recipe)
+    if r.backend != "repro":
+        from repro.precision import peers
+
+        return peers.dense(features, r, use_bias=use_bias, kernel_init=kernel_init, name=name)
+    kw = {} if kernel_init is None else {"kernel_init": kernel_init}
+    return Dense(features, recipe=r, use_bias=use_bias, name=name, **kw)
+
+
+def _tuple(v) -> tuple[int, ...]:
+    return (int(v),) if isinstance(v, int) else tuple(int(a) for a in v)
+
+
+class DenseGeneral(nn.Module):
+    """Dense over the trailing ``axis`` (int or tuple) to ``features`` (int or tuple).
+
+    E.g. Q/K/V projections ``[B, T, D] -> [B, T, H, Dh]`` (features=(H, Dh)) and the attention
+    output ``[B, T, H, Dh] -> [B, T, D]`` (axis=(-2, -1)). The kernel has shape
+    ``in_dims + features`` and is flattened to one 2-D GEMM (so NVFP4 16x16 blocks tile the
+    flattened [prod(in), prod(features)] matrix). ``kernel_init`` sees the 2-D shape.
+    """
+
+    features: int | Sequence[int]
+    recipe: Recipe | str = "fp32"
+    axis: int | Sequence[int] = -1
+    use_bias: bool = True
+    kernel_init: Callable = default_kernel_init
+    bias_init: Callable = nn.initializers.zeros_init()
+    param_dtype: Any = jnp.float32
+
+    @property
+    def dtype(self):
+        return resolve(self.recipe).dtype
+
+    @nn.compact
+    def __call__(self, x):
+        r = resolve(self.recipe)
+        features = _tuple(self.features)
+        axes = tuple(sorted(a % x.ndim for a in _tuple(self.axis)))
+        n_in = len(axes)
+        if axes != tuple(range(x.ndim - n_in, x.ndim)):
+            raise ValueError(f"DenseGeneral: axis {self.axis} must be the trailing axes of an "
+                             f"input of rank {x.ndim}")
+        in_dims = x.shape[x.ndim - n_in:]
+        k_in, k_out = math.prod(in_dims), math.prod(features)
+
+        def init(key, shape, dtype):
+            return self.kernel_init(key, (k_in, k_out), dtype).reshape(shape)
+
+        kernel = self.param("kernel", init, in_dims + features, self.param_dtype)
+        meta, key = quant_state(self, r)
+        lead = x.shape[:x.ndim - n_in]
+        y = ops.dot(x.reshape(*lead, k_in), kernel.reshape(k_in, k_out), r, meta=meta, key=key)
+        y = y.reshape(*lead, *features)
+        if self.use_bias:
+            bias = self.param("bias", self.bias_init, features, self.param_dtype)
+            y = y + bias.astype(y.dtype)
+        return y
+
+
+class Conv(nn.Module):
+    """Channels-last convolution ``[N, *spatial, C] -> [N, *spatial', features]``.
+
+    fp8 recipes: FP8 forward (e4m3 operands straight into ``lax.conv_general_dilated``) and an
+    emulated backward (quantize-dequantize: e5m2 gradient and e4m3 operands through BF16
+    transposed convolutions), see ``ops.fp8_conv``. MEASURED.md: FP8 convolutions were SLOWER
+    than BF16 on the H200; they are here for the numerics. Block-scaled recipes (mxfp8, nvfp4)
+    run convolutions in ``recipe.dtype`` (BF16), as NVIDIA's NVFP4 recipe keeps non-GEMM-heavy
+    layers in BF16. Unbatched inputs (rank len(kernel_size) + 1) are accepted.
+    """
+
+    features: int
+    kernel_size: int | Sequence[int]
+    strides: int | Sequence[int] = 1
+    padding: str | Sequence[tuple[int, int]] = "SAME"
+    recipe: Recipe | str = "fp32"
+    use_bias: bool = True
+    kernel_init: Callable = default_kernel_init
+    bias_init: Callable = nn.initializers.zeros_init()
+    param_dtype: Any = jnp.float32
+
+    @property
+    def dtype(self):
+        return resolve(self.recipe).dtype
+
+    @nn.compact
+    def __call__(self, x):
+        r = resolve(self.recipe)
+        ks = _tuple(self.kernel_size)
+        nsp = len(ks)
+        unbatched = x.ndim == nsp + 1
+        if unbatched:
+            x = x[None]
+        if x.ndim != nsp + 2:
+            raise ValueError(f"Conv: input rank {x.ndim} does not fit kernel_size {ks}")
+        strides = _tuple(self.strides)
+        strides = strides * nsp if len(strides) == 1 else strides
+        padding = self.padding
+        if isinstance(padding, int):
+            padding = [(padding, padding)] * nsp
+        padding = ops._static_padding(padding)
+        kernel = self.param("kernel", self.kernel_init, ks + (x.shape[-1], self.features),
+                            self.param_dtype)
+        if r.gemm == "fp8":
+            meta, _ = quant_state(self, r)
+            y = ops.fp8_conv(x, kernel, r, meta, strides=strides, padding=padding)
+        else:
+            dt = r.dtype
+            y = lax.conv_general_dilated(
+                x.astype(dt), kernel.astype(dt), strides, padding,
+                dimension_numbers=ops.conv_dimension_numbers(x.ndim),
+                precision=r.precision, preferred_element_type=jnp.float32).astype(dt)
+        if self.use_bias:
+            bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+            y = y + bias.astype(y.dtype)
+        return y[0] if unbatched else y
+
+
+def apply_gradients(variables, grads, tx: optax.GradientTransformation, opt_state):
+    """One optimizer step on ``variables["params"]``; FP8_META replaced by its "gradient".
+
+    ``grads``: the gradient of the loss with respect to ``variables`` (same collections). If it
+    has no FP8_META (e.g. only "params" were differentiated, or the model has no quantization
+    state), the state is left as it is. If ``grads`` has no "params" key it is taken to be the
+    params gradient itself. Returns ``(variables, opt_state)``.
+    """
+    params = variables["params"]
+    pgrads = grads["params"] if "params" in grads else grads
+    updates, opt_state = tx.update(pgrads, opt_state, params)
+    new = {k: v for k, v in variables.items()}
+    new["params"] = optax.apply_updates(params, updates)
+    if "params" in grads and FP8_META in grads and FP8_META in variables:
+        new[FP8_META] = grads[FP8_META]
+    return (type(variables)(new) if not isinstance(variables, dict) else new), opt_state

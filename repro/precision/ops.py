@@ -1,0 +1,558 @@
+"""Quantized matrix products: per-tensor FP8, MXFP8 and NVFP4, all three GEMMs of a layer.
+
+A layer computes ``y = x @ w`` forward and two GEMMs backward: the data gradient
+``dx = g @ w.T`` ("dgrad") and the weight gradient ``dw = x.T @ g`` ("wgrad"). Each function
+here is a ``jax.custom_vjp`` that runs all three in the recipe's format:
+
+* :func:`fp8_dot`: FP8 operands (e4m3 forward, e5m2 gradients, ``recipe.fwd_dtype`` /
+  ``recipe.bwd_dtype``) go STRAIGHT into ``lax.dot_general``; the product of the two dequantize
+  scales multiplies the output, a multiply of the GEMM result by a broadcast scalar that XLA's
+  GEMM rewriter folds into the cuBLASLt FP8 call. (The older "convert f8 -> bf16, multiply by
+  the scale, then dot" pattern is no longer rewritten into an FP8 GEMM by XLA: see MEASURED.md.)
+  The forward and data-gradient GEMMs write ``recipe.dtype`` (``recipe.fp8_gemm_out ==
+  "compute"``, the default: half the bytes of FP32, and the bias add can join the cuBLASLt
+  epilogue) or FP32 (``"float32"``); weight gradients are always FP32. The residuals saved for
+  the backward pass are the FP8 operands, not BF16 copies, and each weight is quantized once
+  per call (the data gradient reuses the forward's copy). ``recipe.scaling``: "current" (this
+  tensor's amax now), "delayed" (Transformer Engine's amax history, state in ``meta``), "none"
+  (plain saturating cast, scale 1: the ablation).
+* :func:`mxfp8_dot`, :func:`nvfp4_dot`: block-scaled GEMMs. "native" backend (compute
+  capability >= 10): ``jax.nn.scaled_matmul`` on the quantized elements and block scales.
+  "emulated" backend (anything else, incl. the H200 and CPU): the same quantized values,
+  dequantized to BF16 (exact: element x block scale fits BF16's significand) and an ordinary
+  dot with FP32 accumulation; the NVFP4 per-tensor global scales multiply the output. The
+  numbers are those of the block-scaled format; only the speed is not.
+
+Layout (``recipe.fp8_layout``). "natural" (default): every GEMM is written as
+``dot_general`` with the natural contraction dims: fwd ``x[M,K] . w[K,N]`` (contract K), dgrad
+``g[M,N] . w[K,N]`` (contract N), wgrad ``x[M,K] . g[M,N]`` (contract M). cuBLASLt FP8 on
+Hopper needs both operands with the contraction dim minor ("TN"); XLA's GEMM rewriter inserts
+the missing transposes, and with this formulation they are always transposes of 1-byte FP8
+arrays: ``w`` in the forward pass (weight-sized), and ``xq``/``gq`` in the wgrad
+(activation-sized). "tn": every GEMM written in TN form, the transposed FP8 copies quantized
+from the high-precision source (Transformer Engine's cast-transpose: ``x^T``, ``g^T``, ``w^T``),
+``x^T`` saved instead of ``x``; same values, other fusion. Block-scaled GEMMs are written
+directly in the TN form ``a[M,K] . b[N,K]`` that ``scaled_matmul`` requires.
+
+Delayed scaling and the ``meta`` cotangent. ``meta`` is a dict
+``{"input", "kernel", "output_grad"}`` of ``repro.precision.scaling.DelayedScalingState``. The forward
+pass quantizes with the stored scales (computed at the end of the previous step, as TE does)
+and the custom_vjp returns the UPDATED state (current amax pushed into each history, scale
+recomputed) as the "gradient" of ``meta``: flax's overwrite-with-gradient mechanism
+(``flax.linen.fp8_ops``). A train step replaces the state by its gradient
+(``repro.precision.layers.apply_gradients``). Caveat: if the same ``meta`` is used by several calls in one
+differentiated function (shared weights), the cotangents are summed and the state is wrong;
+give each call its own state. flax avoids this with a private dtype; we keep to public APIs.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from repro.precision import formats as F
+from repro.precision import scaling as S
+from repro.precision.recipes import Recipe, resolve
+
+__all__ = [
+    "META_KEYS", "init_meta", "fp8_dot", "fp8_conv", "mxfp8_dot", "nvfp4_dot", "dot",
+    "block_scaled_backend", "is_emulated",
+]
+
+META_KEYS = ("input", "kernel", "output_grad")
+
+# dot_general dimension numbers of the three GEMMs (2-D operands).
+_DN_FWD = (((1,), (0,)), ((), ()))  # x[M,K] . w[K,N] -> [M,N]
+_DN_DGRAD = (((1,), (1,)), ((), ()))  # g[M,N] . w[K,N] -> [M,K]
+_DN_WGRAD = (((0,), (0,)), ((), ()))  # x[M,K] . g[M,N] -> [K,N]
+_DN_TN = (((1,), (1,)), ((), ()))  # a[M,K] . b[N,K] -> [M,N]
+
+
+# ------------------------------------------------------------------------------ dispatch
+
+
+def block_scaled_backend(hardware=None) -> Literal["native", "emulated"]:
+    """"native" where block-scaled FP4/MXFP8 tensor cores exist (compute capability >= 10)."""
+    if hardware is None:
+        from repro.hardware import detect
+
+        hardware = detect()
+    return "native" if hardware.has_fp4 else "emulated"
+
+
+def is_emulated(recipe, hardware=None) -> bool:
+    """True when ``recipe``'s GEMMs have no tensor-core support on ``hardware``.
+
+    MXFP8/NVFP4 off Blackwell, and FP8 on a device without FP8 tensor cores (e.g. CPU). The
+    numerics are those of the format either way; benchmarks stamp their records with this.
+    """
+    recipe = resolve(recipe)
+    if hardware is None:
+        from repro.hardware import detect
+
+        hardware = detect()
+    if recipe.gemm in ("mxfp8", "nvfp4"):
+        return not hardware.has_fp4
+    if recipe.gemm == "fp8":
+        return not hardware.has_fp8
+    return False
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _fmax(dtype) -> float:
+    return float(jnp.finfo(dtype).max)
+
+
+def _token(x):
+    """A scalar carrying x's dtype through custom_vjp residuals (cotangents need it)."""
+    return jnp.zeros((), x.dtype)
+
+
+def init_meta(history_len: int = 1024) -> dict[str, S.DelayedScalingState]:
+    """Fresh delayed-scaling state for one FP8 GEMM: input, kernel and output-gradient."""
+    return {k: S.init_delayed(history_len) for k in META_KEYS}
+
+
+def _check_2d_weight(w, what):
+    if w.ndim != 2:
+        raise ValueError(f"{what}: w must be 2-D [K, N], got shape {w.shape}")
+
+
+def _flatten_lhs(x, w, what):
+    if x.shape[-1] != w.shape[0]:
+        raise ValueError(f"{what}: contraction mismatch, x {x.shape} vs w {w.shape}")
+    return x.reshape(-1, x.shape[-1])
+
+
+# ------------------------------------------------------------------- per-tensor FP8 core
+
+
+def _scale_now(x, dtype, recipe):
+    if recipe.scaling == "none":
+        return jnp.float32(1.0)
+    return S.current_scale(x, _fmax(dtype), recipe.margin)
+
+
+def _gemm_out_dtype(recipe, op) -> jnp.dtype:
+    """Element type of the forward and dgrad GEMM outputs (``Recipe.fp8_gemm_out``).
+
+    "compute" writes ``recipe.dtype`` when it has FP32's exponent range (BF16, FP32): the
+    unscaled product of FP8 values (up to K * 448 * 57344) overflows FP16, so FP16 keeps FP32.
+    Convolutions always use FP32."""
+    dt = recipe.dtype
+    if (op[0] in ("dot", "dot_tn") and recipe.fp8_gemm_out == "compute"
+            and jnp.finfo(dt).maxexp >= jnp.finfo(jnp.float32).maxexp):
+        return dt
+    return jnp.dtype(jnp.float32)
+
+
+def _rescale(acc, scale, dtype):
+    """``acc * scale`` cast to ``dtype``, the multiply in ``acc``'s dtype: a multiply of the
+    GEMM output by a broadcast scalar, which XLA's GEMM rewriter folds into the cuBLASLt FP8
+    call (and a following vector bias add into its epilogue)."""
+    return (acc * scale.astype(acc.dtype)).astype(dtype)
+
+
+def _fwd_gemm(op, xq, wq, out_dtype=jnp.float32):
+    """The forward product of FP8 operands in ``out_dtype``, unscaled. For "tn", ``wq`` is
+    the transposed weight ``w^T[N, K]``."""
+    if op[0] == "dot":
+        return lax.dot_general(xq, wq, _DN_FWD, preferred_element_type=out_dtype)
+    if op[0] == "dot_tn":
+        return lax.dot_general(xq, wq, _DN_TN, preferred_element_type=out_dtype)
+    _, strides, padding, dn = op
+    return lax.conv_general_dilated(xq, wq, strides, padding, dimension_numbers=dn,
+                                    preferred_element_type=jnp.float32)
+
+
+def _bwd_gemms(op, gq, xq, wq, out_dtype=jnp.float32, gq_t=None):
+    """dgrad (``out_dtype``) and wgrad (FP32) of FP8 operands, unscaled.
+
+    "dot": ``xq`` is the saved input ``x[M, K]``. "dot_tn": ``xq`` is the saved ``x^T[K, M]``
+    and ``gq_t`` the transposed gradient ``g^T[N, M]``: every GEMM in TN form."""
+    if op[0] == "dot":
+        dx = lax.dot_general(gq, wq, _DN_DGRAD, preferred_element_type=out_dtype)
+        dw = lax.dot_general(xq, gq, _DN_WGRAD, preferred_element_type=jnp.float32)
+        return dx, dw
+    if op[0] == "dot_tn":
+        dx = lax.dot_general(gq, wq, _DN_DGRAD, preferred_element_type=out_dtype)
+        dw = lax.dot_general(xq, gq_t, _DN_TN, preferred_element_type=jnp.float32)
+        return dx, dw
+    # Convolution backward: quantize-dequantize emulation. The FP8 values (exact in BF16,
+    # unscaled) go through BF16 transposed convolutions; scales are applied afterwards.
+    _, strides, padding, dn = op
+    bf = jnp.bfloat16
+
+    def conv(a, b):
+        return lax.conv_general_dilated(a, b, strides, padding, dimension_numbers=dn)
+
+    _, vjp = jax.vjp(conv, xq.astype(bf), wq.astype(bf))
+    dx, dw = vjp(gq.astype(bf))
+    return dx.astype(jnp.float32), dw.astype(jnp.float32)
+
+
+def _replace_meta(meta, new: dict):
+    """``new`` (a dict keyed like META_KEYS) in the exact pytree structure of ``meta``."""
+    leaves = [leaf for k in sorted(new) for leaf in jax.tree.leaves(new[k])]
+    return jax.tree.unflatten(jax.tree.structure(meta), leaves)
+
+
+def _fp8_fwd(x, w, meta, recipe, op):
+    fdt = jnp.dtype(recipe.fwd_dtype)
+    if recipe.scaling == "delayed":
+        mx, mw = meta["input"], meta["kernel"]
+        sx, sw = mx.scale, mw.scale
+        algo, margin = recipe.amax_compute_algo, recipe.margin
+        # Quantization uses the STORED scales, so it does not wait for these amaxes: XLA can
+        # compute each in the pass that quantizes (the kernel's from the FP32 master itself).
+        new_x = S.delayed_update(mx, S.amax(x), _fmax(fdt), algo, margin)
+        new_w = S.delayed_update(mw, S.amax(w), _fmax(fdt), algo, margin)
+        carry = (meta["output_grad"], new_x, new_w)
+    else:
+        sx, sw = _scale_now(x, fdt, recipe), _scale_now(w, fdt, recipe)
+        carry = None
+    odt = _gemm_out_dtype(recipe, op)
+    xq = F.fp8_quantize(x, fdt, sx)
+    wq = F.fp8_quantize(w, fdt, sw)  # quantized ONCE per call; the dgrad reuses this residual
+    if op[0] == "dot_tn":
+        # Cast-transpose: the transposed copies come from the high-precision source (same
+        # values as xq.T / wq.T); x^T, not x, is kept for the weight-gradient GEMM.
+        acc = _fwd_gemm(op, xq, F.fp8_quantize(w.T, fdt, sw), odt)
+        x_res = F.fp8_quantize(x.T, fdt, sx)
+    else:
+        acc = _fwd_gemm(op, xq, wq, odt)
+        x_res = xq
+    y = _rescale(acc, sx * sw, recipe.dtype)
+    return y, (x_res, wq, sx, sw, carry, _token(x), _token(w), meta)
+
+
+def _fp8_bwd(recipe, op, res, g):
+    x_res, wq, sx, sw, carry, xt, wt, meta = res
+    bdt = jnp.dtype(recipe.bwd_dtype)
+    if recipe.scaling == "delayed":
+        mg, new_x, new_w = carry
+        sg = mg.scale
+        new_g = S.delayed_update(mg, S.amax(g), _fmax(bdt), recipe.amax_compute_algo,
+                                 recipe.margin)
+        meta_ct = _replace_meta(meta, {"input": new_x, "kernel": new_w, "output_grad": new_g})
+    else:
+        sg = _scale_now(g, bdt, recipe)
+        meta_ct = None if meta is None else jax.tree.map(jnp.zeros_like, meta)
+    gq = F.fp8_quantize(g, bdt, sg)
+    gq_t = F.fp8_quantize(g.T, bdt, sg) if op[0] == "dot_tn" else None
+    dx, dw = _bwd_gemms(op, gq, x_res, wq, _gemm_out_dtype(recipe, op), gq_t)
+    dx = _rescale(dx, sg * sw, xt.dtype)
+    dw = _rescale(dw, sx * sg, wt.dtype)
+    return dx, dw, meta_ct
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _fp8_core(x, w, meta, recipe, op):
+    return _fp8_fwd(x, w, meta, recipe, op)[0]
+
+
+_fp8_core.defvjp(_fp8_fwd, _fp8_bwd)
+
+
+def _fp8_call(x, w, recipe, meta, op, what):
+    if recipe.scaling not in ("current", "delayed", "none"):
+        raise ValueError(f"{what}: recipe {recipe.name!r} has scaling={recipe.scaling!r}; "
+                         "FP8 per-tensor scaling is 'current', 'delayed' or 'none'")
+    if recipe.scaling == "delayed":
+        if meta is None:
+            raise ValueError(f"{what}: delayed scaling needs meta (see ops.init_meta)")
+        missing = [k for k in META_KEYS if k not in meta]
+        if missing:
+            raise ValueError(f"{what}: meta lacks {missing}; expected keys {META_KEYS}")
+    else:
+        meta = None  # no state: ignore whatever was passed, its cotangent is zero
+    return _fp8_core(x, w, meta, recipe, op)
+
+
+def fp8_dot(x, w, recipe, meta=None):
+    """``x[..., K] @ w[K, N] -> [..., N]`` in ``recipe.dtype``, all three GEMMs in FP8.
+
+    Forward operands ``recipe.fwd_dtype`` (e4m3), the output gradient ``recipe.bwd_dtype``
+    (e5m2); FP32 accumulation; scales multiply the GEMM outputs. ``meta`` (delayed scaling
+    only): ``{"input", "kernel", "output_grad"}`` -> DelayedScalingState; its gradient is the
+    updated state. Gradients come back in x's and w's dtypes.
+    """
+    recipe = resolve(recipe)
+    _check_2d_weight(w, "fp8_dot")
+    x2 = _flatten_lhs(x, w, "fp8_dot")
+    op = ("dot_tn",) if recipe.fp8_layout == "tn" else ("dot",)
+    y = _fp8_call(x2, w, recipe, meta, op, "fp8_dot")
+    return y.reshape(*x.shape[:-1], w.shape[1])
+
+
+def conv_dimension_numbers(ndim: int) -> lax.ConvDimensionNumbers:
+    """Channels-last dimension numbers (NHWC, HWIO, NHWC) for ``ndim``-D inputs."""
+    nsp = ndim - 2
+    lhs = (0, ndim - 1, *range(1, ndim - 1))
+    rhs = (nsp + 1, nsp, *range(nsp))
+    return lax.ConvDimensionNumbers(lhs, rhs, lhs)
+
+
+def _static_padding(padding):
+    return padding if isinstance(padding, str) else tuple(tuple(int(p) for p in pair)
+                                                          for pair in padding)
+
+
+# Input channels of an FP8 convolution are zero-padded to a multiple of this (see fp8_conv).
+CONV_CHANNEL_MULTIPLE = 16
+
+
+def fp8_conv(x, w, recipe, meta=None, strides=None, padding="SAME"):
+    """Channels-last convolution ``x[N, *spatial, C] * w[*window, C, F]`` in FP8.
+
+    Forward: FP8 operands straight into ``lax.conv_general_dilated`` (preferred FP32, scales on
+    the output): cuDNN FP8 convolution on Hopper. Backward: quantize-dequantize emulation (the
+    e5m2 gradient and the saved e4m3 operands, exact in BF16, through BF16 transposed
+    convolutions): the numerics of an FP8 backward pass, the speed of BF16. MEASURED.md: an FP8
+    forward convolution was 2x SLOWER than BF16 on the H200, so convolutions are not a speed win.
+    """
+    recipe = resolve(recipe)
+    nsp = x.ndim - 2
+    strides = tuple(strides) if strides is not None else (1,) * nsp
+    op = ("conv", strides, _static_padding(padding), conv_dimension_numbers(x.ndim))
+    # Input channels padded with zeros to a multiple of CONV_CHANNEL_MULTIPLE (exact: the
+    # padded products are zero, the amaxes unchanged; pad's gradient slices them off). On the
+    # H200 cuDNN had no FP8 plan for SpaceInvaders-MinAtar's 6 input channels under vmap
+    # (grouped convolution: "No supported configs found", session 6), where 4 worked; XLA's
+    # FP8 conv fallback (openxla/xla#40021) names grouped convs under 16 channels per group.
+    x = _pad_axis(x, x.ndim - 1, CONV_CHANNEL_MULTIPLE)
+    w = _pad_axis(w, w.ndim - 2, CONV_CHANNEL_MULTIPLE)
+    return _fp8_call(x, w, recipe, meta, op, "fp8_conv")
+
+
+# -------------------------------------------------------------- block-scaled GEMM kernels
+
+
+def _pad_axis(x, axis, multiple):
+    r = (-x.shape[axis]) % multiple
+    if r == 0:
+        return x
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, r)
+    return jnp.pad(x, pad)
+
+
+def _rows_from_2d(t: F.NVFP4Tensor, transpose: bool):
+    """A 16x16-block NVFP4 matrix as (q, 1x16 row-block scales, global scale).
+
+    2-D blocks are transpose-symmetric: the transposed matrix is the same blocks, transposed.
+    Each 16x16 scale is repeated over the 16 rows it covers (what scaled_matmul takes).
+    """
+    q, bs = t.q, t.block_scale
+    if transpose:
+        q, bs = q.T, bs.T
+    return q, jnp.repeat(bs, 16, axis=0), t.global_scale
+
+
+def _nvfp4_rows(a, rounding="nearest", key=None):
+    """NVFP4 of a[R, C] with 1x16 blocks along C (C padded to 16): (q, scales, global)."""
+    t = F.nvfp4_quantize(_pad_axis(a, 1, 16), (1, 16), rounding=rounding, key=key)
+    return t.q, t.block_scale, t.global_scale
+
+
+def _mxfp8_rows(a):
+    """MXFP8 of a[R, C] with 32-blocks along C (C padded to 32): (q, scales, None)."""
+    t = F.mxfp8_quantize(_pad_axis(a, 1, 32), axis=-1, block=32)
+    return t.q, t.scale, None
+
+
+def _dequant_rows(q, s):
+    """q * s (s repeated over its block), in BF16: exact for E4M3 x E8M0 and E2M1 x E4M3."""
+    block = q.shape[-1] // s.shape[-1]
+    return (q.astype(jnp.float32) * jnp.repeat(s.astype(jnp.float32), block, axis=-1)
+            ).astype(jnp.bfloat16)
+
+
+def _block_gemm(a, b, backend):
+    """``a[M,K] . b[N,K]^T`` for row-block-quantized operands ``(q, scales, global_scale)``.
+
+    Returns FP32 [M, N]. The global scales (NVFP4) multiply the output.
+    """
+    (qa, sa, ga), (qb, sb, gb) = a, b
+    if qa.shape[1] != qb.shape[1]:
+        raise ValueError(f"block GEMM: contraction mismatch {qa.shape} vs {qb.shape}")
+    if backend == "native":
+        out = jax.nn.scaled_matmul(qa[None], qb[None], sa[None], sb[None],
+                                   preferred_element_type=jnp.float32)[0]
+    elif backend == "emulated":
+        out = lax.dot_general(_dequant_rows(qa, sa), _dequant_rows(qb, sb), _DN_TN,
+                              preferred_element_type=jnp.float32)
+    else:
+        raise ValueError(f"backend must be 'native' or 'emulated', got {backend!r}")
+    if ga is not None:
+        out = out * (ga * gb)
+    return out
+
+
+def _resolve_backend(backend):
+    return block_scaled_backend() if backend is None else backend
+
+
+# ------------------------------------------------------------------------------- MXFP8
+
+
+def _mx_fwd(x, w, recipe, backend):
+    # forward: a = x[M,K], b = w^T[N,K] (blocks along K); the dgrad operand w[K,N] is quantized
+    # along N (a second quantization of w, as TE's columnwise copy); wgrad operand x^T[K,M].
+    K, N = w.shape
+    y = _block_gemm(_mxfp8_rows(x), _mxfp8_rows(w.T), backend)[:, :N]
+    res = (_mxfp8_rows(w), _mxfp8_rows(x.T), _token(x), _token(w))
+    return y.astype(recipe.dtype), res
+
+
+def _mx_bwd(recipe, backend, res, g):
+    w_rows, xt_rows, xt, wt = res
+    K = xt_rows[0].shape[0]
+    N = g.shape[1]
+    dx = _block_gemm(_mxfp8_rows(g), w_rows, backend)[:, :K]
+    dw = _block_gemm(xt_rows, _mxfp8_rows(g.T), backend)[:, :N]
+    return dx.astype(xt.dtype), dw.astype(wt.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _mx_core(x, w, recipe, backend):
+    return _mx_fwd(x, w, recipe, backend)[0]
+
+
+_mx_core.defvjp(_mx_fwd, _mx_bwd)
+
+
+def mxfp8_dot(x, w, recipe, backend=None):
+    """``x[..., K] @ w[K, N]`` with OCP MXFP8 (E4M3 elements, one E8M0 scale per 32 along the
+    contraction axis of each GEMM) in all three GEMMs.
+
+    Gradients are E4M3 too (Transformer Engine's MXFP8BlockScaling default; block scales give
+    the range that per-tensor FP8 needed E5M2 for). Axes that are not multiples of 32 are
+    zero-padded (exact: zeros change neither products nor block maxima). ``backend``: None
+    (detect), "native" (``jax.nn.scaled_matmul``) or "emulated".
+    """
+    recipe = resolve(recipe)
+    _check_2d_weight(w, "mxfp8_dot")
+    x2 = _flatten_lhs(x, w, "mxfp8_dot")
+    y = _mx_core(x2, w, recipe, _resolve_backend(backend))
+    return y.reshape(*x.shape[:-1], w.shape[1])
+
+
+# ------------------------------------------------------------------------------- NVFP4
+
+
+def _nvfp4_keys(key):
+    k_dgrad, k_wgrad, k_rht = jax.random.split(key, 3)
+    return k_dgrad, k_wgrad, k_rht
+
+
+def _nvfp4_weight(w, recipe):
+    """(forward operand w^T[N,K], dgrad operand w[K,N]) as row-block tuples."""
+    if recipe.weight_block_2d:
+        wp = _pad_axis(_pad_axis(w, 0, 16), 1, 16)
+        t = F.nvfp4_quantize(wp, (16, 16))  # the SAME quantized weight in both passes
+        return _rows_from_2d(t, transpose=True), _rows_from_2d(t, transpose=False)
+    return _nvfp4_rows(w.T), _nvfp4_rows(w)
+
+
+def _wgrad_operand(a_t, recipe, k_rht, rounding="nearest", key=None):
+    """NVFP4 wgrad operand from a^T[C, M]: optional RHT along M (the contraction), then 1x16."""
+    a_t = _pad_axis(a_t.astype(jnp.float32), 1, 16)
+    if recipe.rht:
+        a_t = F.random_hadamard_transform(a_t, k_rht, axis=-1, n=16)
+    return _nvfp4_rows(a_t, rounding, key)
+
+
+def _nv_fwd(x, w, key, counter, recipe, backend):
+    w_fwd, w_dgrad = _nvfp4_weight(w, recipe)
+    N = w.shape[1]
+    y = _block_gemm(_nvfp4_rows(x), w_fwd, backend)[:, :N]
+    k_rht = _nvfp4_keys(key)[2]
+    x_wgrad = _wgrad_operand(x.T, recipe, k_rht)  # activations: round to nearest
+    res = (w_dgrad, x_wgrad, key, counter, _token(x), _token(w))
+    return y.astype(recipe.dtype), res
+
+
+def _nv_bwd(recipe, backend, res, g):
+    w_dgrad, x_wgrad, key, counter, xt, wt = res
+    k_dgrad, k_wgrad, k_rht = _nvfp4_keys(key)
+    sr = recipe.stochastic_rounding
+    rounding = "stochastic" if sr else "nearest"
+    K = x_wgrad[0].shape[0]
+    N = g.shape[1]
+    g_dgrad = _nvfp4_rows(g, rounding, k_dgrad if sr else None)
+    dx = _block_gemm(g_dgrad, w_dgrad, backend)[:, :K]
+    g_wgrad = _wgrad_operand(g.T, recipe, k_rht, rounding, k_wgrad if sr else None)
+    dw = _block_gemm(x_wgrad, g_wgrad, backend)[:, :N]
+    counter_ct = None if counter is None else jax.tree.map(lambda c: c + 1, counter)
+    return dx.astype(xt.dtype), dw.astype(wt.dtype), None, counter_ct
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _nv_core(x, w, key, counter, recipe, backend):
+    return _nv_fwd(x, w, key, counter, recipe, backend)[0]
+
+
+_nv_core.defvjp(_nv_fwd, _nv_bwd)
+
+
+def nvfp4_dot(x, w, recipe, key=None, meta=None, backend=None):
+    """``x[..., K] @ w[K, N]`` with NVIDIA's NVFP4 training recipe in all three GEMMs.
+
+    E2M1 elements, E4M3 scales per 16 elements, an FP32 scale per tensor (arXiv 2509.25149):
+    weights in 16x16 blocks (``recipe.weight_block_2d``; else 1x16 along each GEMM's
+    contraction axis), activations and gradients 1x16 along the contraction axis of each GEMM;
+    a random Hadamard transform (16-point, one random sign vector) on both inputs of the wgrad
+    GEMM along its contraction (token) axis (``recipe.rht``); stochastic rounding of the
+    gradients only (``recipe.stochastic_rounding``). Padding as in :func:`mxfp8_dot` (to 16).
+
+    ``key``: PRNG key for the RHT signs and the stochastic rounding (required when either is
+    on). ``meta``: optional ``{"step": float32 scalar}``; its gradient is ``step + 1`` (the
+    layers use it to derive a fresh key each step without an rng stream).
+    """
+    recipe = resolve(recipe)
+    _check_2d_weight(w, "nvfp4_dot")
+    x2 = _flatten_lhs(x, w, "nvfp4_dot")
+    if key is None:
+        if recipe.rht or recipe.stochastic_rounding:
+            raise ValueError("nvfp4_dot: recipe uses RHT / stochastic rounding: pass a PRNG key")
+        key = jax.random.key(0)  # unused by the computation
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)  # raw uint32: plain arrays through the custom_vjp
+    y = _nv_core(x2, w, key, meta, recipe, _resolve_backend(backend))
+    return y.reshape(*x.shape[:-1], w.shape[1])
+
+
+# ------------------------------------------------------------------------- entry point
+
+
+def dense_dot(x, w, recipe):
+    """Ordinary ``x[..., K] @ w[K, N]``: operands and output in ``recipe.dtype``,
+    ``precision=recipe.precision`` (HIGHEST = true FP32, DEFAULT = TF32 for FP32 on GPUs).
+
+    The output stays in ``recipe.dtype`` on purpose: GPU GEMMs accumulate in FP32 internally
+    either way, and an FP32 output would make the backward pass multiply an FP32 cotangent
+    with BF16 operands, which XLA runs as a (slower) FP32/TF32 GEMM: an unfair baseline."""
+    dt = recipe.dtype
+    return lax.dot_general(x.astype(dt), w.astype(dt), (((x.ndim - 1,), (0,)), ((), ())),
+                           precision=recipe.precision)
+
+
+def dot(x, w, recipe, meta=None, key=None):
+    """The one entry point layers call: ``x[..., K] @ w[K, N]`` as ``recipe`` says."""
+    recipe = resolve(recipe)
+    if recipe.gemm == "dense":
+        return dense_dot(x, w, recipe)
+    if recipe.gemm == "fp8":
+        return fp8_dot(x, w, recipe, meta)
+    if recipe.gemm == "mxfp8":
+        return mxfp8_dot(x, w, recipe)
+    if recipe.gemm == "nvfp4":
+        return nvfp4_dot(x, w, recipe, key, meta)
+    raise ValueError(f"unknown gemm {recipe.gemm!r} in recipe {recipe.name!r}")

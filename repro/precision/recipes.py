@@ -1,0 +1,362 @@
+"""Precision recipes: the one registry of every precision name in the repository.
+
+A recipe is data (MaxText's separation: model code never knows which format runs). It says
+
+* how a layer's matrix products run (``gemm``, ``scaling``, the FP8/NVFP4 fields, whose names
+  follow Transformer Engine's DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling and
+  NVFP4BlockScaling, so a TE user recognises every knob) and who runs them (``backend``: this
+  repository's ``repro.precision.ops``, or a peer library: flax, Transformer Engine, JAX);
+* which layers are quantized (``scope``);
+* what the optimizer does with the weights (``master_weights``, ``kahan``, ``grad_clip``,
+  ``weight_clip``): the training-time half of a recipe, which the RL and LM studies ablate.
+
+Every study, layer, cost model and command asks :func:`resolve` for a name; nothing else keeps
+a list of names. Adding a recipe is one entry in :data:`REGISTRY` (plus its tests).
+
+    >>> from repro.precision import resolve
+    >>> resolve("fp8-delayed").amax_history_len
+    1024
+    >>> resolve("fp8-e2e").master_weights, resolve("fp8-e2e").family
+    ('fp8', 'fp8-delayed')
+
+Variants by name: ``"base:field=value,field=value"`` is ``base`` with those fields replaced,
+each value coerced to the field's type; the variant's ``name`` is the whole string, so records
+and figures list ablations by name:
+
+    >>> r = resolve("fp8-delayed:fp8_gemm_out=float32,amax_history_len=16")
+    >>> (r.name, r.fp8_gemm_out, r.amax_history_len)
+    ('fp8-delayed:fp8_gemm_out=float32,amax_history_len=16', 'float32', 16)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from dataclasses import dataclass
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+Gemm = Literal["dense", "fp8", "mxfp8", "nvfp4"]
+Scaling = Literal["none", "current", "delayed", "block"]
+GemmOut = Literal["float32", "compute"]
+Fp8Layout = Literal["natural", "tn"]
+Backend = Literal["repro", "flax", "te", "jax"]
+Scope = Literal["default", "all", "mlp"]
+Storage = Literal["fp32", "bf16", "fp8"]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How matrix products run, which layers they cover, and how weights are stored.
+
+    Attributes:
+      name: the registry name (or the whole ``"base:field=value"`` string of a variant).
+      base: for an entry that varies another (a training-time ablation such as ``fp8-e2e``),
+        that entry's name; records keep it as their ``recipe`` and ``name`` as the variant.
+      gemm: "dense" (an ordinary dot in ``compute_dtype``), "fp8" (per-tensor scaled FP8 with
+        all three GEMMs of a layer in FP8), "mxfp8" or "nvfp4" (block-scaled).
+      backend: who computes the quantized GEMMs: "repro" (``repro.precision.ops``), "flax"
+        (``flax.linen.fp8_ops.Fp8DirectDotGeneralOp``), "te" (Transformer Engine's flax
+        ``dot_general``), "jax" (``jax.nn.scaled_dot_general``). Peers are benchmark
+        references; ``repro.precision.layers.dense`` builds the right layer for each.
+      compute_dtype: dtype of activations and of dense GEMM operands.
+      param_dtype: dtype of the master weights in the layers (FP32).
+      matmul_precision: ``jax.lax.Precision`` name for dense GEMMs. "highest" is true FP32;
+        "default" on an NVIDIA GPU with FP32 operands is TF32.
+      scaling: "none" (cast without scaling: the ablation that shows why scaling matters),
+        "current" (this tensor's amax now), "delayed" (amax history, TE DelayedScaling), or
+        "block" (MXFP8/NVFP4 block scales).
+      fwd_dtype / bwd_dtype: FP8 formats of forward operands and gradients (TE's HYBRID).
+      amax_history_len, amax_compute_algo, margin: TE DelayedScaling fields.
+      loss_scaling: dynamic loss scaling (FP16).
+      weight_block_2d, rht, stochastic_rounding: NVFP4BlockScaling parts (16x16 weight blocks,
+        random Hadamard transform on the weight-gradient GEMM inputs, stochastic rounding of
+        gradients). Ablations switch them off one at a time.
+      fp8_gemm_out: element type of the forward and data-gradient GEMM outputs of per-tensor
+        FP8 products. "compute" (default): the GEMM writes ``compute_dtype`` and the
+        dequantize scale is multiplied in that dtype, so XLA's GEMM rewriter folds the scale
+        (and a following bias add) into the cuBLASLt call: half the output bytes of "float32"
+        (FP32 output, then a separate scale-and-cast pass). The scale product is rounded to
+        ``compute_dtype`` (relative error <= 2**-8 for BF16): within 2 BF16 ulps of "float32".
+        FP16 compute (no FP32 exponent range) always uses "float32". Weight-gradient GEMMs
+        always output FP32 (they feed FP32 master weights).
+      fp8_layout: how FP8 GEMMs meet cuBLASLt's "TN" requirement (both operands with the
+        contraction dim minor). "natural": GEMMs written with their natural contraction dims,
+        XLA transposes the 1-byte FP8 copies. "tn": every GEMM in TN form, the transposed FP8
+        copies quantized from the high-precision source (TE's cast-transpose), ``x^T`` saved
+        for the backward pass. Same values either way. Convolutions ignore it.
+      scope: which layers a quantized recipe covers. "default": the recipe's own policy (RL
+        networks keep their first layer and heads in BF16; the LM follows NVIDIA's NVFP4
+        policy, ``repro.models.lm``); "all": every linear layer; "mlp": the LM's MLP GEMMs only.
+      master_weights: storage of the parameters between steps: "fp32", "bf16", or "fp8"
+        (E4M3 with a per-tensor power-of-two scale, in a BF16 container; ``repro.precision.
+        optim``).
+      kahan: Kahan-compensated updates of bf16/fp8-stored weights.
+      grad_clip: the trainer's global-norm gradient clipping (False: the ablation).
+      weight_clip: clip parameters to ``[-weight_clip, weight_clip]`` after each update.
+      claims: the claims this entry is an experiment arm of.
+      about: one line on what the entry is for (shown by ``repro recipes``).
+    """
+
+    name: str
+    base: str | None = None
+    gemm: Gemm = "dense"
+    backend: Backend = "repro"
+    compute_dtype: str = "float32"
+    param_dtype: str = "float32"
+    matmul_precision: str = "highest"
+    scaling: Scaling = "none"
+    fwd_dtype: str = "float8_e4m3fn"
+    bwd_dtype: str = "float8_e5m2"
+    amax_history_len: int = 1024
+    amax_compute_algo: Literal["max", "most_recent"] = "max"
+    margin: int = 0
+    loss_scaling: bool = False
+    weight_block_2d: bool = True
+    rht: bool = True
+    stochastic_rounding: bool = True
+    fp8_gemm_out: GemmOut = "compute"
+    fp8_layout: Fp8Layout = "natural"
+    scope: Scope = "default"
+    master_weights: Storage = "fp32"
+    kahan: bool = False
+    grad_clip: bool = True
+    weight_clip: float | None = None
+    claims: tuple[str, ...] = ()
+    about: str = ""
+
+    def __post_init__(self):
+        for f, kind in _field_types().items():
+            if typing.get_origin(kind) is Literal and getattr(self, f) not in typing.get_args(kind):
+                raise ValueError(f"recipe {self.name!r}: {f} must be one of "
+                                 f"{list(typing.get_args(kind))}, got {getattr(self, f)!r}")
+        if self.weight_clip is not None and not self.weight_clip > 0:
+            raise ValueError(f"recipe {self.name!r}: weight_clip must be > 0 or None, "
+                             f"got {self.weight_clip!r}")
+        if self.amax_history_len < 1:
+            raise ValueError(f"recipe {self.name!r}: amax_history_len must be >= 1, "
+                             f"got {self.amax_history_len}")
+
+    @property
+    def dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.compute_dtype)
+
+    @property
+    def family(self) -> str:
+        """The precision recipe this entry varies (itself for a plain recipe)."""
+        return self.base or self.name
+
+    @property
+    def precision(self) -> jax.lax.Precision:
+        return jax.lax.Precision[self.matmul_precision.upper()]
+
+    @property
+    def quantized(self) -> bool:
+        return self.gemm != "dense"
+
+    @property
+    def number_format(self) -> str:
+        """The GEMM operands' format: fp32, tf32, bf16, fp16, fp8 (per-tensor or MXFP8) or fp4."""
+        if self.gemm in ("fp8", "mxfp8"):
+            return "fp8"
+        if self.gemm == "nvfp4":
+            return "fp4"
+        if self.compute_dtype == "float32":
+            return "fp32" if self.matmul_precision == "highest" else "tf32"
+        return {"bfloat16": "bf16", "float16": "fp16"}[self.compute_dtype]
+
+    @property
+    def quantizer(self) -> str | None:
+        """What quantizes the GEMM operands: None (dense), "none"/"current"/"delayed"
+        (per-tensor FP8), "mxfp8" or "nvfp4" (block scales)."""
+        if not self.quantized:
+            return None
+        return self.gemm if self.scaling == "block" else self.scaling
+
+    def replace(self, **changes) -> "Recipe":
+        return dataclasses.replace(self, **changes)
+
+
+@functools.cache
+def _field_types() -> dict[str, object]:
+    return typing.get_type_hints(Recipe)
+
+
+_BF16 = dict(compute_dtype="bfloat16", matmul_precision="default")
+_E2E = dict(base="fp8-delayed", gemm="fp8", scaling="delayed", **_BF16, master_weights="fp8",
+            kahan=True, weight_clip=1.0)
+_NVFP4 = dict(gemm="nvfp4", scaling="block", **_BF16)
+
+REGISTRY: dict[str, Recipe] = {r.name: r for r in [
+    # precision recipes
+    Recipe("fp32", about="true FP32 GEMMs (Precision.HIGHEST)", claims=("A2", "A10")),
+    Recipe("tf32", matmul_precision="default", about="FP32 operands, TF32 tensor cores"),
+    Recipe("bf16", **_BF16, about="BF16 operands and activations, FP32 master weights",
+           claims=("A2", "A10")),
+    Recipe("fp16", compute_dtype="float16", matmul_precision="default", loss_scaling=True,
+           about="FP16 with dynamic loss scaling", claims=("A2", "A10")),
+    Recipe("fp8-current", gemm="fp8", scaling="current", **_BF16, claims=("A2", "A5", "A10"),
+           about="FP8 GEMMs (E4M3 fwd, E5M2 grads), scale from each tensor's amax now"),
+    Recipe("fp8-delayed", gemm="fp8", scaling="delayed", **_BF16,
+           claims=("A2", "A5", "A6", "A10"),
+           about="FP8 GEMMs with TE's delayed scaling (amax history of 1024 steps)"),
+    Recipe("fp8-noscale", gemm="fp8", scaling="none", **_BF16, claims=("A5",),
+           about="FP8 casts without any scaling: the ablation of A5"),
+    Recipe("mxfp8", gemm="mxfp8", scaling="block", **_BF16,
+           about="OCP MXFP8: E4M3 elements, one E8M0 scale per 32"),
+    Recipe("nvfp4", **_NVFP4, claims=("B3", "B4"),
+           about="NVIDIA's NVFP4 training recipe: E2M1, E4M3 scale per 16, FP32 per tensor"),
+    # training-time variants (the RL studies' arms)
+    Recipe("fp8-all-layers", base="fp8-delayed", gemm="fp8", scaling="delayed", **_BF16,
+           scope="all", claims=("A1", "A10"),
+           about="fp8-delayed with the first layer and output heads in FP8 too"),
+    Recipe("fp8-e2e", **_E2E, claims=("A1", "A7", "A8"),
+           about="FP8 GEMMs and FP8-stored weights, Kahan-compensated update, weight clip 1.0"),
+    Recipe("fp8-e2e-nokahan", **{**_E2E, "kahan": False}, claims=("A7",),
+           about="fp8-e2e without Kahan compensation"),
+    Recipe("bf16w-kahan", base="bf16", **_BF16, master_weights="bf16", kahan=True,
+           claims=("A7",), about="BF16-stored weights with a Kahan-compensated update"),
+    Recipe("bf16w-nokahan", base="bf16", **_BF16, master_weights="bf16", claims=("A7",),
+           about="BF16-stored weights, plain rounding update"),
+    Recipe("fp8-e2e-nogradclip", **{**_E2E, "grad_clip": False}, claims=("A8",),
+           about="fp8-e2e without gradient clipping"),
+    Recipe("fp8-e2e-noweightclip", **{**_E2E, "weight_clip": None}, claims=("A8",),
+           about="fp8-e2e without weight clipping"),
+    # NVFP4 ablations (the LM study's arms)
+    Recipe("nvfp4-no-rht", base="nvfp4", **_NVFP4, rht=False, claims=("B4",),
+           about="nvfp4 without the random Hadamard transform"),
+    Recipe("nvfp4-no-sr", base="nvfp4", **_NVFP4, stochastic_rounding=False, claims=("B4",),
+           about="nvfp4 with round-to-nearest gradients"),
+    Recipe("nvfp4-1d-weights", base="nvfp4", **_NVFP4, weight_block_2d=False, claims=("B4",),
+           about="nvfp4 with 1x16 weight blocks"),
+    Recipe("nvfp4-all-layers", base="nvfp4", **_NVFP4, scope="all", claims=("B4",),
+           about="NVFP4 in every linear layer of the LM"),
+    Recipe("nvfp4-mlp-only", base="nvfp4", **_NVFP4, scope="mlp", claims=("B4",),
+           about="NVFP4 on the LM's MLP GEMMs only (MaxText's choice)"),
+    # peers: other libraries' implementations, for the benchmarks
+    Recipe("flax-fp8", gemm="fp8", scaling="delayed", backend="flax", **_BF16,
+           about="flax.linen.fp8_ops.Fp8DirectDotGeneralOp (delayed scaling)"),
+    Recipe("te-fp8-current", gemm="fp8", scaling="current", backend="te", **_BF16,
+           about="Transformer Engine Float8CurrentScaling (where TE is installed)"),
+    Recipe("te-mxfp8", gemm="mxfp8", scaling="block", backend="te", **_BF16,
+           about="Transformer Engine MXFP8BlockScaling (where TE is installed)"),
+    Recipe("jax-nvfp4", gemm="nvfp4", scaling="block", backend="jax", **_BF16, rht=False,
+           stochastic_rounding=False, weight_block_2d=False, claims=("B4",),
+           about="jax.nn.scaled_dot_general's nvfp4 (GPU only): no RHT, no SR, 1x16 weights"),
+]}
+
+
+def names(backend: str | None = None) -> list[str]:
+    """Registry names, optionally of one backend ("repro" for this repository's own)."""
+    return [n for n, r in REGISTRY.items() if backend is None or r.backend == backend]
+
+
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+def _coerce(spec: str, field: str, text: str):
+    """``text`` as a value of Recipe field ``field`` (bool, int, float, str, None or a Literal)."""
+    kind = _field_types()[field]
+    args = typing.get_args(kind)
+    if type(None) in args and text.lower() in ("none", "null"):
+        return None
+    if typing.get_origin(kind) is Literal:
+        if text not in args:
+            raise ValueError(f"recipe {spec!r}: {field}={text!r} is not one of {list(args)}")
+        return text
+    if type(None) in args:  # Optional[X]
+        kind = next(a for a in args if a is not type(None))
+    if kind is bool:
+        if text.lower() in _TRUE + _FALSE:
+            return text.lower() in _TRUE
+        raise ValueError(f"recipe {spec!r}: {field}={text!r} is not a bool (true/false)")
+    if kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            raise ValueError(f"recipe {spec!r}: {field}={text!r} is not "
+                             f"{'an int' if kind is int else 'a float'}") from None
+    return text
+
+
+_VARIANT_FIELDS = tuple(f for f in _field_types() if f not in ("name", "base", "claims", "about"))
+
+
+@functools.cache
+def _parse_variant(spec: str) -> Recipe:
+    """``"base:field=value,..."`` -> the base recipe with those fields, named ``spec``."""
+    head, _, body = spec.partition(":")
+    recipe = _registered(head.strip())
+    if not body.strip():
+        raise ValueError(f"recipe {spec!r}: nothing after ':'; expected 'field=value,...'")
+    changes: dict[str, object] = {}
+    for item in body.split(","):
+        key, eq, text = (part.strip() for part in item.partition("="))
+        if not eq or not key or not text:
+            raise ValueError(f"recipe {spec!r}: {item.strip()!r} is not 'field=value'")
+        if key not in _VARIANT_FIELDS:
+            raise ValueError(f"recipe {spec!r}: unknown field {key!r}; valid fields: "
+                             f"{', '.join(_VARIANT_FIELDS)}")
+        if key in changes:
+            raise ValueError(f"recipe {spec!r}: field {key!r} given twice")
+        changes[key] = _coerce(spec, key, text)
+    return recipe.replace(name=spec, **changes)
+
+
+def _registered(name: str) -> Recipe:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        import difflib
+
+        near = difflib.get_close_matches(name, REGISTRY, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ValueError(f"unknown recipe {name!r}{hint}; valid recipes: "
+                         f"{', '.join(REGISTRY)} (variants: 'base:field=value,...')") from None
+
+
+def resolve(name: str | Recipe, **overrides) -> Recipe:
+    """The Recipe for ``name``: a registry name, a variant ``"base:field=value,..."`` (values
+    coerced to the fields' types; its ``name`` is the whole string) or a ``Recipe`` itself,
+    with optional field ``overrides``. A one-line ``ValueError`` for anything unknown."""
+    if isinstance(name, Recipe):
+        recipe = name
+    elif isinstance(name, str):
+        recipe = _parse_variant(name) if ":" in name else _registered(name)
+    else:
+        raise ValueError(f"recipe must be a name or a Recipe, got {type(name).__name__}")
+    if overrides:
+        bad = sorted(set(overrides) - set(_field_types()))
+        if bad:
+            raise ValueError(f"unknown recipe field(s) {bad}; valid fields: "
+                             f"{', '.join(_field_types())}")
+        recipe = recipe.replace(**overrides)
+    return recipe
+
+
+def value_formats(recipe: str | Recipe) -> dict[str, str]:
+    """Where each value lives under a recipe: the format of every store of a training step."""
+    r = resolve(recipe)
+    q = r.gemm == "fp8"
+    fwd = {"float8_e4m3fn": "fp8-e4m3", "float8_e5m2": "fp8-e5m2"}
+    dt = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[r.compute_dtype]
+    dt_gemm = "tf32" if r.number_format == "tf32" else dt
+    return {
+        "params (stored)": {"fp32": "fp32", "bf16": "bf16",
+                            "fp8": "fp8-e4m3 (bf16 container)"}[r.master_weights],
+        "weights (GEMM operand)": fwd[r.fwd_dtype] if q else dt_gemm,
+        "activations (GEMM operand)": fwd[r.fwd_dtype] if q else dt_gemm,
+        "activations (stored between layers)": dt,
+        "gradients (GEMM operand)": fwd[r.bwd_dtype] if q else dt_gemm,
+        "weight gradients (output)": "fp32" if r.master_weights == "fp32" else "fp32 (cast)",
+        "optimizer state (Adam moments)": "fp32",
+        "optimizer update arithmetic": "fp32",
+        "GEMM accumulation": "fp32",
+        "first/last layers": (dt if (q and r.scope == "default") else
+                              (fwd[r.fwd_dtype] if q else dt_gemm)),
+        "scaling": r.scaling if q else "-",
+    }

@@ -1,0 +1,257 @@
+"""GEMM micro-benchmarks: the physical ceiling every FP8/NVFP4 speed claim sits under.
+
+``time_fn`` times an (already jitted) function: warm-up calls (compilation) first, then
+``repeats`` timed calls, each ended by ``jax.block_until_ready``; median and interquartile
+range. ``gemm_sweep`` times ``A[M,K] x B[N,K]^T`` (the TN layout cuBLASLt wants for FP8: both
+operands contract their last axis) in five dtypes:
+
+========  ============================================================================
+fp32      float32 operands, ``Precision.HIGHEST`` (real FP32, not TF32)
+tf32      float32 operands, ``Precision.DEFAULT`` (TF32 tensor cores on an NVIDIA GPU)
+bf16      bfloat16 operands and output, FP32 accumulation
+fp16      float16 operands and output, FP32 accumulation
+fp8       E4M3 x E4M3 operands that are ALREADY FP8, straight into ``dot_general`` with
+          ``preferred_element_type=bfloat16``; the two per-tensor scales multiply the output
+========  ============================================================================
+
+The fp8 form matters: with current JAX, XLA no longer rewrites "convert f8 -> bf16, multiply by
+scale, dot" into an FP8 GEMM (it runs at BF16 speed), whereas f8 operands fed straight into
+``dot_general`` lower to cuBLASLt's FP8 GEMM (``__cublas$lt$matmul$f8`` in the compiled HLO;
+every record says whether it is there: ``extra.hlo_fp8_gemm``). For small GEMMs XLA prefers its
+own Triton GEMM, which keeps the f8 operands (``extra.fp8_lowering == "fused-f8-dot"``): also
+FP8 tensor-core math. On a GPU the sweep asserts one of the two; on a CPU the f8 product is
+computed by upcasting, so fp8 records there carry ``emulated=True``.
+
+Each record goes through :func:`repro.results.make_record` (experiment ``gemm``, claims A2, B2),
+one resumable cell per shape (:func:`record_gemm`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from repro.config import ConfigError
+from repro.precision import formats
+from repro.studies.timing import FP8_GEMM_TARGET, compiled_gemm_info, time_fn
+
+GEMM_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+CLAIMS = ("A2", "B2")
+
+
+# Contract the last axis of both operands, no batch axes: A[M,K] . B[N,K] -> C[M,N].
+TN = (((1,), (1,)), ((), ()))
+
+
+# The shape on which the accuracy of each dtype is measured against float64.
+ERROR_SHAPE = (256, 256, 256)
+
+
+def _check_dtypes(dtypes: Sequence[str]) -> list[str]:
+    bad = [d for d in dtypes if d not in GEMM_DTYPES]
+    if bad:
+        raise ConfigError(f"unknown GEMM recipe(s) {', '.join(map(str, bad))}; "
+                          f"valid recipes: {', '.join(GEMM_DTYPES)}")
+    return list(dtypes)
+
+
+def _check_shapes(shapes) -> list[tuple[int, int, int]]:
+    out = []
+    for s in shapes:
+        if (not isinstance(s, (list, tuple)) or len(s) != 3
+                or not all(isinstance(v, int) and v > 0 for v in s)):
+            raise ConfigError(f"GEMM shape {s!r} is not [M, K, N] of positive integers")
+        out.append(tuple(int(v) for v in s))
+    return out
+
+
+def gemm_fn(dtype: str) -> Callable:
+    """The un-jitted GEMM of one dtype. fp8 takes ``(a_q, b_q, a_scale, b_scale)``."""
+    if dtype == "fp8":
+        def fp8_gemm(a_q, b_q, a_scale, b_scale):
+            c = jax.lax.dot_general(a_q, b_q, TN, preferred_element_type=jnp.bfloat16)
+            return c * (a_scale * b_scale).astype(jnp.bfloat16)
+        return fp8_gemm
+    precision = {"fp32": jax.lax.Precision.HIGHEST}.get(dtype, jax.lax.Precision.DEFAULT)
+
+    def gemm(a, b):
+        return jax.lax.dot_general(a, b, TN, precision=precision)
+    gemm.__name__ = f"{dtype}_gemm"
+    return gemm
+
+
+def gemm_operands(dtype: str, a: jax.Array, b: jax.Array) -> tuple:
+    """Cast float32 operands for ``gemm_fn(dtype)``.
+
+    fp8: per-tensor current scaling, ``scale = amax / 448`` (the dequantize multiplier), so the
+    operands are E4M3 arrays and the scales float32 scalars.
+    """
+    if dtype in ("fp32", "tf32"):
+        return a.astype(jnp.float32), b.astype(jnp.float32)
+    if dtype in ("bf16", "fp16"):
+        dt = jnp.bfloat16 if dtype == "bf16" else jnp.float16
+        return a.astype(dt), b.astype(dt)
+    if dtype == "fp8":
+        fmax = formats.FP8_MAX[formats.E4M3]
+        sa = formats.compute_scale(jnp.max(jnp.abs(a)), fmax)
+        sb = formats.compute_scale(jnp.max(jnp.abs(b)), fmax)
+        return (formats.fp8_quantize(a, formats.E4M3, sa),
+                formats.fp8_quantize(b, formats.E4M3, sb), sa, sb)
+    _check_dtypes([dtype])
+    raise AssertionError("unreachable")
+
+
+def dequantized_operands(dtype: str, ops: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """The exact values the GEMM multiplies, as float64 (for a reference product)."""
+    if dtype == "fp8":
+        a_q, b_q, sa, sb = ops
+        return (np.asarray(a_q, np.float64) * float(sa), np.asarray(b_q, np.float64) * float(sb))
+    return np.asarray(ops[0], np.float64), np.asarray(ops[1], np.float64)
+
+
+def _random_inputs(key, m: int, k: int, n: int) -> tuple[jax.Array, jax.Array]:
+    ka, kb = jax.random.split(key)
+    # Random normal, never zeros: a GEMM of zeros can be faster than real data on some chips.
+    return (jax.random.normal(ka, (m, k), jnp.float32), jax.random.normal(kb, (n, k), jnp.float32))
+
+
+def relative_error(c: jax.Array, ref: np.ndarray) -> float:
+    """Frobenius-norm relative error ``||c - ref|| / ||ref||``."""
+    c = np.asarray(c, np.float64)
+    return float(np.linalg.norm(c - ref) / np.linalg.norm(ref))
+
+
+def _emulated(dtype: str, info: dict[str, Any], backend: str) -> bool:
+    # An fp8 product that did not run as an FP8 GEMM was computed by upcasting the operands.
+    return dtype == "fp8" and (backend != "gpu" or info["fp8_lowering"] == "upcast")
+
+
+def gemm_sweep(shapes, dtypes=GEMM_DTYPES, repeats: int = 10, *, warmup: int = 2,
+               input_sets: int = 2, seed: int = 0, profile: str | None = None,
+               hardware=None) -> list[dict[str, Any]]:
+    """Time ``A[M,K] x B[N,K]^T`` for every shape ``(M, K, N)`` and dtype.
+
+    Returns records with metrics ``tflops`` (spread = IQR in TFLOP/s) and ``time_ms`` (spread =
+    IQR in ms). ``input_sets`` independent random operand pairs are rotated through.
+    """
+    from repro import hardware as hw
+    from repro.results import make_record
+
+    shapes, dtypes = _check_shapes(shapes), _check_dtypes(dtypes)
+    info = hardware or hw.detect()
+    on_gpu = info.backend == "gpu"
+    records = []
+    key = jax.random.key(seed)
+    for m, k, n in shapes:
+        key, *keys = jax.random.split(key, max(input_sets, 1) + 1)
+        inputs = [_random_inputs(kk, m, k, n) for kk in keys]
+        flops = 2.0 * m * k * n
+        for dtype in dtypes:
+            fn = gemm_fn(dtype)
+            sets = [gemm_operands(dtype, a, b) for a, b in inputs]
+            lowering = compiled_gemm_info(fn, *sets[0])
+            if dtype == "fp8" and on_gpu and info.has_fp8:
+                # The FP8 GEMM must really be one: cuBLASLt's FP8 GEMM or a fused dot that
+                # keeps f8 operands (Triton), never "upcast to bf16, then dot".
+                assert lowering["fp8_lowering"] != "upcast", (
+                    f"fp8 GEMM {m}x{k}x{n} did not lower to {FP8_GEMM_TARGET} nor to a fused "
+                    f"f8 dot (custom calls: {lowering['custom_calls']}): it would run at BF16 "
+                    "speed or slower")
+            jitted = jax.jit(fn)
+            t = time_fn(jitted, repeats=repeats, warmup=warmup, input_sets=sets)
+            tflops = flops / np.asarray(t.samples) / 1e12
+            q25, q75 = np.percentile(tflops, [25, 75])
+            common = dict(claims=CLAIMS, recipe=dtype, sizes={"M": m, "K": k, "N": n},
+                          repeats=repeats, emulated=_emulated(dtype, lowering, info.backend),
+                          profile=profile, hardware=info)
+            extra = {**lowering, "flops": flops, "layout": "TN", "input_sets": len(sets),
+                     "warmup": warmup}
+            records.append(make_record("gemm", "tflops", flops / t.median_s / 1e12, "TFLOP/s",
+                                       spread=float(q75 - q25), extra=extra, **common))
+            records.append(make_record("gemm", "time_ms", t.median_s * 1e3, "ms",
+                                       spread=t.iqr_s * 1e3, extra=extra, **common))
+            del sets
+    return records
+
+
+def gemm_error(dtypes=GEMM_DTYPES, shape=ERROR_SHAPE, *, seed: int = 0,
+               profile: str | None = None, hardware=None) -> list[dict[str, Any]]:
+    """Relative error of each dtype's GEMM against a float64 product (metric ``rel_error``).
+
+    ``value``: against the float64 product of the original float32 operands (what a user loses
+    by choosing the dtype: operand rounding plus accumulation and output rounding).
+    ``extra.rel_error_same_operands``: against the float64 product of the operands exactly as
+    rounded to the dtype (accumulation and output rounding only).
+    """
+    from repro import hardware as hw
+    from repro.results import make_record
+
+    dtypes = _check_dtypes(dtypes)
+    (m, k, n), = _check_shapes([shape])
+    info = hardware or hw.detect()
+    a, b = _random_inputs(jax.random.key(seed + 1), m, k, n)
+    ref = np.asarray(a, np.float64) @ np.asarray(b, np.float64).T
+    records = []
+    for dtype in dtypes:
+        fn = gemm_fn(dtype)
+        ops = gemm_operands(dtype, a, b)
+        lowering = compiled_gemm_info(fn, *ops)
+        c = jax.jit(fn)(*ops)
+        da, db = dequantized_operands(dtype, ops)
+        records.append(make_record(
+            "gemm", "rel_error", relative_error(c, ref), "1", claims=CLAIMS, recipe=dtype,
+            sizes={"M": m, "K": k, "N": n}, emulated=_emulated(dtype, lowering, info.backend),
+            profile=profile, hardware=info,
+            extra={"reference": "float64 product of the float32 inputs",
+                   "rel_error_same_operands": relative_error(c, da @ db.T),
+                   **lowering, "layout": "TN"}))
+    return records
+
+
+def shape_cell(shape, dtypes, all_dtypes=GEMM_DTYPES) -> str:
+    m, k, n = shape
+    cell = f"{m}x{k}x{n}"
+    return cell if list(dtypes) == list(all_dtypes) else cell + "_" + "-".join(dtypes)
+
+
+def record_gemm(profile: str, root: str | Path | None = None, force: bool = False,
+                recipes: Sequence[str] | None = None) -> list[Path]:
+    """Run the GEMM study of ``params.yaml`` (section ``gemm``) for ``profile``.
+
+    One resumable cell per shape under ``root`` (default: ``record_root(profile)``); finished
+    cells are skipped unless ``force``. ``recipes`` restricts the dtypes (a subset is recorded
+    in its own cell, so it never masks the full sweep). Returns the paths written.
+    """
+    from tqdm import tqdm  # not tqdm.auto: that wants ipywidgets inside notebooks
+
+    from repro import config
+    from repro.results import have_cell, record_root, write_records
+
+    p = config.stage_params("gemm", profile)
+    profile = p["profile"]
+    all_dtypes = _check_dtypes(p.get("dtypes", GEMM_DTYPES))
+    dtypes = all_dtypes if recipes is None else _check_dtypes(recipes)
+    shapes = _check_shapes(p.get("shapes", []))
+    repeats = int(p.get("repeats", 10))
+    input_sets = int(p.get("input_sets", 2))
+    error_shape = p.get("error_shape", list(ERROR_SHAPE))
+    _check_shapes([error_shape])
+    root = Path(root) if root is not None else record_root(profile)
+
+    cells = [(shape_cell(s, dtypes, all_dtypes), s) for s in shapes]
+    cells.append(("rel_error_" + shape_cell(error_shape, dtypes, all_dtypes), None))
+    written = []
+    for cell, shape in tqdm(cells, desc=f"gemm [{profile}]", unit="cell"):
+        if not force and have_cell("gemm", cell, root=root):
+            continue
+        if shape is None:
+            recs = gemm_error(dtypes, error_shape, profile=profile)
+        else:
+            recs = gemm_sweep([shape], dtypes, repeats, input_sets=input_sets, profile=profile)
+        written.append(write_records(recs, "gemm", cell, root=root))
+    return written

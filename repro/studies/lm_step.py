@@ -1,0 +1,243 @@
+"""The decoder LM's whole training step (forward, backward, AdamW on FP32 master weights),
+timed per precision recipe in the same process, interleaved, on the same device.
+
+The step is ``repro.models.lm_train``'s own (``train._functions``: the function ``train.train`` runs),
+on a fixed batch of the shipped corpus. A cell is one (model size, batch): all its recipes are
+compiled one at a time, then timed together in rounds (recipe A, B, C, A, B, C, ...) exactly
+as ``repro.studies.mlp_step`` times the MLP step (:func:`repro.studies.gemm.time_interleaved`), so a speedup
+is always a ratio of two timings from the same run. Each recipe's records carry the compiled
+program's facts (``repro.studies.gemm.compiled_facts``: XLA's bytes accessed, flops and launching
+ops) for the step-time model (``repro.perfmodel.validate``, claim B2). Recipes without tensor
+cores on this device (NVFP4 and MXFP8 off Blackwell, FP8 on a CPU) are timed and stamped
+``emulated=True``: their speed is that of the emulation, never evidence.
+
+    repro record lm_step --profile smoke     # tiny model, CPU, seconds (build/results/)
+    repro record lm_step --profile full      # 120m and 20m on a GPU (results/), resumable
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from repro import results
+from repro.precision import resolve
+from repro.config import ConfigError
+from repro.studies.timing import (
+    compiled_facts,
+    quartiles,
+    recipe_emulated,
+    stepper,
+    time_interleaved,
+)
+
+EXPERIMENT = "lm_step"
+CLAIMS = ("B2",)
+
+
+def _log(msg: str) -> None:
+    """One progress line on stderr (an FP8 step of the 120m model compiles for ~40 s)."""
+    print(f"{EXPERIMENT}: {msg}", file=sys.stderr, flush=True)
+
+
+# -------------------------------------------------------------------------------- inputs
+
+
+def check_recipes(recipes) -> list[str]:
+    """The recipe names, or a one-line ConfigError naming the unknown ones."""
+    from repro.precision.recipes import names as recipe_names
+    from repro.precision.recipes import resolve
+
+    if isinstance(recipes, str) or not recipes:
+        raise ConfigError(f"{EXPERIMENT}: recipes must be a non-empty list, got {recipes!r}")
+    bad = []
+    for r in recipes:
+        try:
+            resolve(r)
+        except ValueError:
+            bad.append(str(r))
+    if bad:
+        raise ConfigError(f"{EXPERIMENT}: unknown recipe(s) {', '.join(bad)}; valid recipes: "
+                          f"{', '.join(recipe_names())}")
+    return list(dict.fromkeys(recipes))
+
+
+def check_size(size: str):
+    """The ``repro.models.lm`` preset, or a one-line ConfigError listing the presets."""
+    from repro.models import lm as M
+
+    if not isinstance(size, str) or size not in M.PRESETS:
+        raise ConfigError(f"{EXPERIMENT}: unknown model size {size!r}; presets: "
+                          f"{', '.join(M.PRESETS)}")
+    return M.PRESETS[size]
+
+
+def _batches(batch, size: str) -> list[int]:
+    """``batch`` of params.yaml: an int, a list of ints, or a mapping size -> int / list."""
+    if isinstance(batch, dict):
+        if size not in batch:
+            raise ConfigError(f"{EXPERIMENT}: no batch size for model {size!r} in {batch!r}")
+        batch = batch[size]
+    values = batch if isinstance(batch, (list, tuple)) else [batch]
+    if not values or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0
+                             for b in values):
+        raise ConfigError(f"{EXPERIMENT}: batch size(s) {batch!r} for model {size!r} must be "
+                          "positive integers")
+    return [int(b) for b in values]
+
+
+def cells(p: dict[str, Any]) -> tuple[list[tuple[str, int]], list[str]]:
+    """The (size, batch) cells of one profile's params, in order, and the recipes; a one-line
+    ConfigError for an unknown size or recipe or a bad batch size."""
+    recipes = check_recipes(p.get("recipes"))
+    sizes = p.get("sizes")
+    if isinstance(sizes, str) or not sizes:
+        raise ConfigError(f"{EXPERIMENT}: sizes must be a non-empty list, got {sizes!r}")
+    out = []
+    for size in sizes:
+        check_size(size)
+        out += [(size, b) for b in _batches(p.get("batch"), size)]
+    return out, recipes
+
+
+def plan(p: dict[str, Any]) -> tuple[list[tuple[str, int]], list[str]]:
+    """:func:`cells`, and the checks of ``repro.models.lm_data.preflight`` (corpus, NVFP4 tiling of
+    batch x seq_len, the memory estimate against this device) for every cell and recipe: all
+    before anything is compiled."""
+    from repro.models import lm as M
+    from repro.models import lm_data as D
+
+    out, recipes = cells(p)
+    for size, b in out:
+        for r in recipes:
+            D.preflight(M.PRESETS[size], b, recipe=resolve(r))
+    return out, recipes
+
+
+def cell_name(size: str, batch: int) -> str:
+    return f"{size}_b{batch}"
+
+
+# ------------------------------------------------------------------------------- timing
+
+
+def fixed_batch(cfg, batch: int, recipes: list[str]):
+    """The batch a step is timed on: the first training batch of the shipped corpus, after
+    every recipe's preflight (a bad recipe or size fails before the first compile)."""
+    from repro.models import lm_data as D
+
+    splits = None
+    for r in recipes:
+        splits = D.preflight(cfg, batch, recipe=resolve(r))
+    x, y = D.train_batch(splits.train, 0, batch, cfg.seq_len, 0)
+    return jnp.asarray(x), jnp.asarray(y)
+
+
+def compile_step(cfg, recipe: str, x, y, tag: str = ""):
+    """``(facts, times, run)`` of ``recipe``'s training step on the batch ``(x, y)``:
+    ``train.train``'s own step function compiled (only the batch size of its static config
+    matters to the compiled shapes; the schedule's values do not change a step's work), the
+    compiled program's facts, init/compile/first-step seconds, and a zero-argument ``run``
+    that takes one step (:func:`repro.studies.gemm.stepper`), already warmed up."""
+    from repro.models import lm_train as T
+
+    tc = T.TrainConfig(batch_size=int(x.shape[0]))
+    seed, step_i = jnp.int32(0), jnp.int32(0)
+    t0 = time.perf_counter()
+    init_fn, step_fn, _ = T._functions(cfg, resolve(recipe), T._static_key(tc),
+                                       jax.default_backend() == "gpu")
+    variables, opt_state = init_fn(seed, x[:1])  # parameter shapes do not depend on B
+    jax.block_until_ready(variables)
+    t1 = time.perf_counter()
+    _log(f"{tag} {recipe}: compiling")
+    compiled = step_fn.lower(variables, opt_state, x, y, seed, step_i).compile()
+    facts = compiled_facts(compiled)
+    t2 = time.perf_counter()
+    run = stepper(compiled, variables, opt_state, x, y, seed, step_i)
+    jax.block_until_ready(run())  # warm up
+    t3 = time.perf_counter()
+    _log(f"{tag} {recipe}: init {t1 - t0:.1f} s, compile {t2 - t1:.1f} s, first step "
+         f"{t3 - t2:.2f} s, lowering {facts['fp8_lowering']}")
+    times = {"init_s": round(t1 - t0, 3), "compile_s": round(t2 - t1, 3),
+             "first_step_s": round(t3 - t2, 3)}
+    return facts, times, run
+
+
+def bench_cell(size: str, batch: int, recipes: list[str], repeats: int,
+               steps_per_sample: int = 5, profile: str | None = None) -> list[dict]:
+    """Time every recipe's LM training step for one (size, batch), interleaved.
+
+    Per recipe: ``step_time_ms`` (median, spread = IQR), ``tokens_per_s`` (batch x seq_len
+    tokens per step), ``compile_time_s`` and ``step_memory_bytes`` (XLA's memory analysis of
+    the compiled step, where the backend has one); ``extra`` holds the samples and the
+    compiled program's facts.
+    """
+    from repro.models import lm as M
+
+    cfg = check_size(size)
+    recipes = check_recipes(recipes)
+    (batch,) = _batches(batch, size)
+    if repeats < 1 or steps_per_sample < 1:
+        raise ConfigError(f"{EXPERIMENT}: repeats and steps_per_sample must be >= 1")
+    x, y = fixed_batch(cfg, batch, recipes)
+    tag = f"{size} b{batch}"
+    facts_of, times_of, runners = {}, {}, {}
+    for r in recipes:
+        facts_of[r], times_of[r], runners[r] = compile_step(cfg, r, x, y, tag)
+    samples_of = time_interleaved(runners, repeats, steps_per_sample, f" in {tag}")
+
+    tokens = batch * cfg.seq_len
+    sizes = {"model": size, "batch": batch, "seq_len": cfg.seq_len, "tokens": tokens,
+             "d_model": cfg.d_model, "n_layers": cfg.n_layers, "params": M.param_count(cfg)}
+    run_id = f"{time.time():.0f}"
+    records = []
+    for r in recipes:
+        facts, s = facts_of[r], samples_of[r]
+        q1, med, q3 = quartiles(s)
+        common = dict(claims=CLAIMS, recipe=r, sizes=sizes, repeats=len(s),
+                      emulated=recipe_emulated(r, facts["fp8_lowering"]), profile=profile,
+                      extra={"run_id": run_id, "samples_ms": (s * 1e3).round(4).tolist(),
+                             "steps_per_sample": steps_per_sample, **times_of[r], **facts,
+                             "layer_recipes": sorted(set(M.recipe_map(r, cfg).values()))})
+        records.append(results.make_record(EXPERIMENT, "step_time_ms", med * 1e3, "ms",
+                                           spread=(q3 - q1) * 1e3, **common))
+        records.append(results.make_record(EXPERIMENT, "tokens_per_s", tokens / med,
+                                           "tokens/s", spread=tokens / q1 - tokens / q3,
+                                           **common))
+        records.append(results.make_record(EXPERIMENT, "compile_time_s",
+                                           times_of[r]["compile_s"], "s", **{**common,
+                                                                            "repeats": 1}))
+        if facts["memory_bytes"] is not None:
+            records.append(results.make_record(EXPERIMENT, "step_memory_bytes",
+                                               facts["memory_bytes"], "bytes",
+                                               **{**common, "repeats": 1}))
+    return records
+
+
+def record(profile: str, root: Path | None = None, force: bool = False) -> list[Path]:
+    """Run the ``lm_step`` study of ``params.yaml`` for ``profile``, one cell per (size,
+    batch), in params order; finished cells are skipped unless ``force``."""
+    from tqdm import tqdm  # not tqdm.auto: that wants ipywidgets inside notebooks
+
+    from repro import config
+
+    p = config.stage_params(EXPERIMENT, profile)
+    todo, recipes = plan(p)
+    root = Path(root) if root is not None else results.record_root(p["profile"])
+    repeats = int(p.get("repeats", 10))
+    steps_per_sample = int(p.get("steps_per_sample", 5))
+    written = []
+    for size, batch in (bar := tqdm(todo, desc=EXPERIMENT, unit="cell")):
+        cell = cell_name(size, batch)
+        if not force and results.have_cell(EXPERIMENT, cell, root=root):
+            continue
+        bar.set_postfix(cell=cell)
+        recs = bench_cell(size, batch, recipes, repeats, steps_per_sample,
+                          profile=p["profile"])
+        written.append(results.write_records(recs, EXPERIMENT, cell, root=root))
+    return written

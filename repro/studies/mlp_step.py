@@ -1,0 +1,180 @@
+"""The whole training step of a ReLU MLP (forward, backward, Adam with FP32 master weights),
+timed per precision recipe in the same process, interleaved, on the same device.
+
+Recipes: any name of the precision registry (``repro.precision``), the peers included:
+``flax-fp8`` (``flax.linen.fp8_ops.Fp8DirectDotGeneralOp``, delayed scaling) and the Transformer
+Engine entries ``te-*`` where TE is installed (skipped with a note elsewhere). A cell is
+one (width, batch, depth): all its recipes are timed together in rounds (recipe A, B, C, A, B,
+C, ...), so a speedup is always a ratio of two timings from the same run.
+
+    repro record mlp_step --profile full      # the H200 study, resumable per width
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import linen as nn
+
+from repro import results
+from repro.precision import layers, peers
+from repro.precision.recipes import resolve
+from repro.studies.timing import (
+    compiled_facts,
+    quartiles,
+    recipe_emulated,
+    stepper,
+    time_interleaved,
+)
+
+EXPERIMENT = "mlp_step"
+
+
+class MLP(nn.Module):
+    """``depth`` Dense layers of ``width`` with ReLU between them."""
+
+    width: int
+    depth: int
+    recipe: str
+
+    @nn.compact
+    def __call__(self, x):
+        for i in range(self.depth):
+            x = layers.dense(self.width, self.recipe)(x)
+            if i < self.depth - 1:
+                x = nn.relu(x)
+        return x
+
+
+def _is_peer(recipe: str) -> bool:
+    """flax's FP8 op or a Transformer Engine recipe: not one of this repository's recipes."""
+    return resolve(recipe).backend != "repro"
+
+
+def _input_dtype(recipe: str):
+    return resolve(recipe).dtype
+
+
+def make_train_step(model: MLP, tx: optax.GradientTransformation):
+    def loss_fn(variables, x, y):
+        pred = model.apply(variables, x)
+        return jnp.mean(jnp.square(pred.astype(jnp.float32) - y))
+
+    def step(variables, opt_state, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(variables, x, y)
+        variables, opt_state = layers.apply_gradients(variables, grads, tx, opt_state)
+        return variables, opt_state, loss
+
+    return step
+
+
+def step_flops(batch: int, width: int, depth: int) -> float:
+    """Forward (2BW^2) plus data and weight gradients (4BW^2) per layer."""
+    return 6.0 * batch * width * width * depth
+
+
+def _setup(recipe: str, width: int, batch: int, depth: int, seed: int = 0, lr: float = 1e-4):
+    model = MLP(width, depth, recipe)
+    kx, ky, kp = jax.random.split(jax.random.key(seed), 3)
+    x = jax.random.normal(kx, (batch, width), jnp.float32).astype(_input_dtype(recipe))
+    y = jax.random.normal(ky, (batch, width), jnp.float32)
+    variables = model.init(kp, x[:8])  # shapes only: no eager GEMM of the whole batch
+    tx = optax.adam(lr)
+    opt_state = tx.init(variables["params"])
+    step = jax.jit(make_train_step(model, tx), donate_argnums=(0, 1))
+    return step, variables, opt_state, x, y
+
+
+def _compile(step, variables, opt_state, x, y):
+    """Compile once; return the executable and what it says about itself."""
+    compiled = step.lower(variables, opt_state, x, y).compile()
+    return compiled, compiled_facts(compiled)
+
+
+def _log(msg: str) -> None:
+    """One progress line on stderr (compiles of wide FP8 steps can take a while on a GPU)."""
+    print(f"mlp_step: {msg}", file=sys.stderr, flush=True)
+
+
+def bench_cell(width: int, batch: int, depth: int, recipes: list[str], repeats: int,
+               steps_per_sample: int = 5, profile: str | None = None) -> list[dict]:
+    """Time every recipe's train step for one shape, interleaved; one record per metric."""
+    facts_of, runners = {}, {}
+    for r in recipes:
+        t0 = time.perf_counter()
+        step, variables, opt_state, x, y = _setup(r, width, batch, depth)
+        t1 = time.perf_counter()
+        _log(f"w{width} {r}: compiling")
+        step, facts = _compile(step, variables, opt_state, x, y)
+        t2 = time.perf_counter()
+        variables, opt_state, loss = step(variables, opt_state, x, y)  # warm up
+        jax.block_until_ready(loss)
+        _log(f"w{width} {r}: init {t1 - t0:.1f} s, compile {t2 - t1:.1f} s, first step "
+             f"{time.perf_counter() - t2:.2f} s, lowering {facts['fp8_lowering']}")
+        facts_of[r], runners[r] = facts, stepper(step, variables, opt_state, x, y)
+    samples_of = time_interleaved(runners, repeats, steps_per_sample, f" at width {width}")
+
+    records = []
+    sizes = {"batch": batch, "width": width, "depth": depth}
+    run_id = f"{time.time():.0f}"
+    for r in recipes:
+        facts, s = facts_of[r], samples_of[r]
+        q1, med, q3 = quartiles(s)
+        emulated = (jax.default_backend() != "gpu" if _is_peer(r)
+                    else recipe_emulated(r, facts["fp8_lowering"]))
+        common = dict(claims=["A2", "A4"], recipe=r, sizes=sizes, repeats=len(s),
+                      emulated=emulated, profile=profile,
+                      extra={"run_id": run_id, "samples_ms": (s * 1e3).round(4).tolist(),
+                             "steps_per_sample": steps_per_sample, **facts})
+        records.append(results.make_record(EXPERIMENT, "step_time_ms", med * 1e3, "ms",
+                                           spread=(q3 - q1) * 1e3, **common))
+        flops = step_flops(batch, width, depth)
+        records.append(results.make_record(EXPERIMENT, "tflops", flops / med / 1e12, "TFLOP/s",
+                                           spread=flops / q1 / 1e12 - flops / q3 / 1e12,
+                                           **common))
+        if facts["memory_bytes"] is not None:
+            records.append(results.make_record(EXPERIMENT, "step_memory_bytes",
+                                               facts["memory_bytes"], "bytes", **common))
+    return records
+
+
+def record(profile: str, root: Path | None = None, force: bool = False) -> list[Path]:
+    """Run the ``mlp_step`` study of ``params.yaml`` for ``profile``, one cell per width."""
+    from tqdm.auto import tqdm
+
+    from repro.config import stage_params
+
+    p = stage_params(EXPERIMENT, profile)
+    root = root or results.record_root(p["profile"])
+    def usable(names):
+        out = []
+        for r in names:
+            if resolve(r).backend == "te" and not peers.te_available():  # fails early on a bad name
+                print(f"mlp_step: skipping {r}: Transformer Engine is not installed")
+                continue
+            out.append(r)
+        return out
+
+    recipes, levers = usable(p["recipes"]), usable(p.get("levers") or [])
+    # main cells first (every width), then the lever cells: each lever ablation
+    # ("base:field=value") is timed with bf16 and the base recipe it ablates, in one process
+    bases = [r.split(":", 1)[0] for r in levers]
+    lever_cell = list(dict.fromkeys(["bf16", *bases])) + levers
+    cells = [(w, "", recipes) for w in p["widths"]]
+    lever_widths = p.get("lever_widths") or p["widths"]
+    cells += [(w, "_levers", lever_cell) for w in lever_widths if levers]
+    written = []
+    for width, suffix, names in (bar := tqdm(cells, desc="mlp_step")):
+        cell = f"w{width}_b{p['batch']}_d{p['depth']}{suffix}"
+        if not force and results.have_cell(EXPERIMENT, cell, root=root):
+            continue
+        bar.set_postfix(cell=cell)
+        recs = bench_cell(width, p["batch"], p["depth"], names, p["repeats"],
+                          profile=p["profile"])
+        written.append(results.write_records(recs, EXPERIMENT, cell, root=root))
+    return written

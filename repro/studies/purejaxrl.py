@@ -1,0 +1,445 @@
+"""This repository's PPO against PureJaxRL's ``ppo.py``: env-steps/s, same config, same device.
+
+Issue 4's performance target: on PureJaxRL's CartPole-v1 configuration, ``repro.models.ppo`` should
+beat PureJaxRL's ``ppo.py`` in env-steps/s by >= 1.2x, for one seed and for 1024 seeds under
+``vmap``. Both run in the same process, compiled first, then timed in alternation.
+
+Ours runs in one or more option sets (``params.yaml``, ``rl_purejaxrl.ours``): values of the
+speed options of :class:`repro.models.ppo.PPOConfig` (``unroll``, ``update_unroll``, ``prng``;
+nothing else may differ from PureJaxRL's config). :func:`compare` compiles PureJaxRL once,
+then each option set in turn, timing the two round-robin (repeat i of each, back to back).
+Every record also holds its run's final return (:func:`final_returns`: per seed, the
+episode-weighted mean return over the last 10% of updates; mean, SD and count), so an option
+set's learning can be checked against the defaults' and PureJaxRL's. :func:`record` writes one cell per
+(seed count, option set), as soon as it is timed: ``CartPole-v1_s1`` for the defaults (the
+cells recorded before options existed: their records, without ``options``, mean ``{}``),
+``CartPole-v1_s1_unroll-8`` and so on, each with PureJaxRL's record of the same process. Cells
+already recorded are skipped, so a new option set is timed (with PureJaxRL) without redoing the
+others; ``--force`` redoes them all. :func:`speedups` gives one row per cell and flags the best
+ratio per seed count -- a choice made after timing, so a selection among the rows.
+
+PureJaxRL is not a package and its code is not redistributed here: point ``--purejaxrl DIR`` at a
+checkout of https://github.com/luchris429/purejaxrl (the folder that holds ``purejaxrl/ppo.py``).
+Three adapters let that ``ppo.py`` run on this repository's stack; none changes what it computes:
+
+- gymnax >= 1.0 steps return ``(obs, state, reward, terminated, truncated, info)``; ``ppo.py``
+  and its wrappers expect gymnax 0.x's ``(obs, state, reward, done, info)``. ``gymnax.make`` is
+  seen through :class:`FiveTupleStep`: ``done = terminated | truncated`` and ``info`` without the
+  three keys gymnax 1.0 added (so PureJaxRL's per-step metrics are as large as on gymnax 0.x).
+- ``distrax`` (for ``Categorical``) does not import under current JAX (its TensorFlow-Probability
+  dependency fails); where it fails, :func:`distrax_stand_in` provides ``Categorical`` with the
+  three methods ``ppo.py`` calls, written as distrax does (``jax.random.categorical``,
+  ``log_softmax``).
+- ``purejaxrl/wrappers.py`` imports ``brax`` (``brax.envs``, ``brax.envs.wrappers.training``) and
+  ``navix`` for wrappers CartPole does not use, and ``chex`` for type annotations only; where
+  one is missing, a package whose modules answer every attribute with ``typing.Any`` stands in.
+
+Ours runs with the ``tf32`` recipe: JAX's default matmul precision, as in ``ppo.py``. Ours also
+evaluates the critic on the final observation of truncated episodes (bootstrapping through
+truncation, which ``ppo.py`` does not do), so it does slightly more work per step.
+
+    python -m repro.studies.purejaxrl --purejaxrl ~/src/purejaxrl --profile full
+    # a confirming run of one option set, kept beside the first (cells ``..._run2``):
+    python -m repro.studies.purejaxrl --purejaxrl DIR --only unroll=32,update_unroll=4 --again
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from repro import results
+from repro.models import ppo
+
+EXPERIMENT = "rl_purejaxrl"
+
+URL = "https://github.com/luchris429/purejaxrl"
+
+
+# PureJaxRL's ppo.py __main__ configuration for CartPole-v1 (DEBUG off: no host callbacks).
+CARTPOLE = {"LR": 2.5e-4, "NUM_ENVS": 4, "NUM_STEPS": 128, "TOTAL_TIMESTEPS": 5e5,
+            "UPDATE_EPOCHS": 4, "NUM_MINIBATCHES": 4, "GAMMA": 0.99, "GAE_LAMBDA": 0.95,
+            "CLIP_EPS": 0.2, "ENT_COEF": 0.01, "VF_COEF": 0.5, "MAX_GRAD_NORM": 0.5,
+            "ACTIVATION": "tanh", "ENV_NAME": "CartPole-v1", "ANNEAL_LR": True, "DEBUG": False}
+
+GYMNAX_1_INFO = ("terminated", "truncated", "final_observation")
+
+SPEED_OPTIONS = ("unroll", "update_unroll", "prng")  # PPOConfig fields that leave PPO as it is
+
+
+def ours_config(cfg: dict[str, Any], recipe: str = "tf32",
+                options: Mapping[str, Any] | None = None) -> ppo.PPOConfig:
+    """The same PPO in ``repro.models.ppo``'s terms (its defaults equal PureJaxRL's otherwise), with
+    ``options``: speed options of :class:`repro.models.ppo.PPOConfig` (:data:`SPEED_OPTIONS`)."""
+    options = dict(options or {})
+    if bad := sorted(set(options) - set(SPEED_OPTIONS)):
+        raise ValueError(f"ours option set {options} sets {bad}: only "
+                         f"{', '.join(SPEED_OPTIONS)} may differ from PureJaxRL's config")
+    return ppo.validate({
+        "env": cfg["ENV_NAME"], "num_envs": cfg["NUM_ENVS"], "num_steps": cfg["NUM_STEPS"],
+        "total_timesteps": int(cfg["TOTAL_TIMESTEPS"]), "update_epochs": cfg["UPDATE_EPOCHS"],
+        "num_minibatches": cfg["NUM_MINIBATCHES"], "gamma": cfg["GAMMA"],
+        "gae_lambda": cfg["GAE_LAMBDA"], "clip_eps": cfg["CLIP_EPS"],
+        "ent_coef": cfg["ENT_COEF"], "vf_coef": cfg["VF_COEF"], "grad_clip": cfg["MAX_GRAD_NORM"],
+        "activation": cfg["ACTIVATION"], "anneal_lr": cfg["ANNEAL_LR"], "lr": cfg["LR"],
+        "width": 64, "depth": 2, "network": "mlp", "recipe": recipe, **options})
+
+
+def label(options: Mapping[str, Any] | None) -> str:
+    """``repro`` for the defaults, else e.g. ``repro[prng=unsafe_rbg,unroll=8]``."""
+    inner = ",".join(f"{k}={v}" for k, v in sorted((options or {}).items()))
+    return f"repro[{inner}]" if inner else "repro"
+
+
+def cell_name(cfg: dict[str, Any], seeds: int, options: Mapping[str, Any] | None) -> str:
+    """``CartPole-v1_s1024`` for the defaults (the cells recorded before options existed), else
+    e.g. ``CartPole-v1_s1024_prng-unsafe_rbg_unroll-8``."""
+    return "_".join([f"{cfg['ENV_NAME']}_s{seeds}",
+                     *(f"{k}-{v}" for k, v in sorted((options or {}).items()))])
+
+
+class FiveTupleStep:
+    """A gymnax >= 1.0 environment with gymnax 0.x's ``step`` signature (see module doc)."""
+
+    def __init__(self, env):
+        self._env = env
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+    def step(self, key, state, action, params=None):
+        out = self._env.step(key, state, action, params)
+        if len(out) == 5:  # already gymnax 0.x
+            return out
+        obs, state, reward, terminated, truncated, info = out
+        info = {k: v for k, v in info.items() if k not in GYMNAX_1_INFO}
+        return obs, state, reward, jnp.logical_or(terminated, truncated), info
+
+
+def distrax_stand_in() -> types.ModuleType:
+    """A module ``distrax`` with ``Categorical(logits=...)``: ``sample``, ``log_prob``,
+    ``entropy`` -- the part of distrax that PureJaxRL's discrete PPO uses."""
+
+    class Categorical:
+        def __init__(self, logits):
+            self.logits = logits
+
+        def sample(self, seed):
+            return jax.random.categorical(seed, self.logits)
+
+        def log_prob(self, value):
+            logp = jax.nn.log_softmax(self.logits)
+            return jnp.take_along_axis(logp, jnp.asarray(value)[..., None].astype(jnp.int32),
+                                       axis=-1)[..., 0]
+
+        def entropy(self):
+            logp = jax.nn.log_softmax(self.logits)
+            return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+
+    mod = types.ModuleType("distrax")
+    mod.Categorical = Categorical
+    mod.REPRO_STAND_IN = True
+    return mod
+
+
+def _ensure_importable(name: str, make) -> str | None:
+    """Import ``name``; where that fails, put ``make()`` (a module, or a package: a dict of
+    dotted names to modules) in its place. Returns a note or None."""
+    try:
+        importlib.import_module(name)
+        return None
+    except Exception as e:  # ImportError, or a dependency that breaks at import time
+        made = make()
+        sys.modules.update(made if isinstance(made, dict) else {name: made})
+        return f"{name} stand-in ({type(e).__name__})"
+
+
+class _AnyTypes(types.ModuleType):
+    """A module that answers every public attribute with ``typing.Any``."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return Any
+
+
+def _any_package(*names: str) -> dict[str, types.ModuleType]:
+    """``_AnyTypes`` modules for dotted ``names``, each set as an attribute of its parent
+    (``brax.envs.wrappers.training`` gives brax, brax.envs, brax.envs.wrappers and the leaf)."""
+    mods: dict[str, types.ModuleType] = {}
+    for dotted in names:
+        parts = dotted.split(".")
+        for i in range(1, len(parts) + 1):
+            full = ".".join(parts[:i])
+            if full not in mods:
+                mods[full] = _AnyTypes(full)
+                if i > 1:
+                    setattr(mods[".".join(parts[:i - 1])], parts[i - 1], mods[full])
+    return mods
+
+
+def load(path: str | Path):
+    """Import PureJaxRL's ``ppo`` module from a checkout; returns (module, notes on adapters)."""
+    path = Path(path).expanduser().resolve()
+    if (path / "ppo.py").is_file() and path.name == "purejaxrl":
+        path = path.parent
+    if not (path / "purejaxrl" / "ppo.py").is_file():
+        raise FileNotFoundError(f"no purejaxrl/ppo.py under {path}: pass the folder of a "
+                                f"checkout of {URL}")
+    notes = [n for n in (
+        _ensure_importable("distrax", distrax_stand_in),
+        _ensure_importable("brax", lambda: _any_package("brax.envs.wrappers.training")),
+        _ensure_importable("navix", lambda: _any_package("navix")),
+        _ensure_importable("chex", lambda: _any_package("chex"))) if n]
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+    module = importlib.import_module("purejaxrl.ppo")
+    import gymnax
+
+    real_make = gymnax.make
+
+    def make(name, **kw):
+        env, params = real_make(name, **kw)
+        return FiveTupleStep(env), params
+
+    module.gymnax = types.SimpleNamespace(make=make)
+    notes.append("gymnax>=1.0 step seen as 0.x (done = terminated | truncated)")
+    return module, notes
+
+
+def _keys(n: int):
+    return jax.vmap(jax.random.key)(jnp.arange(n, dtype=jnp.uint32))
+
+
+def returns_digest(metrics) -> str:
+    """A fingerprint of a run's per-update episode returns (all seeds): equal digests mean
+    bitwise-equal returns, so option sets that keep the random streams (``unroll``,
+    ``update_unroll``) can be checked to compute the same PPO on the device that timed them."""
+    return hashlib.sha256(np.asarray(metrics["episode_return"]).tobytes()).hexdigest()[:16]
+
+FINAL_FRACTION = 0.1  # the final return: mean over the last 10% of updates
+
+
+def final_returns(out, impl: str, fraction: float = FINAL_FRACTION) -> np.ndarray | None:
+    """Each seed's final return as every RL study here defines it (:func:`repro.models.ppo.
+    final_return`: the episode-weighted mean return over the last ``fraction`` of updates),
+    from a vmapped run's output: ours (its metrics) or PureJaxRL's (``metrics`` = the
+    LogWrapper's info, [seeds, updates, steps, envs]: ``returned_episode_returns`` where
+    ``returned_episode``). None if PureJaxRL's output lacks those."""
+    if impl != "purejaxrl":
+        return ppo.final_return(out, fraction)
+    info = out.get("metrics") if isinstance(out, Mapping) else None
+    if not isinstance(info, Mapping) or "returned_episode_returns" not in info:
+        return None
+    done = jnp.asarray(info["returned_episode"], jnp.float32)
+    n = done.sum(axis=(2, 3))
+    total = (jnp.asarray(info["returned_episode_returns"], jnp.float32) * done).sum(axis=(2, 3))
+    return ppo.final_return({"episode_return": total / jnp.maximum(n, 1), "episodes": n,
+                             "nonfinite_params": jnp.zeros(n.shape, bool)}, fraction)
+
+
+def compare(module, cfg: dict[str, Any], seeds: int, repeats: int, recipe: str = "tf32",
+            ours: Sequence[Mapping[str, Any]] = ({},)):
+    """Time PureJaxRL against each option set in ``ours``, one option set at a time; yields
+    ``(label, samples, facts)`` per option set as soon as it is timed: ``samples`` are seconds
+    per whole training run of ``seeds`` vmapped seeds, ``{"purejaxrl": [...], label: [...]}``,
+    the two timed round-robin (repeat i of each, back to back) after a warm-up run of each;
+    ``facts[name]``: ``returns_digest`` (ours only, :func:`returns_digest`) and
+    ``final_returns`` (per seed, :func:`final_returns`) of that warm-up run. PureJaxRL is
+    compiled once and re-timed beside every option set, so a call cut short keeps the cells
+    already yielded."""
+    configs = {label(o): ours_config(cfg, recipe, o) for o in ours}  # validate before compiling
+
+    def warm(fn, keys, name):
+        compiled = fn.lower(keys).compile()
+        out = jax.block_until_ready(compiled(keys))  # warm-up
+        facts = {"final_returns": final_returns(out, name)}
+        if name != "purejaxrl":
+            facts["returns_digest"] = returns_digest(out)
+        del out
+        return compiled, facts
+
+    theirs_keys = jax.random.split(jax.random.PRNGKey(30), seeds)
+    theirs, theirs_facts = warm(jax.jit(jax.vmap(module.make_train(dict(cfg)))), theirs_keys,
+                                "purejaxrl")
+    keys_ours = _keys(seeds)
+    for name, c in configs.items():
+        mine, facts = warm(jax.jit(jax.vmap(ppo.make_train(c))), keys_ours, name)
+        runs = {"purejaxrl": (theirs, theirs_keys), name: (mine, keys_ours)}
+        samples: dict[str, list[float]] = {n: [] for n in runs}
+        for _ in range(repeats):
+            for n, (fn, keys) in runs.items():
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn(keys))
+                samples[n].append(time.perf_counter() - t0)
+        yield name, samples, {"purejaxrl": theirs_facts, name: facts}
+        del mine
+
+
+def env_steps(cfg: dict[str, Any], seeds: int) -> int:
+    """Environment steps of one vmapped run, as PureJaxRL counts them (whole updates)."""
+    updates = int(cfg["TOTAL_TIMESTEPS"]) // cfg["NUM_STEPS"] // cfg["NUM_ENVS"]
+    return seeds * updates * cfg["NUM_STEPS"] * cfg["NUM_ENVS"]
+
+
+def _summary(finals: np.ndarray | None) -> dict[str, Any] | None:
+    """Mean, sample SD and count of per-seed final returns (seeds with no episode left out)."""
+    if finals is None:
+        return None
+    f = np.asarray(finals, np.float64)
+    f = f[np.isfinite(f)]
+    return {"mean": float(f.mean()) if len(f) else None,
+            "sd": float(f.std(ddof=1)) if len(f) > 1 else None, "n": int(len(f)),
+            "last_fraction": FINAL_FRACTION}
+
+
+def select(variants: Sequence[Mapping[str, Any]], only: Sequence[str]) -> list[dict]:
+    """The option sets of ``variants`` named in ``only``: by label (``repro[unroll=8]``, or
+    ``repro`` for the defaults) or by its inside (``unroll=8``, keys in any order). A name that
+    matches none fails with one line listing the valid ones."""
+    labels = {label(o): dict(o) for o in variants}
+
+    def norm(spec: str) -> str:  # "repro[b=2,a=1]", "b=2, a=1" -> "repro[a=1,b=2]"
+        inner = spec.strip().removeprefix("repro").strip("[]{}")
+        parts = sorted(x.strip() for x in inner.split(",") if x.strip())
+        return f"repro[{','.join(parts)}]" if parts else "repro"
+
+    chosen = [norm(x) for x in only]
+    bad = [x for x, n in zip(only, chosen) if n not in labels]
+    if bad:
+        raise ValueError(f"--only {', '.join(bad)}: not an option set of params.yaml's "
+                         f"{EXPERIMENT}.ours; valid: {', '.join(labels)}")
+    return [labels[n] for n in dict.fromkeys(chosen)]
+
+
+def _run_cells(cfg: dict[str, Any], seeds: int, options: Mapping[str, Any],
+               root: Path) -> list[str]:
+    """Names of the recorded runs of one cell: the first run's name, then ``<name>_run2``..."""
+    base = cell_name(cfg, seeds, options)
+    names = [base] if results.have_cell(EXPERIMENT, base, root=root) else []
+    k = 2
+    while results.have_cell(EXPERIMENT, f"{base}_run{k}", root=root):
+        names.append(f"{base}_run{k}")
+        k += 1
+    return names
+
+
+def record(purejaxrl_dir: str | Path, profile: str, root: str | Path | None = None,
+           force: bool = False, only: Sequence[str] | None = None,
+           again: bool = False) -> list[Path]:
+    """One cell per (seed count, option set of ``ours``) of ``params.yaml``'s ``rl_purejaxrl``
+    section, each holding that option set's record and PureJaxRL's, timed beside it in one
+    process. Cells already recorded are skipped (redone with ``force``); each cell is written as
+    soon as it is timed, so a run cut short keeps the finished ones. ``only`` restricts the
+    option sets (:func:`select`). ``again`` times recorded cells once more into new cells
+    (``<cell>_run2``, ``_run3``, ...), keeping the earlier runs: an independent run that
+    confirms (or not) a ratio picked as the best of several option sets."""
+    from tqdm.auto import tqdm
+
+    from repro.config import stage_params
+
+    p = stage_params(EXPERIMENT, profile)
+    variants = [dict(o or {}) for o in p.get("ours", [{}])]
+    if only:
+        variants = select(variants, only)
+    cfg = {**CARTPOLE, "TOTAL_TIMESTEPS": p["total_timesteps"]}
+    for o in variants:  # a bad option set fails here, before PureJaxRL is loaded
+        ours_config(cfg, p["recipe"], o)
+    module, notes = load(purejaxrl_dir)
+    if jax.default_backend() == "cpu" and max(p["seeds"]) > 1:
+        print(f"{EXPERIMENT}: warning: on XLA:CPU (jax 0.10.2) PureJaxRL's program with 2 or "
+              "more vmapped seeds has hung in its second or third run (idle in "
+              "block_until_ready); time several seeds on a GPU", file=sys.stderr)
+    root = Path(root or results.record_root(p["profile"]))
+
+    def target(seeds, o):  # (cell to write, run number), or None to skip
+        runs = _run_cells(cfg, seeds, o, root)
+        if again and runs:
+            return f"{cell_name(cfg, seeds, o)}_run{len(runs) + 1}", len(runs) + 1
+        if force or not runs:
+            return cell_name(cfg, seeds, o), 1
+        return None
+
+    todo = [(seeds, o, t) for seeds in p["seeds"] for o in variants
+            if (t := target(seeds, o)) is not None]
+    written = []
+    bar = tqdm(total=len(todo), desc=EXPERIMENT, unit="cell")
+    for seeds in p["seeds"]:
+        mine = [o for s, o, _ in todo if s == seeds]
+        if not mine:
+            continue
+        steps = env_steps(cfg, seeds)
+        by_label = {label(o): o for o in mine}
+        where = {label(o): t for s, o, t in todo if s == seeds}
+        for impl_ours, samples, facts in compare(module, cfg, seeds, p["repeats"], p["recipe"],
+                                                 mine):
+
+            def rec(impl, options=None):
+                s = samples[impl]
+                rate = steps / np.asarray(s)
+                q1, med, q3 = np.percentile(rate, [25, 50, 75])
+                theirs = impl == "purejaxrl"
+                extra = {"impl": impl, "run_s": [round(x, 5) for x in s], "config": cfg,
+                         "adapters": notes if theirs else [], "timed_with": list(samples),
+                         "source": URL if theirs else "repro.models.ppo",
+                         "final_return": _summary(facts[impl].get("final_returns"))}
+                if not theirs:
+                    extra["options"] = options
+                    extra["returns_digest"] = facts[impl].get("returns_digest")
+                extra["run"] = where[impl_ours][1]
+                return results.make_record(
+                    EXPERIMENT, "env_steps_per_s", float(med), "steps/s", claims=["A2"],
+                    recipe=p["recipe"], sizes={"seeds": seeds, "env_steps": steps},
+                    repeats=len(s), spread=float(q3 - q1), profile=p["profile"], extra=extra)
+
+            o = by_label[impl_ours]
+            written.append(results.write_records([rec("purejaxrl"), rec(impl_ours, o)],
+                                                 EXPERIMENT, where[impl_ours][0], root=root))
+            bar.update()
+    bar.close()
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m repro.studies.purejaxrl", description=__doc__.split(
+        "\n")[0])
+    ap.add_argument("--purejaxrl", required=True, metavar="DIR",
+                    help=f"a checkout of {URL} (holding purejaxrl/ppo.py)")
+    ap.add_argument("--profile", default="full", help="smoke | full | auto")
+    ap.add_argument("--force", action="store_true",
+                    help="redo cells already recorded (default: time only the option sets of "
+                         "ours not recorded yet, with PureJaxRL)")
+    ap.add_argument("--only", action="append", metavar="OPTIONS",
+                    help="time only this option set of params.yaml's rl_purejaxrl.ours, e.g. "
+                         "'unroll=32,update_unroll=4' or 'repro' for the defaults (repeatable)")
+    ap.add_argument("--again", action="store_true",
+                    help="time recorded cells once more into new cells (<cell>_run2, ...), "
+                         "keeping the earlier runs: a confirming run")
+    a = ap.parse_args(argv)
+    from repro.config import resolve_profile
+
+    try:
+        written = record(a.purejaxrl, resolve_profile(a.profile), force=a.force, only=a.only,
+                         again=a.again)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"repro.studies.purejaxrl: error: {e}", file=sys.stderr)
+        return 2
+    for w in written:
+        print(w)
+    print(f"{EXPERIMENT}: wrote {len(written)} cell(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
