@@ -38,11 +38,12 @@
 #    FP8/BF16 speedup with the measured one, shape by shape. Goal: within ±10%.
 # 4. **Project**: Blackwell datasheet peaks times the efficiencies calibrated on Hopper (FP4 GEMMs
 #    at the efficiency FP8 reaches on the same shape), for Llama-3-shaped steps and this
-#    repository's LM. That is an **assumption**, and every projection record says so.
+#    repository's LM. That is an **assumption**, listed with the projection below.
 #
-# The records are written under the chip that calibrated the model, with `sizes.target` naming the
-# projected chip, `extra.kind = "projection"` and metric names `projected_*`: nothing here poses as
-# a Blackwell measurement.
+# Every table is computed here from the measured records (`gemm`, `mlp_step`, `lm_step`,
+# `kernel_times`); the model writes no records of its own. Each projection names the chip that
+# calibrated the model (`hardware`) and the projected chip (`target`): nothing here poses as a
+# Blackwell measurement.
 
 # %% tags=["parameters"]
 profile = "smoke"
@@ -59,14 +60,16 @@ import pandas as pd
 
 from repro.claims import ledger as claims
 from repro import perfmodel, results
-from repro.config import resolve_profile
+from repro.config import resolve_profile, stage_params
 
 profile = resolve_profile(profile)
-root = results.record_root(profile)
-written = perfmodel.record(profile, root)
-perf = perfmodel.select_cells(results.load_records("perfmodel", roots=root))
-print(f"profile={profile}: wrote {len(written)} cell(s) under {root}; "
-      f"{len(perf)} perfmodel records from {perf['hardware'].unique().tolist()}")
+setup, targets = perfmodel.projection_setup(stage_params("perfmodel", profile))
+measured = perfmodel.measured_records()
+mode, cals = perfmodel.calibrations(measured)
+val = perfmodel.validation_table(pd.concat([perfmodel.validate(measured, c) for c in cals]))
+proj = perfmodel.projections(mode, cals, targets, setup)
+print(f"profile={profile}: {len(measured)} measured records; model {mode} on "
+      f"{[c.hardware.slug for c in cals]}")
 FIG = Path("figures")
 FIG.mkdir(exist_ok=True)
 
@@ -81,13 +84,8 @@ FIG.mkdir(exist_ok=True)
 # table's `source` says which).
 
 # %%
-params = perf[perf["metric"] == "model_parameter"]
-mode = params["extra"].iloc[0].get("mode", "datasheet") if len(params) else "datasheet"
 calibrated = mode == "calibrated"
-table = pd.DataFrame({
-    "chip": params["hardware"], "parameter": params["size_parameter"], "value": params["value"],
-    "unit": params["unit"],
-    "source": params["extra"].map(lambda e: e.get("source", "fit" if e.get("fitted") else ""))})
+table = pd.concat([perfmodel.parameter_table(c) for c in cals], ignore_index=True)
 print({"calibrated": "calibrated on measured BF16 steps (gemm + mlp_step/lm_step records)",
        "rates_only": "NOT calibrated: measured GEMM rates, but no mlp_step/lm_step records yet; "
                      "bandwidth/gap parameters at their defaults",
@@ -96,13 +94,9 @@ print({"calibrated": "calibrated on measured BF16 steps (gemm + mlp_step/lm_step
 table
 
 # %%
-fit = perf[perf["metric"] == "predicted_step_time_ms"]
+fit = pd.concat([perfmodel.fit_table(c) for c in cals], ignore_index=True)
 if len(fit):
-    fit = fit.assign(measured_ms=fit["extra"].map(lambda e: e["measured_ms"]),
-                     error=fit["extra"].map(lambda e: e["error"]))
-    fit = fit.assign(shape=fit["sizes"].map(perfmodel.sizes_label))
-    print(fit[["hardware", "shape", "measured_ms", "value", "error"]]
-          .rename(columns={"value": "predicted_ms"}).round(3).to_string(index=False))
+    print(fit.round(3).to_string(index=False))
 
 # %% [markdown]
 # ## Validation: the FP8 speedup on Hopper, predicted vs measured
@@ -114,8 +108,6 @@ if len(fit):
 # around perfect prediction; MLP and LM shapes count alike.
 
 # %%
-val = perfmodel.validation_table(perf)
-
 fig, ax = plt.subplots(figsize=(6.2, 5.4))
 if len(val):
     lo = 0.8 * min(val["measured"].min(), val["predicted"].min())
@@ -184,11 +176,10 @@ val[["hardware", "workload", "shape", "recipe", "predicted", "measured", "error"
 # cannot express.
 
 # %%
-measured = perfmodel.measured_records()
-cals = {(chip, per): perfmodel.calibrate(measured, chip, gap_per=per)  # both gap choices
-        for chip in (perf["hardware"].unique() if calibrated else []) for per in perfmodel.GAP_PER}
 USED = perfmodel.ModelParams().gap_per
-parts = pd.concat([perfmodel.component_table(measured, c) for (chip, per), c in cals.items()
+gap_cals = {(c.hardware.slug, per): c for per in perfmodel.GAP_PER  # both gap choices
+            for c in (perfmodel.calibrations(measured, per)[1] if calibrated else [])}
+parts = pd.concat([perfmodel.component_table(measured, c) for (chip, per), c in gap_cals.items()
                    if per == USED] or [pd.DataFrame()])
 if len(parts):
     PARTS = ["gemm", "other", "gaps"]
@@ -232,7 +223,7 @@ for shape, g in parts.groupby("shape") if len(parts) else []:
                   f"{b.kernels_traced:.0f} ({f.kernels_traced / b.kernels_traced:.1f}x); idle "
                   f"gaps {f.gaps_traced:+.3f} ms vs {b.gaps_traced:+.3f} ms")
 choice = []
-for (chip, per), c in cals.items():
+for (chip, per), c in gap_cals.items():
     v = perfmodel.validate(measured, c)
     if len(v):
         choice.append({"chip": chip, "gap charged per": per, "gap_us": round(c.params.gap_us, 2),
@@ -251,18 +242,18 @@ pd.DataFrame(choice)
 # bars are **projections**, not measurements.
 
 # %%
-proj = perf[perf["metric"] == "projected_speedup"]
-proj = proj[proj["size_target"].isin(perfmodel.TARGETS)]
+print("assumptions:\n- " + "\n- ".join(perfmodel.ASSUMPTIONS))
+shown = proj[proj["target"].isin(perfmodel.TARGETS)]
 models = [m for m in ("llama3-8b", "llama3-405b", "lm-20m", "lm-120m")
-          if m in set(proj["size_model"])]
+          if m in set(shown["model"])]
 panels = [("nvfp4_vs_bf16", "bf16", "paper", "NVFP4 vs BF16"),
           ("nvfp4_mlp_vs_fp8", "fp8", "mlp", "NVFP4 (MLP GEMMs) vs FP8")]
 fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True)
 width = 0.8 / max(len(models), 1)
 for ax, (comp, base, policy, title) in zip(axes, panels):
-    sub = proj[proj["size_comparison"] == comp]
+    sub = shown[shown["comparison"] == comp]
     for i, model in enumerate(models):
-        ys = [sub[(sub["size_model"] == model) & (sub["size_target"] == t)]["value"]
+        ys = [sub[(sub["model"] == model) & (sub["target"] == t)]["speedup"]
               for t in perfmodel.TARGETS]
         ys = [float(y.iloc[0]) if len(y) else np.nan for y in ys]
         xs = np.arange(len(perfmodel.TARGETS)) + (i - (len(models) - 1) / 2) * width
@@ -286,7 +277,7 @@ axes[0].set_ylabel("step-time speedup (x)")
 axes[0].scatter([], [], marker="*", s=120, color="black", label="published (NVIDIA)")
 handles, labels = axes[0].get_legend_handles_labels()
 fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=len(labels), frameon=False)
-chip = perf["hardware"].iloc[0] if len(perf) else "?"
+chip = cals[0].hardware.slug
 fig.suptitle({"calibrated": f"PROJECTION from efficiencies calibrated on {chip}",
               "rates_only": f"PROJECTION from GEMM efficiencies measured on {chip} "
                             "(step model not calibrated: no mlp_step/lm_step records yet)",
@@ -294,8 +285,7 @@ fig.suptitle({"calibrated": f"PROJECTION from efficiencies calibrated on {chip}"
                            "yet)"}[mode], fontsize=10)
 fig.tight_layout(rect=(0, 0.06, 1, 1))
 fig.savefig(FIG / "06_perfmodel_projection.png", dpi=130)
-(proj.pivot_table(index=["size_model", "size_comparison"], columns="size_target", values="value")
- .round(2))
+shown.pivot_table(index=["model", "comparison"], columns="target", values="speedup").round(2)
 
 # %% [markdown]
 # ## Verdict
@@ -312,9 +302,11 @@ fig.savefig(FIG / "06_perfmodel_projection.png", dpi=130)
 # records up and compares them with the projection.
 
 # %%
+from repro.perfmodel.project import b2_verdict  # moves to repro.claims.verdicts
+
 lm = results.load_records("lm")
 measured_fp4 = perfmodel.measured_fp4_speedups(lm)
-verdict = perfmodel.b2_verdict(perf, measured_fp4)
+verdict = b2_verdict(proj, measured_fp4, val)
 claims.write_verdict("B2", verdict["verdict"], verdict["key_number"], verdict["hardware"],
                      verdict["source"], verdict["note"], emulated=False)
 if len(measured_fp4):

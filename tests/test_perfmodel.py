@@ -8,8 +8,10 @@ import pandas as pd
 import pytest
 
 from repro import hardware as hw
-from repro import perfmodel as pm
 from repro import results
+from repro.perfmodel import calibrate as cb
+from repro.perfmodel import cost, measured
+from repro.perfmodel import project as pj
 
 H200 = hw.lookup("h200")
 
@@ -19,22 +21,23 @@ H200 = hw.lookup("h200")
 
 @pytest.mark.parametrize("recipe", ["bf16", "fp8-current", "fp8-delayed", "flax-fp8"])
 def test_mlp_flops_by_hand(recipe):
-    step = pm.mlp_step_gemms(4, 8, 2, recipe)
+    step = cost.mlp_step_gemms(4, 8, 2, recipe)
     assert step.flops == 6 * 4 * 8 * 8 * 2
     # forward, data gradient, weight gradient of each layer; weight gradient is (W, B, W)
     assert [(g.m, g.k, g.n) for g in step.gemms] == [(4, 8, 8), (4, 8, 8), (8, 4, 8)] * 2
     want = "bf16" if recipe == "bf16" else "fp8"
     assert {g.fmt for g in step.gemms} == {want}
     # Without the input's gradient (what XLA runs): one (B, W, W) GEMM fewer.
-    assert pm.mlp_step_gemms(4, 8, 2, recipe, input_grad=False).flops == 6 * 4 * 64 * 2 - 2 * 4 * 64
+    no_input_grad = cost.mlp_step_gemms(4, 8, 2, recipe, input_grad=False)
+    assert no_input_grad.flops == 6 * 4 * 64 * 2 - 2 * 4 * 64
 
 
 def test_mlp_quantization_traffic_by_hand():
     b, w = 4, 8
     e, p = b * w, w * w
-    bf16 = pm.mlp_step_gemms(b, w, 2, "bf16")
-    cur = pm.mlp_step_gemms(b, w, 2, "fp8-current")
-    dly = pm.mlp_step_gemms(b, w, 2, "fp8-delayed")
+    bf16 = cost.mlp_step_gemms(b, w, 2, "bf16")
+    cur = cost.mlp_step_gemms(b, w, 2, "fp8-current")
+    dly = cost.mlp_step_gemms(b, w, 2, "fp8-delayed")
     # Current scaling: one amax read (2 bytes) of x and of g per layer.
     assert cur.traffic_bytes(["amax"]) == 2 * (2 * e * 2)
     assert dly.traffic_bytes(["amax"]) == 0
@@ -51,18 +54,18 @@ def test_mlp_quantization_traffic_by_hand():
 
 
 def test_lm_flops_by_hand():
-    cfg = pm.DecoderShape("t", hidden=64, n_layers=3, ffn=96, n_heads=4, n_kv_heads=2,
-                          vocab=100, seq_len=16, n_bf16_last_blocks=1)
+    cfg = cost.DecoderShape("t", hidden=64, n_layers=3, ffn=96, n_heads=4, n_kv_heads=2,
+                            vocab=100, seq_len=16, n_bf16_last_blocks=1)
     T, hd = 32, 16
     linear = 64 * (4 + 2 * 2) * hd + 4 * hd * 64 + 64 * 2 * 96 + 96 * 64  # qkv, out, gate+up, down
     attn = 7 * 2 * 16 * hd * 16 * (T // 16) * 4 * 0.5  # 2 fwd + 5 bwd products, causal half
     head = 6 * T * 64 * 100
     want = 3 * (6 * T * linear + attn) + head
     for recipe in ("bf16", "fp8-current", "nvfp4"):
-        assert pm.lm_step_gemms(cfg, T, recipe).flops == pytest.approx(want, rel=1e-12)
-    fp4 = pm.lm_step_gemms(cfg, T, "nvfp4", "paper").flops_by_format()
+        assert cost.lm_step_gemms(cfg, T, recipe).flops == pytest.approx(want, rel=1e-12)
+    fp4 = cost.lm_step_gemms(cfg, T, "nvfp4", "paper").flops_by_format()
     assert fp4["fp4"] == pytest.approx(2 * 6 * T * linear)  # the last block stays BF16
-    mlp = pm.lm_step_gemms(cfg, T, "nvfp4", "mlp", other_recipe="fp8-current").flops_by_format()
+    mlp = cost.lm_step_gemms(cfg, T, "nvfp4", "mlp", other_recipe="fp8-current").flops_by_format()
     assert mlp["fp4"] == pytest.approx(3 * 6 * T * (64 * 2 * 96 + 96 * 64))
     assert mlp["fp8"] == pytest.approx(3 * 6 * T * (64 * (4 + 2 * 2) * hd + 4 * hd * 64))
     # attention and head stay BF16 under every policy
@@ -72,26 +75,26 @@ def test_lm_flops_by_hand():
 def test_lm_attention_bytes_keep_scores_on_chip():
     """Fused (flash) attention never writes the [s, s] scores: each of the 7 products per block
     moves two [s, hd] BF16 tiles per (sequence, head), counted by hand here."""
-    cfg = pm.DecoderShape("t", hidden=64, n_layers=3, ffn=96, n_heads=4, n_kv_heads=2,
-                          vocab=100, seq_len=16, n_bf16_last_blocks=1)
+    cfg = cost.DecoderShape("t", hidden=64, n_layers=3, ffn=96, n_heads=4, n_kv_heads=2,
+                            vocab=100, seq_len=16, n_bf16_last_blocks=1)
     T, hd, s = 32, 16, 16
-    step = pm.lm_step_gemms(cfg, T, "bf16")
+    step = cost.lm_step_gemms(cfg, T, "bf16")
     attn = [g for g in step.gemms if g.role.startswith("attn.")]
     assert len(attn) == 7
     got = sum(g.launch_bytes * g.count for g in attn)
     assert got == 7 * 3 * (T // s) * 4 * (2 * s * hd * 2)
     # a plain GEMM still counts its operands and output
-    g = pm.Gemm(8, 4, 2, fmt="bf16")
+    g = cost.Gemm(8, 4, 2, fmt="bf16")
     assert g.launch_bytes == (8 * 4 + 4 * 2 + 8 * 2) * 2
-    assert pm.Gemm(8, 4, 2, batch=3, hbm_bytes=10.0).launch_bytes == 30.0
+    assert cost.Gemm(8, 4, 2, batch=3, hbm_bytes=10.0).launch_bytes == 30.0
 
 
 def test_llama_shapes():
-    c = pm.llama3_8b_config()
+    c = cost.llama3_8b_config()
     assert (c.hidden, c.n_layers, c.ffn, c.n_heads, c.n_kv_heads, c.vocab) == (
         4096, 32, 14336, 32, 8, 128256)
     assert 7.9e9 < c.params < 8.2e9  # Llama 3 8B: 8.03B parameters
-    c = pm.llama3_405b_config()
+    c = cost.llama3_405b_config()
     assert (c.hidden, c.n_layers, c.ffn, c.n_heads, c.n_kv_heads) == (16384, 126, 53248, 128, 8)
     assert 4.0e11 < c.params < 4.1e11
 
@@ -131,7 +134,7 @@ def test_interpolation_is_exact_at_measured_shapes(tmp_path, monkeypatch):
     recs = _gemm_records()
     results.write_records(recs, "gemm", "synthetic", root=tmp_path / "results")
     df = results.load_records("gemm")
-    table = pm.RateTable.from_records(df, H200)
+    table = measured.RateTable.from_records(df, H200)
     by_shape = {(r["recipe"], r["sizes"]["M"], r["sizes"]["K"], r["sizes"]["N"]): r["value"]
                 for r in recs}
     for (fmt, m, k, n), tflops in by_shape.items():
@@ -140,36 +143,37 @@ def test_interpolation_is_exact_at_measured_shapes(tmp_path, monkeypatch):
     # set by the tiny and the memory-bound shapes: the call overhead plus at most the latency).
     assert OVERHEAD_S - 1e-6 < table.overhead_s["bf16"] < OVERHEAD_S + 4e-6
     # At a measured shape the model's GEMM time is the measured time less that overhead.
-    cal = pm.Calibration(H200, pm.ModelParams(), table, True)
+    cal = cb.Calibration(H200, cb.ModelParams(), table, True)
     m, k, n = 65536, 4096, 4096
     t_meas = 2.0 * m * k * n / (by_shape[("bf16", m, k, n)] * 1e12)
-    assert pm.gemm_time(pm.Gemm(m, k, n), cal) == pytest.approx(
+    assert cb.gemm_time(cost.Gemm(m, k, n), cal) == pytest.approx(
         t_meas - table.overhead_s["bf16"], rel=1e-9)
     # Off the sweep: a rate between its measured neighbours (in flops), scaled by the factor.
-    lo = pm.gemm_time(pm.Gemm(65536, 1024, 1024), cal)
-    hi = pm.gemm_time(pm.Gemm(65536, 4096, 4096), cal)
-    mid = pm.Gemm(65536, 2048, 2048)
-    t_mid = pm.gemm_time(mid, cal)
+    lo = cb.gemm_time(cost.Gemm(65536, 1024, 1024), cal)
+    hi = cb.gemm_time(cost.Gemm(65536, 4096, 4096), cal)
+    mid = cost.Gemm(65536, 2048, 2048)
+    t_mid = cb.gemm_time(mid, cal)
     rate = mid.flops / t_mid
     assert 65536 * 1024 * 1024 * 2 / lo < rate < 65536 * 4096 * 4096 * 2 / hi
     half = dataclasses.replace(cal, params=dataclasses.replace(cal.params, offsweep_gemm_eff=0.5))
-    assert pm.gemm_time(mid, half) == pytest.approx(2 * t_mid, rel=1e-9)
-    assert pm.gemm_time(pm.Gemm(m, k, n), half) == pytest.approx(t_meas - table.overhead_s["bf16"])
+    assert cb.gemm_time(mid, half) == pytest.approx(2 * t_mid, rel=1e-9)
+    assert cb.gemm_time(cost.Gemm(m, k, n), half) == pytest.approx(
+        t_meas - table.overhead_s["bf16"])
 
 
-TRUE = pm.ModelParams(offsweep_gemm_eff=0.8, bw_eff=0.7, gap_us=12.0,
+TRUE = cb.ModelParams(offsweep_gemm_eff=0.8, bw_eff=0.7, gap_us=12.0,
                       step_floor_us=150.0)
 FIT_SHAPES = [(256, 64, 2), (1024, 128, 2), (65536, 256, 3), (65536, 1024, 3),
               (65536, 4096, 3), (16384, 4096, 4), (8192, 8192, 3), (4096, 1024, 2)]
 
 
 def _step_records(params, recipe_times=None, info=H200):
-    table = pm.RateTable.from_records(_frame(_gemm_records(info)), info)
-    cal = pm.Calibration(info, params, table, True)
+    table = measured.RateTable.from_records(_frame(_gemm_records(info)), info)
+    cal = cb.Calibration(info, params, table, True)
     recs = []
     for b, w, d in FIT_SHAPES:
         for recipe in ("bf16", "fp8-current", "fp8-delayed"):
-            t = pm.predict(pm.mlp_step_gemms(b, w, d, recipe, input_grad=False), cal)["total_s"]
+            t = cb.predict(cost.mlp_step_gemms(b, w, d, recipe, input_grad=False), cal)["total_s"]
             if recipe_times and recipe in recipe_times:
                 t = recipe_times[recipe]
             recs.append(results.make_record("mlp_step", "step_time_ms", t * 1e3, "ms",
@@ -180,12 +184,12 @@ def _step_records(params, recipe_times=None, info=H200):
 
 def test_calibration_recovers_known_parameters():
     df = _frame(_gemm_records() + _step_records(TRUE))
-    cal = pm.calibrate(df, "h200")
-    assert cal.calibrated and set(cal.fitted) == set(pm.ModelParams.FITTED)
-    for name in pm.ModelParams.FITTED:
+    cal = cb.calibrate(df, "h200")
+    assert cal.calibrated and set(cal.fitted) == set(cb.ModelParams.FITTED)
+    for name in cb.ModelParams.FITTED:
         assert getattr(cal.params, name) == pytest.approx(getattr(TRUE, name), rel=0.03), name
     # ... so the FP8 speedups it was never shown come out right.
-    val = pm.validate(df, cal)
+    val = cb.validate(df, cal)
     assert len(val) == 2 * len(FIT_SHAPES)
     assert val["error"].abs().max() < 0.01
 
@@ -194,31 +198,31 @@ def test_calibration_never_sees_fp8_step_times():
     honest = _frame(_gemm_records() + _step_records(TRUE))
     absurd = _frame(_gemm_records() + _step_records(TRUE, {"fp8-current": 9.0,
                                                            "fp8-delayed": 1e-6}))
-    a, b = pm.calibrate(honest, "h200"), pm.calibrate(absurd, "h200")
+    a, b = cb.calibrate(honest, "h200"), cb.calibrate(absurd, "h200")
     assert a.params == b.params
     # ...and validation does use them.
-    assert pm.validate(absurd, b)["error"].abs().min() > 0.5
+    assert cb.validate(absurd, b)["error"].abs().min() > 0.5
 
 
 # ------------------------------------------------------------------------------ projection
 
 
 def test_projection_uses_target_peaks():
-    cal = pm.calibrate(_frame(_gemm_records() + _step_records(TRUE)), "h200")
-    big = pm.Gemm(16384, 16384, 16384, fmt="fp8")
+    cal = cb.calibrate(_frame(_gemm_records() + _step_records(TRUE)), "h200")
+    big = cost.Gemm(16384, 16384, 16384, fmt="fp8")
     fp4 = dataclasses.replace(big, fmt="fp4")
-    for slug in pm.TARGETS:
+    for slug in pj.TARGETS:
         tgt = hw.lookup(slug)
-        ratio = pm.gemm_time(big, cal, tgt) / pm.gemm_time(fp4, cal, tgt)
+        ratio = cb.gemm_time(big, cal, tgt) / cb.gemm_time(fp4, cal, tgt)
         assert ratio == pytest.approx(tgt.peak_tflops["fp4"] / tgt.peak_tflops["fp8"], rel=1e-6)
         # The efficiency is the one measured on the H200 for that shape.
-        eff = big.flops / pm.gemm_time(big, cal, tgt) / (tgt.peak_tflops["fp8"] * 1e12)
-        h200_eff = big.flops / pm.gemm_time(big, cal) / (H200.peak_tflops["fp8"] * 1e12)
+        eff = big.flops / cb.gemm_time(big, cal, tgt) / (tgt.peak_tflops["fp8"] * 1e12)
+        h200_eff = big.flops / cb.gemm_time(big, cal) / (H200.peak_tflops["fp8"] * 1e12)
         assert eff == pytest.approx(h200_eff, rel=1e-6)
     with pytest.raises(ValueError, match="no fp4"):
-        pm.gemm_time(fp4, cal)  # Hopper has no FP4 tensor cores
-    proj = pm.project(cal)
-    assert set(proj["target"]) == {"h200", *pm.TARGETS}
+        cb.gemm_time(fp4, cal)  # Hopper has no FP4 tensor cores
+    proj = pj.project(cal)
+    assert set(proj["target"]) == {"h200", *pj.TARGETS}
     assert not ((proj["target"] == "h200") & (proj["recipe"] == "nvfp4")).any()
     big_lm = proj[(proj["model"] == "llama3-405b") & (proj["comparison"] == "nvfp4_vs_bf16")]
     assert (big_lm["speedup"] > 1.5).all()
@@ -226,52 +230,41 @@ def test_projection_uses_target_peaks():
     assert gb["gb300"] > gb["gb200"]  # 15 vs 10 PFLOP/s of FP4, same BF16
 
 
-def _check_no_fake_measurements(recs, calibrating):
-    assert recs
-    for r in recs:
-        assert r["emulated"] is False
-        assert r["experiment"] == "perfmodel"
-        assert r["hardware"] == calibrating
-        if r["metric"].startswith("projected_"):
-            assert r["extra"]["kind"] == "projection"
-            assert r["sizes"]["target"] in {calibrating, *pm.TARGETS}
-        else:
-            assert r["extra"]["kind"] in ("calibration", "fit", "validation")
-            assert "target" not in r["sizes"]
-    kinds = {r["extra"]["kind"] for r in recs}
-    assert "projection" in kinds
+def _check_labelled(proj, calibrating, mode, with_self=True):
+    """Every projection names the chip its efficiencies come from and the projected chip;
+    NVFP4 is never projected onto a chip without FP4 tensor cores."""
+    assert len(proj)
+    assert set(proj["hardware"]) == {calibrating} and set(proj["mode"]) == {mode}
+    assert set(proj["target"]) == ({calibrating} if with_self else set()) | set(pj.TARGETS)
+    no_fp4 = {s for s in proj["target"] if not hw.lookup(s).has_fp4}
+    assert not (proj["target"].isin(no_fp4) & (proj["recipe"] == "nvfp4")).any()
 
 
-def test_record_writes_labelled_projections(tmp_path):
-    import json
-
+def test_projections_are_labelled_and_carry_the_published_numbers():
     df = _frame(_gemm_records() + _step_records(TRUE))
-    paths = pm.record("smoke", tmp_path, measured=df)
-    assert [p.relative_to(tmp_path).as_posix() for p in paths] == ["h200/perfmodel/calibrated.json"]
-    recs = json.loads(paths[0].read_text())
-    _check_no_fake_measurements(recs, "h200")
-    metrics = {r["metric"] for r in recs}
-    assert {"predicted_speedup", "measured_speedup", "projected_speedup"} <= metrics
-    val = [r for r in recs if r["metric"] == "predicted_speedup"]
-    assert len(val) == 2 * len(FIT_SHAPES) and all("error" in r["extra"] for r in val)
-    # Unchanged inputs: nothing rewritten; force rewrites.
-    assert pm.record("smoke", tmp_path, measured=df) == []
-    assert len(pm.record("smoke", tmp_path, measured=df, force=True)) == 1
+    mode, cals = pj.calibrations(df)
+    assert mode == "calibrated" and [c.hardware.slug for c in cals] == ["h200"]
+    proj = pj.projections(mode, cals)
+    _check_labelled(proj, "h200", "calibrated")
+    assert proj["calibrated"].all()
+    # NVIDIA's posts: 1.59x vs BF16 (Llama 3 8B, B200/GB200), 1.73x vs FP8 (405B MLP GEMMs, GB300)
+    pub = proj.set_index(["model", "comparison", "target"])["published_speedup"]
+    assert pub[("llama3-8b", "nvfp4_vs_bf16", "gb200")] == 1.59
+    assert pub[("llama3-405b", "nvfp4_mlp_vs_fp8", "gb300")] == 1.73
+    assert pd.isna(pub[("llama3-8b", "nvfp4_vs_bf16", "gb300")])  # nothing published there
+    assert len(cb.validate(df, cals[0])) == 2 * len(FIT_SHAPES)
 
 
-def test_record_without_gpu_records_is_datasheet_only(tmp_path):
-    import json
-
-    paths = pm.record("smoke", tmp_path, measured=pd.DataFrame())
-    assert len(paths) == 1 and paths[0].name == "datasheet.json"
-    recs = json.loads(paths[0].read_text())
-    here = hw.detect().slug
-    _check_no_fake_measurements(recs, here)
-    assert all(r["extra"]["calibrated"] is False for r in recs)
-    assert not any(r["metric"] in ("predicted_speedup", "measured_speedup") for r in recs)
-    perf = results.load_records("perfmodel", roots=tmp_path)
-    v = pm.b2_verdict(perf)
+def test_without_gpu_records_the_projection_is_datasheet_only():
+    mode, cals = pj.calibrations(pd.DataFrame())
+    assert mode == "datasheet" and len(cals) == 1
+    assert not cals[0].calibrated and cals[0].rates is None
+    proj = pj.projections(mode, cals)
+    _check_labelled(proj, cals[0].hardware.slug, "datasheet", with_self=False)
+    assert not proj["calibrated"].any()
+    v = pj.b2_verdict(proj, validation=cb.validate(pd.DataFrame(), cals[0]))
     assert v["verdict"] == "projected" and "NOT validated" in v["note"]
+    assert v["hardware"].startswith("datasheet ->")
 
 
 def test_verdict_uses_blackwell_measurements_when_they_exist():
@@ -279,45 +272,69 @@ def test_verdict_uses_blackwell_measurements_when_they_exist():
     recs = [results.make_record("lm", "tokens_per_s", v, "tokens/s", recipe=r, hardware=gb,
                                 sizes={"model": "20m", "seed": s})
             for r, v in (("bf16", 100.0), ("nvfp4", 170.0)) for s in (0, 1)]
-    m = pm.measured_fp4_speedups(pd.DataFrame(recs))
+    m = pj.measured_fp4_speedups(pd.DataFrame(recs))
     assert m["speedup"].tolist() == [pytest.approx(1.7)]
-    v = pm.b2_verdict(pd.DataFrame(), m)
+    v = pj.b2_verdict(pd.DataFrame(), m)
     assert v["verdict"] == "reproduced" and "1.70x" in v["key_number"]
     # Emulated NVFP4 (any chip without FP4 tensor cores) never counts as a measurement.
     hop = [dict(r, hardware="h200", emulated=True) for r in recs]
-    assert pm.measured_fp4_speedups(pd.DataFrame(hop)).empty
+    assert pj.measured_fp4_speedups(pd.DataFrame(hop)).empty
 
 
-def test_record_with_gemm_rates_but_no_steps(tmp_path):
-    import json
+def test_gemm_rates_without_steps_are_not_a_calibration():
+    mode, cals = pj.calibrations(_frame(_gemm_records()))
+    assert mode == "rates_only" and [c.hardware.slug for c in cals] == ["h200"]
+    assert not cals[0].calibrated and cals[0].params == cb.ModelParams()
+    proj = pj.projections(mode, cals)
+    _check_labelled(proj, "h200", "rates_only")
+    assert not proj["calibrated"].any()
+    assert "no mlp_step records" in pj.b2_verdict(proj)["note"]
 
-    paths = pm.record("smoke", tmp_path, measured=_frame(_gemm_records()))
-    assert [p.name for p in paths] == ["rates_only.json"]
-    recs = json.loads(paths[0].read_text())
-    _check_no_fake_measurements(recs, "h200")
-    assert all(r["extra"]["calibrated"] is False and r["extra"]["mode"] == "rates_only"
-               for r in recs)
-    # A datasheet cell left over from an earlier run is not reported beside it.
-    pm.record("smoke", tmp_path, measured=pd.DataFrame())
-    perf = pm.select_cells(results.load_records("perfmodel", roots=tmp_path))
-    assert set(perf["extra"].map(lambda e: e["mode"])) == {"rates_only"}
-    assert "no mlp_step records" in pm.b2_verdict(perf)["note"]
+
+def test_projection_setup_from_params():
+    setup, targets = pj.projection_setup({"model_names": ["llama3-8b"], "targets": ["gb300"],
+                                          "models": {"llama3-8b": {"batch_tokens": 4096,
+                                                                   "shape": "ignored"}}})
+    assert list(setup) == ["llama3-8b"] and targets == ["gb300"]
+    assert setup["llama3-8b"]["batch_tokens"] == 4096
+    assert setup["llama3-8b"]["shape"] == cost.llama3_8b_config()
+    assert pj.projection_setup(None)[1] == ["b200", "gb200", "gb300"]
+
+
+def test_perfmodel_and_the_studies_do_not_import_each_other():
+    """The model reads the studies' records by experiment name, never their code."""
+    import ast
+    from pathlib import Path
+
+    root = Path(cost.__file__).parents[1]
+
+    def imports(path):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                yield node.module
+            elif isinstance(node, ast.Import):
+                yield from (a.name for a in node.names)
+
+    for f in (root / "perfmodel").glob("*.py"):
+        assert not [m for m in imports(f) if m.startswith("repro.studies")], f
+    assert not [m for m in imports(root / "studies" / "kernel_times.py")
+                if m.startswith("repro.perfmodel")]
 
 
 def test_program_step_takes_traffic_from_the_compiled_program():
-    step = pm.Step([pm.Gemm(4, 8, 2, fmt="bf16")], [pm.Traffic(1e9, "assumed", 7)])
+    step = cost.Step([cost.Gemm(4, 8, 2, fmt="bf16")], [cost.Traffic(1e9, "assumed", 7)])
     # hand-computed GEMM bytes: (4*8 + 8*2) * 2 bytes read + 4*2 * 2 bytes written = 112
-    out = pm.program_step(step, hlo_bytes=1112.0, hlo_kernels=5)
+    out = cost.program_step(step, hlo_bytes=1112.0, hlo_kernels=5)
     assert out.gemms == step.gemms
     assert [(t.bytes, t.passes) for t in out.traffic] == [(1000.0, 4)]
-    assert pm.program_step(step, None, 5) is step  # no facts: unchanged
-    assert pm.program_step(step, float("nan"), 5) is step
+    assert cost.program_step(step, None, 5) is step  # no facts: unchanged
+    assert cost.program_step(step, float("nan"), 5) is step
 
 
 def test_validation_uses_compiled_traffic_where_records_carry_it():
     df = _frame(_gemm_records() + _step_records(TRUE))
-    cal = pm.calibrate(df, "h200")
-    assert not pm.validate(df, cal).compiled_traffic.any()
+    cal = cb.calibrate(df, "h200")
+    assert not cb.validate(df, cal).compiled_traffic.any()
     # the same records, each program saying it moves 1 GB besides its GEMMs, in 40 launches
     heavy = df.copy()
     extra = []
@@ -325,21 +342,22 @@ def test_validation_uses_compiled_traffic_where_records_carry_it():
         e = dict(r["extra"] or {})
         if r["experiment"] == "mlp_step":
             s = r["sizes"]
-            gemms = pm._mlp_step(s["batch"], s["width"], s["depth"], r["recipe"]).gemms
+            gemms = cost.mlp_step_gemms(s["batch"], s["width"], s["depth"], r["recipe"],
+                                        input_grad=False).gemms
             e.update(hlo_bytes_accessed=sum(g.launch_bytes * g.count for g in gemms) + 1e9,
                      hlo_kernels=40 + sum(g.count for g in gemms))
         extra.append(e)
     heavy["extra"] = extra
     bw = H200.memory_bandwidth_tbs * 1e12
     # the gap is charged per GEMM launch (default) or per launch of any kernel, 40 of them
-    for c, extra_launches in ((cal, 0), (pm.calibrate(df, "h200", gap_per="kernel"), 40)):
-        v = pm.validate(heavy, c)
+    for c, extra_launches in ((cal, 0), (cb.calibrate(df, "h200", gap_per="kernel"), 40)):
+        v = cb.validate(heavy, c)
         assert len(v) and v.compiled_traffic.all()
         p = c.params
         for r in v.itertuples():
-            gemms = pm.mlp_step_gemms(r.batch, r.width, r.depth, r.recipe,
-                                      input_grad=False).gemms
-            device = (sum(pm.gemm_time(g, c) for g in gemms) + 1e9 / (bw * p.bw_eff)
+            gemms = cost.mlp_step_gemms(r.batch, r.width, r.depth, r.recipe,
+                                        input_grad=False).gemms
+            device = (sum(cb.gemm_time(g, c) for g in gemms) + 1e9 / (bw * p.bw_eff)
                       + (extra_launches + sum(g.count for g in gemms)) * p.gap_us * 1e-6)
             expect_ms = max(device, p.step_floor_us * 1e-6) * 1e3
             assert r.predicted_ms == pytest.approx(expect_ms, rel=1e-9)
@@ -349,26 +367,26 @@ def test_gap_term_counts_gemm_launches_or_every_kernel():
     """Two steps with the same two GEMMs (3 launches), one with 2 elementwise passes, one with
     20 (an FP8 step's extra scale and amax kernels): per GEMM launch their gaps are equal,
     3 x 10 us; per kernel 5 x 10 and 23 x 10 us. An unknown choice fails with the valid ones."""
-    gemms = [pm.Gemm(1024, 1024, 1024, 2), pm.Gemm(1024, 1024, 1024, 1)]
-    few = pm.Step(list(gemms), [pm.Traffic(1e6, "x", 2)])
-    many = pm.Step(list(gemms), [pm.Traffic(1e6, "x", 20)])
+    gemms = [cost.Gemm(1024, 1024, 1024, 2), cost.Gemm(1024, 1024, 1024, 1)]
+    few = cost.Step(list(gemms), [cost.Traffic(1e6, "x", 2)])
+    many = cost.Step(list(gemms), [cost.Traffic(1e6, "x", 20)])
     for per, want in (("gemm", (30e-6, 30e-6)), ("kernel", (50e-6, 230e-6))):
-        cal = pm.datasheet_calibration("h200", pm.ModelParams(gap_us=10.0, gap_per=per))
-        got = (pm.predict(few, cal)["gap_s"], pm.predict(many, cal)["gap_s"])
+        cal = cb.datasheet_calibration("h200", cb.ModelParams(gap_us=10.0, gap_per=per))
+        got = (cb.predict(few, cal)["gap_s"], cb.predict(many, cal)["gap_s"])
         assert got == (pytest.approx(want[0]), pytest.approx(want[1]))
-    bad = pm.datasheet_calibration("h200", pm.ModelParams(gap_per="pass"))
+    bad = cb.datasheet_calibration("h200", cb.ModelParams(gap_per="pass"))
     with pytest.raises(ValueError, match="gemm"):
-        pm.predict(few, bad)
+        cb.predict(few, bad)
     with pytest.raises(ValueError, match="gemm"):
-        pm.calibrate(None, "h200", gap_per="pass")
+        cb.calibrate(None, "h200", gap_per="pass")
 
 
 # --------------------------------------------------------------------- LM step validation
 
 # The LM presets of repro.models.lm, written out by hand (hidden, layers, ffn, heads, kv heads,
 # vocab, seq_len, BF16 last blocks), so the test does not take them from the code under test.
-LM_20M = pm.DecoderShape("lm-20m", 512, 6, 1408, 8, 8, 256, 512, 1)
-LM_120M = pm.DecoderShape("lm-120m", 768, 17, 2048, 12, 12, 256, 1024, 1)
+LM_20M = cost.DecoderShape("lm-20m", 512, 6, 1408, 8, 8, 256, 512, 1)
+LM_120M = cost.DecoderShape("lm-120m", 768, 17, 2048, 12, 12, 256, 1024, 1)
 # hand-chosen step times (ms): {model: (batch, seq_len, {recipe: ms})}
 LM_TIMES = {"20m": (64, 512, {"bf16": 100.0, "fp8-current": 80.0, "fp8-delayed": 90.0,
                               "nvfp4": 500.0, "mxfp8": 400.0}),
@@ -397,8 +415,8 @@ def _lm_step_records(times=LM_TIMES, info=H200):
 
 def test_validation_has_lm_rows_with_the_measured_ratio():
     df = _frame(_gemm_records() + _step_records(TRUE) + _lm_step_records())
-    cal = pm.calibrate(df, "h200")
-    val = pm.validate(df, cal)
+    cal = cb.calibrate(df, "h200")
+    val = cb.validate(df, cal)
     assert len(val[val["workload"] == "mlp"]) == 2 * len(FIT_SHAPES)
     lm = val[val["workload"] == "lm"].set_index(["model", "recipe"])
     assert sorted(lm.index) == [("120m", "fp8-current"), ("120m", "fp8-delayed"),
@@ -411,8 +429,8 @@ def test_validation_has_lm_rows_with_the_measured_ratio():
     # predicted: the decoder step of that preset at batch x seq_len tokens
     for (model, recipe), r in lm.iterrows():
         shape, (batch, seq, _) = {"20m": LM_20M, "120m": LM_120M}[model], LM_TIMES[model]
-        pb = pm.predict(pm.lm_step_gemms(shape, batch * seq, "bf16"), cal)["total_s"] * 1e3
-        pq = pm.predict(pm.lm_step_gemms(shape, batch * seq, recipe), cal)["total_s"] * 1e3
+        pb = cb.predict(cost.lm_step_gemms(shape, batch * seq, "bf16"), cal)["total_s"] * 1e3
+        pq = cb.predict(cost.lm_step_gemms(shape, batch * seq, recipe), cal)["total_s"] * 1e3
         assert r["bf16_predicted_ms"] == pytest.approx(pb, rel=1e-9)
         assert r["predicted_ms"] == pytest.approx(pq, rel=1e-9)
         assert r["predicted_speedup"] == pytest.approx(pb / pq, rel=1e-9)
@@ -422,14 +440,14 @@ def test_validation_has_lm_rows_with_the_measured_ratio():
 
 def test_calibration_uses_lm_bf16_steps_but_never_lm_fp8_ones():
     base = _gemm_records() + _step_records(TRUE)
-    a = pm.calibrate(_frame(base + _lm_step_records()), "h200")
+    a = cb.calibrate(_frame(base + _lm_step_records()), "h200")
     absurd = {m: (b, s, {r: (t if r == "bf16" else {"fp8-current": 1e4}.get(r, 1e-3))
                          for r, t in ts.items()}) for m, (b, s, ts) in LM_TIMES.items()}
-    b = pm.calibrate(_frame(base + _lm_step_records(absurd)), "h200")
+    b = cb.calibrate(_frame(base + _lm_step_records(absurd)), "h200")
     assert a.params == b.params
     # the BF16 LM steps are fitted: a different BF16 time moves the fit
     slower = {m: (bs, s, {**ts, "bf16": 3 * ts["bf16"]}) for m, (bs, s, ts) in LM_TIMES.items()}
-    c = pm.calibrate(_frame(base + _lm_step_records(slower)), "h200")
+    c = cb.calibrate(_frame(base + _lm_step_records(slower)), "h200")
     assert c.params != a.params
     fit = a.fit.set_index(["workload", "model"])
     # one BF16 step time per LM cell (tokens_per_s records are not step times)
@@ -437,11 +455,11 @@ def test_calibration_uses_lm_bf16_steps_but_never_lm_fp8_ones():
     assert len(a.fit) == len(FIT_SHAPES) + 3 and (a.fit["recipe"] == "bf16").all()
 
 
-def test_record_and_verdict_count_lm_rows(tmp_path):
+def test_validation_table_and_verdict_count_lm_rows():
     df = _frame(_gemm_records() + _step_records(TRUE) + _lm_step_records())
-    pm.record("smoke", tmp_path, measured=df)
-    perf = pm.select_cells(results.load_records("perfmodel", roots=tmp_path))
-    table = pm.validation_table(perf)
+    mode, cals = pj.calibrations(df)
+    val = cb.validate(df, cals[0])
+    table = cb.validation_table(val)
     lm = table[table["workload"] == "lm"].set_index(["shape", "recipe"])
     assert len(lm) == 4 and len(table) == 2 * len(FIT_SHAPES) + 4
     assert lm.loc[("lm-20m b64", "fp8-current"), "measured"] == pytest.approx(1.25)
@@ -450,7 +468,7 @@ def test_record_and_verdict_count_lm_rows(tmp_path):
         pytest.approx(200.0 - 300.0)
     mlp = table[table["workload"] == "mlp"]
     assert set(mlp["shape"]) == {f"{b}x{w}x{d}" for b, w, d in FIT_SHAPES}
-    note = pm.b2_verdict(perf)["note"]
+    note = pj.b2_verdict(pj.projections(mode, cals), validation=val)["note"]
     assert f"/{2 * len(FIT_SHAPES) + 4} measured shapes ({2 * len(FIT_SHAPES)} MLP, 4 LM" in note
 
 
@@ -462,7 +480,7 @@ def test_bf16_and_fp16_samples_of_a_shape_are_pooled_to_the_faster():
     df = _frame([rec("bf16", 65536, 2048, 2048, 476.0), rec("fp16", 65536, 2048, 2048, 586.0),
                  rec("bf16", 8192, 8192, 8192, 700.0), rec("fp16", 8192, 8192, 8192, 650.0),
                  rec("bf16", 4096, 1024, 1024, 300.0), rec("fp8", 65536, 2048, 2048, 900.0)])
-    table = pm.RateTable.from_records(df, H200)
+    table = measured.RateTable.from_records(df, H200)
     for fmt in ("bf16", "fp16"):
         assert table.measured_rate(65536, 2048, 2048, fmt, H200) == pytest.approx(586.0)
         assert table.measured_rate(8192, 8192, 8192, fmt, H200) == pytest.approx(700.0)
@@ -485,7 +503,7 @@ def test_gap_measured_from_bf16_traces_is_not_fitted():
         sizes = {"workload": "mlp", "batch": b, "width": w, "depth": d}
         for metric, value in (("kernel_ms_per_step", step_ms[(b, w, d)] - gap_ms),
                               ("kernels_per_step", kernels)):
-            traces.append(results.make_record(pm.KERNEL_TIMES, metric, value, "ms",
+            traces.append(results.make_record(measured.KERNEL_TIMES, metric, value, "ms",
                                               recipe=recipe, sizes=sizes, hardware=H200,
                                               emulated=emulated))
 
@@ -495,22 +513,20 @@ def test_gap_measured_from_bf16_traces_is_not_fitted():
     trace(4096, 1024, 2, "fp8-delayed", 5.0, 10)  # validation side: ignored
     trace(1024, 128, 2, "bf16", 0.9, 10, emulated=True)  # ignored
     df = _frame(_gemm_records() + steps + traces)
-    lat = pm.traced_gaps(df, "h200", per="kernel").sort_values("width")
+    lat = cb.traced_gaps(df, "h200", per="kernel").sort_values("width")
     assert lat["gap_us"].tolist() == pytest.approx([4.0, 3.0, 5.0])
-    lat = pm.traced_gaps(df, "h200").sort_values("width")
+    lat = cb.traced_gaps(df, "h200").sort_values("width")
     assert lat["launches"].tolist() == [8, 8, 8]
     assert lat["gap_us"].tolist() == pytest.approx([25.0, 37.5, 62.5])
     for per, median in (("kernel", 4.0), ("gemm", 37.5)):
-        cal = pm.calibrate(df, "h200", gap_per=per)
+        cal = cb.calibrate(df, "h200", gap_per=per)
         assert cal.params.gap_us == pytest.approx(median) and cal.params.gap_per == per
         assert "gap_us" not in cal.fitted and len(cal.fitted) == 3
-    recs = pm._records_for(cal, pm.validate(df, cal), pd.DataFrame(), "full", "x")
-    src = {r["sizes"]["parameter"]: (r["extra"]["source"], r["unit"]) for r in recs
-           if r["metric"] == "model_parameter"}
+    src = {r.parameter: (r.source, r.unit) for r in cb.parameter_table(cal).itertuples()}
     assert src["gap_us"][0].startswith("kernel traces (3") and src["gap_us"][1] == "us"
     assert src["bw_eff"] == ("fit", "1") and "gap_per" not in src
     # without traces it is fitted, as before
-    assert "gap_us" in pm.calibrate(_frame(_gemm_records() + steps), "h200").fitted
+    assert "gap_us" in cb.calibrate(_frame(_gemm_records() + steps), "h200").fitted
 
 
 def test_traced_gemm_device_time_replaces_the_sweep_estimate():
@@ -519,28 +535,28 @@ def test_traced_gemm_device_time_replaces_the_sweep_estimate():
     chips are ignored. Hand values: 20 us traced at 65536x256x256 (its roofline on the H200
     is ~14 us: the bytes)."""
     def rec(value_ms, fmt="bf16", workload="gemm", emulated=False, info=H200):
-        return results.make_record(pm.KERNEL_TIMES, "gemm_ms_per_step", value_ms, "ms",
+        return results.make_record(measured.KERNEL_TIMES, "gemm_ms_per_step", value_ms, "ms",
                                    recipe=fmt, hardware=info, emulated=emulated,
                                    sizes={"workload": workload, "M": 65536, "K": 256, "N": 256})
 
     base = _gemm_records()
-    plain = pm.RateTable.from_records(_frame(base), H200)
-    g, other = pm.Gemm(65536, 256, 256), pm.Gemm(65536, 4096, 4096)
+    plain = measured.RateTable.from_records(_frame(base), H200)
+    g, other = cost.Gemm(65536, 256, 256), cost.Gemm(65536, 4096, 4096)
     t_plain, exact = plain.measured_time(g, H200)
     assert exact and t_plain == pytest.approx(max(_true_time(65536, 256, 256, "bf16")
                                                   - plain.overhead_s["bf16"],
-                                                  pm._roofline_s(g, H200)))
+                                                  measured.roofline_s(g, H200)))
     noise = [rec(0.5, workload="mlp"), rec(0.001, emulated=True),
              rec(0.001, info=hw.lookup("b200"))]
-    assert pm.RateTable.from_records(_frame(base + noise), H200).measured_time(
+    assert measured.RateTable.from_records(_frame(base + noise), H200).measured_time(
         g, H200) == (t_plain, True)
-    table = pm.RateTable.from_records(_frame(base + noise + [rec(0.020), rec(0.030)]), H200)
+    table = measured.RateTable.from_records(_frame(base + noise + [rec(0.020), rec(0.030)]), H200)
     assert table.traced == {"bf16": {(65536, 256, 256): pytest.approx(25e-6)}}  # the median
     assert table.measured_time(g, H200) == (pytest.approx(25e-6), True)
     assert table.overhead_s == plain.overhead_s
     assert table.measured_time(other, H200) == plain.measured_time(other, H200)
-    assert table.measured_time(pm.Gemm(65536, 256, 256, fmt="fp8"), H200, "fp8") == \
-        plain.measured_time(pm.Gemm(65536, 256, 256, fmt="fp8"), H200, "fp8")
+    assert table.measured_time(cost.Gemm(65536, 256, 256, fmt="fp8"), H200, "fp8") == \
+        plain.measured_time(cost.Gemm(65536, 256, 256, fmt="fp8"), H200, "fp8")
 
 
 def test_component_table_sets_traced_parts_beside_predicted_ones():
@@ -555,7 +571,7 @@ def test_component_table_sets_traced_parts_beside_predicted_ones():
 
     def trace(w, recipe, metrics, emulated=False, batch=65536):
         sizes = {"workload": "mlp", "batch": batch, "width": w, "depth": 3}
-        traces.extend(results.make_record(pm.KERNEL_TIMES, k, v, "ms", recipe=recipe,
+        traces.extend(results.make_record(measured.KERNEL_TIMES, k, v, "ms", recipe=recipe,
                                           sizes=sizes, hardware=H200, emulated=emulated)
                       for k, v in metrics.items())
 
@@ -567,8 +583,8 @@ def test_component_table_sets_traced_parts_beside_predicted_ones():
     trace(512, "bf16", {"kernel_ms_per_step": 0.2, "kernels_per_step": 10})  # no step time
     trace(1024, "bf16", {"kernel_ms_per_step": 0.2, "kernels_per_step": 10}, emulated=True)
     df = _frame(_gemm_records() + steps + traces)
-    cal = pm.calibrate(df, "h200")
-    t = pm.component_table(df, cal).set_index(["shape", "recipe"])
+    cal = cb.calibrate(df, "h200")
+    t = cb.component_table(df, cal).set_index(["shape", "recipe"])
     assert sorted(t.index) == [("65536x256x3", "bf16"), ("65536x4096x3", "fp8-delayed")]
     b = t.loc[("65536x256x3", "bf16")]
     assert (b.gemm_traced, b.other_traced) == (pytest.approx(0.15), pytest.approx(0.15))
@@ -581,4 +597,4 @@ def test_component_table_sets_traced_parts_beside_predicted_ones():
     for r in (b, f):
         assert r.gemm_pred + r.other_pred + r.gaps_pred == pytest.approx(
             r.measured_ms, rel=0.05)  # hand-made steps are TRUE's predictions, TRUE refitted
-    assert pm.component_table(_frame(_gemm_records() + steps), cal).empty
+    assert cb.component_table(_frame(_gemm_records() + steps), cal).empty
