@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 
 from repro import results
+from repro.config import ConfigError, Section, positive, recipe_names
 from repro.precision import resolve
-from repro.config import ConfigError
+from repro.studies.runner import Cell, Study
 from repro.studies.timing import (
     compiled_facts,
     quartiles,
@@ -91,32 +91,23 @@ def _batches(batch, size: str) -> list[int]:
     return [int(b) for b in values]
 
 
-def cells(p: dict[str, Any]) -> tuple[list[tuple[str, int]], list[str]]:
-    """The (size, batch) cells of one profile's params, in order, and the recipes; a one-line
-    ConfigError for an unknown size or recipe or a bad batch size."""
-    recipes = check_recipes(p.get("recipes"))
-    sizes = p.get("sizes")
-    if isinstance(sizes, str) or not sizes:
-        raise ConfigError(f"{EXPERIMENT}: sizes must be a non-empty list, got {sizes!r}")
-    out = []
-    for size in sizes:
-        check_size(size)
-        out += [(size, b) for b in _batches(p.get("batch"), size)]
-    return out, recipes
+def batches_of(p: "Params", size: str) -> list[int]:
+    """The batch sizes of model ``size``: ``batch`` is an int, a list, or size -> either."""
+    return _batches(p.batch, size)
 
 
-def plan(p: dict[str, Any]) -> tuple[list[tuple[str, int]], list[str]]:
-    """:func:`cells`, and the checks of ``repro.models.lm_data.preflight`` (corpus, NVFP4 tiling of
-    batch x seq_len, the memory estimate against this device) for every cell and recipe: all
-    before anything is compiled."""
-    from repro.models import lm as M
+def check(p: "Params") -> None:
+    """Every size a preset, every batch positive, and the checks of
+    ``repro.models.lm_data.preflight`` (corpus, NVFP4 tiling of batch x seq_len, the memory
+    estimate against this device) for every cell and recipe: all before anything compiles."""
     from repro.models import lm_data as D
 
-    out, recipes = cells(p)
-    for size, b in out:
-        for r in recipes:
-            D.preflight(M.PRESETS[size], b, recipe=resolve(r))
-    return out, recipes
+    recipes = check_recipes(list(p.recipes))
+    for size in p.sizes:
+        cfg = check_size(size)
+        for b in batches_of(p, size):
+            for r in recipes:
+                D.preflight(cfg, b, recipe=resolve(r))
 
 
 def cell_name(size: str, batch: int) -> str:
@@ -219,25 +210,28 @@ def bench_cell(size: str, batch: int, recipes: list[str], repeats: int,
     return records
 
 
-def record(profile: str, root: Path | None = None, force: bool = False) -> list[Path]:
-    """Run the ``lm_step`` study of ``params.yaml`` for ``profile``, one cell per (size,
-    batch), in params order; finished cells are skipped unless ``force``."""
-    from tqdm import tqdm  # not tqdm.auto: that wants ipywidgets inside notebooks
+@dataclass(frozen=True, kw_only=True)
+class Params(Section):
+    """``params.yaml``'s ``lm_step`` section: one cell per (model size, batch), in order."""
 
-    from repro import config
+    sizes: tuple[str, ...]
+    batch: int | tuple[int, ...] | dict[str, int | tuple[int, ...]]
+    recipes: tuple[str, ...] = recipe_names()
+    repeats: int = positive(10)
+    steps_per_sample: int = positive(5)
 
-    p = config.stage_params(EXPERIMENT, profile)
-    todo, recipes = plan(p)
-    root = Path(root) if root is not None else results.record_root(p["profile"])
-    repeats = int(p.get("repeats", 10))
-    steps_per_sample = int(p.get("steps_per_sample", 5))
-    written = []
-    for size, batch in (bar := tqdm(todo, desc=EXPERIMENT, unit="cell")):
-        cell = cell_name(size, batch)
-        if not force and results.have_cell(EXPERIMENT, cell, root=root):
-            continue
-        bar.set_postfix(cell=cell)
-        recs = bench_cell(size, batch, recipes, repeats, steps_per_sample,
-                          profile=p["profile"])
-        written.append(results.write_records(recs, EXPERIMENT, cell, root=root))
-    return written
+
+def cells(p: Params) -> list[Cell]:
+    """One cell per (size, batch), in params order; every recipe timed in each."""
+    recipes = list(dict.fromkeys(p.recipes))
+
+    def one(size, batch):
+        return lambda _budget: bench_cell(size, batch, recipes, p.repeats, p.steps_per_sample,
+                                          profile=p.profile)
+
+    return [Cell(cell_name(size, b), one(size, b)) for size in p.sizes
+            for b in batches_of(p, size)]
+
+
+STUDY = Study(EXPERIMENT, CLAIMS, cells, check, about="the decoder LM's train step per recipe",
+              params=Params)
