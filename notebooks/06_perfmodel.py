@@ -46,6 +46,7 @@
 
 # %% tags=["parameters"]
 profile = "smoke"
+scratch = "build/results"  # smoke records (`repro notebook` gives each notebook a fresh folder)
 
 # %%
 from pathlib import Path
@@ -62,6 +63,7 @@ from repro import perfmodel, results
 from repro.config import resolve_profile
 
 profile = resolve_profile(profile)
+results.use_scratch(scratch)
 root = results.record_root(profile)
 written = perfmodel.record(profile, root)
 perf = perfmodel.select_cells(results.load_records("perfmodel", roots=root))

@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
 import sys
-import textwrap
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -213,15 +211,7 @@ def cmd_trace(args) -> int:
     from repro.studies import runner
 
     profile = _profile(args.profile or "full")
-    shapes = K.MLP_GEMMS
-    if args.shapes:
-        try:
-            shapes = tuple(tuple(int(v) for v in x.lower().split("x")) for x in
-                           args.shapes.split(","))
-            assert shapes and all(len(t) == 3 for t in shapes)
-        except (ValueError, AssertionError):
-            raise UsageError(f"--shapes: expected MxKxN[,MxKxN...], got {args.shapes!r}") \
-                from None
+    shapes = K.parse_shapes(args.shapes) if args.shapes else K.MLP_GEMMS
     p = K.Params(profile=profile, workload=args.workload, steps=args.steps, shapes=shapes,
                  recipes=tuple(_split(args.recipes) or K.default_recipes(args.workload)),
                  width=args.width, depth=args.depth, num_envs=args.num_envs, batch=args.batch,
@@ -277,50 +267,6 @@ def _parse_params(pairs: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def cmd_recipes(args) -> int:
-    """The precision registry, one row per entry."""
-    from repro.precision.recipes import REGISTRY
-
-    cols = ("name", "family", "gemm", "scaling", "backend", "scope", "storage")
-    rows = [(r.name, r.family, r.gemm, r.scaling, r.backend, r.scope, r.master_weights, r.about)
-            for r in REGISTRY.values()]
-    widths = [max(len(c), *(len(str(row[i])) for row in rows)) for i, c in enumerate(cols)]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)) + "  about")
-    for row in rows:
-        print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)) + f"  {row[-1]}")
-    return 0
-
-
-def format_ledger(rows: list[dict[str, Any]], width: int | None = None) -> str:
-    """The ledger for a terminal: one block per claim (verdict, hardware, key number, record)."""
-    from collections import Counter
-
-    from repro.claims.ledger import VERDICTS
-
-    width = width or min(shutil.get_terminal_size((100, 24)).columns, 120)
-    counts = Counter(r["verdict"] for r in rows)
-    head = ", ".join(f"{counts[v]} {v}" for v in VERDICTS if counts[v])
-    out = [f"claims ledger: {len(rows)} claims ({head})", ""]
-    vw = max(len(v) for v in VERDICTS)
-
-    def wrap(label: str, text: str) -> list[str]:
-        return textwrap.wrap(f"{label}{text}", width=width, initial_indent="     ",
-                             subsequent_indent="       ")
-
-    for r in rows:
-        hw = f"  on {r['hardware']}" if r["hardware"] else ""
-        emu = "  (emulated)" if r.get("emulated") else ""
-        out.append(f"{r['claim']:<4} {r['verdict']:<{vw}}{hw}{emu}")
-        out += wrap("", r["statement"])
-        if r["key_number"]:
-            out += wrap("key number: ", r["key_number"])
-        if r["source"]:
-            out += wrap("record: ", r["source"])
-        out += wrap("notebook: ", f"notebooks/{r['notebook']}.py" if r["notebook"]
-                    else "none (not tested in this repository)")
-    return "\n".join(out)
-
-
 def cmd_claims(args) -> int:
     import json
 
@@ -340,7 +286,9 @@ def cmd_claims(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
-        print(claims.markdown_table(rows) if args.markdown else format_ledger(rows))
+        from repro import tables
+
+        print(claims.markdown_table(rows) if args.markdown else tables.ledger(rows))
     return 0
 
 
@@ -357,23 +305,16 @@ def cmd_site(args) -> int:
 
 
 def cmd_hardware(args) -> int:
-    from repro import hardware
+    from repro import tables
 
-    info = hardware.detect()
-    print(f"detected: {info.slug} ({info.name}), backend {info.backend}, compute capability "
-          f"{info.compute_capability or '-'}, native FP8 {'yes' if info.has_fp8 else 'no'}, "
-          f"native FP4 {'yes' if info.has_fp4 else 'no'}")
-    kinds = ["fp4", "fp8", "bf16", "fp16", "tf32", "fp32"]
-    print("\nregistry (repro/data/hardware.yaml): datasheet dense TFLOP/s, TB/s")
-    print(f"{'slug':<10} {'cc':>5} " + " ".join(f"{k:>7}" for k in kinds) + f" {'TB/s':>6}  name")
-    for slug in hardware.registry():
-        e = hardware.lookup(slug)
+    print(tables.hardware())
+    return 0
 
-        def fmt(v):
-            return "-" if v is None else f"{v:g}"
-        print(f"{slug:<10} {e.compute_capability or '-':>5} "
-              + " ".join(f"{fmt(e.peak_tflops.get(k)):>7}" for k in kinds)
-              + f" {fmt(e.memory_bandwidth_tbs):>6}  {e.name}")
+
+def cmd_recipes(args) -> int:
+    from repro import tables
+
+    print(tables.recipes())
     return 0
 
 

@@ -160,6 +160,17 @@ class Params(Section):
     size: str = "20m"
 
 
+def parse_shapes(text: str) -> tuple[tuple[int, int, int], ...]:
+    """``"MxKxN,MxKxN"`` -> shapes; a one-line ``ValueError`` for anything else."""
+    try:
+        shapes = tuple(tuple(int(v) for v in x.lower().split("x")) for x in text.split(","))
+        if shapes and all(len(t) == 3 for t in shapes):
+            return shapes
+    except ValueError:
+        pass
+    raise ValueError(f"--shapes: expected MxKxN[,MxKxN...], got {text!r}")
+
+
 def default_recipes(workload: str) -> tuple[str, ...]:
     return ("bf16", "fp8") if workload == "gemm" else ("bf16", "fp8-delayed")
 

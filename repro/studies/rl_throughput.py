@@ -132,8 +132,8 @@ class Params(Section):
 
 def throughput_config(network: str, width: int, recipe: str, num_envs: int,
                       p: Params) -> ppo.PPOConfig:
-    """The PPO configuration a throughput cell times (``recipe``: a recipe or RL variant name,
-    :func:`throughput_variant`)."""
+    """The PPO configuration a throughput cell times (``recipe``: a registry name, an RL
+    variant such as ``fp8-all-layers`` included)."""
     return ppo.validate(dict(
         recipe=recipe, env=p.networks[network], network=network, width=width, depth=p.depth,
         num_envs=num_envs, num_steps=p.num_steps,
