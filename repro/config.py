@@ -185,7 +185,9 @@ def _build(schema: type, values: dict, path: str, where: dict[str, str] | None =
 
 
 def _type_name(tp) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+    if typing.get_args(tp):
+        return str(tp).replace("typing.", "")
+    return getattr(tp, "__name__", str(tp))
 
 
 def _convert(v: Any, tp: Any, at: str) -> Any:
