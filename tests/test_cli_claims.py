@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from repro import cli, hardware, results
+from repro import cli, results
 from repro.claims import ledger as claims
 
 ROOT = Path(__file__).resolve().parent.parent

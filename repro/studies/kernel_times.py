@@ -6,10 +6,10 @@
     repro trace ppo --width 4096 --recipes bf16,fp8-delayed     # the PPO update
 
 The step is built and compiled exactly as the ``mlp_step`` / ``lm_step`` benchmarks do it
-(``repro.studies.mlp_step._setup`` and ``_compile``, ``repro.studies.lm_step.compile_step``; ``ppo``: the update
-step of an ``rl_throughput`` MLP cell, ``repro.studies.rl_throughput.update_program``), run once to warm
-up, and then ``steps`` steps run under JAX's profiler (CUPTI on a GPU). The Perfetto trace's
-kernel events on the device's streams are classed by name (:func:`kernel_class`: gemm,
+(``repro.studies.mlp_step._setup`` and ``_compile``, ``repro.studies.lm_step.compile_step``;
+``ppo``: the update step of an ``rl_throughput`` MLP cell,
+``repro.studies.rl_throughput.update_program``), run once to warm up, and then ``steps``
+steps run under JAX's profiler (CUPTI on a GPU). The Perfetto trace's kernel events on the device's streams are classed by name (:func:`kernel_class`: gemm,
 attention, collective, memory, other) and summed. Per recipe, records under
 ``results/<hardware>/kernel_times/<cell>.json``: ``<class>_ms_per_step`` for every class,
 ``kernel_ms_per_step`` (their sum: device busy time, streams added up), ``kernels_per_step``
@@ -109,7 +109,7 @@ def profile_cell(workload: str, recipes: list[str], steps: int, sizes: dict[str,
     """Records of one shape, one recipe after the other; [] where the trace has no kernels.
 
     ``make_runner(recipe)`` gives ``(run, facts)``: one training step and the compiled
-    program's facts (``repro.studies.gemm.compiled_facts``), whose FP8 lowering says whether the
+    program's facts (``repro.studies.timing.compiled_facts``), whose FP8 lowering says whether the
     recipe ran emulated (then the kernels are those of the emulation, and records say so);
     facts with an ``emulated`` key (the GEMM workload's dtypes) say it themselves."""
     from repro.studies.timing import recipe_emulated

@@ -1,14 +1,14 @@
 """The decoder LM's whole training step (forward, backward, AdamW on FP32 master weights),
 timed per precision recipe in the same process, interleaved, on the same device.
 
-The step is ``repro.models.lm_train``'s own (``train._functions``: the function ``train.train`` runs),
-on a fixed batch of the shipped corpus. A cell is one (model size, batch): all its recipes are
+The step is ``repro.models.lm_train``'s own (``_functions``: the function ``train`` runs), on
+a fixed batch of the shipped corpus. A cell is one (model size, batch): all its recipes are
 compiled one at a time, then timed together in rounds (recipe A, B, C, A, B, C, ...) exactly
-as ``repro.studies.mlp_step`` times the MLP step (:func:`repro.studies.gemm.time_interleaved`), so a speedup
-is always a ratio of two timings from the same run. Each recipe's records carry the compiled
-program's facts (``repro.studies.gemm.compiled_facts``: XLA's bytes accessed, flops and launching
-ops) for the step-time model (``repro.perfmodel.validate``, claim B2). Recipes without tensor
-cores on this device (NVFP4 and MXFP8 off Blackwell, FP8 on a CPU) are timed and stamped
+as ``repro.studies.mlp_step`` times the MLP step (``repro.studies.timing.time_interleaved``),
+so a speedup is always a ratio of two timings from the same run. Each recipe's records carry
+the compiled program's facts (``repro.studies.timing.compiled_facts``: XLA's bytes accessed,
+flops and launching ops) for the step-time model (``repro.perfmodel.validate``, claim B2).
+Recipes without tensor cores on this device (NVFP4 and MXFP8 off Blackwell, FP8 on a CPU) are timed and stamped
 ``emulated=True``: their speed is that of the emulation, never evidence.
 
     repro record lm_step --profile smoke     # tiny model, CPU, seconds (build/results/)
@@ -134,7 +134,7 @@ def compile_step(cfg, recipe: str, x, y, tag: str = ""):
     ``train.train``'s own step function compiled (only the batch size of its static config
     matters to the compiled shapes; the schedule's values do not change a step's work), the
     compiled program's facts, init/compile/first-step seconds, and a zero-argument ``run``
-    that takes one step (:func:`repro.studies.gemm.stepper`), already warmed up."""
+    that takes one step (``repro.studies.timing.stepper``), already warmed up."""
     from repro.models import lm_train as T
 
     tc = T.TrainConfig(batch_size=int(x.shape[0]))

@@ -6,9 +6,9 @@ For every device count ``n`` of ``params.yaml``'s ``device_counts`` that divides
 ``jax.device_count()`` (1, 2, 4, 8 on an 8-GPU machine), every workload and every recipe, one
 resumable cell ``<workload>_<recipe>_n<n>`` on a sub-mesh of the first ``n`` devices:
 
-* ``ppo``: the whole data-parallel PPO loop (``repro.models.ppo.make_train(config, mesh)``: rollouts, GAE, minibatch
-  updates with the gradient all-reduce), ``envs_per_device * n`` environments; metric
-  ``env_steps_per_s``.
+* ``ppo``: the whole data-parallel PPO loop (``repro.models.ppo.make_train(config, mesh)``:
+  rollouts, GAE, minibatch updates with the gradient all-reduce), ``envs_per_device * n``
+  environments; metric ``env_steps_per_s``.
 * ``lm_dp`` / ``lm_fsdp``: the decoder LM's training step (``repro.models.lm_train``), batch
   ``batch_per_device * n`` sequences; parameters replicated (``lm_dp``, mesh ``("data",)``)
   or split over all ``n`` devices (``lm_fsdp``, mesh ``("data", "fsdp") = (1, n)``); metric
@@ -19,16 +19,16 @@ throughput_1``: the scaling efficiency is ``throughput_n / (n * throughput_1)``.
 cell (rewritten on every call, from this hardware's cells) holds ``scaling_efficiency`` per
 (workload, recipe, n) and ``fp8_speedup`` (FP8 over BF16 throughput) per (workload, n).
 
-Every record carries ``emulated`` (``repro.studies.gemm.recipe_emulated``: no tensor cores for the
-format, or an FP8 recipe on a GPU whose compiled program ran no FP8 GEMM) and ``extra.n_devices``, ``extra.mesh``, the
-collectives in the compiled program (``extra.collectives``: all-reduce, all-gather,
-reduce-scatter, ...) and ``extra.simulated_devices``: True on the CPU backend, where the
+Every record carries ``emulated`` (``repro.studies.timing.recipe_emulated``: no tensor cores
+for the format, or an FP8 recipe on a GPU whose compiled program ran no FP8 GEMM) and
+``extra.n_devices``, ``extra.mesh``, the collectives in the compiled program
+(``extra.collectives``: all-reduce, all-gather, reduce-scatter, ...) and ``extra.simulated_devices``: True on the CPU backend, where the
 "devices" (``XLA_FLAGS=--xla_force_host_platform_device_count=N``) share one host's cores, so a
 CPU run checks that the sharded programs run, never how they scale.
 
 The study runs in ONE process on one machine (sub-meshes of its first ``n`` devices); the
-pieces it times (``repro.models.sharding``, ``repro.models.ppo``, ``repro.models.lm_train``) also run
-multi-host after ``repro.models.sharding.initialize_from_env()``.
+pieces it times (``repro.models.sharding``, ``repro.models.ppo``, ``repro.models.lm_train``)
+also run multi-host after ``repro.models.sharding.initialize_from_env()``.
 """
 
 from __future__ import annotations

@@ -11,9 +11,10 @@ then each option set in turn, the two timed round-robin (:func:`compare`: repeat
 back to back).
 Every record also holds its run's final return (:func:`final_returns`: per seed, the
 episode-weighted mean return over the last 10% of updates; mean, SD and count), so an option
-set's learning can be checked against the defaults' and PureJaxRL's. :data:`STUDY` has one cell
-per (seed count, option set), written as soon as it is timed: ``CartPole-v1_s1`` for the defaults (the
-cells recorded before options existed: their records, without ``options``, mean ``{}``),
+set's learning can be checked against the defaults' and PureJaxRL's. :data:`STUDY` has one
+cell per (seed count, option set), written as soon as it is timed: ``CartPole-v1_s1`` for the
+defaults (the cells recorded before options existed: their records, without ``options``, mean
+``{}``),
 ``CartPole-v1_s1_unroll-8`` and so on, each with PureJaxRL's record of the same process. Cells
 already recorded are skipped, so a new option set is timed (with PureJaxRL) without redoing the
 others; ``--force`` redoes them all. ``repro.analysis.rl.purejaxrl_speedups`` gives one row per
@@ -45,7 +46,7 @@ truncation, which ``ppo.py`` does not do), so it does slightly more work per ste
     # one option set only (cell names: CartPole-v1_s<seeds>[_<option>-<value>...]):
     repro record rl_purejaxrl --purejaxrl DIR --profile full --only '*_unroll-32_update_unroll-4'
     # a confirming run of it, kept beside the first (with runs: 2 in params.yaml):
-    repro record rl_purejaxrl --purejaxrl DIR --profile full --only '*_unroll-32_update_unroll-4_run2'
+    repro record rl_purejaxrl --purejaxrl DIR --profile full --only '*_unroll-32_*_run2'
 """
 
 from __future__ import annotations

@@ -186,8 +186,9 @@ def throughput_cell(network: str, width: int, recipe: str, num_envs: int,
     facts = compiled_facts(compiled_update)
     fp8_calls, mem = facts["fp8_gemm_calls"], facts["memory_bytes"]
     r = resolve(base)
-    # an FP8 CNN's backward convolutions are emulated through BF16 (repro.precision.ops.fp8_conv): the
-    # cell's speed is not FP8's even where its GEMMs and forward convolutions are native
+    # an FP8 CNN's backward convolutions are emulated through BF16 (repro.precision.ops.
+    # fp8_conv): the cell's speed is not FP8's even where its GEMMs and forward convolutions
+    # are native
     conv_emulated = network != "mlp" and r.gemm == "fp8"
     emulated = recipe_emulated(r, facts["fp8_lowering"], info) or conv_emulated
     sizes = {"network": network, "width": width, "depth": c.depth, "num_envs": num_envs,
