@@ -143,7 +143,8 @@ def test_empty_cells_are_not_written(tmp_path):
 
 def test_restart_runs_before_a_forced_cell_only():
     restarted = []
-    study = Study("toy", (), lambda p: [Cell("a", lambda b: [], restart=lambda: restarted.append(1))])
+    study = Study("toy", (), lambda p: [Cell("a", lambda b: [],
+                                             restart=lambda: restarted.append(1))])
     runner.run(study, {}, Path("/nonexistent"), hardware=HW, progress=False)
     assert restarted == []
     runner.run(study, {}, Path("/nonexistent"), hardware=HW, force=True, progress=False)

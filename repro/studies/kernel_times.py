@@ -9,8 +9,9 @@ The step is built and compiled exactly as the ``mlp_step`` / ``lm_step`` benchma
 (``repro.studies.mlp_step._setup`` and ``_compile``, ``repro.studies.lm_step.compile_step``;
 ``ppo``: the update step of an ``rl_throughput`` MLP cell,
 ``repro.studies.rl_throughput.update_program``), run once to warm up, and then ``steps``
-steps run under JAX's profiler (CUPTI on a GPU). The Perfetto trace's kernel events on the device's streams are classed by name (:func:`kernel_class`: gemm,
-attention, collective, memory, other) and summed. Per recipe, records under
+steps run under JAX's profiler (CUPTI on a GPU). The Perfetto trace's kernel events on the
+device's streams are classed by name (``repro.analysis.traces.kernel_class``: gemm, attention,
+collective, memory, other) and summed. Per recipe, records under
 ``results/<hardware>/kernel_times/<cell>.json``: ``<class>_ms_per_step`` for every class,
 ``kernel_ms_per_step`` (their sum: device busy time, streams added up), ``kernels_per_step``
 and ``wall_ms_per_step`` (wall time per traced step, profiler on: an upper bound of the

@@ -8,8 +8,8 @@ as ``repro.studies.mlp_step`` times the MLP step (``repro.studies.timing.time_in
 so a speedup is always a ratio of two timings from the same run. Each recipe's records carry
 the compiled program's facts (``repro.studies.timing.compiled_facts``: XLA's bytes accessed,
 flops and launching ops) for the step-time model (``repro.perfmodel.validate``, claim B2).
-Recipes without tensor cores on this device (NVFP4 and MXFP8 off Blackwell, FP8 on a CPU) are timed and stamped
-``emulated=True``: their speed is that of the emulation, never evidence.
+Recipes without tensor cores on this device (NVFP4 and MXFP8 off Blackwell, FP8 on a CPU) are
+timed and stamped ``emulated=True``: their speed is that of the emulation, never evidence.
 
     repro record lm_step --profile smoke     # tiny model, CPU, seconds (build/results/)
     repro record lm_step --profile full      # 120m and 20m on a GPU (results/), resumable
