@@ -23,8 +23,9 @@ Every record carries ``emulated`` (``repro.studies.timing.recipe_emulated``: no 
 for the format, or an FP8 recipe on a GPU whose compiled program ran no FP8 GEMM) and
 ``extra.n_devices``, ``extra.mesh``, the collectives in the compiled program
 (``extra.collectives``: all-reduce, all-gather, reduce-scatter, ...) and
-``extra.simulated_devices``: True on the CPU backend, where the "devices" (``XLA_FLAGS=--xla_force_host_platform_device_count=N``) share one host's cores, so a
-CPU run checks that the sharded programs run, never how they scale.
+``extra.simulated_devices``: True on the CPU backend, where the "devices"
+(``XLA_FLAGS=--xla_force_host_platform_device_count=N``) share one host's cores, so a CPU run
+checks that the sharded programs run, never how they scale.
 
 The study runs in ONE process on one machine (sub-meshes of its first ``n`` devices); the
 pieces it times (``repro.models.sharding``, ``repro.models.ppo``, ``repro.models.lm_train``)
