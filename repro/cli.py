@@ -110,7 +110,7 @@ def _check_numerics(profile: str) -> None:
         numerics.require()
 
 
-def _run(args, name, study, params, root, budget: float | None):
+def _run(args, study, params, root: Path, budget: float | None):
     from repro.studies import runner
 
     return runner.run(study, params, root, force=args.force, only=args.only,
@@ -138,7 +138,7 @@ def cmd_record(args) -> int:
     if args.experiment == "all":
         return record_all(args, plan, profile, root)
     (name, study, params), = plan
-    print(_report(name, profile, _run(args, name, study, params, root, args.time_budget), root))
+    print(_report(name, profile, _run(args, study, params, root, args.time_budget), root))
     return 0
 
 
@@ -186,7 +186,7 @@ def record_all(args, plan, profile: str, root: Path) -> int:
                 args.time_budget - (time.monotonic() - start)
             log.info("%s: start", name)
             try:
-                out = _run(args, name, study, params, root, left)
+                out = _run(args, study, params, root, left)
             except KeyboardInterrupt:
                 log.warning("%s: interrupted; finished cells are kept, rerun to resume", name)
                 raise
@@ -339,6 +339,22 @@ def _recording_options(r: argparse.ArgumentParser) -> None:
                    help="a run_note for every record (e.g. what ran beside this job)")
 
 
+def _add_trace(sub) -> None:
+    t = sub.add_parser("trace", help="kernel times of traced training steps (GPU)")
+    t.add_argument("workload", metavar="WORKLOAD", help="mlp, lm, gemm or ppo")
+    _recording_options(t)
+    t.add_argument("--recipes", action="append", metavar="R",
+                   help="recipes (gemm: dtypes); default bf16,fp8-delayed (gemm: bf16,fp8)")
+    t.add_argument("--shapes", help="gemm: MxKxN,... one cell each (default: mlp_step's GEMMs)")
+    t.add_argument("--width", type=int, default=256, help="mlp, ppo: width")
+    t.add_argument("--depth", type=int, default=3, help="mlp: depth")
+    t.add_argument("--num-envs", type=int, default=2048, help="ppo: the cell's envs")
+    t.add_argument("--batch", type=int, help="mlp: rows (65536); lm: sequences (64)")
+    t.add_argument("--size", default="20m", help="lm: model preset")
+    t.add_argument("--steps", type=int, default=5, help="steps traced per recipe")
+    t.set_defaults(func=cmd_trace)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from repro import studies
 
@@ -363,20 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rl_purejaxrl: a checkout of github.com/luchris429/purejaxrl")
     r.set_defaults(func=cmd_record)
 
-    t = sub.add_parser("trace", help="kernel times of traced training steps (GPU)")
-    t.add_argument("workload", metavar="WORKLOAD", help="mlp, lm, gemm or ppo")
-    _recording_options(t)
-    t.add_argument("--recipes", action="append", metavar="R",
-                   help="recipes (gemm: dtypes); default bf16,fp8-delayed (gemm: bf16,fp8)")
-    t.add_argument("--shapes", help="gemm: MxKxN,... one cell each (default: mlp_step's GEMMs)")
-    t.add_argument("--width", type=int, default=256, help="mlp, ppo: width")
-    t.add_argument("--depth", type=int, default=3, help="mlp: depth")
-    t.add_argument("--num-envs", type=int, default=2048, help="ppo: the cell's envs")
-    t.add_argument("--batch", type=int, help="mlp: rows (65536); lm: sequences (64)")
-    t.add_argument("--size", default="20m", help="lm: model preset")
-    t.add_argument("--steps", type=int, default=5, help="steps traced per recipe")
-    t.set_defaults(func=cmd_trace)
-
+    _add_trace(sub)
     sub.add_parser("check", help="check that every rounding the experiments rely on happens "
                    "on this device").set_defaults(func=cmd_check)
 
