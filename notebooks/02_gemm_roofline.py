@@ -35,6 +35,7 @@
 
 # %% tags=["parameters"]
 profile = "smoke"
+scratch = "build/results"  # smoke records (`repro notebook` gives each notebook a fresh folder)
 
 # %%
 import matplotlib.pyplot as plt
@@ -45,9 +46,10 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from repro.studies import gemm as bench
-from repro import config, hardware, results
+from repro import config, hardware, results, studies
 
 P = config.stage_params("gemm", profile)
+results.use_scratch(scratch)
 HW = hardware.detect()
 sns.set_theme(style="whitegrid", context="notebook")
 pd.set_option("display.width", 160)
@@ -61,7 +63,7 @@ print(f"profile={P['profile']}  this machine: {HW.slug} ({HW.name})")
 
 # %%
 if P["profile"] == "smoke" or HW.backend == "gpu":
-    written = bench.record_gemm(P["profile"])
+    written = studies.record("gemm", P["profile"]).written
     print(f"recorded {len(written)} new cell(s)")
 else:
     print("full profile on a CPU: not recording, plotting the committed records only")

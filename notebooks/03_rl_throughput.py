@@ -43,6 +43,7 @@
 
 # %% tags=["parameters"]
 profile = "smoke"
+scratch = "build/results"  # smoke records (`repro notebook` gives each notebook a fresh folder)
 
 # %%
 from pathlib import Path
@@ -55,7 +56,7 @@ import numpy as np
 import pandas as pd
 
 from repro.claims import ledger as claims
-from repro import hardware, results
+from repro import hardware, results, studies
 from repro.studies import kernel_times as kernelprof
 from repro.config import resolve_profile, stage_params
 from repro.studies import rl_throughput as X
@@ -65,8 +66,9 @@ from repro.analysis import rl as rl_analysis
 
 profile = resolve_profile(profile)
 P = stage_params("rl_throughput", profile)
+results.use_scratch(scratch)
 if profile == "smoke":  # full-profile records are made on the GPU by `repro record`
-    written = X.record_throughput("smoke", results.record_root("smoke"))
+    written = studies.record("rl_throughput", "smoke").written
     print(f"smoke: wrote {len(written)} cell(s) under {results.record_root('smoke')}")
 df = results.load_records("rl_throughput")
 table = rl_analysis.throughput_table(df)

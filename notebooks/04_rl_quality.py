@@ -50,6 +50,7 @@
 
 # %% tags=["parameters"]
 profile = "smoke"
+scratch = "build/results"  # smoke records (`repro notebook` gives each notebook a fresh folder)
 
 # %%
 import warnings
@@ -63,7 +64,7 @@ import numpy as np
 import pandas as pd
 
 from repro.claims import ledger as claims
-from repro import results
+from repro import results, studies
 from repro.config import resolve_profile, stage_params
 from repro.studies import rl_throughput as X
 from repro.studies import rl_quality as RQ
@@ -73,8 +74,9 @@ from repro.analysis import rl as rl_analysis
 warnings.filterwarnings("ignore", category=FutureWarning)  # arch's RandomState deprecation
 profile = resolve_profile(profile)
 P = stage_params("rl_quality", profile)
+results.use_scratch(scratch)
 if profile == "smoke":  # full-profile records are made on the GPU by `repro record`
-    written = RQ.record_quality("smoke", results.record_root("smoke"))
+    written = studies.record("rl_quality", "smoke").written
     print(f"smoke: wrote {len(written)} cell(s) under {results.record_root('smoke')}")
 df = results.load_records("rl_quality")
 fr = rl_analysis.final_returns(df)

@@ -68,6 +68,7 @@
 
 # %% tags=["parameters"]
 profile = "smoke"
+scratch = "build/results"  # smoke records (`repro notebook` gives each notebook a fresh folder)
 
 # %%
 from pathlib import Path
@@ -78,11 +79,12 @@ import pandas as pd
 import seaborn as sns
 
 from repro.claims import ledger as claims
-from repro import config, hardware, results
+from repro import config, hardware, results, studies
 from repro.studies import lm_quality as E
 from repro.models import lm as M
 
 P = config.stage_params("lm", profile)
+results.use_scratch(scratch)
 HW = hardware.detect()
 FIG = Path("figures")
 FIG.mkdir(exist_ok=True)
@@ -128,7 +130,7 @@ pd.DataFrame([{"profile": prof, "size": r.size, "steps": r.train.steps,
 
 # %%
 if P["profile"] == "smoke":
-    written = E.record("smoke", results.record_root("smoke"), progress=False)
+    written = studies.record("lm", "smoke", progress=False).written
     print(f"wrote {len(written)} cells")
 df = results.load_records(E.EXPERIMENT)
 print(f"{len(df)} lm records from {df['hardware'].nunique() if len(df) else 0} machine(s)")

@@ -47,6 +47,7 @@
 
 # %% tags=["parameters"]
 profile = "smoke"
+scratch = "build/results"  # smoke records (`repro notebook` gives each notebook a fresh folder)
 
 # %%
 from pathlib import Path
@@ -63,6 +64,7 @@ from repro import perfmodel, results
 from repro.config import resolve_profile, stage_params
 
 profile = resolve_profile(profile)
+results.use_scratch(scratch)
 setup, targets = perfmodel.projection_setup(stage_params("perfmodel", profile))
 measured = perfmodel.measured_records()
 mode, cals = perfmodel.calibrations(measured)

@@ -46,6 +46,7 @@
 
 # %% tags=["parameters"]
 profile = "smoke"
+scratch = "build/results"  # smoke records (`repro notebook` gives each notebook a fresh folder)
 
 # %%
 import matplotlib
@@ -59,11 +60,12 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from repro import config, hardware, results
+from repro import config, hardware, results, studies
 from repro.studies import mlp_step as mlpbench
 from repro.precision.recipes import resolve
 
 P = config.stage_params("mlp_step", profile)
+results.use_scratch(scratch)
 HW = hardware.detect()
 FIG = Path("figures")
 FIG.mkdir(exist_ok=True)
@@ -198,7 +200,7 @@ pd.DataFrame(rows)
 
 # %%
 if P["profile"] == "smoke" or HW.backend == "gpu":
-    written = mlpbench.record(P["profile"])
+    written = studies.record("mlp_step", P["profile"]).written
     print(f"recorded {len(written)} new cell(s)")
 else:
     print("full profile on a CPU: not recording, using the committed records only")

@@ -62,6 +62,7 @@
 
 # %% tags=["parameters"]
 profile = "smoke"
+scratch = "build/results"  # smoke records (`repro notebook` gives each notebook a fresh folder)
 
 # %%
 import matplotlib
@@ -75,11 +76,12 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from repro.claims import ledger as claims
-from repro import config, hardware, results
+from repro import config, hardware, results, studies
 from repro.studies import multigpu
 from repro.analysis import scaling as scaling_analysis
 
 P = config.stage_params("multigpu", profile)
+results.use_scratch(scratch)
 HW = hardware.detect()
 FIG = Path("figures")
 FIG.mkdir(exist_ok=True)
@@ -100,7 +102,7 @@ if COUNTS == [1]:
 
 # %%
 if P["profile"] == "smoke" or HW.backend == "gpu":
-    written = multigpu.record(P["profile"])
+    written = studies.record("multigpu", P["profile"]).written
     print(f"recorded {len(written)} cell(s) (incl. the summary)")
 else:
     print("full profile on a CPU: not recording, using the committed records only")

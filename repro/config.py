@@ -1,22 +1,65 @@
-"""Parameters from ``params.yaml``: the profile and each experiment's sizes.
+"""Parameters from ``params.yaml``: the profile and each section, typed and checked once.
 
 ``params.yaml`` has a top-level ``profile`` (``smoke``: CPU-sized, minutes; ``full``: the GPU
-study; ``auto``: ``full`` when a GPU is present) and one section per experiment, each with
-``smoke`` and ``full`` sub-sections (and optionally ``common``, shared by both).
+study; ``auto``: ``full`` when a GPU is present) and one section per experiment or notebook,
+each with ``smoke`` and ``full`` sub-sections and optionally ``common``, shared by both.
+
+A study declares its parameters as a frozen dataclass derived from :class:`Section`;
+:func:`section` merges ``common`` under the profile's sub-section and builds that dataclass:
+types checked, sizes positive (fields made with :func:`positive`), recipe names checked against
+the registry (:func:`recipe_names`), unknown keys rejected with the nearest valid key
+suggested. Every error is one line naming the file and the key path::
+
+    params.yaml: gemm.smoke.repets: unknown key (did you mean 'repeats'?); valid keys: ...
+
+A field made with :func:`from_cli` is set by the command line (``repro record --purejaxrl``),
+never by ``params.yaml``. Notebooks read a section as a plain mapping (:func:`stage_params`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
+import types
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import yaml
 
 PROFILES = ("smoke", "full", "auto")
+SUBSECTIONS = ("common", "smoke", "full")
 
 
 class ConfigError(ValueError):
     """A malformed params.yaml or an invalid parameter: one clear line."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Section:
+    """Base of every typed section: the profile the values were resolved for."""
+
+    profile: str = dataclasses.field(default="smoke", metadata={"cli": True})
+
+
+def positive(default: Any = dataclasses.MISSING, **kw) -> Any:
+    """A dataclass field whose numbers (every one, in lists too) must be > 0."""
+    return dataclasses.field(default=default, metadata={"positive": True}, **kw)
+
+
+def recipe_names(default: Any = dataclasses.MISSING, **kw) -> Any:
+    """A dataclass field of recipe names (a name or a list): each must resolve in
+    ``repro.precision``'s registry (a ``base:field=value`` variant of an entry included)."""
+    return dataclasses.field(default=default, metadata={"recipe": True}, **kw)
+
+
+def from_cli(default: Any = None) -> Any:
+    """A dataclass field the command line sets; ``params.yaml`` may not."""
+    return dataclasses.field(default=default, metadata={"cli": True})
+
+
+# ------------------------------------------------------------------------------- loading
 
 
 def params_path() -> Path:
@@ -26,6 +69,7 @@ def params_path() -> Path:
 
 
 def load_params(path: str | Path | None = None) -> dict[str, Any]:
+    """The whole of params.yaml as plain data; a one-line ConfigError if it is malformed."""
     path = Path(path or params_path())
     try:
         data = yaml.safe_load(path.read_text())
@@ -38,6 +82,9 @@ def load_params(path: str | Path | None = None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     resolve_profile(data.get("profile", "smoke"))  # validate early
+    for name, sec in data.items():
+        if isinstance(sec, dict):
+            _check_keys(sec, SUBSECTIONS, f"{path.name}: {name}")
     return data
 
 
@@ -52,17 +99,151 @@ def resolve_profile(profile: str) -> str:
     return profile
 
 
-def stage_params(section: str, profile: str | None = None,
-                 params: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The parameters of one experiment for one profile (``common`` merged under it)."""
+def _merged(name: str, profile: str | None, params: dict[str, Any] | None
+            ) -> tuple[dict[str, Any], dict[str, str], str]:
+    """(values, key -> where it came from, resolved profile) of one section."""
     params = params if params is not None else load_params()
     profile = resolve_profile(profile or params.get("profile", "smoke"))
-    if section not in params or not isinstance(params[section], dict):
-        raise ConfigError(f"params.yaml has no section {section!r}; sections: "
+    sec = params.get(name)
+    if not isinstance(sec, dict):
+        raise ConfigError(f"params.yaml has no section {name!r}; sections: "
                           f"{', '.join(k for k, v in params.items() if isinstance(v, dict))}")
-    sec = params[section]
     if profile not in sec:
-        raise ConfigError(f"params.yaml section {section!r} has no {profile!r} profile")
-    out = {**sec.get("common", {}), **sec[profile]}
-    out["profile"] = profile
-    return out
+        raise ConfigError(f"params.yaml section {name!r} has no {profile!r} profile")
+    values, where = {}, {}
+    for sub in ("common", profile):
+        part = sec.get(sub) or {}
+        if not isinstance(part, dict):
+            raise ConfigError(f"params.yaml: {name}.{sub}: expected a mapping, got "
+                              f"{type(part).__name__}")
+        values.update(part)
+        where.update({k: f"{name}.{sub}.{k}" for k in part})
+    return values, where, profile
+
+
+def stage_params(name: str, profile: str | None = None,
+                 params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One section for one profile as a plain mapping (``common`` merged under it, and
+    ``profile``): what notebooks read. Studies take :func:`section` instead."""
+    values, _, profile = _merged(name, profile, params)
+    return {**values, "profile": profile}
+
+
+def section(name: str, schema: type | None = None, profile: str | None = None,
+            params: dict[str, Any] | None = None):
+    """One section for one profile as ``schema`` (a :class:`Section` dataclass), checked; with
+    no schema, the plain mapping of :func:`stage_params`."""
+    values, where, profile = _merged(name, profile, params)
+    if schema is None:
+        return {**values, "profile": profile}
+    _check_keys(values, _yaml_fields(schema), f"params.yaml: {name}.{profile}", where)
+    return _build(schema, {**values, "profile": profile}, f"params.yaml: {name}.{profile}",
+                  where)
+
+
+# ---------------------------------------------------------------------------- validation
+
+
+def _fail(path: str, problem: str) -> typing.NoReturn:
+    raise ConfigError(f"{path}: {problem}")
+
+
+def _check_keys(values: dict, valid, prefix: str, where: dict[str, str] | None = None):
+    for key in values:
+        if key not in valid:
+            near = difflib.get_close_matches(str(key), list(valid), n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            at = f"params.yaml: {where[key]}" if where and key in where else f"{prefix}.{key}"
+            _fail(at, f"unknown key{hint}; valid keys: {', '.join(valid)}")
+
+
+def _yaml_fields(schema: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(schema) if not f.metadata.get("cli")]
+
+
+@functools.cache
+def _hints(schema: type) -> dict[str, Any]:
+    return typing.get_type_hints(schema)
+
+
+def _build(schema: type, values: dict, path: str, where: dict[str, str] | None = None):
+    """``schema(**values)`` with every value converted to its field's type."""
+    hints, kwargs = _hints(schema), {}
+    for f in dataclasses.fields(schema):
+        at = f"params.yaml: {where[f.name]}" if where and f.name in where else f"{path}.{f.name}"
+        if f.name not in values:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                _fail(path, f"missing key {f.name!r}")
+            continue
+        v = _convert(values[f.name], hints[f.name], at)
+        if f.metadata.get("positive"):
+            _check_positive(v, at)
+        if f.metadata.get("recipe"):
+            _check_recipes(v, at)
+        kwargs[f.name] = v
+    return schema(**kwargs)
+
+
+def _type_name(tp) -> str:
+    if typing.get_args(tp):
+        return str(tp).replace("typing.", "")
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(v: Any, tp: Any, at: str) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return v
+    if origin in (Union, types.UnionType):
+        if v is None and type(None) in args:
+            return None
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _convert(v, option, at)
+            except ConfigError:
+                continue
+        _fail(at, f"expected {' or '.join(_type_name(a) for a in args)}, got {v!r}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(v, dict):
+            _fail(at, f"expected a mapping, got {v!r}")
+        _check_keys(v, _yaml_fields(tp), at)
+        return _build(tp, v, at)
+    if origin in (list, tuple):
+        if not isinstance(v, (list, tuple)):
+            _fail(at, f"expected a list, got {v!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(v) != len(args):
+                _fail(at, f"expected a list of {len(args)}, got {v!r}")
+            return tuple(_convert(x, a, f"{at}[{i}]") for i, (x, a) in enumerate(zip(v, args)))
+        item = args[0] if args else Any
+        return origin(_convert(x, item, f"{at}[{i}]") for i, x in enumerate(v))
+    if origin is dict:
+        if not isinstance(v, dict):
+            _fail(at, f"expected a mapping, got {v!r}")
+        kt, vt = args or (Any, Any)
+        return {_convert(k, kt, at): _convert(x, vt, f"{at}.{k}") for k, x in v.items()}
+    if tp is float and isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if tp in (int, str, bool) and type(v) is tp:
+        return v
+    _fail(at, f"expected {_type_name(tp)}, got {v!r}")
+
+
+def _check_positive(v: Any, at: str) -> None:
+    if isinstance(v, bool) or v is None:
+        return
+    if isinstance(v, (int, float)) and not v > 0:
+        _fail(at, f"must be > 0, got {v!r}")
+    items = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else ()
+    for x in items:
+        _check_positive(x, at)
+
+
+def _check_recipes(v: Any, at: str) -> None:
+    from repro.precision import resolve
+
+    for name in ([v] if isinstance(v, str) else v if isinstance(v, (list, tuple)) else []):
+        try:
+            resolve(name)
+        except ValueError as e:
+            _fail(at, str(e))

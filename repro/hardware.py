@@ -1,14 +1,13 @@
 """Which device runs, and what its datasheet says it can do.
 
 ``detect()`` looks at JAX's first device; ``registry()`` reads ``repro/data/hardware.yaml``
-(datasheet dense peaks and bandwidth). ``REPRO_HARDWARE`` overrides the slug, so a new machine
-(or a test) can record under its own name. Unknown GPUs run with a warning and no peaks.
+(datasheet dense peaks and bandwidth). Unknown GPUs run with a warning and no peaks; ``repro
+record --hardware NAME`` records under another name.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -87,7 +86,7 @@ def from_device_name(name: str, backend: str, compute_capability: str | None) ->
 
 @functools.cache
 def detect() -> HardwareInfo:
-    """The hardware JAX runs on (first device). ``REPRO_HARDWARE=<slug>`` overrides the slug."""
+    """The hardware JAX runs on (first device)."""
     import jax
 
     dev = jax.devices()[0]
@@ -95,7 +94,4 @@ def detect() -> HardwareInfo:
     backend = "gpu" if backend in ("gpu", "cuda", "rocm") else backend
     cc = getattr(dev, "compute_capability", None)
     info = from_device_name(dev.device_kind, backend, str(cc) if cc else None)
-    if override := os.environ.get("REPRO_HARDWARE"):
-        base = lookup(override).__dict__ if override in registry() else {}
-        info = HardwareInfo(**{**info.__dict__, **base, "slug": _slugify(override)})
     return info

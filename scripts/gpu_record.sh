@@ -4,15 +4,28 @@
 # new GPU"). Each experiment is resumable per cell; results are packed after every experiment
 # so that a run stopped at its time limit still returns what it finished.
 #
-#   usage: scripts/gpu_record.sh SECONDS ITEM ...
+#   usage: scripts/gpu_record.sh [--note TEXT] [--no-autotune-pack] SECONDS ITEM ...
 #   ITEM is EXPERIMENT[:ARGS] (`repro record EXPERIMENT --profile full ARGS`, ARGS comma-separated)
-#   or a quoted "MODULE ARGS..." containing a space (`python3 -m MODULE ARGS...`), e.g.
+#   or a quoted "COMMAND ARGS..." containing a space (`repro COMMAND ARGS...`), e.g.
 #          scripts/gpu_record.sh 540 mlp_step \
-#            "repro.studies.rl_throughput throughput --profile full --recipe bf16,fp8-delayed --only mlp_w4096_*"
-#   A module item is split on spaces, without globbing and without quote removal (write
+#            "record rl_throughput --profile full --recipe bf16,fp8-delayed --only mlp_w4096_*" \
+#            "trace ppo --width 4096 --recipes bf16,fp8-delayed"
+#   A command item is split on spaces, without globbing and without quote removal (write
 #   --only mlp_w4096_*, not quoted). Every item gets what is left of SECONDS (stopped with
-#   SIGINT, killed 20 s later if it ignores it), and results/ is packed after each item.
+#   SIGINT, killed 20 s later if it ignores it); a `record` item also gets a --time-budget
+#   ending 30 s before that (unless it sets its own), so a study that checkpoints stops
+#   cleanly. results/ is packed after each item. --note TEXT goes into every record as
+#   `run_note` (what else ran on the machine); --no-autotune-pack leaves the XLA autotune
+#   cache out of $OUT (scripts/gpu_record_pair.sh packs it once for both jobs).
 set -uo pipefail
+note=""; pack_autotune=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --note) note=${2:?--note needs a text}; shift 2 ;;
+    --no-autotune-pack) pack_autotune=0; shift ;;
+    *) break ;;
+  esac
+done
 budget=${1:?seconds}; shift
 # The GPU machine's copy of the tree may carry a stale .git: records must name the commit run.
 : "${REPRO_GIT_COMMIT:?set REPRO_GIT_COMMIT to the commit being run (git rev-parse HEAD, here)}"
@@ -32,11 +45,11 @@ fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1 | tee "$out/gpu.txt"
 nvidia-smi topo -m 2>&1 | tee -a "$out/gpu.txt"  # how the GPUs are linked (multi-GPU machines)
-echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-} REPRO_RUN_NOTE=${REPRO_RUN_NOTE:-}" | tee -a "$out/gpu.txt"
+echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-} note=$note" | tee -a "$out/gpu.txt"
 python3 -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())" 2>&1 | tee -a "$out/gpu.txt"
 # Every rounding the experiments rely on must happen on this device (XLA's GPU compiler folds
 # plain cast round trips; repro.precision.formats.cast does not rely on them): refuse to record otherwise.
-if ! python3 -m repro.precision.check 2>&1 | tee -a "$out/gpu.txt"; then
+if ! python3 -m repro.cli check 2>&1 | tee -a "$out/gpu.txt"; then
   echo "== numerics check failed: nothing recorded"; exit 1
 fi
 # Compile caches (compile time, not run time, bounds a call: an FP8 step autotunes every GEMM
@@ -52,23 +65,25 @@ if ! python3 -c "import jax; jax.devices()" >/dev/null 2>&1; then  # an XLA with
   echo "== no XLA autotune cache: this XLA rejects the flag"; export XLA_FLAGS="$xla_flags_before"
 fi
 export JAX_COMPILATION_CACHE_DIR=$PWD/build/jax_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=2
-user_budget=${REPRO_TIME_BUDGET_S:-}; user_budget=${user_budget%.*}  # the caller's, if any
 for exp in "$@"; do
   left=$(( budget - ($(date +%s) - start) - 15 ))
   if [ "$left" -le 20 ]; then echo "== skip $exp: budget spent"; continue; fi
   echo "== $exp (<= ${left}s)"
-  # Studies that checkpoint (repro.studies.lm_quality) stop cleanly at REPRO_TIME_BUDGET_S: give
-  # each item a budget that ends 30 s before its timeout (or the caller's, if smaller).
-  item_budget=$(( left - 30 ))
-  if [ -n "$user_budget" ] && [ "$user_budget" -lt "$item_budget" ]; then item_budget=$user_budget; fi
-  export REPRO_TIME_BUDGET_S=$item_budget
   if [[ "$exp" == *" "* ]]; then
-    set -f; timeout -k 20 --signal=INT "$left" python3 -m $exp 2>&1 | tee -a "$out/log.txt"; set +f
+    set -f; cmd=($exp); set +f
   else
     name=${exp%%:*}; args=${exp#"$name"}; args=${args#:}
-    timeout -k 20 --signal=INT "$left" python3 -m repro.cli record "$name" --profile full ${args//,/ } 2>&1 | tee -a "$out/log.txt"
+    set -f; cmd=(record "$name" --profile full ${args//,/ }); set +f
   fi
+  extra=()
+  if [ "${cmd[0]}" = record ] && [[ " ${cmd[*]} " != *" --time-budget "* ]]; then
+    extra+=(--time-budget $(( left - 30 )))
+  fi
+  if [ -n "$note" ] && { [ "${cmd[0]}" = record ] || [ "${cmd[0]}" = trace ]; }; then
+    extra+=(--note "$note")
+  fi
+  timeout -k 20 --signal=INT "$left" python3 -m repro.cli "${cmd[@]}" "${extra[@]}" 2>&1 | tee -a "$out/log.txt"
   tar czf "$out/results.tgz" results/
-  [ "${REPRO_PACK_AUTOTUNE:-1}" = 1 ] && tar czf "$out/autotune.tgz" build/xla_autotune/
+  [ "$pack_autotune" = 1 ] && tar czf "$out/autotune.tgz" build/xla_autotune/
 done
 echo "== done in $(( $(date +%s) - start ))s"

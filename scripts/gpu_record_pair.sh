@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two single-GPU record jobs side by side on a machine with two GPUs: GPU 0 runs the items
 # before `--`, GPU 1 the items after it. Each job is scripts/gpu_record.sh with
-# CUDA_VISIBLE_DEVICES set, its own output folder ($OUT/gpu0, $OUT/gpu1) and REPRO_RUN_NOTE
+# CUDA_VISIBLE_DEVICES set, its own output folder ($OUT/gpu0, $OUT/gpu1) and a --note
 # (copied into every record as `run_note`) naming what ran beside it. Use it for studies whose
 # result is not a speed (RL returns, LM losses): the two jobs share the host's CPUs, so a
 # throughput or step time recorded this way is not a clean measurement.
@@ -20,12 +20,11 @@ for x in "$@"; do
 done
 [ ${#a[@]} -gt 0 ] && [ ${#b[@]} -gt 0 ] || { echo "usage: $0 SECONDS ITEM... -- ITEM..."; exit 2; }
 out=${OUT:-build/gpu_out}; mkdir -p "$out/gpu0" "$out/gpu1"
-# Few files: the device tool returns a limited number from $OUT (8 in the session of 2026-11-29).
-export REPRO_PACK_AUTOTUNE=0
-CUDA_VISIBLE_DEVICES=0 OUT=$out/gpu0 REPRO_RUN_NOTE="GPU 0 of 2; beside it on GPU 1: ${b[*]}" \
-  bash scripts/gpu_record.sh "$budget" "${a[@]}" > /tmp/gpu0_stdout.txt 2>&1 &
-CUDA_VISIBLE_DEVICES=1 OUT=$out/gpu1 REPRO_RUN_NOTE="GPU 1 of 2; beside it on GPU 0: ${a[*]}" \
-  bash scripts/gpu_record.sh "$budget" "${b[@]}" > /tmp/gpu1_stdout.txt 2>&1 &
+# Few files come back from $OUT: the autotune cache is packed once, below, for both jobs.
+CUDA_VISIBLE_DEVICES=0 OUT=$out/gpu0 bash scripts/gpu_record.sh --no-autotune-pack \
+  --note "GPU 0 of 2; beside it on GPU 1: ${b[*]}" "$budget" "${a[@]}" > /tmp/gpu0_stdout.txt 2>&1 &
+CUDA_VISIBLE_DEVICES=1 OUT=$out/gpu1 bash scripts/gpu_record.sh --no-autotune-pack \
+  --note "GPU 1 of 2; beside it on GPU 0: ${a[*]}" "$budget" "${b[@]}" > /tmp/gpu1_stdout.txt 2>&1 &
 wait
 tar czf "$out/results.tgz" results/
 tar czf "$out/autotune.tgz" build/xla_autotune/

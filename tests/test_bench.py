@@ -1,5 +1,6 @@
 """GEMM benchmark: timing statistics, records, and numerics against float64."""
 
+import json
 import time
 
 import jax
@@ -131,21 +132,33 @@ def tiny_params(tmp_path, monkeypatch):
 
 
 def test_record_gemm_is_resumable(tiny_params):
+    from repro import studies
+
     root = tiny_params / "out"
-    first = bench.record_gemm("smoke", root)
+
+    def record(**kw):
+        return studies.record("gemm", "smoke", root, progress=False, **kw).written
+
+    first = record()
     assert sorted(p.name for p in first) == ["16x16x16.json", "rel_error_16x16x16.json"]
     assert all(p.parent == root / "cpu" / "gemm" for p in first)
-    assert bench.record_gemm("smoke", root) == []  # finished cells are skipped
-    assert len(bench.record_gemm("smoke", root, force=True)) == 2
-    subset = bench.record_gemm("smoke", root, recipes=["bf16"])  # its own cells
+    assert record() == []  # finished cells are skipped
+    assert len(record(force=True)) == 2
+    subset = record(recipes=["bf16"])  # a subset of the dtypes gets cells of its own
     assert sorted(p.name for p in subset) == ["16x16x16_bf16.json", "rel_error_16x16x16_bf16.json"]
+    recs = json.loads(subset[0].read_text())
+    assert {r["recipe"] for r in recs} == {"bf16"}
 
 
 def test_record_gemm_rejects_bad_params_before_writing(tiny_params):
+    from repro import studies
+
     (tiny_params / "params.yaml").write_text(
         "gemm:\n  smoke: {dtypes: [bf16, int3], shapes: [[16, 16, 16]]}\n  full: {}\n")
     with pytest.raises(ConfigError, match="int3.*valid recipes"):
-        bench.record_gemm("smoke", tiny_params / "out")
+        studies.record("gemm", "smoke", tiny_params / "out")
+    with pytest.raises(ConfigError, match="unknown GEMM recipe.*fp9"):
+        studies.record("gemm", "smoke", tiny_params / "out", recipes=["fp9"])
     assert not (tiny_params / "out").exists()
 
 

@@ -1,4 +1,4 @@
-"""The `repro` command: dispatch, one-line errors, recording, notebooks."""
+"""The `repro` command: dispatch, one-line errors, exit codes, recording, notebooks."""
 
 import json
 import os
@@ -8,9 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from repro import cli
+from repro import cli, studies
+from repro.config import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
+GEMM_PARAMS = """profile: smoke
+gemm:
+  common: {dtypes: [fp32, tf32, bf16, fp16, fp8], repeats: 1, input_sets: 1}
+  smoke: {shapes: [[32, 16, 16]], error_shape: [16, 16, 16]}
+  full: {shapes: [[64, 64, 64]]}
+"""
 
 
 def repro_cmd():
@@ -20,8 +27,6 @@ def repro_cmd():
 
 def run(*args, timeout=240, **env):
     full_env = {**os.environ, "JAX_PLATFORMS": "cpu", **{k: str(v) for k, v in env.items()}}
-    full_env.pop("REPRO_HARDWARE", None)
-    full_env.update({k: str(v) for k, v in env.items()})
     return subprocess.run(repro_cmd() + list(args), capture_output=True, text=True, cwd=ROOT,
                           env=full_env, timeout=timeout)
 
@@ -36,72 +41,126 @@ def one_error_line(result):
 def test_unknown_experiment_lists_valid_ones():
     line = one_error_line(run("record", "nope"))
     assert "unknown experiment 'nope'" in line
-    assert all(name in line for name in cli.EXPERIMENTS)
+    assert all(name in line for name in studies.EXPERIMENTS)
 
 
 def test_record_gemm_smoke_writes_records(tmp_path):
-    env = dict(REPRO_RESULTS=tmp_path / "results", REPRO_SCRATCH_RESULTS=tmp_path / "scratch")
-    r = run("record", "gemm", "--profile", "smoke", "--hardware", "test-box", **env)
+    (tmp_path / "params.yaml").write_text(GEMM_PARAMS)
+    r = run("record", "gemm", "--profile", "smoke", "--hardware", "test-box", "--note", "a note",
+            REPRO_ROOT=tmp_path)
     assert r.returncode == 0, r.stderr
-    files = sorted((tmp_path / "scratch" / "test-box" / "gemm").glob("*.json"))
-    assert len(files) >= 2 and not (tmp_path / "results").exists()  # smoke -> scratch only
+    files = sorted((tmp_path / "build" / "results" / "test-box" / "gemm").glob("*.json"))
+    assert [f.name for f in files] == ["32x16x16.json", "rel_error_16x16x16.json"]
+    assert not (tmp_path / "results").exists()  # smoke -> scratch only
     recs = [rec for f in files for rec in json.loads(f.read_text())]
     assert {r["recipe"] for r in recs if r["metric"] == "tflops"} == {
         "fp32", "tf32", "bf16", "fp16", "fp8"}
     assert {r["hardware"] for r in recs} == {"test-box"}
-    assert {r["profile"] for r in recs} == {"smoke"}
-    again = run("record", "gemm", "--profile", "smoke", "--hardware", "test-box", **env)
+    assert {r["profile"] for r in recs} == {"smoke"} and {r["run_note"] for r in recs} == {
+        "a note"}
+    again = run("record", "gemm", "--profile", "smoke", "--hardware", "test-box",
+                REPRO_ROOT=tmp_path)
     assert again.returncode == 0 and "wrote 0 cell(s)" in again.stdout
+    assert "2 already recorded" in again.stdout
 
 
-def test_unknown_recipe_lists_valid_ones(tmp_path, capsys):
-    assert cli.main(["record", "gemm", "--recipe", "bf16,fp9"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "unknown recipe(s) fp9" in err[0]
-    assert "valid recipes: fp32, tf32, bf16, fp16, fp8" in err[0]
+def test_bare_repro_prints_help_and_version_comes_from_the_package(capsys):
+    from importlib.metadata import version
+
+    assert cli.main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: repro") and "record" in out and "REPRO_ROOT" in out
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"repro {version('repro')}"
+
+
+def test_help_documents_debug_and_the_environment(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    for word in ("--debug", "REPRO_ROOT", "REPRO_GIT_COMMIT", "130 interrupted"):
+        assert word in out, word
 
 
 @pytest.mark.parametrize("argv,expected", [
     (["record", "gemm", "--profile", "fast"], "unknown profile 'fast'"),
-    (["bench", "mlp_step"], "repro bench knows gemm"),
+    (["record", "gemm", "--recipe", "bf16,fp9"],
+     "unknown GEMM recipe(s) fp9; valid recipes: fp32, tf32, bf16, fp16, fp8"),
+    (["record", "mlp_step", "--recipe", "bf16"], "mlp_step: --recipe does not apply"),
+    (["record", "gemm", "--only", "9x*"], "gemm: --only 9x* selects no cell; cells: "),
+    (["record", "kernel_times"], "unknown experiment 'kernel_times' (it is traced"),
+    (["record", "gemm", "--time-budget", "soon"], "invalid float value: 'soon'"),
+    (["trace", "conv"], "unknown workload 'conv'; valid: mlp, lm, gemm, ppo"),
     (["notebook", "99_nope"], "no notebook '99_nope'"),
     (["notebook", "01_formats", "-p", "novalue"], "-p expects key=value"),
+    (["notebook", "01_formats", "-p", "profle=full"],
+     "notebook 01_formats has no parameter 'profle' (did you mean 'profile'?)"),
     (["record"], "required"),
-    ([], "required"),
+    (["frobnicate"], "invalid choice"),
 ])
-def test_bad_input_is_one_line(argv, expected, capsys):
+def test_bad_input_is_one_line_with_exit_status_2(argv, expected, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("repro: error: ") and expected in err[0], err
 
 
+def test_debug_shows_the_traceback_instead(capsys):
+    with pytest.raises(ConfigError, match="unknown profile 'fast'"):
+        cli.main(["--debug", "record", "gemm", "--profile", "fast"])
+
+
 def test_malformed_params_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
     (tmp_path / "params.yaml").write_text("profile: smoke\ngemm: {smoke: [1, 2\n")
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
-    monkeypatch.setenv("REPRO_SCRATCH_RESULTS", str(tmp_path / "scratch"))
     assert cli.main(["record", "gemm"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "malformed YAML" in err[0]
-    assert not (tmp_path / "scratch").exists()
+    assert not (tmp_path / "build").exists()
 
 
-def test_missing_module_is_a_clear_error(monkeypatch):
-    monkeypatch.setitem(cli.EXPERIMENTS, "ghost", "repro.ghost_experiment:record")
-    with pytest.raises(cli.UsageError, match="not available yet: module repro.ghost_experiment"):
-        cli.resolve_experiment("ghost")
+def test_a_failing_cell_exits_1_and_ctrl_c_130(tmp_path, capsys, monkeypatch):
+    from repro.studies import gemm as bench
+
+    (tmp_path / "params.yaml").write_text(GEMM_PARAMS)
+    monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
+
+    def broken(*a, **k):
+        raise RuntimeError("no FP8 GEMM here\nsecond line")
+
+    monkeypatch.setattr(bench, "gemm_sweep", broken)
+    assert cli.main(["record", "gemm", "--hardware", "test-box"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == ("repro: error: gemm: 1 cell(s) failed, the others were written: 32x16x16 "
+                   "(RuntimeError: no FP8 GEMM here)")
+    assert [p.name for p in tmp_path.rglob("*.json")] == ["rel_error_16x16x16.json"]
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "gemm_sweep", interrupted)
+    assert cli.main(["record", "gemm", "--hardware", "test-box"]) == 130
+    assert "finished cells are kept" in capsys.readouterr().err
 
 
-def test_registry_targets_are_module_colon_function():
-    for target in cli.EXPERIMENTS.values():
-        module, func = target.split(":")
-        assert module.startswith("repro.") and func.isidentifier()
-    assert cli.EXPERIMENTS["gemm"] == "repro.studies.gemm:record_gemm"
-
-
-def test_hardware_command(capsys):
+def test_hardware_and_recipes_commands(capsys):
     assert cli.main(["hardware"]) == 0
     out = capsys.readouterr().out
     assert "detected:" in out and all(s in out for s in ("gb200", "b200", "h100-sxm", "cpu"))
+    assert cli.main(["recipes"]) == 0
+    rows = {line.split()[0]: line.split()[1:7] for line in capsys.readouterr().out.splitlines()}
+    assert rows["name"] == ["family", "gemm", "scaling", "backend", "scope", "storage"]
+    assert rows["bf16"] == ["bf16", "dense", "none", "repro", "default", "fp32"]
+    assert rows["nvfp4"][:3] == ["nvfp4", "nvfp4", "block"]
+    assert rows["flax-fp8"][3] == "flax" and rows["fp8-all-layers"][:5] == [
+        "fp8-delayed", "fp8", "delayed", "repro", "all"]
+
+
+def test_check_command_passes_on_this_device(capsys):
+    assert cli.main(["check"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("numerics check on cpu") and "FAIL" not in out
+    assert "[ok  ] formats.cast to bfloat16 matches ml_dtypes" in out
 
 
 TINY_NOTEBOOK = '''# %% [markdown]
@@ -110,10 +169,12 @@ TINY_NOTEBOOK = '''# %% [markdown]
 # %% tags=["parameters"]
 profile = "smoke"
 answer = 0
+scratch = "unset"
 
 # %%
 from pathlib import Path
-Path("build/answer.txt").write_text(f"{profile} {answer}")
+Path(scratch).mkdir(parents=True)  # a fresh folder: fails if it exists
+Path("build/answer.txt").write_text(f"{profile} {answer} {scratch}")
 assert answer != 13, "unlucky"
 '''
 
@@ -124,14 +185,16 @@ def test_notebook_converts_and_executes(tmp_path):
     (tmp_path / "notebooks" / "00_tiny.py").write_text(TINY_NOTEBOOK)
     r = run("notebook", "00_tiny", "-p", "answer=42", REPRO_ROOT=tmp_path)
     assert r.returncode == 0, r.stderr
-    nb_dir = tmp_path / "build" / "notebooks"
-    assert (tmp_path / "build" / "answer.txt").read_text() == "smoke 42"  # cwd = repo root
+    nb_dir, scratch = tmp_path / "build" / "notebooks", tmp_path / "build" / "results" / "00_tiny"
+    assert (tmp_path / "build" / "answer.txt").read_text() == f"smoke 42 {scratch}"  # cwd: root
     out = json.loads((nb_dir / "00_tiny.out.ipynb").read_text())
     assert out["metadata"]["kernelspec"]["name"] == "python3"
-    assert out["metadata"]["papermill"]["parameters"] == {"answer": 42, "profile": "smoke"}
+    assert out["metadata"]["papermill"]["parameters"] == {"answer": 42, "profile": "smoke",
+                                                          "scratch": str(scratch)}
     assert (nb_dir / "00_tiny.ipynb").exists() and (tmp_path / "build/logs/00_tiny.log").exists()
 
-    # A failing run leaves the previous output alone and says where to look, in one line.
+    # A failing run leaves the previous output alone and says where to look, in one line; the
+    # scratch folder of the first run was emptied for it.
     before = (nb_dir / "00_tiny.out.ipynb").read_bytes()
     bad = run("notebook", "00_tiny", "-p", "answer=13", REPRO_ROOT=tmp_path)
     assert bad.returncode == 1
@@ -141,25 +204,31 @@ def test_notebook_converts_and_executes(tmp_path):
     assert (nb_dir / "00_tiny.failed.ipynb").exists()
     assert not list(nb_dir.glob(".*"))  # no temp files left
 
-
-def test_recipe_variants_and_peers_pass_validation():
-    from repro.cli import _recipe_ok, valid_recipes
-
-    valid = valid_recipes("rl_throughput")
-    assert _recipe_ok("rl_throughput", "fp8-delayed:fp8_gemm_out=float32", valid)
-    assert _recipe_ok("mlp_step", "flax-fp8", valid)
-    assert not _recipe_ok("rl_throughput", "fp8-delayed:nope=1", valid)
-    assert not _recipe_ok("gemm", "flax-fp8", valid_recipes("gemm"))
+    unknown = run("notebook", "00_tiny", "-p", "answr=1", REPRO_ROOT=tmp_path)
+    assert "has no parameter 'answr' (did you mean 'answer'?); its parameters: profile, " \
+           "answer, scratch" in one_error_line(unknown)
 
 
 def test_full_record_refuses_a_device_that_skips_roundings(tmp_path, monkeypatch, capsys):
     from repro.precision import check as numerics_check
 
-    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
+    (tmp_path / "params.yaml").write_text(GEMM_PARAMS)
+    monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
+    monkeypatch.setattr(studies, "EXPERIMENTS", {"gemm": "repro.studies.gemm"})
     monkeypatch.setattr(numerics_check, "checks", lambda: [
         {"check": "formats.cast to bfloat16 matches ml_dtypes", "ok": False, "required": True}])
     for argv in (["record", "gemm", "--profile", "full"], ["record", "all", "--profile", "full"]):
         assert cli.main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "numerics check failed" in err[0] and "bfloat16" in err[0]
+    assert cli.main(["check"]) == 1
+    assert "[FAIL] formats.cast to bfloat16" in capsys.readouterr().out
     assert not (tmp_path / "results").exists()
+
+
+def test_no_library_module_has_a_main():
+    """`repro` is the one entry point: no `python -m repro.<module>` elsewhere."""
+    for path in (ROOT / "repro").rglob("*.py"):
+        if path.name != "cli.py":
+            text = path.read_text()
+            assert 'if __name__ == "__main__"' not in text and "def main(" not in text, path

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from repro import cli, hardware, results
+from repro import cli, results
 from repro.claims import ledger as claims
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,27 +143,25 @@ def test_dvc_claims_stage_follows_every_verdict_writer():
 TOY_CELLS = ("a", "b", "c")
 
 
-def _toy_module(calls, interrupt_at=None):
-    """A registered experiment with three resumable cells; optionally interrupted."""
+def _toy_module(calls, interrupt_at=None, fail=False):
+    """A registered experiment with three resumable cells (params.yaml section ``toy``, no
+    schema); optionally interrupted at a cell, or failing in every cell."""
+    from repro.studies.runner import Cell, Study
+
     mod = types.ModuleType("repro_toy_experiment")
 
-    def record(profile, root, force=False):
-        written = []
-        for cell in TOY_CELLS:
-            if not force and results.have_cell("toy", cell, root=root):
-                continue
-            if cell == interrupt_at:
+    def cell(name):
+        def run(_budget):
+            if fail:
+                raise RuntimeError("boom\nsecond line")
+            if name == interrupt_at:
                 raise KeyboardInterrupt
-            calls.append(cell)
-            rec = results.make_record("toy", "answer", len(calls), "1", profile=profile,
-                                      sizes={"cell": cell})
-            written.append(results.write_records([rec], "toy", cell, root=root))
-        return written
+            calls.append(name)
+            return [results.make_record("toy", "answer", len(calls), "1", sizes={"cell": name})]
+        return run
 
-    def broken(profile, root, force=False):
-        raise RuntimeError("boom\nsecond line")
-
-    mod.record, mod.broken = record, broken
+    mod.STUDY = Study("broken" if fail else "toy", (), lambda p: [Cell(n, cell(n))
+                                                                   for n in TOY_CELLS])
     return mod
 
 
@@ -180,19 +178,16 @@ broken: {smoke: {}, full: {}}
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
     """A throwaway repository root: its own params.yaml, results/, build/ and a toy experiment."""
+    from repro import studies
+
     (tmp_path / "params.yaml").write_text(PARAMS)
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
-    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setenv("REPRO_SCRATCH_RESULTS", str(tmp_path / "build" / "results"))
-    monkeypatch.setenv("REPRO_HARDWARE", "unused")  # restored (and cache cleared) afterwards
-    monkeypatch.delenv("REPRO_HARDWARE")
-    hardware.detect.cache_clear()
     calls = []
     monkeypatch.setitem(sys.modules, "repro_toy_experiment", _toy_module(calls))
-    monkeypatch.setattr(cli, "EXPERIMENTS", {"gemm": "repro.studies.gemm:record_gemm",
-                                             "toy": "repro_toy_experiment:record"})
+    monkeypatch.setitem(sys.modules, "repro_broken_experiment", _toy_module(calls, fail=True))
+    monkeypatch.setattr(studies, "EXPERIMENTS", {"gemm": "repro.studies.gemm",
+                                                 "toy": "repro_toy_experiment"})
     yield types.SimpleNamespace(root=tmp_path, calls=calls)
-    hardware.detect.cache_clear()
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
@@ -208,10 +203,10 @@ def test_record_all_on_a_new_hardware_then_side_by_side(repo, capsys):
         "64x64x64.json", "rel_error_32x32x32.json"]
     assert sorted(p.stem for p in (res / "fake-gpu-x" / "toy").glob("*.json")) == list(TOY_CELLS)
     assert not (repo.root / "build" / "results").exists()  # full profile -> results/
-    assert "record all [full]" in cap.err  # the progress bar
-    assert "cells written: gemm 2, toy 3" in cap.out
+    assert "record all [full] on fake-gpu-x" in cap.err
+    assert "gemm [full]: wrote 2 cell(s)" in cap.out and "toy [full]: wrote 3 cell(s)" in cap.out
     log = (repo.root / "build" / "logs" / "record.log").read_text()
-    assert "hardware=fake-gpu-x" in log and "gemm: wrote 2 cell(s)" in log
+    assert "hardware=fake-gpu-x" in log and "gemm [full]: wrote 2 cell(s)" in log
 
     # A second machine records the same study under its own name ...
     assert cli.main(["record", "gemm", "--profile", "full", "--hardware", "fake-gpu-y"]) == 0
@@ -227,7 +222,8 @@ def test_record_all_on_a_new_hardware_then_side_by_side(repo, capsys):
     before = _snapshot(res)
     capsys.readouterr()
     assert cli.main(["record", "all", "--profile", "full", "--hardware", "fake-gpu-x"]) == 0
-    assert "cells written: gemm 0, toy 0" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "gemm [full]: wrote 0 cell(s)" in out and "toy [full]: wrote 0 cell(s)" in out
     assert _snapshot(res) == before and repo.calls == list(TOY_CELLS)
 
 
@@ -262,36 +258,41 @@ def test_interrupted_record_resumes_without_redoing_cells(repo, monkeypatch, cap
 
 
 def test_record_all_resumes_an_interrupted_experiment(repo, monkeypatch, capsys):
+    from repro import studies
+
     monkeypatch.setitem(sys.modules, "repro_toy_experiment",
                         _toy_module(repo.calls, interrupt_at="b"))
-    monkeypatch.setattr(cli, "EXPERIMENTS", {"toy": "repro_toy_experiment:record"})
+    monkeypatch.setattr(studies, "EXPERIMENTS", {"toy": "repro_toy_experiment"})
     assert cli.main(["record", "all", "--hardware", "fake-gpu-x"]) == 130
     assert repo.calls == ["a"]
     assert "toy: interrupted" in (repo.root / "build/logs/record.log").read_text()
     monkeypatch.setitem(sys.modules, "repro_toy_experiment", _toy_module(repo.calls))
     assert cli.main(["record", "all", "--hardware", "fake-gpu-x"]) == 0
     assert repo.calls == ["a", "b", "c"]  # a was not redone
-    assert "cells written: toy 2" in capsys.readouterr().out
+    assert "toy [smoke]: wrote 2 cell(s)" in capsys.readouterr().out
 
 
-def test_record_all_keeps_going_past_a_failure_and_skips_missing_modules(repo, monkeypatch,
-                                                                        capsys):
-    monkeypatch.setattr(cli, "EXPERIMENTS", {
-        "broken": "repro_toy_experiment:broken", "ghost": "repro.no_such_module:record",
-        "toy": "repro_toy_experiment:record"})
-    (repo.root / "params.yaml").write_text(PARAMS + "ghost: {smoke: {}, full: {}}\n")
+def test_record_all_keeps_going_past_a_failure(repo, monkeypatch, capsys):
+    from repro import studies
+
+    monkeypatch.setattr(studies, "EXPERIMENTS", {"broken": "repro_broken_experiment",
+                                                 "toy": "repro_toy_experiment"})
     assert cli.main(["record", "all", "--hardware", "fake-gpu-x"]) == 1
     cap = capsys.readouterr()
-    assert "broken failed: RuntimeError: boom second line" in cap.err
-    assert "skipping ghost" in cap.err
-    assert "cells written: toy 3; FAILED: broken; skipped (not in this checkout): ghost" in cap.out
+    assert "repro: broken failed: broken: 3 cell(s) failed" in cap.err
+    assert "RuntimeError: boom" in cap.err and "second line" not in cap.err
+    assert "toy [smoke]: wrote 3 cell(s)" in cap.out and "FAILED: broken" in cap.out
     log = (repo.root / "build/logs/record.log").read_text()
-    assert "Traceback" in log and "RuntimeError: boom" in log
+    assert "Traceback" in log and "CellsFailed" in log
+    # one experiment alone: the failure is one line and exit status 1
+    assert cli.main(["record", "broken", "--hardware", "fake-gpu-x"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("repro: error: broken: 3 cell(s) failed, the others were written")
 
 
 @pytest.mark.parametrize("argv,expected", [
-    (["record", "all", "--recipe", "bf16"], "does not apply to `repro record all`"),
-    (["bench", "all"], "repro bench knows gemm"),
+    (["record", "all", "--recipe", "bf16"], "do not apply to `repro record all`"),
+    (["record", "all", "--only", "a*"], "do not apply to `repro record all`"),
     (["record", "all", "--profile", "huge"], "unknown profile 'huge'"),
 ])
 def test_record_all_bad_input_is_one_line(repo, argv, expected, capsys):
@@ -305,3 +306,7 @@ def test_record_all_validates_every_section_before_writing(repo, capsys):
     assert cli.main(["record", "all"]) == 2
     assert "no section 'toy'" in one_error_line(capsys)
     assert not (repo.root / "build").exists()  # gemm, first in order, did not run
+    (repo.root / "params.yaml").write_text(PARAMS.replace("repeats: 1", "repeats: 0"))
+    assert cli.main(["record", "all"]) == 2
+    assert "params.yaml: gemm.common.repeats: must be > 0, got 0" in one_error_line(capsys)
+    assert not (repo.root / "build").exists()

@@ -1,11 +1,13 @@
-"""params.yaml: one-line errors, profiles, sections."""
+"""params.yaml: one-line errors, profiles, sections, typed and checked parameters."""
+
+from dataclasses import dataclass
 
 import jax
 import pytest
 import yaml
 
-from repro import config
-from repro.config import ConfigError
+from repro import config, studies
+from repro.config import ConfigError, Section, from_cli, positive, recipe_names
 
 
 def test_malformed_yaml_is_one_line(tmp_path):
@@ -62,3 +64,75 @@ def test_repository_params_load_for_every_profile():
         for profile in ("smoke", "full"):
             assert config.stage_params(section, profile, params=params)["profile"] == profile
     yaml.safe_dump(params)  # plain data
+
+
+def test_every_study_section_is_typed_for_every_profile():
+    raw = config.load_params()
+    for name in studies.EXPERIMENTS:
+        for profile in ("smoke", "full"):
+            p = studies.params(name, profile, raw)
+            assert isinstance(p, Section) and p.profile == profile
+    gemm = studies.params("gemm", "smoke", raw)
+    assert gemm.shapes == ((256, 256, 256), (1024, 128, 128)) and gemm.repeats == 3
+
+
+@dataclass(frozen=True)
+class Inner:
+    size: str
+    steps: int = positive(None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Toy(Section):
+    shapes: tuple[tuple[int, int, int], ...] = positive()
+    repeats: int = positive(3)
+    lr: float = 0.1
+    recipes: tuple[str, ...] = recipe_names(("bf16",))
+    runs: tuple[Inner, ...] = ()
+    batch: int | dict[str, int] = 1
+    checkout: str | None = from_cli()
+
+
+def toy(**smoke):
+    return {"toy": {"common": {"shapes": [[1, 2, 3]]}, "smoke": smoke, "full": {}}}
+
+
+def test_a_section_is_typed_with_common_under_the_profile():
+    p = config.section("toy", Toy, "smoke", toy(repeats=5, lr=1, batch={"a": 2},
+                                              runs=[{"size": "tiny"}]))
+    assert p == Toy(profile="smoke", shapes=((1, 2, 3),), repeats=5, lr=1.0, batch={"a": 2},
+                    runs=(Inner(size="tiny"),))
+    assert isinstance(p.lr, float) and p.checkout is None
+    assert config.section("toy", None, "full", toy()) == {"shapes": [[1, 2, 3]],
+                                                          "profile": "full"}
+
+
+@pytest.mark.parametrize("smoke,expected", [
+    ({"repets": 3}, "params.yaml: toy.smoke.repets: unknown key (did you mean 'repeats'?); "
+                    "valid keys: shapes, repeats, lr, recipes, runs, batch"),
+    ({"checkout": "x"}, "toy.smoke.checkout: unknown key"),  # set by the command line only
+    ({"repeats": "3"}, "params.yaml: toy.smoke.repeats: expected int, got '3'"),
+    ({"repeats": True}, "toy.smoke.repeats: expected int, got True"),
+    ({"repeats": 0}, "params.yaml: toy.smoke.repeats: must be > 0, got 0"),
+    ({"shapes": [[1, 2]]}, "toy.smoke.shapes[0]: expected a list of 3, got [1, 2]"),
+    ({"shapes": [[1, -2, 3]]}, "toy.smoke.shapes: must be > 0, got -2"),
+    ({"recipes": ["bf16", "fp9"]}, "toy.smoke.recipes: unknown recipe 'fp9'"),
+    ({"runs": [{"size": "tiny", "stepz": 2}]}, "toy.smoke.runs[0].stepz: unknown key (did you "
+                                               "mean 'steps'?)"),
+    ({"runs": [{"steps": 2}]}, "toy.smoke.runs[0]: missing key 'size'"),
+    ({"batch": [1]}, "toy.smoke.batch: expected int or dict[str, int], got [1]"),
+])
+def test_bad_values_are_one_line_naming_file_and_key_path(smoke, expected):
+    with pytest.raises(ConfigError) as e:
+        config.section("toy", Toy, "smoke", toy(**smoke))
+    assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+def test_unknown_sub_section_and_missing_key(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("profile: smoke\ntoy: {common: {}, smoke: {}, ful: {}}\n")
+    with pytest.raises(ConfigError, match=r"params.yaml: toy.ful: unknown key \(did you mean "
+                                          r"'full'\?\); valid keys: common, smoke, full"):
+        config.load_params(path)
+    with pytest.raises(ConfigError, match="params.yaml: toy.smoke: missing key 'shapes'"):
+        config.section("toy", Toy, "smoke", {"toy": {"smoke": {}, "full": {}}})

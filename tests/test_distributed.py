@@ -32,7 +32,6 @@ def _run_checks() -> str:
            # the device count must be set before JAX starts; opt level 0: ~2x faster compiles
            "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
                         "--xla_backend_optimization_level=0"}
-    env.pop("REPRO_HARDWARE", None)
     r = subprocess.run([sys.executable, str(ROOT / "tests" / "_distributed_checks.py")],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=400)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULTS ")]
@@ -275,29 +274,26 @@ def test_ratios_say_whether_their_cells_share_a_commit():
         ("bf16", True, False), ("fp8-delayed", False, False)}
 
 
-def test_record_smoke_one_device(tmp_path, monkeypatch):
-    """The record pipeline on this (1-device) process: only n=1 cells, simulated, resumable."""
-    monkeypatch.setenv("REPRO_HARDWARE", "test-box")
-    from repro import hardware, results
+def test_record_smoke_one_device(tmp_path):
+    """The record pipeline on this (1-device) process: only n=1 cells, simulated, resumable,
+    under the hardware name it is given."""
+    from repro import results
+    from repro.studies import runner
 
-    hardware.detect.cache_clear()
-    p = {"recipes": ["bf16"], "device_counts": [1, 2], "workloads": ["ppo"], "repeats": 1,
-         "ppo": {"env": "CartPole-v1", "network": "mlp", "width": 16, "depth": 1,
-                 "envs_per_device": 4, "num_steps": 8, "updates": 1, "update_epochs": 1,
-                 "num_minibatches": 1}, "profile": "smoke"}
-    monkeypatch.setattr(multigpu.config, "stage_params", lambda *a, **k: dict(p))
-    try:
-        written = multigpu.record("smoke", tmp_path)
-        names = sorted(Path(w).name for w in written)
-        assert names == ["ppo_bf16_n1.json"]
-        recs = results.load_records("multigpu", roots=[tmp_path])
-        thr = recs[recs["metric"] == "env_steps_per_s"].iloc[0]
-        assert thr["value"] > 0 and thr["extra"]["n_devices"] == 1
-        assert thr["extra"]["simulated_devices"] is True and thr["claims"] == ["B5"]
-        eff = scaling_analysis.throughput_table(recs)
-        assert list(eff["efficiency"]) == [1.0]
-        again = multigpu.record("smoke", tmp_path)
-        assert again == []  # the cell is kept
-    finally:
-        monkeypatch.delenv("REPRO_HARDWARE")
-        hardware.detect.cache_clear()
+    p = multigpu.Params(
+        profile="smoke", recipes=("bf16",), device_counts=(1, 2), workloads=("ppo",), repeats=1,
+        ppo={"env": "CartPole-v1", "network": "mlp", "width": 16, "depth": 1,
+             "envs_per_device": 4, "num_steps": 8, "updates": 1, "update_epochs": 1,
+             "num_minibatches": 1}, lm={})
+    written = runner.run(multigpu.STUDY, p, tmp_path, hardware="test-box",
+                         progress=False).written
+    assert [Path(w).relative_to(tmp_path).parts for w in written] == [
+        ("test-box", "multigpu", "ppo_bf16_n1.json")]
+    recs = results.load_records("multigpu", roots=[tmp_path])
+    thr = recs[recs["metric"] == "env_steps_per_s"].iloc[0]
+    assert thr["value"] > 0 and thr["extra"]["n_devices"] == 1 and thr["hardware"] == "test-box"
+    assert thr["extra"]["simulated_devices"] is True and thr["claims"] == ["B5"]
+    eff = scaling_analysis.throughput_table(recs)
+    assert list(eff["efficiency"]) == [1.0]
+    again = runner.run(multigpu.STUDY, p, tmp_path, hardware="test-box", progress=False)
+    assert again.written == [] and again.skipped == ["ppo_bf16_n1"]  # the cell is kept

@@ -120,6 +120,8 @@ def test_fp8_conv_gradients_survive_convert_folding():
 def test_numerics_check_passes_here_and_catches_a_skipped_rounding(monkeypatch):
     rows = numerics_check.checks()
     assert all(r["ok"] for r in rows if r["required"])
-    assert numerics_check.main([]) == 0
+    from repro import cli
+
+    assert cli.main(["check"]) == 0
     monkeypatch.setattr(F, "cast", lambda v, d: jnp.asarray(v, jnp.float32))  # rounding skipped
-    assert numerics_check.main([]) == 1
+    assert cli.main(["check"]) == 1

@@ -12,8 +12,7 @@ GPUS = [s for s in REQUIRED if s != "cpu"]
 
 
 @pytest.fixture(autouse=True)
-def fresh_detect(monkeypatch):
-    monkeypatch.delenv("REPRO_HARDWARE", raising=False)
+def fresh_detect():
     hardware.detect.cache_clear()
     yield
     hardware.detect.cache_clear()
@@ -90,12 +89,6 @@ def test_lookup_unknown_lists_registry():
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="tests expect a CPU backend")
-def test_detect_cpu_and_override(monkeypatch):
-    assert hardware.detect().slug == "cpu"
-    monkeypatch.setenv("REPRO_HARDWARE", "My Test Box")
-    hardware.detect.cache_clear()
-    assert hardware.detect().slug == "my-test-box"
-    monkeypatch.setenv("REPRO_HARDWARE", "b200")
-    hardware.detect.cache_clear()
+def test_detect_cpu():
     info = hardware.detect()
-    assert info.slug == "b200" and info.peak_tflops["fp4"] == 9000
+    assert (info.slug, info.backend, info.has_fp8) == ("cpu", "cpu", False)

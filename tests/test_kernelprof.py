@@ -1,10 +1,31 @@
 """Kernel-time profiles: kernel names to classes, trace events to per-step sums."""
 
+import shutil
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
+from repro import cli
 from repro.analysis import traces
 from repro.studies import kernel_times as K
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A repository root of its own, with this repository's params.yaml."""
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
+    return tmp_path
+
+
+def trace(argv, capsys):
+    """``repro trace ARGV``: (exit status, last line of stderr)."""
+    rc = cli.main(["trace", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    return rc, err[-1] if err else ""
 
 
 @pytest.mark.parametrize("name,cls", [
@@ -55,17 +76,13 @@ def test_kernel_events_and_per_step_sums_by_hand():
         K.summarize(k, steps=0)
 
 
-def test_cpu_run_records_nothing_and_bad_recipe_is_one_line(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("REPRO_SCRATCH_RESULTS", str(tmp_path / "scratch"))
-    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
-    assert K.main(["mlp", "--width", "32", "--batch", "64", "--recipes", "bf16", "--steps", "1",
-                   "--profile", "smoke"]) == 0
-    assert "no device kernels" in capsys.readouterr().err
-    assert not list(tmp_path.rglob("*.json"))
-    with pytest.raises(SystemExit):
-        K.main(["mlp", "--recipes", "bf16,nope"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert "unknown recipe 'nope'" in err[-1] and "valid recipes" in err[-1]
+def test_cpu_run_records_nothing_and_bad_recipe_is_one_line(repo, capsys):
+    rc = cli.main(["trace", "mlp", "--width", "32", "--batch", "64", "--recipes", "bf16",
+                   "--steps", "1", "--profile", "smoke"])
+    assert rc == 0 and "no device kernels" in capsys.readouterr().err
+    assert not list(repo.rglob("*.json"))
+    rc, err = trace(["mlp", "--recipes", "bf16,nope"], capsys)
+    assert rc == 2 and "unknown recipe 'nope'" in err and "valid recipes" in err
 
 
 def test_profile_cell_records_per_step_sums_and_marks_emulation(monkeypatch):
@@ -83,21 +100,19 @@ def test_profile_cell_records_per_step_sums_and_marks_emulation(monkeypatch):
     assert by[("nvfp4", "gemm_ms_per_step")]["sizes"] == {"workload": "mlp", "width": 8}
 
 
-def test_gemm_workload_traces_the_sweep_gemm_and_checks_its_arguments(tmp_path, monkeypatch,
+def test_gemm_workload_traces_the_sweep_gemm_and_checks_its_arguments(repo, monkeypatch,
                                                                         capsys):
-    monkeypatch.setenv("REPRO_SCRATCH_RESULTS", str(tmp_path / "scratch"))
-    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
     run, facts = K._gemm_runner("fp8", 32, 16, 8)
     assert facts["emulated"]  # no FP8 GEMM on a CPU
     assert run().shape == (32, 8)
-    assert K.main(["gemm", "--shapes", "32x16x8", "--steps", "1", "--profile", "smoke"]) == 0
-    assert "no device kernels" in capsys.readouterr().err
-    assert not list(tmp_path.rglob("*.json"))
-    for bad in (["gemm", "--recipes", "bf16,fp7"], ["gemm", "--shapes", "32x16"]):
-        with pytest.raises(SystemExit):
-            K.main(bad)
-        err = capsys.readouterr().err.strip().splitlines()[-1]
-        assert "fp7" in err or "MxKxN" in err
+    rc = cli.main(["trace", "gemm", "--shapes", "32x16x8", "--steps", "1", "--profile", "smoke"])
+    assert rc == 0 and "no device kernels" in capsys.readouterr().err
+    assert not list(repo.rglob("*.json"))
+    for bad, expected in ((["gemm", "--recipes", "bf16,fp7"], "unknown GEMM recipe(s) fp7"),
+                          (["gemm", "--shapes", "32x16"], "--shapes: expected MxKxN"),
+                          (["conv"], "unknown workload 'conv'")):
+        rc, err = trace(bad, capsys)
+        assert rc == 2 and err.startswith("repro: error: ") and expected in err
     # the dtype's own emulation flag goes into the records
     monkeypatch.setattr(K, "trace_steps", lambda run, steps, logdir: 0.002)
     monkeypatch.setattr(K, "load_trace", lambda logdir: _trace())
@@ -107,15 +122,14 @@ def test_gemm_workload_traces_the_sweep_gemm_and_checks_its_arguments(tmp_path, 
     assert recs and all(r["emulated"] for r in recs)
 
 
-def test_ppo_workload_traces_the_throughput_cells_update(tmp_path, monkeypatch, capsys):
-    """``kernelprof ppo`` traces the PPO update of an rl_throughput MLP cell (an RL variant
-    name included): the runner main hands to ``profile_cell`` runs that update, and on a CPU its
-    FP8 is emulated. An unknown recipe is one line. (The no-kernels path is the mlp test's.)"""
+def test_ppo_workload_traces_the_throughput_cells_update(repo, monkeypatch, capsys):
+    """``repro trace ppo`` traces the PPO update of an rl_throughput MLP cell (an RL variant
+    name included): the runner its cell hands to ``profile_cell`` runs that update, and on a
+    CPU its FP8 is emulated. An unknown recipe is one line. (The no-kernels path is the mlp
+    test's.)"""
     import jax
     import numpy as np
 
-    monkeypatch.setenv("REPRO_SCRATCH_RESULTS", str(tmp_path / "scratch"))
-    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
     seen = {}
 
     def profile_cell(workload, recipes, steps, sizes, make_runner, profile):
@@ -124,18 +138,17 @@ def test_ppo_workload_traces_the_throughput_cells_update(tmp_path, monkeypatch, 
         return []
 
     monkeypatch.setattr(K, "profile_cell", profile_cell)
-    assert K.main(["ppo", "--width", "64", "--num-envs", "8", "--recipes",
-                   "fp8-all-layers", "--steps", "1", "--profile", "smoke"]) == 0
+    assert cli.main(["trace", "ppo", "--width", "64", "--num-envs", "8", "--recipes",
+                     "fp8-all-layers", "--steps", "1", "--profile", "smoke"]) == 0
     assert seen["workload"] == "ppo"
     assert seen["sizes"] == {"network": "mlp", "width": 64, "num_envs": 8}
     assert seen["facts"]["emulated"]  # no FP8 GEMM on a CPU
     floats = [np.asarray(x, np.float64) for x in jax.tree_util.tree_leaves(seen["out"])
               if np.issubdtype(np.asarray(x).dtype, np.floating)]
     assert floats and all(np.isfinite(x).all() for x in floats)
-    assert not list(tmp_path.rglob("*.json"))
-    with pytest.raises(SystemExit):
-        K.main(["ppo", "--recipes", "bf16,fp7"])
-    assert "unknown recipe 'fp7'" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not list(repo.rglob("*.json"))
+    rc, err = trace(["ppo", "--recipes", "bf16,fp7"], capsys)
+    assert rc == 2 and "unknown recipe 'fp7'" in err
 
 
 def test_headroom_is_amdahls_law_on_hand_numbers():

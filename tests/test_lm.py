@@ -3,6 +3,7 @@ training that learns, and checkpoint resume that reproduces an uninterrupted run
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 
 import jax
@@ -10,12 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from repro import config
 from repro.analysis import lm as lm_analysis
 from repro.models import lm as M
 from repro.models import lm_data as D
 from repro.models import lm_train as T
 from repro.precision import resolve
 from repro.studies import lm_quality as E
+from repro.studies import runner
 
 TINY = M.get_config("tiny")
 
@@ -327,7 +330,7 @@ def test_b3_verdict_ratios_match_hand_counted_bytes_and_name_the_hardware():
     per-tensor scale). The verdict names the hardware of the records it used."""
     import pandas as pd
 
-    run = E.plan("full", variants=["nvfp4"], sizes=["20m"])[0]
+    run = next(r for r in E.plan("full") if r.size == "20m")
     v = next(x for x in run.variants if x.name == "nvfp4")
     recs = E._memory_records(run, v, "full")
     for r in recs:
@@ -345,11 +348,11 @@ def test_force_rerecord_cut_short_resumes(tmp_path, monkeypatch):
     """--force re-records from step 0, and a forced re-record cut short resumes on the next
     --force (a 20m re-record on the GPU may span two calls); a checkpoint left by a run that
     was not forced is not resumed by --force."""
-    monkeypatch.setenv("REPRO_LM_CKPT_DIR", str(tmp_path / "ck"))
-    params = {"variants": ["bf16"], "eval_points": 2, "eval_batches": 1,
-              "runs": [{"size": "tiny", "steps": 4, "batch_size": 4, "lr": 3e-3,
-                        "warmup_steps": 1, "seeds": [0], "checkpoint_every": 1}]}
-    monkeypatch.setattr(E, "stage_params", lambda stage, profile: params)
+    params = config.section("lm", E.Params, "smoke", {"lm": {"full": {}, "smoke": {
+        "variants": ["bf16"], "eval_points": 2, "eval_batches": 1,
+        "runs": [{"size": "tiny", "steps": 4, "batch_size": 4, "lr": 3e-3, "warmup_steps": 1,
+                  "seeds": [0], "checkpoint_every": 1}]}}})
+    params = dataclasses.replace(params, checkpoints=str(tmp_path / "ck"))
     real_train, calls, cut = T.train, [], []
 
     def train(*a, **kw):  # stops the next run at the step popped from `cut`, as a budget would
@@ -360,25 +363,29 @@ def test_force_rerecord_cut_short_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(E.T, "train", train)
     root = tmp_path / "results"
     recorded = lambda: sorted(p.name for p in root.rglob("tiny_bf16_s0*.json"))  # noqa: E731
+
+    def record(force=False):
+        runner.run(E.STUDY, params, root, only=["tiny_bf16_s0"], force=force, progress=False)
+
     cut.append(2)
-    E.record("smoke", root=root, progress=False)  # a plain run, cut at step 2 ...
+    record()  # a plain run, cut at step 2 ...
     assert not calls[-1].finished and recorded() == []
-    E.record("smoke", root=root, progress=False)  # ... resumes (as before)
+    record()  # ... resumes (as before)
     assert calls[-1].finished and calls[-1].resumed_from == 2 and len(recorded()) == 1
 
     cut.append(3)
-    E.record("smoke", root=root, force=True, progress=False)  # a re-record cut at step 3 ...
+    record(force=True)  # a re-record cut at step 3 ...
     assert not calls[-1].finished and not calls[-1].resumed_from
-    E.record("smoke", root=root, force=True, progress=False)  # ... resumes at step 3
+    record(force=True)  # ... resumes at step 3
     assert calls[-1].finished and calls[-1].resumed_from == 3
     assert len(calls) == 4 and not list((tmp_path / "ck").rglob("*.forced"))
 
     cut.append(1)  # a leftover checkpoint of a plain run (its cell removed, then cut) ...
     for p in root.rglob("tiny_bf16_s0*.json"):
         p.unlink()
-    E.record("smoke", root=root, progress=False)
+    record()
     assert not calls[-1].finished and calls[-1].steps_done == 1
-    E.record("smoke", root=root, force=True, progress=False)  # ... is not what --force resumes
+    record(force=True)  # ... is not what --force resumes
     assert calls[-1].finished and not calls[-1].resumed_from
     assert len(recorded()) == 1
 
@@ -449,7 +456,11 @@ def test_truncated_runs_are_compared_over_their_evaluations(tmp_path):
 def test_stop_at_in_params_names_known_variants():
     params = {"variants": ["bf16"], "runs": [{"size": "tiny", "steps": 10, "batch_size": 4,
                                               "lr": 1e-3, "stop_at": {"bf16": 4}}]}
-    assert E.plan("smoke", params=params)[0].stop_at == {"bf16": 4}
+
+    def section():
+        return config.section("lm", E.Params, "smoke", {"lm": {"smoke": params, "full": {}}})
+
+    assert E.plan(section())[0].stop_at == {"bf16": 4}
     params["runs"][0]["stop_at"] = {"bf-16": 4}
     with pytest.raises(ValueError, match="unknown variant.*bf-16"):
-        E.plan("smoke", params=params)
+        E.check(section())

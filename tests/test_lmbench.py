@@ -3,26 +3,26 @@ recipe with its timing and compiled-program facts; bad input fails in one line b
 compilation; cells are resumable."""
 
 import json
-from unittest import mock
 
 import numpy as np
 import pytest
+import yaml
 
-from repro import cli
+from repro import cli, studies
 from repro.config import ConfigError
 from repro.studies import lm_step as lmbench
+from repro.studies import runner
 
 RECIPES = ["bf16", "fp8-current", "mxfp8"]  # 16-bit, emulated FP8 (CPU), emulated block-scaled
-SMOKE = {"profile": "smoke", "sizes": ["tiny"], "batch": 2, "repeats": 2, "steps_per_sample": 1,
-         "recipes": RECIPES}
+SMOKE = {"sizes": ["tiny"], "batch": 2, "repeats": 2, "steps_per_sample": 1, "recipes": RECIPES}
 
 
 def test_smoke_cell_records_every_recipe(tmp_path):
-    with mock.patch("repro.config.stage_params", return_value=dict(SMOKE)):
-        written = lmbench.record("smoke", root=tmp_path)
-        assert [p.relative_to(tmp_path).parts[1:] for p in written] == [("lm_step",
-                                                                         "tiny_b2.json")]
-        assert lmbench.record("smoke", root=tmp_path) == []  # resumable: nothing left to do
+    p = lmbench.Params(profile="smoke", sizes=("tiny",), batch=2, repeats=2, steps_per_sample=1,
+                       recipes=tuple(RECIPES))
+    written = runner.run(lmbench.STUDY, p, tmp_path, progress=False).written
+    assert [p.relative_to(tmp_path).parts[1:] for p in written] == [("lm_step", "tiny_b2.json")]
+    assert runner.run(lmbench.STUDY, p, tmp_path, progress=False).written == []  # resumable
     recs = json.loads(written[0].read_text())
     by = {(r["recipe"], r["metric"]): r for r in recs}
     tokens = 2 * 64  # batch x the tiny preset's seq_len
@@ -57,7 +57,7 @@ def test_smoke_cell_records_every_recipe(tmp_path):
 
 @pytest.mark.parametrize("change, message", [
     ({"sizes": ["tiny", "huge"]}, "unknown model size 'huge'; presets: tiny, 20m, 120m"),
-    ({"recipes": ["bf16", "fp9"]}, "unknown recipe(s) fp9; valid recipes: "),
+    ({"recipes": ["bf16", "fp9"]}, "params.yaml: lm_step.smoke.recipes: unknown recipe 'fp9'"),
     ({"batch": {"20m": 64}}, "no batch size for model 'tiny'"),
     ({"batch": 0}, "batch size(s) 0 for model 'tiny' must be positive integers"),
 ])
@@ -67,13 +67,14 @@ def test_bad_input_fails_in_one_line_before_compiling(tmp_path, monkeypatch, cap
         raise AssertionError("bench_cell called: the check came too late")
 
     monkeypatch.setattr(lmbench, "bench_cell", no_bench)
-    monkeypatch.setenv("REPRO_SCRATCH_RESULTS", str(tmp_path / "scratch"))
-    with mock.patch("repro.config.stage_params", return_value={**SMOKE, **change}):
-        with pytest.raises(ConfigError) as e:
-            lmbench.record("smoke", root=tmp_path)
-        assert message in str(e.value) and "\n" not in str(e.value)
-        # the same through the command line: exit 2, one line on stderr, nothing written
-        assert cli.main(["record", "lm_step", "--profile", "smoke"]) == 2
+    monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(
+        {"profile": "smoke", "lm_step": {"smoke": {**SMOKE, **change}, "full": {}}}))
+    with pytest.raises(ConfigError) as e:
+        studies.record("lm_step", "smoke")
+    assert message in str(e.value) and "\n" not in str(e.value)
+    # the same through the command line: exit 2, one line on stderr, nothing written
+    assert cli.main(["record", "lm_step", "--profile", "smoke"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("repro: error: ") and message in err[0]
     assert not any(tmp_path.rglob("*.json"))
@@ -93,13 +94,12 @@ def test_bench_cell_checks_recipes_before_compiling(monkeypatch):
 
 
 def test_registered_and_params_order():
-    from repro.config import stage_params
-
-    assert cli.EXPERIMENTS["lm_step"] == "repro.studies.lm_step:record"
-    full = stage_params("lm_step", "full")
-    cells, recipes = lmbench.cells(full)  # plan() would also check the memory of this device
-    assert cells == [("120m", 32), ("20m", 64)]  # 120m first; lm.full.runs' batch sizes
+    assert studies.study("lm_step") is lmbench.STUDY
+    full = studies.params("lm_step", "full")
+    # check() would also check the memory of this device
+    assert [c.name for c in lmbench.cells(full)] == ["120m_b32", "20m_b64"]  # lm.full.runs'
     # BF16 and the FP8 recipes only: block-scaled recipes are emulated on Hopper (not speed)
-    assert recipes == ["bf16", "fp8-delayed", "fp8-current"]
-    smoke = stage_params("lm_step", "smoke")
-    assert lmbench.plan(smoke)[0] == [("tiny", 2)] and smoke["repeats"] <= 3
+    assert full.recipes == ("bf16", "fp8-delayed", "fp8-current")
+    smoke = studies.params("lm_step", "smoke")
+    lmbench.check(smoke)
+    assert [c.name for c in lmbench.cells(smoke)] == ["tiny_b2"] and smoke.repeats <= 3

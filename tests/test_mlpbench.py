@@ -46,13 +46,12 @@ def test_fp8_regression_trains_like_bf16(recipe):
 
 
 def test_record_runs_main_cells_first_then_lever_cells(monkeypatch, tmp_path):
-    from unittest import mock
-
     from repro import results
+    from repro.studies import runner
 
-    params = {"profile": "smoke", "batch": 8, "depth": 2, "repeats": 1, "widths": [32, 16],
-              "recipes": ["bf16", "fp8-delayed", "flax-fp8"],
-              "levers": ["fp8-delayed:fp8_gemm_out=float32"], "lever_widths": [32]}
+    params = mlpbench.Params(profile="smoke", batch=8, depth=2, repeats=1, widths=(32, 16),
+                             recipes=("bf16", "fp8-delayed", "flax-fp8"),
+                             levers=("fp8-delayed:fp8_gemm_out=float32",), lever_widths=(32,))
     calls = []
 
     def fake_cell(width, batch, depth, recipes, repeats, profile=None):
@@ -61,10 +60,9 @@ def test_record_runs_main_cells_first_then_lever_cells(monkeypatch, tmp_path):
                                     recipe=r, sizes={"width": width}) for r in recipes]
 
     monkeypatch.setattr(mlpbench, "bench_cell", fake_cell)
-    with mock.patch("repro.config.stage_params", return_value=params):
-        written = mlpbench.record("smoke", root=tmp_path)
-        assert [p.name for p in written] == ["w32_b8_d2.json", "w16_b8_d2.json",
-                                             "w32_b8_d2_levers.json"]
-        # the lever cell times the ablation with bf16 and the default it ablates
-        assert calls[-1] == (32, ("bf16", "fp8-delayed", "fp8-delayed:fp8_gemm_out=float32"))
-        assert mlpbench.record("smoke", root=tmp_path) == []  # resumable: nothing left to do
+    written = runner.run(mlpbench.STUDY, params, tmp_path, progress=False).written
+    assert [p.name for p in written] == ["w32_b8_d2.json", "w16_b8_d2.json",
+                                         "w32_b8_d2_levers.json"]
+    # the lever cell times the ablation with bf16 and the default it ablates
+    assert calls[-1] == (32, ("bf16", "fp8-delayed", "fp8-delayed:fp8_gemm_out=float32"))
+    assert runner.run(mlpbench.STUDY, params, tmp_path, progress=False).written == []

@@ -128,12 +128,10 @@ def _frame(recs):
     return pd.DataFrame(recs)
 
 
-def test_interpolation_is_exact_at_measured_shapes(tmp_path, monkeypatch):
-    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setenv("REPRO_SCRATCH_RESULTS", str(tmp_path / "scratch"))
+def test_interpolation_is_exact_at_measured_shapes(tmp_path):
     recs = _gemm_records()
     results.write_records(recs, "gemm", "synthetic", root=tmp_path / "results")
-    df = results.load_records("gemm")
+    df = results.load_records("gemm", roots=tmp_path / "results")
     table = measured.RateTable.from_records(df, H200)
     by_shape = {(r["recipe"], r["sizes"]["M"], r["sizes"]["K"], r["sizes"]["N"]): r["value"]
                 for r in recs}

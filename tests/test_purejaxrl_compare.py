@@ -7,7 +7,6 @@ and ``purejaxrl.wrappers``, which imports brax, navix and chex and unpacks 5-val
 import json
 import sys
 import textwrap
-from unittest import mock
 
 import gymnax
 import jax
@@ -15,10 +14,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from repro import results
+from repro import cli, results
 from repro.analysis import rl as rl_analysis
 from repro.models import ppo
-from repro.studies import purejaxrl
+from repro.studies import purejaxrl, runner
+
+
+def params(**kw):
+    base = dict(profile="smoke", recipe="tf32", repeats=3, total_timesteps=1024, seeds=(1,),
+                ours=({},))
+    return purejaxrl.Params(**{**base, **kw})
+
+
+def record(p, root, **kw):
+    return runner.run(purejaxrl.STUDY, p, root, progress=False, **kw).written
 
 
 @pytest.fixture
@@ -130,10 +139,9 @@ def checkout(tmp_path):
 
 
 def test_load_and_record_a_stand_in_checkout(checkout, tmp_path, clean_modules, capsys):
-    params = {"profile": "smoke", "recipe": "tf32", "repeats": 2, "total_timesteps": 1024,
-              "seeds": [2], "ours": [{}, {"unroll": 2}]}
-    with mock.patch("repro.config.stage_params", return_value=params):
-        written = purejaxrl.record(checkout / "purejaxrl", "smoke", root=tmp_path / "r")
+    p = params(repeats=2, seeds=(2,), ours=({}, {"unroll": 2}),
+               purejaxrl=str(checkout / "purejaxrl"))
+    written = record(p, tmp_path / "r")
     # several seeds on the CPU: the known XLA:CPU hang of PureJaxRL's program is named
     assert "2 or more vmapped seeds has hung" in capsys.readouterr().err
     assert sorted(w.stem for w in written) == ["CartPole-v1_s2", "CartPole-v1_s2_unroll-2"]
@@ -160,18 +168,20 @@ def test_load_and_record_a_stand_in_checkout(checkout, tmp_path, clean_modules, 
     assert (table["min"] <= table["max"]).all()
 
 
-def _fake_compare(calls, rates):
-    """A stand-in for ``compare``: run seconds from ``rates`` (label -> per-repeat env-steps/s
-    of one seed at 1024 env steps); ``calls`` collects the option sets asked for."""
-    def compare(module, cfg, seeds, repeats, recipe="tf32", ours=({},)):
-        calls.append((seeds, [dict(o) for o in ours]))
-        for o in ours:
-            name = purejaxrl.label(o)
-            facts = {"purejaxrl": {"final_returns": None},  # every option set "differs"
-                     name: {"returns_digest": "d-" + name, "final_returns": None}}
-            yield name, {n: [seeds * 1024 / r for r in rates[n]]
-                         for n in ("purejaxrl", name)}, facts
-    return compare
+def _fake_compare(calls, rates, monkeypatch):
+    """Stand-ins for PureJaxRL's compilation and ``compare``: run seconds from ``rates``
+    (label -> per-repeat env-steps/s of one seed at 1024 env steps); ``calls`` collects the
+    (seed count, option set) of every comparison."""
+    def compare(theirs, cfg, seeds, repeats, recipe="tf32", options=None):
+        calls.append((seeds, dict(options or {})))
+        name = purejaxrl.label(options)
+        facts = {"purejaxrl": {"final_returns": None},  # every option set "differs"
+                 name: {"returns_digest": "d-" + name, "final_returns": None}}
+        return name, {n: [seeds * 1024 / r for r in rates[n]] for n in ("purejaxrl", name)}, \
+            facts
+
+    monkeypatch.setattr(purejaxrl, "compare", compare)
+    monkeypatch.setattr(purejaxrl, "compile_theirs", lambda module, cfg, seeds: None)
 
 
 def test_cells_per_option_set_resume_and_pair_within_one_process(checkout, tmp_path,
@@ -179,14 +189,12 @@ def test_cells_per_option_set_resume_and_pair_within_one_process(checkout, tmp_p
     rates = {"purejaxrl": [100.0, 100.0, 100.0], "repro": [90.0, 110.0, 120.0],
              "repro[unroll=8]": [150.0, 120.0, 200.0], "repro[prng=rbg,unroll=8]": [80.0] * 3}
     calls = []
-    monkeypatch.setattr(purejaxrl, "compare", _fake_compare(calls, rates))
-    params = {"profile": "smoke", "recipe": "tf32", "repeats": 3, "total_timesteps": 1024,
-              "seeds": [1, 4], "ours": [{}]}
+    _fake_compare(calls, rates, monkeypatch)
     root = tmp_path / "r"
 
     def run(ours, force=False):
-        with mock.patch("repro.config.stage_params", return_value={**params, "ours": ours}):
-            return purejaxrl.record(checkout / "purejaxrl", "smoke", root=root, force=force)
+        p = params(seeds=(1, 4), ours=tuple(ours), purejaxrl=str(checkout))
+        return record(p, root, force=force)
 
     assert len(run([{}])) == 2
     # a cell recorded before options existed: no "options", impl "repro"
@@ -198,7 +206,7 @@ def test_cells_per_option_set_resume_and_pair_within_one_process(checkout, tmp_p
     calls.clear()
     both = [{}, {"unroll": 8}, {"unroll": 8, "prng": "rbg"}]
     assert len(run(both)) == 4  # the plain cells stay; the new option sets of both seed counts
-    assert calls == [(1, both[1:]), (4, both[1:])]
+    assert calls == [(1, both[1]), (1, both[2]), (4, both[1]), (4, both[2])]
     assert run(both) == [] and len(run(both, force=True)) == 6
 
     table = rl_analysis.purejaxrl_speedups(results.load_records(purejaxrl.EXPERIMENT, roots=[root]))
@@ -217,21 +225,24 @@ def test_cells_per_option_set_resume_and_pair_within_one_process(checkout, tmp_p
 def test_option_sets_may_only_set_speed_options(tmp_path):
     c = purejaxrl.ours_config(purejaxrl.CARTPOLE, options={"unroll": 8, "prng": "rbg"})
     assert (c.unroll, c.prng, c.num_envs) == (8, "rbg", 4)
-    params = {"profile": "smoke", "recipe": "tf32", "repeats": 1, "total_timesteps": 1024,
-              "seeds": [1], "ours": [{}, {"num_envs": 8}]}
-    with mock.patch("repro.config.stage_params", return_value=params):
-        # before the (missing) checkout is looked at
-        with pytest.raises(ValueError, match=r"sets \['num_envs'\]: only unroll") as e:
-            purejaxrl.record(tmp_path, "smoke", root=tmp_path / "r")
+    p = params(repeats=1, ours=({}, {"num_envs": 8}), purejaxrl=str(tmp_path))
+    # before the (missing) checkout is looked at
+    with pytest.raises(ValueError, match=r"sets \['num_envs'\]: only unroll") as e:
+        runner.plan(purejaxrl.STUDY, p)
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="unroll must be >= 1"):
         purejaxrl.ours_config(purejaxrl.CARTPOLE, options={"unroll": 0})
 
 
 def test_missing_checkout_is_one_clear_line(tmp_path, capsys):
-    assert purejaxrl.main(["--purejaxrl", str(tmp_path), "--profile", "smoke"]) == 2
+    assert cli.main(["record", "rl_purejaxrl", "--purejaxrl", str(tmp_path), "--profile",
+                     "smoke"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "purejaxrl/ppo.py" in err
+    assert cli.main(["record", "rl_purejaxrl", "--profile", "smoke"]) == 2
+    assert "rl_purejaxrl needs --purejaxrl" in capsys.readouterr().err
+    assert cli.main(["record", "gemm", "--purejaxrl", str(tmp_path)]) == 2
+    assert "gemm does not take --purejaxrl" in capsys.readouterr().err
 
 
 def test_ours_config_is_purejaxrl_cartpole():
@@ -298,31 +309,28 @@ def test_speedups_report_final_returns_and_their_gap(tmp_path):
     assert (row.gap_lo, row.gap_hi) == pytest.approx((10 - 31.82, 10 + 31.82), abs=0.01)
 
 
-def test_only_and_again_keep_earlier_runs_as_separate_cells(checkout, tmp_path, clean_modules,
-                                                            monkeypatch):
+def test_only_and_confirming_runs_keep_earlier_runs_as_separate_cells(checkout, tmp_path,
+                                                                       clean_modules,
+                                                                       monkeypatch):
     rates = {"purejaxrl": [100.0] * 3, "repro": [110.0] * 3,
              "repro[unroll=8,update_unroll=4]": [130.0, 125.0, 120.0]}
     calls = []
-    monkeypatch.setattr(purejaxrl, "compare", _fake_compare(calls, rates))
-    sets = [{}, {"unroll": 8, "update_unroll": 4}]
-    params = {"profile": "smoke", "recipe": "tf32", "repeats": 3, "total_timesteps": 1024,
-              "seeds": [1], "ours": sets}
+    _fake_compare(calls, rates, monkeypatch)
+    sets = ({}, {"unroll": 8, "update_unroll": 4})
     root = tmp_path / "r"
 
-    def run(**kw):
-        with mock.patch("repro.config.stage_params", return_value=params):
-            return purejaxrl.record(checkout / "purejaxrl", "smoke", root=root, **kw)
+    def run(only, runs=1):
+        p = params(ours=sets, runs=runs, purejaxrl=str(checkout))
+        return [w.stem for w in record(p, root, only=only)]
 
-    # keys in any order select the set; the defaults are not timed
-    assert [p.stem for p in run(only=["update_unroll=4, unroll=8"])] == [
-        "CartPole-v1_s1_unroll-8_update_unroll-4"]
-    assert calls == [(1, [sets[1]])]
-    assert run(only=["repro[unroll=8,update_unroll=4]"]) == []  # recorded: skipped
+    # the option set by its cell name; the defaults are not timed
+    assert run(["*_unroll-8_update_unroll-4"]) == ["CartPole-v1_s1_unroll-8_update_unroll-4"]
+    assert calls == [(1, sets[1])]
+    assert run(["*_unroll-8_update_unroll-4"]) == []  # recorded: skipped
     rates["repro[unroll=8,update_unroll=4]"] = [115.0] * 3  # the second run is slower
-    assert [p.stem for p in run(only=["unroll=8,update_unroll=4"], again=True)] == [
+    assert run(["*_unroll-8_update_unroll-4*"], runs=2) == [
         "CartPole-v1_s1_unroll-8_update_unroll-4_run2"]
-    # again on a set never recorded records its first run
-    assert [p.stem for p in run(only=["repro"], again=True)] == ["CartPole-v1_s1"]
+    assert run(["CartPole-v1_s1"], runs=2) == ["CartPole-v1_s1"]
     table = rl_analysis.purejaxrl_speedups(results.load_records(purejaxrl.EXPERIMENT, roots=[root]))
     unrolled = table[table.ours == "repro[unroll=8,update_unroll=4]"]
     assert list(unrolled.run) == [1, 2] and list(unrolled.runs) == [2, 2]
@@ -330,14 +338,10 @@ def test_only_and_again_keep_earlier_runs_as_separate_cells(checkout, tmp_path, 
     assert table[table.ours == "repro"].runs.tolist() == [1]
 
 
-def test_only_names_an_unknown_option_set_in_one_line(tmp_path, capsys):
-    params = {"profile": "smoke", "recipe": "tf32", "repeats": 1, "total_timesteps": 1024,
-              "seeds": [1], "ours": [{}, {"unroll": 8}]}
-    with mock.patch("repro.config.stage_params", return_value=params):
-        # before the (missing) checkout is looked at
-        assert purejaxrl.main(["--purejaxrl", str(tmp_path), "--profile", "smoke",
-                               "--only", "unroll=16"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0
-    assert "repro[unroll=16]" in err or "unroll=16" in err
-    assert "valid: repro, repro[unroll=8]" in err
+def test_only_that_selects_no_cell_is_one_line(checkout):
+    p = params(ours=({}, {"unroll": 8}), purejaxrl=str(checkout))
+    with pytest.raises(ValueError) as e:
+        runner.plan(purejaxrl.STUDY, p, only=["*unroll-16"])
+    assert "\n" not in str(e.value)
+    assert "--only *unroll-16 selects no cell; cells: CartPole-v1_s1, CartPole-v1_s1_unroll-8" \
+        in str(e.value)

@@ -10,9 +10,11 @@ from repro import hardware, results
 
 @pytest.fixture
 def roots(tmp_path, monkeypatch):
-    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setenv("REPRO_SCRATCH_RESULTS", str(tmp_path / "scratch"))
-    return tmp_path
+    """A repository root of its own (results/) and a scratch folder for smoke records."""
+    monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
+    results.use_scratch(tmp_path / "scratch")
+    yield tmp_path
+    results.use_scratch(None)
 
 
 def rec(slug="h200", value=1.0, recipe="bf16", **kw):
@@ -21,8 +23,7 @@ def rec(slug="h200", value=1.0, recipe="bf16", **kw):
                                spread=0.25, hardware=hardware.lookup(slug), **kw)
 
 
-def test_record_fields(monkeypatch):
-    monkeypatch.delenv("REPRO_RUN_NOTE", raising=False)
+def test_record_fields():
     r = rec(value=3, emulated=True, profile="smoke", extra={"hlo_fp8_gemm": False})
     assert list(r) == results.RECORD_FIELDS
     assert r["experiment"] == "gemm" and r["claims"] == ["A2", "B2"]
@@ -38,13 +39,19 @@ def test_record_fields(monkeypatch):
     json.dumps(r)  # serialisable as is
 
 
-def test_run_note_only_when_set(monkeypatch):
-    monkeypatch.delenv("REPRO_RUN_NOTE", raising=False)
-    assert "run_note" not in rec()
-    monkeypatch.setenv("REPRO_RUN_NOTE", "GPU 1 of 2; beside it on GPU 0: lm")
+def test_restamp_sets_hardware_and_run_note_only_when_given():
     r = rec()
-    assert r["run_note"] == "GPU 1 of 2; beside it on GPU 0: lm"
-    assert list(r) == results.RECORD_FIELDS + ["run_note"]
+    assert results.restamp([r]) == [r] and "run_note" not in r
+    (out,) = results.restamp([r], hardware="My Test Box", note="GPU 1 of 2; beside it: lm")
+    assert out["hardware"] == "my-test-box" and out["run_note"] == "GPU 1 of 2; beside it: lm"
+    assert list(out) == results.RECORD_FIELDS + ["run_note"] and r["hardware"] == "h200"
+
+
+def test_record_roots_follow_the_repository_root_and_the_scratch_folder(roots):
+    assert results.record_root("full") == roots / "results"
+    assert results.record_root("smoke") == roots / "scratch"
+    results.use_scratch(None)
+    assert results.record_root("smoke") == roots / "build" / "results"
 
 
 def test_write_then_read_back(roots):
@@ -91,7 +98,7 @@ def test_load_across_hardware_and_roots(roots):
     other = results.make_record("mlp_step", "ms", 1.0, "ms", hardware=hardware.lookup("h200"))
     results.write_records([other], "mlp_step", "a", root=roots / "results")
 
-    df = results.load_records("gemm")  # default roots: REPRO_RESULTS and REPRO_SCRATCH_RESULTS
+    df = results.load_records("gemm")  # default roots: results/ and the scratch folder
     assert sorted(df.hardware) == ["b200", "cpu", "h200", "h200"]
     assert set(df.experiment) == {"gemm"}
     assert {"source", "size_M", "size_K", "size_N"} <= set(df.columns)

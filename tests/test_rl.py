@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from repro import studies
 from repro.analysis import rl as rl_analysis
 from repro.analysis import stats
 from repro.models import networks, ppo
@@ -241,20 +242,22 @@ def test_precision_policy_and_record_validation(tmp_path):
         "fp8-e5m2" and pol["optimizer state (Adam moments)"] == "fp32"
     assert value_formats("tf32")["weights (GEMM operand)"] == "tf32"
     with pytest.raises(ValueError, match="unknown recipe"):
-        X.record_throughput("smoke", tmp_path, recipes=["fp7"])
+        studies.record(X.THROUGHPUT, "smoke", tmp_path, recipes=["fp7"])
     assert not list(tmp_path.iterdir())  # nothing written before validation passed
 
 
-def test_cell_selection_for_split_gpu_runs(capsys):
-    from repro.studies import rl_throughput as X
+def test_cell_selection_for_split_gpu_runs():
+    """``--recipe fp8-delayed --only 'Breakout*'``: the variants built on fp8-delayed of one
+    game, its random-policy cell, and its determinism check (fp8-e2e is built on it)."""
+    from repro.studies import runner
 
-    from repro.config import stage_params
-
-    p = stage_params("rl_quality", "full")
-    variants = [v for v in p["variants"] if resolve(v).family == "fp8-delayed"]
-    cells = [c[0] for c in X._select(RQ.quality_cells(p, variants), ["Breakout*"])]
-    assert "Breakout-MinAtar_fp8-e2e-nokahan" in cells and "Breakout-MinAtar_random" in cells
-    assert not any(c.startswith("CartPole") or c.endswith("_fp32") for c in cells)
+    p = studies.params(RQ.QUALITY, "full")
+    cells = [c.name for c in runner.select(RQ.cells(p), ["Breakout*"], ["fp8-delayed"])]
+    built_on = [v for v in p.variants if resolve(v).family == "fp8-delayed"]
+    assert cells == ["Breakout-MinAtar_random", *(f"Breakout-MinAtar_{v}" for v in built_on),
+                     "Breakout-MinAtar_determinism_fp8-e2e"]
+    assert {"fp8-delayed", "fp8-e2e-nokahan", "fp8-all-layers"} <= set(built_on)
+    assert "bf16" not in built_on and "fp32" not in built_on
 
 
 def test_rollout_bootstrap_matches_a_per_step_loop():
@@ -360,35 +363,25 @@ def test_fp8_cnn_throughput_cells_count_as_emulated():
     assert not em[("cnn", "bf16")] and not em[("mlp", "fp8-delayed")]
 
 
-def test_cross_call_note_names_the_earlier_cells(tmp_path):
-    """Timing an FP8 cell whose BF16/FP16 cells exist from an earlier call warns (session 12
-    recorded such a pair by mistake); selecting them with --force, or a configuration with no
-    other recorded cell, does not."""
-    from repro import hardware, results
+def test_throughput_cells_of_one_configuration_form_a_group():
+    """Cells of one (network, width, num_envs) are compared with each other (the runner notes
+    a cross-call ratio among them); the stores cell names no recipe (kept by --recipe)."""
     from repro.studies import rl_throughput as X
 
-    p = {"networks": {"cnn": "Breakout-MinAtar", "mlp": "CartPole-v1"}, "widths": [64],
-         "num_envs": [2048]}
-    every = X.throughput_cells(p, ["bf16", "fp16", "fp8-delayed"])
-    hw = hardware.lookup("cpu")
-    for name in ("cnn_w0_bf16_e2048", "cnn_w0_fp16_e2048", "mlp_w64_bf16_e2048"):
-        results.write_records([results.make_record(X.THROUGHPUT, "env_steps_per_s", 1.0,
-                                                   "steps/s", hardware=hw)],
-                              X.THROUGHPUT, name, root=tmp_path)
-    fp8_cnn = X._select(every, ["cnn_*_fp8-delayed_*"])
-    note = X.cross_call_note(fp8_cnn, every, False, tmp_path)
-    assert note and "cnn_w0_fp8-delayed_e2048" in note
-    assert "cnn_w0_bf16_e2048, cnn_w0_fp16_e2048" in note and "mlp_w64" not in note
-    assert X.cross_call_note(X._select(every, ["cnn_*"]), every, True, tmp_path) is None
-    # without --force the existing cells are skipped, so only fp8 runs: still cross-call
-    assert X.cross_call_note(X._select(every, ["cnn_*"]), every, False, tmp_path)
-    # the mlp config has bf16 only; timing fp16 and fp8 there is cross-call with it ...
-    assert "mlp_w64_bf16_e2048" in X.cross_call_note(X._select(every, ["mlp_*"]), every,
-                                                     False, tmp_path)
-    # ... and a configuration nothing was recorded for is not
-    assert X.cross_call_note([c for c in every if c[0] == "mlp_w64_fp8-delayed_e2048"],
-                             [c for c in every if c[0].startswith("mlp_w64_fp8")], False,
-                             tmp_path) is None
+    p = X.Params(profile="smoke", recipes=("bf16", "fp8-delayed"), widths=(64,), num_envs=(8, 16),
+                 networks={"mlp": "CartPole-v1", "cnn": "Breakout-MinAtar"}, num_steps=4,
+                 updates=1, repeats=1)
+    cells = X.cells(p)
+    assert [(c.name, c.recipes, c.group) for c in cells] == [
+        ("stores", (), None),
+        ("mlp_w64_bf16_e8", ("bf16",), "mlp_w64_e8"),
+        ("mlp_w64_bf16_e16", ("bf16",), "mlp_w64_e16"),
+        ("mlp_w64_fp8-delayed_e8", ("fp8-delayed",), "mlp_w64_e8"),
+        ("mlp_w64_fp8-delayed_e16", ("fp8-delayed",), "mlp_w64_e16"),
+        ("cnn_w0_bf16_e8", ("bf16",), "cnn_w0_e8"),
+        ("cnn_w0_bf16_e16", ("bf16",), "cnn_w0_e16"),
+        ("cnn_w0_fp8-delayed_e8", ("fp8-delayed",), "cnn_w0_e8"),
+        ("cnn_w0_fp8-delayed_e16", ("fp8-delayed",), "cnn_w0_e16")]
 
 
 def test_repeat_identical_compares_returns_and_curves_bitwise(tmp_path):
@@ -423,18 +416,18 @@ def test_a_failing_cell_does_not_stop_the_study(tmp_path, monkeypatch, capsys):
     """A cell that raises (a convolution the device cannot compile) is logged and named at the
     end; the cells after it still run and are written."""
     from repro import results
-    from repro.studies import rl_throughput as X
+    from repro.studies.runner import CellsFailed
 
-    def fake_cell(env_name, v, p, profile):
+    def fake_cell(env_name, v, p):
         if v == "fp8-delayed":
             raise RuntimeError("NOT_FOUND: No supported configs found for HLO\nmore lines")
         return [results.make_record(RQ.QUALITY, "final_return", 1.0, "return",
-                                    sizes={"env": env_name, "variant": v}, profile=profile)]
+                                    sizes={"env": env_name, "variant": v}, profile=p.profile)]
 
     monkeypatch.setattr(RQ, "quality_cell", fake_cell)
     only = ["CartPole-v1_fp32", "CartPole-v1_fp8-delayed", "CartPole-v1_fp8-e2e"]
-    with pytest.raises(X.CellsFailed) as e:
-        RQ.record_quality("smoke", tmp_path, only=only)
+    with pytest.raises(CellsFailed) as e:
+        studies.record(RQ.QUALITY, "smoke", tmp_path, only=only, progress=False)
     assert len(e.value.failures) == 1 and "CartPole-v1_fp8-delayed" in e.value.failures[0]
     assert "No supported configs" in e.value.failures[0] and "more lines" not in str(e.value)
     for ok in ("CartPole-v1_fp32", "CartPole-v1_fp8-e2e"):  # before and after the failure
@@ -450,12 +443,13 @@ def test_all_layers_throughput_variant_puts_first_layer_and_heads_in_fp8(tmp_pat
     neither a variant nor a recipe fails before any work."""
     import re
 
-    from repro import config
+    import dataclasses
+
     from repro.studies import rl_throughput as X
 
     all_layers = resolve("fp8-all-layers")
     assert (all_layers.family, all_layers.scope) == ("fp8-delayed", "all")
-    p = {**config.stage_params("rl_throughput", "smoke"), "num_minibatches": 1}
+    p = dataclasses.replace(studies.params(X.THROUGHPUT, "smoke"), num_minibatches=1)
 
     def e4m3_converts(token):
         update, args = X.update_step(X.throughput_config("mlp", 64, token, 8, p))
@@ -465,4 +459,4 @@ def test_all_layers_throughput_variant_puts_first_layer_and_heads_in_fp8(tmp_pat
     plain, every = e4m3_converts("fp8-delayed"), e4m3_converts("fp8-all-layers")
     assert plain > 0 and every > plain
     with pytest.raises(ValueError, match="unknown recipe"):
-        X.record_throughput("smoke", tmp_path, recipes=["fp7"])
+        studies.record(X.THROUGHPUT, "smoke", tmp_path, recipes=["fp7"])

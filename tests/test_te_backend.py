@@ -74,14 +74,12 @@ def test_unknown_te_recipe_lists_valid(fake_te):
         resolve("te-nvfp9")
 
 
-def test_record_skips_te_recipes_without_te(no_te, monkeypatch, tmp_path, capsys):
-    import repro.config
+def test_record_skips_te_recipes_without_te(no_te, tmp_path, capsys):
+    from repro.studies import runner
 
-    cfg = {"depth": 2, "recipes": ["bf16", "te-fp8-current"], "batch": 32, "widths": [16],
-           "repeats": 1, "profile": "smoke"}
-    monkeypatch.setattr(repro.config, "stage_params", lambda *a, **k: dict(cfg))
-    monkeypatch.setenv("REPRO_SCRATCH_RESULTS", str(tmp_path))
-    mlpbench.record("smoke", root=tmp_path, force=True)
+    p = mlpbench.Params(profile="smoke", depth=2, recipes=("bf16", "te-fp8-current"), batch=32,
+                        widths=(16,), repeats=1)
+    runner.run(mlpbench.STUDY, p, tmp_path, force=True, progress=False)
     assert "skipping te-fp8-current" in capsys.readouterr().out
     from repro.results import load_records
 

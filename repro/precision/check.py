@@ -6,7 +6,7 @@ written as a cast round trip can vanish on the GPU while CPU tests pass. ``repro
 rounds with ``lax.reduce_precision`` instead. This module runs each rounding jitted on the
 default device and compares the bits with numpy/ml_dtypes on the host:
 
-    python -m repro.precision.check        # exit 1 if a rounding this repository uses is skipped
+    repro check        # exit 1 if a rounding this repository uses is skipped
 
 ``repro record ... --profile full`` (:func:`require`) and ``scripts/gpu_record.sh`` run it
 before recording anything. The first row, the plain round
@@ -14,8 +14,6 @@ trip, is informational: it shows whether this compiler folds (expected on the GP
 """
 
 from __future__ import annotations
-
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -91,19 +89,4 @@ def require() -> None:
     if bad:
         dev = jax.devices()[0]
         raise NumericsError(f"numerics check failed on {dev.platform}:{dev.device_kind}: "
-                            f"{'; '.join(bad)}; nothing recorded (python -m repro.precision.check)")
-
-
-def main(argv=None) -> int:
-    rows = checks()
-    dev = jax.devices()[0]
-    print(f"numerics check on {dev.platform}:{dev.device_kind} (jax {jax.__version__})")
-    for r in rows:
-        flag = "ok  " if r["ok"] else ("FAIL" if r["required"] else "note")
-        print(f"  [{flag}] {r['check']}")
-    bad = [r for r in rows if r["required"] and not r["ok"]]
-    return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+                            f"{'; '.join(bad)}; nothing recorded (repro check)")

@@ -1,0 +1,79 @@
+"""The studies: each module measures one experiment and exports ``STUDY``
+(:class:`repro.studies.runner.Study`). :data:`EXPERIMENTS` is the one list of them.
+
+    from repro import studies
+    studies.record("gemm", "smoke")            # what `repro record gemm --profile smoke` does
+    studies.params("rl_throughput", "full")    # a study's typed params.yaml section
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from pathlib import Path
+from typing import Any
+
+# experiment (the records' folder) -> module, imported when first used. `repro record`
+# runs these (`all`: in this order), each with its params.yaml section.
+EXPERIMENTS: dict[str, str] = {
+    "gemm": "repro.studies.gemm",
+    "mlp_step": "repro.studies.mlp_step",
+    "lm_step": "repro.studies.lm_step",
+    "rl_throughput": "repro.studies.rl_throughput",
+    "rl_quality": "repro.studies.rl_quality",
+    "lm": "repro.studies.lm_quality",
+    "multigpu": "repro.studies.multigpu",
+    "rl_purejaxrl": "repro.studies.purejaxrl",
+}
+# `repro trace`: studies whose parameters come from the command line.
+TRACES: dict[str, str] = {"kernel_times": "repro.studies.kernel_times"}
+
+
+def study(name: str):
+    """The :class:`~repro.studies.runner.Study` of experiment ``name``; a one-line
+    ``ValueError`` naming the valid ones if there is none."""
+    module = EXPERIMENTS.get(name) or TRACES.get(name)
+    if module is None:
+        raise ValueError(f"unknown experiment {name!r}; valid experiments: "
+                         f"{', '.join(EXPERIMENTS)}")
+    return importlib.import_module(module).STUDY
+
+
+def params(name: str, profile: str | None = None, raw: dict[str, Any] | None = None):
+    """Experiment ``name``'s ``params.yaml`` section for ``profile``, typed and checked
+    (``raw``: the whole params.yaml, already loaded)."""
+    from repro import config
+
+    s = study(name)
+    if s.params_section is None:
+        raise ValueError(f"{name} has no params.yaml section: its parameters come from the "
+                         "command line")
+    return config.section(s.params_section, s.params, profile, raw)
+
+
+def with_inputs(name: str, p: Any, inputs: dict[str, Any] | None) -> Any:
+    """``p`` with the values of command-line inputs set (``{"purejaxrl": DIR}``); a one-line
+    ``ValueError`` for a missing required one or one the study does not take."""
+    s, inputs = study(name), {k: v for k, v in (inputs or {}).items() if v is not None}
+    fields = {f.name for f in dataclasses.fields(p)} if dataclasses.is_dataclass(p) else set()
+    if bad := sorted(set(inputs) - fields):
+        raise ValueError(f"{name} does not take --{bad[0].replace('_', '-')}")
+    if missing := [k for k in s.requires if k not in inputs and getattr(p, k, None) is None]:
+        raise ValueError(f"{name} needs --{missing[0].replace('_', '-')}")
+    return dataclasses.replace(p, **inputs) if inputs else p
+
+
+def record(name: str, profile: str | None = None, root: str | Path | None = None, *,
+           inputs: dict[str, Any] | None = None, **options):
+    """Run experiment ``name`` with its ``params.yaml`` section for ``profile`` (default: the
+    file's); records go to ``root`` (default ``results.record_root(profile)``). ``inputs``:
+    values of the study's command-line inputs (:func:`with_inputs`); ``options``: those of
+    :func:`repro.studies.runner.run` (``force``, ``only``, ``recipes``...). Returns the run's
+    :class:`~repro.studies.runner.Outcome`."""
+    from repro import results
+    from repro.studies import runner
+
+    p = with_inputs(name, params(name, profile), inputs)
+    prof = getattr(p, "profile", None) or p["profile"]
+    root = Path(root) if root is not None else results.record_root(prof)
+    return runner.run(study(name), p, root, **options)

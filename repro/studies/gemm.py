@@ -23,20 +23,21 @@ FP8 tensor-core math. On a GPU the sweep asserts one of the two; on a CPU the f8
 computed by upcasting, so fp8 records there carry ``emulated=True``.
 
 Each record goes through :func:`repro.results.make_record` (experiment ``gemm``, claims A2, B2),
-one resumable cell per shape (:func:`record_gemm`).
+one resumable cell per shape (:data:`STUDY`: ``repro record gemm``).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from repro.config import ConfigError
+from repro.config import ConfigError, Section, from_cli, positive
 from repro.precision import formats
+from repro.studies.runner import Cell, Study
 from repro.studies.timing import FP8_GEMM_TARGET, compiled_gemm_info, time_fn
 
 GEMM_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -219,39 +220,44 @@ def shape_cell(shape, dtypes, all_dtypes=GEMM_DTYPES) -> str:
     return cell if list(dtypes) == list(all_dtypes) else cell + "_" + "-".join(dtypes)
 
 
-def record_gemm(profile: str, root: str | Path | None = None, force: bool = False,
-                recipes: Sequence[str] | None = None) -> list[Path]:
-    """Run the GEMM study of ``params.yaml`` (section ``gemm``) for ``profile``.
+@dataclass(frozen=True, kw_only=True)
+class Params(Section):
+    """``params.yaml``'s ``gemm`` section. ``selected``: ``--recipe``, a subset of ``dtypes``
+    recorded in cells of its own (``<shape>_bf16-fp8``), so it never masks the full sweep."""
 
-    One resumable cell per shape under ``root`` (default: ``record_root(profile)``); finished
-    cells are skipped unless ``force``. ``recipes`` restricts the dtypes (a subset is recorded
-    in its own cell, so it never masks the full sweep). Returns the paths written.
-    """
-    from tqdm import tqdm  # not tqdm.auto: that wants ipywidgets inside notebooks
+    dtypes: tuple[str, ...] = GEMM_DTYPES
+    shapes: tuple[tuple[int, int, int], ...] = positive()
+    repeats: int = positive(10)
+    input_sets: int = positive(2)
+    error_shape: tuple[int, int, int] = positive(ERROR_SHAPE)
+    selected: tuple[str, ...] | None = from_cli()
 
-    from repro import config
-    from repro.results import have_cell, record_root, write_records
 
-    p = config.stage_params("gemm", profile)
-    profile = p["profile"]
-    all_dtypes = _check_dtypes(p.get("dtypes", GEMM_DTYPES))
-    dtypes = all_dtypes if recipes is None else _check_dtypes(recipes)
-    shapes = _check_shapes(p.get("shapes", []))
-    repeats = int(p.get("repeats", 10))
-    input_sets = int(p.get("input_sets", 2))
-    error_shape = p.get("error_shape", list(ERROR_SHAPE))
-    _check_shapes([error_shape])
-    root = Path(root) if root is not None else record_root(profile)
+def check(p: Params) -> None:
+    _check_dtypes(p.dtypes)
+    _check_dtypes(p.selected or ())
+    _check_shapes([*p.shapes, p.error_shape])
 
-    cells = [(shape_cell(s, dtypes, all_dtypes), s) for s in shapes]
-    cells.append(("rel_error_" + shape_cell(error_shape, dtypes, all_dtypes), None))
-    written = []
-    for cell, shape in tqdm(cells, desc=f"gemm [{profile}]", unit="cell"):
-        if not force and have_cell("gemm", cell, root=root):
-            continue
-        if shape is None:
-            recs = gemm_error(dtypes, error_shape, profile=profile)
-        else:
-            recs = gemm_sweep([shape], dtypes, repeats, input_sets=input_sets, profile=profile)
-        written.append(write_records(recs, "gemm", cell, root=root))
-    return written
+
+def narrow(p: Params, recipes) -> Params:
+    return replace(p, selected=tuple(_check_dtypes(recipes)))
+
+
+def cells(p: Params) -> list[Cell]:
+    """One cell per shape (every dtype timed in it), then the error cell."""
+    dtypes = list(p.selected or p.dtypes)
+
+    def sweep(shape):
+        return lambda _budget: gemm_sweep([shape], dtypes, p.repeats, input_sets=p.input_sets,
+                                          profile=p.profile)
+
+    out = [Cell(shape_cell(s, dtypes, p.dtypes), sweep(tuple(s)), tuple(dtypes))
+           for s in p.shapes]
+    out.append(Cell("rel_error_" + shape_cell(p.error_shape, dtypes, p.dtypes),
+                    lambda _budget: gemm_error(dtypes, p.error_shape, profile=p.profile),
+                    tuple(dtypes)))
+    return out
+
+
+STUDY = Study("gemm", CLAIMS, cells, check, about="GEMM throughput and error per dtype",
+              params=Params, narrow=narrow)

@@ -1,16 +1,17 @@
-"""Where a training step's device time goes, kernel by kernel (issue 6: the perfmodel's misses).
+"""Where a training step's device time goes, kernel by kernel (what step times alone hide).
 
-    python -m repro.studies.kernel_times mlp --width 256 --recipes bf16,fp8-delayed   # on a GPU
-    python -m repro.studies.kernel_times lm --size 20m --batch 64 --recipes bf16,fp8-delayed
-    python -m repro.studies.kernel_times gemm --recipes bf16,fp8     # the gemm sweep's GEMMs, traced
-    python -m repro.studies.kernel_times ppo --width 4096 --recipes bf16,fp8-delayed   # the PPO update
+    repro trace mlp --width 256 --recipes bf16,fp8-delayed      # on a GPU
+    repro trace lm --size 20m --batch 64 --recipes bf16,fp8-delayed
+    repro trace gemm --recipes bf16,fp8                         # the gemm sweep's GEMMs, traced
+    repro trace ppo --width 4096 --recipes bf16,fp8-delayed     # the PPO update
 
 The step is built and compiled exactly as the ``mlp_step`` / ``lm_step`` benchmarks do it
-(``repro.studies.mlp_step._setup`` and ``_compile``, ``repro.studies.lm_step.compile_step``; ``ppo``: the update
-step of an ``rl_throughput`` MLP cell, ``repro.studies.rl_throughput.update_program``), run once to warm
-up, and then ``--steps`` steps run under JAX's profiler (CUPTI on a GPU). The Perfetto trace's
-kernel events on the device's streams are classed by name (:func:`kernel_class`: gemm,
-attention, collective, memory, other) and summed. Per recipe, records under
+(``repro.studies.mlp_step._setup`` and ``_compile``, ``repro.studies.lm_step.compile_step``;
+``ppo``: the update step of an ``rl_throughput`` MLP cell,
+``repro.studies.rl_throughput.update_program``), run once to warm up, and then ``steps``
+steps run under JAX's profiler (CUPTI on a GPU). The Perfetto trace's kernel events on the
+device's streams are classed by name (``repro.analysis.traces.kernel_class``: gemm, attention,
+collective, memory, other) and summed. Per recipe, records under
 ``results/<hardware>/kernel_times/<cell>.json``: ``<class>_ms_per_step`` for every class,
 ``kernel_ms_per_step`` (their sum: device busy time, streams added up), ``kernels_per_step``
 and ``wall_ms_per_step`` (wall time per traced step, profiler on: an upper bound of the
@@ -26,10 +27,10 @@ CPU the trace holds no device kernels: nothing is recorded, and it says so.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,6 +38,8 @@ import jax
 
 from repro import results
 from repro.analysis.traces import kernel_events, load_trace, summarize
+from repro.config import Section
+from repro.studies.runner import Cell, Study
 
 EXPERIMENT = "kernel_times"  # repro.perfmodel reads these records by this name
 CLAIMS = ["B2"]
@@ -90,11 +93,11 @@ def _ppo_runner(token: str, width: int, num_envs: int, profile: str = "full"):
     (``params.yaml``'s settings of ``profile``), built as that cell builds it
     (``repro.studies.rl_throughput.update_program``); ``token`` is a recipe name such as
     ``fp8-all-layers``."""
-    from repro.config import stage_params
+    from repro import studies
     from repro.studies import rl_throughput as X
     from repro.studies.timing import compiled_facts, recipe_emulated
 
-    c = X.throughput_config("mlp", width, token, num_envs, stage_params(X.THROUGHPUT, profile))
+    c = X.throughput_config("mlp", width, token, num_envs, studies.params(X.THROUGHPUT, profile))
     compiled, args, _ = X.update_program(c)
     facts = compiled_facts(compiled)
     return (lambda: compiled(*args)), {
@@ -107,7 +110,7 @@ def profile_cell(workload: str, recipes: list[str], steps: int, sizes: dict[str,
     """Records of one shape, one recipe after the other; [] where the trace has no kernels.
 
     ``make_runner(recipe)`` gives ``(run, facts)``: one training step and the compiled
-    program's facts (``repro.studies.gemm.compiled_facts``), whose FP8 lowering says whether the
+    program's facts (``repro.studies.timing.compiled_facts``), whose FP8 lowering says whether the
     recipe ran emulated (then the kernels are those of the emulation, and records say so);
     facts with an ``emulated`` key (the GEMM workload's dtypes) say it themselves."""
     from repro.studies.timing import recipe_emulated
@@ -135,75 +138,86 @@ def profile_cell(workload: str, recipes: list[str], steps: int, sizes: dict[str,
     return records
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m repro.studies.kernel_times", description=__doc__.split(
-        "\n\n")[0])
-    ap.add_argument("workload", choices=["mlp", "lm", "gemm", "ppo"])
-    ap.add_argument("--recipes", default=None,
-                    help="comma-separated (default bf16,fp8-delayed; gemm: dtypes, bf16,fp8)")
-    ap.add_argument("--shapes", default=",".join(f"65536x{w}x{w}"
-                                                 for w in (256, 512, 1024, 2048, 4096)),
-                    help="gemm: MxKxN,... (one cell each; shapes of the gemm sweep; default: "
-                         "the mlp_step GEMMs)")
-    ap.add_argument("--width", type=int, default=256, help="mlp: width")
-    ap.add_argument("--depth", type=int, default=3, help="mlp: depth")
-    ap.add_argument("--num-envs", type=int, default=2048,
-                    help="ppo: parallel envs of the rl_throughput cell whose update is traced "
-                         "(MLP of --width; --profile's rl_throughput settings)")
-    ap.add_argument("--batch", type=int, default=None,
-                    help="rows (mlp, default 65536) or sequences (lm, default 64)")
-    ap.add_argument("--size", default="20m", help="lm: model preset")
-    ap.add_argument("--steps", type=int, default=5, help="steps traced per recipe")
-    ap.add_argument("--force", action="store_true", help="re-record a recorded cell")
-    ap.add_argument("--profile", default="full", help="records' profile (where they go)")
-    a = ap.parse_args(argv)
+WORKLOADS = ("mlp", "lm", "gemm", "ppo")
+MLP_GEMMS = tuple((65536, w, w) for w in (256, 512, 1024, 2048, 4096))  # mlp_step's GEMMs
+
+
+@dataclass(frozen=True, kw_only=True)
+class Params(Section):
+    """What ``repro trace`` traces: ``workload`` (mlp, lm, gemm, ppo) under ``recipes``
+    (gemm: dtypes), ``steps`` steps per recipe; ``shapes`` (gemm: one cell per MxKxN),
+    ``width``/``depth``/``batch`` (mlp; ppo: the width and ``num_envs`` of the rl_throughput
+    cell whose update is traced, with ``profile``'s rl_throughput settings), ``size``/``batch``
+    (lm). ``profile``: the records' (where they go)."""
+
+    workload: str
+    recipes: tuple[str, ...] = ()
+    steps: int = 5
+    shapes: tuple[tuple[int, int, int], ...] = MLP_GEMMS
+    width: int = 256
+    depth: int = 3
+    num_envs: int = 2048
+    batch: int | None = None
+    size: str = "20m"
+
+
+def parse_shapes(text: str) -> tuple[tuple[int, int, int], ...]:
+    """``"MxKxN,MxKxN"`` -> shapes; a one-line ``ValueError`` for anything else."""
+    try:
+        shapes = tuple(tuple(int(v) for v in x.lower().split("x")) for x in text.split(","))
+        if shapes and all(len(t) == 3 for t in shapes):
+            return shapes
+    except ValueError:
+        pass
+    raise ValueError(f"--shapes: expected MxKxN[,MxKxN...], got {text!r}")
+
+
+def default_recipes(workload: str) -> tuple[str, ...]:
+    return ("bf16", "fp8") if workload == "gemm" else ("bf16", "fp8-delayed")
+
+
+def check(p: Params) -> None:
+    """The workload, every recipe (gemm: dtype) and size: before anything compiles."""
     from repro.precision.recipes import resolve
     from repro.studies.gemm import _check_dtypes
 
-    gemm = a.workload == "gemm"
-    recipes = [r for r in (a.recipes or ("bf16,fp8" if gemm else "bf16,fp8-delayed")).split(",")
-               if r]
-    try:  # an unknown recipe fails before any compilation, naming the valid ones
-        for r in recipes:
-            if gemm:
-                _check_dtypes([r])
-            else:
-                resolve(r)
-    except ValueError as e:
-        ap.error(str(e))
-    # (cell, sizes, make_runner) per cell: one per shape for gemm, one for mlp / lm
-    if gemm:
-        try:
-            shapes = [tuple(int(v) for v in x.lower().split("x")) for x in a.shapes.split(",")]
-            assert shapes and all(len(t) == 3 and min(t) > 0 for t in shapes)
-        except (ValueError, AssertionError):
-            ap.error(f"--shapes: expected MxKxN[,MxKxN...], got {a.shapes!r}")
-        cells = [(f"gemm_{m}x{k}x{n}", {"M": m, "K": k, "N": n},
-                  lambda r, m=m, k=k, n=n: _gemm_runner(r, m, k, n)) for m, k, n in shapes]
-    elif a.workload == "mlp":
-        batch = a.batch or 65536
-        cells = [(f"mlp_{batch}x{a.width}x{a.depth}",
-                  {"batch": batch, "width": a.width, "depth": a.depth},
-                  lambda r: _mlp_runner(r, a.width, batch, a.depth))]
-    elif a.workload == "ppo":
-        cells = [(f"ppo_update_w{a.width}_e{a.num_envs}",
-                  {"network": "mlp", "width": a.width, "num_envs": a.num_envs},
-                  lambda r: _ppo_runner(r, a.width, a.num_envs, a.profile))]
+    if p.workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {p.workload!r}; valid: {', '.join(WORKLOADS)}")
+    if not p.recipes:
+        raise ValueError("no recipes to trace")
+    for r in p.recipes:
+        _check_dtypes([r]) if p.workload == "gemm" else resolve(r)
+    numbers = [p.steps, p.width, p.depth, p.num_envs, p.batch or 1, *sum(p.shapes, ())]
+    if not all(isinstance(v, int) and v > 0 for v in numbers):
+        raise ValueError(f"sizes must be positive integers, got {numbers}")
+
+
+def cells(p: Params) -> list[Cell]:
+    """One cell per shape for gemm, one for mlp / lm / ppo; all recipes traced in each."""
+    recipes = list(p.recipes)
+    if p.workload == "gemm":
+        plan = [(f"gemm_{m}x{k}x{n}", {"M": m, "K": k, "N": n},
+                 lambda r, m=m, k=k, n=n: _gemm_runner(r, m, k, n)) for m, k, n in p.shapes]
+    elif p.workload == "mlp":
+        batch = p.batch or 65536
+        plan = [(f"mlp_{batch}x{p.width}x{p.depth}",
+                 {"batch": batch, "width": p.width, "depth": p.depth},
+                 lambda r: _mlp_runner(r, p.width, batch, p.depth))]
+    elif p.workload == "ppo":
+        plan = [(f"ppo_update_w{p.width}_e{p.num_envs}",
+                 {"network": "mlp", "width": p.width, "num_envs": p.num_envs},
+                 lambda r: _ppo_runner(r, p.width, p.num_envs, p.profile))]
     else:
-        batch = a.batch or 64
-        cells = [(f"lm_{a.size}_b{batch}", {"model": a.size, "batch": batch},
-                  lambda r: _lm_runner(r, a.size, batch))]
-    root = results.record_root(a.profile)
-    for cell, sizes, make in cells:
-        cell += "_" + "_".join(recipes)
-        if not a.force and results.have_cell(EXPERIMENT, cell, root=root):
-            print(f"kernelprof: {cell} already recorded (--force to redo)")
-            continue
-        recs = profile_cell(a.workload, recipes, a.steps, sizes, make, a.profile)
-        if recs:
-            print(results.write_records(recs, EXPERIMENT, cell, root=root))
-    return 0
+        batch = p.batch or 64
+        plan = [(f"lm_{p.size}_b{batch}", {"model": p.size, "batch": batch},
+                 lambda r: _lm_runner(r, p.size, batch))]
+
+    def one(sizes, make):
+        return lambda _budget: profile_cell(p.workload, recipes, p.steps, sizes, make, p.profile)
+
+    return [Cell(f"{name}_{'_'.join(recipes)}", one(sizes, make), tuple(recipes))
+            for name, sizes, make in plan]
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+STUDY = Study(EXPERIMENT, tuple(CLAIMS), cells, check, about="kernel times of traced steps",
+              params=Params, section=None)

@@ -2,18 +2,20 @@
 
     repro record lm --profile smoke          # tiny model, CPU, minutes (build/results/)
     repro record lm --profile full           # 20m and 120m on a GPU (results/), resumable
-    REPRO_TIME_BUDGET_S=420 repro record lm --profile full   # stop cleanly after ~7 minutes
+    repro record lm --profile full --time-budget 420   # stop cleanly after ~7 minutes
+    repro record lm --profile full --only '20m_*_s1'   # the cells of one seed (e.g. per GPU)
 
 One resumable cell per (model size, variant, seed): the held-out loss curve (``eval_loss`` at
 several steps), ``final_eval_loss``, ``tokens_per_s`` and the compiled step's memory. A
-variant is a recipe plus, for the ablations, one change (:data:`VARIANTS`). Unfinished runs
-checkpoint under ``build/lm_checkpoints/`` (``REPRO_LM_CKPT_DIR``) and the next call resumes
-them, so one long run can span several time-limited jobs. A cell per (size, variant) holds the
-stored bytes of weights and activations (claim B3), computed from the quantized tensors' own
-dtypes and scale shapes (``jax.eval_shape`` of ``repro.precision.formats``' quantizers). A run spec's
-``stop_at: {variant: step}`` truncates that variant's runs on purpose (the whole run's
-schedule, ended early; ``truncated_at`` in the records): for a reference recipe too slow to
-train in full, compared over the evaluations up to there.
+variant is a registry entry (``repro.precision``): a recipe plus, for the ablations, one
+change. Unfinished runs checkpoint under ``build/lm_checkpoints/`` and the next call resumes
+them, so one long run can span several time-limited jobs (the runner hands a cell the seconds
+left of ``--time-budget``). A cell per (size, variant) holds the stored bytes of weights and
+activations (claim B3), computed from the quantized tensors' own dtypes and scale shapes
+(``jax.eval_shape`` of ``repro.precision.formats``' quantizers). A run spec's ``stop_at:
+{variant: step}`` truncates that variant's runs on purpose (the whole run's schedule, ended
+early; ``truncated_at`` in the records): for a reference recipe too slow to train in full,
+compared over the evaluations up to there.
 
 Quality numbers of emulated recipes are valid (the numerics are bit-faithful to the formats);
 their speed is not (``emulated=True`` in the records).
@@ -22,8 +24,7 @@ their speed is not (``emulated=True`` in the records).
 from __future__ import annotations
 
 import math
-import os
-import time
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,27 +35,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from repro import hardware, results
-from repro.config import stage_params
+from repro.config import Section, from_cli, positive, recipe_names
 from repro.models import lm as M
 from repro.models import lm_train as T
 from repro.precision import formats as F
 from repro.precision import ops
 from repro.precision.recipes import Recipe, resolve
+from repro.studies.runner import Cell, Study
 
 EXPERIMENT = "lm"
 
 CLAIMS = ("B3", "B4")
-
-
-def select_variants(names: Iterable[str] | None = None,
-                    recipes: Iterable[str] | None = None) -> list[Recipe]:
-    """Registry entries by name; ``recipes`` (as ``repro record --recipe``) keeps the entries
-    of those names or built on them (``nvfp4`` keeps every NVFP4 ablation)."""
-    out = [resolve(n) for n in (names if names is not None else ["bf16", "nvfp4"])]
-    if recipes is not None:
-        keep = set(recipes)
-        out = [r for r in out if r.family in keep or r.name in keep]
-    return out
 
 
 def _bits(dtype) -> int:
@@ -134,9 +125,43 @@ def stored_bytes(cfg: M.LMConfig, recipe: Recipe, tokens: int) -> dict[str, floa
     return out
 
 
-def ckpt_root() -> Path:
-    return Path(os.environ.get("REPRO_LM_CKPT_DIR",
-                               results.repo_root() / "build" / "lm_checkpoints"))
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """One entry of ``runs``: a model size trained for ``steps`` steps, or for
+    ``tokens_per_param`` tokens per parameter, under each of ``variants`` and ``seeds``."""
+
+    size: str
+    batch_size: int = positive()
+    lr: float = positive()
+    steps: int | None = positive(None)
+    tokens_per_param: float | None = positive(None)
+    warmup_steps: int | None = None
+    seeds: tuple[int, ...] = (0,)
+    checkpoint_every: int = 0
+    stop_at: dict[str, int] | None = positive(None)
+    variants: tuple[str, ...] | None = recipe_names(None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Params(Section):
+    """``params.yaml``'s ``lm`` section. ``priority``: variants trained over all seeds before
+    the others. ``checkpoints``: where unfinished runs checkpoint (default
+    ``build/lm_checkpoints/``)."""
+
+    runs: tuple[RunSpec, ...]
+    variants: tuple[str, ...] = recipe_names(("bf16", "nvfp4"))
+    eval_points: int = positive(5)
+    eval_log_points: int = 0
+    eval_batches: int = positive(4)
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    priority: tuple[str, ...] = ()
+    checkpoints: str | None = from_cli()
+
+
+def ckpt_root(p: Params) -> Path:
+    return Path(p.checkpoints) if p.checkpoints else (
+        results.repo_root() / "build" / "lm_checkpoints")
 
 
 @dataclass
@@ -162,46 +187,41 @@ def early_eval_steps(start: int, stop: int, n: int) -> tuple[int, ...]:
     return tuple(sorted({int(round(x)) for x in pts} - {stop}))
 
 
-def plan(profile: str, variants: Iterable[str] | None = None,
-         recipes: Iterable[str] | None = None, sizes: Iterable[str] | None = None,
-         seeds: Iterable[int] | None = None, params: dict | None = None) -> list[Run]:
-    """The runs of a profile from params.yaml's ``lm`` section (optionally filtered)."""
-    p = params if params is not None else stage_params("lm", profile)
-    default_variants = p.get("variants", ["bf16", "nvfp4"])
+def _train_config(spec: RunSpec, p: Params) -> T.TrainConfig:
+    cfg = M.get_config(spec.size)
+    if spec.steps is not None:
+        steps = spec.steps
+    elif spec.tokens_per_param is not None:
+        steps = math.ceil(spec.tokens_per_param * M.param_count(cfg)
+                          / (spec.batch_size * cfg.seq_len))
+    else:
+        raise ValueError(f"lm run {spec.size}: give steps or tokens_per_param")
+    warmup = spec.warmup_steps if spec.warmup_steps is not None else max(1, steps // 20)
+    every = max(1, steps // p.eval_points)
+    return T.TrainConfig(
+        steps=steps, batch_size=spec.batch_size, lr=spec.lr, warmup_steps=warmup,
+        min_lr_ratio=p.min_lr_ratio, weight_decay=p.weight_decay, eval_every=every,
+        eval_extra=early_eval_steps(warmup, every, p.eval_log_points),
+        eval_batches=p.eval_batches, checkpoint_every=spec.checkpoint_every)
+
+
+def plan(p: Params | str) -> list[Run]:
+    """The runs of the ``lm`` section (``p``: its params, or a profile to read them for)."""
+    if isinstance(p, str):
+        from repro import studies
+
+        p = studies.params(EXPERIMENT, p)
     runs = []
-    for spec in p["runs"]:
-        if sizes is not None and spec["size"] not in set(sizes):
-            continue
-        cfg = M.get_config(spec["size"])
-        tokens_per_step = spec["batch_size"] * cfg.seq_len
-        if "steps" in spec:
-            steps = int(spec["steps"])
-        else:
-            steps = math.ceil(spec["tokens_per_param"] * M.param_count(cfg) / tokens_per_step)
-        n_points = int(p.get("eval_points", 5))
-        warmup = int(spec.get("warmup_steps", max(1, steps // 20)))
-        tc = T.TrainConfig(
-            steps=steps, batch_size=int(spec["batch_size"]), lr=float(spec["lr"]),
-            warmup_steps=warmup,
-            min_lr_ratio=float(p.get("min_lr_ratio", 0.1)),
-            weight_decay=float(p.get("weight_decay", 0.1)),
-            eval_every=max(1, steps // n_points),
-            eval_extra=early_eval_steps(warmup, max(1, steps // n_points),
-                                        int(p.get("eval_log_points", 0))),
-            eval_batches=int(p.get("eval_batches", 4)),
-            checkpoint_every=int(spec.get("checkpoint_every", 0)))
-        names = [n for n in spec.get("variants", default_variants)
-                 if variants is None or n in set(variants)]
-        vs = select_variants(names, recipes)
-        sd = [s for s in spec.get("seeds", [0]) if seeds is None or s in set(seeds)]
-        stop_at = {str(k): int(v) for k, v in (spec.get("stop_at") or {}).items()}
+    for spec in p.runs:
+        stop_at = dict(spec.stop_at or {})
         for name in stop_at:
             try:
                 resolve(name)
             except ValueError as e:
-                raise ValueError(f"lm run {spec['size']}: stop_at names an unknown variant: "
+                raise ValueError(f"lm run {spec.size}: stop_at names an unknown variant: "
                                  f"{e}") from None
-        runs.append(Run(spec["size"], tc, vs, sd, stop_at))
+        variants = [resolve(n) for n in (spec.variants or p.variants)]
+        runs.append(Run(spec.size, _train_config(spec, p), variants, list(spec.seeds), stop_at))
     return runs
 
 
@@ -280,105 +300,76 @@ def _memory_records(run: Run, v: Recipe, profile: str) -> list[dict]:
     return recs
 
 
-def record(profile: str, root: Path | None = None, force: bool = False,
-           recipes: list[str] | None = None, variants: list[str] | None = None,
-           sizes: list[str] | None = None, seeds: list[int] | None = None,
-           time_budget_s: float | None = None, progress: bool = True) -> list[Path]:
-    """Train every (size, variant, seed) cell not yet recorded; returns the files written.
+def train_cell(run: Run, v: Recipe, seed: int, p: Params, budget_s: float | None
+               ) -> list[dict] | None:
+    """Train (or resume) one (size, variant, seed) run; its records, or None when it stopped
+    at ``budget_s`` with a checkpoint (the next call resumes it)."""
+    cell = cell_name(run.size, v.name, seed)
+    cfg = M.get_config(run.size)
+    tc = run.train.replace(seed=seed)
+    ckpt = _ckpt_dir(p, cell)
+    res = T.train(cfg, tc, v, ckpt_dir=ckpt, time_budget_s=budget_s,
+                  stop_at=run.stop_at.get(v.name), progress=sys.stderr.isatty(), desc=cell)
+    if not res.finished:
+        print(f"lm: {cell} stopped at step {res.steps_done}/{run.stop_at.get(v.name, tc.steps)}"
+              f" (checkpoint in {ckpt}); run again to resume")
+        return None
+    if res.final_eval_loss is None or not math.isfinite(res.final_eval_loss):
+        warnings.warn(f"lm: {cell} ended with eval loss {res.final_eval_loss}", stacklevel=2)
+    if res.truncated_at is not None:
+        print(f"lm: {cell} truncated at step {res.truncated_at} of {tc.steps} (params.yaml "
+              "stop_at): its best held-out loss is compared over the evaluations up to there")
+    recs = _train_records(run, v, seed, res, p.profile, cfg)
+    T.remove_checkpoints(ckpt)
+    _forced(ckpt).unlink(missing_ok=True)
+    return recs
 
-    ``time_budget_s`` (default: ``REPRO_TIME_BUDGET_S``) stops the current run cleanly with a
-    checkpoint when the budget is spent; the next call resumes it. ``force`` re-records cells
-    that exist, from step 0; a re-record cut by its time budget resumes when ``force`` is given
-    again (a marker beside its checkpoint says it is one). GPU-only variants are
-    skipped with a message elsewhere.
-    """
-    root = Path(root) if root is not None else results.record_root(profile)
-    if time_budget_s is None and os.environ.get("REPRO_TIME_BUDGET_S"):
-        time_budget_s = float(os.environ["REPRO_TIME_BUDGET_S"])
-    t_start = time.monotonic()
-    runs = plan(profile, variants, recipes, sizes, seeds)
-    priority = stage_params("lm", profile).get("priority", [])
+
+def _ckpt_dir(p: Params, cell: str) -> Path:
+    return ckpt_root(p) / hardware.detect().slug / p.profile / cell
+
+
+def _forced(ckpt: Path) -> Path:
+    return ckpt.parent / f"{ckpt.name}.forced"  # marks a forced re-record under way
+
+
+def restart(ckpt: Path) -> None:
+    """Before a ``--force`` run: drop any checkpoint of an earlier run, unless an earlier
+    ``--force`` call left this re-record cut (time budget): that one resumes."""
+    if not _forced(ckpt).exists():
+        T.remove_checkpoints(ckpt)
+        _forced(ckpt).parent.mkdir(parents=True, exist_ok=True)
+        _forced(ckpt).touch()
+
+
+def check(p: Params) -> None:
+    plan(p)
+
+
+def cells(p: Params) -> list[Cell]:
+    """The memory cell of every (size, variant), then the training cells in
+    :func:`cell_order`. ``jax.nn.scaled_dot_general`` entries (jax-nvfp4) are GPU only."""
+    runs = plan(p)
     on_gpu = jax.default_backend() == "gpu"
-    written: list[Path] = []
+
+    def usable(run):
+        return [v for v in run.variants if on_gpu or v.backend != "jax"]
+
+    out = [Cell(f"{run.size}_{v.name}_memory",
+                lambda _b, run=run, v=v: _memory_records(run, v, p.profile), (v.name, v.family))
+           for run in runs for v in usable(run)]
     for run in runs:
-        for v in run.variants:
-            if v.backend == "jax" and not on_gpu:
-                continue
-            cell = f"{run.size}_{v.name}_memory"
-            if force or not results.have_cell(EXPERIMENT, cell, root=root):
-                written.append(results.write_records(_memory_records(run, v, profile),
-                                                     EXPERIMENT, cell, root=root))
-    for run in runs:
-        skipped = [v.name for v in run.variants if v.backend == "jax" and not on_gpu]
-        if skipped:
+        if skipped := [v.name for v in run.variants if v not in usable(run)]:
             print(f"lm: skipping {', '.join(skipped)} on {jax.default_backend().upper()}: "
                   "jax.nn.scaled_dot_general (nvfp4) has no CPU lowering; GPU only")
-        for seed, v in cell_order(run, priority):
-            if v.backend == "jax" and not on_gpu:
-                continue
-            cell = cell_name(run.size, v.name, seed)
-            if not force and results.have_cell(EXPERIMENT, cell, root=root):
-                continue
-            left = None
-            if time_budget_s is not None:
-                left = time_budget_s - (time.monotonic() - t_start)
-                if left <= 0:
-                    print(f"lm: time budget spent; stopping before {cell}")
-                    return written
-            cfg = M.get_config(run.size)
-            tc = run.train.replace(seed=seed)
-            ckpt = ckpt_root() / hardware.detect().slug / profile / cell
-            forced = ckpt.parent / f"{cell}.forced"  # marks a re-record under way
-            if force and not forced.exists():
-                # A fresh re-record: drop any checkpoint of an earlier run. A re-record that
-                # an earlier --force call left cut (time budget) resumes instead.
-                T.remove_checkpoints(ckpt)
-                forced.parent.mkdir(parents=True, exist_ok=True)
-                forced.touch()
-            res = T.train(cfg, tc, v, ckpt_dir=ckpt, time_budget_s=left,
-                          stop_at=run.stop_at.get(v.name), progress=progress, desc=cell)
-            if not res.finished:
-                print(f"lm: {cell} stopped at step {res.steps_done}/"
-                      f"{run.stop_at.get(v.name, tc.steps)} "
-                      f"(checkpoint in {ckpt}); run again to resume")
-                return written
-            if res.final_eval_loss is None or not math.isfinite(res.final_eval_loss):
-                warnings.warn(f"lm: {cell} ended with eval loss {res.final_eval_loss}",
-                              stacklevel=2)
-            if res.truncated_at is not None:
-                print(f"lm: {cell} truncated at step {res.truncated_at} of {tc.steps} "
-                      "(params.yaml stop_at): its best held-out loss is compared over the "
-                      "evaluations up to there")
-            recs = _train_records(run, v, seed, res, profile, cfg)
-            written.append(results.write_records(recs, EXPERIMENT, cell, root=root))
-            T.remove_checkpoints(ckpt)
-            forced.unlink(missing_ok=True)
-    return written
+        for seed, v in cell_order(run, p.priority):
+            if v in usable(run):
+                name = cell_name(run.size, v.name, seed)
+                out.append(Cell(name, lambda b, run=run, v=v, s=seed: train_cell(run, v, s, p, b),
+                                (v.name, v.family),
+                                restart=lambda n=name: restart(_ckpt_dir(p, n))))
+    return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m repro.studies.lm_quality PROFILE [--sizes ..] [--variants ..] [--seeds ..]``:
-    record a subset of the cells (e.g. one per GPU of a multi-GPU machine)."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m repro.studies.lm_quality")
-    ap.add_argument("profile", choices=["smoke", "full", "auto"])
-    ap.add_argument("--sizes", nargs="*")
-    ap.add_argument("--variants", nargs="*", help="recipe names (repro.precision)")
-    ap.add_argument("--seeds", nargs="*", type=int)
-    ap.add_argument("--time-budget-s", type=float, help="default: REPRO_TIME_BUDGET_S")
-    ap.add_argument("--force", action="store_true")
-    a = ap.parse_args(argv)
-    from repro.config import resolve_profile
-
-    profile = resolve_profile(a.profile)
-    written = record(profile, force=a.force, variants=a.variants, sizes=a.sizes,
-                     seeds=a.seeds, time_budget_s=a.time_budget_s)
-    for p in written:
-        print(p)
-    print(f"lm [{profile}]: wrote {len(written)} cell(s)")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+STUDY = Study(EXPERIMENT, CLAIMS, cells, check, about="decoder LM losses and bytes per recipe",
+              params=Params)

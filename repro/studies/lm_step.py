@@ -1,15 +1,15 @@
 """The decoder LM's whole training step (forward, backward, AdamW on FP32 master weights),
 timed per precision recipe in the same process, interleaved, on the same device.
 
-The step is ``repro.models.lm_train``'s own (``train._functions``: the function ``train.train`` runs),
-on a fixed batch of the shipped corpus. A cell is one (model size, batch): all its recipes are
+The step is ``repro.models.lm_train``'s own (``_functions``: the function ``train`` runs), on
+a fixed batch of the shipped corpus. A cell is one (model size, batch): all its recipes are
 compiled one at a time, then timed together in rounds (recipe A, B, C, A, B, C, ...) exactly
-as ``repro.studies.mlp_step`` times the MLP step (:func:`repro.studies.gemm.time_interleaved`), so a speedup
-is always a ratio of two timings from the same run. Each recipe's records carry the compiled
-program's facts (``repro.studies.gemm.compiled_facts``: XLA's bytes accessed, flops and launching
-ops) for the step-time model (``repro.perfmodel.validate``, claim B2). Recipes without tensor
-cores on this device (NVFP4 and MXFP8 off Blackwell, FP8 on a CPU) are timed and stamped
-``emulated=True``: their speed is that of the emulation, never evidence.
+as ``repro.studies.mlp_step`` times the MLP step (``repro.studies.timing.time_interleaved``),
+so a speedup is always a ratio of two timings from the same run. Each recipe's records carry
+the compiled program's facts (``repro.studies.timing.compiled_facts``: XLA's bytes accessed,
+flops and launching ops) for the step-time model (``repro.perfmodel.validate``, claim B2).
+Recipes without tensor cores on this device (NVFP4 and MXFP8 off Blackwell, FP8 on a CPU) are
+timed and stamped ``emulated=True``: their speed is that of the emulation, never evidence.
 
     repro record lm_step --profile smoke     # tiny model, CPU, seconds (build/results/)
     repro record lm_step --profile full      # 120m and 20m on a GPU (results/), resumable
@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 
 from repro import results
+from repro.config import ConfigError, Section, positive, recipe_names
 from repro.precision import resolve
-from repro.config import ConfigError
+from repro.studies.runner import Cell, Study
 from repro.studies.timing import (
     compiled_facts,
     quartiles,
@@ -91,32 +91,23 @@ def _batches(batch, size: str) -> list[int]:
     return [int(b) for b in values]
 
 
-def cells(p: dict[str, Any]) -> tuple[list[tuple[str, int]], list[str]]:
-    """The (size, batch) cells of one profile's params, in order, and the recipes; a one-line
-    ConfigError for an unknown size or recipe or a bad batch size."""
-    recipes = check_recipes(p.get("recipes"))
-    sizes = p.get("sizes")
-    if isinstance(sizes, str) or not sizes:
-        raise ConfigError(f"{EXPERIMENT}: sizes must be a non-empty list, got {sizes!r}")
-    out = []
-    for size in sizes:
-        check_size(size)
-        out += [(size, b) for b in _batches(p.get("batch"), size)]
-    return out, recipes
+def batches_of(p: "Params", size: str) -> list[int]:
+    """The batch sizes of model ``size``: ``batch`` is an int, a list, or size -> either."""
+    return _batches(p.batch, size)
 
 
-def plan(p: dict[str, Any]) -> tuple[list[tuple[str, int]], list[str]]:
-    """:func:`cells`, and the checks of ``repro.models.lm_data.preflight`` (corpus, NVFP4 tiling of
-    batch x seq_len, the memory estimate against this device) for every cell and recipe: all
-    before anything is compiled."""
-    from repro.models import lm as M
+def check(p: "Params") -> None:
+    """Every size a preset, every batch positive, and the checks of
+    ``repro.models.lm_data.preflight`` (corpus, NVFP4 tiling of batch x seq_len, the memory
+    estimate against this device) for every cell and recipe: all before anything compiles."""
     from repro.models import lm_data as D
 
-    out, recipes = cells(p)
-    for size, b in out:
-        for r in recipes:
-            D.preflight(M.PRESETS[size], b, recipe=resolve(r))
-    return out, recipes
+    recipes = check_recipes(list(p.recipes))
+    for size in p.sizes:
+        cfg = check_size(size)
+        for b in batches_of(p, size):
+            for r in recipes:
+                D.preflight(cfg, b, recipe=resolve(r))
 
 
 def cell_name(size: str, batch: int) -> str:
@@ -143,7 +134,7 @@ def compile_step(cfg, recipe: str, x, y, tag: str = ""):
     ``train.train``'s own step function compiled (only the batch size of its static config
     matters to the compiled shapes; the schedule's values do not change a step's work), the
     compiled program's facts, init/compile/first-step seconds, and a zero-argument ``run``
-    that takes one step (:func:`repro.studies.gemm.stepper`), already warmed up."""
+    that takes one step (``repro.studies.timing.stepper``), already warmed up."""
     from repro.models import lm_train as T
 
     tc = T.TrainConfig(batch_size=int(x.shape[0]))
@@ -219,25 +210,28 @@ def bench_cell(size: str, batch: int, recipes: list[str], repeats: int,
     return records
 
 
-def record(profile: str, root: Path | None = None, force: bool = False) -> list[Path]:
-    """Run the ``lm_step`` study of ``params.yaml`` for ``profile``, one cell per (size,
-    batch), in params order; finished cells are skipped unless ``force``."""
-    from tqdm import tqdm  # not tqdm.auto: that wants ipywidgets inside notebooks
+@dataclass(frozen=True, kw_only=True)
+class Params(Section):
+    """``params.yaml``'s ``lm_step`` section: one cell per (model size, batch), in order."""
 
-    from repro import config
+    sizes: tuple[str, ...]
+    batch: int | tuple[int, ...] | dict[str, int | tuple[int, ...]]
+    recipes: tuple[str, ...] = recipe_names()
+    repeats: int = positive(10)
+    steps_per_sample: int = positive(5)
 
-    p = config.stage_params(EXPERIMENT, profile)
-    todo, recipes = plan(p)
-    root = Path(root) if root is not None else results.record_root(p["profile"])
-    repeats = int(p.get("repeats", 10))
-    steps_per_sample = int(p.get("steps_per_sample", 5))
-    written = []
-    for size, batch in (bar := tqdm(todo, desc=EXPERIMENT, unit="cell")):
-        cell = cell_name(size, batch)
-        if not force and results.have_cell(EXPERIMENT, cell, root=root):
-            continue
-        bar.set_postfix(cell=cell)
-        recs = bench_cell(size, batch, recipes, repeats, steps_per_sample,
-                          profile=p["profile"])
-        written.append(results.write_records(recs, EXPERIMENT, cell, root=root))
-    return written
+
+def cells(p: Params) -> list[Cell]:
+    """One cell per (size, batch), in params order; every recipe timed in each."""
+    recipes = list(dict.fromkeys(p.recipes))
+
+    def one(size, batch):
+        return lambda _budget: bench_cell(size, batch, recipes, p.repeats, p.steps_per_sample,
+                                          profile=p.profile)
+
+    return [Cell(cell_name(size, b), one(size, b)) for size in p.sizes
+            for b in batches_of(p, size)]
+
+
+STUDY = Study(EXPERIMENT, CLAIMS, cells, check, about="the decoder LM's train step per recipe",
+              params=Params)

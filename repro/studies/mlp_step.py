@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -22,8 +22,10 @@ import optax
 from flax import linen as nn
 
 from repro import results
+from repro.config import Section, positive, recipe_names
 from repro.precision import layers, peers
 from repro.precision.recipes import resolve
+from repro.studies.runner import Cell, Study
 from repro.studies.timing import (
     compiled_facts,
     quartiles,
@@ -143,38 +145,48 @@ def bench_cell(width: int, batch: int, depth: int, recipes: list[str], repeats: 
     return records
 
 
-def record(profile: str, root: Path | None = None, force: bool = False) -> list[Path]:
-    """Run the ``mlp_step`` study of ``params.yaml`` for ``profile``, one cell per width."""
-    from tqdm.auto import tqdm
+@dataclass(frozen=True, kw_only=True)
+class Params(Section):
+    """``params.yaml``'s ``mlp_step`` section: ``recipes`` form the main cell of each width;
+    ``levers`` (``base:field=value`` ablations) a second cell per width of ``lever_widths``,
+    timed with bf16 and the recipes they ablate."""
 
-    from repro.config import stage_params
+    depth: int = positive()
+    batch: int = positive()
+    widths: tuple[int, ...] = positive()
+    repeats: int = positive()
+    recipes: tuple[str, ...] = recipe_names()
+    levers: tuple[str, ...] = recipe_names(())
+    lever_widths: tuple[int, ...] | None = positive(None)
 
-    p = stage_params(EXPERIMENT, profile)
-    root = root or results.record_root(p["profile"])
-    def usable(names):
-        out = []
-        for r in names:
-            if resolve(r).backend == "te" and not peers.te_available():  # fails early on a bad name
-                print(f"mlp_step: skipping {r}: Transformer Engine is not installed")
-                continue
-            out.append(r)
-        return out
 
-    recipes, levers = usable(p["recipes"]), usable(p.get("levers") or [])
-    # main cells first (every width), then the lever cells: each lever ablation
-    # ("base:field=value") is timed with bf16 and the base recipe it ablates, in one process
+def _usable(names) -> list[str]:
+    """The names, Transformer Engine entries left out (with a note) where TE is missing."""
+    out = []
+    for r in names:
+        if resolve(r).backend == "te" and not peers.te_available():
+            print(f"mlp_step: skipping {r}: Transformer Engine is not installed")
+            continue
+        out.append(r)
+    return out
+
+
+def cells(p: Params) -> list[Cell]:
+    """The main cell of every width first, then the lever cells: each lever ablation is
+    timed with bf16 and the base recipe it ablates, in one process."""
+    recipes, levers = _usable(p.recipes), _usable(p.levers)
     bases = [r.split(":", 1)[0] for r in levers]
     lever_cell = list(dict.fromkeys(["bf16", *bases])) + levers
-    cells = [(w, "", recipes) for w in p["widths"]]
-    lever_widths = p.get("lever_widths") or p["widths"]
-    cells += [(w, "_levers", lever_cell) for w in lever_widths if levers]
-    written = []
-    for width, suffix, names in (bar := tqdm(cells, desc="mlp_step")):
-        cell = f"w{width}_b{p['batch']}_d{p['depth']}{suffix}"
-        if not force and results.have_cell(EXPERIMENT, cell, root=root):
-            continue
-        bar.set_postfix(cell=cell)
-        recs = bench_cell(width, p["batch"], p["depth"], names, p["repeats"],
-                          profile=p["profile"])
-        written.append(results.write_records(recs, EXPERIMENT, cell, root=root))
-    return written
+    plan = [(w, "", recipes) for w in p.widths]
+    plan += [(w, "_levers", lever_cell) for w in (p.lever_widths or p.widths) if levers]
+
+    def one(width, names):
+        return lambda _budget: bench_cell(width, p.batch, p.depth, names, p.repeats,
+                                          profile=p.profile)
+
+    return [Cell(f"w{w}_b{p.batch}_d{p.depth}{suffix}", one(w, names))
+            for w, suffix, names in plan]
+
+
+STUDY = Study(EXPERIMENT, ("A2", "A4"), cells, about="the MLP train step per recipe",
+              params=Params)

@@ -6,9 +6,9 @@ For every device count ``n`` of ``params.yaml``'s ``device_counts`` that divides
 ``jax.device_count()`` (1, 2, 4, 8 on an 8-GPU machine), every workload and every recipe, one
 resumable cell ``<workload>_<recipe>_n<n>`` on a sub-mesh of the first ``n`` devices:
 
-* ``ppo``: the whole data-parallel PPO loop (``repro.models.ppo.make_train(config, mesh)``: rollouts, GAE, minibatch
-  updates with the gradient all-reduce), ``envs_per_device * n`` environments; metric
-  ``env_steps_per_s``.
+* ``ppo``: the whole data-parallel PPO loop (``repro.models.ppo.make_train(config, mesh)``:
+  rollouts, GAE, minibatch updates with the gradient all-reduce), ``envs_per_device * n``
+  environments; metric ``env_steps_per_s``.
 * ``lm_dp`` / ``lm_fsdp``: the decoder LM's training step (``repro.models.lm_train``), batch
   ``batch_per_device * n`` sequences; parameters replicated (``lm_dp``, mesh ``("data",)``)
   or split over all ``n`` devices (``lm_fsdp``, mesh ``("data", "fsdp") = (1, n)``); metric
@@ -19,32 +19,35 @@ throughput_1``: the scaling efficiency is ``throughput_n / (n * throughput_1)``.
 cell (rewritten on every call, from this hardware's cells) holds ``scaling_efficiency`` per
 (workload, recipe, n) and ``fp8_speedup`` (FP8 over BF16 throughput) per (workload, n).
 
-Every record carries ``emulated`` (``repro.studies.gemm.recipe_emulated``: no tensor cores for the
-format, or an FP8 recipe on a GPU whose compiled program ran no FP8 GEMM) and ``extra.n_devices``, ``extra.mesh``, the
-collectives in the compiled program (``extra.collectives``: all-reduce, all-gather,
-reduce-scatter, ...) and ``extra.simulated_devices``: True on the CPU backend, where the
-"devices" (``XLA_FLAGS=--xla_force_host_platform_device_count=N``) share one host's cores, so a
-CPU run checks that the sharded programs run, never how they scale.
+Every record carries ``emulated`` (``repro.studies.timing.recipe_emulated``: no tensor cores
+for the format, or an FP8 recipe on a GPU whose compiled program ran no FP8 GEMM) and
+``extra.n_devices``, ``extra.mesh``, the collectives in the compiled program
+(``extra.collectives``: all-reduce, all-gather, reduce-scatter, ...) and
+``extra.simulated_devices``: True on the CPU backend, where the "devices"
+(``XLA_FLAGS=--xla_force_host_platform_device_count=N``) share one host's cores, so a CPU run
+checks that the sharded programs run, never how they scale.
 
 The study runs in ONE process on one machine (sub-meshes of its first ``n`` devices); the
-pieces it times (``repro.models.sharding``, ``repro.models.ppo``, ``repro.models.lm_train``) also run
-multi-host after ``repro.models.sharding.initialize_from_env()``.
+pieces it times (``repro.models.sharding``, ``repro.models.ppo``, ``repro.models.lm_train``)
+also run multi-host after ``repro.models.sharding.initialize_from_env()``.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from pathlib import Path
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from repro import config, results
+from repro import results
+from repro.config import ConfigError, Section, positive, recipe_names
 from repro.models import sharding as distributed
 from repro.precision import resolve
+from repro.studies.runner import Cell, Study
 from repro.studies.timing import FP8_GEMM_TARGET, fp8_lowering, recipe_emulated
 
 EXPERIMENT = "multigpu"
@@ -88,11 +91,11 @@ def _time(fn, *args, repeats: int):
     return time_fn(fn, *args, repeats=repeats, warmup=1)
 
 
-def ppo_cell(recipe: str, n: int, p: Mapping[str, Any]) -> dict[str, Any]:
+def ppo_cell(recipe: str, n: int, p: Params) -> dict[str, Any]:
     """Time the data-parallel PPO loop on the first ``n`` devices."""
     from repro.models import ppo
 
-    q = dict(p["ppo"])
+    q = dict(p.ppo)
     num_envs = int(q.pop("envs_per_device")) * n
     updates = int(q.pop("updates", 1))
     cfg = ppo.validate(dict(q, recipe=recipe, num_envs=num_envs,
@@ -103,7 +106,7 @@ def ppo_cell(recipe: str, n: int, p: Mapping[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     compiled = jax.jit(ppo.make_train(cfg, mesh)).lower(key).compile()
     compile_s = time.perf_counter() - t0
-    t = _time(compiled, key, repeats=int(p["repeats"]))
+    t = _time(compiled, key, repeats=p.repeats)
     work = cfg.num_updates * cfg.batch_size
     sizes = {"workload": "ppo", "n_devices": n, "env": cfg.env, "network": cfg.network,
              "width": cfg.width, "num_envs": num_envs, "envs_per_device": num_envs // n,
@@ -112,12 +115,12 @@ def ppo_cell(recipe: str, n: int, p: Mapping[str, Any]) -> dict[str, Any]:
                 text=compiled.as_text() or "", mesh=dict(mesh.shape))
 
 
-def lm_cell(workload: str, recipe: str, n: int, p: Mapping[str, Any]) -> dict[str, Any]:
+def lm_cell(workload: str, recipe: str, n: int, p: Params) -> dict[str, Any]:
     """Time ``steps`` LM training steps (per sample) on the first ``n`` devices."""
     from repro.models import lm as M
     from repro.models import lm_train as T
 
-    q = p["lm"]
+    q = p.lm
     fsdp = workload == "lm_fsdp"
     cfg = M.get_config(q["size"], **dict(q.get("model", {})))
     batch = int(q["batch_per_device"]) * n
@@ -146,7 +149,7 @@ def lm_cell(workload: str, recipe: str, n: int, p: Mapping[str, Any]) -> dict[st
         state[:] = [v, o, i]
         return loss
 
-    t = _time(run, repeats=int(p["repeats"]))
+    t = _time(run, repeats=p.repeats)
     sizes = {"workload": workload, "n_devices": n, "model": cfg.name,
              "params": M.param_count(cfg), "batch": batch,
              "batch_per_device": batch // n, "seq_len": cfg.seq_len, "steps_per_sample": steps}
@@ -154,11 +157,7 @@ def lm_cell(workload: str, recipe: str, n: int, p: Mapping[str, Any]) -> dict[st
                 text=compiled.as_text() or "", mesh=dict(mesh.shape))
 
 
-def run_cell(workload: str, recipe: str, n: int, p: Mapping[str, Any],
-             profile: str) -> list[dict[str, Any]]:
-    if workload not in WORKLOADS:
-        raise config.ConfigError(f"unknown multigpu workload {workload!r}; valid: "
-                                 f"{', '.join(WORKLOADS)}")
+def run_cell(workload: str, recipe: str, n: int, p: Params) -> list[dict[str, Any]]:
     out = ppo_cell(recipe, n, p) if workload == "ppo" else lm_cell(workload, recipe, n, p)
     t = out["timing"]
     rates = out["work"] / np.asarray(t.samples)
@@ -176,46 +175,39 @@ def run_cell(workload: str, recipe: str, n: int, p: Mapping[str, Any],
     return [results.make_record(
         EXPERIMENT, metric, out["work"] / t.median_s, unit, claims=CLAIMS, recipe=recipe,
         sizes=out["sizes"], repeats=len(t.samples), spread=float(q3 - q1),
-        emulated=_emulated(recipe, out["text"]), profile=profile, extra=extra)]
+        emulated=_emulated(recipe, out["text"]), profile=p.profile, extra=extra)]
 
 
-def cells(p: Mapping[str, Any], n_available: int | None = None) -> list[tuple[str, str, str, int]]:
-    """(cell, workload, recipe, n): device counts ascending, BF16 first within a count."""
-    out = []
-    for n in device_counts(p.get("device_counts", (1, 2, 4, 8)), n_available):
-        for w in p["workloads"]:
-            for r in p["recipes"]:
-                out.append((f"{w}_{r}_n{n}", w, r, n))
-    return out
+@dataclass(frozen=True, kw_only=True)
+class Params(Section):
+    """``params.yaml``'s ``multigpu`` section. ``ppo``: PPOConfig fields plus
+    ``envs_per_device`` and ``updates``; ``lm``: ``size``, ``batch_per_device``, ``steps``
+    (per timed sample) and optional ``model`` overrides."""
+
+    workloads: tuple[str, ...]
+    recipes: tuple[str, ...] = recipe_names()
+    device_counts: tuple[int, ...] = positive((1, 2, 4, 8))
+    ppo: dict[str, Any]
+    lm: dict[str, Any]
+    repeats: int = positive()
 
 
-def record(profile: str, root: str | Path | None = None, force: bool = False,
-           recipes: Sequence[str] | None = None) -> list[Path]:
-    """Run the ``multigpu`` study of ``params.yaml`` for ``profile``; returns written paths.
-
-    ``recipes`` (``repro record multigpu --recipe bf16``) restricts the recipes, so the study
-    can be split into shorter runs; a stopped run resumes at the first missing cell."""
-    from tqdm import tqdm
-
-    from repro.precision.recipes import resolve
-
-    p = config.stage_params(EXPERIMENT, profile)
-    profile = p["profile"]
-    for w in p["workloads"]:
+def check(p: Params) -> None:
+    for w in p.workloads:
         if w not in WORKLOADS:
-            raise config.ConfigError(f"unknown multigpu workload {w!r}; valid: "
-                                     f"{', '.join(WORKLOADS)}")
-    for r in list(p["recipes"]) + list(recipes or []):
-        resolve(r)
-    if recipes is not None:
-        p = {**p, "recipes": [r for r in p["recipes"] if r in recipes]}
-    root = Path(root) if root is not None else results.record_root(profile)
-    written = []
-    todo = cells(p)
-    for cell, w, r, n in (bar := tqdm(todo, desc=f"{EXPERIMENT} [{profile}]", unit="cell")):
-        if not force and results.have_cell(EXPERIMENT, cell, root=root):
-            continue
-        bar.set_postfix_str(cell)
-        written.append(results.write_records(run_cell(w, r, n, p, profile), EXPERIMENT, cell,
-                                             root=root))
-    return written
+            raise ConfigError(f"params.yaml: multigpu.{p.profile}.workloads: unknown workload "
+                              f"{w!r}; valid: {', '.join(WORKLOADS)}")
+
+
+def cells(p: Params, n_available: int | None = None) -> list[Cell]:
+    """One cell per (workload, recipe, n): device counts ascending, BF16 first within one."""
+    def one(w, r, n):
+        return lambda _budget: run_cell(w, r, n, p)
+
+    return [Cell(f"{w}_{r}_n{n}", one(w, r, n), (r,))
+            for n in device_counts(p.device_counts, n_available)
+            for w in p.workloads for r in p.recipes]
+
+
+STUDY = Study(EXPERIMENT, tuple(CLAIMS), cells, check,
+              about="weak scaling of PPO and the LM over 1-8 devices", params=Params)

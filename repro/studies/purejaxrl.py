@@ -1,22 +1,26 @@
 """This repository's PPO against PureJaxRL's ``ppo.py``: env-steps/s, same config, same device.
 
-Issue 4's performance target: on PureJaxRL's CartPole-v1 configuration, ``repro.models.ppo`` should
+The performance target: on PureJaxRL's CartPole-v1 configuration, ``repro.models.ppo`` should
 beat PureJaxRL's ``ppo.py`` in env-steps/s by >= 1.2x, for one seed and for 1024 seeds under
 ``vmap``. Both run in the same process, compiled first, then timed in alternation.
 
 Ours runs in one or more option sets (``params.yaml``, ``rl_purejaxrl.ours``): values of the
 speed options of :class:`repro.models.ppo.PPOConfig` (``unroll``, ``update_unroll``, ``prng``;
-nothing else may differ from PureJaxRL's config). :func:`compare` compiles PureJaxRL once,
-then each option set in turn, timing the two round-robin (repeat i of each, back to back).
+nothing else may differ from PureJaxRL's config). PureJaxRL is compiled once per seed count,
+then each option set in turn, the two timed round-robin (:func:`compare`: repeat i of each,
+back to back).
 Every record also holds its run's final return (:func:`final_returns`: per seed, the
 episode-weighted mean return over the last 10% of updates; mean, SD and count), so an option
-set's learning can be checked against the defaults' and PureJaxRL's. :func:`record` writes one cell per
-(seed count, option set), as soon as it is timed: ``CartPole-v1_s1`` for the defaults (the
-cells recorded before options existed: their records, without ``options``, mean ``{}``),
+set's learning can be checked against the defaults' and PureJaxRL's. :data:`STUDY` has one
+cell per (seed count, option set), written as soon as it is timed: ``CartPole-v1_s1`` for the
+defaults (the cells recorded before options existed: their records, without ``options``, mean
+``{}``),
 ``CartPole-v1_s1_unroll-8`` and so on, each with PureJaxRL's record of the same process. Cells
 already recorded are skipped, so a new option set is timed (with PureJaxRL) without redoing the
-others; ``--force`` redoes them all. :func:`speedups` gives one row per cell and flags the best
-ratio per seed count -- a choice made after timing, so a selection among the rows.
+others; ``--force`` redoes them all. ``repro.analysis.rl.purejaxrl_speedups`` gives one row per
+cell and flags the best ratio per seed count -- a choice made after timing, so a selection
+among the rows; a confirming run of the chosen set is a cell of its own (``runs: 2`` in
+``params.yaml``, selected with ``--only``).
 
 PureJaxRL is not a package and its code is not redistributed here: point ``--purejaxrl DIR`` at a
 checkout of https://github.com/luchris429/purejaxrl (the folder that holds ``purejaxrl/ppo.py``).
@@ -38,9 +42,11 @@ Ours runs with the ``tf32`` recipe: JAX's default matmul precision, as in ``ppo.
 evaluates the critic on the final observation of truncated episodes (bootstrapping through
 truncation, which ``ppo.py`` does not do), so it does slightly more work per step.
 
-    python -m repro.studies.purejaxrl --purejaxrl ~/src/purejaxrl --profile full
-    # a confirming run of one option set, kept beside the first (cells ``..._run2``):
-    python -m repro.studies.purejaxrl --purejaxrl DIR --only unroll=32,update_unroll=4 --again
+    repro record rl_purejaxrl --purejaxrl ~/src/purejaxrl --profile full
+    # one option set only (cell names: CartPole-v1_s<seeds>[_<option>-<value>...]):
+    repro record rl_purejaxrl --purejaxrl DIR --profile full --only '*_unroll-32_update_unroll-4'
+    # a confirming run of it, kept beside the first (with runs: 2 in params.yaml):
+    repro record rl_purejaxrl --purejaxrl DIR --profile full --only '*_unroll-32_*_run2'
 """
 
 from __future__ import annotations
@@ -50,15 +56,18 @@ import importlib
 import sys
 import time
 import types
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from repro import results
+from repro.config import Section, from_cli, positive, recipe_names
 from repro.models import ppo
+from repro.studies.runner import Cell, Study
 
 EXPERIMENT = "rl_purejaxrl"
 
@@ -187,14 +196,21 @@ def _any_package(*names: str) -> dict[str, types.ModuleType]:
     return mods
 
 
-def load(path: str | Path):
-    """Import PureJaxRL's ``ppo`` module from a checkout; returns (module, notes on adapters)."""
+def checkout_dir(path: str | Path) -> Path:
+    """The folder holding ``purejaxrl/ppo.py`` (``path`` or its parent); a one-line
+    ``ValueError`` if there is none."""
     path = Path(path).expanduser().resolve()
     if (path / "ppo.py").is_file() and path.name == "purejaxrl":
         path = path.parent
     if not (path / "purejaxrl" / "ppo.py").is_file():
-        raise FileNotFoundError(f"no purejaxrl/ppo.py under {path}: pass the folder of a "
-                                f"checkout of {URL}")
+        raise ValueError(f"--purejaxrl {path}: no purejaxrl/ppo.py there; pass the folder of "
+                         f"a checkout of {URL}")
+    return path
+
+
+def load(path: str | Path):
+    """Import PureJaxRL's ``ppo`` module from a checkout; returns (module, notes on adapters)."""
+    path = checkout_dir(path)
     notes = [n for n in (
         _ensure_importable("distrax", distrax_stand_in),
         _ensure_importable("brax", lambda: _any_package("brax.envs.wrappers.training")),
@@ -247,42 +263,44 @@ def final_returns(out, impl: str, fraction: float = FINAL_FRACTION) -> np.ndarra
                              "nonfinite_params": jnp.zeros(n.shape, bool)}, fraction)
 
 
-def compare(module, cfg: dict[str, Any], seeds: int, repeats: int, recipe: str = "tf32",
-            ours: Sequence[Mapping[str, Any]] = ({},)):
-    """Time PureJaxRL against each option set in ``ours``, one option set at a time; yields
-    ``(label, samples, facts)`` per option set as soon as it is timed: ``samples`` are seconds
-    per whole training run of ``seeds`` vmapped seeds, ``{"purejaxrl": [...], label: [...]}``,
-    the two timed round-robin (repeat i of each, back to back) after a warm-up run of each;
-    ``facts[name]``: ``returns_digest`` (ours only, :func:`returns_digest`) and
-    ``final_returns`` (per seed, :func:`final_returns`) of that warm-up run. PureJaxRL is
-    compiled once and re-timed beside every option set, so a call cut short keeps the cells
-    already yielded."""
-    configs = {label(o): ours_config(cfg, recipe, o) for o in ours}  # validate before compiling
+def _warm(fn, keys, impl: str):
+    """``fn`` compiled and run once (the warm-up), and the facts of that run: its per-seed
+    ``final_returns`` and (ours only) its ``returns_digest``."""
+    compiled = fn.lower(keys).compile()
+    out = jax.block_until_ready(compiled(keys))  # warm-up
+    facts = {"final_returns": final_returns(out, impl)}
+    if impl != "purejaxrl":
+        facts["returns_digest"] = returns_digest(out)
+    del out
+    return compiled, facts
 
-    def warm(fn, keys, name):
-        compiled = fn.lower(keys).compile()
-        out = jax.block_until_ready(compiled(keys))  # warm-up
-        facts = {"final_returns": final_returns(out, name)}
-        if name != "purejaxrl":
-            facts["returns_digest"] = returns_digest(out)
-        del out
-        return compiled, facts
 
-    theirs_keys = jax.random.split(jax.random.PRNGKey(30), seeds)
-    theirs, theirs_facts = warm(jax.jit(jax.vmap(module.make_train(dict(cfg)))), theirs_keys,
-                                "purejaxrl")
+def compile_theirs(module, cfg: dict[str, Any], seeds: int):
+    """PureJaxRL's program for ``seeds`` vmapped seeds: (compiled, keys, facts), warmed up."""
+    keys = jax.random.split(jax.random.PRNGKey(30), seeds)
+    compiled, facts = _warm(jax.jit(jax.vmap(module.make_train(dict(cfg)))), keys, "purejaxrl")
+    return compiled, keys, facts
+
+
+def compare(theirs, cfg: dict[str, Any], seeds: int, repeats: int, recipe: str = "tf32",
+            options: Mapping[str, Any] | None = None):
+    """Time the option set ``options`` of ours against PureJaxRL (``theirs``: its
+    :func:`compile_theirs`): ``(label, samples, facts)``. ``samples`` are seconds per whole
+    training run of ``seeds`` vmapped seeds, ``{"purejaxrl": [...], label: [...]}``, the two
+    timed round-robin (repeat i of each, back to back) after a warm-up run of each;
+    ``facts[name]``: :func:`_warm`'s facts of that warm-up run."""
+    name, c = label(options), ours_config(cfg, recipe, options)
     keys_ours = _keys(seeds)
-    for name, c in configs.items():
-        mine, facts = warm(jax.jit(jax.vmap(ppo.make_train(c))), keys_ours, name)
-        runs = {"purejaxrl": (theirs, theirs_keys), name: (mine, keys_ours)}
-        samples: dict[str, list[float]] = {n: [] for n in runs}
-        for _ in range(repeats):
-            for n, (fn, keys) in runs.items():
-                t0 = time.perf_counter()
-                jax.block_until_ready(fn(keys))
-                samples[n].append(time.perf_counter() - t0)
-        yield name, samples, {"purejaxrl": theirs_facts, name: facts}
-        del mine
+    mine, facts = _warm(jax.jit(jax.vmap(ppo.make_train(c))), keys_ours, name)
+    compiled, theirs_keys, theirs_facts = theirs
+    runs = {"purejaxrl": (compiled, theirs_keys), name: (mine, keys_ours)}
+    samples: dict[str, list[float]] = {n: [] for n in runs}
+    for _ in range(repeats):
+        for n, (fn, keys) in runs.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(keys))
+            samples[n].append(time.perf_counter() - t0)
+    return name, samples, {"purejaxrl": theirs_facts, name: facts}
 
 
 def env_steps(cfg: dict[str, Any], seeds: int) -> int:
@@ -302,144 +320,90 @@ def _summary(finals: np.ndarray | None) -> dict[str, Any] | None:
             "last_fraction": FINAL_FRACTION}
 
 
-def select(variants: Sequence[Mapping[str, Any]], only: Sequence[str]) -> list[dict]:
-    """The option sets of ``variants`` named in ``only``: by label (``repro[unroll=8]``, or
-    ``repro`` for the defaults) or by its inside (``unroll=8``, keys in any order). A name that
-    matches none fails with one line listing the valid ones."""
-    labels = {label(o): dict(o) for o in variants}
+@dataclass(frozen=True, kw_only=True)
+class Params(Section):
+    """``params.yaml``'s ``rl_purejaxrl`` section. ``ours``: option sets of
+    :data:`SPEED_OPTIONS`; ``runs``: timed runs per (seed count, option set), each a cell of
+    its own (run k > 1: ``<cell>_run<k>``, a confirming run kept beside the first);
+    ``purejaxrl``: the checkout (``repro record rl_purejaxrl --purejaxrl DIR``)."""
 
-    def norm(spec: str) -> str:  # "repro[b=2,a=1]", "b=2, a=1" -> "repro[a=1,b=2]"
-        inner = spec.strip().removeprefix("repro").strip("[]{}")
-        parts = sorted(x.strip() for x in inner.split(",") if x.strip())
-        return f"repro[{','.join(parts)}]" if parts else "repro"
-
-    chosen = [norm(x) for x in only]
-    bad = [x for x, n in zip(only, chosen) if n not in labels]
-    if bad:
-        raise ValueError(f"--only {', '.join(bad)}: not an option set of params.yaml's "
-                         f"{EXPERIMENT}.ours; valid: {', '.join(labels)}")
-    return [labels[n] for n in dict.fromkeys(chosen)]
+    total_timesteps: int = positive()
+    seeds: tuple[int, ...] = positive()
+    recipe: str = recipe_names("tf32")
+    repeats: int = positive(3)
+    ours: tuple[dict[str, Any] | None, ...] = ({},)
+    runs: int = positive(1)
+    purejaxrl: str | None = from_cli()
 
 
-def _run_cells(cfg: dict[str, Any], seeds: int, options: Mapping[str, Any],
-               root: Path) -> list[str]:
-    """Names of the recorded runs of one cell: the first run's name, then ``<name>_run2``..."""
-    base = cell_name(cfg, seeds, options)
-    names = [base] if results.have_cell(EXPERIMENT, base, root=root) else []
-    k = 2
-    while results.have_cell(EXPERIMENT, f"{base}_run{k}", root=root):
-        names.append(f"{base}_run{k}")
-        k += 1
-    return names
+def _config(p: Params) -> dict[str, Any]:
+    return {**CARTPOLE, "TOTAL_TIMESTEPS": p.total_timesteps}
 
 
-def record(purejaxrl_dir: str | Path, profile: str, root: str | Path | None = None,
-           force: bool = False, only: Sequence[str] | None = None,
-           again: bool = False) -> list[Path]:
-    """One cell per (seed count, option set of ``ours``) of ``params.yaml``'s ``rl_purejaxrl``
-    section, each holding that option set's record and PureJaxRL's, timed beside it in one
-    process. Cells already recorded are skipped (redone with ``force``); each cell is written as
-    soon as it is timed, so a run cut short keeps the finished ones. ``only`` restricts the
-    option sets (:func:`select`). ``again`` times recorded cells once more into new cells
-    (``<cell>_run2``, ``_run3``, ...), keeping the earlier runs: an independent run that
-    confirms (or not) a ratio picked as the best of several option sets."""
-    from tqdm.auto import tqdm
-
-    from repro.config import stage_params
-
-    p = stage_params(EXPERIMENT, profile)
-    variants = [dict(o or {}) for o in p.get("ours", [{}])]
-    if only:
-        variants = select(variants, only)
-    cfg = {**CARTPOLE, "TOTAL_TIMESTEPS": p["total_timesteps"]}
-    for o in variants:  # a bad option set fails here, before PureJaxRL is loaded
-        ours_config(cfg, p["recipe"], o)
-    module, notes = load(purejaxrl_dir)
-    if jax.default_backend() == "cpu" and max(p["seeds"]) > 1:
-        print(f"{EXPERIMENT}: warning: on XLA:CPU (jax 0.10.2) PureJaxRL's program with 2 or "
-              "more vmapped seeds has hung in its second or third run (idle in "
-              "block_until_ready); time several seeds on a GPU", file=sys.stderr)
-    root = Path(root or results.record_root(p["profile"]))
-
-    def target(seeds, o):  # (cell to write, run number), or None to skip
-        runs = _run_cells(cfg, seeds, o, root)
-        if again and runs:
-            return f"{cell_name(cfg, seeds, o)}_run{len(runs) + 1}", len(runs) + 1
-        if force or not runs:
-            return cell_name(cfg, seeds, o), 1
-        return None
-
-    todo = [(seeds, o, t) for seeds in p["seeds"] for o in variants
-            if (t := target(seeds, o)) is not None]
-    written = []
-    bar = tqdm(total=len(todo), desc=EXPERIMENT, unit="cell")
-    for seeds in p["seeds"]:
-        mine = [o for s, o, _ in todo if s == seeds]
-        if not mine:
-            continue
-        steps = env_steps(cfg, seeds)
-        by_label = {label(o): o for o in mine}
-        where = {label(o): t for s, o, t in todo if s == seeds}
-        for impl_ours, samples, facts in compare(module, cfg, seeds, p["repeats"], p["recipe"],
-                                                 mine):
-
-            def rec(impl, options=None):
-                s = samples[impl]
-                rate = steps / np.asarray(s)
-                q1, med, q3 = np.percentile(rate, [25, 50, 75])
-                theirs = impl == "purejaxrl"
-                extra = {"impl": impl, "run_s": [round(x, 5) for x in s], "config": cfg,
-                         "adapters": notes if theirs else [], "timed_with": list(samples),
-                         "source": URL if theirs else "repro.models.ppo",
-                         "final_return": _summary(facts[impl].get("final_returns"))}
-                if not theirs:
-                    extra["options"] = options
-                    extra["returns_digest"] = facts[impl].get("returns_digest")
-                extra["run"] = where[impl_ours][1]
-                return results.make_record(
-                    EXPERIMENT, "env_steps_per_s", float(med), "steps/s", claims=["A2"],
-                    recipe=p["recipe"], sizes={"seeds": seeds, "env_steps": steps},
-                    repeats=len(s), spread=float(q3 - q1), profile=p["profile"], extra=extra)
-
-            o = by_label[impl_ours]
-            written.append(results.write_records([rec("purejaxrl"), rec(impl_ours, o)],
-                                                 EXPERIMENT, where[impl_ours][0], root=root))
-            bar.update()
-    bar.close()
-    return written
+def check(p: Params) -> None:
+    """Every option set, then the checkout's ``purejaxrl/ppo.py``: before anything loads."""
+    for o in p.ours:
+        ours_config(_config(p), p.recipe, o)
+    if p.purejaxrl is not None:
+        checkout_dir(p.purejaxrl)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
+def _records(p: Params, notes: list[str], seeds: int, name: str, samples, facts,
+             options: Mapping[str, Any], run: int) -> list[dict[str, Any]]:
+    """PureJaxRL's record and ours, of one timed comparison."""
+    cfg, steps = _config(p), env_steps(_config(p), seeds)
 
-    ap = argparse.ArgumentParser(prog="python -m repro.studies.purejaxrl", description=__doc__.split(
-        "\n")[0])
-    ap.add_argument("--purejaxrl", required=True, metavar="DIR",
-                    help=f"a checkout of {URL} (holding purejaxrl/ppo.py)")
-    ap.add_argument("--profile", default="full", help="smoke | full | auto")
-    ap.add_argument("--force", action="store_true",
-                    help="redo cells already recorded (default: time only the option sets of "
-                         "ours not recorded yet, with PureJaxRL)")
-    ap.add_argument("--only", action="append", metavar="OPTIONS",
-                    help="time only this option set of params.yaml's rl_purejaxrl.ours, e.g. "
-                         "'unroll=32,update_unroll=4' or 'repro' for the defaults (repeatable)")
-    ap.add_argument("--again", action="store_true",
-                    help="time recorded cells once more into new cells (<cell>_run2, ...), "
-                         "keeping the earlier runs: a confirming run")
-    a = ap.parse_args(argv)
-    from repro.config import resolve_profile
+    def rec(impl):
+        s = samples[impl]
+        q1, med, q3 = np.percentile(steps / np.asarray(s), [25, 50, 75])
+        theirs = impl == "purejaxrl"
+        extra = {"impl": impl, "run_s": [round(x, 5) for x in s], "config": cfg,
+                 "adapters": notes if theirs else [], "timed_with": list(samples),
+                 "source": URL if theirs else "repro.models.ppo",
+                 "final_return": _summary(facts[impl].get("final_returns"))}
+        if not theirs:
+            extra["options"] = dict(options)
+            extra["returns_digest"] = facts[impl].get("returns_digest")
+        extra["run"] = run
+        return results.make_record(
+            EXPERIMENT, "env_steps_per_s", float(med), "steps/s", claims=["A2"],
+            recipe=p.recipe, sizes={"seeds": seeds, "env_steps": steps}, repeats=len(s),
+            spread=float(q3 - q1), profile=p.profile, extra=extra)
 
-    try:
-        written = record(a.purejaxrl, resolve_profile(a.profile), force=a.force, only=a.only,
-                         again=a.again)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"repro.studies.purejaxrl: error: {e}", file=sys.stderr)
-        return 2
-    for w in written:
-        print(w)
-    print(f"{EXPERIMENT}: wrote {len(written)} cell(s)")
-    return 0
+    return [rec("purejaxrl"), rec(name)]
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def cells(p: Params) -> list[Cell]:
+    """One cell per (seed count, option set, run), seed counts in params order. PureJaxRL is
+    loaded at the first cell and compiled once per seed count, then timed again beside
+    every option set."""
+    cache: dict[str, Any] = {}
+
+    def theirs(seeds: int):
+        if "module" not in cache:
+            cache["module"], cache["notes"] = load(p.purejaxrl)
+            if jax.default_backend() == "cpu" and max(p.seeds) > 1:
+                print(f"{EXPERIMENT}: warning: on XLA:CPU (jax 0.10.2) PureJaxRL's program "
+                      "with 2 or more vmapped seeds has hung in its second or third run (idle "
+                      "in block_until_ready); time several seeds on a GPU", file=sys.stderr)
+        if cache.get("seeds") != seeds:  # one seed count's program at a time
+            cache.pop("theirs", None)
+            cache["theirs"] = compile_theirs(cache["module"], _config(p), seeds)
+            cache["seeds"] = seeds
+        return cache["theirs"]
+
+    def one(seeds, o, run):
+        def go(_budget):
+            name, samples, facts = compare(theirs(seeds), _config(p), seeds, p.repeats,
+                                           p.recipe, o)
+            return _records(p, cache["notes"], seeds, name, samples, facts, o, run)
+        return go
+
+    sets = [dict(o or {}) for o in p.ours]
+    return [Cell(cell_name(_config(p), seeds, o) + (f"_run{k}" if k > 1 else ""),
+                 one(seeds, o, k), (p.recipe,))
+            for seeds in p.seeds for o in sets for k in range(1, p.runs + 1)]
+
+
+STUDY = Study(EXPERIMENT, ("A2",), cells, check, about="our PPO against PureJaxRL's ppo.py",
+              params=Params, requires=("purejaxrl",))

@@ -1,19 +1,50 @@
+"""RL training quality per precision variant (claims A5-A8, A10).
+
+    repro record rl_quality --profile full                       # every (env, variant) cell
+    repro record rl_quality --profile full --recipe fp8-delayed  # the variants built on it
+
+Per (env, variant): ``final_return`` per seed (mean return of the episodes completed over the
+last ``last_fraction`` of updates; NaN if the parameters went non-finite), seeds under
+``jax.vmap``; the learning curve and skip counts in ``extra``. Per env also ``random_return``
+(uniform random policy, for normalisation) and a determinism check (``same_seed_identical``:
+one variant run twice with the same seeds; ``different_seeds_differ``). Variants are entries of
+the precision registry (``repro.precision``): a recipe plus optimizer/network flags, the
+ablations of the FP8 recipe (no scaling, no Kahan, no gradient clipping, no weight clipping,
+all layers FP8). Sizes come from ``params.yaml`` (section ``rl_quality``, :class:`Params`).
+"""
+
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from repro import config, results
+from repro import results
+from repro.config import Section, positive, recipe_names
 from repro.models import ppo
 from repro.precision.recipes import resolve
-from repro.studies.rl_throughput import CellsFailed, _cell_failed, _device_peak_bytes, _select
+from repro.studies.rl_throughput import _device_peak_bytes
+from repro.studies.runner import Cell, Study
 
 QUALITY = "rl_quality"
+QUALITY_REPEAT = "rl_quality_repeat"  # a repeat of recorded cells, compared bitwise (A10)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Params(Section):
+    """``params.yaml``'s ``rl_quality`` section: ``ppo`` holds PPOConfig defaults, ``envs``
+    per-env overrides of them; ``determinism_variant`` is run twice per env (A10)."""
+
+    seeds: int = positive()
+    envs: dict[str, dict[str, Any] | None]
+    variants: tuple[str, ...] = recipe_names()
+    ppo: dict[str, Any] | None = None
+    last_fraction: float = positive(0.1)
+    determinism_variant: str | None = recipe_names(None)
 
 
 def random_return(env_name: str, num_envs: int = 64, num_steps: int = 2000,
@@ -46,9 +77,8 @@ def random_return(env_name: str, num_envs: int = 64, num_steps: int = 2000,
     return float(tot / n) if n > 0 else float("nan")
 
 
-def quality_config(env_name: str, variant: str, p: Mapping[str, Any]) -> ppo.PPOConfig:
-    envs = p["envs"]
-    return ppo.validate({**dict(p.get("ppo", {})), **dict(envs[env_name] or {}),
+def quality_config(env_name: str, variant: str, p: Params) -> ppo.PPOConfig:
+    return ppo.validate({**dict(p.ppo or {}), **dict(p.envs[env_name] or {}),
                          "env": env_name, "recipe": variant})
 
 
@@ -75,15 +105,14 @@ def _curve(x: np.ndarray, points: int = 100) -> list[float | None]:
                 for v in (np.nanmean(ch) if np.isfinite(ch).any() else np.nan for ch in chunks)]
 
 
-def quality_cell(env_name: str, variant: str, p: Mapping[str, Any],
-                 profile: str) -> list[dict[str, Any]]:
+def quality_cell(env_name: str, variant: str, p: Params) -> list[dict[str, Any]]:
     c = quality_config(env_name, variant, p)
-    seeds = list(range(int(p["seeds"])))
+    seeds, profile = list(range(p.seeds)), p.profile
     t0 = time.perf_counter()
     m = run_seeds(c, seeds)
     wall = time.perf_counter() - t0
     peak = _device_peak_bytes()
-    final = ppo.final_return(m, float(p.get("last_fraction", 0.1)))
+    final = ppo.final_return(m, p.last_fraction)
     from repro.precision import ops
 
     emulated = bool(ops.is_emulated(resolve(c.recipe)))
@@ -103,7 +132,7 @@ def quality_cell(env_name: str, variant: str, p: Mapping[str, Any],
                    "skipped_steps": int(m["skipped"][i, -1]),
                    "final_loss_scale": float(m["loss_scale"][i, -1]),
                    "diverged": bool(m["nonfinite_params"][i, -1]),
-                   "last_fraction": float(p.get("last_fraction", 0.1)),
+                   "last_fraction": p.last_fraction,
                    "wall_s_all_seeds": wall,
                    # all seeds of the cell train together: the process's device peak so far
                    # (an upper bound for this cell; None where the backend has no stats)
@@ -111,8 +140,7 @@ def quality_cell(env_name: str, variant: str, p: Mapping[str, Any],
     return recs
 
 
-def determinism_cell(env_name: str, variant: str, p: Mapping[str, Any],
-                     profile: str) -> list[dict[str, Any]]:
+def determinism_cell(env_name: str, variant: str, p: Params) -> list[dict[str, Any]]:
     """Run ``variant`` twice on seeds (0, 1, 0): A10's "same seed, same result"."""
     run = seeds_runner(quality_config(env_name, variant, p))
     c = quality_config(env_name, variant, p)
@@ -121,7 +149,7 @@ def determinism_cell(env_name: str, variant: str, p: Mapping[str, Any],
     same = bool(np.array_equal(a, b, equal_nan=True)
                 and np.array_equal(a[0], a[2], equal_nan=True))
     differ = not np.array_equal(a[0], a[1], equal_nan=True)
-    common = dict(claims=["A10"], recipe=resolve(c.recipe).family, profile=profile,
+    common = dict(claims=["A10"], recipe=resolve(c.recipe).family, profile=p.profile,
                   sizes={"env": env_name, "variant": variant,
                          "total_timesteps": c.total_timesteps},
                   extra={"variant": variant, "compared": "per-update mean returns, bitwise",
@@ -131,64 +159,37 @@ def determinism_cell(env_name: str, variant: str, p: Mapping[str, Any],
                                 **common)]
 
 
-def quality_cells(p: Mapping[str, Any], variants: Sequence[str]) -> list[tuple]:
-    cells = []
-    det = p.get("determinism_variant")
-    for env_name in p["envs"]:
-        cells.append((f"{env_name}_random", "random", env_name, None))
-        for v in variants:
-            cells.append((f"{env_name}_{v}", "variant", env_name, v))
-        if det and det in variants:
-            cells.append((f"{env_name}_determinism_{det}", "determinism", env_name, det))
-    return cells
+def random_cell(env_name: str, p: Params) -> list[dict[str, Any]]:
+    """The return of a uniform random policy (the normalisation floor)."""
+    return [results.make_record(
+        QUALITY, "random_return", random_return(env_name), "return", claims=["A10"],
+        sizes={"env": env_name, "variant": "random"}, profile=p.profile,
+        extra={"policy": "uniform random", "num_envs": 64, "num_steps": 2000})]
 
 
-def record_quality(profile: str, root: str | Path | None = None, force: bool = False,
-                   recipes: Sequence[str] | None = None,
-                   only: Sequence[str] | None = None) -> list[Path]:
-    """Run the ``rl_quality`` study of ``params.yaml`` for ``profile``; returns paths.
+def check(p: Params) -> None:
+    for env_name in p.envs:
+        for v in p.variants:
+            quality_config(env_name, v, p)  # every cell's PPO config, before the first run
 
-    ``recipes`` restricts the run to the variants built on those recipes; ``only`` (globs on
-    cell names such as ``"CartPole-v1_*"`` or ``"*_fp8-e2e*"``) to some cells.
-    """
-    from tqdm import tqdm
 
-    p = config.stage_params(QUALITY, profile)
-    profile = p["profile"]
-    variants = list(p["variants"])
-    for v in variants:
-        resolve(v)  # one-line error for an unknown variant
-    for r in recipes or []:
-        resolve(r)
-    if recipes is not None:
-        variants = [v for v in variants if resolve(v).family in recipes]
-    for env_name in p["envs"]:
-        for v in variants:
-            quality_config(env_name, v, p)  # validate every cell before the first run
-    root = Path(root) if root is not None else results.record_root(profile)
-    written = []
-    cells, failures = _select(quality_cells(p, variants), only), []
-    for cell, kind, env_name, v in (bar := tqdm(cells, desc=f"{QUALITY} [{profile}]",
-                                                unit="cell")):
-        if not force and results.have_cell(QUALITY, cell, root=root):
-            continue
-        bar.set_postfix_str(cell)
-        try:
-            if kind == "random":
-                recs = [results.make_record(
-                    QUALITY, "random_return", random_return(env_name), "return", claims=["A10"],
-                    sizes={"env": env_name, "variant": "random"}, profile=profile,
-                    extra={"policy": "uniform random", "num_envs": 64, "num_steps": 2000})]
-            elif kind == "determinism":
-                recs = determinism_cell(env_name, v, p, profile)
-            else:
-                recs = quality_cell(env_name, v, p, profile)
-        except Exception as e:  # noqa: BLE001 - logged, the study goes on, raised at the end
-            _cell_failed(QUALITY, cell, e, failures)
-            continue
-        written.append(results.write_records(recs, QUALITY, cell, root=root))
-    if failures:
-        raise CellsFailed(QUALITY, failures)
-    return written
+def cells(p: Params) -> list[Cell]:
+    """Per env: the random policy, each variant, then the determinism check. ``--recipe R``
+    keeps the variants named R or built on R."""
+    out, det = [], p.determinism_variant
 
-QUALITY_REPEAT = "rl_quality_repeat"
+    def tags(v):
+        return tuple(dict.fromkeys([v, resolve(v).family]))
+
+    for env_name in p.envs:
+        out.append(Cell(f"{env_name}_random", lambda _b, e=env_name: random_cell(e, p)))
+        out += [Cell(f"{env_name}_{v}", lambda _b, e=env_name, v=v: quality_cell(e, v, p),
+                     tags(v)) for v in p.variants]
+        if det and det in p.variants:
+            out.append(Cell(f"{env_name}_determinism_{det}",
+                            lambda _b, e=env_name: determinism_cell(e, det, p), tags(det)))
+    return out
+
+
+STUDY = Study(QUALITY, ("A5", "A6", "A7", "A8", "A10"), cells, check,
+              about="PPO returns per precision variant", params=Params)

@@ -7,12 +7,15 @@ records, and the runner writes them atomically to
 ``<root>/<hardware>/<experiment>/<cell>.json``. Everything else lives here, once:
 
 * resume: a cell already recorded on this hardware is skipped (``force`` redoes it);
-* selection: ``only`` (glob patterns on cell names) and ``recipes`` (the recipes a cell uses);
+* selection: ``only`` (glob patterns on cell names) and ``recipes`` (the recipes a cell uses;
+  a study whose cells time several recipes together narrows its parameters instead);
 * failures: a cell that raises is reported in one line and the study goes on; the run ends
   with :class:`CellsFailed` naming every failed cell (a cell the device cannot compile must
   not cost the rest of an unattended GPU call);
 * a time budget: no new cell starts once it is spent (cells that checkpoint get what is left);
 * Ctrl-C: finished cells are kept; the interrupt propagates to the caller;
+* cross-call ratios: a note when a run would record some cells of a ``group`` (cells that are
+  compared with each other) whose other cells an earlier call recorded;
 * progress: one tqdm bar per study.
 
     STUDY = Study("mlp_step", claims=("A2",), cells=cells)   # in a study module
@@ -38,14 +41,20 @@ class Cell:
     """One resumable unit of a study.
 
     ``run(budget_s)`` returns the cell's records (``budget_s``: seconds left of the run's time
-    budget, or None; most cells ignore it). ``recipes``: the recipe names the cell runs, for
-    ``--recipe`` selection. A cell whose ``run`` returns None stopped early on purpose (e.g.
-    at its time budget, with a checkpoint): nothing is written and the study stops there.
+    budget, or None; most cells ignore it). A cell whose ``run`` returns None stopped early on
+    purpose (e.g. at its time budget, with a checkpoint): nothing is written and the study
+    stops there; ``[]``: nothing to record here (e.g. a trace without device kernels on a CPU).
+    ``recipes``: the recipe names the cell runs, for ``--recipe`` selection. ``group``: cells
+    whose records are compared with each other (ratios need both from one call).
+    ``restart``: called before a forced run (``force``), for a cell that would otherwise
+    resume from a checkpoint.
     """
 
     name: str
     run: Callable[[float | None], Records | None]
     recipes: tuple[str, ...] = ()
+    group: str | None = None
+    restart: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -54,13 +63,27 @@ class Study:
 
     ``check(params)`` (optional) validates everything a run needs before the first cell
     starts (names of recipes, environments, sizes), raising a one-line ``ValueError``.
+    ``params``: the dataclass of its ``params.yaml`` section (``repro.config.Section``; None:
+    the section as a plain mapping). ``section``: that section's name ("": the experiment's;
+    None: no section, the parameters come from the command line). ``narrow(params, recipes)``:
+    for a study whose cells time several recipes together, the parameters restricted to
+    ``recipes`` (``--recipe``). ``requires``: command-line options the study cannot run
+    without (fields of its parameters, e.g. ``purejaxrl``: a checkout to compare against).
     """
 
     experiment: str
     claims: tuple[str, ...]
-    cells: Callable[[dict[str, Any]], list[Cell]]
-    check: Callable[[dict[str, Any]], None] | None = None
+    cells: Callable[[Any], list[Cell]]
+    check: Callable[[Any], None] | None = None
     about: str = ""
+    params: type | None = None
+    section: str | None = ""
+    narrow: Callable[[Any, Sequence[str]], Any] | None = None
+    requires: tuple[str, ...] = ()
+
+    @property
+    def params_section(self) -> str | None:
+        return self.experiment if self.section == "" else self.section
 
 
 class CellsFailed(RuntimeError):
@@ -85,6 +108,33 @@ def select(cells: Sequence[Cell], only: Sequence[str] | None = None,
     return out
 
 
+def plan(study: Study, params: Any, only: Sequence[str] | None = None,
+         recipes: Sequence[str] | None = None) -> tuple[list[Cell], list[Cell]]:
+    """(the selected cells, all cells) of a run, after ``study.check``; a one-line
+    ``ValueError`` for a recipe the registry does not know, a ``--recipe`` the study cannot
+    select by, or a selection that matches no cell. Writes nothing."""
+    if recipes and study.narrow is not None:
+        params = study.narrow(params, list(recipes))
+    if study.check is not None:
+        study.check(params)
+    every = study.cells(params)
+    if recipes and study.narrow is None:
+        if not any(c.recipes for c in every):
+            raise ValueError(f"{study.experiment}: --recipe does not apply (each cell times "
+                             "all the recipes of params.yaml together)")
+        from repro.precision import resolve
+
+        for r in recipes:
+            resolve(r)  # a one-line error naming the valid recipes
+    chosen = select(every, only, None if study.narrow else recipes)
+    if (only or recipes) and not chosen:
+        names = ", ".join(c.name for c in every[:12]) + (", ..." if len(every) > 12 else "")
+        what = " and ".join(x for x, v in (("--only " + " ".join(only or []), only),
+                                           ("--recipe " + ",".join(recipes or []), recipes)) if v)
+        raise ValueError(f"{study.experiment}: {what} selects no cell; cells: {names or 'none'}")
+    return chosen, every
+
+
 def _one_line(err: BaseException) -> str:
     first = (str(err).strip().splitlines() or [""])[0]
     return f"{type(err).__name__}: {first[:300]}"
@@ -92,50 +142,80 @@ def _one_line(err: BaseException) -> str:
 
 @dataclass
 class Outcome:
-    """What a run did: files written, cells skipped (already recorded), cells failed."""
+    """What a run did: files written, cells skipped (already recorded) or with nothing to
+    record, cells failed, and why it ended early (time budget), if it did."""
 
     written: list[Path] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    empty: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
-    stopped: str | None = None  # why the run ended early (time budget), if it did
+    stopped: str | None = None
 
 
-def run(study: Study, params: dict[str, Any], root: str | Path, *, force: bool = False,
+def cross_call_note(experiment: str, todo: Sequence[Cell], every: Sequence[Cell],
+                    done: Callable[[str], bool]) -> str | None:
+    """A note when the cells ``todo`` share a ``group`` with cells an earlier call recorded
+    (``done(name)``): a ratio of the two compares different calls. None if not."""
+    new = {c.name for c in todo}
+    groups = {c.group for c in todo if c.group is not None}
+    kept = sorted(c.name for c in every
+                  if c.group in groups and c.name not in new and done(c.name))
+    if not kept:
+        return None
+    return (f"{experiment}: note: {', '.join(sorted(new))} will be compared with "
+            f"{', '.join(kept)}, recorded by an earlier call: those ratios are cross-call; "
+            "to time them together, select both and add --force")
+
+
+def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
         only: Sequence[str] | None = None, recipes: Sequence[str] | None = None,
-        time_budget_s: float | None = None, progress: bool = True) -> Outcome:
+        time_budget_s: float | None = None, hardware: str | None = None,
+        note: str | None = None, progress: bool = True) -> Outcome:
     """Run the selected cells of ``study`` not yet recorded under ``root``; see the module
-    docstring. Raises :class:`CellsFailed` at the end if any cell failed."""
+    docstring. ``hardware``: record under this name instead of the detected one; ``note``:
+    a ``run_note`` for every record. Raises :class:`CellsFailed` at the end if any cell
+    failed."""
     from tqdm import tqdm  # not tqdm.auto: that wants ipywidgets inside notebooks
 
-    if study.check is not None:
-        study.check(params)
-    cells = select(study.cells(params), only, recipes)
+    from repro import hardware as hw
+
+    cells, every = plan(study, params, only, recipes)
     root = Path(root)
-    out = Outcome()
+    slug = results.slug(hardware) if hardware else hw.detect().slug
+
+    def done(name: str) -> bool:
+        return results.have_cell(study.experiment, name, hardware=slug, root=root)
+
+    todo = [c for c in cells if force or not done(c.name)]
+    out = Outcome(skipped=[c.name for c in cells if c.name not in {t.name for t in todo}])
+    if msg := cross_call_note(study.experiment, todo, every, done):
+        tqdm.write(msg, file=sys.stderr)
     start = time.monotonic()
-    bar = tqdm(cells, desc=f"{study.experiment} [{params.get('profile', '?')}]", unit="cell",
-               file=sys.stderr, disable=not progress)
+    profile = getattr(params, "profile", None) or (params or {}).get("profile", "?")
+    bar = tqdm(todo, desc=f"{study.experiment} [{profile}]", unit="cell", file=sys.stderr,
+               disable=not progress)
     for cell in bar:
-        if not force and results.have_cell(study.experiment, cell.name, root=root):
-            out.skipped.append(cell.name)
-            continue
         left = None if time_budget_s is None else time_budget_s - (time.monotonic() - start)
         if left is not None and left <= 0:
             out.stopped = f"time budget spent before {cell.name}"
             break
         bar.set_postfix_str(cell.name)
+        if force and cell.restart is not None:
+            cell.restart()
         try:
             recs = cell.run(left)
-        except KeyboardInterrupt:
-            raise
         except Exception as e:  # noqa: BLE001 - reported, the study goes on, raised at the end
             out.failed.append(f"{cell.name} ({_one_line(e)})")
             tqdm.write(f"{study.experiment}: cell {cell.name} failed, going on: "
                        f"{out.failed[-1]}", file=sys.stderr)
             continue
         if recs is None:
-            out.stopped = f"{cell.name} stopped early (resumable)"
+            out.stopped = f"{cell.name} stopped early (resumable: run again to go on)"
             break
+        if not recs:
+            out.empty.append(cell.name)
+            continue
+        recs = results.restamp(recs, hardware=hardware, note=note)
         out.written.append(results.write_records(recs, study.experiment, cell.name, root=root))
     bar.close()
     if out.failed:

@@ -163,9 +163,10 @@ def compiled_facts(compiled) -> dict[str, Any]:
 def recipe_emulated(recipe, lowering: str, hardware=None) -> bool:
     """Whether a timing of ``recipe`` measures emulation rather than its format.
 
-    ``repro.precision.ops.is_emulated`` (no tensor cores for the format on this hardware), and also an
-    FP8 recipe whose compiled program on a GPU ran no FP8 GEMM at all (``lowering`` is neither
-    cuBLASLt's FP8 call nor XLA's Triton GEMM with f8 operands, which small GEMMs get).
+    ``repro.precision.ops.is_emulated`` (no tensor cores for the format on this hardware), and
+    also an FP8 recipe whose compiled program on a GPU ran no FP8 GEMM at all (``lowering`` is
+    neither cuBLASLt's FP8 call nor XLA's Triton GEMM with f8 operands, which small GEMMs
+    get).
     """
     from repro.hardware import detect
     from repro.precision import ops

@@ -1,0 +1,146 @@
+"""``repro notebook NAME``: convert a Jupytext notebook and execute it with papermill.
+
+``notebooks/NAME.py`` (py:percent) becomes ``build/notebooks/NAME.ipynb`` and runs into
+``build/notebooks/NAME.out.ipynb``, with the repository root as working directory and the
+kernel's output in ``build/logs/NAME.log``. Parameters go to the notebook's parameters cell:
+``profile``, ``scratch`` (where a notebook that declares it keeps its smoke records: a folder
+of its own, emptied first, so a figure never mixes in records older code wrote) and any
+``-p KEY=VALUE``, each of which must be a parameter that cell declares. A failed run leaves the
+previous output alone and its partial output in ``NAME.failed.ipynb``.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+KERNEL = "python3"
+
+
+class NotebookError(ValueError):
+    """A notebook, kernel or parameter that does not exist (one line)."""
+
+
+def names(root: Path) -> list[str]:
+    return sorted(p.stem for p in (root / "notebooks").glob("[0-9]*.py"))
+
+
+def source_of(root: Path, name: str) -> Path:
+    name = Path(name).name.removesuffix(".py")
+    source = root / "notebooks" / f"{name}.py"
+    if not source.is_file():
+        raise NotebookError(f"no notebook {name!r} (looked for {source.relative_to(root)}); "
+                            f"available: {', '.join(names(root)) or 'none'}")
+    return source
+
+
+def declared_parameters(nb) -> list[str]:
+    """The names the notebook's cell tagged ``parameters`` assigns."""
+    out: list[str] = []
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "parameters" in cell.metadata.get("tags", []):
+            for node in ast.parse(cell.source).body:
+                targets = node.targets if isinstance(node, ast.Assign) else \
+                    [node.target] if isinstance(node, ast.AnnAssign) else []
+                out += [t.id for t in targets if isinstance(t, ast.Name)]
+    return out
+
+
+def check_parameters(name: str, declared: list[str], given: dict[str, Any]) -> None:
+    for key in given:
+        if key not in declared:
+            near = difflib.get_close_matches(key, declared, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise NotebookError(f"-p {key}: notebook {name} has no parameter {key!r}{hint}; "
+                                f"its parameters: {', '.join(declared) or 'none'}")
+
+
+def _require_kernel() -> None:
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        KernelSpecManager().get_kernel_spec(KERNEL)
+    except NoSuchKernel:
+        raise NotebookError(f"no Jupyter kernel {KERNEL!r}: run `python -m ipykernel install "
+                            f"--sys-prefix --name {KERNEL}` (bash .ci/install does)") from None
+
+
+def _write_ipynb(nb, source: Path, root: Path, ipynb: Path) -> None:
+    import jupytext
+
+    nb.metadata["kernelspec"] = {"name": KERNEL, "display_name": "Python 3", "language": "python"}
+    nb.metadata.setdefault("jupytext", {})["source"] = str(source.relative_to(root))
+    tmp = ipynb.with_name(f".{ipynb.stem}.tmp.ipynb")
+    jupytext.write(nb, tmp, fmt="ipynb")
+    os.replace(tmp, ipynb)
+
+
+def _execute(name: str, ipynb: Path, params: dict[str, Any], root: Path, log_path: Path) -> int:
+    """Run ``ipynb`` into ``NAME.out.ipynb``; 1 and a one-line error if a cell fails."""
+    import papermill
+
+    out, failed = ipynb.with_name(f"{name}.out.ipynb"), ipynb.with_name(f"{name}.failed.ipynb")
+    tmp_out = ipynb.with_name(f".{name}.running.ipynb")
+    handler = logging.FileHandler(log_path, mode="w")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    pm_log = logging.getLogger("papermill")
+    pm_log.addHandler(handler)
+    pm_log.setLevel(logging.INFO)
+    try:
+        with open(log_path, "a") as log:
+            papermill.execute_notebook(
+                str(ipynb), str(tmp_out), parameters=params, kernel_name=KERNEL,
+                cwd=str(root), log_output=False, stdout_file=log, stderr_file=log,
+                progress_bar=sys.stderr.isatty())
+        os.replace(tmp_out, out)  # only a complete run replaces the previous output
+    except papermill.PapermillExecutionError as e:
+        if tmp_out.exists():
+            os.replace(tmp_out, failed)
+        print(f"repro: error: notebook {name} failed in cell {e.exec_count}: {e.ename}: "
+              f"{' '.join(str(e.evalue).split())[:300]} (see {failed.relative_to(root)} and "
+              f"{log_path.relative_to(root)})", file=sys.stderr)
+        return 1
+    finally:
+        pm_log.removeHandler(handler)
+        handler.close()
+        tmp_out.unlink(missing_ok=True)
+    failed.unlink(missing_ok=True)
+    print(f"wrote {out.relative_to(root)}", file=sys.stderr)
+    return 0
+
+
+def run(name: str, profile: str, extra: dict[str, Any] | None = None) -> int:
+    """Convert and execute ``notebooks/NAME.py`` for ``profile``; see the module docstring."""
+    import jupytext
+
+    from repro.results import repo_root
+
+    root = repo_root().resolve()
+    source = source_of(root, name)
+    name, nb = source.stem, jupytext.read(source)
+    declared = declared_parameters(nb)
+    check_parameters(name, declared, extra or {})
+    params = {**(extra or {}), "profile": profile}
+    if "scratch" in declared and "scratch" not in params:
+        scratch = root / "build" / "results" / name
+        shutil.rmtree(scratch, ignore_errors=True)
+        params["scratch"] = str(scratch)
+    _require_kernel()
+    nb_dir, log_dir = root / "build" / "notebooks", root / "build" / "logs"
+    nb_dir.mkdir(parents=True, exist_ok=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    _write_ipynb(nb, source, root, nb_dir / f"{name}.ipynb")
+    # The kernel must import this very `repro`, whichever directory it runs in.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parent.parent)]
+        + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    log_path = log_dir / f"{name}.log"
+    print(f"repro notebook {name}: {source.relative_to(root)} -> build/notebooks/{name}.out"
+          f".ipynb (profile={profile}, log {log_path.relative_to(root)})", file=sys.stderr)
+    return _execute(name, nb_dir / f"{name}.ipynb", params, root, log_path)

@@ -1,0 +1,72 @@
+"""The text tables ``repro`` prints: the claims ledger, the hardware and the recipe registry."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from collections import Counter
+from typing import Any
+
+
+def ledger(rows: list[dict[str, Any]], width: int | None = None) -> str:
+    """The ledger for a terminal: one block per claim (verdict, hardware, key number, record)."""
+    from repro.claims.ledger import VERDICTS
+
+    width = width or min(shutil.get_terminal_size((100, 24)).columns, 120)
+    counts = Counter(r["verdict"] for r in rows)
+    head = ", ".join(f"{counts[v]} {v}" for v in VERDICTS if counts[v])
+    out = [f"claims ledger: {len(rows)} claims ({head})", ""]
+    vw = max(len(v) for v in VERDICTS)
+
+    def wrap(label: str, text: str) -> list[str]:
+        return textwrap.wrap(f"{label}{text}", width=width, initial_indent="     ",
+                             subsequent_indent="       ")
+
+    for r in rows:
+        hw = f"  on {r['hardware']}" if r["hardware"] else ""
+        emu = "  (emulated)" if r.get("emulated") else ""
+        out.append(f"{r['claim']:<4} {r['verdict']:<{vw}}{hw}{emu}")
+        out += wrap("", r["statement"])
+        if r["key_number"]:
+            out += wrap("key number: ", r["key_number"])
+        if r["source"]:
+            out += wrap("record: ", r["source"])
+        out += wrap("notebook: ", f"notebooks/{r['notebook']}.py" if r["notebook"]
+                    else "none (not tested in this repository)")
+    return "\n".join(out)
+
+
+def hardware() -> str:
+    """The detected hardware, then the datasheet registry (dense TFLOP/s, TB/s)."""
+    from repro import hardware as hw
+
+    info = hw.detect()
+    out = [f"detected: {info.slug} ({info.name}), backend {info.backend}, compute capability "
+           f"{info.compute_capability or '-'}, native FP8 {'yes' if info.has_fp8 else 'no'}, "
+           f"native FP4 {'yes' if info.has_fp4 else 'no'}", "",
+           "registry (repro/data/hardware.yaml): datasheet dense TFLOP/s, TB/s"]
+    kinds = ["fp4", "fp8", "bf16", "fp16", "tf32", "fp32"]
+    out.append(f"{'slug':<10} {'cc':>5} " + " ".join(f"{k:>7}" for k in kinds)
+               + f" {'TB/s':>6}  name")
+
+    def fmt(v):
+        return "-" if v is None else f"{v:g}"
+
+    for slug in hw.registry():
+        e = hw.lookup(slug)
+        out.append(f"{slug:<10} {e.compute_capability or '-':>5} "
+                   + " ".join(f"{fmt(e.peak_tflops.get(k)):>7}" for k in kinds)
+                   + f" {fmt(e.memory_bandwidth_tbs):>6}  {e.name}")
+    return "\n".join(out)
+
+
+def recipes() -> str:
+    """The precision registry (``repro.precision.REGISTRY``), one row per entry."""
+    from repro.precision.recipes import REGISTRY
+
+    cols = ("name", "family", "gemm", "scaling", "backend", "scope", "storage", "about")
+    rows = [(r.name, r.family, r.gemm, r.scaling, r.backend, r.scope, r.master_weights, r.about)
+            for r in REGISTRY.values()]
+    widths = [max(len(c), *(len(str(row[i])) for row in rows)) for i, c in enumerate(cols[:-1])]
+    return "\n".join("  ".join([*(str(v).ljust(w) for v, w in zip(row, widths)), str(row[-1])])
+                     for row in [cols, *rows])
