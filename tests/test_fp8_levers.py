@@ -300,7 +300,7 @@ def test_backward_residuals_are_fp8_not_bf16(layout):
     r = resolve(f"fp8-delayed:fp8_layout={layout}")
     x, w, _, meta = inputs("delayed")
     op = ("dot_tn",) if layout == "tn" else ("dot",)
-    _, res = ops._fp8_fwd(x, w, meta, r, op)
+    _, res = ops._fp8_fwd(x, w, None, meta, r, op, None)
     x_res, wq = res[0], res[1]
     assert x_res.dtype == jnp.float8_e4m3fn and wq.dtype == jnp.float8_e4m3fn
     assert x_res.shape == ((K, M) if layout == "tn" else (M, K))  # x^T saved for "tn"

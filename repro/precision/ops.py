@@ -59,7 +59,7 @@ from repro.precision import scaling as S
 from repro.precision.recipes import Recipe, resolve
 
 __all__ = [
-    "META_KEYS", "init_meta", "fp8_dot", "fp8_conv", "mxfp8_dot", "nvfp4_dot", "dot",
+    "META_KEYS", "init_meta", "fp8_dot", "fp8_dense", "fp8_conv", "mxfp8_dot", "nvfp4_dot", "dot",
     "block_scaled_backend", "is_emulated",
 ]
 
@@ -203,8 +203,43 @@ def _replace_meta(meta, new: dict):
     return jax.tree.unflatten(jax.tree.structure(meta), leaves)
 
 
-def _fp8_fwd(x, w, meta, recipe, op):
+ACTIVATIONS = (None, "relu", "tanh")
+
+
+def _caster(recipe, op):
+    """The FP8 cast of GEMM operands: the hardware convert (``Recipe.fp8_cast`` "native") for
+    products, the explicit rounding for convolutions (their emulated backward converts the FP8
+    operands back to BF16, a round trip XLA may fold)."""
+    return F.fp8_cast if recipe.fp8_cast == "native" and op[0] != "conv" else F.fp8_quantize
+
+
+def _epilogue(y, b, act):
+    """``act(y + b)`` in ``y``'s dtype and the activation's residual: a bit-packed mask
+    (relu: 1 bit per element), the output (tanh) or None."""
+    if b is not None:
+        y = y + b.astype(y.dtype)
+    if act == "relu":
+        return jnp.maximum(y, 0), jnp.packbits(y > 0, axis=-1)
+    if act == "tanh":
+        y = jnp.tanh(y)
+        return y, y
+    return y, None
+
+
+def _epilogue_grad(g, act_res, act, n):
+    """The gradient before the activation (``g * act'``) from the output gradient ``g``."""
+    if act == "relu":
+        return jnp.where(jnp.unpackbits(act_res, axis=-1, count=n).astype(bool), g,
+                         jnp.zeros((), g.dtype))
+    if act == "tanh":
+        return (g.astype(jnp.float32) * (1 - jnp.square(act_res.astype(jnp.float32)))
+                ).astype(g.dtype)
+    return g
+
+
+def _fp8_fwd(x, w, b, meta, recipe, op, act):
     fdt = jnp.dtype(recipe.fwd_dtype)
+    cast = _caster(recipe, op)
     if recipe.scaling == "delayed":
         mx, mw = meta["input"], meta["kernel"]
         sx, sw = mx.scale, mw.scale
@@ -218,23 +253,27 @@ def _fp8_fwd(x, w, meta, recipe, op):
         sx, sw = _scale_now(x, fdt, recipe), _scale_now(w, fdt, recipe)
         carry = None
     odt = _gemm_out_dtype(recipe, op)
-    xq = F.fp8_quantize(x, fdt, sx)
-    wq = F.fp8_quantize(w, fdt, sw)  # quantized ONCE per call; the dgrad reuses this residual
+    xq = cast(x, fdt, sx)
+    wq = cast(w, fdt, sw)  # quantized ONCE per call; the dgrad reuses this residual
     if op[0] == "dot_tn":
         # Cast-transpose: the transposed copies come from the high-precision source (same
         # values as xq.T / wq.T); x^T, not x, is kept for the weight-gradient GEMM.
-        acc = _fwd_gemm(op, xq, F.fp8_quantize(w.T, fdt, sw), odt)
-        x_res = F.fp8_quantize(x.T, fdt, sx)
+        acc = _fwd_gemm(op, xq, cast(w.T, fdt, sw), odt)
+        x_res = cast(x.T, fdt, sx)
     else:
         acc = _fwd_gemm(op, xq, wq, odt)
         x_res = xq
-    y = _rescale(acc, sx * sw, recipe.dtype)
-    return y, (x_res, wq, sx, sw, carry, _token(x), _token(w), meta)
+    y, act_res = _epilogue(_rescale(acc, sx * sw, recipe.dtype), b, act)
+    bt = None if b is None else _token(b)
+    return y, (x_res, wq, sx, sw, carry, _token(x), _token(w), bt, act_res, meta)
 
 
-def _fp8_bwd(recipe, op, res, g):
-    x_res, wq, sx, sw, carry, xt, wt, meta = res
+def _fp8_bwd(recipe, op, act, res, g):
+    x_res, wq, sx, sw, carry, xt, wt, bt, act_res, meta = res
     bdt = jnp.dtype(recipe.bwd_dtype)
+    cast = _caster(recipe, op)
+    g = _epilogue_grad(g, act_res, act, g.shape[-1])
+    db = None if bt is None else jnp.sum(g.astype(jnp.float32), axis=0).astype(bt.dtype)
     if recipe.scaling == "delayed":
         mg, new_x, new_w = carry
         sg = mg.scale
@@ -244,26 +283,28 @@ def _fp8_bwd(recipe, op, res, g):
     else:
         sg = _scale_now(g, bdt, recipe)
         meta_ct = None if meta is None else jax.tree.map(jnp.zeros_like, meta)
-    gq = F.fp8_quantize(g, bdt, sg)
-    gq_t = F.fp8_quantize(g.T, bdt, sg) if op[0] == "dot_tn" else None
+    gq = cast(g, bdt, sg)
+    gq_t = cast(g.T, bdt, sg) if op[0] == "dot_tn" else None
     dx, dw = _bwd_gemms(op, gq, x_res, wq, _gemm_out_dtype(recipe, op), gq_t)
     dx = _rescale(dx, sg * sw, xt.dtype)
     dw = _rescale(dw, sx * sg, wt.dtype)
-    return dx, dw, meta_ct
+    return dx, dw, db, meta_ct
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _fp8_core(x, w, meta, recipe, op):
-    return _fp8_fwd(x, w, meta, recipe, op)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _fp8_core(x, w, b, meta, recipe, op, act):
+    return _fp8_fwd(x, w, b, meta, recipe, op, act)[0]
 
 
 _fp8_core.defvjp(_fp8_fwd, _fp8_bwd)
 
 
-def _fp8_call(x, w, recipe, meta, op, what):
+def _fp8_call(x, w, recipe, meta, op, what, b=None, act=None):
     if recipe.scaling not in ("current", "delayed", "none"):
         raise ValueError(f"{what}: recipe {recipe.name!r} has scaling={recipe.scaling!r}; "
                          "FP8 per-tensor scaling is 'current', 'delayed' or 'none'")
+    if act not in ACTIVATIONS:
+        raise ValueError(f"{what}: activation must be one of {list(ACTIVATIONS)}, got {act!r}")
     if recipe.scaling == "delayed":
         if meta is None:
             raise ValueError(f"{what}: delayed scaling needs meta (see ops.init_meta)")
@@ -272,7 +313,7 @@ def _fp8_call(x, w, recipe, meta, op, what):
             raise ValueError(f"{what}: meta lacks {missing}; expected keys {META_KEYS}")
     else:
         meta = None  # no state: ignore whatever was passed, its cotangent is zero
-    return _fp8_core(x, w, meta, recipe, op)
+    return _fp8_core(x, w, b, meta, recipe, op, act)
 
 
 def fp8_dot(x, w, recipe, meta=None):
@@ -283,11 +324,27 @@ def fp8_dot(x, w, recipe, meta=None):
     only): ``{"input", "kernel", "output_grad"}`` -> DelayedScalingState; its gradient is the
     updated state. Gradients come back in x's and w's dtypes.
     """
+    return fp8_dense(x, w, None, recipe, meta)
+
+
+def fp8_dense(x, w, b, recipe, meta=None, activation: str | None = None):
+    """``activation(x[..., K] @ w[K, N] + b[N])`` with all three GEMMs in FP8, bias and
+    activation inside the ``custom_vjp`` (``Recipe.fp8_epilogue`` "fused").
+
+    What the backward pass keeps: the FP8 input and weight, their scales, and for ``"relu"``
+    a 1-bit mask (``jnp.packbits``), for ``"tanh"`` the output; no activation-sized BF16
+    copy for ReLU. The output gradient is read once for the activation's gradient, the bias
+    gradient (summed in FP32) and its FP8 cast. ``b`` may be None; ``activation`` one of
+    None, "relu", "tanh". Same forward values as ``activation(fp8_dot(x, w) + b)``.
+    """
     recipe = resolve(recipe)
-    _check_2d_weight(w, "fp8_dot")
-    x2 = _flatten_lhs(x, w, "fp8_dot")
+    _check_2d_weight(w, "fp8_dense")
+    x2 = _flatten_lhs(x, w, "fp8_dense")
+    if b is not None and jnp.shape(b) != (w.shape[1],):
+        raise ValueError(f"fp8_dense: bias shape {jnp.shape(b)} does not match the "
+                         f"{w.shape[1]} outputs of w {w.shape}")
     op = ("dot_tn",) if recipe.fp8_layout == "tn" else ("dot",)
-    y = _fp8_call(x2, w, recipe, meta, op, "fp8_dot")
+    y = _fp8_call(x2, w, recipe, meta, op, "fp8_dense", b, activation)
     return y.reshape(*x.shape[:-1], w.shape[1])
 
 

@@ -43,6 +43,8 @@ Gemm = Literal["dense", "fp8", "mxfp8", "nvfp4"]
 Scaling = Literal["none", "current", "delayed", "block"]
 GemmOut = Literal["float32", "compute"]
 Fp8Layout = Literal["natural", "tn"]
+Fp8Cast = Literal["native", "rounding"]
+Fp8Epilogue = Literal["fused", "separate"]
 Backend = Literal["repro", "flax", "te", "jax"]
 Scope = Literal["default", "all", "mlp"]
 Storage = Literal["fp32", "bf16", "fp8"]
@@ -88,6 +90,15 @@ class Recipe:
         XLA transposes the 1-byte FP8 copies. "tn": every GEMM in TN form, the transposed FP8
         copies quantized from the high-precision source (TE's cast-transpose), ``x^T`` saved
         for the backward pass. Same values either way. Convolutions ignore it.
+      fp8_cast: how GEMM operands are cast to FP8. "native": the hardware's saturating
+        round-to-nearest convert (``repro.precision.formats.fp8_cast``); "rounding": explicit
+        rounding arithmetic (``fp8_quantize``), bit-identical and slower: an ablation.
+        Convolutions always use "rounding" (their emulated backward converts back).
+      fp8_epilogue: where a layer's bias and activation run. "fused": inside the FP8 GEMM's
+        ``custom_vjp`` (``repro.precision.ops.fp8_dense``): the backward keeps only the FP8
+        operands and a 1-bit ReLU mask, and reads the output gradient once for the mask, the
+        bias gradient and its FP8 cast. "separate": bias and activation after the FP8 product
+        (plain JAX ops, which keep the activation's own residual): an ablation.
       scope: which layers a quantized recipe covers. "default": the recipe's own policy (RL
         networks keep their first layer and heads in BF16; the LM follows NVIDIA's NVFP4
         policy, ``repro.models.lm``); "all": every linear layer; "mlp": the LM's MLP GEMMs only.
@@ -120,6 +131,8 @@ class Recipe:
     stochastic_rounding: bool = True
     fp8_gemm_out: GemmOut = "compute"
     fp8_layout: Fp8Layout = "natural"
+    fp8_cast: Fp8Cast = "native"
+    fp8_epilogue: Fp8Epilogue = "fused"
     scope: Scope = "default"
     master_weights: Storage = "fp32"
     kahan: bool = False
