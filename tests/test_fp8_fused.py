@@ -161,3 +161,81 @@ def test_fused_layer_rejects_bad_arguments(bad, match):
     kw = dict(b=b, activation="relu") | bad
     with pytest.raises(ValueError, match=match):
         ops.fp8_dense(x, w, kw["b"], "fp8-current", None, kw["activation"])
+
+
+# --------------------------------------------------------------- the one-pass Pallas kernel
+
+KM, KN = 128, 256  # a multiple of kernels.BLOCK
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("jdtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
+def test_cast_transpose_kernel_equals_reference(jdtype, masked):
+    """Interpret mode on the CPU: q, q^T and amax bit for bit; the column sums to FP32
+    rounding (another order of addition)."""
+    from repro.precision import kernels
+
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.standard_normal((KM, KN)) * 30, jnp.bfloat16)
+    mask = jnp.packbits(jnp.asarray(rng.random((KM, KN)) > 0.4), axis=-1) if masked else None
+    got = kernels.cast_transpose_pallas(x, jdtype, 0.05, mask, interpret=True)
+    ref = kernels.cast_transpose_reference(x, jdtype, jnp.float32(0.05), mask)
+    for a, r in zip(got[:2], ref[:2]):
+        assert np.array_equal(np.asarray(a).view(np.uint8), np.asarray(r).view(np.uint8))
+    assert float(got[2]) == float(ref[2])
+    host = np.asarray(x, np.float64) * (np.unpackbits(np.asarray(mask), axis=-1).astype(bool)
+                                        if masked else 1)
+    assert np.allclose(np.asarray(got[3]), host.sum(0), rtol=1e-5, atol=1e-3)
+    assert np.array_equal(np.asarray(ref[1]).view(np.uint8), np.asarray(ref[0]).view(np.uint8).T)
+
+
+def test_tn_layout_through_the_kernel_equals_the_xla_path(monkeypatch):
+    """The fused layer with the "tn" layout, once through XLA and once through the Pallas
+    kernel (interpret mode standing in for the GPU): the same outputs and gradients."""
+    from repro.precision import kernels
+
+    rng = np.random.default_rng(6)
+    x = jnp.asarray(rng.standard_normal((KM, KN)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((KN, KN)) * 0.05, jnp.float32)
+    b = jnp.asarray(rng.standard_normal(KN) * 0.1, jnp.float32)
+    c = jnp.asarray(rng.standard_normal((KM, KN)), jnp.float32)
+    recipe = "fp8-delayed:fp8_layout=tn"
+    meta = meta_for(recipe)
+
+    def f(x, w, b, m):
+        return ops.fp8_dense(x, w, b, recipe, m, "relu")
+
+    (_, xla) = grads(f, x, w, b, meta, c)
+    monkeypatch.setattr(kernels, "fits", lambda shape: len(shape) == 2)
+    monkeypatch.setattr(kernels, "cast_transpose",
+                        lambda *a: kernels.cast_transpose_pallas(*a, interpret=True))
+    (_, pal) = grads(f, x, w, b, meta, c)
+    for a, r in zip((pal[0], pal[1]), (xla[0], xla[1])):
+        assert np.array_equal(np.asarray(a), np.asarray(r))
+    assert np.allclose(np.asarray(pal[2]), np.asarray(xla[2]), rtol=1e-5, atol=1e-4)
+    assert jax.tree.all(jax.tree.map(lambda p, q: np.array_equal(p, q), pal[3], xla[3]))
+
+
+# ------------------------------------------------------------------ per-layer FP8 policy
+
+
+def test_fp8_auto_runs_fp8_only_where_both_dimensions_reach_the_threshold():
+    from repro.precision import layers
+    from repro.precision.layers import FP8_META
+
+    auto = resolve("fp8-auto:fp8_min_dim=64")
+    assert layers.layer_recipe(auto, (64, 128)).gemm == "fp8"
+    assert layers.layer_recipe(auto, (32, 128)).gemm == "dense"  # narrow input: BF16
+    assert layers.layer_recipe(auto, (128, 8)).name.endswith("/dense")  # small head: BF16
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((16, 64)), jnp.bfloat16)
+    wide, head = layers.Dense(64, recipe=auto), layers.Dense(8, recipe=auto)
+    for layer, fp8 in ((wide, True), (head, False)):
+        v = layer.init(jax.random.key(0), x)
+        assert FP8_META in v  # the state exists either way: init and apply agree
+        jaxpr = str(jax.make_jaxpr(lambda v: layer.apply(v, x))(v))
+        assert ("f8_e4m3fn" in jaxpr) is fp8
+        ref = resolve("fp8-delayed") if fp8 else resolve("bf16")
+        v_ref = layers.Dense(layer.features, recipe=ref).init(jax.random.key(0), x)
+        v_ref = {**v_ref, "params": v["params"], **({FP8_META: v[FP8_META]} if fp8 else {})}
+        assert np.array_equal(np.asarray(layer.apply(v, x)),
+                              np.asarray(layers.Dense(layer.features, recipe=ref).apply(v_ref, x)))

@@ -23,15 +23,16 @@ here is a ``jax.custom_vjp`` that runs all three in the recipe's format:
   dot with FP32 accumulation; the NVFP4 per-tensor global scales multiply the output. The
   numbers are those of the block-scaled format; only the speed is not.
 
-Layout (``recipe.fp8_layout``). "natural" (default): every GEMM is written as
+Layout (``recipe.fp8_layout``; "auto", the default, picks "tn" where the cast-transpose kernel
+of ``repro.precision.kernels`` runs, else "natural"). "natural": every GEMM is written as
 ``dot_general`` with the natural contraction dims: fwd ``x[M,K] . w[K,N]`` (contract K), dgrad
 ``g[M,N] . w[K,N]`` (contract N), wgrad ``x[M,K] . g[M,N]`` (contract M). cuBLASLt FP8 on
 Hopper needs both operands with the contraction dim minor ("TN"); XLA's GEMM rewriter inserts
 the missing transposes, and with this formulation they are always transposes of 1-byte FP8
 arrays: ``w`` in the forward pass (weight-sized), and ``xq``/``gq`` in the wgrad
-(activation-sized). "tn": every GEMM written in TN form, the transposed FP8 copies quantized
-from the high-precision source (Transformer Engine's cast-transpose: ``x^T``, ``g^T``, ``w^T``),
-``x^T`` saved instead of ``x``; same values, other fusion. Block-scaled GEMMs are written
+(activation-sized). "tn": every GEMM written in TN form, the transposed FP8 copies made in
+the pass that quantizes (Transformer Engine's cast-transpose: ``x^T``, ``g^T``, ``w^T``; on a
+GPU one Pallas kernel per operand), ``x^T`` saved instead of ``x``; same values. Block-scaled GEMMs are written
 directly in the TN form ``a[M,K] . b[N,K]`` that ``scaled_matmul`` requires.
 
 Delayed scaling and the ``meta`` cotangent. ``meta`` is a dict
@@ -55,6 +56,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from repro.precision import formats as F
+from repro.precision import kernels
 from repro.precision import scaling as S
 from repro.precision.recipes import Recipe, resolve
 
@@ -237,54 +239,85 @@ def _epilogue_grad(g, act_res, act, n):
     return g
 
 
+def _cast_and_amax(cast, x, dtype, scale):
+    """``(cast(x), amax(x))`` computed together. Under delayed scaling nothing downstream
+    waits for the amax (it only updates the history), and XLA's scheduler then ran its
+    reduction late, keeping the activation-sized source alive until the end of the step (a
+    quarter more memory than BF16 for the benchmark MLP); the barrier makes both results
+    available at once, so the source can be freed where it is quantized."""
+    return lax.optimization_barrier((cast(x, dtype, scale), S.amax(x)))
+
+
+def _operand(x, dtype, recipe, op, scale=None, mask=None, transpose=False):
+    """The FP8 copy of a GEMM operand ``x[M, N]`` for ``recipe``.
+
+    Returns ``(q, q^T or None, scale, amax, column sums)``. ``scale``: the stored scale
+    (delayed scaling) or None (computed here from this tensor's amax). ``mask``: a packed ReLU
+    mask (``jnp.packbits`` along N) applied first. ``transpose``: also the transposed copy
+    (the "tn" layout); then, where it runs, one Pallas kernel reads ``x`` once for all of it
+    (``repro.precision.kernels.cast_transpose``).
+    """
+    cast = _caster(recipe, op)
+    one_pass = transpose and recipe.fp8_cast == "native" and kernels.fits(x.shape)
+    if not one_pass and mask is not None:
+        x = _epilogue_grad(x, mask, "relu", x.shape[-1])
+        mask = None
+    current = scale is None  # current scaling (or none): the scale comes first
+    if current:
+        xm = x if mask is None else _epilogue_grad(x, mask, "relu", x.shape[-1])
+        scale = _scale_now(xm, dtype, recipe)
+    if one_pass:
+        q, qt, amax, sums = kernels.cast_transpose(x, dtype, scale, mask)
+        return q, qt, scale, amax, sums
+    q, amax = (cast(x, dtype, scale), None) if current else _cast_and_amax(cast, x, dtype, scale)
+    qt = cast(x.T, dtype, scale) if transpose else None
+    return q, qt, scale, amax, None
+
+
 def _fp8_fwd(x, w, b, meta, recipe, op, act):
     fdt = jnp.dtype(recipe.fwd_dtype)
-    cast = _caster(recipe, op)
-    if recipe.scaling == "delayed":
-        mx, mw = meta["input"], meta["kernel"]
-        sx, sw = mx.scale, mw.scale
+    tn = op[0] == "dot_tn"
+    delayed = recipe.scaling == "delayed"
+    mx, mw = (meta["input"], meta["kernel"]) if delayed else (None, None)
+    xq, xq_t, sx, ax, _ = _operand(x, fdt, recipe, op, mx.scale if delayed else None,
+                                   transpose=tn)
+    # the weight: quantized ONCE per call (the dgrad reuses it); its amax from the FP32 master
+    wq, wq_t, sw, aw, _ = _operand(w, fdt, recipe, op, mw.scale if delayed else None,
+                                   transpose=tn)
+    carry = None
+    if delayed:
         algo, margin = recipe.amax_compute_algo, recipe.margin
-        # Quantization uses the STORED scales, so it does not wait for these amaxes: XLA can
-        # compute each in the pass that quantizes (the kernel's from the FP32 master itself).
-        new_x = S.delayed_update(mx, S.amax(x), _fmax(fdt), algo, margin)
-        new_w = S.delayed_update(mw, S.amax(w), _fmax(fdt), algo, margin)
-        carry = (meta["output_grad"], new_x, new_w)
-    else:
-        sx, sw = _scale_now(x, fdt, recipe), _scale_now(w, fdt, recipe)
-        carry = None
+        carry = (meta["output_grad"], S.delayed_update(mx, ax, _fmax(fdt), algo, margin),
+                 S.delayed_update(mw, aw, _fmax(fdt), algo, margin))
     odt = _gemm_out_dtype(recipe, op)
-    xq = cast(x, fdt, sx)
-    wq = cast(w, fdt, sw)  # quantized ONCE per call; the dgrad reuses this residual
-    if op[0] == "dot_tn":
-        # Cast-transpose: the transposed copies come from the high-precision source (same
-        # values as xq.T / wq.T); x^T, not x, is kept for the weight-gradient GEMM.
-        acc = _fwd_gemm(op, xq, cast(w.T, fdt, sw), odt)
-        x_res = cast(x.T, fdt, sx)
-    else:
-        acc = _fwd_gemm(op, xq, wq, odt)
-        x_res = xq
+    # "tn": every GEMM in TN form; x^T, not x, is kept for the weight-gradient GEMM
+    acc = _fwd_gemm(op, xq, wq_t if tn else wq, odt)
     y, act_res = _epilogue(_rescale(acc, sx * sw, recipe.dtype), b, act)
     bt = None if b is None else _token(b)
-    return y, (x_res, wq, sx, sw, carry, _token(x), _token(w), bt, act_res, meta)
+    return y, (xq_t if tn else xq, wq, sx, sw, carry, _token(x), _token(w), bt, act_res, meta)
 
 
 def _fp8_bwd(recipe, op, act, res, g):
     x_res, wq, sx, sw, carry, xt, wt, bt, act_res, meta = res
     bdt = jnp.dtype(recipe.bwd_dtype)
-    cast = _caster(recipe, op)
-    g = _epilogue_grad(g, act_res, act, g.shape[-1])
-    db = None if bt is None else jnp.sum(g.astype(jnp.float32), axis=0).astype(bt.dtype)
-    if recipe.scaling == "delayed":
+    mask = act_res if act == "relu" else None
+    if act == "tanh":
+        g = _epilogue_grad(g, act_res, act, g.shape[-1])
+    delayed = recipe.scaling == "delayed"
+    gq, gq_t, sg, ag, sums = _operand(g, bdt, recipe, op, carry[0].scale if delayed else None,
+                                      mask, transpose=op[0] == "dot_tn")
+    db = None
+    if bt is not None:
+        if sums is None:
+            gm = g if mask is None else _epilogue_grad(g, mask, "relu", g.shape[-1])
+            sums = jnp.sum(gm.astype(jnp.float32), axis=0)
+        db = sums.astype(bt.dtype)
+    if delayed:
         mg, new_x, new_w = carry
-        sg = mg.scale
-        new_g = S.delayed_update(mg, S.amax(g), _fmax(bdt), recipe.amax_compute_algo,
-                                 recipe.margin)
+        new_g = S.delayed_update(mg, ag, _fmax(bdt), recipe.amax_compute_algo, recipe.margin)
         meta_ct = _replace_meta(meta, {"input": new_x, "kernel": new_w, "output_grad": new_g})
     else:
-        sg = _scale_now(g, bdt, recipe)
         meta_ct = None if meta is None else jax.tree.map(jnp.zeros_like, meta)
-    gq = cast(g, bdt, sg)
-    gq_t = cast(g.T, bdt, sg) if op[0] == "dot_tn" else None
     dx, dw = _bwd_gemms(op, gq, x_res, wq, _gemm_out_dtype(recipe, op), gq_t)
     dx = _rescale(dx, sg * sw, xt.dtype)
     dw = _rescale(dw, sx * sg, wt.dtype)
@@ -316,6 +349,17 @@ def _fp8_call(x, w, recipe, meta, op, what, b=None, act=None):
     return _fp8_core(x, w, b, meta, recipe, op, act)
 
 
+def _tn(recipe, x_shape, w_shape) -> bool:
+    """Whether a product runs in the "tn" layout (``Recipe.fp8_layout``; "auto": where the
+    cast-transpose kernel runs for the input, the weight and the output gradient)."""
+    if recipe.fp8_layout != "auto":
+        return recipe.fp8_layout == "tn"
+    m, k = x_shape
+    n = w_shape[1]
+    return (recipe.fp8_cast == "native"
+            and all(kernels.fits(s) for s in ((m, k), (k, n), (m, n))))
+
+
 def fp8_dot(x, w, recipe, meta=None):
     """``x[..., K] @ w[K, N] -> [..., N]`` in ``recipe.dtype``, all three GEMMs in FP8.
 
@@ -343,7 +387,7 @@ def fp8_dense(x, w, b, recipe, meta=None, activation: str | None = None):
     if b is not None and jnp.shape(b) != (w.shape[1],):
         raise ValueError(f"fp8_dense: bias shape {jnp.shape(b)} does not match the "
                          f"{w.shape[1]} outputs of w {w.shape}")
-    op = ("dot_tn",) if recipe.fp8_layout == "tn" else ("dot",)
+    op = ("dot_tn",) if _tn(recipe, x2.shape, w.shape) else ("dot",)
     y = _fp8_call(x2, w, recipe, meta, op, "fp8_dense", b, activation)
     return y.reshape(*x.shape[:-1], w.shape[1])
 
