@@ -103,10 +103,10 @@ class Dense(nn.Module):
         r = resolve(self.recipe)
         kernel = self.param("kernel", self.kernel_init, (jnp.shape(x)[-1], self.features),
                             self.param_dtype)
+        r = layer_recipe(r, kernel.shape)
         meta, key = quant_state(self, r)
         bias = (self.param("bias", self.bias_init, (self.features,), self.param_dtype)
                 if self.use_bias else None)
-        r = layer_recipe(r, kernel.shape)
         if r.gemm == "fp8" and r.fp8_epilogue == "fused":
             return ops.fp8_dense(x, kernel, bias, r, meta, self.activation)
         y = ops.dot(x, kernel, r, meta=meta, key=key)
@@ -119,7 +119,7 @@ def layer_recipe(recipe: Recipe, kernel_shape) -> Recipe:
     """The recipe a layer of weight ``kernel_shape`` [K, N] runs under: ``recipe`` itself, or
     for a GEMM smaller than ``recipe.fp8_min_dim`` in K or N a dense GEMM in its compute dtype
     (the per-layer policy of ``fp8-auto``). The decision depends on the weight alone, so
-    ``init`` and ``apply`` agree; the layer keeps its FP8 state either way."""
+    ``init`` and ``apply`` agree (and only FP8 layers carry FP8 state)."""
     if recipe.gemm == "fp8" and min(kernel_shape) < recipe.fp8_min_dim:
         return recipe.replace(name=f"{recipe.name}/dense", gemm="dense", scaling="none")
     return recipe
