@@ -112,7 +112,7 @@ def test_variant_syntax_coerces_fields_and_names_the_variant():
 @pytest.mark.parametrize("spec, words", [
     ("fp8-delayed:fp8_gemm_outt=float32", "unknown field 'fp8_gemm_outt'"),
     ("fp8-delayed:fp8_gemm_out=float16", "is not one of ['float32', 'compute']"),
-    ("fp8-delayed:fp8_layout=nt", "is not one of ['natural', 'tn']"),
+    ("fp8-delayed:fp8_layout=nt", "is not one of ['auto', 'natural', 'tn']"),
     ("fp8-delayed:amax_history_len=1k", "is not an int"),
     ("nvfp4:rht=maybe", "is not a bool"),
     ("fp8-delayed:scaling=sometimes", "is not one of"),
@@ -138,16 +138,21 @@ def test_recipe_rejects_bad_lever_values():
 def test_full_mlp_step_lists_every_lever_ablation():
     p = stage_params("mlp_step", "full")
     recipes = p["recipes"] + p["levers"]
-    assert recipes[0] == "bf16" and "flax-fp8" in recipes and "fp16" in recipes
+    assert recipes[0] == "bf16" and "flax-fp8" in recipes and "fp8-auto" in recipes
     parsed = [resolve(r) for r in recipes  # all valid names; peers are not our recipes
               if resolve(r).backend == "repro"]
     assert {"fp8-current", "fp8-delayed"} <= {r.name for r in parsed}
     delayed = [r for r in parsed if r.gemm == "fp8" and r.scaling == "delayed"]
-    assert any(r.fp8_gemm_out == "float32" for r in delayed)  # lever: GEMM output dtype
-    assert any(r.fp8_layout == "tn" for r in delayed)  # lever: transposes
+    # each lever switched back alone, the others at their defaults
+    default = resolve("fp8-delayed")
+    for field, ablated in (("fp8_gemm_out", "float32"), ("fp8_layout", "natural"),
+                           ("fp8_epilogue", "separate"), ("fp8_cast", "rounding")):
+        assert any(getattr(r, field) == ablated and r.replace(**{field: getattr(default, field),
+                                                                 "name": default.name}) == default
+                   for r in delayed), field
     # the scaling lever: current scaling with the other levers at their defaults
     assert any(r.scaling == "current" and r.fp8_gemm_out == "compute"
-               and r.fp8_layout == "natural" for r in parsed)
+               and r.fp8_layout == "auto" for r in parsed)
     assert p["repeats"] <= 10  # the whole run fits a few minutes on an H200
 
 
@@ -300,7 +305,7 @@ def test_backward_residuals_are_fp8_not_bf16(layout):
     r = resolve(f"fp8-delayed:fp8_layout={layout}")
     x, w, _, meta = inputs("delayed")
     op = ("dot_tn",) if layout == "tn" else ("dot",)
-    _, res = ops._fp8_fwd(x, w, meta, r, op)
+    _, res = ops._fp8_fwd(x, w, None, meta, r, op, None)
     x_res, wq = res[0], res[1]
     assert x_res.dtype == jnp.float8_e4m3fn and wq.dtype == jnp.float8_e4m3fn
     assert x_res.shape == ((K, M) if layout == "tn" else (M, K))  # x^T saved for "tn"

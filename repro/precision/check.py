@@ -75,6 +75,27 @@ def checks() -> list[dict]:
                      "ok": not np.array_equal(y, xm), "required": True})
     rows.append({"check": "Kahan and naive BF16-stored updates differ",
                  "ok": _kahan_differs(), "required": True})
+    rows += _native_cast_rows()
+    return rows
+
+
+def _native_cast_rows() -> list[dict]:
+    """``formats.fp8_cast`` (the hardware's convert, used for GEMM operands) against the
+    host's ml_dtypes cast, on every bfloat16 value at several scales."""
+    xb = np.arange(65536, dtype=np.uint16).view(ml_dtypes.bfloat16)
+    keep = ~np.isnan(xb.astype(np.float32))
+    rows = []
+    for dt in (F.E4M3, F.E5M2):
+        fmax = float(ml_dtypes.finfo(dt).max)
+        ok = True
+        for s in (1.0, 2.0 ** -7, 3.7e-3, 1e3):
+            with np.errstate(all="ignore"):
+                ref = np.clip(xb.astype(np.float32) * (np.float32(1) / np.float32(s)),
+                              -fmax, fmax).astype(dt).view(np.uint8)
+            got = np.asarray(jax.jit(lambda v, s=s, d=dt: F.fp8_cast(v, d, s))(xb)).view(np.uint8)
+            ok &= bool(np.array_equal(got[keep], ref[keep]))
+        rows.append({"check": f"formats.fp8_cast to {jnp.dtype(dt).name} matches ml_dtypes on "
+                              "every bfloat16", "ok": ok, "required": True})
     return rows
 
 

@@ -78,11 +78,18 @@ def quant_state(module: nn.Module, recipe: Recipe):
 
 
 class Dense(nn.Module):
-    """``y = x @ kernel + bias`` over the last axis, the product as ``recipe`` says."""
+    """``activation(x @ kernel + bias)`` over the last axis, the product as ``recipe`` says.
+
+    ``activation``: None, "relu" or "tanh". For FP8 recipes with ``fp8_epilogue="fused"`` the
+    bias and activation run inside the FP8 product's ``custom_vjp``
+    (``repro.precision.ops.fp8_dense``): the backward keeps FP8 operands and a 1-bit ReLU
+    mask instead of a BF16 activation. Every other recipe applies them after the product.
+    """
 
     features: int
     recipe: Recipe | str = "fp32"
     use_bias: bool = True
+    activation: str | None = None
     kernel_init: Callable = default_kernel_init
     bias_init: Callable = nn.initializers.zeros_init()
     param_dtype: Any = jnp.float32
@@ -96,25 +103,58 @@ class Dense(nn.Module):
         r = resolve(self.recipe)
         kernel = self.param("kernel", self.kernel_init, (jnp.shape(x)[-1], self.features),
                             self.param_dtype)
+        r = layer_recipe(r, kernel.shape)
         meta, key = quant_state(self, r)
+        bias = (self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+                if self.use_bias else None)
+        if r.gemm == "fp8" and r.fp8_epilogue == "fused":
+            return ops.fp8_dense(x, kernel, bias, r, meta, self.activation)
         y = ops.dot(x, kernel, r, meta=meta, key=key)
-        if self.use_bias:
-            bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+        if bias is not None:
             y = y + bias.astype(y.dtype)
-        return y
+        return activate(y, self.activation)
+
+
+def layer_recipe(recipe: Recipe, kernel_shape) -> Recipe:
+    """The recipe a layer of weight ``kernel_shape`` [K, N] runs under: ``recipe`` itself, or
+    for a GEMM smaller than ``recipe.fp8_min_dim`` in K or N a dense GEMM in its compute dtype
+    (the per-layer policy of ``fp8-auto``). The decision depends on the weight alone, so
+    ``init`` and ``apply`` agree (and only FP8 layers carry FP8 state)."""
+    if recipe.gemm == "fp8" and min(kernel_shape) < recipe.fp8_min_dim:
+        return recipe.replace(name=f"{recipe.name}/dense", gemm="dense", scaling="none")
+    return recipe
+
+
+def activate(y, activation: str | None):
+    """``activation`` (None, "relu", "tanh") applied to ``y``."""
+    if activation not in ops.ACTIVATIONS:
+        raise ValueError(f"activation must be one of {list(ops.ACTIVATIONS)}, "
+                         f"got {activation!r}")
+    return {None: lambda v: v, "relu": nn.relu, "tanh": nn.tanh}[activation](y)
 
 
 def dense(features: int, recipe: Recipe | str, *, use_bias: bool = True,
-          kernel_init: Callable | None = None, name: str | None = None) -> nn.Module:
+          activation: str | None = None, kernel_init: Callable | None = None,
+          name: str | None = None) -> nn.Module:
     """The dense layer for ``recipe``: :class:`Dense` for this repository's recipes, the peer
-    library's layer (``repro.precision.peers``) for ``backend`` flax, te or jax."""
+    library's layer (``repro.precision.peers``) for ``backend`` flax, te or jax (with the
+    activation applied after it)."""
     r = resolve(recipe)
     if r.backend != "repro":
         from repro.precision import peers
 
-        return peers.dense(features, r, use_bias=use_bias, kernel_init=kernel_init, name=name)
+        layer = peers.dense(features, r, use_bias=use_bias, kernel_init=kernel_init, name=name)
+        return layer if activation is None else _Activated(layer, activation)
     kw = {} if kernel_init is None else {"kernel_init": kernel_init}
-    return Dense(features, recipe=r, use_bias=use_bias, name=name, **kw)
+    return Dense(features, recipe=r, use_bias=use_bias, activation=activation, name=name, **kw)
+
+
+class _Activated(nn.Module):
+    layer: nn.Module
+    activation: str
+
+    def __call__(self, x):
+        return activate(self.layer(x), self.activation)
 
 
 def _tuple(v) -> tuple[int, ...]:

@@ -23,15 +23,16 @@ here is a ``jax.custom_vjp`` that runs all three in the recipe's format:
   dot with FP32 accumulation; the NVFP4 per-tensor global scales multiply the output. The
   numbers are those of the block-scaled format; only the speed is not.
 
-Layout (``recipe.fp8_layout``). "natural" (default): every GEMM is written as
+Layout (``recipe.fp8_layout``; "auto", the default, picks "tn" where the cast-transpose kernel
+of ``repro.precision.kernels`` runs, else "natural"). "natural": every GEMM is written as
 ``dot_general`` with the natural contraction dims: fwd ``x[M,K] . w[K,N]`` (contract K), dgrad
 ``g[M,N] . w[K,N]`` (contract N), wgrad ``x[M,K] . g[M,N]`` (contract M). cuBLASLt FP8 on
 Hopper needs both operands with the contraction dim minor ("TN"); XLA's GEMM rewriter inserts
 the missing transposes, and with this formulation they are always transposes of 1-byte FP8
 arrays: ``w`` in the forward pass (weight-sized), and ``xq``/``gq`` in the wgrad
-(activation-sized). "tn": every GEMM written in TN form, the transposed FP8 copies quantized
-from the high-precision source (Transformer Engine's cast-transpose: ``x^T``, ``g^T``, ``w^T``),
-``x^T`` saved instead of ``x``; same values, other fusion. Block-scaled GEMMs are written
+(activation-sized). "tn": every GEMM written in TN form, the transposed FP8 copies made in
+the pass that quantizes (Transformer Engine's cast-transpose: ``x^T``, ``g^T``, ``w^T``; on a
+GPU one Pallas kernel per operand), ``x^T`` saved instead of ``x``; same values. Block-scaled GEMMs are written
 directly in the TN form ``a[M,K] . b[N,K]`` that ``scaled_matmul`` requires.
 
 Delayed scaling and the ``meta`` cotangent. ``meta`` is a dict
@@ -55,11 +56,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from repro.precision import formats as F
+from repro.precision import kernels
 from repro.precision import scaling as S
 from repro.precision.recipes import Recipe, resolve
 
 __all__ = [
-    "META_KEYS", "init_meta", "fp8_dot", "fp8_conv", "mxfp8_dot", "nvfp4_dot", "dot",
+    "META_KEYS", "init_meta", "fp8_dot", "fp8_dense", "fp8_conv", "mxfp8_dot", "nvfp4_dot", "dot",
     "block_scaled_backend", "is_emulated",
 ]
 
@@ -203,67 +205,139 @@ def _replace_meta(meta, new: dict):
     return jax.tree.unflatten(jax.tree.structure(meta), leaves)
 
 
-def _fp8_fwd(x, w, meta, recipe, op):
+ACTIVATIONS = (None, "relu", "tanh")
+
+
+def _caster(recipe, op):
+    """The FP8 cast of GEMM operands: the hardware convert (``Recipe.fp8_cast`` "native") for
+    products, the explicit rounding for convolutions (their emulated backward converts the FP8
+    operands back to BF16, a round trip XLA may fold)."""
+    return F.fp8_cast if recipe.fp8_cast == "native" and op[0] != "conv" else F.fp8_quantize
+
+
+def _epilogue(y, b, act):
+    """``act(y + b)`` in ``y``'s dtype and the activation's residual: a bit-packed mask
+    (relu: 1 bit per element), the output (tanh) or None."""
+    if b is not None:
+        y = y + b.astype(y.dtype)
+    if act == "relu":
+        return jnp.maximum(y, 0), jnp.packbits(y > 0, axis=-1)
+    if act == "tanh":
+        y = jnp.tanh(y)
+        return y, y
+    return y, None
+
+
+def _epilogue_grad(g, act_res, act, n):
+    """The gradient before the activation (``g * act'``) from the output gradient ``g``."""
+    if act == "relu":
+        return jnp.where(jnp.unpackbits(act_res, axis=-1, count=n).astype(bool), g,
+                         jnp.zeros((), g.dtype))
+    if act == "tanh":
+        return (g.astype(jnp.float32) * (1 - jnp.square(act_res.astype(jnp.float32)))
+                ).astype(g.dtype)
+    return g
+
+
+def _cast_and_amax(cast, x, dtype, scale):
+    """``(cast(x), amax(x))`` computed together. Under delayed scaling nothing downstream
+    waits for the amax (it only updates the history), and XLA's scheduler then ran its
+    reduction late, keeping the activation-sized source alive until the end of the step (a
+    quarter more memory than BF16 for the benchmark MLP); the barrier makes both results
+    available at once, so the source can be freed where it is quantized."""
+    return lax.optimization_barrier((cast(x, dtype, scale), S.amax(x)))
+
+
+def _operand(x, dtype, recipe, op, scale=None, mask=None, transpose=False):
+    """The FP8 copy of a GEMM operand ``x[M, N]`` for ``recipe``.
+
+    Returns ``(q, q^T or None, scale, amax, column sums)``. ``scale``: the stored scale
+    (delayed scaling) or None (computed here from this tensor's amax). ``mask``: a packed ReLU
+    mask (``jnp.packbits`` along N) applied first. ``transpose``: also the transposed copy
+    (the "tn" layout); then, where it runs, one Pallas kernel reads ``x`` once for all of it
+    (``repro.precision.kernels.cast_transpose``).
+    """
+    cast = _caster(recipe, op)
+    one_pass = transpose and recipe.fp8_cast == "native" and kernels.fits(x.shape)
+    if not one_pass and mask is not None:
+        x = _epilogue_grad(x, mask, "relu", x.shape[-1])
+        mask = None
+    current = scale is None  # current scaling (or none): the scale comes first
+    if current:
+        xm = x if mask is None else _epilogue_grad(x, mask, "relu", x.shape[-1])
+        scale = _scale_now(xm, dtype, recipe)
+    if one_pass:
+        q, qt, amax, sums = kernels.cast_transpose(x, dtype, scale, mask)
+        return q, qt, scale, amax, sums
+    q, amax = (cast(x, dtype, scale), None) if current else _cast_and_amax(cast, x, dtype, scale)
+    qt = cast(x.T, dtype, scale) if transpose else None
+    return q, qt, scale, amax, None
+
+
+def _fp8_fwd(x, w, b, meta, recipe, op, act):
     fdt = jnp.dtype(recipe.fwd_dtype)
-    if recipe.scaling == "delayed":
-        mx, mw = meta["input"], meta["kernel"]
-        sx, sw = mx.scale, mw.scale
+    tn = op[0] == "dot_tn"
+    delayed = recipe.scaling == "delayed"
+    mx, mw = (meta["input"], meta["kernel"]) if delayed else (None, None)
+    xq, xq_t, sx, ax, _ = _operand(x, fdt, recipe, op, mx.scale if delayed else None,
+                                   transpose=tn)
+    # the weight: quantized ONCE per call (the dgrad reuses it); its amax from the FP32 master
+    wq, wq_t, sw, aw, _ = _operand(w, fdt, recipe, op, mw.scale if delayed else None,
+                                   transpose=tn)
+    carry = None
+    if delayed:
         algo, margin = recipe.amax_compute_algo, recipe.margin
-        # Quantization uses the STORED scales, so it does not wait for these amaxes: XLA can
-        # compute each in the pass that quantizes (the kernel's from the FP32 master itself).
-        new_x = S.delayed_update(mx, S.amax(x), _fmax(fdt), algo, margin)
-        new_w = S.delayed_update(mw, S.amax(w), _fmax(fdt), algo, margin)
-        carry = (meta["output_grad"], new_x, new_w)
-    else:
-        sx, sw = _scale_now(x, fdt, recipe), _scale_now(w, fdt, recipe)
-        carry = None
+        carry = (meta["output_grad"], S.delayed_update(mx, ax, _fmax(fdt), algo, margin),
+                 S.delayed_update(mw, aw, _fmax(fdt), algo, margin))
     odt = _gemm_out_dtype(recipe, op)
-    xq = F.fp8_quantize(x, fdt, sx)
-    wq = F.fp8_quantize(w, fdt, sw)  # quantized ONCE per call; the dgrad reuses this residual
-    if op[0] == "dot_tn":
-        # Cast-transpose: the transposed copies come from the high-precision source (same
-        # values as xq.T / wq.T); x^T, not x, is kept for the weight-gradient GEMM.
-        acc = _fwd_gemm(op, xq, F.fp8_quantize(w.T, fdt, sw), odt)
-        x_res = F.fp8_quantize(x.T, fdt, sx)
-    else:
-        acc = _fwd_gemm(op, xq, wq, odt)
-        x_res = xq
-    y = _rescale(acc, sx * sw, recipe.dtype)
-    return y, (x_res, wq, sx, sw, carry, _token(x), _token(w), meta)
+    # "tn": every GEMM in TN form; x^T, not x, is kept for the weight-gradient GEMM
+    acc = _fwd_gemm(op, xq, wq_t if tn else wq, odt)
+    y, act_res = _epilogue(_rescale(acc, sx * sw, recipe.dtype), b, act)
+    bt = None if b is None else _token(b)
+    return y, (xq_t if tn else xq, wq, sx, sw, carry, _token(x), _token(w), bt, act_res, meta)
 
 
-def _fp8_bwd(recipe, op, res, g):
-    x_res, wq, sx, sw, carry, xt, wt, meta = res
+def _fp8_bwd(recipe, op, act, res, g):
+    x_res, wq, sx, sw, carry, xt, wt, bt, act_res, meta = res
     bdt = jnp.dtype(recipe.bwd_dtype)
-    if recipe.scaling == "delayed":
+    mask = act_res if act == "relu" else None
+    if act == "tanh":
+        g = _epilogue_grad(g, act_res, act, g.shape[-1])
+    delayed = recipe.scaling == "delayed"
+    gq, gq_t, sg, ag, sums = _operand(g, bdt, recipe, op, carry[0].scale if delayed else None,
+                                      mask, transpose=op[0] == "dot_tn")
+    db = None
+    if bt is not None:
+        if sums is None:
+            gm = g if mask is None else _epilogue_grad(g, mask, "relu", g.shape[-1])
+            sums = jnp.sum(gm.astype(jnp.float32), axis=0)
+        db = sums.astype(bt.dtype)
+    if delayed:
         mg, new_x, new_w = carry
-        sg = mg.scale
-        new_g = S.delayed_update(mg, S.amax(g), _fmax(bdt), recipe.amax_compute_algo,
-                                 recipe.margin)
+        new_g = S.delayed_update(mg, ag, _fmax(bdt), recipe.amax_compute_algo, recipe.margin)
         meta_ct = _replace_meta(meta, {"input": new_x, "kernel": new_w, "output_grad": new_g})
     else:
-        sg = _scale_now(g, bdt, recipe)
         meta_ct = None if meta is None else jax.tree.map(jnp.zeros_like, meta)
-    gq = F.fp8_quantize(g, bdt, sg)
-    gq_t = F.fp8_quantize(g.T, bdt, sg) if op[0] == "dot_tn" else None
     dx, dw = _bwd_gemms(op, gq, x_res, wq, _gemm_out_dtype(recipe, op), gq_t)
     dx = _rescale(dx, sg * sw, xt.dtype)
     dw = _rescale(dw, sx * sg, wt.dtype)
-    return dx, dw, meta_ct
+    return dx, dw, db, meta_ct
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _fp8_core(x, w, meta, recipe, op):
-    return _fp8_fwd(x, w, meta, recipe, op)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _fp8_core(x, w, b, meta, recipe, op, act):
+    return _fp8_fwd(x, w, b, meta, recipe, op, act)[0]
 
 
 _fp8_core.defvjp(_fp8_fwd, _fp8_bwd)
 
 
-def _fp8_call(x, w, recipe, meta, op, what):
+def _fp8_call(x, w, recipe, meta, op, what, b=None, act=None):
     if recipe.scaling not in ("current", "delayed", "none"):
         raise ValueError(f"{what}: recipe {recipe.name!r} has scaling={recipe.scaling!r}; "
                          "FP8 per-tensor scaling is 'current', 'delayed' or 'none'")
+    if act not in ACTIVATIONS:
+        raise ValueError(f"{what}: activation must be one of {list(ACTIVATIONS)}, got {act!r}")
     if recipe.scaling == "delayed":
         if meta is None:
             raise ValueError(f"{what}: delayed scaling needs meta (see ops.init_meta)")
@@ -272,7 +346,18 @@ def _fp8_call(x, w, recipe, meta, op, what):
             raise ValueError(f"{what}: meta lacks {missing}; expected keys {META_KEYS}")
     else:
         meta = None  # no state: ignore whatever was passed, its cotangent is zero
-    return _fp8_core(x, w, meta, recipe, op)
+    return _fp8_core(x, w, b, meta, recipe, op, act)
+
+
+def _tn(recipe, x_shape, w_shape) -> bool:
+    """Whether a product runs in the "tn" layout (``Recipe.fp8_layout``; "auto": where the
+    cast-transpose kernel runs for the input, the weight and the output gradient)."""
+    if recipe.fp8_layout != "auto":
+        return recipe.fp8_layout == "tn"
+    m, k = x_shape
+    n = w_shape[1]
+    return (recipe.fp8_cast == "native"
+            and all(kernels.fits(s) for s in ((m, k), (k, n), (m, n))))
 
 
 def fp8_dot(x, w, recipe, meta=None):
@@ -283,11 +368,27 @@ def fp8_dot(x, w, recipe, meta=None):
     only): ``{"input", "kernel", "output_grad"}`` -> DelayedScalingState; its gradient is the
     updated state. Gradients come back in x's and w's dtypes.
     """
+    return fp8_dense(x, w, None, recipe, meta)
+
+
+def fp8_dense(x, w, b, recipe, meta=None, activation: str | None = None):
+    """``activation(x[..., K] @ w[K, N] + b[N])`` with all three GEMMs in FP8, bias and
+    activation inside the ``custom_vjp`` (``Recipe.fp8_epilogue`` "fused").
+
+    What the backward pass keeps: the FP8 input and weight, their scales, and for ``"relu"``
+    a 1-bit mask (``jnp.packbits``), for ``"tanh"`` the output; no activation-sized BF16
+    copy for ReLU. The output gradient is read once for the activation's gradient, the bias
+    gradient (summed in FP32) and its FP8 cast. ``b`` may be None; ``activation`` one of
+    None, "relu", "tanh". Same forward values as ``activation(fp8_dot(x, w) + b)``.
+    """
     recipe = resolve(recipe)
-    _check_2d_weight(w, "fp8_dot")
-    x2 = _flatten_lhs(x, w, "fp8_dot")
-    op = ("dot_tn",) if recipe.fp8_layout == "tn" else ("dot",)
-    y = _fp8_call(x2, w, recipe, meta, op, "fp8_dot")
+    _check_2d_weight(w, "fp8_dense")
+    x2 = _flatten_lhs(x, w, "fp8_dense")
+    if b is not None and jnp.shape(b) != (w.shape[1],):
+        raise ValueError(f"fp8_dense: bias shape {jnp.shape(b)} does not match the "
+                         f"{w.shape[1]} outputs of w {w.shape}")
+    op = ("dot_tn",) if _tn(recipe, x2.shape, w.shape) else ("dot",)
+    y = _fp8_call(x2, w, recipe, meta, op, "fp8_dense", b, activation)
     return y.reshape(*x.shape[:-1], w.shape[1])
 
 

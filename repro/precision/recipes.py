@@ -42,7 +42,9 @@ import jax.numpy as jnp
 Gemm = Literal["dense", "fp8", "mxfp8", "nvfp4"]
 Scaling = Literal["none", "current", "delayed", "block"]
 GemmOut = Literal["float32", "compute"]
-Fp8Layout = Literal["natural", "tn"]
+Fp8Layout = Literal["auto", "natural", "tn"]
+Fp8Cast = Literal["native", "rounding"]
+Fp8Epilogue = Literal["fused", "separate"]
 Backend = Literal["repro", "flax", "te", "jax"]
 Scope = Literal["default", "all", "mlp"]
 Storage = Literal["fp32", "bf16", "fp8"]
@@ -86,8 +88,23 @@ class Recipe:
       fp8_layout: how FP8 GEMMs meet cuBLASLt's "TN" requirement (both operands with the
         contraction dim minor). "natural": GEMMs written with their natural contraction dims,
         XLA transposes the 1-byte FP8 copies. "tn": every GEMM in TN form, the transposed FP8
-        copies quantized from the high-precision source (TE's cast-transpose), ``x^T`` saved
-        for the backward pass. Same values either way. Convolutions ignore it.
+        copies made in the pass that quantizes (TE's cast-transpose; one Pallas kernel per
+        operand on a GPU, ``repro.precision.kernels``), ``x^T`` saved for the backward pass.
+        "auto" (default): "tn" where that kernel runs (a GPU, operand shapes that are
+        multiples of its tile), else "natural". Same values either way. Convolutions ignore it.
+      fp8_cast: how GEMM operands are cast to FP8. "native": the hardware's saturating
+        round-to-nearest convert (``repro.precision.formats.fp8_cast``); "rounding": explicit
+        rounding arithmetic (``fp8_quantize``), bit-identical and slower: an ablation.
+        Convolutions always use "rounding" (their emulated backward converts back).
+      fp8_epilogue: where a layer's bias and activation run. "fused": inside the FP8 GEMM's
+        ``custom_vjp`` (``repro.precision.ops.fp8_dense``): the backward keeps only the FP8
+        operands and a 1-bit ReLU mask, and reads the output gradient once for the mask, the
+        bias gradient and its FP8 cast. "separate": bias and activation after the FP8 product
+        (plain JAX ops, which keep the activation's own residual): an ablation.
+      fp8_min_dim: a per-layer precision policy. A layer whose weight has a dimension (K or N)
+        below it runs as a dense GEMM in ``compute_dtype`` instead of FP8: narrow layers, the
+        first layer of a small-input network and small heads cost more to quantize than FP8
+        saves (``repro.precision.layers.layer_recipe``). 0: every layer in FP8.
       scope: which layers a quantized recipe covers. "default": the recipe's own policy (RL
         networks keep their first layer and heads in BF16; the LM follows NVIDIA's NVFP4
         policy, ``repro.models.lm``); "all": every linear layer; "mlp": the LM's MLP GEMMs only.
@@ -119,7 +136,10 @@ class Recipe:
     rht: bool = True
     stochastic_rounding: bool = True
     fp8_gemm_out: GemmOut = "compute"
-    fp8_layout: Fp8Layout = "natural"
+    fp8_layout: Fp8Layout = "auto"
+    fp8_cast: Fp8Cast = "native"
+    fp8_epilogue: Fp8Epilogue = "fused"
+    fp8_min_dim: int = 0
     scope: Scope = "default"
     master_weights: Storage = "fp32"
     kahan: bool = False
@@ -209,6 +229,10 @@ REGISTRY: dict[str, Recipe] = {r.name: r for r in [
            about="OCP MXFP8: E4M3 elements, one E8M0 scale per 32"),
     Recipe("nvfp4", **_NVFP4, claims=("B3", "B4"),
            about="NVIDIA's NVFP4 training recipe: E2M1, E4M3 scale per 16, FP32 per tensor"),
+    Recipe("fp8-auto", base="fp8-delayed", gemm="fp8", scaling="delayed", **_BF16,
+           fp8_min_dim=1024, claims=("A2", "A4"),
+           about="fp8-delayed where FP8 pays: layers with both dimensions >= 1024, BF16 "
+                 "elsewhere (the H200's mlp_step crossover)"),
     # training-time variants (the RL studies' arms)
     Recipe("fp8-all-layers", base="fp8-delayed", gemm="fp8", scaling="delayed", **_BF16,
            scope="all", claims=("A1", "A10"),

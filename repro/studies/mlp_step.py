@@ -47,9 +47,8 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x):
         for i in range(self.depth):
-            x = layers.dense(self.width, self.recipe)(x)
-            if i < self.depth - 1:
-                x = nn.relu(x)
+            act = "relu" if i < self.depth - 1 else None
+            x = layers.dense(self.width, self.recipe, activation=act)(x)
         return x
 
 
