@@ -125,8 +125,9 @@ def speed_table(df: pd.DataFrame) -> pd.DataFrame:
         ["hardware", "profile", "config", "phase", "batch", "format"]).reset_index(drop=True)
 
 
-def _pick(t: pd.DataFrame) -> pd.DataFrame:
-    """The rows of the best evidence: full profile over smoke, a GPU over a CPU."""
+def best_evidence(t: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a table's best evidence: full profile over smoke, a GPU over a CPU (one
+    hardware, one profile)."""
     if t.empty:
         return t
     t = t.assign(_full=(t["profile"] == "full").astype(int),
@@ -199,7 +200,7 @@ def b6_verdict(acc: pd.DataFrame, mem: pd.DataFrame, spd: pd.DataFrame,
     records: "not yet measured".
     """
     margins = MARGINS if margins is None else margins
-    acc, mem, spd = _pick(acc), _pick(mem), _pick(spd)
+    acc, mem, spd = best_evidence(acc), best_evidence(mem), best_evidence(spd)
     if acc.empty:
         return {"verdict": "not yet measured", "key_number": "no inference accuracy records",
                 "hardware": "", "source": SOURCE, "note": "", "emulated": False, "parts": []}
