@@ -329,6 +329,19 @@ def test_best_step_is_the_lowest_heldout_loss():
     assert I.best_step(hist) == 20
 
 
+def test_train_best_loads_the_checkpoint_of_the_best_step(tmp_path, monkeypatch):
+    from repro.models import lm_train as T
+
+    tc = I.train_config(_params()).replace(steps=4, eval_every=2)
+    monkeypatch.setattr(I, "best_step", lambda history: 2)  # as if step 2 were the best
+    variables, history, best = I.train_best(TINY, tc, tmp_path / "run", None)
+    assert best == 2 and [h["step"] for h in history] == [2, 4]
+    ref = T.train(TINY, tc, "bf16", stop_at=2, keep_variables=True, progress=False)
+    got, want = variables["params"], ref.variables["params"]
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 @pytest.mark.slow
 def test_study_writes_records_the_analysis_reads(tmp_path, monkeypatch):
     from repro import results
