@@ -13,8 +13,9 @@ and times the two formats in rounds (BF16, format, BF16, format, ...) in one pro
 speedup is a ratio of timings from the same run. Every record names how its compiled program
 computes the quantized products (:func:`lowering`) and is ``emulated=True`` unless the format
 ran on its own tensor cores (:func:`speed_emulated`): FP8 as cuBLASLt's FP8 GEMM or an f8 x f8
-dot in a fusion, INT8 as an ``s8 x s8 -> s32`` product (an ``s8`` result would fall back to a
-slow loop in XLA), never on a CPU, never NVFP4 on a GPU without FP4 tensor cores.
+dot in a fusion, INT8 as an ``s8 x s8 -> s32`` product (INT8 tensor cores accumulate in
+32-bit integers; any other form of the product is not their GEMM), never on a CPU, never NVFP4
+on a GPU without FP4 tensor cores.
 """
 
 from __future__ import annotations
