@@ -347,8 +347,8 @@ def test_study_writes_records_the_analysis_reads(tmp_path, monkeypatch):
     from repro import results
     from repro.studies import runner
 
-    monkeypatch.setenv("REPRO_LM_CKPT_DIR", str(tmp_path / "ckpt"))
     p = _params(seeds=[0], formats=["bf16", "int8"])
+    p["checkpoints"] = str(tmp_path / "ckpt")
     p["speed"]["configs"] = {"tiny": {"preset": "tiny", "prefill_batch": 1}}
     out = runner.run(I.STUDY, p, tmp_path / "res", progress=False)
     assert sorted(path.stem for path in out.written) == ["quality_s0", "speed_tiny_int8"]

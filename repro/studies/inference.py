@@ -88,10 +88,10 @@ def check(p: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------- quality
 
 
-def ckpt_dir(profile: str, cell: str) -> Path:
-    from repro.studies.lm_quality import ckpt_root
-
-    return ckpt_root() / "inference" / hardware.detect().slug / profile / cell
+def ckpt_dir(p: dict[str, Any], cell: str) -> Path:
+    """Where a cell's training run checkpoints (``checkpoints``: default build/lm_checkpoints)."""
+    root = Path(p.get("checkpoints") or results.repo_root() / "build" / "lm_checkpoints")
+    return root / "inference" / hardware.detect().slug / p["profile"] / cell
 
 
 def best_step(history: list[dict]) -> int:
@@ -175,7 +175,7 @@ def quality(p: dict[str, Any], seed: int, budget: float | None) -> list[dict] | 
     """The records of one ``quality_s<seed>`` cell; None when stopped by the time budget."""
     cfg, tc = M.get_config(p["model"]), train_config(p).replace(seed=seed)
     profile, cell = p["profile"], f"quality_s{seed}"
-    where = ckpt_dir(profile, cell)
+    where = ckpt_dir(p, cell)
     trained = train_best(cfg, tc, where, budget)
     if trained is None:
         return None
