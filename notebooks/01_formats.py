@@ -51,6 +51,7 @@ import pandas as pd
 import seaborn as sns
 
 from repro.claims import ledger as claims
+from repro.claims import verdicts
 from repro import config, hardware
 from repro.precision import formats
 from repro.precision.formats import E2M1, E4M3, E5M2
@@ -267,19 +268,8 @@ flat
 # ## Verdict (computed)
 
 # %%
-passed = all(checks.values())
-failed = [name for name, ok in checks.items() if not ok]
-nvfp4_err = float(flat.loc[("NVFP4", "per block (16, E4M3) + FP32 tensor"), "median"])
-verdict = "reproduced" if passed else "contradicted"
-note = ("format is bit-faithful: " + "; ".join(checks) if passed
-        else "quantizer differs from the NVFP4 recipe: " + "; ".join(failed))
-note += (f". Native FP4 tensor cores on this machine ({HW.slug}): {'yes' if HW.has_fp4 else 'no'}"
-         " (the hardware half of the claim is a datasheet fact here)")
-key_number = (f"0 bit mismatches in {t.q.size} E2M1 elements and {t.block_scale.size} E4M3 "
-              f"block scales vs ml_dtypes; NVFP4 relative error {nvfp4_err:.3f} on normal data"
-              if passed else f"{mism_q} element and {mism_s} block-scale bit mismatches")
-path = claims.write_verdict("B1", verdict, key_number, hardware=HW.slug,
-                            source="notebooks/01_formats.py (checks run in the notebook)",
-                            note=note)
-print(f"B1: {verdict}" + (" (format is bit-faithful)" if passed else "") + f"\n    {key_number}")
-print(f"-> {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
+v = verdicts.b1(checks, (mism_q, mism_s), (int(t.q.size), int(t.block_scale.size)),
+                float(flat.loc[("NVFP4", "per block (16, E4M3) + FP32 tensor"), "median"]),
+                HW.slug, HW.has_fp4)
+path = claims.write_verdict(v)
+print(f"B1: {v.verdict}\n    {v.key_number}")

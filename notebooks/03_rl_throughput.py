@@ -55,6 +55,7 @@ import numpy as np
 import pandas as pd
 
 from repro.claims import ledger as claims
+from repro.claims import verdicts
 from repro import hardware, results
 from repro.studies import kernel_times as kernelprof
 from repro.config import resolve_profile, stage_params
@@ -171,39 +172,9 @@ if len(sp):
 # **not yet measured** without such records.
 
 # %%
-def a2_verdict(sp: pd.DataFrame):
-    real = sp[(~sp.emulated) & (sp.baseline == "fp16") & (sp.network == "mlp")
-              & sp.same_commit] if len(sp) else sp
-    if not len(real):
-        return ("not yet measured", "no native-FP8 records (FP8 on this hardware is emulated)",
-                ", ".join(HW) or "none")
-    lines, verdicts = [], []
-    for h, g in real.groupby("hardware"):
-        nmax = g.num_envs.max()
-        best = g[g.num_envs == nmax].groupby("width")[["e2e", "update"]].max()
-        e2e_max, upd_max = g.e2e.max(), g["update"].max()
-        widths_ok = best.index[best.e2e >= 1.6].tolist()
-        # "Up to 1.6x" holds if some measured configuration of the whole PPO loop reaches it;
-        # the key number says at which widths, which is the honest scope of the claim.
-        if e2e_max >= 1.6:
-            v = "reproduced"
-        elif upd_max >= 1.6 or e2e_max >= 1.1:
-            v = "partly"
-        else:
-            v = "contradicted"
-        verdicts.append(v)
-        w_best = g.loc[g.e2e.idxmax()]
-        lines.append(f"{h}: FP8/FP16 whole loop up to {e2e_max:.2f}x (width {int(w_best.width)},"
-                     f" {int(w_best.num_envs)} envs), update alone up to {upd_max:.2f}x; "
-                     f">= 1.6x end to end at widths {widths_ok or 'none'}")
-    order = ["reproduced", "partly", "contradicted"]
-    return min(verdicts, key=order.index), "; ".join(lines), ", ".join(sorted(real.hardware.unique()))
-
-
-a2, a2_key, a2_hw = a2_verdict(sp)
-print("A2:", a2, "|", a2_key)
-claims.write_verdict("A2", a2, a2_key, a2_hw, "results/*/rl_throughput (env_steps_per_s, "
-                     "update_time_ms)", note="notebook 03_rl_throughput")
+a2 = verdicts.a2(sp)
+print("A2:", a2.verdict, "|", a2.key_number)
+claims.write_verdict(a2)
 
 # %% [markdown]
 # ## Performance target: the FP8 update of the 4096-wide MLP >= 1.5x BF16's
@@ -310,22 +281,9 @@ cnn = sp[sp.network != "mlp"] if len(sp) else sp
 (cnn.round(3) if len(cnn) else cnn)
 
 # %%
-def a9_verdict(sp):
-    real = sp[(~sp.emulated) & (sp.baseline == "bf16") & sp.same_commit] if len(sp) else sp
-    if not len(real):
-        return "not yet measured", "no native-FP8 records", ", ".join(HW) or "none"
-    best = real.groupby(real.network.map(lambda n: "mlp" if n == "mlp" else "cnn")).e2e.max()
-    ok = {k: v >= 1.0 for k, v in best.items()}
-    v = ("reproduced" if len(ok) == 2 and all(ok.values()) else
-         "partly" if any(ok.values()) else "contradicted")
-    key = "; ".join(f"best FP8/BF16 whole loop, {k}: {x:.2f}x" for k, x in best.items())
-    return v, key, ", ".join(sorted(real.hardware.unique()))
-
-
-a9, a9_key, a9_hw = a9_verdict(sp)
-print("A9 (speed):", a9, "|", a9_key)
-claims.write_verdict("A9", a9, a9_key + " (speed; quality in notebook 04)", a9_hw,
-                     "results/*/rl_throughput", note="notebook 03_rl_throughput")
+a9 = verdicts.a9(sp)
+print("A9 (speed):", a9.verdict, "|", a9.key_number)
+claims.write_verdict(a9)
 
 # %% [markdown]
 # ## A1 and A4: which values are FP8, and the memory they save
@@ -339,8 +297,8 @@ claims.write_verdict("A9", a9, a9_key + " (speed; quality in notebook 04)", a9_h
 # weight), not measured.
 
 # %%
-stores = df[df.metric == "fp8_stores"].drop_duplicates("sizes", keep="last") if len(df) else df
-policy = pd.DataFrame({r["sizes"]["variant"]: r["extra"]["policy"] for _, r in stores.iterrows()})
+stores = rl_analysis.fp8_stores(df)
+policy = pd.DataFrame(dict(zip(stores.variant, stores.policy)))
 policy
 
 # %%
@@ -380,41 +338,9 @@ fits = rl_analysis.widest_fitting(mem, BUDGET_GIB * 2**30)
 
 
 # %%
-def a1_verdict(stores):
-    if not len(stores):
-        return "not yet measured", "no stores record", "none"
-    best = stores.loc[stores.value.idxmax()]
-    n = int(best.value)
-    v = "reproduced" if n == 4 else "partly" if n >= 2 else "contradicted"
-    key = (f"at most {n} of 4 A1 stores in FP8 (variant {best['sizes']['variant']}); optimizer "
-           "moments and update arithmetic stay FP32; FP8 weight storage held in a BF16 container")
-    return v, key, best.hardware
-
-
-def a4_verdict(mem):
-    rows = []
-    for h, g in (mem[mem.network == "mlp"].groupby("hardware") if len(mem) else []):
-        top = g[g.width == g.width.max()]
-        top = top[top.num_envs == top.num_envs.max()].set_index("recipe")
-        if {"fp8-delayed", "fp16"} <= set(top.index):
-            rows.append((h, top.loc["fp8-delayed", "update_memory_bytes"]
-                         / top.loc["fp16", "update_memory_bytes"],
-                         bool(top.loc["fp8-delayed", "emulated"]), int(g.width.max())))
-    real = [r for r in rows if not r[2]]
-    if not real:
-        return ("not yet measured", "no native-FP8 memory record" + (
-            f" (emulated: FP8/FP16 = {rows[0][1]:.2f} on {rows[0][0]})" if rows else ""),
-            ", ".join(r[0] for r in rows) or "none")
-    ratio = min(r[1] for r in real)
-    v = "reproduced" if ratio <= 0.9 else "partly" if ratio < 1.0 else "contradicted"
-    key = "; ".join(f"{h}: update memory FP8/FP16 = {x:.2f} at width {w}" for h, x, _, w in real)
-    return v, key, ", ".join(r[0] for r in real)
-
-
-for cid, (v, key, hw) in {"A1": a1_verdict(stores), "A4": a4_verdict(mem)}.items():
-    print(cid, v, "|", key)
-    claims.write_verdict(cid, v, key, hw, "results/*/rl_throughput (fp8_stores, "
-                         "update_memory_bytes)", note="notebook 03_rl_throughput")
+for v in (verdicts.a1(stores), verdicts.a4(mem)):
+    print(v.claim, v.verdict, "|", v.key_number)
+    claims.write_verdict(v)
 
 # %% [markdown]
 # ## A3 as a PROJECTION: H100 FP8 against A100 FP16
@@ -431,9 +357,7 @@ a100, h100 = hardware.lookup("a100-sxm"), hardware.lookup("h100-sxm")
 bw = h100.memory_bandwidth_tbs / a100.memory_bandwidth_tbs
 fl = h100.peak_tflops["fp16"] / a100.peak_tflops["fp16"]
 ceiling = h100.peak_tflops["fp8"] / a100.peak_tflops["fp16"]
-real = (sp[(~sp.emulated) & (sp.baseline == "fp16") & (sp.network == "mlp") & sp.same_commit]
-        if len(sp) else sp)
-proj = real.assign(lo=real.e2e * bw, hi=real.e2e * fl) if len(real) else real
+proj = rl_analysis.a3_projection(sp, bw, fl)
 fig, ax = plt.subplots(figsize=(7, 4))
 if len(proj):
     for (h, n, r), g in proj.groupby(["hardware", "num_envs", "recipe"]):
@@ -454,19 +378,9 @@ if len(proj):
 fig.tight_layout()
 fig.savefig(FIG / "03_rl_projection.png", dpi=130)
 
-if len(proj):
-    b = proj.loc[proj.hi.idxmax()]
-    a3_key = (f"projected {b.lo:.1f}-{b.hi:.1f}x at width {int(b.width)} ({b.hardware} FP8/FP16 "
-              f"{b.e2e:.2f}x x H100/A100 FP16 {bw:.2f}-{fl:.2f}x); seed claims 2.8x")
-    a3_hw = ", ".join(sorted(proj.hardware.unique())) + " -> a100-sxm (datasheet)"
-else:
-    a3_key = (f"datasheet bounds only: {bw:.2f}x (bandwidth) to {ceiling:.2f}x (H100 FP8 peak / "
-              f"A100 FP16 peak); seed claims 2.8x")
-    a3_hw = "datasheets h100-sxm, a100-sxm"
-print("A3: projected |", a3_key)
-claims.write_verdict("A3", "projected", a3_key, a3_hw,
-                     "repro/data/hardware.yaml + results/*/rl_throughput",
-                     note="PROJECTION from datasheet ratios; no A100 measured")
+a3 = verdicts.a3(proj, bw, fl, ceiling)
+print("A3: projected |", a3.key_number)
+claims.write_verdict(a3)
 
 # %% [markdown]
 # ## This PPO against PureJaxRL's `ppo.py` (issue 4's performance target)

@@ -63,6 +63,7 @@ import numpy as np
 import pandas as pd
 
 from repro.claims import ledger as claims
+from repro.claims import verdicts
 from repro import results
 from repro.config import resolve_profile, stage_params
 from repro.studies import rl_throughput as X
@@ -256,83 +257,15 @@ poi.round(3)
 # RL (least of all CartPole-v1, whose return is capped at 500 by the environment).
 
 # %%
-def cmp(x, y):
-    r = poi[(poi.x == x) & (poi.y == y)]
-    if not len(r):
-        return None, f"{x} vs {y}: not run"
-    r = r.iloc[0]
-    s = "better" if r.lo > 0.5 else "worse" if r.hi < 0.5 else "same"
-    return s, f"P({x}>{y})={r.p:.2f} [{r.lo:.2f},{r.hi:.2f}]"
-
-
-def verdict(parts_ok, all_needed=True):
-    """reproduced / partly / contradicted from booleans (None = not measured)."""
-    known = [p for p in parts_ok if p is not None]
-    if not known:
-        return "not yet measured"
-    if all(known) and len(known) == len(parts_ok):
-        return "reproduced"
-    return "partly" if any(known) else "contradicted"
-
-
-def not_worse(x, y):
-    s, _ = cmp(x, y)
-    return None if s is None else s != "worse"
-
-
-def better(x, y):
-    s, _ = cmp(x, y)
-    return None if s is None else s == "better"
-
-
 det = df[(df.metric == "same_seed_identical") & (df.hardware == HWQ)]
 same_seed = bool(det.value.min() == 1.0) if len(det) else None
 rep_hw = repeat[repeat.hardware == HWQ] if len(repeat) else repeat
-if len(rep_hw):  # across processes too (the repeat cells): both must hold
-    same_seed = bool(rep_hw.identical.all()) if same_seed is None else bool(
-        same_seed and rep_hw.identical.all())
 divs = pool[pool.hardware == HWQ].groupby("variant")["diverged"].sum().to_dict()
-
-V = {}
-V["A5"] = (verdict([not_worse("fp8-delayed", "fp32"), better("fp8-delayed", "fp8-noscale")]),
-           [cmp("fp8-delayed", "fp32")[1], cmp("fp8-delayed", "fp8-noscale")[1],
-            cmp("fp8-current", "fp8-noscale")[1]])
-V["A6"] = (verdict([not_worse("fp8-delayed", "fp32")]), [cmp("fp8-delayed", "fp32")[1]])
-kahan = [better("fp8-e2e", "fp8-e2e-nokahan"), better("bf16w-kahan", "bf16w-nokahan")]
-kahan_helps = None if all(k is None for k in kahan) else any(bool(k) for k in kahan)
-e2e_ok = not_worse("fp8-e2e", "fp32")
-V["A7"] = ("not yet measured" if kahan_helps is None else
-           "contradicted" if not kahan_helps else
-           "reproduced" if e2e_ok else "partly",
-           [cmp("fp8-e2e", "fp8-e2e-nokahan")[1], cmp("bf16w-kahan", "bf16w-nokahan")[1],
-            cmp("fp8-e2e", "fp32")[1]])
-V["A8"] = (verdict([better("fp8-e2e", "fp8-e2e-nogradclip"),
-                    better("fp8-e2e", "fp8-e2e-noweightclip")]),
-           [cmp("fp8-e2e", "fp8-e2e-nogradclip")[1], cmp("fp8-e2e", "fp8-e2e-noweightclip")[1],
-            "diverged seeds: " + (", ".join(f"{k} {int(v)}" for k, v in divs.items() if v)
-                                  or "none")])
-V["A10"] = (verdict([None if not_worse("fp8-delayed", "fp32") is None else
-                     bool(not_worse("fp8-delayed", "fp32") and not_worse("fp8-delayed", "bf16")),
-                     same_seed]),
-            [cmp("fp8-delayed", "fp32")[1], cmp("fp8-delayed", "bf16")[1],
-             f"same seed bit-identical: {same_seed}"
-             + (f" (in one process, and across processes for {len(rep_hw)} cells x "
-                f"{int(rep_hw.seeds.min())} seeds)" if len(rep_hw) else "")])
-
-MIN_ENVS = 3
-PLANNED_ENVS = list(stage_params("rl_quality", "full")["envs"])  # the GPU study's games
 n_seeds = int(pool[pool.hardware == HWQ].groupby(["env", "variant"]).size().min()) if len(
     pool) else 0
-for cid, (v, parts) in V.items():
-    if evidence != "full" and v != "not yet measured":
-        parts = [f"smoke only ({v} on {n_seeds} seeds, {', '.join(used_envs)})"] + parts
-        v = "not yet measured"
-    elif v == "reproduced" and len(used_envs) < MIN_ENVS:
-        v = "partly"
-        parts = [f"reproduced on {len(used_envs)} of {len(PLANNED_ENVS)} planned environments "
-                 f"(< {MIN_ENVS}: capped at partly)"] + parts
-    key = "; ".join(parts)
-    print(f"{cid}: {v} | {key}")
-    claims.write_verdict(cid, v, key, HWQ, "results/*/rl_quality (final_return, random_return, "
-                         "same_seed_identical)", note=f"notebook 04_rl_quality; {evidence} "
-                         f"profile; IQM/POI over {', '.join(used_envs)}")
+ev = verdicts.QualityEvidence(HWQ, evidence, tuple(used_envs), n_seeds,
+                              len(stage_params("rl_quality", "full")["envs"]))
+for v in (verdicts.a5(poi, ev), verdicts.a6(poi, ev), verdicts.a7(poi, ev),
+          verdicts.a8(poi, ev, divs), verdicts.a10(poi, ev, same_seed, rep_hw)):
+    print(f"{v.claim}: {v.verdict} | {v.key_number}")
+    claims.write_verdict(v)

@@ -78,6 +78,7 @@ import pandas as pd
 import seaborn as sns
 
 from repro.claims import ledger as claims
+from repro.claims import verdicts
 from repro import config, hardware, results
 from repro.studies import lm_quality as E
 from repro.models import lm as M
@@ -353,43 +354,8 @@ if len(df):
 # **partly** if only the format ratio is; **contradicted** otherwise.
 
 # %%
-b4 = lm_analysis.b4_verdict(gaps)
-b4_hw = b4["row"]["hardware"] if b4.get("row") is not None else HW.slug
-note4 = ("quality only; NVFP4 GEMMs emulated (bit-faithful values), so no speed claim. "
-         if b4.get("row") is not None and b4["row"]["emulated"] else "")
-if b4.get("smoke_only"):
-    note4 += "Smoke profile only (tiny model, 100 steps): a pipeline check, not evidence. "
-if b4.get("row") is not None:
-    vs = vs_fp8[(vs_fp8["recipe"] == "nvfp4") & (vs_fp8["model"] == b4["row"]["model"])
-                & (vs_fp8["profile"] == b4["row"]["profile"])] if len(vs_fp8) else vs_fp8
-    if len(vs):
-        r = vs.iloc[-1]
-        note4 += (f"NVFP4 - FP8(delayed): {r['gap_nats']:+.4f} nats "
-                  f"(95% CI {r['gap_lo']:+.4f} .. {r['gap_hi']:+.4f}) vs MaxText's +0.026. ")
-    # full-profile pairs of larger models than the verdict's, without the seeds the rule needs
-    more = gaps[(gaps["recipe"] == "nvfp4") & (gaps["profile"] == "full")
-                & (gaps["model"].map(lm_analysis.SIZE_ORDER) > lm_analysis.SIZE_ORDER.get(b4["row"]["model"], -1))]
-    for _, r in more.iterrows():
-        note4 += (f"Full profile, larger model so far: {r['model']} on {r['hardware']}, "
-                  f"{int(r['n_seeds'])} paired seed(s) (the rule needs 3): NVFP4 vs BF16 "
-                  f"{100 * r['rel_gap']:+.2f}% best held-out loss. ")
-    if b4["row"]["overfit"] > 0.05:
-        note4 += (f"Multi-epoch regime: the runs' held-out loss ends up to "
-                  f"{100 * b4['row']['overfit']:.0f}% above its best (memorisation), so the "
-                  "verdict uses the best held-out loss; section 4 also gives the final ones.")
-p4 = claims.write_verdict("B4", b4["verdict"], b4["key_number"], hardware=b4_hw,
-                          source="results/*/lm/*.json + build/results/*/lm/*.json "
-                                 "(eval_loss, best per run; notebooks/05_lm_nvfp4.py)",
-                          note=note4.strip(), emulated=bool(b4.get("row") is not None
-                                                            and b4["row"]["emulated"]))
-b3 = lm_analysis.b3_verdict(df)
-note3 = ("Computed from the quantizers' dtypes and scale shapes (device-independent). Training "
-         "memory is dominated by FP32 master weights + AdamW moments (16 bytes/parameter with "
-         "gradients), which the format does not change.")
-p3 = claims.write_verdict("B3", b3["verdict"], b3["key_number"],
-                          hardware=b3.get("hardware", HW.slug),
-                          source="lm records stored_*_bytes (notebooks/05_lm_nvfp4.py)",
-                          note=note3)
-print(f"B4: {b4['verdict']}\n    {b4['key_number']}\n    {note4}")
-print(f"B3: {b3['verdict']}\n    {b3['key_number']}")
-print(p4, p3)
+b4 = verdicts.b4(gaps, vs_fp8)
+b3 = verdicts.b3(lm_analysis.stored_ratios(df))
+for v in (b4, b3):
+    claims.write_verdict(v)
+    print(f"{v.claim}: {v.verdict}\n    {v.key_number}\n    {v.note}")

@@ -58,6 +58,7 @@ import numpy as np
 import pandas as pd
 
 from repro.claims import ledger as claims
+from repro.claims import verdicts
 from repro import perfmodel, results
 from repro.config import resolve_profile
 
@@ -314,12 +315,10 @@ fig.savefig(FIG / "06_perfmodel_projection.png", dpi=130)
 # %%
 lm = results.load_records("lm")
 measured_fp4 = perfmodel.measured_fp4_speedups(lm)
-verdict = perfmodel.b2_verdict(perf, measured_fp4)
-claims.write_verdict("B2", verdict["verdict"], verdict["key_number"], verdict["hardware"],
-                     verdict["source"], verdict["note"], emulated=False)
+b2 = verdicts.b2(perf, measured_fp4)
+claims.write_verdict(b2)
 if len(measured_fp4):
     print("measured on FP4 hardware:\n", measured_fp4.round(3).to_string(index=False))
 else:
     print("no record from a chip with FP4 tensor cores: the verdict is a projection")
-for k, v in verdict.items():
-    print(f"{k}: {v}")
+print(b2)

@@ -75,6 +75,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from repro.claims import ledger as claims
+from repro.claims import verdicts
 from repro import config, hardware, results
 from repro.studies import multigpu
 from repro.analysis import scaling as scaling_analysis
@@ -205,36 +206,6 @@ plt.show()
 # distributed training works and checkpoints; they say nothing about scaling).
 
 # %%
-V = scaling_analysis.b5_verdict(table)
-CPU_CHECKS = ("CPU, 8 simulated devices (tests/test_distributed.py): data-parallel PPO (FP32, "
-              "FP8 delayed) and DP/FSDP LM training (BF16, NVFP4) equal single-device runs; "
-              "gradient all-reduce and global amax verified; sharded checkpoints resume")
-COMMAND = "repro record multigpu --profile full"
-if V["verdict"] == "not yet measured":
-    key = f"{CPU_CHECKS}. Scaling not measured: run `{COMMAND}` on a 2/4/8-GPU machine"
-    hw_text, emulated = HW.slug if HW.backend == "cpu" else "", False
-    note = ("No multi-GPU records yet; the smoke run records n=1 on this machine only "
-            f"({jax.device_count()} device(s)) and CPU devices never count.")
-else:
-    # a ratio of two cells recorded in different GPU calls says so (notebook 03 does the same)
-    parts = [f"{r['workload']} {r['recipe']} {r['efficiency']:.2f}"
-             + ("" if r["efficiency_same_commit"] else " [1- and n-GPU cells of different calls]")
-             + (f" (FP8/BF16 {r['fp8_speedup']:.2f}x"
-                + ("" if r["fp8_same_commit"] else ", cells of different calls") + ")"
-                if r["fp8_speedup"] is not None else "")
-             for r in V["rows"]]
-    key = (f"weak-scaling efficiency at {V['n_devices']} GPUs: " + "; ".join(parts))
-    hw_text = V["hardware"]
-    emulated = any(r["emulated"] for r in V["rows"])
-    have = {(r["workload"], r["recipe"]) for r in V["rows"]}
-    full = config.stage_params("multigpu", "full")  # the study the GPU records come from
-    missing = [f"{w} {r}" for w in full["workloads"] for r in full["recipes"]
-               if (w, r) not in have]
-    note = (f"Target >= {multigpu.EFFICIENCY_TARGET} at >= 4 GPUs."
-            + (f" Not recorded at {V['n_devices']} GPUs: {', '.join(missing)}." if missing
-               else "") + f" {CPU_CHECKS}.")
-SOURCE = "multigpu records (notebooks/08_multigpu.py); tests/test_distributed.py"
-path = claims.write_verdict("B5", V["verdict"], key, hw_text, SOURCE, note=note,
-                            emulated=emulated)
-print(V["verdict"], "-", key)
-print("wrote", path)
+b5 = verdicts.b5(table, config.stage_params("multigpu", "full"))
+claims.write_verdict(b5)
+print(b5.verdict, "-", b5.key_number)
