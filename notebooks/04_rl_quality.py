@@ -131,10 +131,11 @@ full = fr[fr.profile == "full"]
 pool = full if len(full) else fr
 HWQ = pool.hardware.value_counts().idxmax()
 evidence = "full" if len(full) else "smoke"
+VARIANTS = stage_params("rl_quality", evidence)["variants"]  # the study the records come from
 print(f"statistics from {HWQ} ({evidence} profile)")
 summary = (pool[pool.hardware == HWQ].groupby(["env", "variant"])["final_return"]
            .agg(["mean", "std", "count"]).round(1).unstack("env"))
-summary.reindex([v for v in P["variants"] if v in summary.index])
+summary.reindex([v for v in VARIANTS if v in summary.index])
 
 # %% [markdown]
 # ## Memory: every seed of a cell trains at once on one device
@@ -187,7 +188,7 @@ fig.savefig(FIG / "04_rl_curves.png", dpi=130)
 # ## Aggregate: IQM of normalised scores, 95% stratified-bootstrap CIs
 
 # %%
-scores, used_envs, long = rl_analysis.normalised_scores(df, HWQ, order=P["variants"])
+scores, used_envs, long = rl_analysis.normalised_scores(df, HWQ, order=VARIANTS)
 agg = stats.aggregate(scores, reps=2000) if scores else pd.DataFrame()
 fig, ax = plt.subplots(figsize=(7, 0.45 * max(len(agg), 2) + 1))
 if len(agg):
