@@ -46,10 +46,12 @@
 # **Emulation.** Off Blackwell the FP4 and MXFP8 GEMMs are emulated: the quantized values are
 # exactly the format's, dequantized into an ordinary GEMM. Losses are valid; speed is not.
 #
-# **Decision rules** (`repro.claims.verdicts`). **B4**: the largest model with at least 3
-# paired NVFP4/BF16 seeds; with the 95% interval [lo, hi] of the relative gap of the best
-# held-out loss, (NVFP4 - BF16) / BF16: reproduced if hi <= 1.5%, contradicted if lo > 1.5%,
-# otherwise partly. **B3**: NVFP4 bytes over BF16 bytes for the quantized tensors (the format)
+# **Decision rules** (`repro.claims.verdicts`). **B4**, a parity claim: the largest model with
+# at least 3 paired NVFP4/BF16 seeds; with the 95% interval [lo, hi] of the relative gap of the
+# best held-out loss, (NVFP4 - BF16) / BF16, against the equivalence margin +-1.5% of the claim's
+# definition (`repro/data/claims.yaml`, the paper's gap to FP8): reproduced if hi <= 1.5%
+# (quality kept), contradicted if lo > 1.5% (lost), inconclusive if the interval straddles
+# 1.5%. **B3**: NVFP4 bytes over BF16 bytes for the quantized tensors (the format)
 # and for the whole model's GEMM operands under the policy: reproduced if both are at most
 # 0.30 (1/4 plus up to 5 points of scales), partly if the format's is.
 

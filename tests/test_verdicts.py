@@ -4,6 +4,7 @@ the verdict the rule's definition gives by hand, for every outcome of every rule
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -29,6 +30,8 @@ def poi(**pairs):
 
 
 BETTER, SAME, WORSE = (0.7, 0.6, 0.8), (0.5, 0.4, 0.6), (0.3, 0.2, 0.4)
+# against the parity margin [0.4, 0.6]: kept (lo >= 0.4), lost (hi < 0.4), straddling 0.4
+KEPT, LOST, WIDE = (0.5, 0.42, 0.58), (0.3, 0.2, 0.35), (0.45, 0.3, 0.6)
 FULL = V.QualityEvidence("h200", "full", ("a", "b", "c"), 16, 5)
 
 
@@ -132,19 +135,45 @@ def test_a9_without_native_ratios():
 # ------------------------------------------------------------------------ A5-A8, A10
 
 
-@pytest.mark.parametrize("vs_fp32,vs_noscale,verdict", [
-    (SAME, BETTER, "reproduced"), (BETTER, SAME, "partly"), (WORSE, BETTER, "partly"),
-    (WORSE, SAME, "contradicted")])
-def test_a5_scaled_fp8_against_fp32_and_unscaled(vs_fp32, vs_noscale, verdict):
+@pytest.mark.parametrize("vs_fp32,vs_noscale,verdict,word", [
+    (KEPT, BETTER, "reproduced", "kept"), (BETTER, BETTER, "reproduced", "kept"),
+    (KEPT, SAME, "partly", "kept"), (LOST, BETTER, "partly", "lost"),
+    (LOST, SAME, "contradicted", "lost"), (WIDE, BETTER, "inconclusive", "inconclusive"),
+    (WIDE, SAME, "contradicted", "inconclusive")])
+def test_a5_scaled_fp8_keeps_fp32_quality_and_beats_unscaled(vs_fp32, vs_noscale, verdict,
+                                                              word):
     v = V.a5(poi(fp8_delayed__fp32=vs_fp32, fp8_delayed__fp8_noscale=vs_noscale), FULL)
     assert v.verdict == verdict
     assert v.key_number.startswith(f"P(fp8-delayed>fp32)={vs_fp32[0]:.2f} "
-                                   f"[{vs_fp32[1]:.2f},{vs_fp32[2]:.2f}]")
+                                   f"[{vs_fp32[1]:.2f},{vs_fp32[2]:.2f}] vs margin "
+                                   f"[0.40,0.60]: {word};")
     assert "fp8-current vs fp8-noscale: not run" in v.key_number
 
 
+def test_parity_margins_come_from_the_claims_definitions():
+    assert V.margin("A5") == V.margin("A6") == V.margin("A10") == (0.4, 0.6)
+    assert V.margin("B4") == (-0.015, 0.015)
+    with pytest.raises(ValueError, match="A2.*claims with one: A5, A6, A10, B4"):
+        V.margin("A2")
+    # a margin given explicitly replaces the definition's
+    assert V.a6(poi(fp8_delayed__fp32=KEPT), FULL, bounds=(0.45, 0.55)).verdict == \
+        "inconclusive"
+
+
+def test_the_share_of_tied_scores_is_counted_and_reported():
+    from repro.analysis import stats
+
+    x = np.array([[1.0, 500.0], [2.0, 500.0]])
+    y = np.array([[1.0, 500.0], [3.0, 500.0]])
+    # env 0: 1 of 4 pairs tied; env 1: all 4 tied -> (0.25 + 1) / 2
+    assert stats._ties(x, y) == pytest.approx(0.625)
+    table = poi(fp8_delayed__fp32=KEPT).assign(ties=0.2)
+    assert "(20% of its weight tied at 0.5)" in V.a6(table, FULL).key_number
+    assert "tied" not in V.a6(table.assign(ties=0.0), FULL).key_number
+
+
 def test_quality_rules_need_full_records_and_three_environments():
-    table = poi(fp8_delayed__fp32=SAME, fp8_delayed__fp8_noscale=BETTER)
+    table = poi(fp8_delayed__fp32=KEPT, fp8_delayed__fp8_noscale=BETTER)
     smoke = V.QualityEvidence("cpu", "smoke", ("CartPole-v1",), 3, 5)
     v = V.a5(table, smoke)
     assert v.verdict == "not yet measured"
@@ -155,9 +184,10 @@ def test_quality_rules_need_full_records_and_three_environments():
     assert V.a5(poi(), FULL).verdict == "not yet measured"
 
 
-@pytest.mark.parametrize("vs_fp32,verdict", [(SAME, "reproduced"), (BETTER, "reproduced"),
-                                             (WORSE, "contradicted"), (None, "not yet measured")])
-def test_a6_fp8_compute_not_worse_than_fp32(vs_fp32, verdict):
+@pytest.mark.parametrize("vs_fp32,verdict", [(KEPT, "reproduced"), (BETTER, "reproduced"),
+                                             (LOST, "contradicted"), (WIDE, "inconclusive"),
+                                             (None, "not yet measured")])
+def test_a6_fp8_compute_keeps_fp32_quality_within_the_margin(vs_fp32, verdict):
     table = poi(fp8_delayed__fp32=vs_fp32) if vs_fp32 else poi()
     assert V.a6(table, FULL).verdict == verdict
 
@@ -178,9 +208,11 @@ def test_a7_kahan_helps_and_fp8_e2e_keeps_quality(fp8_kahan, bf16_kahan, e2e_vs_
 @pytest.mark.parametrize("nograd,noweight,verdict", [
     (BETTER, BETTER, "reproduced"), (BETTER, SAME, "partly"), (SAME, WORSE, "contradicted")])
 def test_a8_removing_either_clip_hurts(nograd, noweight, verdict):
+    diverged = {"fp8-e2e-nogradclip": 2, "fp8-e2e-noweightclip": 1, "fp32": 0}
     v = V.a8(poi(fp8_e2e__fp8_e2e_nogradclip=nograd, fp8_e2e__fp8_e2e_noweightclip=noweight),
-             FULL, {"fp8-e2e-nogradclip": 2, "fp32": 0})
-    assert v.verdict == verdict and "diverged seeds: fp8-e2e-nogradclip 2" in v.key_number
+             FULL, diverged)
+    assert v.verdict == verdict
+    assert "diverged seeds: fp8-e2e-nogradclip 2, fp8-e2e-noweightclip 1" in v.key_number
     assert V.a8(poi(), FULL, {}).verdict == "not yet measured"
 
 
@@ -190,12 +222,12 @@ def repeats(identical=True, variants=("fp8-e2e",)):
 
 
 @pytest.mark.parametrize("quality,same_seed,rep,verdict", [
-    (SAME, True, repeats(), "reproduced"), (SAME, False, repeats(), "partly"),
-    (SAME, True, repeats(identical=False), "partly"), (WORSE, True, repeats(), "partly"),
-    (WORSE, False, repeats().iloc[:0], "contradicted"), (None, None, repeats().iloc[:0],
-                                                         "not yet measured")])
+    (KEPT, True, repeats(), "reproduced"), (KEPT, False, repeats(), "partly"),
+    (KEPT, True, repeats(identical=False), "partly"), (LOST, True, repeats(), "partly"),
+    (WIDE, True, repeats(), "inconclusive"), (LOST, False, repeats().iloc[:0], "contradicted"),
+    (None, None, repeats().iloc[:0], "not yet measured")])
 def test_a10_quality_and_bitwise_determinism(quality, same_seed, rep, verdict):
-    table = poi(fp8_delayed__fp32=quality, fp8_delayed__bf16=SAME) if quality else poi()
+    table = poi(fp8_delayed__fp32=quality, fp8_delayed__bf16=KEPT) if quality else poi()
     v = V.a10(table, FULL, same_seed, rep)
     assert v.verdict == verdict
     if len(rep):
@@ -276,13 +308,15 @@ def gaps(rel_gap, lo, hi, profile="full", model="120m", n=3, emulated=True):
 
 
 @pytest.mark.parametrize("gap,lo,hi,profile,verdict", [
-    (0.0, -0.01, 0.014, "full", "reproduced"), (0.02, 0.016, 0.03, "full", "contradicted"),
-    (0.01, 0.0, 0.02, "full", "partly"), (0.0, -0.01, 0.01, "smoke", "partly")])
-def test_b4_relative_loss_gap_interval(gap, lo, hi, profile, verdict):
+    (0.0, -0.01, 0.014, "full", "reproduced"), (-0.03, -0.04, -0.02, "full", "reproduced"),
+    (0.02, 0.016, 0.03, "full", "contradicted"), (0.01, 0.0, 0.02, "full", "inconclusive"),
+    (0.0, -0.01, 0.01, "smoke", "partly")])
+def test_b4_relative_loss_gap_against_the_margin(gap, lo, hi, profile, verdict):
     v = V.b4(gaps(gap, lo, hi, profile), pd.DataFrame())
     assert v.verdict == verdict and v.emulated
     assert f"{100 * gap:+.2f}% (95% CI {100 * lo:+.2f}% .. {100 * hi:+.2f}%, 3 seeds" in \
         v.key_number
+    assert v.key_number.endswith("vs margin [-1.5%, +1.5%]")
 
 
 def test_b4_needs_three_paired_seeds():

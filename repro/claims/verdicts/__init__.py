@@ -12,10 +12,10 @@ of it holds, or it holds in a narrower scope), **contradicted** (the data go aga
 measurement), **not yet measured**.
 """
 
-from repro.claims.verdicts._base import VERDICTS, Verdict
+from repro.claims.verdicts._base import VERDICTS, Verdict, definitions, margin
 from repro.claims.verdicts.nvfp4 import b1, b2, b3, b4, b5
 from repro.claims.verdicts.quality import QualityEvidence, a5, a6, a7, a8, a10
 from repro.claims.verdicts.rl import a1, a2, a3, a4, a9
 
-__all__ = ["VERDICTS", "Verdict", "QualityEvidence", "a1", "a2", "a3", "a4", "a5", "a6", "a7",
+__all__ = ["VERDICTS", "Verdict", "QualityEvidence", "definitions", "margin", "a1", "a2", "a3", "a4", "a5", "a6", "a7",
            "a8", "a9", "a10", "b1", "b2", "b3", "b4", "b5"]

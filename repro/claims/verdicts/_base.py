@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
+from importlib import resources
 from typing import Any
 
 import pandas as pd
+import yaml
 
 VERDICTS = ("reproduced", "partly", "contradicted", "inconclusive", "projected",
             "not yet measured")
@@ -34,3 +37,19 @@ class Verdict:
 
 def _hw(frame: pd.DataFrame, default: str = "none") -> str:
     return ", ".join(sorted(frame["hardware"].unique())) if len(frame) else default
+
+
+@functools.cache
+def definitions() -> dict[str, dict[str, Any]]:
+    """The claims as ``repro/data/claims.yaml`` defines them (statement, notebook, margin)."""
+    return yaml.safe_load(resources.files("repro").joinpath("data/claims.yaml").read_text())
+
+
+def margin(claim: str) -> tuple[float, float]:
+    """The equivalence margin [low, high] of a parity claim, from its definition."""
+    m = definitions().get(claim, {}).get("margin")
+    if not m:
+        have = ", ".join(k for k, v in definitions().items() if v.get("margin"))
+        raise ValueError(f"claim {claim!r} has no margin in repro/data/claims.yaml; claims "
+                         f"with one: {have}")
+    return float(m["bounds"][0]), float(m["bounds"][1])

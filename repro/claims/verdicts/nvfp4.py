@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from repro.analysis.lm import SIZE_ORDER
-from repro.claims.verdicts._base import Verdict
+from repro.claims.verdicts._base import Verdict, margin
 
 def b1(checks: Mapping[str, bool], mismatches: tuple[int, int], sizes: tuple[int, int],
        nvfp4_error: float, hardware: str, has_fp4: bool) -> Verdict:
@@ -113,7 +113,6 @@ def b3(ratios: pd.DataFrame) -> Verdict:
     return Verdict("B3", v, key, str(r["hardware"]), source, note)
 
 
-B4_MARGIN = 0.015  # the NVFP4 paper's relative loss gap (against its FP8 baseline)
 B4_MIN_SEEDS = 3
 
 
@@ -152,23 +151,23 @@ def _b4_note(row: pd.Series, gaps: pd.DataFrame, vs_fp8: pd.DataFrame) -> str:
     return note.strip()
 
 
-def b4(gaps: pd.DataFrame, vs_fp8: pd.DataFrame) -> Verdict:
+def b4(gaps: pd.DataFrame, vs_fp8: pd.DataFrame, bounds: tuple[float, float] | None = None
+       ) -> Verdict:
     """B4 from ``repro.analysis.lm.paired_gaps`` against BF16 (``gaps``) and FP8 delayed
-    (``vs_fp8``, for the note). With the 95% t-interval [lo, hi] of the relative gap
-    (NVFP4 - BF16) / BF16 of the best held-out loss: hi <= 1.5% reproduced, lo > 1.5%
-    contradicted, otherwise partly; smoke records give at most partly."""
+    (``vs_fp8``, for the note), a parity claim with the equivalence margin [low, high] of its
+    definition (``repro/data/claims.yaml``) on the relative gap (NVFP4 - BF16) / BF16 of the
+    best held-out loss. With its 95% t-interval [lo, hi]: quality kept (reproduced) if
+    hi <= high (inside the margin, or NVFP4 better); lost (contradicted) if lo > high;
+    inconclusive if the interval straddles high. Smoke records give at most partly."""
+    low, high = bounds or margin("B4")
     source = ("results/*/lm/*.json + build/results/*/lm/*.json (eval_loss, best per run; "
               "notebooks/05_lm_nvfp4.py)")
     row = _b4_row(gaps)
     if row is None:
         return Verdict("B4", "not yet measured", "no NVFP4/BF16 pair with enough seeds", "",
                        source)
-    if row["rel_hi"] <= B4_MARGIN:
-        v = "reproduced"
-    elif row["rel_lo"] > B4_MARGIN:
-        v = "contradicted"
-    else:
-        v = "partly"
+    v = ("reproduced" if row["rel_hi"] <= high else "contradicted" if row["rel_lo"] > high
+         else "inconclusive")
     if row["profile"] != "full" and v == "reproduced":
         v = "partly"
     what = {"best_eval_loss": "best held-out loss", "final_eval_loss": "final held-out loss",
@@ -176,7 +175,8 @@ def b4(gaps: pd.DataFrame, vs_fp8: pd.DataFrame) -> Verdict:
     key = (f"NVFP4 vs BF16 {what} {100 * row['rel_gap']:+.2f}% "
            f"(95% CI {100 * row['rel_lo']:+.2f}% .. {100 * row['rel_hi']:+.2f}%, "
            f"{int(row['n_seeds'])} seeds, {row['model']} model, {row['profile']} profile"
-           f"{', emulated NVFP4' if row['emulated'] else ''})")
+           f"{', emulated NVFP4' if row['emulated'] else ''}) vs margin "
+           f"[{100 * low:+.1f}%, {100 * high:+.1f}%]")
     return Verdict("B4", v, key, str(row["hardware"]), source, _b4_note(row, gaps, vs_fp8),
                    emulated=bool(row["emulated"]))
 

@@ -1,4 +1,14 @@
-"""Claims A5-A8 and A10: FP8 RL quality and reproducibility (notebook 04)."""
+"""Claims A5-A8 and A10: FP8 RL quality and reproducibility (notebook 04).
+
+The statistics are probabilities of improvement ``P(X > Y)`` with 95% intervals [lo, hi]
+(``repro.analysis.stats.probability_of_improvement``). A *difference* claim asks whether X is
+better than Y (lo > 0.5). A *parity* claim ("quality is kept", A5, A6, A10) asks whether X is
+not worse than Y by more than the claim's equivalence margin [low, high] (``margin`` in
+``repro/data/claims.yaml``, fixed in the claim's definition): **kept** if lo >= low (the
+interval inside the margin: equivalent; reaching above it: X may be better, which keeps quality
+too), **lost** if hi < low, and **inconclusive** when the interval straddles low: too wide to
+tell.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +17,11 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from repro.claims.verdicts._base import Verdict
+from repro.claims.verdicts._base import Verdict, margin
 
 QUALITY_SOURCE = "results/*/rl_quality (final_return, random_return, same_seed_identical)"
 MIN_ENVS = 3  # fewer environments behind the statistics cap "reproduced" at "partly"
+UNSURE = "inconclusive"  # a part of a claim the data cannot decide
 
 
 @dataclass(frozen=True)
@@ -26,14 +37,26 @@ class QualityEvidence:
     planned_envs: int
 
 
+def _row(poi: pd.DataFrame, x: str, y: str):
+    r = poi[(poi.x == x) & (poi.y == y)] if len(poi) else poi
+    return r.iloc[0] if len(r) else None
+
+
+def _text(r, x: str, y: str) -> str:
+    if r is None:
+        return f"{x} vs {y}: not run"
+    ties = float(r.get("ties", 0.0) or 0.0)
+    return (f"P({x}>{y})={r.p:.2f} [{r.lo:.2f},{r.hi:.2f}]"
+            + (f" ({ties:.0%} of its weight tied at 0.5)" if ties >= 0.05 else ""))
+
+
 def _compare(poi: pd.DataFrame, x: str, y: str) -> tuple[str | None, str]:
     """X better / worse / same as Y from P(X > Y) and its 95% interval [lo, hi]."""
-    r = poi[(poi.x == x) & (poi.y == y)] if len(poi) else poi
-    if not len(r):
-        return None, f"{x} vs {y}: not run"
-    r = r.iloc[0]
+    r = _row(poi, x, y)
+    if r is None:
+        return None, _text(r, x, y)
     s = "better" if r.lo > 0.5 else "worse" if r.hi < 0.5 else "same"
-    return s, f"P({x}>{y})={r.p:.2f} [{r.lo:.2f},{r.hi:.2f}]"
+    return s, _text(r, x, y)
 
 
 def _not_worse(poi, x, y) -> bool | None:
@@ -46,14 +69,34 @@ def _better(poi, x, y) -> bool | None:
     return None if s is None else s == "better"
 
 
-def _combine(parts: Sequence[bool | None]) -> str:
-    """reproduced (all hold) / partly (some) / contradicted (none); None = not measured."""
+def _kept(poi: pd.DataFrame, x: str, y: str, bounds: Sequence[float]
+          ) -> tuple[bool | str | None, str]:
+    """Parity of X with Y within the margin: True (kept), False (lost), UNSURE, None (not
+    run), and the text naming the interval and the margin."""
+    r = _row(poi, x, y)
+    if r is None:
+        return None, _text(r, x, y)
+    low, high = bounds
+    state = True if r.lo >= low else False if r.hi < low else UNSURE
+    word = {True: "kept", False: "lost", UNSURE: "inconclusive"}[state]
+    return state, f"{_text(r, x, y)} vs margin [{low:.2f},{high:.2f}]: {word}"
+
+
+def _combine(parts: Sequence[bool | str | None]) -> str:
+    """A claim made of parts: reproduced if all hold; partly if some hold and some fail (or
+    some are not measured); contradicted if those decided all fail; inconclusive if none
+    fails but some cannot be decided; not yet measured if none was measured."""
     known = [p for p in parts if p is not None]
     if not known:
         return "not yet measured"
-    if all(known) and len(known) == len(parts):
-        return "reproduced"
-    return "partly" if any(known) else "contradicted"
+    yes, no = sum(p is True for p in known), sum(p is False for p in known)
+    if yes and no:
+        return "partly"
+    if no:
+        return "contradicted"
+    if yes < len(known):
+        return "inconclusive"
+    return "reproduced" if len(known) == len(parts) else "partly"
 
 
 def _quality(claim: str, v: str, parts: list[str], ev: QualityEvidence) -> Verdict:
@@ -63,26 +106,29 @@ def _quality(claim: str, v: str, parts: list[str], ev: QualityEvidence) -> Verdi
         v = "not yet measured"
     elif v == "reproduced" and len(ev.envs) < MIN_ENVS:
         v = "partly"
-        parts = [f"reproduced on {len(ev.envs)} of {ev.planned_envs} planned environments "
-                 f"(< {MIN_ENVS}: capped at partly)"] + parts
+        parts = [(f"reproduced on {len(ev.envs)} of {ev.planned_envs} planned environments "
+                  f"(< {MIN_ENVS}: capped at partly)")] + parts
     note = (f"notebook 04_rl_quality; {ev.profile} profile; IQM/POI over "
             f"{', '.join(ev.envs)}")
     return Verdict(claim, v, "; ".join(parts), ev.hardware, QUALITY_SOURCE, note)
 
 
-def a5(poi: pd.DataFrame, ev: QualityEvidence) -> Verdict:
-    """A5: scaled FP8 (fp8-delayed) not worse than FP32 AND better than unscaled FP8."""
-    v = _combine([_not_worse(poi, "fp8-delayed", "fp32"),
-                  _better(poi, "fp8-delayed", "fp8-noscale")])
-    return _quality("A5", v, [_compare(poi, "fp8-delayed", "fp32")[1],
-                              _compare(poi, "fp8-delayed", "fp8-noscale")[1],
+def a5(poi: pd.DataFrame, ev: QualityEvidence, bounds: Sequence[float] | None = None
+       ) -> Verdict:
+    """A5: scaled FP8 (fp8-delayed) keeps FP32's quality within the margin AND is better
+    than unscaled FP8 (fp8-noscale)."""
+    kept, text = _kept(poi, "fp8-delayed", "fp32", bounds or margin("A5"))
+    v = _combine([kept, _better(poi, "fp8-delayed", "fp8-noscale")])
+    return _quality("A5", v, [text, _compare(poi, "fp8-delayed", "fp8-noscale")[1],
                               _compare(poi, "fp8-current", "fp8-noscale")[1]], ev)
 
 
-def a6(poi: pd.DataFrame, ev: QualityEvidence) -> Verdict:
-    """A6: FP8 compute with FP32 master weights (fp8-delayed) not worse than FP32."""
-    v = _combine([_not_worse(poi, "fp8-delayed", "fp32")])
-    return _quality("A6", v, [_compare(poi, "fp8-delayed", "fp32")[1]], ev)
+def a6(poi: pd.DataFrame, ev: QualityEvidence, bounds: Sequence[float] | None = None
+       ) -> Verdict:
+    """A6: FP8 compute with FP32 master weights (fp8-delayed) keeps FP32's quality within the
+    margin."""
+    kept, text = _kept(poi, "fp8-delayed", "fp32", bounds or margin("A6"))
+    return _quality("A6", _combine([kept]), [text], ev)
 
 
 def a7(poi: pd.DataFrame, ev: QualityEvidence) -> Verdict:
@@ -109,19 +155,28 @@ def a8(poi: pd.DataFrame, ev: QualityEvidence, diverged: Mapping[str, int]) -> V
                               f"diverged seeds: {div}"], ev)
 
 
-def a10(poi: pd.DataFrame, ev: QualityEvidence, same_seed: bool | None,
-        repeats: pd.DataFrame) -> Verdict:
-    """A10: fp8-delayed not worse than FP32 and BF16, AND the same seed gives bit-identical
-    returns: within a process (``same_seed``, None if not measured) and across processes
-    (``repro.analysis.rl.repeat_identical`` rows of this hardware)."""
+def _determinism(same_seed: bool | None, repeats: pd.DataFrame) -> tuple[bool | None, str]:
+    """Bit-identical returns of the same seed in one process and, for the cells recorded
+    twice, across processes."""
     if len(repeats):
         same = bool(repeats.identical.all())
         same_seed = same if same_seed is None else bool(same_seed and same)
-    q = _not_worse(poi, "fp8-delayed", "fp32")
-    quality = None if q is None else bool(q and _not_worse(poi, "fp8-delayed", "bf16"))
-    v = _combine([quality, same_seed])
-    across = (f" (in one process, and across processes for {len(repeats)} cells x "
-              f"{int(repeats.seeds.min())} seeds)" if len(repeats) else "")
-    return _quality("A10", v, [_compare(poi, "fp8-delayed", "fp32")[1],
-                               _compare(poi, "fp8-delayed", "bf16")[1],
-                               f"same seed bit-identical: {same_seed}{across}"], ev)
+    text = f"same seed bit-identical: {same_seed}"
+    if len(repeats):
+        text += (f" (in one process, and across processes for {len(repeats)} cells x "
+                 f"{int(repeats.seeds.min())} seeds)")
+    return same_seed, text
+
+
+def a10(poi: pd.DataFrame, ev: QualityEvidence, same_seed: bool | None,
+        repeats: pd.DataFrame, bounds: Sequence[float] | None = None) -> Verdict:
+    """A10: fp8-delayed keeps the quality of FP32 and of BF16 within the margin, AND the same
+    seed gives bit-identical returns: within a process (``same_seed``, None if not measured)
+    and across processes (``repro.analysis.rl.repeat_identical`` rows of this hardware)."""
+    bounds = bounds or margin("A10")
+    k32, t32 = _kept(poi, "fp8-delayed", "fp32", bounds)
+    k16, t16 = _kept(poi, "fp8-delayed", "bf16", bounds)
+    quality = (None if k32 is None or k16 is None else True if k32 is True and k16 is True
+               else False if False in (k32, k16) else UNSURE)
+    same, text = _determinism(same_seed, repeats)
+    return _quality("A10", _combine([quality, same]), [t32, t16, text], ev)
