@@ -52,7 +52,9 @@
 # **A5** reproduced if fp8-delayed keeps fp32's quality and beats fp8-noscale (partly if one of
 # the two); **A6** reproduced if fp8-delayed keeps fp32's quality; **A7** reproduced if a Kahan
 # update beats the naive one and fp8-e2e is not worse than fp32 (partly if only the first);
-# **A8** reproduced if removing either clip makes fp8-e2e worse (partly if one); **A10**
+# **A8** reproduced if removing either clip makes fp8-e2e worse (partly if one); a part in
+# which no seed diverged in either arm is inconclusive: there was no divergence for the
+# clipping to prevent, so better or worse returns say nothing about it; **A10**
 # reproduced if fp8-delayed keeps the quality of fp32 and of bf16 and the same seed gives
 # bit-identical returns (partly if one of the two). A claim whose undecided parts leave it open
 # is *inconclusive*. Fewer than 3 environments cap a verdict at partly: one or two games cannot

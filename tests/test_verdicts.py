@@ -216,6 +216,15 @@ def test_a8_removing_either_clip_hurts(nograd, noweight, verdict):
     assert V.a8(poi(), FULL, {}).verdict == "not yet measured"
 
 
+def test_a8_without_divergence_clipping_had_nothing_to_prevent():
+    table = poi(fp8_e2e__fp8_e2e_nogradclip=SAME, fp8_e2e__fp8_e2e_noweightclip=WORSE)
+    v = V.a8(table, FULL, {"fp32": 0})
+    assert v.verdict == "inconclusive" and "diverged seeds: none" in v.key_number
+    assert "no seed diverged in fp8-e2e or fp8-e2e-nogradclip" in v.key_number
+    # divergence in one arm decides that part: here weight clipping does not help
+    assert V.a8(table, FULL, {"fp8-e2e-noweightclip": 3}).verdict == "contradicted"
+
+
 def repeats(identical=True, variants=("fp8-e2e",)):
     return pd.DataFrame([{"hardware": "h200", "env": "CartPole-v1", "variant": v, "seeds": 16,
                           "identical": identical} for v in variants])

@@ -144,15 +144,25 @@ def a7(poi: pd.DataFrame, ev: QualityEvidence) -> Verdict:
                               _compare(poi, "fp8-e2e", "fp32")[1]], ev)
 
 
+def _prevents(poi, ablation: str, what: str, diverged: Mapping[str, int]):
+    """Does fp8-e2e beat its ablation without ``what``? Undecidable (UNSURE) when no seed
+    diverged in either arm: there was no divergence for the clipping to prevent."""
+    state, text = _better(poi, "fp8-e2e", ablation), _compare(poi, "fp8-e2e", ablation)[1]
+    if state is not None and not (diverged.get("fp8-e2e", 0) or diverged.get(ablation, 0)):
+        return UNSURE, (f"{text}, but no seed diverged in fp8-e2e or {ablation}: no divergence "
+                        f"for {what} to prevent")
+    return state, text
+
+
 def a8(poi: pd.DataFrame, ev: QualityEvidence, diverged: Mapping[str, int]) -> Verdict:
     """A8: removing gradient clipping and removing weight clipping both make fp8-e2e worse.
-    ``diverged``: diverged seeds per variant."""
-    v = _combine([_better(poi, "fp8-e2e", "fp8-e2e-nogradclip"),
-                  _better(poi, "fp8-e2e", "fp8-e2e-noweightclip")])
+    ``diverged``: diverged seeds per variant; without any divergence in either arm of a
+    comparison, that part is inconclusive (clipping had nothing to prevent)."""
+    grad = _prevents(poi, "fp8-e2e-nogradclip", "gradient clipping", diverged)
+    weight = _prevents(poi, "fp8-e2e-noweightclip", "weight clipping", diverged)
     div = ", ".join(f"{k} {int(n)}" for k, n in diverged.items() if n) or "none"
-    return _quality("A8", v, [_compare(poi, "fp8-e2e", "fp8-e2e-nogradclip")[1],
-                              _compare(poi, "fp8-e2e", "fp8-e2e-noweightclip")[1],
-                              f"diverged seeds: {div}"], ev)
+    return _quality("A8", _combine([grad[0], weight[0]]),
+                    [grad[1], weight[1], f"diverged seeds: {div}"], ev)
 
 
 def _determinism(same_seed: bool | None, repeats: pd.DataFrame) -> tuple[bool | None, str]:
