@@ -240,7 +240,16 @@ def test_a10_quality_and_bitwise_determinism(quality, same_seed, rep, verdict):
     v = V.a10(table, FULL, same_seed, rep)
     assert v.verdict == verdict
     if len(rep):
-        assert "across processes for 1 cells x 16 seeds" in v.key_number
+        assert "across processes for 1 cells x 16 seeds: fp8-e2e)" in v.key_number
+        assert "FP8 not checked across processes" not in v.key_number
+
+
+def test_a10_says_when_fp8_was_not_checked_across_processes():
+    table = poi(fp8_delayed__fp32=KEPT, fp8_delayed__bf16=KEPT)
+    v = V.a10(table, FULL, True, repeats(variants=("bf16", "fp16", "fp32")))
+    assert v.verdict == "reproduced"
+    assert v.key_number.endswith("across processes for 3 cells x 16 seeds: bf16, fp16, fp32); "
+                                 "FP8 not checked across processes")
 
 
 # --------------------------------------------------------------------------- B1-B5

@@ -22,6 +22,7 @@ from repro.claims.verdicts._base import Verdict, margin
 QUALITY_SOURCE = "results/*/rl_quality (final_return, random_return, same_seed_identical)"
 MIN_ENVS = 3  # fewer environments behind the statistics cap "reproduced" at "partly"
 UNSURE = "inconclusive"  # a part of a claim the data cannot decide
+FP8_PREFIX = "fp8"  # variants whose GEMMs run in FP8
 
 
 @dataclass(frozen=True)
@@ -167,14 +168,17 @@ def a8(poi: pd.DataFrame, ev: QualityEvidence, diverged: Mapping[str, int]) -> V
 
 def _determinism(same_seed: bool | None, repeats: pd.DataFrame) -> tuple[bool | None, str]:
     """Bit-identical returns of the same seed in one process and, for the cells recorded
-    twice, across processes."""
+    twice, across processes; the text names which variants were checked across processes."""
     if len(repeats):
         same = bool(repeats.identical.all())
         same_seed = same if same_seed is None else bool(same_seed and same)
     text = f"same seed bit-identical: {same_seed}"
     if len(repeats):
+        variants = sorted(repeats.variant.unique())
         text += (f" (in one process, and across processes for {len(repeats)} cells x "
-                 f"{int(repeats.seeds.min())} seeds)")
+                 f"{int(repeats.seeds.min())} seeds: {', '.join(variants)})")
+        if not any(v.startswith(FP8_PREFIX) for v in variants):
+            text += "; FP8 not checked across processes"
     return same_seed, text
 
 
