@@ -125,6 +125,7 @@ def test_a9_best_ratio_of_mlps_and_cnns(mlp, cnn, verdict):
     rows = [{"e2e": mlp}] + ([{"network": "cnn-large", "e2e": cnn}] if cnn else [])
     v = V.a9(sp_rows(*rows, baseline="bf16"))
     assert v.verdict == verdict and f"mlp: {mlp:.2f}x" in v.key_number
+    assert ("CNN speed not measured" in v.key_number) == (cnn is None)
 
 
 def test_a9_without_native_ratios():
@@ -255,11 +256,15 @@ def test_a10_says_when_fp8_was_not_checked_across_processes():
 # --------------------------------------------------------------------------- B1-B5
 
 
-def test_b1_every_check_must_pass():
-    ok = V.b1({"a": True, "b": True}, (0, 0), (128, 8), 0.0951, "cpu", False)
+def test_b1_every_check_must_pass_and_native_support_must_be_measured():
+    ok = V.b1({"a": True, "b": True}, (0, 0), (128, 8), 0.0951, "cpu", False, native_fp4=True)
     assert ok.verdict == "reproduced"
     assert ok.key_number.startswith("0 bit mismatches in 128 E2M1 elements and 8 E4M3")
     assert "relative error 0.095" in ok.key_number and "(cpu): no" in ok.note
+    half = V.b1({"a": True, "b": True}, (0, 0), (128, 8), 0.0951, "cpu", False)
+    assert half.verdict == "partly"
+    assert half.key_number.endswith("native Blackwell support not tested: no committed record "
+                                    "ran NVFP4 GEMMs on FP4 tensor cores")
     bad = V.b1({"a": True, "b": False}, (3, 1), (128, 8), 0.1, "b200", True)
     assert bad.verdict == "contradicted" and bad.key_number.startswith("3 element and 1 block")
     assert "differs from the NVFP4 recipe: b." in bad.note and "(b200): yes" in bad.note

@@ -12,22 +12,27 @@ from repro.analysis.lm import SIZE_ORDER
 from repro.claims.verdicts._base import Verdict, margin
 
 def b1(checks: Mapping[str, bool], mismatches: tuple[int, int], sizes: tuple[int, int],
-       nvfp4_error: float, hardware: str, has_fp4: bool) -> Verdict:
-    """B1 from the format checks of notebook 01 (name -> passed): reproduced if every check
-    passes (the quantizer is bit-faithful), contradicted otherwise. ``mismatches`` / ``sizes``:
-    (E2M1 elements, E4M3 block scales) differing from the reference / compared."""
+       nvfp4_error: float, hardware: str, has_fp4: bool, native_fp4: bool = False) -> Verdict:
+    """B1 from the format checks of notebook 01 (name -> passed) and whether any committed
+    record ran NVFP4 GEMMs natively on FP4 tensor cores (``native_fp4``): reproduced if every
+    check passes and the native half was measured; partly if the checks pass but the native
+    half was not measured; contradicted if a check fails. ``mismatches`` / ``sizes``: (E2M1
+    elements, E4M3 block scales) differing from the reference / compared."""
     passed = all(checks.values())
     failed = [name for name, ok in checks.items() if not ok]
     note = ("format is bit-faithful: " + "; ".join(checks) if passed
             else "quantizer differs from the NVFP4 recipe: " + "; ".join(failed))
-    note += (f". Native FP4 tensor cores on this machine ({hardware}): "
-             f"{'yes' if has_fp4 else 'no'} (the hardware half of the claim is a datasheet "
-             "fact here)")
+    note += (f". Native FP4 tensor cores on the machine that ran the checks ({hardware}): "
+             f"{'yes' if has_fp4 else 'no'}")
     key = (f"0 bit mismatches in {sizes[0]} E2M1 elements and {sizes[1]} E4M3 block scales "
            f"vs ml_dtypes; NVFP4 relative error {nvfp4_error:.3f} on normal data" if passed
            else f"{mismatches[0]} element and {mismatches[1]} block-scale bit mismatches")
-    return Verdict("B1", "reproduced" if passed else "contradicted", key, hardware,
-                   "notebooks/01_formats.py (checks run in the notebook)", note)
+    if passed and not native_fp4:
+        key += ("; native Blackwell support not tested: no committed record ran NVFP4 GEMMs on "
+                "FP4 tensor cores")
+    v = "contradicted" if not passed else "reproduced" if native_fp4 else "partly"
+    return Verdict("B1", v, key, hardware,
+                   "notebooks/01_formats.py (checks run in the notebook); results/*/lm", note)
 
 
 B2_TARGET = 1.5  # a measured NVFP4/BF16 step speedup at or above this reproduces "up to 1.6x"
