@@ -154,7 +154,7 @@ cnn = sp[sp.network != "mlp"] if len(sp) else sp
 # (`repro.precision.optim`), so their saving is counted from the format, not measured.
 
 # %%
-stores = rl_analysis.fp8_stores(results.load_records("rl_throughput"))
+stores = rl_analysis.fp8_stores(df)
 a1 = verdicts.a1(stores)
 print(f"A1: {a1.verdict} | {a1.key_number}")
 pd.DataFrame(dict(zip(stores.variant, stores.policy)))

@@ -104,7 +104,8 @@ def fp8_stores(df: pd.DataFrame) -> pd.DataFrame:
     """Claim A1's table: per variant, how many of its four stores (parameters, GEMM
     activations, GEMM gradients, the optimizer update) are FP8 (``fp8_stores`` records), with
     the ``policy`` (value -> format) and the ``hardware`` and ``profile`` of the record (the
-    last one loaded per variant)."""
+    last one loaded per variant: pass the committed records only, or a smoke record of this
+    machine replaces the committed one)."""
     cols = ["variant", "stores", "hardware", "profile", "policy"]
     d = df[df.metric == "fp8_stores"] if len(df) else df
     if not len(d):
