@@ -340,6 +340,7 @@ def test_b4_relative_loss_gap_against_the_margin(gap, lo, hi, profile, verdict):
     assert f"{100 * gap:+.2f}% (95% CI {100 * lo:+.2f}% .. {100 * hi:+.2f}%, 3 seeds" in \
         v.key_number
     assert v.key_number.endswith("vs margin [-1.5%, +1.5%]")
+    assert "build/" not in v.source
 
 
 def test_b4_needs_three_paired_seeds():

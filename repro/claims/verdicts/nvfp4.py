@@ -165,8 +165,7 @@ def b4(gaps: pd.DataFrame, vs_fp8: pd.DataFrame, bounds: tuple[float, float] | N
     hi <= high (inside the margin, or NVFP4 better); lost (contradicted) if lo > high;
     inconclusive if the interval straddles high. Smoke records give at most partly."""
     low, high = bounds or margin("B4")
-    source = ("results/*/lm/*.json + build/results/*/lm/*.json (eval_loss, best per run; "
-              "notebooks/05_lm_nvfp4.py)")
+    source = "results/*/lm (eval_loss: the best held-out loss of each run)"
     row = _b4_row(gaps)
     if row is None:
         return Verdict("B4", "not yet measured", "no NVFP4/BF16 pair with enough seeds", "",
