@@ -48,10 +48,9 @@ scratch = "build/results"  # smoke records (`repro notebook` gives each notebook
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from repro import hardware, notebook, results
+from repro import hardware, notebook
 from repro.analysis import rl as rl_analysis
 from repro.claims import verdicts
-from repro.studies import rl_throughput as X
 
 nb = notebook.start("03_rl_throughput", "rl_throughput", profile, scratch)
 if nb.profile == "smoke":  # a pipeline check on this machine: scratch records, scratch figure

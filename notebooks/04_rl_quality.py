@@ -74,7 +74,7 @@ import numpy as np
 import pandas as pd
 from IPython.display import display
 
-from repro import config, notebook, results
+from repro import config, notebook
 from repro.analysis import rl as rl_analysis
 from repro.analysis import stats
 from repro.claims import verdicts

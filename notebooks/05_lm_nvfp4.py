@@ -66,7 +66,7 @@ import pandas as pd
 import seaborn as sns
 from IPython.display import display
 
-from repro import notebook, results
+from repro import notebook
 from repro.analysis import lm as lm_analysis
 from repro.claims import verdicts
 from repro.models import lm as M

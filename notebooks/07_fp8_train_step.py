@@ -64,7 +64,6 @@ from matplotlib.ticker import ScalarFormatter
 
 from repro import hardware, notebook
 from repro.analysis import train_step as T
-from repro.studies import mlp_step as mlpbench
 
 nb = notebook.start("07_fp8_train_step", "mlp_step", profile, scratch)
 if nb.profile == "smoke":  # full-profile records: `repro record` on a GPU
