@@ -35,7 +35,11 @@
 #    FP8/BF16 speedup with the measured one; the goal is within +-10%.
 # 4. **Project**: Blackwell datasheet peaks times the efficiencies calibrated on Hopper (FP4
 #    GEMMs at the efficiency FP8 reaches on the same shape), for Llama-3-shaped steps and this
-#    repository's LM. That is an assumption, and every projection record says so.
+#    repository's LM. That is an assumption, listed with the projection below.
+#
+# Every table is computed here from the measured records (`gemm`, `mlp_step`, `lm_step`,
+# `kernel_times`); the model writes no records of its own. Each projection names the chip that
+# calibrated the model (`hardware`) and the projected chip (`target`).
 #
 # **Decision rule** (`repro.claims.verdicts.b2`): **projected** until a chip with FP4 tensor
 # cores records NVFP4 steps; then measured: reproduced if NVFP4 is at least 1.5x BF16, partly
@@ -51,26 +55,35 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from IPython.display import display
+from IPython.display import Markdown, display
 
-from repro import notebook, perfmodel, results
+from repro import notebook, perfmodel
 from repro.claims import verdicts
 
 nb = notebook.start("06_perfmodel", "perfmodel", profile, scratch)
-root = results.record_root(nb.profile)
-written = perfmodel.record(nb.profile, root)  # computed from the committed GPU records
-perf = perfmodel.select_cells(results.load_records("perfmodel", roots=root))
-params = perf[perf["metric"] == "model_parameter"]
-mode = params["extra"].iloc[0].get("mode", "datasheet") if len(params) else "datasheet"
-chip = perf["hardware"].iloc[0] if len(perf) else "none"
+setup, targets = perfmodel.projection_setup(nb.params)
+measured = perfmodel.measured_records()  # gemm, mlp_step, lm_step, kernel_times
+mode, cals = perfmodel.calibrations(measured)
+chip = cals[0].hardware.slug
 SOURCE = (f"Model calibrated on the committed {chip} records (results/{chip}/gemm, mlp_step, "
-          f"lm_step, kernel_times), {mode}")
+          f"lm_step, kernel_times), {mode}" if mode != "datasheet" else
+          "No GPU records yet: datasheet peaks at default efficiencies (not calibrated)")
 print({"calibrated": "calibrated on measured BF16 steps",
        "rates_only": "NOT calibrated: measured GEMM rates, no step records yet",
        "datasheet": "NOT calibrated: no GPU records yet, datasheet peaks"}[mode])
-pd.DataFrame({"chip": params["hardware"], "parameter": params["size_parameter"],
-              "value": params["value"], "unit": params["unit"],
-              "source": params["extra"].map(lambda e: e.get("source", "fit"))})
+
+# %% [markdown]
+# ## Calibration
+#
+# The parameters the fit found (or their defaults, where nothing was measured; `source` says
+# which), then each fitted BF16 step time beside the model's. BF16 step times alone hardly tell
+# the idle time apart from GEMM and memory time, so where kernel traces of BF16 steps exist
+# (`repro.studies.kernel_times`) the gap is measured instead: (step time - device busy time) /
+# GEMM launches, the median over the traced shapes.
+
+# %%
+display(pd.concat([perfmodel.parameter_table(c) for c in cals], ignore_index=True))
+pd.concat([perfmodel.fit_table(c) for c in cals], ignore_index=True).round(3)
 
 # %% [markdown]
 # ## Validation: the FP8 speedup on Hopper, predicted against measured
@@ -79,7 +92,7 @@ pd.DataFrame({"chip": params["hardware"], "parameter": params["size_parameter"],
 # (preset and sequences per step). Emulated timings are never used. Grey band: +-10%.
 
 # %%
-val = perfmodel.validation_table(perf)
+val = perfmodel.validation_table(pd.concat([perfmodel.validate(measured, c) for c in cals]))
 fig, ax = plt.subplots(figsize=(6.2, 5.4))
 if len(val):
     lo = 0.8 * min(val["measured"].min(), val["predicted"].min())
@@ -118,12 +131,10 @@ val[["hardware", "workload", "shape", "recipe", "predicted", "measured", "error"
 # kernels ran side by side, which a sum of parts cannot express.
 
 # %%
-measured = perfmodel.measured_records()
-cals = {(c, per): perfmodel.calibrate(measured, c, gap_per=per)
-        for c in (perf["hardware"].unique() if mode == "calibrated" else [])
-        for per in perfmodel.GAP_PER}
 USED = perfmodel.ModelParams().gap_per
-parts = pd.concat([perfmodel.component_table(measured, c) for (_, per), c in cals.items()
+cal_by_gap = {(c.hardware.slug, per): c for per in perfmodel.GAP_PER  # both gap choices
+              for c in (perfmodel.calibrations(measured, per)[1] if mode == "calibrated" else [])}
+parts = pd.concat([perfmodel.component_table(measured, c) for (_, per), c in cal_by_gap.items()
                    if per == USED] or [pd.DataFrame()])
 if len(parts):
     miss = pd.DataFrame({k: parts[f"{k}_pred"] - parts[f"{k}_traced"]
@@ -140,7 +151,7 @@ parts.round(3)
 
 # %%
 choice = []
-for (c, per), cal in cals.items():
+for (c, per), cal in cal_by_gap.items():
     v = perfmodel.validate(measured, cal)
     if len(v):
         choice.append({"chip": c, "gap charged per": per, "gap_us": round(cal.params.gap_us, 2),
@@ -158,18 +169,20 @@ pd.DataFrame(choice)
 # stay BF16. Stars: NVIDIA's published numbers; bars: projections, not measurements.
 
 # %%
-proj = perf[perf["metric"] == "projected_speedup"]
-proj = proj[proj["size_target"].isin(perfmodel.TARGETS)]
+display(Markdown("**Assumptions of the projection:**\n\n"
+                 + "\n".join(f"- {a}" for a in perfmodel.ASSUMPTIONS)))
+proj = perfmodel.projections(mode, cals, targets, setup)
+shown = proj[proj["target"].isin(perfmodel.TARGETS)]
 models = [m for m in ("llama3-8b", "llama3-405b", "lm-20m", "lm-120m")
-          if m in set(proj["size_model"])]
+          if m in set(shown["model"])]
 panels = [("nvfp4_vs_bf16", "bf16", "paper", "NVFP4 against BF16"),
           ("nvfp4_mlp_vs_fp8", "fp8", "mlp", "NVFP4 on the MLP GEMMs against FP8")]
 fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True)
 width = 0.8 / max(len(models), 1)
 for ax, (comp, base, pol, title) in zip(axes, panels):
-    sub = proj[proj["size_comparison"] == comp]
+    sub = shown[shown["comparison"] == comp]
     for i, model in enumerate(models):
-        ys = [sub[(sub["size_model"] == model) & (sub["size_target"] == t)]["value"]
+        ys = [sub[(sub["model"] == model) & (sub["target"] == t)]["speedup"]
               for t in perfmodel.TARGETS]
         ys = [float(y.iloc[0]) if len(y) else np.nan for y in ys]
         xs = np.arange(len(perfmodel.TARGETS)) + (i - (len(models) - 1) / 2) * width
@@ -186,10 +199,11 @@ axes[0].set_ylabel("step-time speedup (x)")
 axes[0].scatter([], [], marker="*", s=120, color="black", label="published (NVIDIA)")
 fig.legend(*axes[0].get_legend_handles_labels(), fontsize=8, loc="lower center",
            ncol=len(models) + 1, frameon=False, bbox_to_anchor=(0.5, -0.08))
-fig.suptitle(f"Projection from efficiencies measured on {chip} ({mode}), not a measurement")
+fig.suptitle(f"Projection from efficiencies measured on {chip} ({mode}), not a measurement"
+             if mode != "datasheet" else "Projection from datasheet peaks (not calibrated)")
 nb.save(fig, "06_perfmodel_projection", SOURCE)
-proj.pivot_table(index=["size_model", "size_comparison"], columns="size_target",
-                 values="value").round(2)
+shown.pivot_table(index=["model", "comparison"], columns="target",
+                  values="speedup").round(2)
 
 # %% [markdown]
 # ## Conclusion
@@ -201,4 +215,4 @@ proj.pivot_table(index=["size_model", "size_comparison"], columns="size_target",
 measured_fp4 = perfmodel.measured_fp4_speedups(nb.records("lm"))
 display(measured_fp4.round(3) if len(measured_fp4) else "no NVFP4 record from a chip with "
         "FP4 tensor cores: the verdict is a projection")
-nb.conclusion(verdicts.b2(perf, measured_fp4))
+nb.conclusion(verdicts.b2(proj, measured_fp4, val))

@@ -270,43 +270,82 @@ def test_b1_every_check_must_pass_and_native_support_must_be_measured():
     assert "differs from the NVFP4 recipe: b." in bad.note and "(b200): yes" in bad.note
 
 
-def perf_rows(calibrated=True, validation=()):
-    proj = [{"metric": "projected_speedup", "hardware": "h200", "size_model": m,
-             "size_comparison": c, "size_target": t, "value": x,
-             "extra": {"calibrated": calibrated, "mode": "calibrated" if calibrated
-                       else "rates_only"}, "sizes": {}}
-            for m, c, t, x in (("llama3-8b", "nvfp4_vs_bf16", "gb200", 1.52),
-                               ("llama3-8b", "nvfp4_mlp_vs_fp8", "gb200", 1.17),
-                               ("llama3-405b", "nvfp4_mlp_vs_fp8", "gb300", 1.61))]
-    val = [{"metric": "predicted_speedup", "hardware": "h200", "value": 1.0,
-            "extra": {"error": e}, "sizes": {"workload": w}} for w, e in validation]
-    return pd.DataFrame(proj + val)
+def projection(mode="calibrated", hardware="h200", published=(1.59, 1.35, 1.73)):
+    """A ``repro.perfmodel.projections`` table: the three projections B2 quotes, and one it
+    does not (B200), with the published speedups beside them."""
+    rows = [("llama3-8b", "nvfp4_vs_bf16", "gb200", 1.52, published[0]),
+            ("llama3-8b", "nvfp4_mlp_vs_fp8", "gb200", 1.17, published[1]),
+            ("llama3-405b", "nvfp4_mlp_vs_fp8", "gb300", 1.61, published[2]),
+            ("llama3-8b", "nvfp4_vs_bf16", "b200", 1.99, 1.59)]
+    return pd.DataFrame([{"hardware": hardware, "calibrated": mode == "calibrated",
+                          "mode": mode, "target": t, "model": m, "comparison": c,
+                          "speedup": x, "published_speedup": p} for m, c, t, x, p in rows])
+
+
+def validation(*errors):
+    """A ``repro.perfmodel.validation_table``: one row per (workload, error)."""
+    return pd.DataFrame([{"hardware": "h200", "workload": w, "error": e} for w, e in errors],
+                        columns=["hardware", "workload", "error"])
+
+
+KEY = ("projected NVFP4 1.52x vs BF16 (Llama-3-8B, GB200; published 1.59x), 1.17x vs FP8 "
+       "MLP-only (GB200; published 1.35x), 405B GB300 1.61x (published 1.73x)")
 
 
 def test_b2_projection_names_its_validation():
-    v = V.b2(perf_rows(validation=[("mlp", 0.05), ("mlp", -0.2), ("lm", 0.08)]))
-    assert v.verdict == "projected"
-    assert v.key_number == ("projected NVFP4 1.52x vs BF16 (Llama-3-8B, GB200; published "
-                            "1.59x), 1.17x vs FP8 MLP-only (GB200; published 1.35x), 405B "
-                            "GB300 1.61x (published 1.73x)")
-    assert "within 10% at 2/3 measured shapes (2 MLP, 1 LM; max error 20%)" in v.note
-    assert "not validated: no FP8" in V.b2(perf_rows()).note
-    v = V.b2(perf_rows(calibrated=False))
-    assert "NOT validated: measured h200 GEMM rates" in v.note
-    assert v.source.endswith("(not calibrated)")
-    assert V.b2(pd.DataFrame()).verdict == "not yet measured"
+    v = V.b2(projection(), None, validation(("mlp", 0.05), ("mlp", -0.2), ("lm", 0.08)))
+    assert v.verdict == "projected" and v.key_number == KEY
+    assert v.hardware == "h200 -> gb200/gb300 (projection)"
+    assert v.source == "perfmodel projection" and not v.emulated
+    assert v.note == ("no record from a chip with FP4 tensor cores yet; validated on h200: "
+                      "FP8/BF16 speedup predicted within 10% at 2/3 measured shapes (2 MLP, "
+                      "1 LM; max error 20%)")
+    # exactly 10% counts as within, the LM rows count like the MLP ones
+    v = V.b2(projection(), None, validation(("lm", 0.1), ("lm", -0.1), ("mlp", 0.101)))
+    assert "within 10% at 2/3 measured shapes (1 MLP, 2 LM; max error 10%)" in v.note
+
+
+@pytest.mark.parametrize("mode,val,hardware,source,note", [
+    ("calibrated", validation(), "h200 ->", "perfmodel projection",
+     "not validated: no FP8 mlp_step/lm_step records beside the BF16 ones"),
+    ("rates_only", None, "h200 ->", "perfmodel projection (not calibrated)",
+     "NOT validated: measured h200 GEMM rates, but no mlp_step records"),
+    ("datasheet", validation(), "datasheet ->", "perfmodel projection (not calibrated)",
+     "NOT validated: no GPU gemm/mlp_step/lm_step records yet (datasheet peaks only)")])
+def test_b2_projection_without_validation_says_why(mode, val, hardware, source, note):
+    v = V.b2(projection(mode), None, val)
+    assert v.verdict == "projected" and v.key_number == KEY
+    assert v.hardware.startswith(hardware) and v.source == source
+    assert v.note.startswith("no record from a chip with FP4 tensor cores yet; " + note)
+
+
+def test_b2_key_number_reads_the_table():
+    t = projection(published=(1.59, None, float("nan")))
+    t.loc[0, "speedup"] = 1.234
+    v = V.b2(t.iloc[[0, 1, 3]])  # no 405B GB300 projection
+    assert v.key_number == ("projected NVFP4 1.23x vs BF16 (Llama-3-8B, GB200; published "
+                            "1.59x), 1.17x vs FP8 MLP-only (GB200; published n/a), 405B GB300 "
+                            "n/a (published n/a)")
+
+
+def test_b2_without_projection_or_measurement():
+    for empty in (pd.DataFrame(), None):
+        v = V.b2(empty, pd.DataFrame(columns=["hardware", "model", "baseline", "speedup"]))
+        assert v.verdict == "not yet measured" and v.key_number == ""
 
 
 @pytest.mark.parametrize("rows,verdict", [
-    ([("bf16", 1.6), ("fp8-delayed", 1.2)], "reproduced"), ([("bf16", 1.2)], "partly"),
-    ([("bf16", 0.9)], "contradicted"), ([("fp8-delayed", 1.3)], "partly")])
+    ([("bf16", 1.6), ("fp8-delayed", 1.2)], "reproduced"), ([("bf16", 1.5)], "reproduced"),
+    ([("bf16", 1.49)], "partly"), ([("bf16", 0.9)], "contradicted"),
+    ([("bf16", 1.0)], "contradicted"), ([("fp8-delayed", 1.3)], "partly")])
 def test_b2_measured_on_fp4_hardware(rows, verdict):
     m = pd.DataFrame([{"hardware": "b200", "model": "20m", "baseline": b, "speedup": s}
                       for b, s in rows])
-    v = V.b2(perf_rows(), m)
+    v = V.b2(projection(), m, validation(("mlp", 0.0)))  # a measurement outranks the model
     best = max(rows, key=lambda r: r[1])
     assert v.verdict == verdict and v.hardware == "b200"
     assert v.key_number == f"measured NVFP4 {best[1]:.2f}x vs {best[0]} (20m, b200)"
+    assert v.source == "lm records (measured)"
 
 
 @pytest.mark.parametrize("weights,acts,whole,verdict", [

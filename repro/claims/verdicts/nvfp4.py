@@ -36,62 +36,80 @@ def b1(checks: Mapping[str, bool], mismatches: tuple[int, int], sizes: tuple[int
 
 
 B2_TARGET = 1.5  # a measured NVFP4/BF16 step speedup at or above this reproduces "up to 1.6x"
+# The projections the key number quotes: (model, comparison, target chip, text), the text
+# with the projected speedup {x} and the published one {p}.
+B2_KEY = (
+    ("llama3-8b", "nvfp4_vs_bf16", "gb200", "{x} vs BF16 (Llama-3-8B, GB200; published {p})"),
+    ("llama3-8b", "nvfp4_mlp_vs_fp8", "gb200", "{x} vs FP8 MLP-only (GB200; published {p})"),
+    ("llama3-405b", "nvfp4_mlp_vs_fp8", "gb300", "405B GB300 {x} (published {p})"))
 
 
-def _b2_validation(perf: pd.DataFrame, hw_slug: str, calibrated: bool, mode_rates: bool) -> str:
-    val = perf[perf["metric"] == "predicted_speedup"]
-    if len(val):
-        err = val["extra"].map(lambda e: abs(e.get("error", np.nan)))
-        n_lm = int(val["sizes"].map(lambda s: (s or {}).get("workload") == "lm").sum())
+def _b2_measured(measured_fp4: pd.DataFrame) -> Verdict:
+    """B2 from NVFP4 speedups measured on a chip with FP4 tensor cores."""
+    best = measured_fp4.loc[measured_fp4["speedup"].idxmax()]
+    bf = measured_fp4[measured_fp4["baseline"] == "bf16"]
+    top = float(bf["speedup"].max()) if len(bf) else float("nan")
+    v = ("reproduced" if top >= B2_TARGET else "partly" if top > 1.0 else
+         "contradicted" if np.isfinite(top) else "partly")
+    return Verdict("B2", v, f"measured NVFP4 {best['speedup']:.2f}x vs {best['baseline']} "
+                   f"({best['model']}, {best['hardware']})", str(best["hardware"]),
+                   "lm records (measured)", "measured on a chip with FP4 tensor cores; "
+                   "the model's projection is in notebook 06")
+
+
+def _b2_validation(val: pd.DataFrame | None, hw_slug: str, calibrated: bool, mode: str) -> str:
+    """What the projection's validation says, from ``validation_table`` rows."""
+    if val is not None and len(val):
+        err = val["error"].abs()  # MLP and LM shapes count alike
+        n_lm = int((val["workload"] == "lm").sum())
         return (f"validated on {hw_slug}: FP8/BF16 speedup predicted within 10% at "
                 f"{int((err <= 0.10).sum())}/{len(err)} measured shapes ({len(err) - n_lm} "
                 f"MLP, {n_lm} LM; max error {err.max():.0%})")
     if calibrated:
         return "not validated: no FP8 mlp_step/lm_step records beside the BF16 ones"
-    if mode_rates:
+    if mode == "rates_only":
         return (f"NOT validated: measured {hw_slug} GEMM rates, but no mlp_step records (nor "
                 "lm_step) yet to calibrate and validate the step model (default "
                 "bandwidth/gap parameters)")
     return "NOT validated: no GPU gemm/mlp_step/lm_step records yet (datasheet peaks only)"
 
 
-def b2(projection: pd.DataFrame, measured_fp4: pd.DataFrame | None = None) -> Verdict:
-    """B2: measured where a chip with FP4 tensor cores recorded NVFP4 steps
-    (``repro.perfmodel.measured_fp4_speedups``: reproduced >= 1.5x over BF16, partly > 1x,
-    contradicted otherwise); else ``projected`` from the perfmodel records ``projection``
-    (``projected_speedup`` and ``predicted_speedup`` rows)."""
+def _b2_key(projection: pd.DataFrame) -> str:
+    """The projected speedups of :data:`B2_KEY`, each beside its published one."""
+    def x(value) -> str:
+        ok = value is not None and np.isfinite(float(value))
+        return f"{float(value):.2f}x" if ok else "n/a"
+
+    parts = []
+    for model, comparison, target, text in B2_KEY:
+        m = projection[(projection["model"] == model) & (projection["comparison"] == comparison)
+                       & (projection["target"] == target)]
+        got, pub = (m["speedup"].iloc[0], m["published_speedup"].iloc[0]) if len(m) else (
+            None, None)
+        parts.append(text.format(x=x(got), p=x(pub)))
+    return "projected NVFP4 " + ", ".join(parts)
+
+
+def b2(projection: pd.DataFrame, measured_fp4: pd.DataFrame | None = None,
+       validation: pd.DataFrame | None = None) -> Verdict:
+    """B2: measured where a chip with FP4 tensor cores recorded NVFP4 steps (``measured_fp4``,
+    ``repro.perfmodel.measured_fp4_speedups``: reproduced if NVFP4 is >= 1.5x BF16, partly if
+    faster, contradicted otherwise); else ``projected`` from ``projection``
+    (``repro.perfmodel.projections``: speedup and published speedup per model, comparison and
+    target chip), its note saying how the FP8 speedups of ``validation``
+    (``repro.perfmodel.validation_table``) were predicted."""
     if measured_fp4 is not None and len(measured_fp4):
-        best = measured_fp4.loc[measured_fp4["speedup"].idxmax()]
-        bf = measured_fp4[measured_fp4["baseline"] == "bf16"]
-        top = float(bf["speedup"].max()) if len(bf) else float("nan")
-        v = ("reproduced" if top >= B2_TARGET else "partly" if top > 1.0 else
-             "contradicted" if np.isfinite(top) else "partly")
-        return Verdict("B2", v, f"measured NVFP4 {best['speedup']:.2f}x vs {best['baseline']} "
-                       f"({best['model']}, {best['hardware']})", str(best["hardware"]),
-                       "lm records (measured)", "measured on a chip with FP4 tensor cores; "
-                       "the model's projection is in the perfmodel records")
-    perf = projection
-    proj = perf[perf["metric"] == "projected_speedup"] if len(perf) else perf
-    if not len(proj):
-        return Verdict("B2", "not yet measured", "", "", "perfmodel", "no projection records")
-
-    def pick(model, comparison, target):
-        m = proj[(proj["size_model"] == model) & (proj["size_comparison"] == comparison)
-                 & (proj["size_target"] == target)]
-        return float(m["value"].iloc[0]) if len(m) else float("nan")
-
-    calibrated = bool(proj["extra"].map(lambda e: e.get("calibrated")).any())
-    rates = bool(proj["extra"].map(lambda e: e.get("mode") == "rates_only").any())
-    hw_slug = str(proj["hardware"].iloc[0])
-    key = (f"projected NVFP4 {pick('llama3-8b', 'nvfp4_vs_bf16', 'gb200'):.2f}x vs BF16 "
-           f"(Llama-3-8B, GB200; published 1.59x), "
-           f"{pick('llama3-8b', 'nvfp4_mlp_vs_fp8', 'gb200'):.2f}x vs FP8 MLP-only (GB200; "
-           f"published 1.35x), 405B GB300 {pick('llama3-405b', 'nvfp4_mlp_vs_fp8', 'gb300'):.2f}x"
-           " (published 1.73x)")
-    return Verdict("B2", "projected", key, f"{hw_slug} -> gb200/gb300 (projection)",
-                   "perfmodel records" + ("" if calibrated else " (not calibrated)"),
+        return _b2_measured(measured_fp4)
+    if projection is None or not len(projection):
+        return Verdict("B2", "not yet measured", "", "", "perfmodel", "no projection")
+    calibrated = bool(projection["calibrated"].any())
+    mode, hw_slug = str(projection["mode"].iloc[0]), str(projection["hardware"].iloc[0])
+    source = "datasheet" if mode == "datasheet" else hw_slug
+    return Verdict("B2", "projected", _b2_key(projection),
+                   f"{source} -> gb200/gb300 (projection)",
+                   "perfmodel projection" + ("" if calibrated else " (not calibrated)"),
                    "no record from a chip with FP4 tensor cores yet; "
-                   + _b2_validation(perf, hw_slug, calibrated, rates))
+                   + _b2_validation(validation, hw_slug, calibrated, mode))
 
 
 B3_LIMIT = 0.30  # 1/4 of FP16's bytes plus at most 5 points of scale overhead
