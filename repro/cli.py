@@ -50,6 +50,7 @@ EXPERIMENTS: dict[str, str] = {
     "rl_quality": "repro.studies.rl_throughput:record_quality",
     "lm": "repro.studies.lm_quality:record",
     "multigpu": "repro.studies.multigpu:record",
+    "legged": "repro.studies.legged:record",
 }
 BENCH_ALIASES = ("gemm",)
 ALL = "all"  # repro record all: every experiment above, in order

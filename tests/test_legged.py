@@ -155,3 +155,263 @@ def test_adapter_keeps_the_final_observation_and_splits_ends():
                     ([0, 2], [3, 2], [True, False], [False, False]),
                     ([1, 0], [1, 3], [False, False], [False, True])]
     np.testing.assert_array_equal(np.asarray(final)[:, 1], 10 * np.asarray(final)[:, 0])
+
+
+# ------------------------------------------------------------- brax ant on MJX physics
+
+
+@pytest.fixture(scope="module")
+def ant():
+    pytest.importorskip("brax")
+    pytest.importorskip("mujoco.mjx")
+    return envs.make("ant", episode_length=16)
+
+
+def _rollout_step_text(env, recipe, start):
+    """The lowered program of one rollout step: the policy (under ``recipe``) then physics,
+    from ``start`` (the abstract reset of 2 envs)."""
+    c = pc.validate({"recipe": recipe, "policy_sizes": (16, 16), "value_sizes": (16,)})
+    net = pc.build_network(c, env.action_size)
+    act = pc.make_act(c, net)
+    variables = net.init(jax.random.key(0), jnp.zeros((1, env.obs_size)))
+    obs, state = start
+
+    def f(variables, obs, state, key):
+        action, _, _ = act(variables, obs, key)
+        return env.step(state, jnp.clip(action, -1, 1))[0]
+
+    return jax.jit(f).lower(variables, obs, state, jax.random.key(1)).as_text(debug_info=True)
+
+
+def test_network_recipes_leave_the_physics_precision_alone(ant):
+    start = jax.eval_shape(lambda k: ant.reset(k, 2), jax.random.key(1))
+    fp32 = envs.dot_precisions(_rollout_step_text(ant, "fp32", start))
+    fp8 = envs.dot_precisions(_rollout_step_text(ant, "fp8-delayed", start))
+    # MJX's products run at JAX's default precision (TF32 on NVIDIA GPUs) whatever the
+    # recipe; the fp32 recipe's GEMMs (outside the physics scope) set HIGHEST, per GEMM
+    assert set(fp32["physics"]) == {"DEFAULT"} and fp32["physics"]["DEFAULT"] > 10
+    assert fp8["physics"] == fp32["physics"]
+    assert set(fp32["other"]) == {"HIGHEST"} and "HIGHEST" not in fp8["other"]
+    highest = envs.make("ant", episode_length=16, physics_precision="highest")
+    bf16 = envs.dot_precisions(_rollout_step_text(highest, "bf16", start))
+    assert bf16["physics"] == {"HIGHEST": fp32["physics"]["DEFAULT"]}
+    assert set(bf16["other"]) == {"DEFAULT"}  # the bf16 network keeps its own
+    assert jax.config.jax_default_matmul_precision is None  # nothing was set globally
+
+
+@pytest.mark.slow
+def test_ant_ppo_runs_a_few_updates_on_cpu(ant):
+    c = {"num_envs": 8, "num_steps": 8, "num_minibatches": 2, "update_epochs": 1,
+         "total_timesteps": 8 * 8 * 3, "episode_length": 16, "recipe": "fp8-delayed",
+         "policy_sizes": (16, 16), "value_sizes": (16,)}
+    train = jax.jit(jax.vmap(pc.make_train(c, ant)))
+    m = jax.device_get(train(jax.random.split(jax.random.key(0), 2)))
+    assert m["episode_return"].shape == (2, 3)
+    # 8 envs x 24 steps with 16-step episodes: every env finishes at least one episode; an
+    # update in which no episode ended reports NaN
+    assert (m["episodes"].sum(1) >= 8).all()
+    ended = m["episodes"] > 0
+    np.testing.assert_array_equal(np.isfinite(m["episode_return"]), ended)
+    assert not m["nonfinite_params"].any()
+    # ant's reward per step: about 1 alive, minus control and contact costs of actions in
+    # [-1, 1], plus forward speed: an episode of at most 16 steps stays far inside +-160
+    assert (np.abs(m["episode_return"][ended]) < 16 * 10).all()
+
+
+# --------------------------------------------------------- Go1 without mujoco_menagerie
+
+
+def _go1(monkeypatch, root, scale):
+    """Playground's Go1 joystick env and its MuJoCo model, loaded with placeholder meshes of
+    ``scale`` written under ``root`` (never the real menagerie, even where one exists)."""
+    from etils import epath
+    from mujoco_playground._src import mjx_env
+
+    monkeypatch.setattr(mjx_env, "MENAGERIE_PATH", epath.Path(root / "absent"))
+    envs.offline_menagerie(root / "menagerie", scale)
+    env = envs.make_raw("Go1JoystickFlatTerrain")
+    return env, env.mj_model
+
+
+def _inertial_masses(xml_path):
+    """body name -> mass of its <inertial> element, read from the robot's XML."""
+    tree = ET.parse(xml_path)
+    return {b.get("name"): float(b.find("inertial").get("mass"))
+            for b in tree.iter("body") if b.find("inertial") is not None}
+
+
+def test_go1_placeholder_meshes_leave_the_physics_unchanged(monkeypatch, tmp_path):
+    mujoco = pytest.importorskip("mujoco")
+    pytest.importorskip("mujoco_playground")
+    from mujoco_playground._src.locomotion.go1 import go1_constants as consts
+
+    env, small = _go1(monkeypatch, tmp_path / "a", 0.01)
+    _, large = _go1(monkeypatch, tmp_path / "b", 0.3)
+    # the meshes are visual only: they take part in no contact
+    meshes = [g for g in range(small.ngeom) if small.geom_type[g] == mujoco.mjtGeom.mjGEOM_MESH]
+    assert meshes and all(small.geom_contype[g] == 0 and small.geom_conaffinity[g] == 0
+                          for g in meshes)
+    # the masses are the XML's explicit inertials, not the meshes'
+    ref = _inertial_masses(consts.ROOT_PATH / "xmls" / "go1_mjx_feetonly.xml")
+    for name, mass in ref.items():
+        assert small.body(name).mass[0] == pytest.approx(mass, rel=1e-6)
+    np.testing.assert_array_equal(small.body_inertia, large.body_inertia)
+    # two placeholders 30x apart give the same trajectory, bit for bit
+    traj = []
+    for model in (small, large):
+        data = mujoco.MjData(model)
+        mujoco.mj_resetDataKeyframe(model, data, 0)
+        data.ctrl[:] = model.key_ctrl[0] + 0.3 * np.sin(np.arange(model.nu))
+        for _ in range(200):
+            mujoco.mj_step(model, data)
+        traj.append((data.qpos.copy(), data.qvel.copy(), data.ncon))
+    np.testing.assert_array_equal(traj[0][0], traj[1][0])
+    np.testing.assert_array_equal(traj[0][1], traj[1][1])
+    assert traj[0][2] == traj[1][2] > 0  # the feet touch the floor
+    assert envs.Adapter(env, "Go1JoystickFlatTerrain", physics_field="data").obs_size == 48
+
+
+# ---------------------------------------------------------------------------- the study
+
+
+def _params(**over):
+    p = {"profile": "smoke", "envs": {"ant": {}}, "ppo": {"num_envs": 4, "num_steps": 2,
+                                                        "num_minibatches": 2},
+         "sizes": {"s": {"policy_sizes": [8], "value_sizes": [8]},
+                   "w": {"policy_sizes": [64], "value_sizes": [64]}},
+         "physics": {"num_envs": [4, 16], "precisions": ["default", "highest"],
+                     "precision_at": [16]},
+         "speed": {"sizes": ["s", "w"], "recipes": ["bf16", "fp8-delayed"]},
+         "quality": {"sizes": ["s"], "recipes": ["fp32", "fp8-delayed"]},
+         "peer": {"size": "s"}}
+    return {**p, **over}
+
+
+def test_study_cells_come_in_verdict_order_and_check_names_the_culprit():
+    from repro.studies import legged as L
+
+    names = [c.name for c in L.cells(_params())]
+    assert names == ["ant_physics_e4_default", "ant_physics_e16_default",
+                     "ant_physics_e16_highest", "ant_random",
+                     "ant_speed_s_bf16", "ant_speed_s_fp8-delayed",
+                     "ant_speed_w_bf16", "ant_speed_w_fp8-delayed",
+                     "ant_quality_s_fp32", "ant_quality_s_fp8-delayed", "ant_peer_brax"]
+    assert [c.recipes for c in L.cells(_params())][4:6] == [("bf16",), ("fp8-delayed",)]
+    L.check(_params())
+    with pytest.raises(ValueError, match="legged.quality.sizes: unknown size 'x'"):
+        L.check(_params(quality={"sizes": ["x"], "recipes": ["fp32"]}))
+    with pytest.raises(ValueError, match="recipe"):
+        L.check(_params(speed={"sizes": ["s"], "recipes": ["fp9"]}))
+
+
+def test_brax_peer_gets_equal_settings_and_a_replicated_standin():
+    pytest.importorskip("brax")
+    from repro.studies import legged as L
+
+    c = pc.validate({"num_envs": 64, "num_steps": 5, "num_minibatches": 8, "update_epochs": 3,
+                     "total_timesteps": 64 * 5 * 6, "policy_sizes": (16,)})
+    kw = L.brax_kwargs(c, num_evals=3, eval_envs=4)
+    # one unroll of every env per training step: brax's batch_size * num_minibatches = num_envs
+    assert kw["batch_size"] * kw["num_minibatches"] == 64 and kw["unroll_length"] == 5
+    assert (kw["num_updates_per_batch"], kw["discounting"], kw["learning_rate"],
+            kw["clipping_epsilon"], kw["reward_scaling"]) == (3, c.gamma, c.lr, c.clip_eps,
+                                                               c.reward_scaling)
+    net = kw["network_factory"](27, 8)
+    assert net.parametric_action_distribution.__class__.__name__ == "NormalDistribution"
+    with pytest.raises(ValueError, match="must divide"):
+        L.brax_kwargs(pc.validate({"num_envs": 12, "num_steps": 2, "num_minibatches": 8}), 3, 4)
+    with L._replicated_standin():
+        out = jax.device_put_replicated({"a": jnp.arange(3.0)}, jax.local_devices())
+    assert out["a"].shape == (jax.local_device_count(), 3)
+    assert not hasattr(jax, "device_put_replicated")
+
+
+# ------------------------------------------------------------------- tables and verdict
+
+
+def _rec(metric, value, sizes, recipe=None, extra=None, backend="gpu", commit="abc"):
+    return {"experiment": "legged", "hardware": "h200", "backend": backend, "profile": "full",
+            "metric": metric, "value": value, "sizes": sizes, "recipe": recipe,
+            "extra": extra or {}, "emulated": False, "git_commit": commit,
+            "timestamp": "2026-01-01T00:00:00+00:00"}
+
+
+def _speed_records(rates, backend="gpu"):
+    """rates: width -> (bf16 env-steps/s, fp8 env-steps/s, bf16 update ms, fp8 update ms)."""
+    recs = [_rec("physics_env_steps_per_s", 1e6, {"env": "ant", "num_envs": 8192,
+                                                 "precision": "default"}, backend=backend)]
+    for w, (b, f, ub, uf) in rates.items():
+        for recipe, rate, upd in (("bf16", b, ub), ("fp8-delayed", f, uf)):
+            sz = {"env": "ant", "size": f"w{w}", "width": w, "num_envs": 8192, "num_steps": 20}
+            recs += [_rec("env_steps_per_s", rate, sz, recipe, backend=backend),
+                     _rec("loop_ms_per_update", 20 * 8192 / rate * 1e3, sz, recipe,
+                          backend=backend),
+                     _rec("policy_ms_per_update", 5.0, sz, recipe, backend=backend),
+                     _rec("update_ms", upd, sz, recipe, backend=backend)]
+    return pd.DataFrame(recs)
+
+
+def _quality(ok_by_width, n=8):
+    return pd.DataFrame([{"hardware": "h200", "width": w, "recipe": "fp8-delayed",
+                          "n_seeds": n, "poi_hi": 0.7 if ok else 0.3}
+                         for w, ok in ok_by_width.items()])
+
+
+def test_speed_table_splits_the_loop_and_the_verdict_names_the_crossover():
+    df = _speed_records({256: (100e3, 90e3, 2.0, 1.8), 2048: (50e3, 60e3, 20.0, 12.0),
+                         4096: (20e3, 30e3, 60.0, 30.0)})
+    t = A.speed_table(df)
+    row = t[(t.width == 256) & (t.recipe == "bf16")].iloc[0]
+    assert row.loop_ms_per_update == pytest.approx(20 * 8192 / 100e3 * 1e3)
+    assert row.physics_ms == pytest.approx(20 * 8192 / 1e6 * 1e3)
+    assert row.other_ms == pytest.approx(1638.4 - 163.84 - 5.0 - 2.0)
+    ups = A.speedups(t)
+    assert ups.set_index("width").e2e.round(3).to_dict() == {256: 0.9, 2048: 1.2, 4096: 1.5}
+    assert ups.set_index("width")["update"].to_dict() == {256: pytest.approx(2 / 1.8),
+                                                         2048: pytest.approx(20 / 12),
+                                                         4096: 2.0}
+    v = A.a11_verdict(ups, _quality({256: True, 2048: True}))
+    assert (v["verdict"], v["crossover_width"], v["hardware"]) == ("partly", 2048, "h200")
+    assert "FP8 pays from width 2048 on" in v["key_number"]
+    # pays already at the standard size, quality kept: reproduced
+    fast = A.speedups(A.speed_table(_speed_records({256: (100e3, 115e3, 2.0, 1.5),
+                                                    2048: (50e3, 60e3, 20.0, 12.0)})))
+    assert A.a11_verdict(fast, _quality({256: True}))["verdict"] == "reproduced"
+    assert A.a11_verdict(fast, _quality({256: False}))["verdict"] == "partly"
+    assert A.a11_verdict(fast, _quality({256: True}, n=4))["verdict"] == "partly"  # < 8 seeds
+    # never >= 1.1x: contradicted, and no crossover (a gap at 2048 resets it)
+    slow = A.speedups(A.speed_table(_speed_records({256: (100e3, 90e3, 2.0, 1.9),
+                                                    2048: (50e3, 54e3, 20.0, 15.0)})))
+    v = A.a11_verdict(slow, _quality({256: True}))
+    assert (v["verdict"], v["crossover_width"]) == ("contradicted", None)
+    assert "does not pay up to width 2048" in v["key_number"]
+    assert A.crossover({256: True, 1024: False, 4096: True}) == 4096
+
+
+def test_verdict_needs_gpu_records_of_one_call():
+    cpu = _speed_records({256: (100e3, 200e3, 2.0, 1.0)}, backend="cpu")
+    assert len(A.evidence(cpu)) == 0
+    ups = A.speedups(A.speed_table(A.evidence(cpu)))
+    assert A.a11_verdict(ups, _quality({}))["verdict"] == "not yet measured"
+    df = _speed_records({256: (100e3, 200e3, 2.0, 1.0)})
+    df.loc[df.recipe == "bf16", "git_commit"] = "other"  # recorded by another call
+    assert A.a11_verdict(A.speedups(A.speed_table(df)), _quality({256: True}))["verdict"] \
+        == "not yet measured"
+
+
+def test_quality_table_normalises_against_fp32_and_random():
+    rets = {"fp32": [100, 110, 120, 130], "fp8-delayed": [90, 100, 140, 150]}
+    recs = [_rec("random_return", 10.0, {"env": "ant", "variant": "random"})]
+    for v, xs in rets.items():
+        recs += [_rec("final_return", x, {"env": "ant", "size": "brax", "width": 256,
+                                           "seed": i, "variant": v}, recipe=v,
+                      extra={"variant": v, "diverged": False}) for i, x in enumerate(xs)]
+    q = A.quality_table(pd.DataFrame(recs), reps=200).set_index("recipe")
+    ref = np.mean(rets["fp32"]) - 10.0
+    assert q.loc["fp8-delayed", "normalised"] == pytest.approx(
+        np.mean((np.array(rets["fp8-delayed"]) - 10) / ref))
+    assert q.loc["fp32", "normalised"] == pytest.approx(1.0)
+    # P(fp8 > fp32) over the 16 seed pairs, by hand: 140 and 150 beat all four (8 pairs),
+    # 100 ties 100 (half a pair): 8.5 / 16
+    assert q.loc["fp8-delayed", "poi"] == pytest.approx(8.5 / 16)
+    assert q.loc["fp8-delayed", "n_seeds"] == 4
