@@ -280,7 +280,7 @@ def _params(**over):
          "sizes": {"s": {"policy_sizes": [8], "value_sizes": [8]},
                    "w": {"policy_sizes": [64], "value_sizes": [64]}},
          "physics": {"num_envs": [4, 16], "precisions": ["default", "highest"],
-                     "precision_at": [16]},
+                     "precision_at": [16]}, "random": {"num_envs": 4},
          "speed": {"sizes": ["s", "w"], "recipes": ["bf16", "fp8-delayed"]},
          "quality": {"sizes": ["s"], "recipes": ["fp32", "fp8-delayed"]},
          "peer": {"size": "s"}}
@@ -298,6 +298,7 @@ def test_study_cells_come_in_verdict_order_and_check_names_the_culprit():
                      "ant_quality_s_fp32", "ant_quality_s_fp8-delayed", "ant_peer_brax"]
     assert [c.recipes for c in L.cells(_params())][4:6] == [("bf16",), ("fp8-delayed",)]
     L.check(_params())
+    assert "ant_random" not in [c.name for c in L.cells(_params(random=None))]
     with pytest.raises(ValueError, match="legged.quality.sizes: unknown size 'x'"):
         L.check(_params(quality={"sizes": ["x"], "recipes": ["fp32"]}))
     with pytest.raises(ValueError, match="recipe"):

@@ -109,8 +109,8 @@ def speedups(speed: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
 
 
 def quality_table(df: pd.DataFrame, reps: int = 1000) -> pd.DataFrame:
-    """Per (hardware, env, size) and recipe: seeds, mean return, mean normalised score and
-    P(recipe > fp32) with its 95% interval."""
+    """Per (hardware, env, size) and recipe: seeds, mean return, mean normalised score (NaN
+    where FP32 did not beat the random policy) and P(recipe > fp32) with its 95% interval."""
     cols = ["hardware", "env", "size", "width", "recipe", "n_seeds", "mean_return",
             "normalised", "poi", "poi_lo", "poi_hi", "diverged", "profile"]
     q = df[df.metric.isin(["final_return", "random_return"])] if len(df) else df
@@ -126,12 +126,15 @@ def quality_table(df: pd.DataFrame, reps: int = 1000) -> pd.DataFrame:
         pairs = [(v, REFERENCE) for v in scores if v != REFERENCE]
         poi = stats.probability_of_improvement(scores, pairs, reps=reps).set_index("x")
         per = rl_analysis.final_returns(g, hw)
+        floor = part[part.metric == "random_return"]["value"].mean()
+        # a score needs FP32 above the random floor (else its scale is meaningless: NaN)
+        scale_ok = per[per.variant == REFERENCE].final_return.mean() > floor
         for v, s in scores.items():
             mine = per[per.variant == v]
             rows.append({"hardware": hw, "env": ",".join(envs), "size": size, "width": width,
                          "recipe": v, "n_seeds": int(s.shape[0]),
                          "mean_return": float(mine.final_return.mean()),
-                         "normalised": float(s.mean()),
+                         "normalised": float(s.mean()) if scale_ok else np.nan,
                          "poi": poi["p"].get(v, np.nan), "poi_lo": poi["lo"].get(v, np.nan),
                          "poi_hi": poi["hi"].get(v, np.nan),
                          "diverged": int(mine.diverged.sum()),

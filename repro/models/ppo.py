@@ -148,26 +148,21 @@ def valid_envs() -> list[str]:
     return list(gymnax.registered_envs)
 
 
-def validate(config: Mapping[str, Any] | PPOConfig, mesh=None) -> PPOConfig:
-    """The config as a PPOConfig, or a one-line ValueError (nothing is traced here). With a
-    ``mesh``: the environments and each minibatch must divide over its batch devices."""
-    c = PPOConfig.from_dict(config)
-    envs = valid_envs()
-    if c.env not in envs:
-        raise ValueError(f"unknown env {c.env!r}; valid envs: {', '.join(envs)}")
+def check_common(c: PPOConfig, positive: tuple[str, ...] = ()) -> None:
+    """The checks every PPO configuration shares (recipe, activation, prng, counts >= 1 --
+    ``positive`` names more --, minibatches dividing the batch, at least one update): a
+    one-line ValueError."""
     try:
         resolve(c.recipe)  # a registry name or a variant 'base:field=value,...'
     except ValueError as e:
         raise ValueError(" ".join(str(e).split())) from None
-    if c.network not in networks.NETWORKS:
-        raise ValueError(f"unknown network {c.network!r}; valid: {', '.join(networks.NETWORKS)}")
     if c.activation not in networks.ACTIVATIONS:
         raise ValueError(f"unknown activation {c.activation!r}; valid: "
                          f"{', '.join(networks.ACTIVATIONS)}")
     if c.prng not in PRNGS:
         raise ValueError(f"unknown prng {c.prng!r}; valid: {', '.join(PRNGS)}")
     for name in ("num_envs", "num_steps", "update_epochs", "num_minibatches", "unroll",
-                 "update_unroll"):
+                 "update_unroll") + tuple(positive):
         if getattr(c, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(c, name)}")
     if c.batch_size % c.num_minibatches:
@@ -176,6 +171,18 @@ def validate(config: Mapping[str, Any] | PPOConfig, mesh=None) -> PPOConfig:
     if c.num_updates < 1:
         raise ValueError(f"total_timesteps={c.total_timesteps} is less than one update "
                          f"(num_envs*num_steps={c.batch_size})")
+
+
+def validate(config: Mapping[str, Any] | PPOConfig, mesh=None) -> PPOConfig:
+    """The config as a PPOConfig, or a one-line ValueError (nothing is traced here). With a
+    ``mesh``: the environments and each minibatch must divide over its batch devices."""
+    c = PPOConfig.from_dict(config)
+    envs = valid_envs()
+    if c.env not in envs:
+        raise ValueError(f"unknown env {c.env!r}; valid envs: {', '.join(envs)}")
+    if c.network not in networks.NETWORKS:
+        raise ValueError(f"unknown network {c.network!r}; valid: {', '.join(networks.NETWORKS)}")
+    check_common(c)
     if mesh is not None:
         n = sharding.data_size(mesh)
         for name, size in (("num_envs", c.num_envs), ("minibatch_size", c.minibatch_size)):

@@ -27,12 +27,14 @@ What differs from the discrete PPO:
 Every precision recipe applies to the actor and critic towers as in the discrete networks. The
 physics keeps its own matmul precision (``physics_precision``; :mod:`repro.models.envs`).
 
-Defaults follow brax's published ant settings mapped to this loop's shape (one rollout of
-``num_steps`` steps of ``num_envs`` environments per update, ``update_epochs`` passes of
-``num_minibatches`` minibatches over it): 4 x 32 policy, 5 x 256 value, swish, discount 0.97,
-learning rate 3e-4, entropy cost 0.01, clip 0.3, reward scaling 10, 5-step unrolls,
-32 minibatches, 4 epochs. ``network``, ``width`` and ``depth`` of :class:`ppo.PPOConfig` are not
-used (``policy_sizes`` and ``value_sizes`` are).
+Defaults: brax's ant networks (``brax.training.agents.ppo.networks``: 4 x 32 policy, 5 x 256
+value, swish); MuJoCo Playground's locomotion PPO settings (``mujoco_playground/config/
+locomotion_params.py``: discount 0.97, learning rate 3e-4, entropy cost 0.01, 20-step unrolls,
+32 minibatches, 4 passes, gradient norm clipped at 1.0); brax's trainer's clip of 0.3 and its
+learner's reward scaling of 10. This loop runs one rollout of ``num_envs`` environments per
+update, so Playground's 8192 environments x 20 steps per update (256 x 32 trajectories) is
+``num_envs=8192``. ``network``, ``width`` and ``depth`` of :class:`ppo.PPOConfig` are not used
+(``policy_sizes`` and ``value_sizes`` are).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class ContinuousPPOConfig(ppo.PPOConfig):
     obs_key: str = "state"  # the entry of a dict observation (Playground's Go1)
     physics_precision: str | None = None  # None: JAX's default matmul precision
     num_envs: int = 2048
-    num_steps: int = 5
+    num_steps: int = 20
     total_timesteps: int = 10_240_000
     policy_sizes: tuple[int, ...] = (32, 32, 32, 32)
     value_sizes: tuple[int, ...] = (256, 256, 256, 256, 256)
@@ -85,28 +87,10 @@ def validate(config: Mapping[str, Any] | ContinuousPPOConfig) -> ContinuousPPOCo
     c = dataclasses.replace(c, policy_sizes=tuple(int(w) for w in c.policy_sizes),
                             value_sizes=tuple(int(w) for w in c.value_sizes))
     envs.check(c.env, c.backend, c.physics_precision)
-    try:
-        resolve(c.recipe)
-    except ValueError as e:
-        raise ValueError(" ".join(str(e).split())) from None
-    if c.activation not in networks.ACTIVATIONS:
-        raise ValueError(f"unknown activation {c.activation!r}; valid: "
-                         f"{', '.join(networks.ACTIVATIONS)}")
-    if c.prng not in ppo.PRNGS:
-        raise ValueError(f"unknown prng {c.prng!r}; valid: {', '.join(ppo.PRNGS)}")
-    for name in ("num_envs", "num_steps", "update_epochs", "num_minibatches", "unroll",
-                 "update_unroll", "episode_length", "action_repeat"):
-        if getattr(c, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(c, name)}")
     if not c.policy_sizes or not c.value_sizes or min(c.policy_sizes + c.value_sizes) < 1:
         raise ValueError(f"policy_sizes {c.policy_sizes} and value_sizes {c.value_sizes} "
                          "need at least one layer each, every width >= 1")
-    if c.batch_size % c.num_minibatches:
-        raise ValueError(f"num_minibatches={c.num_minibatches} does not divide the batch "
-                         f"num_envs*num_steps={c.num_envs}*{c.num_steps}={c.batch_size}")
-    if c.num_updates < 1:
-        raise ValueError(f"total_timesteps={c.total_timesteps} is less than one update "
-                         f"(num_envs*num_steps={c.batch_size})")
+    ppo.check_common(c, ("episode_length", "action_repeat"))
     return c
 
 

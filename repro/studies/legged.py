@@ -70,6 +70,15 @@ def config(p: Mapping[str, Any], env: str, part: str, size: str | None = None,
                         "recipe": recipe, **over})
 
 
+def compile_(p: Mapping[str, Any], fn, *args):
+    """``(compiled fn, compile seconds)`` with the section's ``compiler_options`` (the smoke
+    profile lowers XLA's CPU optimisation: an MJX program compiles about twice as fast)."""
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile(
+        compiler_options=dict(p.get("compiler_options") or {}) or None)
+    return compiled, time.perf_counter() - t0
+
+
 def matmul_facts(env: envs.Adapter, num_envs: int) -> dict[str, Any]:
     """Which precision the physics' products use: the setting, JAX's global default, and
     the precisions of the lowered (batched) step's products."""
@@ -83,23 +92,33 @@ def matmul_facts(env: envs.Adapter, num_envs: int) -> dict[str, Any]:
 
 
 def physics_rollout(env: envs.Adapter, num_envs: int, steps: int):
-    """``run(key) -> last observations``: reset, then ``steps`` physics steps with uniform
-    random actions in one ``lax.scan`` (no network)."""
+    """``run(key) -> (returns, ended)``: reset, then ``steps`` physics steps with uniform random
+    actions in one ``lax.scan`` (no network); the return of each environment's first episode
+    and whether it ended within the steps (a random policy's return, the score floor)."""
     def run(key):
         k_env, key = jax.random.split(key)
         _, state = env.reset(k_env, num_envs)
 
         def body(carry, _):
-            state, key = carry
+            state, ret, alive, key = carry
             key, k = jax.random.split(key)
             a = jax.random.uniform(k, (num_envs, env.action_size), minval=-1.0, maxval=1.0)
-            obs, state, *_ = env.step(state, a)
-            return (state, key), None
+            _, state, r, term, trunc, _ = env.step(state, a)
+            return (state, ret + r * alive, alive * (1.0 - (term | trunc)), key), None
 
-        (state, _), _ = jax.lax.scan(body, (state, key), None, steps)
-        return state.inner.obs
+        init = (state, jnp.zeros(num_envs), jnp.ones(num_envs), key)
+        (_, ret, alive, _), _ = jax.lax.scan(body, init, None, steps)
+        return ret, alive == 0
 
     return run
+
+
+def random_record(p, env_name: str, ret, n: int, episode_length: int, profile: str):
+    return results.make_record(
+        EXPERIMENT, "random_return", float(np.mean(ret)), "return", claims=list(CLAIMS),
+        sizes={"env": env_name, "variant": "random"}, spread=float(np.std(ret)),
+        profile=profile, extra={"policy": "uniform random in [-1, 1]", "num_envs": n,
+                                "episode_length": episode_length})
 
 
 def _loop_timing(env: envs.Adapter, num_envs: int, steps: int) -> dict[str, float]:
@@ -128,11 +147,8 @@ def physics_cell(p, env_name: str, num_envs: int, precision: str, profile: str):
                else precision)
     env = pc.make_env(c)
     steps, repeats = int(q["steps"]), int(q["repeats"])
-    run = jax.jit(physics_rollout(env, num_envs, steps))
     key = jax.random.key(0)
-    t0 = time.perf_counter()
-    compiled = run.lower(key).compile()
-    compile_s = time.perf_counter() - t0
+    compiled, compile_s = compile_(p, physics_rollout(env, num_envs, steps), key)
     t = time_fn(compiled, key, repeats=repeats, warmup=1)
     rate = steps * num_envs / np.asarray(t.samples)
     loop = _loop_timing(env, num_envs, steps) if num_envs in q.get("loop_at", []) else {}
@@ -148,35 +164,20 @@ def physics_cell(p, env_name: str, num_envs: int, precision: str, profile: str):
     units = {"loop_env_steps_per_s": "steps/s", "first_call_s": "s", "second_call_s": "s"}
     recs += [results.make_record(EXPERIMENT, m, loop[m], u, **common)
              for m, u in units.items() if m in loop]
+    ret, ended = jax.device_get(compiled(key))
+    if ended.all() and not p.get("random"):  # every first episode ended: the random floor
+        recs.append(random_record(p, env_name, ret, num_envs, c.episode_length, profile))
     return recs
 
 
 def random_cell(p, env_name: str, profile: str):
     """A uniform random policy's mean episode return (first episode of each environment)."""
     c = config(p, env_name, "quality")
-    env = pc.make_env(c)
-    n = int((p.get("random") or {}).get("num_envs", 64))
-
-    def run(key):
-        k_env, key = jax.random.split(key)
-        _, state = env.reset(k_env, n)
-
-        def body(carry, _):
-            state, ret, alive, key = carry
-            key, k = jax.random.split(key)
-            a = jax.random.uniform(k, (n, env.action_size), minval=-1.0, maxval=1.0)
-            _, state, r, term, trunc, _ = env.step(state, a)
-            return (state, ret + r * alive, alive * (1.0 - (term | trunc)), key), None
-
-        init = (state, jnp.zeros(n), jnp.ones(n), key)
-        return jax.lax.scan(body, init, None, c.episode_length)[0][1]
-
-    ret = np.asarray(jax.jit(run)(jax.random.key(0)))
-    return [results.make_record(
-        EXPERIMENT, "random_return", float(ret.mean()), "return", claims=list(CLAIMS),
-        sizes={"env": env_name, "variant": "random"}, spread=float(ret.std()), profile=profile,
-        extra={"policy": "uniform random in [-1, 1]", "num_envs": n,
-               "episode_length": c.episode_length})]
+    n = int(p["random"].get("num_envs", 64))
+    key = jax.random.key(0)
+    compiled, _ = compile_(p, physics_rollout(pc.make_env(c), n, c.episode_length), key)
+    ret, _ = jax.device_get(compiled(key))
+    return [random_record(p, env_name, ret, n, c.episode_length, profile)]
 
 
 def _emulated(recipe: str, compiled) -> tuple[bool, dict[str, Any]]:
@@ -184,7 +185,7 @@ def _emulated(recipe: str, compiled) -> tuple[bool, dict[str, Any]]:
     return bool(recipe_emulated(resolve(recipe), facts["fp8_lowering"])), facts
 
 
-def speed_parts(c: pc.ContinuousPPOConfig, env: envs.Adapter, repeats: int):
+def speed_parts(p, c: pc.ContinuousPPOConfig, env: envs.Adapter, repeats: int):
     """Median seconds of the policy's rollout work (``num_steps`` steps) and of one update,
     each as its own program, and the update's compiled facts."""
     network = pc.build_network(c, env.action_size)
@@ -199,7 +200,8 @@ def speed_parts(c: pc.ContinuousPPOConfig, env: envs.Adapter, repeats: int):
             return key, act(variables, obs, k)
         return jax.lax.scan(body, key, None, c.num_steps)[1]
 
-    t_pol = time_fn(jax.jit(policy), variables, obs, jax.random.key(3), repeats=repeats)
+    pol, _ = compile_(p, policy, variables, obs, jax.random.key(3))
+    t_pol = time_fn(pol, variables, obs, jax.random.key(3), repeats=repeats)
     shape = (c.num_steps, c.num_envs)
     ks = jax.random.split(jax.random.key(4), 4)
     traj = ppo.Transition(
@@ -207,10 +209,9 @@ def speed_parts(c: pc.ContinuousPPOConfig, env: envs.Adapter, repeats: int):
         jax.random.normal(ks[1], shape + (env.action_size,)),
         jnp.zeros(shape), jax.random.normal(ks[2], shape), jnp.zeros(shape),
         jnp.zeros(shape, bool))
-    update = jax.jit(ppo.make_update_step(c, network, tx, policy=pc.GAUSSIAN))
     args = (variables, opt_state, traj, jax.random.normal(ks[3], shape),
             jax.random.normal(ks[3], shape), jax.random.key(5))
-    compiled = update.lower(*args).compile()
+    compiled, _ = compile_(p, ppo.make_update_step(c, network, tx, policy=pc.GAUSSIAN), *args)
     t_upd = time_fn(compiled, *args, repeats=repeats)
     return t_pol.median_s, t_upd, compiled
 
@@ -221,13 +222,10 @@ def speed_cell(p, env_name: str, size: str, recipe: str, profile: str):
     c = config(p, env_name, "speed", size, recipe, num_envs=n)
     c = dataclasses.replace(c, total_timesteps=c.batch_size * updates)
     env = pc.make_env(c)
-    train = jax.jit(pc.make_train(c, env))
     key = jax.random.key(0)
-    t0 = time.perf_counter()
-    compiled = train.lower(key).compile()
-    compile_s = time.perf_counter() - t0
+    compiled, compile_s = compile_(p, pc.make_train(c, env), key)
     t = time_fn(compiled, key, repeats=repeats, warmup=1)
-    policy_s, t_upd, upd = speed_parts(c, env, repeats)
+    policy_s, t_upd, upd = speed_parts(p, c, env, repeats)
     emulated, facts = _emulated(recipe, upd)
     steps = c.num_updates * c.batch_size
     sizes = {"env": env_name, "size": size, "num_envs": n, "num_steps": c.num_steps,
@@ -256,10 +254,16 @@ def quality_cell(p, env_name: str, size: str, recipe: str, profile: str):
     q = p["quality"]
     c = config(p, env_name, "quality", size, recipe)
     seeds = list(range(int(q["seeds"])))
-    train = jax.jit(jax.vmap(pc.make_train(c)))
     keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
     t0 = time.perf_counter()
-    m = {k: np.asarray(v) for k, v in jax.device_get(train(keys)).items()}
+    if q.get("vmap_seeds", True):  # all seeds in one program
+        train, _ = compile_(p, jax.vmap(pc.make_train(c)), keys)
+        m = jax.device_get(train(keys))
+    else:  # one seed's program, run per seed (a CPU smoke compiles half as much)
+        train, _ = compile_(p, pc.make_train(c), keys[0])
+        runs = [jax.device_get(train(k)) for k in keys]
+        m = {k: np.stack([r[k] for r in runs]) for k in runs[0]}
+    m = {k: np.asarray(v) for k, v in m.items()}
     wall = time.perf_counter() - t0
     last = float(p.get("last_fraction", 0.1))
     final = ppo.final_return(m, last)
@@ -275,7 +279,7 @@ def quality_cell(p, env_name: str, size: str, recipe: str, profile: str):
         extra={"variant": recipe, "curve": _curve(m["episode_return"][i]),
                "diverged": bool(m["nonfinite_params"][i, -1]),
                "skipped_steps": int(m["skipped"][i, -1]), "last_fraction": last,
-               "wall_s_all_seeds": wall, "physics_precision": c.physics_precision or
+               "wall_s_all_seeds_with_compile": wall, "physics_precision": c.physics_precision or
                "jax default"}) for i, s in enumerate(seeds)]
 
 
@@ -303,7 +307,8 @@ def _replicated_standin():
 def brax_kwargs(c: pc.ContinuousPPOConfig, num_evals: int, eval_envs: int) -> dict[str, Any]:
     """brax's ``ppo.train`` arguments equal to ``c``: one unroll of every environment per
     training step (``batch_size * num_minibatches = num_envs``), the same network sizes and
-    a Gaussian policy with a learned state-independent log standard deviation."""
+    a Gaussian policy with a learned state-independent log standard deviation, the value loss
+    clipped like ours."""
     from brax.training.agents.ppo import networks as brax_networks
     from flax import linen
 
@@ -321,11 +326,24 @@ def brax_kwargs(c: pc.ContinuousPPOConfig, num_evals: int, eval_envs: int) -> di
                 num_minibatches=c.num_minibatches, num_updates_per_batch=c.update_epochs,
                 learning_rate=c.lr, entropy_cost=c.ent_coef, discounting=c.gamma,
                 gae_lambda=c.gae_lambda, clipping_epsilon=c.clip_eps,
-                max_grad_norm=c.grad_clip, normalize_observations=c.normalize_observations,
+                max_grad_norm=c.grad_clip, clipping_epsilon_value=c.clip_eps,
+                normalize_observations=c.normalize_observations,
                 reward_scaling=c.reward_scaling, vf_loss_coefficient=c.vf_coef,
                 normalize_advantage=c.normalize_advantages,
                 bootstrap_on_timeout=c.bootstrap_truncation, network_factory=factory,
                 num_evals=num_evals, num_eval_envs=eval_envs, deterministic_eval=False)
+
+
+def _clipped(env):
+    """``env`` with actions clipped to [-1, 1], as our adapter's callers clip them (brax's
+    Gaussian policy hands the environment unbounded samples)."""
+    from brax.envs.base import Wrapper
+
+    class ClipActions(Wrapper):
+        def step(self, state, action):
+            return self.env.step(state, jnp.clip(action, -1.0, 1.0))
+
+    return ClipActions(env)
 
 
 def run_brax(c: pc.ContinuousPPOConfig, seed: int, num_evals: int, eval_envs: int):
@@ -334,7 +352,8 @@ def run_brax(c: pc.ContinuousPPOConfig, seed: int, num_evals: int, eval_envs: in
 
     log: list[dict[str, Any]] = []
     with _replicated_standin():
-        brax_ppo.train(pc.make_env(c).env, seed=seed, **brax_kwargs(c, num_evals, eval_envs),
+        brax_ppo.train(_clipped(pc.make_env(c).env), seed=seed,
+                       **brax_kwargs(c, num_evals, eval_envs),
                        progress_fn=lambda step, m: log.append(dict(m)))
     rates = [float(m["training/sps"]) for m in log if "training/sps" in m][1:]
     return rates, float(log[-1]["eval/episode_reward"])
@@ -414,7 +433,8 @@ def cells(p: Mapping[str, Any]) -> list[runner.Cell]:
     for e in p["envs"]:
         for n, prec in physics_runs(p["physics"]):
             add(f"{e}_physics_e{n}_{prec}", physics_cell, e, n, prec)
-        add(f"{e}_random", random_cell, e)
+        if p.get("random"):
+            add(f"{e}_random", random_cell, e)
         for part, fn in (("speed", speed_cell), ("quality", quality_cell)):
             q = p.get(part) or {}
             for size in q.get("sizes", []):
