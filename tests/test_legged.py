@@ -125,13 +125,15 @@ class _Counter:
     def reset(self, rng):
         from brax.envs.base import State
 
-        z = jnp.zeros(())
-        return State(pipeline_state=z, obs=jnp.zeros(2), reward=z, done=z)
+        z = jnp.zeros(())  # a metric weakly typed, as brax's reset gives some
+        return State(pipeline_state=z, obs=jnp.zeros(2), reward=z, done=z,
+                     metrics={"steps": jnp.asarray(0.0)})
 
     def step(self, state, action):
         c = state.pipeline_state + 1.0
         return state.replace(pipeline_state=c, obs=jnp.stack([c, 10 * c]),
-                             reward=jnp.ones(()), done=(action[0] > 0.5).astype(jnp.float32))
+                             reward=jnp.ones(()), done=(action[0] > 0.5).astype(jnp.float32),
+                             metrics={"steps": c})
 
 
 def test_adapter_keeps_the_final_observation_and_splits_ends():
@@ -155,6 +157,7 @@ def test_adapter_keeps_the_final_observation_and_splits_ends():
                     ([0, 2], [3, 2], [True, False], [False, False]),
                     ([1, 0], [1, 3], [False, False], [False, True])]
     np.testing.assert_array_equal(np.asarray(final)[:, 1], 10 * np.asarray(final)[:, 0])
+    assert step._cache_size() == 1  # reset and step states agree: one compilation
 
 
 # ------------------------------------------------------------- brax ant on MJX physics
@@ -268,7 +271,12 @@ def test_go1_placeholder_meshes_leave_the_physics_unchanged(monkeypatch, tmp_pat
     np.testing.assert_array_equal(traj[0][0], traj[1][0])
     np.testing.assert_array_equal(traj[0][1], traj[1][1])
     assert traj[0][2] == traj[1][2] > 0  # the feet touch the floor
-    assert envs.Adapter(env, "Go1JoystickFlatTerrain", physics_field="data").obs_size == 48
+    # the adapter reads the policy's entry of Go1's dict observation ("state": 48 values)
+    go1 = envs.Adapter(env, "Go1JoystickFlatTerrain", episode_length=8, physics_field="data")
+    obs, state = jax.eval_shape(lambda k: go1.reset(k, 2), jax.random.key(0))
+    out = jax.eval_shape(go1.step, state, jax.ShapeDtypeStruct((2, 12), jnp.float32))
+    assert (go1.obs_size, go1.action_size, obs.shape) == (48, 12, (2, 48))
+    assert [x.shape for x in out[:1] + out[2:]] == [(2, 48), (2,), (2,), (2,), (2, 48)]
 
 
 # ---------------------------------------------------------------------------- the study

@@ -17,8 +17,8 @@ Playground (``full_reset=False``), an ended environment restarts from its cached
 
 Environments (:data:`ENVS`): brax's ant, humanoid, hopper, walker2d and halfcheetah
 (``backend``: ``"mjx"`` by default, or brax's ``"generalized"``, ``"positional"``,
-``"spring"``); MuJoCo Playground's ``Go1JoystickFlatTerrain`` and the dm_control suite's
-``HumanoidWalk``, on MJX's JAX implementation (``impl="jax"``; Playground's default is Warp).
+``"spring"``); MuJoCo Playground's ``Go1JoystickFlatTerrain`` on MJX's JAX implementation
+(``impl="jax"``; Playground's default is Warp).
 
 Go1's model reads its meshes from mujoco_menagerie, which Playground clones from GitHub at run
 time. In the feet-only Go1 model the meshes are visual only (no contacts: ``contype=0``,
@@ -50,7 +50,7 @@ import jax.numpy as jnp
 from flax import struct as flax_struct
 
 BRAX_ENVS = ("ant", "humanoid", "hopper", "walker2d", "halfcheetah")
-PLAYGROUND_ENVS = ("Go1JoystickFlatTerrain", "HumanoidWalk")
+PLAYGROUND_ENVS = ("Go1JoystickFlatTerrain",)
 ENVS = BRAX_ENVS + PLAYGROUND_ENVS
 BRAX_BACKENDS = ("mjx", "generalized", "positional", "spring")
 PRECISIONS = (None, "default", "high", "highest")
@@ -123,8 +123,8 @@ class Adapter:
         keys = jax.random.bits(key, (num_envs, 2), jnp.uint32)
         with jax.named_scope(PHYSICS_SCOPE), self._precision():
             s = self.wrapped.reset(keys)
-        s = s.replace(done=jnp.zeros(num_envs, jnp.float32),
-                      reward=jnp.zeros(num_envs, jnp.float32))
+        s = _strong(s.replace(done=jnp.zeros(num_envs, jnp.float32),
+                              reward=jnp.zeros(num_envs, jnp.float32)))
         return self._obs(s.obs), EnvState(s, s.obs, getattr(s, self.physics_field))
 
     def step(self, state: EnvState, action):
@@ -146,8 +146,15 @@ class Adapter:
         s = s.replace(**{self.physics_field: physics}, obs=raw_obs, info=info,
                       done=jnp.zeros_like(s.done, jnp.float32),
                       reward=s.reward.astype(jnp.float32))
-        return (self._obs(raw_obs), state.replace(inner=s), s.reward, terminated, truncated,
-                final_obs)
+        return (self._obs(raw_obs), state.replace(inner=_strong(s)), s.reward, terminated,
+                truncated, final_obs)
+
+
+def _strong(tree):
+    """``tree`` without weak types: brax's reset and step states differ in weak types (``done``
+    and some metrics), so a jitted step called on a reset state compiles a second time on its
+    own output."""
+    return jax.tree.map(lambda x: jax.lax.convert_element_type(x, jnp.result_type(x)), tree)
 
 
 def dot_precisions(lowered_text: str, scope: str = PHYSICS_SCOPE) -> dict[str, dict[str, int]]:

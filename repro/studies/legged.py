@@ -26,7 +26,7 @@ section, cells in this order (so a run cut short still holds what a verdict need
 * ``{env}_peer_brax`` -- brax's own PPO trainer (``brax.training.agents.ppo``) and ours
   (recipe ``tf32``: float32 weights, products at JAX's default precision, as brax's flax layers
   run them) at equal settings in this process: ``env_steps_per_s`` (brax: its per-epoch rate
-  after the first, compiling epoch; ours: a run after compiling) and ``eval_return`` (brax's
+  after the two epochs that compile; ours: a run after compiling) and ``eval_return`` (brax's
   evaluator: one episode per environment, stochastic policy; ours: the same with
   :func:`repro.models.ppo_continuous.make_evaluate`).
 
@@ -122,20 +122,20 @@ def random_record(p, env_name: str, ret, n: int, episode_length: int, profile: s
 
 
 def _loop_timing(env: envs.Adapter, num_envs: int, steps: int) -> dict[str, float]:
-    """The per-call way: a jitted batched step called from Python, ``steps`` times after
-    two timed warm-up calls (each may compile)."""
-    step = jax.jit(env.step)
-    _, state = jax.jit(lambda k: env.reset(k, num_envs))(jax.random.key(1))
+    """The per-call way: the raw environment's step, ``jax.jit(jax.vmap(step))``, called from
+    Python with zero actions, ``steps`` times after two timed warm-up calls (each of which
+    may compile)."""
+    step = jax.jit(jax.vmap(env.env.step))
+    state = jax.jit(jax.vmap(env.env.reset))(jax.random.split(jax.random.PRNGKey(1), num_envs))
     a = jnp.zeros((num_envs, env.action_size), jnp.float32)
     calls = []
     for _ in range(2):
         t0 = time.perf_counter()
-        _, state, *_ = step(state, a)
-        jax.block_until_ready(state)
+        state = jax.block_until_ready(step(state, a))
         calls.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
     for _ in range(steps):
-        _, state, *_ = step(state, a)
+        state = step(state, a)
     jax.block_until_ready(state)
     return {"first_call_s": calls[0], "second_call_s": calls[1],
             "loop_env_steps_per_s": steps * num_envs / (time.perf_counter() - t0)}
@@ -295,7 +295,8 @@ def _replicated_standin():
         return
 
     def device_put_replicated(x, devices):
-        return jax.tree.map(lambda a: jnp.stack([jnp.asarray(a)] * len(devices)), x)
+        stacked = jax.tree.map(lambda a: jnp.stack([jnp.asarray(a)] * len(devices)), x)
+        return jax.pmap(lambda t: t, devices=devices)(stacked)  # placed as pmap places them
 
     jax.device_put_replicated = device_put_replicated
     try:
@@ -308,7 +309,9 @@ def brax_kwargs(c: pc.ContinuousPPOConfig, num_evals: int, eval_envs: int) -> di
     """brax's ``ppo.train`` arguments equal to ``c``: one unroll of every environment per
     training step (``batch_size * num_minibatches = num_envs``), the same network sizes and
     a Gaussian policy with a learned state-independent log standard deviation, the value loss
-    clipped like ours."""
+    clipped like ours. At a time-limit end brax zeroes that step's TD error (its default; its
+    ``bootstrap_on_timeout`` wants an ``info["time_out"]`` that its wrappers do not set) where
+    ours bootstraps from the final observation."""
     from brax.training.agents.ppo import networks as brax_networks
     from flax import linen
 
@@ -330,7 +333,7 @@ def brax_kwargs(c: pc.ContinuousPPOConfig, num_evals: int, eval_envs: int) -> di
                 normalize_observations=c.normalize_observations,
                 reward_scaling=c.reward_scaling, vf_loss_coefficient=c.vf_coef,
                 normalize_advantage=c.normalize_advantages,
-                bootstrap_on_timeout=c.bootstrap_truncation, network_factory=factory,
+                network_factory=factory,
                 num_evals=num_evals, num_eval_envs=eval_envs, deterministic_eval=False)
 
 
@@ -347,7 +350,8 @@ def _clipped(env):
 
 
 def run_brax(c: pc.ContinuousPPOConfig, seed: int, num_evals: int, eval_envs: int):
-    """brax's PPO on ``c``: (rates of the epochs after the first, final eval return)."""
+    """brax's PPO on ``c``: (rates of the epochs after the second, final eval return). Its
+    first epoch compiles, and its second compiles again (seen on a CPU with JAX 0.11)."""
     from brax.training.agents.ppo import train as brax_ppo
 
     log: list[dict[str, Any]] = []
@@ -355,7 +359,10 @@ def run_brax(c: pc.ContinuousPPOConfig, seed: int, num_evals: int, eval_envs: in
         brax_ppo.train(_clipped(pc.make_env(c).env), seed=seed,
                        **brax_kwargs(c, num_evals, eval_envs),
                        progress_fn=lambda step, m: log.append(dict(m)))
-    rates = [float(m["training/sps"]) for m in log if "training/sps" in m][1:]
+    rates = [float(m["training/sps"]) for m in log if "training/sps" in m][2:]
+    if not rates:
+        raise ValueError(f"peer: evals={num_evals} leaves no brax epoch after the two that "
+                         "compile; use evals >= 4")
     return rates, float(log[-1]["eval/episode_reward"])
 
 
@@ -374,7 +381,7 @@ def run_ours(c: pc.ContinuousPPOConfig, seed: int, eval_envs: int):
 def peer_cell(p, env_name: str, profile: str):
     q = p["peer"]
     c = config(p, env_name, "peer", q.get("size", "brax"), q.get("recipe", "tf32"))
-    seeds, evals, eval_envs = list(q.get("seeds", [0])), int(q.get("evals", 4)), int(
+    seeds, evals, eval_envs = list(q.get("seeds", [0])), int(q.get("evals", 5)), int(
         q.get("eval_envs", 128))
     recs = []
     for seed in seeds:
