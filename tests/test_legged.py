@@ -144,7 +144,7 @@ def test_adapter_keeps_the_final_observation_and_splits_ends():
     go, end = [0.0, 0.0], [1.0, 0.0]
     rows = []
     for a in ([go, go], [end, go], [go, go], [go, go], [end, go], [go, go]):
-        obs, s, r, term, trunc, final = step(s, jnp.asarray(a))
+        obs, s, _, term, trunc, final = step(s, jnp.asarray(a))
         rows.append((np.asarray(obs)[:, 0].tolist(), np.asarray(final)[:, 0].tolist(),
                      np.asarray(term).tolist(), np.asarray(trunc).tolist()))
     # (obs, final obs) of the step counter, terminated, truncated. Env 0 ends itself at steps
@@ -315,7 +315,7 @@ def test_study_cells_come_in_verdict_order_and_check_names_the_culprit():
 
 def test_brax_peer_gets_equal_settings_and_a_replicated_standin():
     pytest.importorskip("brax")
-    from repro.studies import legged as L
+    from repro.models import brax_peer as L
 
     c = pc.validate({"num_envs": 64, "num_steps": 5, "num_minibatches": 8, "update_epochs": 3,
                      "total_timesteps": 64 * 5 * 6, "policy_sizes": (16,)})

@@ -121,7 +121,7 @@ def quality_table(df: pd.DataFrame, reps: int = 1000) -> pd.DataFrame:
     rows = []
     for (hw, size, width), g in fr.groupby(["hardware", "size", "width"]):
         part = pd.concat([g, q[(q.metric == "random_return") & (q.hardware == hw)]])
-        scores, envs, tidy = rl_analysis.normalised_scores(part, hw, REFERENCE, order=sorted(
+        scores, envs, _ = rl_analysis.normalised_scores(part, hw, REFERENCE, order=sorted(
             set(g.extra.map(lambda e: e["variant"]))))
         pairs = [(v, REFERENCE) for v in scores if v != REFERENCE]
         poi = stats.probability_of_improvement(scores, pairs, reps=reps).set_index("x")

@@ -6,13 +6,16 @@
 One :class:`~repro.studies.runner.Study`; per environment of ``params.yaml``'s ``legged``
 section, cells in this order (so a run cut short still holds what a verdict needs first):
 
-* ``{env}_physics_e{N}_{precision}`` -- the physics alone (random actions, no network):
-  ``physics_env_steps_per_s`` of a jitted ``lax.scan`` of steps (as training runs them) and
-  ``loop_env_steps_per_s`` of a jitted step called from Python, with the times of its first
-  and second calls (``first_call_s``, ``second_call_s``: a second call that compiles again
-  shows here: brax's reset state and step state differ in weak types, so a loop that warms up
-  with one call times a compilation). ``extra``: the physics' matmul precision (the setting,
-  JAX's global default, and the precisions of the lowered step's products).
+* ``{env}_physics_e{N}_{precision}`` -- the physics alone (uniform random actions, no
+  network): ``physics_env_steps_per_s`` of a jitted ``lax.scan`` of steps (as training runs
+  them; the reset is inside the timed program); at the sizes of ``loop_at`` also
+  ``loop_env_steps_per_s`` of brax's raw step as ``jax.jit(jax.vmap(step))`` called from
+  Python, after two timed calls (``first_call_s``, ``second_call_s``: brax's reset state and
+  step state differ in weak types, so the second call compiles again, and a loop timed after
+  one warm-up call divides a compilation by its number of steps). ``extra``: the physics'
+  matmul precision (the setting, JAX's global default, and the precisions of the lowered
+  step's products). Where ``steps`` covers a whole episode and there is no ``random`` cell,
+  also ``random_return``.
 * ``{env}_random`` -- ``random_return``: a uniform random policy's episode return (the floor of
   the normalised scores).
 * ``{env}_speed_{size}_{recipe}`` -- one seed, the whole PPO loop: ``env_steps_per_s``; and its
@@ -22,7 +25,11 @@ section, cells in this order (so a run cut short still holds what a verdict need
   number of environments. FP8 lowering facts mark an FP8 recipe that ran no FP8 GEMM as
   emulated.
 * ``{env}_quality_{size}_{recipe}`` -- ``final_return`` per seed (mean return of the episodes
-  completed over the last ``last_fraction`` of updates), seeds under ``jax.vmap``.
+  completed over the last ``last_fraction`` of updates), seeds under ``jax.vmap`` (or one after
+  the other with ``vmap_seeds: false``).
+
+``compiler_options`` (the smoke profile's) go to every compilation; records say which matmul
+precision the physics used.
 * ``{env}_peer_brax`` -- brax's own PPO trainer (``brax.training.agents.ppo``) and ours
   (recipe ``tf32``: float32 weights, products at JAX's default precision, as brax's flax layers
   run them) at equal settings in this process: ``env_steps_per_s`` (brax: its per-epoch rate
@@ -31,15 +38,12 @@ section, cells in this order (so a run cut short still holds what a verdict need
   :func:`repro.models.ppo_continuous.make_evaluate`).
 
 brax 0.14.2's trainer calls ``jax.device_put_replicated``, which JAX has removed;
-:func:`_replicated_standin` puts a stand-in on the ``jax`` module for the duration of the call
-(a leading device axis per leaf, which ``jax.pmap`` splits over the devices).
+:mod:`repro.models.brax_peer` puts a stand-in on the ``jax`` module for the duration of the call.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -49,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from repro import results
-from repro.models import envs, ppo
+from repro.models import brax_peer, envs, ppo
 from repro.models import ppo_continuous as pc
 from repro.precision.recipes import resolve
 from repro.studies import runner
@@ -283,89 +287,6 @@ def quality_cell(p, env_name: str, size: str, recipe: str, profile: str):
                "jax default"}) for i, s in enumerate(seeds)]
 
 
-# ------------------------------------------------------------------------- brax's PPO, a peer
-
-
-@contextlib.contextmanager
-def _replicated_standin():
-    """``jax.device_put_replicated`` (removed from JAX, called by brax 0.14.2's trainer) for
-    the duration: every leaf gets a leading axis of one copy per device."""
-    if hasattr(jax, "device_put_replicated"):
-        yield
-        return
-
-    def device_put_replicated(x, devices):
-        stacked = jax.tree.map(lambda a: jnp.stack([jnp.asarray(a)] * len(devices)), x)
-        return jax.pmap(lambda t: t, devices=devices)(stacked)  # placed as pmap places them
-
-    jax.device_put_replicated = device_put_replicated
-    try:
-        yield
-    finally:
-        del jax.device_put_replicated
-
-
-def brax_kwargs(c: pc.ContinuousPPOConfig, num_evals: int, eval_envs: int) -> dict[str, Any]:
-    """brax's ``ppo.train`` arguments equal to ``c``: one unroll of every environment per
-    training step (``batch_size * num_minibatches = num_envs``), the same network sizes and
-    a Gaussian policy with a learned state-independent log standard deviation, the value loss
-    clipped like ours. At a time-limit end brax zeroes that step's TD error (its default; its
-    ``bootstrap_on_timeout`` wants an ``info["time_out"]`` that its wrappers do not set) where
-    ours bootstraps from the final observation."""
-    from brax.training.agents.ppo import networks as brax_networks
-    from flax import linen
-
-    if c.num_envs % c.num_minibatches:
-        raise ValueError(f"peer: num_minibatches={c.num_minibatches} must divide "
-                         f"num_envs={c.num_envs} (brax's batch_size = num_envs / minibatches)")
-    factory = functools.partial(
-        brax_networks.make_ppo_networks, policy_hidden_layer_sizes=c.policy_sizes,
-        value_hidden_layer_sizes=c.value_sizes, activation=getattr(linen, c.activation),
-        distribution_type="normal", noise_std_type="log",
-        init_noise_std=float(np.exp(c.init_log_std)))
-    return dict(num_timesteps=c.total_timesteps, num_envs=c.num_envs,
-                episode_length=c.episode_length, action_repeat=c.action_repeat,
-                unroll_length=c.num_steps, batch_size=c.num_envs // c.num_minibatches,
-                num_minibatches=c.num_minibatches, num_updates_per_batch=c.update_epochs,
-                learning_rate=c.lr, entropy_cost=c.ent_coef, discounting=c.gamma,
-                gae_lambda=c.gae_lambda, clipping_epsilon=c.clip_eps,
-                max_grad_norm=c.grad_clip, clipping_epsilon_value=c.clip_eps,
-                normalize_observations=c.normalize_observations,
-                reward_scaling=c.reward_scaling, vf_loss_coefficient=c.vf_coef,
-                normalize_advantage=c.normalize_advantages,
-                network_factory=factory,
-                num_evals=num_evals, num_eval_envs=eval_envs, deterministic_eval=False)
-
-
-def _clipped(env):
-    """``env`` with actions clipped to [-1, 1], as our adapter's callers clip them (brax's
-    Gaussian policy hands the environment unbounded samples)."""
-    from brax.envs.base import Wrapper
-
-    class ClipActions(Wrapper):
-        def step(self, state, action):
-            return self.env.step(state, jnp.clip(action, -1.0, 1.0))
-
-    return ClipActions(env)
-
-
-def run_brax(c: pc.ContinuousPPOConfig, seed: int, num_evals: int, eval_envs: int):
-    """brax's PPO on ``c``: (rates of the epochs after the second, final eval return). Its
-    first epoch compiles, and its second compiles again (seen on a CPU with JAX 0.11)."""
-    from brax.training.agents.ppo import train as brax_ppo
-
-    log: list[dict[str, Any]] = []
-    with _replicated_standin():
-        brax_ppo.train(_clipped(pc.make_env(c).env), seed=seed,
-                       **brax_kwargs(c, num_evals, eval_envs),
-                       progress_fn=lambda step, m: log.append(dict(m)))
-    rates = [float(m["training/sps"]) for m in log if "training/sps" in m][2:]
-    if not rates:
-        raise ValueError(f"peer: evals={num_evals} leaves no brax epoch after the two that "
-                         "compile; use evals >= 4")
-    return rates, float(log[-1]["eval/episode_reward"])
-
-
 def run_ours(c: pc.ContinuousPPOConfig, seed: int, eval_envs: int):
     """Our PPO on ``c``, one seed: (env-steps/s of a run after compiling, eval return)."""
     env = pc.make_env(c)
@@ -385,7 +306,7 @@ def peer_cell(p, env_name: str, profile: str):
         q.get("eval_envs", 128))
     recs = []
     for seed in seeds:
-        brax_rates, brax_ret = run_brax(c, seed, evals, eval_envs)
+        brax_rates, brax_ret = brax_peer.run(c, seed, evals, eval_envs)
         ours_rate, ours_ret = run_ours(c, seed, eval_envs)
         sizes = {"env": env_name, "num_envs": c.num_envs, "num_steps": c.num_steps,
                  "total_timesteps": c.total_timesteps, "seed": seed,
