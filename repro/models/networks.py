@@ -2,6 +2,10 @@
 
 * :class:`MLPActorCritic` -- separate actor and critic towers of ``depth`` x ``width`` (any width
   up to 4096 and beyond), tanh by default, PPO gains (PureJaxRL / CleanRL).
+* :class:`GaussianActorCritic` -- continuous actions (legged robots): an actor tower giving the
+  mean of a diagonal Gaussian, a learned state-independent log standard deviation, and a
+  critic tower; the towers' hidden sizes are free (brax's 4 x 32 policy and 5 x 256 value,
+  MuJoCo Playground's 512-256-128), swish by default as in both.
 * :class:`CNNActorCritic` -- ``kind="minatar"``: one 3x3 conv (16 channels) on MinAtar's 10x10xC
   frames, a 128-wide Dense, actor and critic heads (the MinAtar paper's network).
   ``kind="large"``: the Nature-DQN conv stack (32x8x8/4, 64x4x4/2, 64x3x3/1, Dense 512) for
@@ -39,7 +43,7 @@ from repro.precision import layers
 from repro.precision.recipes import Recipe, resolve
 
 NETWORKS = ("mlp", "cnn", "cnn-large")
-ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
+ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "swish": nn.swish}
 
 
 def io_recipe(recipe: Recipe | str) -> Recipe:
@@ -74,7 +78,8 @@ def conv(features: int, kernel: int, stride: int, recipe: Recipe, name: str | No
 
 
 class Tower(nn.Module):
-    """``depth`` hidden Dense layers of ``width`` then an output Dense of ``out``."""
+    """``depth`` hidden Dense layers of ``width`` then an output Dense of ``out``; ``sizes``
+    (one width per hidden layer), when given, replaces ``width`` and ``depth``."""
 
     width: int
     depth: int
@@ -84,12 +89,13 @@ class Tower(nn.Module):
     last: Recipe
     out_scale: float = 1.0
     activation: str = "tanh"
+    sizes: tuple[int, ...] = ()
 
     @nn.compact
     def __call__(self, x):
         act = ACTIVATIONS[self.activation]
-        for i in range(self.depth):
-            x = act(dense(self.width, self.first if i == 0 else self.recipe, math.sqrt(2),
+        for i, w in enumerate(self.sizes or (self.width,) * self.depth):
+            x = act(dense(w, self.first if i == 0 else self.recipe, math.sqrt(2),
                           name=f"hidden_{i}")(x))
         return dense(self.out, self.last, self.out_scale, name="out")(x)
 
@@ -121,6 +127,42 @@ class MLPActorCritic(nn.Module):
 
     def value(self, obs):
         return self.critic(self._flat(obs))[..., 0].astype(jnp.float32)
+
+
+class GaussianActorCritic(nn.Module):
+    """Continuous-action actor-critic: ``(mean [..., A], log_std [..., A]), value [...]``.
+
+    The actor tower (``policy_sizes``) gives the Gaussian's mean; ``log_std`` is one learned
+    parameter per action dimension (not a function of the observation), starting at
+    ``init_log_std``; the critic tower (``value_sizes``) gives the value. Layers and scope as
+    :class:`MLPActorCritic` (first layer and heads in the compute dtype for quantized recipes
+    of scope "default"); the log standard deviation is a parameter, not a GEMM.
+    """
+
+    action_size: int
+    recipe: Recipe | str = "fp32"
+    policy_sizes: tuple[int, ...] = (32, 32, 32, 32)
+    value_sizes: tuple[int, ...] = (256, 256, 256, 256, 256)
+    activation: str = "swish"
+    init_log_std: float = 0.0
+
+    def setup(self):
+        r = resolve(self.recipe)
+        io = io_recipe(r)
+        self.actor = Tower(0, 0, self.action_size, r, io, io, 0.01, self.activation,
+                           tuple(self.policy_sizes))
+        self.critic = Tower(0, 0, 1, r, io, io, 1.0, self.activation, tuple(self.value_sizes))
+        self.log_std = self.param("log_std", nn.initializers.constant(self.init_log_std),
+                                  (self.action_size,))
+
+    def __call__(self, obs):
+        x = jnp.asarray(obs, jnp.float32)
+        mean = self.actor(x).astype(jnp.float32)
+        log_std = jnp.broadcast_to(jnp.asarray(self.log_std, jnp.float32), mean.shape)
+        return (mean, log_std), self.critic(x)[..., 0].astype(jnp.float32)
+
+    def value(self, obs):
+        return self.critic(jnp.asarray(obs, jnp.float32))[..., 0].astype(jnp.float32)
 
 
 class CNNActorCritic(nn.Module):

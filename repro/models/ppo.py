@@ -148,26 +148,21 @@ def valid_envs() -> list[str]:
     return list(gymnax.registered_envs)
 
 
-def validate(config: Mapping[str, Any] | PPOConfig, mesh=None) -> PPOConfig:
-    """The config as a PPOConfig, or a one-line ValueError (nothing is traced here). With a
-    ``mesh``: the environments and each minibatch must divide over its batch devices."""
-    c = PPOConfig.from_dict(config)
-    envs = valid_envs()
-    if c.env not in envs:
-        raise ValueError(f"unknown env {c.env!r}; valid envs: {', '.join(envs)}")
+def check_common(c: PPOConfig, positive: tuple[str, ...] = ()) -> None:
+    """The checks every PPO configuration shares (recipe, activation, prng, counts >= 1 --
+    ``positive`` names more --, minibatches dividing the batch, at least one update): a
+    one-line ValueError."""
     try:
         resolve(c.recipe)  # a registry name or a variant 'base:field=value,...'
     except ValueError as e:
         raise ValueError(" ".join(str(e).split())) from None
-    if c.network not in networks.NETWORKS:
-        raise ValueError(f"unknown network {c.network!r}; valid: {', '.join(networks.NETWORKS)}")
     if c.activation not in networks.ACTIVATIONS:
         raise ValueError(f"unknown activation {c.activation!r}; valid: "
                          f"{', '.join(networks.ACTIVATIONS)}")
     if c.prng not in PRNGS:
         raise ValueError(f"unknown prng {c.prng!r}; valid: {', '.join(PRNGS)}")
     for name in ("num_envs", "num_steps", "update_epochs", "num_minibatches", "unroll",
-                 "update_unroll"):
+                 "update_unroll") + tuple(positive):
         if getattr(c, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(c, name)}")
     if c.batch_size % c.num_minibatches:
@@ -176,6 +171,18 @@ def validate(config: Mapping[str, Any] | PPOConfig, mesh=None) -> PPOConfig:
     if c.num_updates < 1:
         raise ValueError(f"total_timesteps={c.total_timesteps} is less than one update "
                          f"(num_envs*num_steps={c.batch_size})")
+
+
+def validate(config: Mapping[str, Any] | PPOConfig, mesh=None) -> PPOConfig:
+    """The config as a PPOConfig, or a one-line ValueError (nothing is traced here). With a
+    ``mesh``: the environments and each minibatch must divide over its batch devices."""
+    c = PPOConfig.from_dict(config)
+    envs = valid_envs()
+    if c.env not in envs:
+        raise ValueError(f"unknown env {c.env!r}; valid envs: {', '.join(envs)}")
+    if c.network not in networks.NETWORKS:
+        raise ValueError(f"unknown network {c.network!r}; valid: {', '.join(networks.NETWORKS)}")
+    check_common(c)
     if mesh is not None:
         n = sharding.data_size(mesh)
         for name, size in (("num_envs", c.num_envs), ("minibatch_size", c.minibatch_size)):
@@ -267,9 +274,22 @@ class Transition(NamedTuple):
     done: jax.Array
 
 
-def ppo_loss(logits, values, batch: Transition, advantages, targets, c: PPOConfig):
-    """PureJaxRL's clipped PPO loss (value clipping included); float32 throughout."""
-    log_prob = categorical_log_prob(logits, batch.action)
+class Policy(NamedTuple):
+    """A policy's action distribution, from the network's policy output: ``log_prob(out,
+    actions)`` and ``entropy(out)`` (per sample, float32)."""
+
+    log_prob: Callable
+    entropy: Callable
+
+
+CATEGORICAL = Policy(categorical_log_prob, categorical_entropy)
+
+
+def ppo_loss(logits, values, batch: Transition, advantages, targets, c: PPOConfig,
+             policy: Policy = CATEGORICAL):
+    """PureJaxRL's clipped PPO loss (value clipping included); float32 throughout.
+    ``logits``: the network's policy output, read by ``policy`` (categorical by default)."""
+    log_prob = policy.log_prob(logits, batch.action)
     v_clipped = batch.value + jnp.clip(values - batch.value, -c.clip_eps, c.clip_eps)
     value_loss = 0.5 * jnp.mean(jnp.maximum(jnp.square(values - targets),
                                             jnp.square(v_clipped - targets)))
@@ -278,7 +298,7 @@ def ppo_loss(logits, values, batch: Transition, advantages, targets, c: PPOConfi
     ratio = jnp.exp(log_prob - batch.log_prob)
     actor_loss = -jnp.mean(jnp.minimum(
         ratio * advantages, jnp.clip(ratio, 1 - c.clip_eps, 1 + c.clip_eps) * advantages))
-    entropy = jnp.mean(categorical_entropy(logits))
+    entropy = jnp.mean(policy.entropy(logits))
     return actor_loss + c.vf_coef * value_loss - c.ent_coef * entropy
 
 
@@ -332,14 +352,16 @@ def place_update_args(mesh, variables, opt_state, traj, advantages, targets, key
     return (put_rep(variables), put_rep(opt_state), *rollout, jax.device_put(key, rep))
 
 
-def make_update_step(c: PPOConfig, network, tx, shard: Callable | None = None, mesh=None):
+def make_update_step(c: PPOConfig, network, tx, shard: Callable | None = None, mesh=None,
+                     policy: Policy = CATEGORICAL):
     """One PPO update (``update_epochs`` x ``num_minibatches`` gradient steps) on a rollout.
 
     ``(variables, opt_state, traj: Transition [T, N, ...], advantages, targets, key) ->
     (variables, opt_state)``. Used by ``make_train`` and timed alone by the throughput study.
     ``shard(tree, axis)``: optional sharding constraint on the batch axis ``axis`` of every
     leaf (data parallelism; ``mesh`` builds it); each minibatch is split by it. Place its
-    inputs with :func:`place_update_args` and ``jax.jit`` it.
+    inputs with :func:`place_update_args` and ``jax.jit`` it. ``policy``: the action
+    distribution the loss reads from the network's policy output (categorical by default).
     """
     from repro.precision import layers
 
@@ -355,7 +377,7 @@ def make_update_step(c: PPOConfig, network, tx, shard: Callable | None = None, m
 
         def loss_fn(v):
             logits, values = network.apply(v, batch.obs)
-            return ppo_loss(logits, values, batch, adv, tgt, c) * scale
+            return ppo_loss(logits, values, batch, adv, tgt, c, policy) * scale
 
         grads = jax.grad(loss_fn)(variables)
         variables, opt_state = layers.apply_gradients(variables, grads, tx, opt_state)
@@ -380,6 +402,34 @@ def make_update_step(c: PPOConfig, network, tx, shard: Callable | None = None, m
         return variables, opt_state
 
     return update
+
+
+def learn(c: PPOConfig, update_step, critic, variables, opt_state, traj: Transition, boot,
+          last_obs, key):
+    """One PPO update from a rollout ``traj [T, N, ...]``: the truncation bootstrap (``boot``:
+    final observations, terminated, truncated; used when ``c.bootstrap_truncation``), GAE
+    from ``critic(variables, last_obs)``, then ``update_step``. Returns (variables,
+    opt_state)."""
+    if c.bootstrap_truncation:
+        traj = traj._replace(reward=bootstrap_rollout(
+            lambda o: critic(variables, o), traj.reward, *boot, c.gamma))
+    last_value = critic(variables, last_obs)
+    adv, targets = compute_gae(traj.reward, traj.value, traj.done, last_value,
+                               c.gamma, c.gae_lambda)
+    return update_step(variables, opt_state, traj, adv, targets, key)
+
+
+def update_metrics(done, finished, variables, opt_state) -> dict[str, jax.Array]:
+    """The per-update scalars :func:`make_train` returns, from a rollout's episode ends
+    ``done [T, N]`` and the returns of the episodes they finished (``finished``, 0 elsewhere)."""
+    n = jnp.sum(done)
+    return {
+        "episode_return": jnp.where(n > 0, jnp.sum(finished) / jnp.maximum(n, 1), jnp.nan),
+        "episodes": n.astype(jnp.int32),
+        "skipped": optim.skipped_steps(opt_state),
+        "loss_scale": optim.loss_scale(opt_state),
+        "nonfinite_params": jnp.logical_not(optim.all_finite(variables["params"])),
+    }
 
 
 def make_train(config: Mapping[str, Any] | PPOConfig, mesh=None, shard: Callable | None = None):
@@ -447,23 +497,10 @@ def make_train(config: Mapping[str, Any] | PPOConfig, mesh=None, shard: Callable
                 jax.lax.scan(env_step, (variables, env_state, obs, ep_ret, rng), None,
                              c.num_steps, unroll=c.unroll))
             traj, done, finished, boot = shard((traj, done, finished, boot), 1)
-            if c.bootstrap_truncation:
-                traj = traj._replace(reward=bootstrap_rollout(
-                    lambda o: critic(variables, o), traj.reward, *boot, c.gamma))
-            last_value = critic(variables, obs)
-            adv, targets = compute_gae(traj.reward, traj.value, traj.done, last_value,
-                                       c.gamma, c.gae_lambda)
             rng, k_upd = jax.random.split(rng)
-            variables, opt_state = update_step(variables, opt_state, traj, adv, targets, k_upd)
-            n = jnp.sum(done)
-            metrics = {
-                "episode_return": jnp.where(n > 0, jnp.sum(finished) / jnp.maximum(n, 1),
-                                            jnp.nan),
-                "episodes": n.astype(jnp.int32),
-                "skipped": optim.skipped_steps(opt_state),
-                "loss_scale": optim.loss_scale(opt_state),
-                "nonfinite_params": jnp.logical_not(optim.all_finite(variables["params"])),
-            }
+            variables, opt_state = learn(c, update_step, critic, variables, opt_state, traj,
+                                         boot, obs, k_upd)
+            metrics = update_metrics(done, finished, variables, opt_state)
             return (variables, opt_state, env_state, obs, ep_ret, rng), metrics
 
         carry = (variables, opt_state, env_state, obs, ep_ret, rng)

@@ -25,6 +25,7 @@ EXPERIMENTS: dict[str, str] = {
     "multigpu": "repro.studies.multigpu",
     "rl_purejaxrl": "repro.studies.purejaxrl",
     "inference": "repro.studies.inference",
+    "legged": "repro.studies.legged",
 }
 # `repro trace`: studies whose parameters come from the command line.
 TRACES: dict[str, str] = {"kernel_times": "repro.studies.kernel_times"}

@@ -1,0 +1,376 @@
+"""Legged-robot PPO on MuJoCo MJX physics (claim A11): physics speed, FP8 speed, FP8 quality.
+
+    repro record legged --profile full                     # every cell, resumable
+    repro record legged --profile full --only 'ant_physics*' 'ant_speed_*'
+
+One :class:`~repro.studies.runner.Study`; per environment of ``params.yaml``'s ``legged``
+section, cells in this order (so a run cut short still holds what a verdict needs first):
+
+* ``{env}_physics_e{N}_{precision}`` -- the physics alone (uniform random actions, no
+  network): ``physics_env_steps_per_s`` of a jitted ``lax.scan`` of steps (as training runs
+  them; the reset is inside the timed program); at the sizes of ``loop_at`` also
+  ``loop_env_steps_per_s`` of brax's raw step as ``jax.jit(jax.vmap(step))`` called from
+  Python, after two timed calls (``first_call_s``, ``second_call_s``: brax's reset state and
+  step state differ in weak types, so the second call compiles again, and a loop timed after
+  one warm-up call divides a compilation by its number of steps). ``extra``: the physics'
+  matmul precision (the setting, JAX's global default, and the precisions of the lowered
+  step's products). Where ``steps`` covers a whole episode and there is no ``random`` cell,
+  also ``random_return``.
+* ``{env}_random`` -- ``random_return``: a uniform random policy's episode return (the floor of
+  the normalised scores).
+* ``{env}_speed_{size}_{recipe}`` -- one seed, the whole PPO loop: ``env_steps_per_s``; and its
+  parts timed as separate programs: ``policy_ms_per_update`` (the rollout's network work:
+  ``num_steps`` policy steps on a fixed batch), ``update_ms`` (the PPO update on a rollout-shaped
+  batch) and ``loop_ms_per_update``; the physics' share comes from the physics cell at the same
+  number of environments. FP8 lowering facts mark an FP8 recipe that ran no FP8 GEMM as
+  emulated.
+* ``{env}_quality_{size}_{recipe}`` -- ``final_return`` per seed (mean return of the episodes
+  completed over the last ``last_fraction`` of updates), seeds under ``jax.vmap`` (or one after
+  the other with ``vmap_seeds: false``).
+
+``compiler_options`` (the smoke profile's) go to every compilation; records say which matmul
+precision the physics used.
+* ``{env}_peer_brax`` -- brax's own PPO trainer (``brax.training.agents.ppo``) and ours
+  (recipe ``tf32``: float32 weights, products at JAX's default precision, as brax's flax layers
+  run them) at equal settings in this process: ``env_steps_per_s`` (brax: its per-epoch rate
+  after the two epochs that compile; ours: a run after compiling) and ``eval_return`` (brax's
+  evaluator: one episode per environment, stochastic policy; ours: the same with
+  :func:`repro.models.ppo_continuous.make_evaluate`).
+
+brax 0.14.2's trainer calls ``jax.device_put_replicated``, which JAX has removed;
+:mod:`repro.models.brax_peer` puts a stand-in on the ``jax`` module for the duration of the call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from repro import results
+from repro.models import brax_peer, envs, ppo
+from repro.models import ppo_continuous as pc
+from repro.precision.recipes import resolve
+from repro.studies import runner
+from repro.studies.timing import compiled_facts, recipe_emulated, time_fn
+
+EXPERIMENT = "legged"
+CLAIMS = ("A11",)
+
+
+def config(p: Mapping[str, Any], env: str, part: str, size: str | None = None,
+           recipe: str = "fp32", **over) -> pc.ContinuousPPOConfig:
+    """The PPO configuration of a cell: ``ppo`` of the section, then the env's overrides,
+    the part's (``speed``, ``quality``, ``peer``) ``ppo``, the size's layer widths, ``over``."""
+    part_p = p.get(part) or {}
+    sizes = p["sizes"][size] if size is not None else {}
+    return pc.validate({**dict(p.get("ppo") or {}), **dict(p["envs"][env] or {}),
+                        **dict(part_p.get("ppo") or {}), **dict(sizes), "env": env,
+                        "recipe": recipe, **over})
+
+
+def compile_(p: Mapping[str, Any], fn, *args):
+    """``(compiled fn, compile seconds)`` with the section's ``compiler_options`` (the smoke
+    profile lowers XLA's CPU optimisation: an MJX program compiles about twice as fast)."""
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile(
+        compiler_options=dict(p.get("compiler_options") or {}) or None)
+    return compiled, time.perf_counter() - t0
+
+
+def matmul_facts(env: envs.Adapter, num_envs: int) -> dict[str, Any]:
+    """Which precision the physics' products use: the setting, JAX's global default, and
+    the precisions of the lowered (batched) step's products."""
+    _, state = jax.eval_shape(lambda k: env.reset(k, num_envs), jax.random.key(0))
+    action = jax.ShapeDtypeStruct((num_envs, env.action_size), jnp.float32)
+    text = jax.jit(env.step).lower(state, action).as_text(debug_info=True)
+    return {"physics_precision": env.physics_precision or "jax default",
+            "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
+            "physics_dot_precisions": envs.dot_precisions(text)[envs.PHYSICS_SCOPE],
+            "backend": jax.default_backend()}
+
+
+def physics_rollout(env: envs.Adapter, num_envs: int, steps: int):
+    """``run(key) -> (returns, ended)``: reset, then ``steps`` physics steps with uniform random
+    actions in one ``lax.scan`` (no network); the return of each environment's first episode
+    and whether it ended within the steps (a random policy's return, the score floor)."""
+    def run(key):
+        k_env, key = jax.random.split(key)
+        _, state = env.reset(k_env, num_envs)
+
+        def body(carry, _):
+            state, ret, alive, key = carry
+            key, k = jax.random.split(key)
+            a = jax.random.uniform(k, (num_envs, env.action_size), minval=-1.0, maxval=1.0)
+            _, state, r, term, trunc, _ = env.step(state, a)
+            return (state, ret + r * alive, alive * (1.0 - (term | trunc)), key), None
+
+        init = (state, jnp.zeros(num_envs), jnp.ones(num_envs), key)
+        (_, ret, alive, _), _ = jax.lax.scan(body, init, None, steps)
+        return ret, alive == 0
+
+    return run
+
+
+def random_record(p, env_name: str, ret, n: int, episode_length: int, profile: str):
+    return results.make_record(
+        EXPERIMENT, "random_return", float(np.mean(ret)), "return", claims=list(CLAIMS),
+        sizes={"env": env_name, "variant": "random"}, spread=float(np.std(ret)),
+        profile=profile, extra={"policy": "uniform random in [-1, 1]", "num_envs": n,
+                                "episode_length": episode_length})
+
+
+def _loop_timing(env: envs.Adapter, num_envs: int, steps: int) -> dict[str, float]:
+    """The per-call way: the raw environment's step, ``jax.jit(jax.vmap(step))``, called from
+    Python with zero actions, ``steps`` times after two timed warm-up calls (each of which
+    may compile)."""
+    step = jax.jit(jax.vmap(env.env.step))
+    state = jax.jit(jax.vmap(env.env.reset))(jax.random.split(jax.random.PRNGKey(1), num_envs))
+    a = jnp.zeros((num_envs, env.action_size), jnp.float32)
+    calls = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        state = jax.block_until_ready(step(state, a))
+        calls.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        state = step(state, a)
+    jax.block_until_ready(state)
+    return {"first_call_s": calls[0], "second_call_s": calls[1],
+            "loop_env_steps_per_s": steps * num_envs / (time.perf_counter() - t0)}
+
+
+def physics_cell(p, env_name: str, num_envs: int, precision: str, profile: str):
+    q = p["physics"]
+    c = config(p, env_name, "physics", physics_precision=None if precision == "default"
+               else precision)
+    env = pc.make_env(c)
+    steps, repeats = int(q["steps"]), int(q["repeats"])
+    key = jax.random.key(0)
+    compiled, compile_s = compile_(p, physics_rollout(env, num_envs, steps), key)
+    t = time_fn(compiled, key, repeats=repeats, warmup=1)
+    rate = steps * num_envs / np.asarray(t.samples)
+    loop = _loop_timing(env, num_envs, steps) if num_envs in q.get("loop_at", []) else {}
+    sizes = {"env": env_name, "num_envs": num_envs, "steps": steps, "backend": c.backend,
+             "precision": precision}
+    extra = {**matmul_facts(env, num_envs), "compile_s": compile_s,
+             "samples_s": list(t.samples), "note": "uniform random actions, reset included"}
+    common = dict(claims=list(CLAIMS), sizes=sizes, profile=profile, extra=extra)
+    q1, q3 = np.percentile(rate, [25, 75])
+    recs = [results.make_record(EXPERIMENT, "physics_env_steps_per_s", steps * num_envs
+                                / t.median_s, "steps/s", repeats=repeats,
+                                spread=float(q3 - q1), **common)]
+    units = {"loop_env_steps_per_s": "steps/s", "first_call_s": "s", "second_call_s": "s"}
+    recs += [results.make_record(EXPERIMENT, m, loop[m], u, **common)
+             for m, u in units.items() if m in loop]
+    ret, ended = jax.device_get(compiled(key))
+    if ended.all() and not p.get("random"):  # every first episode ended: the random floor
+        recs.append(random_record(p, env_name, ret, num_envs, c.episode_length, profile))
+    return recs
+
+
+def random_cell(p, env_name: str, profile: str):
+    """A uniform random policy's mean episode return (first episode of each environment)."""
+    c = config(p, env_name, "quality")
+    n = int(p["random"].get("num_envs", 64))
+    key = jax.random.key(0)
+    compiled, _ = compile_(p, physics_rollout(pc.make_env(c), n, c.episode_length), key)
+    ret, _ = jax.device_get(compiled(key))
+    return [random_record(p, env_name, ret, n, c.episode_length, profile)]
+
+
+def _emulated(recipe: str, compiled) -> tuple[bool, dict[str, Any]]:
+    facts = compiled_facts(compiled)
+    return bool(recipe_emulated(resolve(recipe), facts["fp8_lowering"])), facts
+
+
+def speed_parts(p, c: pc.ContinuousPPOConfig, env: envs.Adapter, repeats: int):
+    """Median seconds of the policy's rollout work (``num_steps`` steps) and of one update,
+    each as its own program, and the update's compiled facts."""
+    network = pc.build_network(c, env.action_size)
+    tx = ppo.make_optimizer(c)
+    variables, opt_state = pc.init_state(c, network, env.obs_size, tx, jax.random.key(1))
+    obs = jax.random.normal(jax.random.key(2), (c.num_envs, env.obs_size))
+    act = pc.make_act(c, network)
+
+    def policy(variables, obs, key):
+        def body(key, _):
+            key, k = jax.random.split(key)
+            return key, act(variables, obs, k)
+        return jax.lax.scan(body, key, None, c.num_steps)[1]
+
+    pol, _ = compile_(p, policy, variables, obs, jax.random.key(3))
+    t_pol = time_fn(pol, variables, obs, jax.random.key(3), repeats=repeats)
+    shape = (c.num_steps, c.num_envs)
+    ks = jax.random.split(jax.random.key(4), 4)
+    traj = ppo.Transition(
+        jax.random.normal(ks[0], shape + (env.obs_size,)),
+        jax.random.normal(ks[1], shape + (env.action_size,)),
+        jnp.zeros(shape), jax.random.normal(ks[2], shape), jnp.zeros(shape),
+        jnp.zeros(shape, bool))
+    args = (variables, opt_state, traj, jax.random.normal(ks[3], shape),
+            jax.random.normal(ks[3], shape), jax.random.key(5))
+    compiled, _ = compile_(p, ppo.make_update_step(c, network, tx, policy=pc.GAUSSIAN), *args)
+    t_upd = time_fn(compiled, *args, repeats=repeats)
+    return t_pol.median_s, t_upd, compiled
+
+
+def speed_cell(p, env_name: str, size: str, recipe: str, profile: str):
+    q = p["speed"]
+    n, updates, repeats = int(q["num_envs"]), int(q["updates"]), int(q["repeats"])
+    c = config(p, env_name, "speed", size, recipe, num_envs=n)
+    c = dataclasses.replace(c, total_timesteps=c.batch_size * updates)
+    env = pc.make_env(c)
+    key = jax.random.key(0)
+    compiled, compile_s = compile_(p, pc.make_train(c, env), key)
+    t = time_fn(compiled, key, repeats=repeats, warmup=1)
+    policy_s, t_upd, upd = speed_parts(p, c, env, repeats)
+    emulated, facts = _emulated(recipe, upd)
+    steps = c.num_updates * c.batch_size
+    sizes = {"env": env_name, "size": size, "num_envs": n, "num_steps": c.num_steps,
+             "updates": c.num_updates, "policy_sizes": list(c.policy_sizes),
+             "value_sizes": list(c.value_sizes), "width": max(c.policy_sizes + c.value_sizes)}
+    extra = {"compile_s": compile_s, "samples_s": list(t.samples),
+             "fp8_lowering": facts["fp8_lowering"], "fp8_gemm_calls": facts["fp8_gemm_calls"],
+             "update_memory_bytes": facts["memory_bytes"],
+             "update_samples_ms": [x * 1e3 for x in t_upd.samples],
+             "jax_default_matmul_precision": jax.config.jax_default_matmul_precision}
+    common = dict(claims=list(CLAIMS), recipe=recipe, sizes=sizes, repeats=repeats,
+                  emulated=emulated, profile=profile, extra=extra)
+    rate = steps / np.asarray(t.samples)
+    q1, q3 = np.percentile(rate, [25, 75])
+    per_update = {"loop_ms_per_update": t.median_s / c.num_updates * 1e3,
+                  "policy_ms_per_update": policy_s * 1e3, "update_ms": t_upd.median_s * 1e3}
+    return ([results.make_record(EXPERIMENT, "env_steps_per_s", steps / t.median_s, "steps/s",
+                                 spread=float(q3 - q1), **common)]
+            + [results.make_record(EXPERIMENT, m, v, "ms", **common)
+               for m, v in per_update.items()])
+
+
+def quality_cell(p, env_name: str, size: str, recipe: str, profile: str):
+    from repro.studies.rl_quality import _curve
+
+    q = p["quality"]
+    c = config(p, env_name, "quality", size, recipe)
+    seeds = list(range(int(q["seeds"])))
+    keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
+    t0 = time.perf_counter()
+    if q.get("vmap_seeds", True):  # all seeds in one program
+        train, _ = compile_(p, jax.vmap(pc.make_train(c)), keys)
+        m = jax.device_get(train(keys))
+    else:  # one seed's program, run per seed (a CPU smoke compiles half as much)
+        train, _ = compile_(p, pc.make_train(c), keys[0])
+        runs = [jax.device_get(train(k)) for k in keys]
+        m = {k: np.stack([r[k] for r in runs]) for k in runs[0]}
+    m = {k: np.asarray(v) for k, v in m.items()}
+    wall = time.perf_counter() - t0
+    last = float(p.get("last_fraction", 0.1))
+    final = ppo.final_return(m, last)
+    r = resolve(recipe)
+    sizes = {"env": env_name, "size": size, "variant": recipe, "num_envs": c.num_envs,
+             "total_timesteps": c.total_timesteps, "seeds": len(seeds),
+             "width": max(c.policy_sizes + c.value_sizes)}
+    from repro.precision import ops
+
+    return [results.make_record(
+        EXPERIMENT, "final_return", final[i], "return", claims=list(CLAIMS), recipe=r.family,
+        sizes={**sizes, "seed": s}, emulated=bool(ops.is_emulated(r)), profile=profile,
+        extra={"variant": recipe, "curve": _curve(m["episode_return"][i]),
+               "diverged": bool(m["nonfinite_params"][i, -1]),
+               "skipped_steps": int(m["skipped"][i, -1]), "last_fraction": last,
+               "wall_s_all_seeds_with_compile": wall, "physics_precision": c.physics_precision or
+               "jax default"}) for i, s in enumerate(seeds)]
+
+
+def run_ours(c: pc.ContinuousPPOConfig, seed: int, eval_envs: int):
+    """Our PPO on ``c``, one seed: (env-steps/s of a run after compiling, eval return)."""
+    env = pc.make_env(c)
+    train = pc.make_train(c, env, final_state=True)
+    run = jax.jit(train).lower(jax.random.key(seed)).compile()
+    t0 = time.perf_counter()
+    _, (variables, stats) = jax.block_until_ready(run(jax.random.key(seed)))
+    rate = c.num_updates * c.batch_size / (time.perf_counter() - t0)
+    evaluate = jax.jit(pc.make_evaluate(c, env, train.network, eval_envs))
+    return rate, float(np.mean(evaluate(variables, stats, jax.random.key(seed + 1))))
+
+
+def peer_cell(p, env_name: str, profile: str):
+    q = p["peer"]
+    c = config(p, env_name, "peer", q.get("size", "brax"), q.get("recipe", "tf32"))
+    seeds, evals, eval_envs = list(q.get("seeds", [0])), int(q.get("evals", 5)), int(
+        q.get("eval_envs", 128))
+    recs = []
+    for seed in seeds:
+        brax_rates, brax_ret = brax_peer.run(c, seed, evals, eval_envs)
+        ours_rate, ours_ret = run_ours(c, seed, eval_envs)
+        sizes = {"env": env_name, "num_envs": c.num_envs, "num_steps": c.num_steps,
+                 "total_timesteps": c.total_timesteps, "seed": seed,
+                 "policy_sizes": list(c.policy_sizes), "value_sizes": list(c.value_sizes)}
+        for impl, rate, ret, extra in (
+                ("brax", float(np.median(brax_rates)), brax_ret,
+                 {"epoch_rates": brax_rates, "trainer": "brax.training.agents.ppo.train"}),
+                ("repro", ours_rate, ours_ret, {"recipe": c.recipe})):
+            common = dict(claims=list(CLAIMS), recipe=c.recipe, profile=profile,
+                          sizes={**sizes, "impl": impl}, extra={**extra, "eval_envs": eval_envs})
+            recs += [results.make_record(EXPERIMENT, "env_steps_per_s", rate, "steps/s",
+                                         **common),
+                     results.make_record(EXPERIMENT, "eval_return", ret, "return", **common)]
+    return recs
+
+
+# ------------------------------------------------------------------------------ the study
+
+
+def check(p: Mapping[str, Any]) -> None:
+    """Every cell's configuration, before the first cell runs (one-line ValueError)."""
+    for env_name in p["envs"]:
+        config(p, env_name, "physics")
+        for part in ("speed", "quality"):
+            for size in (p.get(part) or {}).get("sizes", []):
+                if size not in p["sizes"]:
+                    raise ValueError(f"legged.{part}.sizes: unknown size {size!r}; valid: "
+                                     f"{', '.join(p['sizes'])}")
+                for recipe in p[part]["recipes"]:
+                    config(p, env_name, part, size, recipe)
+        if p.get("peer"):
+            config(p, env_name, "peer", p["peer"].get("size", "brax"),
+                   p["peer"].get("recipe", "tf32"))
+
+
+def physics_runs(q: Mapping[str, Any]) -> list[tuple[int, str]]:
+    """(num_envs, precision) of the physics cells: every ``num_envs`` at the first precision,
+    the others at the sizes of ``precision_at`` (default: all)."""
+    first, *others = q["precisions"]
+    at = q.get("precision_at", q["num_envs"])
+    return ([(int(n), first) for n in q["num_envs"]]
+            + [(int(n), prec) for prec in others for n in q["num_envs"] if n in at])
+
+
+def cells(p: Mapping[str, Any]) -> list[runner.Cell]:
+    prof = p["profile"]
+    out = []
+
+    def add(name, fn, *args, recipes=()):
+        out.append(runner.Cell(name, lambda _budget: fn(p, *args, prof), tuple(recipes)))
+
+    for e in p["envs"]:
+        for n, prec in physics_runs(p["physics"]):
+            add(f"{e}_physics_e{n}_{prec}", physics_cell, e, n, prec)
+        if p.get("random"):
+            add(f"{e}_random", random_cell, e)
+        for part, fn in (("speed", speed_cell), ("quality", quality_cell)):
+            q = p.get(part) or {}
+            for size in q.get("sizes", []):
+                for r in q.get("recipes", []):
+                    add(f"{e}_{part}_{size}_{r}", fn, e, size, r, recipes=[r])
+        if p.get("peer"):
+            add(f"{e}_peer_brax", peer_cell, e, recipes=[p["peer"].get("recipe", "tf32")])
+    return out
+
+
+STUDY = runner.Study(EXPERIMENT, CLAIMS, cells, check,
+                     about="legged-robot PPO on MJX physics: physics speed, FP8 speed, quality")

@@ -1,0 +1,430 @@
+"""Legged-robot PPO (claim A11): the Gaussian policy against float64, the observation
+statistics against NumPy, the environment adapter against a hand-made environment, the
+physics' matmul precision under network recipes, a short ant run, Go1's placeholder meshes,
+the study's cells and the A11 verdict on hand-made tables.
+
+Tests that need brax / MuJoCo / Playground skip where the ``[legged]`` extra is missing."""
+
+import math
+import xml.etree.ElementTree as ET
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+import pytest
+
+from repro.analysis import legged as A
+from repro.models import envs, networks, ppo
+from repro.models import ppo_continuous as pc
+
+# ----------------------------------------------------------------- Gaussian policy, stats
+
+
+def test_gaussian_log_prob_and_entropy_match_float64():
+    from scipy import stats
+
+    rng = np.random.default_rng(0)
+    mean, log_std = rng.normal(size=(5, 3)), rng.normal(scale=0.5, size=(5, 3))
+    a = rng.normal(size=(5, 3)) * 2
+    ref_lp = stats.norm.logpdf(a, mean, np.exp(log_std)).sum(-1)
+    ref_h = stats.norm.entropy(mean, np.exp(log_std)).sum(-1)
+    out = (jnp.asarray(mean, jnp.float32), jnp.asarray(log_std, jnp.float32))
+    np.testing.assert_allclose(pc.gaussian_log_prob(out, jnp.asarray(a)), ref_lp, rtol=1e-5)
+    np.testing.assert_allclose(pc.gaussian_entropy(out), ref_h, rtol=1e-5)
+
+
+def test_ppo_loss_with_the_gaussian_policy_matches_a_hand_computation():
+    rng = np.random.default_rng(1)
+    B, A_ = 6, 2
+    mean, log_std = rng.normal(size=(B, A_)), np.full((B, A_), -0.3)
+    act, old_lp = rng.normal(size=(B, A_)), rng.normal(size=B) - 2
+    v_old, v_new, tgt, adv = (rng.normal(size=B) for _ in range(4))
+    c = pc.validate({"num_envs": 2, "num_steps": 3, "num_minibatches": 1})
+    batch = ppo.Transition(jnp.zeros((B, 1)), jnp.asarray(act), jnp.asarray(old_lp),
+                           jnp.asarray(v_old), jnp.zeros(B), jnp.zeros(B, bool))
+    got = ppo.ppo_loss((jnp.asarray(mean), jnp.asarray(log_std)), jnp.asarray(v_new), batch,
+                       jnp.asarray(adv), jnp.asarray(tgt), c, pc.GAUSSIAN)
+    lp = (-0.5 * ((act - mean) / np.exp(log_std)) ** 2 - log_std
+          - 0.5 * math.log(2 * math.pi)).sum(-1)
+    a = (adv - adv.mean()) / (adv.std() + 1e-8)
+    ratio = np.exp(lp - old_lp)
+    actor = -np.mean(np.minimum(ratio * a, np.clip(ratio, 1 - c.clip_eps, 1 + c.clip_eps) * a))
+    vc = v_old + np.clip(v_new - v_old, -c.clip_eps, c.clip_eps)
+    value = 0.5 * np.mean(np.maximum((v_new - tgt) ** 2, (vc - tgt) ** 2))
+    entropy = np.mean((log_std + 0.5 * (1 + math.log(2 * math.pi))).sum(-1))
+    ref = actor + c.vf_coef * value - c.ent_coef * entropy
+    np.testing.assert_allclose(float(got), ref, rtol=1e-5)
+
+
+def test_running_statistics_equal_numpy_over_all_observations():
+    rng = np.random.default_rng(2)
+    chunks = [rng.normal(loc=3, scale=[1, 10, 0.1], size=(n, 3)) for n in (4, 7, 1, 30)]
+    s = pc.init_stats(3)
+    for x in chunks:
+        s = pc.update_stats(s, jnp.asarray(x.reshape(-1, 1, 3)))
+    every = np.concatenate(chunks)
+    np.testing.assert_allclose(s.mean, every.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(s.var, every.var(0), rtol=1e-4)
+    assert float(s.count) == len(every)
+    z = pc.normalize(s, jnp.asarray(every[:2]))
+    np.testing.assert_allclose(z, (every[:2] - every.mean(0)) / every.std(0), rtol=1e-3)
+    assert float(jnp.max(pc.normalize(s, jnp.full((1, 3), 1e6)))) == pc.OBS_CLIP
+
+
+def test_gaussian_actor_critic_sizes_scope_and_outputs():
+    from repro.precision.layers import FP8_META
+
+    net = networks.GaussianActorCritic(3, "fp8-delayed", (16, 8, 8), (8, 8), init_log_std=-0.5)
+    x = jnp.zeros((4, 5))
+    v = net.init(jax.random.key(0), x)
+    actor = v["params"]["actor"]
+    assert [actor[f"hidden_{i}"]["kernel"].shape for i in range(3)] == [(5, 16), (16, 8), (8, 8)]
+    # first layer and head dense BF16 (scope "default"), the middle layers FP8
+    assert sorted(v[FP8_META]["actor"]) == ["hidden_1", "hidden_2"]
+    assert sorted(v[FP8_META]["critic"]) == ["hidden_1"]
+    (mean, log_std), value = net.apply(v, x)
+    assert mean.shape == (4, 3) and value.shape == (4,) and mean.dtype == jnp.float32
+    np.testing.assert_array_equal(log_std, np.full((4, 3), -0.5, np.float32))
+
+
+def test_validation_errors_are_one_line():
+    for bad, needle in (({"env": "cheetah"}, "unknown legged env"),
+                        ({"backend": "warp"}, "unknown brax backend"),
+                        ({"physics_precision": "tf32"}, "physics_precision"),
+                        ({"policy_sizes": []}, "policy_sizes"),
+                        ({"num_envs": 6, "num_minibatches": 4, "num_steps": 1}, "divide"),
+                        ({"recipe": "fp7"}, "recipe")):
+        with pytest.raises(ValueError, match=needle) as e:
+            pc.validate(bad)
+        assert "\n" not in str(e.value)
+
+
+def test_dot_precisions_count_the_physics_scope_apart():
+    def f(x, w):
+        with jax.named_scope(envs.PHYSICS_SCOPE):
+            y = x @ w
+            y = jnp.dot(y, w, precision="highest")
+        return jnp.dot(y, w, precision="highest") + x @ w
+
+    text = jax.jit(f).lower(jnp.ones((3, 3)), jnp.ones((3, 3))).as_text(debug_info=True)
+    assert envs.dot_precisions(text) == {"physics": {"DEFAULT": 1, "HIGHEST": 1},
+                                         "other": {"DEFAULT": 1, "HIGHEST": 1}}
+
+
+# ---------------------------------------------------------------------- the adapter
+
+
+class _Counter:
+    """A hand-made brax environment: the observation is (steps since reset, 10 x that), the
+    reward 1, and the episode terminates when the action's first entry is above 0.5."""
+
+    action_size = 2
+    observation_size = 2
+
+    def reset(self, rng):
+        from brax.envs.base import State
+
+        z = jnp.zeros(())  # a metric weakly typed, as brax's reset gives some
+        return State(pipeline_state=z, obs=jnp.zeros(2), reward=z, done=z,
+                     metrics={"steps": jnp.asarray(0.0)})
+
+    def step(self, state, action):
+        c = state.pipeline_state + 1.0
+        return state.replace(pipeline_state=c, obs=jnp.stack([c, 10 * c]),
+                             reward=jnp.ones(()), done=(action[0] > 0.5).astype(jnp.float32),
+                             metrics={"steps": c})
+
+
+def test_adapter_keeps_the_final_observation_and_splits_ends():
+    pytest.importorskip("brax")
+    env = envs.Adapter(_Counter(), "counter", episode_length=3)
+    obs, s = env.reset(jax.random.key(0), 2)
+    step = jax.jit(env.step)
+    go, end = [0.0, 0.0], [1.0, 0.0]
+    rows = []
+    for a in ([go, go], [end, go], [go, go], [go, go], [end, go], [go, go]):
+        obs, s, _, term, trunc, final = step(s, jnp.asarray(a))
+        rows.append((np.asarray(obs)[:, 0].tolist(), np.asarray(final)[:, 0].tolist(),
+                     np.asarray(term).tolist(), np.asarray(trunc).tolist()))
+    # (obs, final obs) of the step counter, terminated, truncated. Env 0 ends itself at steps
+    # 2 and 5; step 5 is also its 3rd since the reset (the time limit): termination wins, no
+    # truncation. Env 1 reaches the time limit at steps 3 and 6: truncated, final obs 3.
+    assert rows == [([1, 1], [1, 1], [False, False], [False, False]),
+                    ([0, 2], [2, 2], [True, False], [False, False]),
+                    ([1, 0], [1, 3], [False, False], [False, True]),
+                    ([2, 1], [2, 1], [False, False], [False, False]),
+                    ([0, 2], [3, 2], [True, False], [False, False]),
+                    ([1, 0], [1, 3], [False, False], [False, True])]
+    np.testing.assert_array_equal(np.asarray(final)[:, 1], 10 * np.asarray(final)[:, 0])
+    assert step._cache_size() == 1  # reset and step states agree: one compilation
+
+
+# ------------------------------------------------------------- brax ant on MJX physics
+
+
+@pytest.fixture(scope="module")
+def ant():
+    pytest.importorskip("brax")
+    pytest.importorskip("mujoco.mjx")
+    return envs.make("ant", episode_length=16)
+
+
+def _rollout_step_text(env, recipe, start):
+    """The lowered program of one rollout step: the policy (under ``recipe``) then physics,
+    from ``start`` (the abstract reset of 2 envs)."""
+    c = pc.validate({"recipe": recipe, "policy_sizes": (16, 16), "value_sizes": (16,)})
+    net = pc.build_network(c, env.action_size)
+    act = pc.make_act(c, net)
+    variables = net.init(jax.random.key(0), jnp.zeros((1, env.obs_size)))
+    obs, state = start
+
+    def f(variables, obs, state, key):
+        action, _, _ = act(variables, obs, key)
+        return env.step(state, jnp.clip(action, -1, 1))[0]
+
+    return jax.jit(f).lower(variables, obs, state, jax.random.key(1)).as_text(debug_info=True)
+
+
+def test_network_recipes_leave_the_physics_precision_alone(ant):
+    start = jax.eval_shape(lambda k: ant.reset(k, 2), jax.random.key(1))
+    fp32 = envs.dot_precisions(_rollout_step_text(ant, "fp32", start))
+    fp8 = envs.dot_precisions(_rollout_step_text(ant, "fp8-delayed", start))
+    # MJX's products run at JAX's default precision (TF32 on NVIDIA GPUs) whatever the
+    # recipe; the fp32 recipe's GEMMs (outside the physics scope) set HIGHEST, per GEMM
+    assert set(fp32["physics"]) == {"DEFAULT"} and fp32["physics"]["DEFAULT"] > 10
+    assert fp8["physics"] == fp32["physics"]
+    assert set(fp32["other"]) == {"HIGHEST"} and "HIGHEST" not in fp8["other"]
+    highest = envs.make("ant", episode_length=16, physics_precision="highest")
+    bf16 = envs.dot_precisions(_rollout_step_text(highest, "bf16", start))
+    assert bf16["physics"] == {"HIGHEST": fp32["physics"]["DEFAULT"]}
+    assert set(bf16["other"]) == {"DEFAULT"}  # the bf16 network keeps its own
+    assert jax.config.jax_default_matmul_precision is None  # nothing was set globally
+
+
+@pytest.mark.slow
+def test_ant_ppo_runs_the_smoke_profile_on_cpu(ant):
+    """One seed of the smoke profile's FP8 quality cell (16 envs x 8 steps, 4 updates, 16-step
+    episodes here), compiled as the smoke profile compiles."""
+    from repro.config import stage_params
+    from repro.studies import legged as L
+
+    p = stage_params("legged", "smoke")
+    c = L.config(p, "ant", "quality", "brax", "fp8-delayed", episode_length=16)
+    train, _ = L.compile_(p, pc.make_train(c, ant), jax.random.key(0))
+    m = jax.device_get(train(jax.random.key(0)))
+    assert m["episode_return"].shape == (c.num_updates,) == (4,)
+    # 16 envs x 32 steps with 16-step episodes: every env finishes at least one episode; an
+    # update in which no episode ended reports NaN
+    assert m["episodes"].sum() >= 16
+    ended = m["episodes"] > 0
+    np.testing.assert_array_equal(np.isfinite(m["episode_return"]), ended)
+    assert not m["nonfinite_params"].any()
+    # ant's reward per step: about 1 alive, minus control and contact costs of actions in
+    # [-1, 1], plus forward speed: an episode of at most 16 steps stays far inside +-160
+    assert (np.abs(m["episode_return"][ended]) < 16 * 10).all()
+
+
+# --------------------------------------------------------- Go1 without mujoco_menagerie
+
+
+def _go1(monkeypatch, root, scale):
+    """Playground's Go1 joystick env and its MuJoCo model, loaded with placeholder meshes of
+    ``scale`` written under ``root`` (never the real menagerie, even where one exists)."""
+    from etils import epath
+    from mujoco_playground._src import mjx_env
+
+    monkeypatch.setattr(mjx_env, "MENAGERIE_PATH", epath.Path(root / "absent"))
+    envs.offline_menagerie(root / "menagerie", scale)
+    env = envs.make_raw("Go1JoystickFlatTerrain")
+    return env, env.mj_model
+
+
+def _inertial_masses(xml_path):
+    """body name -> mass of its <inertial> element, read from the robot's XML."""
+    tree = ET.parse(xml_path)
+    return {b.get("name"): float(b.find("inertial").get("mass"))
+            for b in tree.iter("body") if b.find("inertial") is not None}
+
+
+def test_go1_placeholder_meshes_leave_the_physics_unchanged(monkeypatch, tmp_path):
+    mujoco = pytest.importorskip("mujoco")
+    pytest.importorskip("mujoco_playground")
+    from mujoco_playground._src.locomotion.go1 import go1_constants as consts
+
+    env, small = _go1(monkeypatch, tmp_path / "a", 0.01)
+    _, large = _go1(monkeypatch, tmp_path / "b", 0.3)
+    # the meshes are visual only: they take part in no contact
+    meshes = [g for g in range(small.ngeom) if small.geom_type[g] == mujoco.mjtGeom.mjGEOM_MESH]
+    assert meshes and all(small.geom_contype[g] == 0 and small.geom_conaffinity[g] == 0
+                          for g in meshes)
+    # the masses are the XML's explicit inertials, not the meshes'
+    ref = _inertial_masses(consts.ROOT_PATH / "xmls" / "go1_mjx_feetonly.xml")
+    for name, mass in ref.items():
+        assert small.body(name).mass[0] == pytest.approx(mass, rel=1e-6)
+    np.testing.assert_array_equal(small.body_inertia, large.body_inertia)
+    # two placeholders 30x apart give the same trajectory, bit for bit
+    traj = []
+    for model in (small, large):
+        data = mujoco.MjData(model)
+        mujoco.mj_resetDataKeyframe(model, data, 0)
+        data.ctrl[:] = model.key_ctrl[0] + 0.3 * np.sin(np.arange(model.nu))
+        for _ in range(200):
+            mujoco.mj_step(model, data)
+        traj.append((data.qpos.copy(), data.qvel.copy(), data.ncon))
+    np.testing.assert_array_equal(traj[0][0], traj[1][0])
+    np.testing.assert_array_equal(traj[0][1], traj[1][1])
+    assert traj[0][2] == traj[1][2] > 0  # the feet touch the floor
+    # the adapter reads the policy's entry of Go1's dict observation ("state": 48 values)
+    go1 = envs.Adapter(env, "Go1JoystickFlatTerrain", episode_length=8, physics_field="data")
+    obs, state = jax.eval_shape(lambda k: go1.reset(k, 2), jax.random.key(0))
+    out = jax.eval_shape(go1.step, state, jax.ShapeDtypeStruct((2, 12), jnp.float32))
+    assert (go1.obs_size, go1.action_size, obs.shape) == (48, 12, (2, 48))
+    assert [x.shape for x in out[:1] + out[2:]] == [(2, 48), (2,), (2,), (2,), (2, 48)]
+
+
+# ---------------------------------------------------------------------------- the study
+
+
+def _params(**over):
+    p = {"profile": "smoke", "envs": {"ant": {}}, "ppo": {"num_envs": 4, "num_steps": 2,
+                                                        "num_minibatches": 2},
+         "sizes": {"s": {"policy_sizes": [8], "value_sizes": [8]},
+                   "w": {"policy_sizes": [64], "value_sizes": [64]}},
+         "physics": {"num_envs": [4, 16], "precisions": ["default", "highest"],
+                     "precision_at": [16]}, "random": {"num_envs": 4},
+         "speed": {"sizes": ["s", "w"], "recipes": ["bf16", "fp8-delayed"]},
+         "quality": {"sizes": ["s"], "recipes": ["fp32", "fp8-delayed"]},
+         "peer": {"size": "s"}}
+    return {**p, **over}
+
+
+def test_study_cells_come_in_verdict_order_and_check_names_the_culprit():
+    from repro.studies import legged as L
+
+    names = [c.name for c in L.cells(_params())]
+    assert names == ["ant_physics_e4_default", "ant_physics_e16_default",
+                     "ant_physics_e16_highest", "ant_random",
+                     "ant_speed_s_bf16", "ant_speed_s_fp8-delayed",
+                     "ant_speed_w_bf16", "ant_speed_w_fp8-delayed",
+                     "ant_quality_s_fp32", "ant_quality_s_fp8-delayed", "ant_peer_brax"]
+    assert [c.recipes for c in L.cells(_params())][4:6] == [("bf16",), ("fp8-delayed",)]
+    L.check(_params())
+    assert "ant_random" not in [c.name for c in L.cells(_params(random=None))]
+    with pytest.raises(ValueError, match="legged.quality.sizes: unknown size 'x'"):
+        L.check(_params(quality={"sizes": ["x"], "recipes": ["fp32"]}))
+    with pytest.raises(ValueError, match="recipe"):
+        L.check(_params(speed={"sizes": ["s"], "recipes": ["fp9"]}))
+
+
+def test_brax_peer_gets_equal_settings_and_a_replicated_standin():
+    pytest.importorskip("brax")
+    from repro.models import brax_peer as L
+
+    c = pc.validate({"num_envs": 64, "num_steps": 5, "num_minibatches": 8, "update_epochs": 3,
+                     "total_timesteps": 64 * 5 * 6, "policy_sizes": (16,)})
+    kw = L.brax_kwargs(c, num_evals=3, eval_envs=4)
+    # one unroll of every env per training step: brax's batch_size * num_minibatches = num_envs
+    assert kw["batch_size"] * kw["num_minibatches"] == 64 and kw["unroll_length"] == 5
+    assert (kw["num_updates_per_batch"], kw["discounting"], kw["learning_rate"],
+            kw["clipping_epsilon"], kw["reward_scaling"]) == (3, c.gamma, c.lr, c.clip_eps,
+                                                               c.reward_scaling)
+    net = kw["network_factory"](27, 8)
+    assert net.parametric_action_distribution.__class__.__name__ == "NormalDistribution"
+    with pytest.raises(ValueError, match="must divide"):
+        L.brax_kwargs(pc.validate({"num_envs": 12, "num_steps": 2, "num_minibatches": 8}), 3, 4)
+    with L._replicated_standin():
+        out = jax.device_put_replicated({"a": jnp.arange(3.0)}, jax.local_devices())
+    assert out["a"].shape == (jax.local_device_count(), 3)
+    assert not hasattr(jax, "device_put_replicated")
+
+
+# ------------------------------------------------------------------- tables and verdict
+
+
+def _rec(metric, value, sizes, recipe=None, extra=None, backend="gpu", commit="abc"):
+    return {"experiment": "legged", "hardware": "h200", "backend": backend, "profile": "full",
+            "metric": metric, "value": value, "sizes": sizes, "recipe": recipe,
+            "extra": extra or {}, "emulated": False, "git_commit": commit,
+            "timestamp": "2026-01-01T00:00:00+00:00"}
+
+
+def _speed_records(rates, backend="gpu"):
+    """rates: width -> (bf16 env-steps/s, fp8 env-steps/s, bf16 update ms, fp8 update ms)."""
+    recs = [_rec("physics_env_steps_per_s", 1e6, {"env": "ant", "num_envs": 8192,
+                                                 "precision": "default"}, backend=backend)]
+    for w, (b, f, ub, uf) in rates.items():
+        for recipe, rate, upd in (("bf16", b, ub), ("fp8-delayed", f, uf)):
+            sz = {"env": "ant", "size": f"w{w}", "width": w, "num_envs": 8192, "num_steps": 20}
+            recs += [_rec("env_steps_per_s", rate, sz, recipe, backend=backend),
+                     _rec("loop_ms_per_update", 20 * 8192 / rate * 1e3, sz, recipe,
+                          backend=backend),
+                     _rec("policy_ms_per_update", 5.0, sz, recipe, backend=backend),
+                     _rec("update_ms", upd, sz, recipe, backend=backend)]
+    return pd.DataFrame(recs)
+
+
+def _quality(ok_by_width, n=8):
+    return pd.DataFrame([{"hardware": "h200", "width": w, "recipe": "fp8-delayed",
+                          "n_seeds": n, "poi_hi": 0.7 if ok else 0.3}
+                         for w, ok in ok_by_width.items()])
+
+
+def test_speed_table_splits_the_loop_and_the_verdict_names_the_crossover():
+    df = _speed_records({256: (100e3, 90e3, 2.0, 1.8), 2048: (50e3, 60e3, 20.0, 12.0),
+                         4096: (20e3, 30e3, 60.0, 30.0)})
+    t = A.speed_table(df)
+    row = t[(t.width == 256) & (t.recipe == "bf16")].iloc[0]
+    assert row.loop_ms_per_update == pytest.approx(20 * 8192 / 100e3 * 1e3)
+    assert row.physics_ms == pytest.approx(20 * 8192 / 1e6 * 1e3)
+    assert row.other_ms == pytest.approx(1638.4 - 163.84 - 5.0 - 2.0)
+    ups = A.speedups(t)
+    assert ups.set_index("width").e2e.round(3).to_dict() == {256: 0.9, 2048: 1.2, 4096: 1.5}
+    assert ups.set_index("width")["update"].to_dict() == {256: pytest.approx(2 / 1.8),
+                                                         2048: pytest.approx(20 / 12),
+                                                         4096: 2.0}
+    v = A.a11_verdict(ups, _quality({256: True, 2048: True}))
+    assert (v["verdict"], v["crossover_width"], v["hardware"]) == ("partly", 2048, "h200")
+    assert "FP8 pays from width 2048 on" in v["key_number"]
+    # pays already at the standard size, quality kept: reproduced
+    fast = A.speedups(A.speed_table(_speed_records({256: (100e3, 115e3, 2.0, 1.5),
+                                                    2048: (50e3, 60e3, 20.0, 12.0)})))
+    assert A.a11_verdict(fast, _quality({256: True}))["verdict"] == "reproduced"
+    assert A.a11_verdict(fast, _quality({256: False}))["verdict"] == "partly"
+    assert A.a11_verdict(fast, _quality({256: True}, n=4))["verdict"] == "partly"  # < 8 seeds
+    # never >= 1.1x: contradicted, and no crossover (a gap at 2048 resets it)
+    slow = A.speedups(A.speed_table(_speed_records({256: (100e3, 90e3, 2.0, 1.9),
+                                                    2048: (50e3, 54e3, 20.0, 15.0)})))
+    v = A.a11_verdict(slow, _quality({256: True}))
+    assert (v["verdict"], v["crossover_width"]) == ("contradicted", None)
+    assert "does not pay up to width 2048" in v["key_number"]
+    assert A.crossover({256: True, 1024: False, 4096: True}) == 4096
+
+
+def test_verdict_needs_gpu_records_of_one_call():
+    cpu = _speed_records({256: (100e3, 200e3, 2.0, 1.0)}, backend="cpu")
+    assert len(A.evidence(cpu)) == 0
+    ups = A.speedups(A.speed_table(A.evidence(cpu)))
+    assert A.a11_verdict(ups, _quality({}))["verdict"] == "not yet measured"
+    df = _speed_records({256: (100e3, 200e3, 2.0, 1.0)})
+    df.loc[df.recipe == "bf16", "git_commit"] = "other"  # recorded by another call
+    assert A.a11_verdict(A.speedups(A.speed_table(df)), _quality({256: True}))["verdict"] \
+        == "not yet measured"
+
+
+def test_quality_table_normalises_against_fp32_and_random():
+    rets = {"fp32": [100, 110, 120, 130], "fp8-delayed": [90, 100, 140, 150]}
+    recs = [_rec("random_return", 10.0, {"env": "ant", "variant": "random"})]
+    for v, xs in rets.items():
+        recs += [_rec("final_return", x, {"env": "ant", "size": "brax", "width": 256,
+                                           "seed": i, "variant": v}, recipe=v,
+                      extra={"variant": v, "diverged": False}) for i, x in enumerate(xs)]
+    q = A.quality_table(pd.DataFrame(recs), reps=200).set_index("recipe")
+    ref = np.mean(rets["fp32"]) - 10.0
+    assert q.loc["fp8-delayed", "normalised"] == pytest.approx(
+        np.mean((np.array(rets["fp8-delayed"]) - 10) / ref))
+    assert q.loc["fp32", "normalised"] == pytest.approx(1.0)
+    # P(fp8 > fp32) over the 16 seed pairs, by hand: 140 and 150 beat all four (8 pairs),
+    # 100 ties 100 (half a pair): 8.5 / 16
+    assert q.loc["fp8-delayed", "poi"] == pytest.approx(8.5 / 16)
+    assert q.loc["fp8-delayed", "n_seeds"] == 4
