@@ -296,16 +296,21 @@ def locked_versions(lock: Path | None = None) -> dict[str, str]:
 class Staleness:
     """Whether a record still describes this code: ``reason`` (one line) when it does not,
     ``since`` the first commit after the record's that changed a file on its path
-    (``"uncommitted"``: the change is in the working tree only), ``changed`` those files."""
+    (``"uncommitted"``: the change is in the working tree only), ``changed`` those files;
+    ``summary``: the reason without the record's own commit (the same for every record that
+    is stale for the same reason)."""
 
     stale: bool
     reason: str | None = None
     since: str | None = None
     changed: tuple[str, ...] = ()
+    summary: str | None = None
 
 
 def _commit(rec: dict[str, Any]) -> str:
-    return str(rec.get("git_commit") or "unknown")
+    commit = str(rec.get("git_commit") or "unknown")
+    return commit[:7] + ("-dirty" if commit.endswith("-dirty") else "") \
+        if re.match(r"[0-9a-f]{8,}", commit) else commit
 
 
 def first_change(commit: str, paths: Iterable[str]) -> str | None:
@@ -352,35 +357,37 @@ class Checker:
         return self._since[key]
 
     def _code(self, rec: dict[str, Any]) -> tuple[str | None, str | None, tuple[str, ...]]:
+        """(reason with the record's commit, reason without it, since, changed files)."""
         code, commit = rec.get("code"), _commit(rec)
         if not isinstance(code, dict) or not code.get("digest"):
             return (f"recorded before code fingerprints, at commit {commit}; its code has "
-                    "been restructured since"), None, ()
+                    "been restructured since"), "recorded before code fingerprints; the code "\
+                "has been restructured since", None, ()
         now = self.current(str(code.get("module")), tuple(code.get("data") or ()))
         if isinstance(now, str):
-            return now, None, ()
+            return now, now, None, ()
         if now["digest"] == code["digest"]:
-            return None, None, ()
+            return None, None, None, ()
         old, new = code.get("files") or {}, now["files"]
         changed = tuple(sorted(f for f in set(old) | set(new) if old.get(f) != new.get(f)))
         since = self.since(commit, changed)
         shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4
                                           else "")
         when = {None: "", "uncommitted": " (uncommitted edits)"}.get(since, f" (since {since})")
-        return f"its code changed after commit {commit}{when}: {shown}", since, changed
+        return (f"its code changed after commit {commit}{when}: {shown}",
+                f"its code changed{when}: {shown}", since, changed)
 
     def __call__(self, rec: dict[str, Any]) -> Staleness:
-        reasons = []
-        reason, since, changed = self._code(rec)
-        if reason:
-            reasons.append(reason)
+        reason, summary, since, changed = self._code(rec)
+        reasons, summaries = [reason] if reason else [], [summary] if summary else []
         for name in LOCKED:
             want, have = self.lock.get(name), rec.get(name)
             if want and have and str(have) != want:
                 reasons.append(f"recorded with {name} {have}; {LOCK} pins {want}")
+                summaries.append(reasons[-1])
         if not reasons:
             return Staleness(False)
-        return Staleness(True, "; ".join(reasons), since, changed)
+        return Staleness(True, "; ".join(reasons), since, changed, "; ".join(summaries))
 
 
 def staleness(rec: dict[str, Any], lock: Path | None = None) -> Staleness:

@@ -350,3 +350,36 @@ def load_records(experiment: str | None = None,
         sizes = pd.json_normalize(df["sizes"].tolist()).add_prefix("size_")
         df = pd.concat([df.reset_index(drop=True), sizes], axis=1)
     return df
+
+
+def stale_cells(roots: Path | Iterable[Path] | None = None) -> list[dict[str, Any]]:
+    """Every cell file under ``roots`` (default: the committed ``results/``) with stale
+    records, without pandas or JAX: ``experiment``, ``hardware``, ``cell``, ``path``,
+    ``stale`` (of ``records``), ``reason`` (the distinct reasons), ``summary`` (the same
+    without commits), ``commits`` (the records'), ``since`` and the ``claims`` its records
+    serve. Known defects are left out, as in :func:`load_records`."""
+    from repro.provenance import Checker
+
+    roots = [results_dir()] if roots is None else [roots] if isinstance(roots, (str, Path)) \
+        else list(roots)
+    checker, out = Checker(), []
+    for root in map(Path, roots):
+        for path in sorted(root.glob("*/*/*.json")):
+            with open(path) as f:
+                data = json.load(f)
+            recs = [r for r in (data if isinstance(data, list) else [data])
+                    if isinstance(r, dict) and not defect_of(r)]
+            verdicts = [checker(r) for r in recs]
+            stale = [v for v in verdicts if v.stale]
+            if not stale:
+                continue
+            out.append({
+                "experiment": recs[0].get("experiment") or path.parent.name,
+                "folder": path.parent.name, "hardware": path.parent.parent.name,
+                "cell": path.stem, "path": str(path), "records": len(recs),
+                "stale": len(stale), "reason": "; ".join(dict.fromkeys(v.reason for v in stale)),
+                "summary": "; ".join(dict.fromkeys(v.summary for v in stale)),
+                "commits": sorted({str(r.get("git_commit") or "unknown")[:7] for r in recs}),
+                "since": next((v.since for v in stale if v.since), None),
+                "claims": sorted({c for r in recs for c in r.get("claims") or []})})
+    return out

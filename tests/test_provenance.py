@@ -219,3 +219,30 @@ def test_load_records_marks_stale_rows(tmp_path, monkeypatch):
     new, old = (str(tmp_path / "results" / "h200" / "gemm" / f"{n}.json") for n in ("new", "old"))
     assert not df.loc[new, "stale"] and df.loc[new, "stale_reason"] is None
     assert df.loc[old, "stale"] and "before code fingerprints" in df.loc[old, "stale_reason"]
+
+
+def test_repro_status_lists_stale_cells_and_the_verdicts_they_touch(tmp_path, monkeypatch,
+                                                                     capsys):
+    from repro import cli
+
+    monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
+    monkeypatch.delenv("REPRO_VERDICTS", raising=False)
+    fresh = _record(code=provenance.fingerprint("repro.studies.gemm"), claims=["A2"])
+    results.write_records([fresh], "gemm", "new", root=tmp_path / "results")
+    results.write_records([_record(claims=["B2"])] * 2, "gemm", "old",
+                          root=tmp_path / "results")
+    write(tmp_path / "verdicts" / "A2.json", '{"verdict": "reproduced", "source": "x"}')
+    write(tmp_path / "verdicts" / "B2.json", '{"verdict": "partly", "source": "y", '
+          '"stale": true}')
+    write(tmp_path / "verdicts" / "A9.json", '{"verdict": "partly", "source": '
+          '"results/*/gemm (tflops)"}')
+    assert cli.main(["status", "--json"]) == 0
+    (group,) = json.loads(capsys.readouterr().out)
+    assert (group["experiment"], group["hardware"], group["cells"], group["records"]) == \
+        ("gemm", "h200", 1, 2)
+    assert group["verdicts"] == {"A9": False, "B2": True}  # cites gemm / serves B2; not A2
+    (reason,) = group["reasons"]
+    assert reason["cells"] == ["old"] and reason["commits"] == ["abc1234"]
+    assert cli.main(["status"]) == 0
+    text = capsys.readouterr().out
+    assert "2 stale record(s) in 1 cell(s)" in text and "A9 (does not say so)" in text
