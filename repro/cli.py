@@ -5,6 +5,7 @@
     repro check                                  the numerics check of this device
     repro notebook NAME [--profile P] [-p KEY=VALUE ...]
     repro status [--json]                        stale records and the verdicts they touch
+    repro pipeline [--check]                     write dvc.yaml from the notebooks' imports
     repro hardware | recipes | claims | site
 
 ``record`` runs a study (``repro.studies``: one resumable cell at a time, through
@@ -375,6 +376,22 @@ def cmd_status(args) -> int:
     return 0
 
 
+def cmd_pipeline(args) -> int:
+    from repro import pipeline
+    from repro.results import repo_root
+
+    path = repo_root() / "dvc.yaml"
+    if args.check:
+        if path.exists() and path.read_text() == pipeline.render():
+            return 0
+        print(f"repro: {_rel(path)} is out of date: run `repro pipeline`", file=sys.stderr)
+        return 1
+    changed = pipeline.write(path)
+    print(f"{_rel(path)}: {'written' if changed else 'already up to date'} "
+          f"({len(pipeline.stages())} stages)", file=sys.stderr)
+    return 0
+
+
 def cmd_hardware(args) -> int:
     from repro import tables
 
@@ -466,6 +483,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="a JSON list, one object per "
                     "experiment and hardware")
     st.set_defaults(func=cmd_status)
+
+    pl = sub.add_parser("pipeline", help="write dvc.yaml: each notebook stage's deps from "
+                        "its imports")
+    pl.add_argument("--check", action="store_true",
+                    help="write nothing; exit 1 when dvc.yaml is out of date")
+    pl.set_defaults(func=cmd_pipeline)
 
     sub.add_parser("hardware", help="the detected hardware and the datasheet registry"
                    ).set_defaults(func=cmd_hardware)

@@ -133,18 +133,19 @@ def imports(path: Path) -> tuple[set[str], set[str]]:
     return ours, theirs - set(sys.stdlib_module_names) - {"__future__"}
 
 
-def closure(module: str) -> tuple[list[Path], set[str]]:
-    """(the source files of ``module`` and of every ``repro`` module it reaches through
-    import statements, sorted; the top-level names of every other module they import)."""
+def closure(module: str | Path) -> tuple[list[Path], set[str]]:
+    """(the source files of ``module`` (a module name, or the path of a file such as a
+    notebook) and of every ``repro`` module it reaches through import statements, sorted;
+    the top-level names of every other module they import)."""
     seen: dict[str, Path] = {}
     others: set[str] = set()
-    todo = [module]
+    todo: list[str | Path] = [module]
     while todo:
         name = todo.pop()
         if name in seen:
             continue
-        path = module_file(name)
-        if path is None:
+        path = name if isinstance(name, Path) else module_file(name)
+        if path is None or not path.is_file():
             if name == module:
                 raise ValueError(f"no source file for module {module!r}")
             continue
