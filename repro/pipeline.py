@@ -33,6 +33,7 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "perfmodel": ("06_perfmodel", ("perfmodel",)),
     "fp8_train_step": ("07_fp8_train_step", ("mlp_step",)),
     "multigpu": ("08_multigpu", ("multigpu",)),
+    "inference": ("11_inference", ("inference",)),
 }
 RUNNER = "repro.run_notebook"  # what `repro notebook` runs, besides the CLI's own file
 HEADER = """\
@@ -115,7 +116,7 @@ def notebook_stage(notebook: str, sections: tuple[str, ...]) -> dict[str, Any]:
     claims = [c for c, spec in ledger.claims().items() if spec.get("notebook") == notebook]
     prefix = notebook.split("_", 1)[0]
     figures = sorted(_rel(p) for p in (root / "figures").glob(f"{prefix}_*.png"))
-    return {
+    stage = {
         "cmd": f"repro notebook {notebook} --profile ${{profile}}",
         "deps": deps + ["results"],
         "params": ["profile", *sections],
@@ -123,6 +124,7 @@ def notebook_stage(notebook: str, sections: tuple[str, ...]) -> dict[str, Any]:
         "metrics": _nocache([f"metrics/{notebook}.json"]),
         "plots": _nocache(figures),
     }
+    return {k: v for k, v in stage.items() if v}
 
 
 def stages() -> dict[str, Any]:
