@@ -34,7 +34,7 @@ RECORD_FIELDS = [
     "unit", "repeats", "spread", "emulated", "timestamp", "extra", "versions", "code",
 ]
 # Columns load_records adds: where a row comes from, a known defect, and staleness.
-LOADED_FIELDS = ["source", "defect", "stale", "stale_reason", "stale_since"]
+LOADED_FIELDS = ["source", "defect", "stale", "stale_reason", "stale_since", "stale_summary"]
 
 
 def repo_root() -> Path:
@@ -321,7 +321,8 @@ def load_records(experiment: str | None = None,
     into ``size_<name>`` columns for plotting. Records matching a known defect (:func:`defects`)
     are dropped unless ``keep_defective``; then the ``defect`` column gives the reason.
     Every row says whether it is ``stale`` (:mod:`repro.provenance`), ``stale_reason`` (one
-    line) and ``stale_since`` (the first commit that changed its code, where git knows it).
+    line; ``stale_summary``: the same without the record's commit) and ``stale_since`` (the
+    first commit that changed its code, where git knows it).
     Stale rows are kept: each analysis decides what to do with them, and says so.
     """
     from repro.provenance import Checker
@@ -343,7 +344,8 @@ def load_records(experiment: str | None = None,
                 rec["defect"] = defect_of(rec)
                 if rec["defect"] is None or keep_defective:
                     st = checker(rec)
-                    rec.update(stale=st.stale, stale_reason=st.reason, stale_since=st.since)
+                    rec.update(stale=st.stale, stale_reason=st.reason, stale_since=st.since,
+                               stale_summary=st.summary)
                     rows.append(rec)
     df = pd.DataFrame(rows, columns=None if rows else RECORD_FIELDS + LOADED_FIELDS)
     if rows:
