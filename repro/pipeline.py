@@ -33,6 +33,7 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "perfmodel": ("06_perfmodel", ("perfmodel",)),
     "fp8_train_step": ("07_fp8_train_step", ("mlp_step",)),
     "multigpu": ("08_multigpu", ("multigpu",)),
+    "ppo_speed": ("09_ppo_speed", ()),
     "inference": ("11_inference", ("inference",)),
 }
 RUNNER = "repro.run_notebook"  # what `repro notebook` runs, besides the CLI's own file
