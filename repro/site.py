@@ -34,6 +34,7 @@ th { background: #f6f8fa; }
 .v-inconclusive { background: #fbefff; }
 .v-not-yet-measured { background: #eff2f5; color: #59636e; }
 .emulated { color: #9a6700; font-size: .85em; }
+.stale { color: #9a3412; font-size: .85em; }
 .nb { margin: 1.2rem 0; } .nb img { height: 9rem; margin: .3rem .5rem .3rem 0;
       border: 1px solid #d1d9e0; }
 code { background: #eff2f5; padding: 0 .2rem; border-radius: .2rem; }
@@ -113,8 +114,11 @@ def ledger_table(rows: list[dict[str, Any]], pages: set[str]) -> str:
         else:
             link = "&mdash;"
         emu = ' <span class="emulated">(emulated)</span>' if r.get("emulated") else ""
+        if r.get("stale_note"):
+            emu += f' <span class="stale">({e(r["stale_note"])})</span>'
+        stale = ' <span class="stale">stale</span>' if r.get("stale") else ""
         out.append(f'<tr id="{e(r["claim"])}"><td><b>{e(r["claim"])}</b></td>'
-                   f'<td>{e(r["statement"])}</td><td>{_verdict_cell(r["verdict"])}</td>'
+                   f'<td>{e(r["statement"])}</td><td>{_verdict_cell(r["verdict"])}{stale}</td>'
                    f'<td>{e(r["key_number"])}{emu}</td><td>{e(r["hardware"])}</td>'
                    f'<td>{e(r["source"])}</td><td>{link}</td></tr>')
     out.append("</tbody></table>")

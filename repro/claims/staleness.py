@@ -2,10 +2,10 @@
 
 A verdict never rests on stale evidence silently. Stale *speed* records (timings, throughputs,
 memory: every experiment but the quality ones) are left out before the verdict is computed,
-and :func:`mark` names them in the verdict's note: how many, of which experiment, why, and
-since which commit. Stale *quality* records (returns, losses: ``QUALITY_EXPERIMENTS``) still
-decide the verdict, and :func:`mark` sets ``stale=True`` with the reason, which the ledger, the
-README's table and the site show beside the verdict.
+and :func:`mark` names them in the verdict's ``stale_note``: how many, of which experiment,
+why, and since which commit. Stale *quality* records (returns, losses:
+``QUALITY_EXPERIMENTS``) still decide the verdict, and :func:`mark` sets ``stale=True`` with
+the reason. The ledger, the README's table and the site show ``stale_note`` beside the verdict.
 
     fresh, left_out = split(records)                 # speed: verdict from ``fresh`` only
     v = mark(a2(table_of(fresh)), left_out=left_out)
@@ -38,33 +38,38 @@ def _commits(rows: pd.DataFrame, column: str) -> str:
 
 
 def describe(rows: pd.DataFrame) -> list[str]:
-    """One phrase per experiment of stale ``rows``: how many, why (the reason without the
-    record's commit), recorded at which commits, and since which commit the code changed."""
+    """One phrase per experiment of stale ``rows``: how many cells (record files; rows
+    without a ``source``: records), why (the reason without the record's commit), recorded at
+    which commits, and since which commit the code changed."""
     out = []
     for exp, g in rows.groupby("experiment", sort=True):
         why = "; ".join(dict.fromkeys(
             g["stale_summary"].dropna() if "stale_summary" in g else g["stale_reason"].dropna()))
         since = _commits(g, "stale_since")
-        out.append(f"{len(g)} {exp} record(s) ({why}; recorded at {_commits(g, 'git_commit')}"
+        n = f"{g['source'].nunique()} {exp} cell(s)" if "source" in g else \
+            f"{len(g)} {exp} record(s)"
+        out.append(f"{n} ({why}; recorded at {_commits(g, 'git_commit')}"
                    + (f"; code changed since {since}" if since else "") + ")")
     return out
 
 
 def mark(verdict, left_out: pd.DataFrame | None = None, used: pd.DataFrame | None = None):
-    """``verdict`` saying what is stale: ``left_out`` stale speed records (named in its note),
-    ``used`` stale quality records (``stale=True`` and ``stale_note``). Rows of either table
-    that are not stale are ignored."""
+    """``verdict`` saying what is stale in its ``stale_note``: ``left_out`` stale speed
+    records (the verdict was computed without them), ``used`` stale quality records (the
+    verdict rests on them: ``stale=True``). Rows of either table that are not stale are
+    ignored."""
     def stale(rows):
         return rows[rows["stale"].fillna(False).astype(bool)] if rows is not None and len(
             rows) and "stale" in rows else pd.DataFrame()
 
     left, kept = stale(left_out), stale(used)
-    changes = {}
-    if len(left):
-        said = "left out as stale: " + "; ".join(describe(left))
-        changes["note"] = f"{verdict.note}; {said}" if verdict.note else said
+    said = [verdict.stale_note] if verdict.stale_note else []
     if len(kept):
-        changes["stale"] = True
-        changes["stale_note"] = "measured with other code than this checkout's: " + \
-            "; ".join(describe(kept))
-    return dataclasses.replace(verdict, **changes) if changes else verdict
+        said.append("measured with other code than this checkout's: " + "; ".join(
+            describe(kept)))
+    if len(left):
+        said.append("left out as stale: " + "; ".join(describe(left)))
+    if len(said) == bool(verdict.stale_note):
+        return verdict
+    return dataclasses.replace(verdict, stale=verdict.stale or bool(len(kept)),
+                               stale_note="; ".join(said))
