@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     formats: py:percent
+#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -173,6 +173,8 @@ def plot_roofline(tf, sp):
 
 
 nb.save(plot_roofline(tf, sp), "02_gemm_roofline", df)
+nb.metrics(**{h: {"fp8_bf16_max": g["fp8/bf16"].max(), "fp8_fp16_max": g["fp8/fp16"].max()}
+              for h, g in (sp.groupby("hardware") if len(sp) else [])})
 sp[["hardware", "mkn", "bf16", "fp16", "fp8", "fp8/bf16", "fp8/fp16"]].round(2) if len(sp) \
     else "no native FP8 GEMM records"
 

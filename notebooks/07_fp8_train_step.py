@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     formats: py:percent
+#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -190,6 +190,9 @@ if nb.profile == "smoke":
 # %%
 targets = T.targets_table(steps, gemm, TARGETS, BATCH)
 display(targets.round(3))
+nb.metrics(**{f"{r.hardware}_w{r.width}": {"speedup": r.speedup, "target": r.target,
+                                           "flax_peer": r["flax peer"]}
+              for _, r in targets.dropna(subset=["speedup"]).iterrows()})
 lines = [f"- {r.hardware}, width {r.width}: {r['best recipe']} {r.speedup:.2f}x BF16 against the "
          f"target {r.target:.2f}x ({'met' if r.met else 'missed'}); flax peer "
          f"{r['flax peer']:.2f}x, GEMM ceiling "

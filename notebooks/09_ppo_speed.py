@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     formats: py:percent
+#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -134,6 +134,12 @@ if len(wide):
     display(wide[["hardware", "recipe", "num_envs", "update", "e2e", "meets"]].round(3))
 else:
     print("not yet measured on hardware with FP8 tensor cores")
+nb.metrics(
+    vs_purejaxrl={f"{h}_seeds{s}": g["speedup"].max()
+                  for (h, s), g in (pj.groupby(["hardware", "seeds"]) if len(pj) else [])},
+    fp8_update_w4096={f"{r.hardware}_{r.recipe}_e{int(r.num_envs)}": {"update": r.update,
+                                                                      "e2e": r.e2e}
+                      for r in wide.itertuples()})
 
 # %% [markdown]
 # **Where the time goes.** Per traced update (ms): GEMM kernels, other kernels, and Amdahl's

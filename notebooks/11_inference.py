@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     formats: py:percent
+#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -63,6 +63,7 @@ profile = "smoke"
 scratch = "build/results"  # smoke records (`repro notebook` gives each notebook a fresh folder)
 
 # %%
+import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -72,6 +73,9 @@ import seaborn as sns
 from repro import config, hardware, results, studies
 from repro.analysis import inference as A
 from repro.claims import ledger as claims
+from repro.claims import staleness
+from repro.claims.verdicts import Verdict
+from repro.claims.verdicts._base import tidy
 from repro.precision import export as X
 from repro.studies import inference as I
 
@@ -113,9 +117,20 @@ fmt_table
 if P["profile"] == "smoke":
     written = studies.record("inference", "smoke", progress=False).written
     print(f"wrote {len(written)} cells")
-df = results.load_records(I.EXPERIMENT)
+# Evidence: the committed records (results/), stale ones left out and named in the verdict.
+# Without any, the tables and figures show this machine's smoke records (build/), which never
+# reach figures/ or the verdict.
+committed, left_out = staleness.split(results.load_records(I.EXPERIMENT,
+                                                           roots=results.results_dir()))
+if len(left_out):
+    print("left out as stale (`repro status`): " + "; ".join(staleness.describe(left_out)))
+df = committed if len(committed) else results.load_records(
+    I.EXPERIMENT, roots=results.scratch_results_dir())
+if not len(committed):
+    FIG = Path("build/figures")
+    FIG.mkdir(parents=True, exist_ok=True)
 print(f"{len(df)} {I.EXPERIMENT} records from {df['hardware'].nunique() if len(df) else 0} "
-      "machine(s)")
+      f"machine(s); figures in {FIG}/")
 if len(df):
     display(df.groupby(["hardware", "profile"])["git_commit"].unique()
             .rename("recorded at commit(s)").to_frame())
@@ -163,7 +178,7 @@ if len(acc):
     ax.set_title(f"Post-training quantization of the {plot['model'].iloc[0]} LM "
                  f"({plot['profile'].iloc[0]}, {plot['hardware'].iloc[0]})")
     fig.tight_layout()
-    fig.savefig(FIG / "11_inference_accuracy.png", dpi=130)
+    fig.savefig(FIG / "11_inference_accuracy.png", dpi=130, metadata={"Software": None})
 
 # %% [markdown]
 # ## 4. Memory
@@ -209,7 +224,8 @@ if len(spd):
     g.figure.suptitle(f"Tokens/s vs BF16, same run ({plot['profile'].iloc[0]}, "
                       f"{plot['hardware'].iloc[0]}; emulated: {', '.join(emulated) or 'none'})",
                       y=1.03)
-    g.figure.savefig(FIG / "11_inference_speed.png", dpi=130, bbox_inches="tight")
+    g.figure.savefig(FIG / "11_inference_speed.png", dpi=130, bbox_inches="tight",
+                     metadata={"Software": None})
 
 # %% [markdown]
 # ## 6. Verdict
@@ -222,10 +238,20 @@ if len(spd):
 # otherwise (a part failed or was not measured, or smoke records only): **partly**.
 
 # %%
-b6 = A.b6_verdict(acc, mem, spd, MARGINS)
+c_acc = A.accuracy_table(committed, MARGINS)  # the verdict: committed records only
+b6 = A.b6_verdict(c_acc, A.bytes_table(committed), A.speed_table(committed), MARGINS)
 for part in b6["parts"]:
     print({True: "pass", False: "FAIL", None: "n/a "}[part["ok"]], part["text"])
-path = claims.write_verdict("B6", b6["verdict"], b6["key_number"],
-                            hardware=b6["hardware"] or HW.slug, source=b6["source"],
-                            note=b6["note"], emulated=b6["emulated"])
-print(f"B6: {b6['verdict']}\n    {b6['key_number']}\n{path}")
+best = A.best_evidence(c_acc) if len(c_acc) else c_acc
+numbers = {"parts_passed": sum(p["ok"] is True for p in b6["parts"]),
+           "parts": len(b6["parts"]),
+           **{r.format: {"rel_gap": r.rel_gap, "rel_hi": r.rel_hi} for r in best.itertuples()
+              if r.format != "bf16"}}
+v = staleness.mark(Verdict("B6", b6["verdict"], b6["key_number"], hardware=b6["hardware"],
+                           source=b6["source"], note=b6["note"], emulated=b6["emulated"],
+                           numbers=numbers), left_out=left_out)
+path = claims.write_verdict(v)
+Path("metrics").mkdir(exist_ok=True)
+Path("metrics/11_inference.json").write_text(
+    json.dumps({"B6": tidy(v.numbers)}, indent=1, sort_keys=True) + "\n")
+print(f"B6: {v.verdict}\n    {v.key_number}\n    {v.stale_note}\n{path}")

@@ -4,6 +4,8 @@
     repro trace WORKLOAD [--recipes R,...] ...   kernel times of traced steps (GPU)
     repro check                                  the numerics check of this device
     repro notebook NAME [--profile P] [-p KEY=VALUE ...]
+    repro status [--json]                        stale records and the verdicts they touch
+    repro pipeline [--check]                     write dvc.yaml from the notebooks' imports
     repro hardware | recipes | claims | site
 
 ``record`` runs a study (``repro.studies``: one resumable cell at a time, through
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import time
 from contextlib import contextmanager
@@ -304,6 +307,91 @@ def cmd_site(args) -> int:
     return 0
 
 
+def _verdicts_of(folder: str, claims: set[str]) -> dict[str, bool]:
+    """{claim: whether its verdict says it rests on stale records} for the verdicts that
+    cite records of ``folder`` (their ``source``) or serve one of ``claims``."""
+    import json
+
+    from repro.claims.ledger import verdicts_dir
+
+    out = {}
+    for path in sorted(verdicts_dir().glob("*.json")):
+        v = json.loads(path.read_text())
+        cited = re.search(rf"\b{re.escape(folder)}\b", str(v.get("source", "")))
+        if cited or path.stem in claims:
+            out[path.stem] = bool(v.get("stale")) or "stale" in " ".join(
+                str(v.get(k, "")) for k in ("key_number", "note", "verdict"))
+    return dict(sorted(out.items(), key=lambda kv: (kv[0][0], int(kv[0][1:] or 0))))
+
+
+def stale_report(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stale cells grouped by experiment folder and hardware, with the reasons (each
+    with its cells) and the verdicts they touch."""
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for c in cells:
+        g = groups.setdefault((c["folder"], c["hardware"]), {
+            "experiment": c["folder"], "hardware": c["hardware"], "cells": 0, "records": 0,
+            "claims": set(), "reasons": {}})
+        g["cells"] += 1
+        g["records"] += c["stale"]
+        g["claims"] |= set(c["claims"])
+        r = g["reasons"].setdefault(c["summary"], {"reason": c["summary"], "cells": [],
+                                                     "commits": set(), "since": set()})
+        r["cells"].append(c["cell"])
+        r["commits"].update(c["commits"])
+        r["since"].update([c["since"]] if c["since"] else [])
+    out = []
+    for g in groups.values():
+        g["verdicts"] = _verdicts_of(g["experiment"], g.pop("claims"))
+        g["reasons"] = [{**r, "commits": sorted(r["commits"]), "since": sorted(r["since"])}
+                        for r in g["reasons"].values()]
+        out.append(g)
+    return out
+
+
+def cmd_status(args) -> int:
+    import json
+
+    from repro import results
+
+    cells = results.stale_cells()
+    report = stale_report(cells)
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    if not report:
+        print(f"no stale records under {_rel(results.results_dir())}")
+        return 0
+    print(f"{sum(g['records'] for g in report)} stale record(s) in {len(cells)} cell(s) under "
+          f"{_rel(results.results_dir())}; `repro record EXPERIMENT` records them again")
+    for g in report:
+        said = [f"{c}" + ("" if ok else " (does not say so)") for c, ok in g["verdicts"].items()]
+        print(f"\n{g['experiment']} on {g['hardware']}: {g['cells']} cell(s), "
+              f"{g['records']} record(s); verdicts: {', '.join(said) or 'none'}")
+        for r in g["reasons"]:
+            names = r["cells"][:8] + ([f"... {len(r['cells']) - 8} more"]
+                                      if len(r["cells"]) > 8 else [])
+            commits = r["commits"][:6] + (["..."] if len(r["commits"]) > 6 else [])
+            print(f"  {r['reason']}\n    recorded at {', '.join(commits)}: {', '.join(names)}")
+    return 0
+
+
+def cmd_pipeline(args) -> int:
+    from repro import pipeline
+    from repro.results import repo_root
+
+    path = repo_root() / "dvc.yaml"
+    if args.check:
+        if path.exists() and path.read_text() == pipeline.render():
+            return 0
+        print(f"repro: {_rel(path)} is out of date: run `repro pipeline`", file=sys.stderr)
+        return 1
+    changed = pipeline.write(path)
+    print(f"{_rel(path)}: {'written' if changed else 'already up to date'} "
+          f"({len(pipeline.stages())} stages)", file=sys.stderr)
+    return 0
+
+
 def cmd_hardware(args) -> int:
     from repro import tables
 
@@ -389,6 +477,18 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("-p", "--param", action="append", metavar="KEY=VALUE",
                    help="a parameter of the notebook's parameters cell (value parsed as YAML)")
     n.set_defaults(func=cmd_notebook)
+
+    st = sub.add_parser("status", help="stale records (made by other code or versions than "
+                        "this checkout's) and the verdicts they touch")
+    st.add_argument("--json", action="store_true", help="a JSON list, one object per "
+                    "experiment and hardware")
+    st.set_defaults(func=cmd_status)
+
+    pl = sub.add_parser("pipeline", help="write dvc.yaml: each notebook stage's deps from "
+                        "its imports")
+    pl.add_argument("--check", action="store_true",
+                    help="write nothing; exit 1 when dvc.yaml is out of date")
+    pl.set_defaults(func=cmd_pipeline)
 
     sub.add_parser("hardware", help="the detected hardware and the datasheet registry"
                    ).set_defaults(func=cmd_hardware)

@@ -15,20 +15,31 @@ check that the pipeline runs, drawn only into scratch figures (``build/figures/`
 caption naming the hardware and profile of the records it shows, into ``figures/`` or, for smoke
 records, ``build/figures/``. ``nb.conclusion(*verdicts)`` writes a notebook's closing paragraph
 from the computed verdicts, so no number in it is typed by hand.
+
+**Stale records** (:mod:`repro.provenance`: made by code that has changed since) never count
+silently. ``nb.records`` leaves stale speed records out (a verdict and a figure are computed
+without them; the figure's caption counts them) and keeps stale quality records;
+``nb.conclusion`` says in each verdict which were left out or relied on, and since which commit
+(:mod:`repro.claims.staleness`). **Metrics**: ``nb.conclusion`` also writes the verdicts' key
+numbers as numbers to ``metrics/<notebook>.json`` (``dvc metrics show``); ``nb.metrics(...)``
+adds numbers of a notebook that decides no claim.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from repro import config, hardware, results
-from repro.claims import ledger
+from repro.claims import ledger, staleness
 from repro.claims.verdicts import Verdict
+from repro.claims.verdicts._base import tidy
 
 
 @dataclass
@@ -38,6 +49,9 @@ class Notebook:
     params: dict[str, Any]
     machine: hardware.HardwareInfo
     root: Path
+    left_out: list[pd.DataFrame] = field(default_factory=list)  # stale speed records
+    stale_used: list[pd.DataFrame] = field(default_factory=list)  # stale quality records
+    numbers: dict[str, Any] = field(default_factory=dict)  # metrics/<notebook>.json
 
     @property
     def figures(self) -> Path:
@@ -48,10 +62,19 @@ class Notebook:
         return self.root / "build" / "figures"
 
     def records(self, experiment: str, keep_defective: bool = False) -> pd.DataFrame:
-        """The committed full-profile records of ``experiment`` (``results/``): evidence."""
+        """The committed full-profile records of ``experiment`` (``results/``): evidence.
+        Stale speed records are left out (kept in ``left_out`` for the verdicts and
+        captions to name); stale quality records stay (``stale`` column), noted in
+        ``stale_used``."""
         df = results.load_records(experiment, roots=results.results_dir(),
                                   keep_defective=keep_defective)
-        return df[df["profile"] == "full"].reset_index(drop=True) if len(df) else df
+        df = df[df["profile"] == "full"].reset_index(drop=True) if len(df) else df
+        fresh, left = staleness.split(df)
+        if len(left):
+            self.left_out.append(left)
+        if len(fresh) and "stale" in fresh and fresh["stale"].fillna(False).any():
+            self.stale_used.append(fresh[fresh["stale"].fillna(False).astype(bool)])
+        return fresh
 
     def record_smoke(self, experiment: str) -> list[Path]:
         """Run ``experiment``'s study in the smoke profile into the scratch folder (a pipeline
@@ -71,6 +94,9 @@ class Notebook:
         it as ``stem.png``: under ``figures/`` for committed records, ``build/figures/`` when
         any of them is a smoke record. The canvas grows to fit titles, legends and caption."""
         text, smoke = caption(records)
+        if not smoke and (said := self._left_out_of(records)):
+            text = textwrap.fill(f"{text.rstrip('.')}. Left out as stale (`repro status`): "
+                                 f"{said}", 140)
         fig.canvas.draw()  # lays the figure out, so the caption goes below all it shows
         box = fig.get_tightbbox(fig.canvas.get_renderer())  # inches
         fig.text(box.x0 / fig.get_figwidth(), (box.y0 - 0.08) / fig.get_figheight(), text,
@@ -78,7 +104,38 @@ class Notebook:
         folder = self.scratch_figures if smoke else self.figures
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{stem}.png"
-        fig.savefig(path, dpi=130, bbox_inches="tight", pad_inches=0.15)
+        # No software version or date in the file: the same records give the same bytes.
+        fig.savefig(path, dpi=130, bbox_inches="tight", pad_inches=0.15,
+                    metadata={"Software": None})
+        return path
+
+    def _stale(self, kept: list[pd.DataFrame], v: Verdict) -> pd.DataFrame:
+        """The rows of ``kept`` a verdict rests on: records of its claim, or of an
+        experiment its ``source`` names."""
+        rows = pd.concat(kept, ignore_index=True) if kept else pd.DataFrame()
+        if not len(rows):
+            return rows
+        named = {e for e in rows["experiment"].unique()
+                 if re.search(rf"\b{re.escape(str(e))}\b", v.source or "")}
+        ours = rows["claims"].map(lambda cs: v.claim in (cs or [])) | rows["experiment"].isin(
+            named)
+        return rows[ours].drop_duplicates("source" if "source" in rows else None)
+
+    def _left_out_of(self, records) -> str:
+        if not self.left_out:
+            return ""
+        rows = pd.concat(self.left_out, ignore_index=True).drop_duplicates("source")
+        if isinstance(records, pd.DataFrame) and len(records) and "experiment" in records:
+            rows = rows[rows["experiment"].isin(records["experiment"].unique())]
+        return "; ".join(staleness.describe(rows)) if len(rows) else ""
+
+    def metrics(self, **numbers: Any) -> Path:
+        """Add ``numbers`` (nested mappings of numbers) to ``metrics/<notebook>.json``, which
+        DVC shows (``dvc metrics show``); the file is rewritten whole, keys sorted."""
+        self.numbers.update(numbers)
+        path = self.root / "metrics" / f"{self.name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(tidy(self.numbers), indent=1, sort_keys=True) + "\n")
         return path
 
     def conclusion(self, *verdicts: Verdict, write: bool = True):
@@ -88,14 +145,19 @@ class Notebook:
 
         statements = ledger.claims()
         paras = []
+        verdicts = tuple(staleness.mark(v, left_out=self._stale(self.left_out, v),
+                                        used=self._stale(self.stale_used, v)) for v in verdicts)
         for v in verdicts:
             if write:
                 ledger.write_verdict(v)
+                self.metrics(**{v.claim: v.numbers})
             para = (f"**{v.claim} ({statements[v.claim]['claim']}): {v.verdict}.** "
                     f"{v.key_number}.")
             note = "; ".join(p for p in v.note.split("; ") if not p.startswith("notebook "))
             if note:
                 para += f" {note.rstrip('.')}."
+            if v.stale_note:
+                para += f" *{'Stale' if v.stale else 'Note'}: {v.stale_note}.*"
             hw = f"{v.hardware}, " if v.hardware else ""
             para += (f" Evidence: {hw}`{v.source}`"
                      + (" (FP8/FP4 emulated)." if v.emulated else "."))

@@ -2,8 +2,12 @@
 
 Every measurement is one row: what was measured (experiment, claims, recipe, sizes, metric,
 value, unit, repeats, spread), where (hardware slug, name, compute capability), with what
-(jax/jaxlib/flax versions, git commit) and whether the number is ``emulated``. Figures are drawn
-only from these records.
+(jax/jaxlib/flax versions, ``versions`` of every package on the path, git commit, and ``code``:
+the fingerprint of the source that made it, :mod:`repro.provenance`) and whether the number is
+``emulated``. Figures are drawn only from these records.
+
+:func:`load_records` says of each record whether it is ``stale``: made by code (or a jax,
+jaxlib or flax version) other than this checkout's, with the reason and the commit since which.
 
 Records are written to ``results/<hardware-slug>/<experiment>/<cell>.json``: one file per
 resumable cell (a recipe, a size, an environment), so a long study accumulates over several runs
@@ -27,8 +31,10 @@ import pandas as pd
 RECORD_FIELDS = [
     "experiment", "claims", "hardware", "hardware_name", "compute_capability", "backend",
     "jax", "jaxlib", "flax", "git_commit", "profile", "recipe", "sizes", "metric", "value",
-    "unit", "repeats", "spread", "emulated", "timestamp", "extra",
+    "unit", "repeats", "spread", "emulated", "timestamp", "extra", "versions", "code",
 ]
+# Columns load_records adds: where a row comes from, a known defect, and staleness.
+LOADED_FIELDS = ["source", "defect", "stale", "stale_reason", "stale_since", "stale_summary"]
 
 
 def repo_root() -> Path:
@@ -100,6 +106,13 @@ def software_versions() -> dict[str, str]:
     return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__}
 
 
+@functools.cache
+def _core_versions() -> dict[str, str]:
+    from repro import provenance
+
+    return provenance.versions()
+
+
 def make_record(
     experiment: str,
     metric: str,
@@ -119,7 +132,9 @@ def make_record(
     """One tidy record, stamped with hardware, software versions, commit and time.
 
     ``spread`` is the interquartile range of the repeats (same unit as ``value``) unless the
-    experiment's ``extra`` says otherwise.
+    experiment's ``extra`` says otherwise. ``code`` is None here: the study runner stamps the
+    fingerprint of the study's source (:func:`restamp`); ``versions`` holds the core packages'
+    versions until then.
     """
     from repro import hardware as hw
 
@@ -144,14 +159,18 @@ def make_record(
         "emulated": bool(emulated),
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "extra": dict(extra or {}),
+        "versions": dict(_core_versions()),
+        "code": None,
     }
 
 
 def restamp(records: list[dict[str, Any]], hardware: str | None = None,
-            note: str | None = None) -> list[dict[str, Any]]:
+            note: str | None = None, stamp: dict[str, Any] | None = None
+            ) -> list[dict[str, Any]]:
     """The records as a run writes them: under the hardware name ``hardware`` (``repro record
-    --hardware``; None keeps the detected one) and with ``run_note`` (``--note``: what else
-    ran on the machine, e.g. a job on the other GPU) where one is given."""
+    --hardware``; None keeps the detected one), with ``run_note`` (``--note``: what else
+    ran on the machine, e.g. a job on the other GPU) where one is given, and with the study's
+    ``stamp`` (:func:`repro.provenance.study_stamp`: ``code`` and ``versions``)."""
     out = []
     for rec in records:
         rec = dict(rec)
@@ -159,6 +178,9 @@ def restamp(records: list[dict[str, Any]], hardware: str | None = None,
             rec["hardware"] = slug(hardware)
         if note:
             rec["run_note"] = note
+        if stamp:
+            rec["code"] = stamp["code"]
+            rec["versions"] = {**(rec.get("versions") or {}), **stamp["versions"]}
         out.append(rec)
     return out
 
@@ -182,19 +204,40 @@ def cell_path(experiment: str, cell: str, hardware: str | None = None,
     return Path(root or results_dir()) / _safe(slug) / _safe(experiment) / f"{_safe(cell)}.json"
 
 
+def read_cell(experiment: str, cell: str, hardware: str | None = None,
+              root: Path | None = None) -> list[dict[str, Any]] | None:
+    """The records of one cell file, or None where it does not exist."""
+    path = cell_path(experiment, cell, hardware, root)
+    if not path.exists():
+        return None
+    with open(path) as f:
+        data = json.load(f)
+    return data if isinstance(data, list) else [data]
+
+
+def matches_stamp(rec: dict[str, Any], stamp: dict[str, Any]) -> bool:
+    """Whether ``rec`` was made by the code and the jax/jaxlib/flax versions of ``stamp``
+    (:func:`repro.provenance.study_stamp`)."""
+    from repro.provenance import LOCKED
+
+    code, versions = rec.get("code") or {}, stamp["versions"]
+    return (code.get("digest") == stamp["code"]["digest"]
+            and all(rec.get(k) == versions[k] for k in LOCKED if k in versions))
+
+
 def have_cell(experiment: str, cell: str, hardware: str | None = None,
-              root: Path | None = None) -> bool:
+              root: Path | None = None, stamp: dict[str, Any] | None = None) -> bool:
     """True when this cell was already recorded on this hardware (for resumable studies).
 
     A cell whose records are all known defects (``repro/data/defects.yaml``) counts as not
     recorded, so the next run of the study records it again (the old file is overwritten;
-    git keeps it)."""
-    path = cell_path(experiment, cell, hardware, root)
-    if not path.exists():
+    git keeps it). So does, given the ``stamp`` of the code that would run now, a cell whose
+    records other code or other jax/jaxlib/flax versions made (:func:`matches_stamp`)."""
+    recs = read_cell(experiment, cell, hardware, root)
+    if recs is None:
         return False
-    with open(path) as f:
-        data = json.load(f)
-    recs = data if isinstance(data, list) else [data]
+    if stamp is not None and not all(matches_stamp(r, stamp) for r in recs):
+        return False
     return not recs or not all(defect_of(r) for r in recs)
 
 
@@ -277,7 +320,14 @@ def load_records(experiment: str | None = None,
     ``build/results/``; ``source`` names each row's file. ``sizes`` entries are also spread
     into ``size_<name>`` columns for plotting. Records matching a known defect (:func:`defects`)
     are dropped unless ``keep_defective``; then the ``defect`` column gives the reason.
+    Every row says whether it is ``stale`` (:mod:`repro.provenance`), ``stale_reason`` (one
+    line; ``stale_summary``: the same without the record's commit) and ``stale_since`` (the
+    first commit that changed its code, where git knows it).
+    Stale rows are kept: each analysis decides what to do with them, and says so.
     """
+    from repro.provenance import Checker
+
+    checker = Checker()
     if roots is None:
         roots = [results_dir(), scratch_results_dir()]
     elif isinstance(roots, (str, Path)):
@@ -293,9 +343,45 @@ def load_records(experiment: str | None = None,
                 rec["source"] = str(path)
                 rec["defect"] = defect_of(rec)
                 if rec["defect"] is None or keep_defective:
+                    st = checker(rec)
+                    rec.update(stale=st.stale, stale_reason=st.reason, stale_since=st.since,
+                               stale_summary=st.summary)
                     rows.append(rec)
-    df = pd.DataFrame(rows, columns=None if rows else RECORD_FIELDS + ["source", "defect"])
+    df = pd.DataFrame(rows, columns=None if rows else RECORD_FIELDS + LOADED_FIELDS)
     if rows:
         sizes = pd.json_normalize(df["sizes"].tolist()).add_prefix("size_")
         df = pd.concat([df.reset_index(drop=True), sizes], axis=1)
     return df
+
+
+def stale_cells(roots: Path | Iterable[Path] | None = None) -> list[dict[str, Any]]:
+    """Every cell file under ``roots`` (default: the committed ``results/``) with stale
+    records, without pandas or JAX: ``experiment``, ``hardware``, ``cell``, ``path``,
+    ``stale`` (of ``records``), ``reason`` (the distinct reasons), ``summary`` (the same
+    without commits), ``commits`` (the records'), ``since`` and the ``claims`` its records
+    serve. Known defects are left out, as in :func:`load_records`."""
+    from repro.provenance import Checker
+
+    roots = [results_dir()] if roots is None else [roots] if isinstance(roots, (str, Path)) \
+        else list(roots)
+    checker, out = Checker(), []
+    for root in map(Path, roots):
+        for path in sorted(root.glob("*/*/*.json")):
+            with open(path) as f:
+                data = json.load(f)
+            recs = [r for r in (data if isinstance(data, list) else [data])
+                    if isinstance(r, dict) and not defect_of(r)]
+            verdicts = [checker(r) for r in recs]
+            stale = [v for v in verdicts if v.stale]
+            if not stale:
+                continue
+            out.append({
+                "experiment": recs[0].get("experiment") or path.parent.name,
+                "folder": path.parent.name, "hardware": path.parent.parent.name,
+                "cell": path.stem, "path": str(path), "records": len(recs),
+                "stale": len(stale), "reason": "; ".join(dict.fromkeys(v.reason for v in stale)),
+                "summary": "; ".join(dict.fromkeys(v.summary for v in stale)),
+                "commits": sorted({str(r.get("git_commit") or "unknown")[:7] for r in recs}),
+                "since": next((v.since for v in stale if v.since), None),
+                "claims": sorted({c for r in recs for c in r.get("claims") or []})})
+    return out

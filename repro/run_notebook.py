@@ -7,12 +7,20 @@ kernel's output in ``build/logs/NAME.log``. Parameters go to the notebook's para
 of its own, emptied first, so a figure never mixes in records older code wrote) and any
 ``-p KEY=VALUE``, each of which must be a parameter that cell declares. A failed run leaves the
 previous output alone and its partial output in ``NAME.failed.ipynb``.
+
+A complete run also writes ``build/notebooks/NAME.outputs.json``: the committed outputs the run
+wrote (figures, verdicts, metrics) with their hashes. It is the notebook's DVC output in
+``build/``: absent from a fresh clone (so ``dvc repro`` runs the notebook there), and the same
+bytes on every run that regenerates the same figures, verdicts and metrics (so ``dvc.lock``
+does not change when nothing did).
 """
 
 from __future__ import annotations
 
 import ast
 import difflib
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -21,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 KERNEL = "python3"
+OUTPUTS = ("figures/*.png", "verdicts/*.json", "metrics/*.json")  # committed, regenerated
 
 
 class NotebookError(ValueError):
@@ -115,6 +124,24 @@ def _execute(name: str, ipynb: Path, params: dict[str, Any], root: Path, log_pat
     return 0
 
 
+def _snapshot(root: Path) -> dict[str, int]:
+    return {p.relative_to(root).as_posix(): p.stat().st_mtime_ns
+            for pattern in OUTPUTS for p in root.glob(pattern)}
+
+
+def write_receipt(root: Path, name: str, profile: str, before: dict[str, int]) -> Path:
+    """``build/notebooks/NAME.outputs.json``: the outputs written since ``before`` (a
+    :func:`_snapshot`), each with the first 16 hex digits of its sha256."""
+    after = _snapshot(root)
+    wrote = sorted(p for p, mtime in after.items() if before.get(p) != mtime)
+    data = {"notebook": name, "profile": profile,
+            "outputs": {p: hashlib.sha256((root / p).read_bytes()).hexdigest()[:16]
+                        for p in wrote}}
+    path = root / "build" / "notebooks" / f"{name}.outputs.json"
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return path
+
+
 def run(name: str, profile: str, extra: dict[str, Any] | None = None) -> int:
     """Convert and execute ``notebooks/NAME.py`` for ``profile``; see the module docstring."""
     import jupytext
@@ -143,4 +170,8 @@ def run(name: str, profile: str, extra: dict[str, Any] | None = None) -> int:
     log_path = log_dir / f"{name}.log"
     print(f"repro notebook {name}: {source.relative_to(root)} -> build/notebooks/{name}.out"
           f".ipynb (profile={profile}, log {log_path.relative_to(root)})", file=sys.stderr)
-    return _execute(name, nb_dir / f"{name}.ipynb", params, root, log_path)
+    before = _snapshot(root)
+    status = _execute(name, nb_dir / f"{name}.ipynb", params, root, log_path)
+    if status == 0:
+        write_receipt(root, name, profile, before)
+    return status

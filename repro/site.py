@@ -11,7 +11,6 @@ DVC stage ``site`` (``repro site``) rebuilds it after the notebook stages.
 
 from __future__ import annotations
 
-import datetime as _dt
 import html
 import os
 import re
@@ -35,6 +34,7 @@ th { background: #f6f8fa; }
 .v-inconclusive { background: #fbefff; }
 .v-not-yet-measured { background: #eff2f5; color: #59636e; }
 .emulated { color: #9a6700; font-size: .85em; }
+.stale { color: #9a3412; font-size: .85em; }
 .nb { margin: 1.2rem 0; } .nb img { height: 9rem; margin: .3rem .5rem .3rem 0;
       border: 1px solid #d1d9e0; }
 code { background: #eff2f5; padding: 0 .2rem; border-radius: .2rem; }
@@ -114,15 +114,20 @@ def ledger_table(rows: list[dict[str, Any]], pages: set[str]) -> str:
         else:
             link = "&mdash;"
         emu = ' <span class="emulated">(emulated)</span>' if r.get("emulated") else ""
+        if r.get("stale_note"):
+            emu += f' <span class="stale">({e(r["stale_note"])})</span>'
+        stale = ' <span class="stale">stale</span>' if r.get("stale") else ""
         out.append(f'<tr id="{e(r["claim"])}"><td><b>{e(r["claim"])}</b></td>'
-                   f'<td>{e(r["statement"])}</td><td>{_verdict_cell(r["verdict"])}</td>'
+                   f'<td>{e(r["statement"])}</td><td>{_verdict_cell(r["verdict"])}{stale}</td>'
                    f'<td>{e(r["key_number"])}{emu}</td><td>{e(r["hardware"])}</td>'
                    f'<td>{e(r["source"])}</td><td>{link}</td></tr>')
     out.append("</tbody></table>")
     return "\n".join(out)
 
 
-def index_html(rows: list[dict[str, Any]], notebooks: list[dict[str, Any]], commit: str) -> str:
+def index_html(rows: list[dict[str, Any]], notebooks: list[dict[str, Any]]) -> str:
+    """The index page: the same bytes for the same verdicts and notebooks (no date, no
+    commit), so DVC sees an unchanged site where nothing changed."""
     e = html.escape
     pages = {nb["name"] for nb in notebooks}
     items = []
@@ -137,7 +142,6 @@ def index_html(rows: list[dict[str, Any]], notebooks: list[dict[str, Any]], comm
                      f'</a></h3><p class="sub"><code>notebooks/{e(nb["name"])}.py</code> '
                      f'&middot; {" &middot; ".join(x for x in facts if x)}</p>'
                      f'<div>{figs}</div></div>')
-    built = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -146,7 +150,7 @@ def index_html(rows: list[dict[str, Any]], notebooks: list[dict[str, Any]], comm
 <body>
 <h1>repro: NVIDIA's FP8 RL and NVFP4 training claims, tested</h1>
 <p class="sub">Built by <code>dvc repro</code> (stage <code>site</code>) from the executed
-notebooks, commit <code>{e(commit)}</code>, {e(built)}. Every verdict is computed by its
+notebooks. Every verdict is computed by its
 notebook from recorded measurements; numbers marked <span class="emulated">(emulated)</span>
 were not run on the hardware's native FP8/FP4 units.</p>
 <h2 id="claims">Claims ledger</h2>
@@ -161,7 +165,6 @@ def build_site(root: Path, out: Path | None = None, nb_dir: Path | None = None) 
     """Build the site from ``root``'s executed notebooks into ``out`` (default
     ``root/build/site``), replacing it whole; returns the path of ``index.html``."""
     from repro.claims import ledger as claims
-    from repro.results import git_commit
 
     root = Path(root)
     out = Path(out) if out is not None else root / "build" / "site"
@@ -182,7 +185,7 @@ def build_site(root: Path, out: Path | None = None, nb_dir: Path | None = None) 
             for f in _figures_of(name, figures):
                 shutil.copy2(f, tmp / "figures" / f.name)
             notebooks.append(facts)
-        (tmp / "index.html").write_text(index_html(claims.ledger(), notebooks, git_commit()),
+        (tmp / "index.html").write_text(index_html(claims.ledger(), notebooks),
                                         encoding="utf-8")
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
         if out.exists():

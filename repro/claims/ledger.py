@@ -58,7 +58,8 @@ def ledger() -> list[dict[str, Any]]:
                      "key_number": v.get("key_number", ""), "hardware": v.get("hardware", ""),
                      "source": v.get("source", ""), "note": v.get("note", ""),
                      "emulated": bool(v.get("emulated", False)),
-                     "notebook": c.get("notebook") or ""})
+                     "stale": bool(v.get("stale", False)), "stale_note": v.get("stale_note", ""),
+                     "numbers": v.get("numbers", {}), "notebook": c.get("notebook") or ""})
     return rows
 
 
@@ -73,7 +74,10 @@ def markdown_table(rows: list[dict[str, Any]] | None = None) -> str:
     for r in rows:
         nb = f"[{r['notebook']}](notebooks/{r['notebook']}.py)" if r["notebook"] else ""
         key = cell(r["key_number"]) + (" (emulated)" if r.get("emulated") else "")
-        out.append(f"| {r['claim']} | {cell(r['statement'])} | **{r['verdict']}** | "
+        verdict = f"**{r['verdict']}**" + (" — stale" if r.get("stale") else "")
+        if r.get("stale_note"):
+            key += f" ({cell(r['stale_note'])})"
+        out.append(f"| {r['claim']} | {cell(r['statement'])} | {verdict} | "
                    f"{key} | {cell(r['hardware'])} | {cell(r['source'])} | {nb} |")
     return "\n".join(out)
 

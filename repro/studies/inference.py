@@ -228,4 +228,5 @@ def cells(p: dict[str, Any]) -> list[Cell]:
 
 
 STUDY = Study(EXPERIMENT, CLAIMS, cells, check=check,
-              about="B6: FP8/INT8 post-training quantization of the LM: accuracy, speed, memory")
+              about="B6: FP8/INT8 post-training quantization of the LM: accuracy, speed, memory",
+              data=("repro/data/lm_corpus.txt.gz",))

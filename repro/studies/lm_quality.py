@@ -372,4 +372,4 @@ def cells(p: Params) -> list[Cell]:
 
 
 STUDY = Study(EXPERIMENT, CLAIMS, cells, check, about="decoder LM losses and bytes per recipe",
-              params=Params)
+              params=Params, data=("repro/data/lm_corpus.txt.gz",))

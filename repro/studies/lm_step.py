@@ -234,4 +234,4 @@ def cells(p: Params) -> list[Cell]:
 
 
 STUDY = Study(EXPERIMENT, CLAIMS, cells, check, about="the decoder LM's train step per recipe",
-              params=Params)
+              params=Params, data=("repro/data/lm_corpus.txt.gz",))

@@ -6,7 +6,11 @@ unit of work (a recipe at a size, an environment and a variant...): ``run()`` re
 records, and the runner writes them atomically to
 ``<root>/<hardware>/<experiment>/<cell>.json``. Everything else lives here, once:
 
-* resume: a cell already recorded on this hardware is skipped (``force`` redoes it);
+* resume: a cell already recorded on this hardware is skipped (``force`` redoes it), unless
+  its records are stale: made by other code than the study's closure now, or by other
+  jax/jaxlib/flax versions (:mod:`repro.provenance`); a stale cell is recorded again;
+* provenance: every record is stamped with the fingerprint of the study's code (``code``) and
+  the versions of the packages on its path (``versions``), hashed when the run starts;
 * selection: ``only`` (glob patterns on cell names) and ``recipes`` (the recipes a cell uses;
   a study whose cells time several recipes together narrows its parameters instead);
 * failures: a cell that raises is reported in one line and the study goes on; the run ends
@@ -69,6 +73,10 @@ class Study:
     for a study whose cells time several recipes together, the parameters restricted to
     ``recipes`` (``--recipe``). ``requires``: command-line options the study cannot run
     without (fields of its parameters, e.g. ``purejaxrl``: a checkout to compare against).
+    ``data``: data files (paths in the checkout, e.g. ``repro/data/lm_corpus.txt.gz``) whose
+    bytes the records depend on: hashed into each record's ``code`` with the source files.
+    ``module``: the module whose import closure made the records (default: the module that
+    defines ``cells``).
     """
 
     experiment: str
@@ -80,6 +88,12 @@ class Study:
     section: str | None = ""
     narrow: Callable[[Any, Sequence[str]], Any] | None = None
     requires: tuple[str, ...] = ()
+    data: tuple[str, ...] = ()
+    module: str | None = None
+
+    @property
+    def source_module(self) -> str:
+        return self.module or self.cells.__module__
 
     @property
     def params_section(self) -> str | None:
@@ -143,10 +157,12 @@ def _one_line(err: BaseException) -> str:
 @dataclass
 class Outcome:
     """What a run did: files written, cells skipped (already recorded) or with nothing to
-    record, cells failed, and why it ended early (time budget), if it did."""
+    record, cells recorded again because their records were stale, cells failed, and why it
+    ended early (time budget), if it did."""
 
     written: list[Path] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    restale: list[str] = field(default_factory=list)
     empty: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     stopped: str | None = None
@@ -178,16 +194,27 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
     from tqdm import tqdm  # not tqdm.auto: that wants ipywidgets inside notebooks
 
     from repro import hardware as hw
+    from repro import provenance
 
     cells, every = plan(study, params, only, recipes)
     root = Path(root)
     slug = results.slug(hardware) if hardware else hw.detect().slug
+    stamp = provenance.study_stamp(study.source_module, study.data)
 
     def done(name: str) -> bool:
-        return results.have_cell(study.experiment, name, hardware=slug, root=root)
+        return results.have_cell(study.experiment, name, hardware=slug, root=root, stamp=stamp)
 
     todo = [c for c in cells if force or not done(c.name)]
     out = Outcome(skipped=[c.name for c in cells if c.name not in {t.name for t in todo}])
+    if not force:
+        recorded = {c.name: results.read_cell(study.experiment, c.name, slug, root) for c in todo}
+        out.restale = [n for n, recs in recorded.items()
+                       if recs and not all(results.matches_stamp(r, stamp) for r in recs)]
+    if out.restale:
+        tqdm.write(f"{study.experiment}: {len(out.restale)} recorded cell(s) are stale (other "
+                   f"code or jax/jaxlib/flax than now): recording them again: "
+                   f"{', '.join(out.restale[:6])}{', ...' if len(out.restale) > 6 else ''}",
+                   file=sys.stderr)
     if msg := cross_call_note(study.experiment, todo, every, done):
         tqdm.write(msg, file=sys.stderr)
     start = time.monotonic()
@@ -215,7 +242,7 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
         if not recs:
             out.empty.append(cell.name)
             continue
-        recs = results.restamp(recs, hardware=hardware, note=note)
+        recs = results.restamp(recs, hardware=hardware, note=note, stamp=stamp)
         out.written.append(results.write_records(recs, study.experiment, cell.name, root=root))
     bar.close()
     if out.failed:

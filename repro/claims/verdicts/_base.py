@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -14,9 +15,28 @@ VERDICTS = ("reproduced", "partly", "contradicted", "inconclusive", "projected",
             "not yet measured")
 
 
+def tidy(numbers: Any) -> Any:
+    """``numbers`` (nested mappings of numbers) with floats to 4 significant digits, bools
+    and ints kept, non-finite values and empty mappings dropped: the same bytes for the same
+    evidence in ``verdicts/`` and ``metrics/``."""
+    if isinstance(numbers, dict):
+        out = {str(k): tidy(v) for k, v in numbers.items()}
+        return {k: v for k, v in out.items() if v is not None and v != {}}
+    if isinstance(numbers, (bool, int)) or numbers is None:
+        return numbers
+    x = float(numbers)
+    return float(f"{x:.4g}") if math.isfinite(x) else None
+
+
 @dataclass(frozen=True)
 class Verdict:
-    """One claim's verdict, as the ledger stores it (``verdicts/<claim>.json``)."""
+    """One claim's verdict, as the ledger stores it (``verdicts/<claim>.json``).
+
+    ``numbers``: the key number's values as numbers (nested by hardware, comparison...), for
+    ``metrics/<notebook>.json`` and ``dvc metrics``. ``stale``: the verdict rests on quality
+    records made by other code than this checkout's, ``stale_note`` says which and since when
+    (``repro.claims.staleness``; stale speed records are left out instead, named in ``note``).
+    """
 
     claim: str
     verdict: str
@@ -25,6 +45,9 @@ class Verdict:
     source: str = ""
     note: str = ""
     emulated: bool = False
+    numbers: dict[str, Any] = field(default_factory=dict)
+    stale: bool = False
+    stale_note: str = ""
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:
@@ -32,7 +55,7 @@ class Verdict:
                              f"valid: {', '.join(VERDICTS)}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "numbers": tidy(dict(self.numbers))}
 
 
 def _hw(frame: pd.DataFrame, default: str = "none") -> str:

@@ -32,7 +32,9 @@ def b1(checks: Mapping[str, bool], mismatches: tuple[int, int], sizes: tuple[int
                 "FP4 tensor cores")
     v = "contradicted" if not passed else "reproduced" if native_fp4 else "partly"
     return Verdict("B1", v, key, hardware,
-                   "notebooks/01_formats.py (checks run in the notebook); results/*/lm", note)
+                   "notebooks/01_formats.py (checks run in the notebook); results/*/lm", note,
+                   numbers={"e2m1_mismatches": mismatches[0], "scale_mismatches": mismatches[1],
+                            "nvfp4_rel_error": nvfp4_error, "native_fp4": int(native_fp4)})
 
 
 B2_TARGET = 1.5  # a measured NVFP4/BF16 step speedup at or above this reproduces "up to 1.6x"
@@ -54,7 +56,8 @@ def _b2_measured(measured_fp4: pd.DataFrame) -> Verdict:
     return Verdict("B2", v, f"measured NVFP4 {best['speedup']:.2f}x vs {best['baseline']} "
                    f"({best['model']}, {best['hardware']})", str(best["hardware"]),
                    "lm records (measured)", "measured on a chip with FP4 tensor cores; "
-                   "the model's projection is in notebook 06")
+                   "the model's projection is in notebook 06",
+                   numbers={"nvfp4_speedup_max": best["speedup"], "nvfp4_bf16_max": top})
 
 
 def _b2_validation(val: pd.DataFrame | None, hw_slug: str, calibrated: bool, mode: str) -> str:
@@ -105,11 +108,18 @@ def b2(projection: pd.DataFrame, measured_fp4: pd.DataFrame | None = None,
     calibrated = bool(projection["calibrated"].any())
     mode, hw_slug = str(projection["mode"].iloc[0]), str(projection["hardware"].iloc[0])
     source = "datasheet" if mode == "datasheet" else hw_slug
+    numbers = {}
+    for model, comparison, target, _ in B2_KEY:
+        m = projection[(projection["model"] == model) & (projection["comparison"] == comparison)
+                       & (projection["target"] == target)]
+        if len(m):
+            numbers[f"{model}_{comparison}_{target}"] = {
+                "projected": m["speedup"].iloc[0], "published": m["published_speedup"].iloc[0]}
     return Verdict("B2", "projected", _b2_key(projection),
                    f"{source} -> gb200/gb300 (projection)",
                    "perfmodel projection" + ("" if calibrated else " (not calibrated)"),
                    "no record from a chip with FP4 tensor cores yet; "
-                   + _b2_validation(validation, hw_slug, calibrated, mode))
+                   + _b2_validation(validation, hw_slug, calibrated, mode), numbers=numbers)
 
 
 B3_LIMIT = 0.30  # 1/4 of FP16's bytes plus at most 5 points of scale overhead
@@ -133,7 +143,8 @@ def b3(ratios: pd.DataFrame) -> Verdict:
     key = (f"NVFP4 tensors take {r['weights']:.3f} (weights, 16x16 blocks) and "
            f"{r['activations']:.3f} (activations, 1x16) of their BF16/FP16 bytes; the "
            f"{r['model']} model's GEMM operands under NVIDIA's policy {r['whole']:.3f}")
-    return Verdict("B3", v, key, str(r["hardware"]), source, note)
+    return Verdict("B3", v, key, str(r["hardware"]), source, note,
+                   numbers={k: r[k] for k in ("weights", "activations", "whole")})
 
 
 B4_MIN_SEEDS = 3
@@ -200,7 +211,10 @@ def b4(gaps: pd.DataFrame, vs_fp8: pd.DataFrame, bounds: tuple[float, float] | N
            f"{', emulated NVFP4' if row['emulated'] else ''}) vs margin "
            f"[{100 * low:+.1f}%, {100 * high:+.1f}%]")
     return Verdict("B4", v, key, str(row["hardware"]), source, _b4_note(row, gaps, vs_fp8),
-                   emulated=bool(row["emulated"]))
+                   emulated=bool(row["emulated"]),
+                   numbers={"rel_gap": row["rel_gap"], "rel_lo": row["rel_lo"],
+                            "rel_hi": row["rel_hi"], "margin_low": low, "margin_high": high,
+                            "n_seeds": int(row["n_seeds"])})
 
 
 B5_EFFICIENCY = 0.8  # weak-scaling efficiency at the largest device count
@@ -249,4 +263,7 @@ def b5(table: pd.DataFrame, planned: Mapping[str, Sequence[str]] | None = None) 
     note = (f"Target >= {B5_EFFICIENCY} at >= 4 GPUs."
             + (f" Not recorded at {nmax} GPUs: {', '.join(missing)}." if missing else "")
             + f" {B5_CPU_CHECKS}.")
-    return Verdict("B5", v, key, hw, source, note, emulated=bool(last["emulated"].any()))
+    numbers = {"n_gpus": nmax, **{f"{r.workload}_{r.recipe}": {
+        "efficiency": r.efficiency, "fp8_bf16": r.fp8_speedup} for r in last.itertuples()}}
+    return Verdict("B5", v, key, hw, source, note, emulated=bool(last["emulated"].any()),
+                   numbers=numbers)

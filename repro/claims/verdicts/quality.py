@@ -100,7 +100,18 @@ def _combine(parts: Sequence[bool | str | None]) -> str:
     return "reproduced" if len(known) == len(parts) else "partly"
 
 
-def _quality(claim: str, v: str, parts: list[str], ev: QualityEvidence) -> Verdict:
+def _numbers(poi: pd.DataFrame, *pairs: tuple[str, str]) -> dict:
+    """``{"X_vs_Y": {"p", "lo", "hi"}}`` of the comparisons that were run."""
+    out = {}
+    for x, y in pairs:
+        r = _row(poi, x, y)
+        if r is not None:
+            out[f"{x}_vs_{y}"] = {"p": r.p, "lo": r.lo, "hi": r.hi}
+    return out
+
+
+def _quality(claim: str, v: str, parts: list[str], ev: QualityEvidence,
+             numbers: dict | None = None) -> Verdict:
     """Smoke records never decide; fewer than MIN_ENVS environments cap at partly."""
     if ev.profile != "full" and v != "not yet measured":
         parts = [f"smoke only ({v} on {ev.n_seeds} seeds, {', '.join(ev.envs)})"] + parts
@@ -111,7 +122,8 @@ def _quality(claim: str, v: str, parts: list[str], ev: QualityEvidence) -> Verdi
                   f"(< {MIN_ENVS}: capped at partly)")] + parts
     note = (f"notebook 04_rl_quality; {ev.profile} profile; IQM/POI over "
             f"{', '.join(ev.envs)}")
-    return Verdict(claim, v, "; ".join(parts), ev.hardware, QUALITY_SOURCE, note)
+    return Verdict(claim, v, "; ".join(parts), ev.hardware, QUALITY_SOURCE, note,
+                   numbers=numbers or {})
 
 
 def a5(poi: pd.DataFrame, ev: QualityEvidence, bounds: Sequence[float] | None = None
@@ -121,7 +133,9 @@ def a5(poi: pd.DataFrame, ev: QualityEvidence, bounds: Sequence[float] | None = 
     kept, text = _kept(poi, "fp8-delayed", "fp32", bounds or margin("A5"))
     v = _combine([kept, _better(poi, "fp8-delayed", "fp8-noscale")])
     return _quality("A5", v, [text, _compare(poi, "fp8-delayed", "fp8-noscale")[1],
-                              _compare(poi, "fp8-current", "fp8-noscale")[1]], ev)
+                              _compare(poi, "fp8-current", "fp8-noscale")[1]], ev,
+                    _numbers(poi, ("fp8-delayed", "fp32"), ("fp8-delayed", "fp8-noscale"),
+                             ("fp8-current", "fp8-noscale")))
 
 
 def a6(poi: pd.DataFrame, ev: QualityEvidence, bounds: Sequence[float] | None = None
@@ -129,7 +143,7 @@ def a6(poi: pd.DataFrame, ev: QualityEvidence, bounds: Sequence[float] | None = 
     """A6: FP8 compute with FP32 master weights (fp8-delayed) keeps FP32's quality within the
     margin."""
     kept, text = _kept(poi, "fp8-delayed", "fp32", bounds or margin("A6"))
-    return _quality("A6", _combine([kept]), [text], ev)
+    return _quality("A6", _combine([kept]), [text], ev, _numbers(poi, ("fp8-delayed", "fp32")))
 
 
 def a7(poi: pd.DataFrame, ev: QualityEvidence) -> Verdict:
@@ -142,7 +156,9 @@ def a7(poi: pd.DataFrame, ev: QualityEvidence) -> Verdict:
          "reproduced" if _not_worse(poi, "fp8-e2e", "fp32") else "partly")
     return _quality("A7", v, [_compare(poi, "fp8-e2e", "fp8-e2e-nokahan")[1],
                               _compare(poi, "bf16w-kahan", "bf16w-nokahan")[1],
-                              _compare(poi, "fp8-e2e", "fp32")[1]], ev)
+                              _compare(poi, "fp8-e2e", "fp32")[1]], ev,
+                    _numbers(poi, ("fp8-e2e", "fp8-e2e-nokahan"), ("bf16w-kahan", "bf16w-nokahan"),
+                             ("fp8-e2e", "fp32")))
 
 
 def _prevents(poi, ablation: str, what: str, diverged: Mapping[str, int]):
@@ -162,8 +178,10 @@ def a8(poi: pd.DataFrame, ev: QualityEvidence, diverged: Mapping[str, int]) -> V
     grad = _prevents(poi, "fp8-e2e-nogradclip", "gradient clipping", diverged)
     weight = _prevents(poi, "fp8-e2e-noweightclip", "weight clipping", diverged)
     div = ", ".join(f"{k} {int(n)}" for k, n in diverged.items() if n) or "none"
+    numbers = _numbers(poi, ("fp8-e2e", "fp8-e2e-nogradclip"), ("fp8-e2e", "fp8-e2e-noweightclip"))
+    numbers["diverged_seeds"] = {k: int(n) for k, n in diverged.items()}
     return _quality("A8", _combine([grad[0], weight[0]]),
-                    [grad[1], weight[1], f"diverged seeds: {div}"], ev)
+                    [grad[1], weight[1], f"diverged seeds: {div}"], ev, numbers)
 
 
 def _determinism(same_seed: bool | None, repeats: pd.DataFrame) -> tuple[bool | None, str]:
@@ -193,4 +211,7 @@ def a10(poi: pd.DataFrame, ev: QualityEvidence, same_seed: bool | None,
     quality = (None if k32 is None or k16 is None else True if k32 is True and k16 is True
                else False if False in (k32, k16) else UNSURE)
     same, text = _determinism(same_seed, repeats)
-    return _quality("A10", _combine([quality, same]), [t32, t16, text], ev)
+    numbers = _numbers(poi, ("fp8-delayed", "fp32"), ("fp8-delayed", "bf16"))
+    if same is not None:
+        numbers["same_seed_identical"] = int(bool(same))
+    return _quality("A10", _combine([quality, same]), [t32, t16, text], ev, numbers)

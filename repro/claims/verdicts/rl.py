@@ -35,7 +35,8 @@ def a1(stores: pd.DataFrame) -> Verdict:
     v = "reproduced" if n == 4 else "partly" if n >= 2 else "contradicted"
     key = (f"at most {n} of 4 A1 stores in FP8 (variant {best['variant']}); optimizer "
            "moments and update arithmetic stay FP32; FP8 weight storage held in a BF16 container")
-    return Verdict("A1", v, key, str(best["hardware"]), RL_MEMORY_SOURCE, RL_NOTE)
+    return Verdict("A1", v, key, str(best["hardware"]), RL_MEMORY_SOURCE, RL_NOTE,
+                   numbers={"fp8_stores": n})
 
 
 def a2(sp: pd.DataFrame) -> Verdict:
@@ -48,7 +49,7 @@ def a2(sp: pd.DataFrame) -> Verdict:
         return Verdict("A2", "not yet measured",
                        "no native-FP8 records (FP8 on this hardware is emulated)", _hw(sp),
                        RL_SPEED_SOURCE, RL_NOTE)
-    lines, verdicts = [], []
+    lines, verdicts, numbers = [], [], {}
     for h, g in real.groupby("hardware"):
         nmax = g.num_envs.max()
         best = g[g.num_envs == nmax].groupby("width")[["e2e", "update"]].max()
@@ -61,12 +62,13 @@ def a2(sp: pd.DataFrame) -> Verdict:
         else:
             verdicts.append("contradicted")
         top = g.loc[g.e2e.idxmax()]
+        numbers[h] = {"fp8_fp16_e2e_max": e2e_max, "fp8_fp16_update_max": upd_max}
         lines.append(f"{h}: FP8/FP16 whole loop up to {e2e_max:.2f}x (width {int(top.width)},"
                      f" {int(top.num_envs)} envs), update alone up to {upd_max:.2f}x; "
                      f">= 1.6x end to end at widths {widths_ok or 'none'}")
     order = ["reproduced", "partly", "contradicted"]
     return Verdict("A2", min(verdicts, key=order.index), "; ".join(lines), _hw(real),
-                   RL_SPEED_SOURCE, RL_NOTE)
+                   RL_SPEED_SOURCE, RL_NOTE, numbers=numbers)
 
 
 def a3(projection: pd.DataFrame, bandwidth_ratio: float, fp16_ratio: float,
@@ -80,13 +82,15 @@ def a3(projection: pd.DataFrame, bandwidth_ratio: float, fp16_ratio: float,
                f"FP8/FP16 {b.e2e:.2f}x x H100/A100 FP16 {bandwidth_ratio:.2f}-"
                f"{fp16_ratio:.2f}x); seed claims 2.8x")
         hw = _hw(projection) + " -> a100-sxm (datasheet)"
+        numbers = {"projected_lo": b.lo, "projected_hi": b.hi, "measured_fp8_fp16": b.e2e}
     else:
         key = (f"datasheet bounds only: {bandwidth_ratio:.2f}x (bandwidth) to "
                f"{fp8_ceiling:.2f}x (H100 FP8 peak / A100 FP16 peak); seed claims 2.8x")
         hw = "datasheets h100-sxm, a100-sxm"
+        numbers = {"projected_lo": bandwidth_ratio, "projected_hi": fp8_ceiling}
     return Verdict("A3", "projected", key, hw,
                    "repro/data/hardware.yaml + results/*/rl_throughput",
-                   "PROJECTION from datasheet ratios; no A100 measured")
+                   "PROJECTION from datasheet ratios; no A100 measured", numbers=numbers)
 
 
 def a4(memory: pd.DataFrame) -> Verdict:
@@ -110,7 +114,8 @@ def a4(memory: pd.DataFrame) -> Verdict:
     ratio = min(r[1] for r in real)
     v = "reproduced" if ratio <= 0.9 else "partly" if ratio < 1.0 else "contradicted"
     key = "; ".join(f"{h}: update memory FP8/FP16 = {x:.2f} at width {w}" for h, x, _, w in real)
-    return Verdict("A4", v, key, ", ".join(r[0] for r in real), RL_MEMORY_SOURCE, RL_NOTE)
+    return Verdict("A4", v, key, ", ".join(r[0] for r in real), RL_MEMORY_SOURCE, RL_NOTE,
+                   numbers={h: {"update_memory_fp8_fp16": x} for h, x, _, _ in real})
 
 
 def a9(sp: pd.DataFrame) -> Verdict:
@@ -130,4 +135,5 @@ def a9(sp: pd.DataFrame) -> Verdict:
         key += ("; CNN speed not measured: every FP8 CNN cell is emulated (the FP8 convolution's "
                 "backward runs through BF16)")
     return Verdict("A9", v, key + " (speed; quality in notebook 04)", _hw(real),
-                   "results/*/rl_throughput", RL_NOTE)
+                   "results/*/rl_throughput", RL_NOTE,
+                   numbers={f"{k}_fp8_bf16_e2e_max": x for k, x in best.items()})

@@ -1,0 +1,396 @@
+"""Code fingerprints: which source a record's numbers came from, and whether that source changed.
+
+A record made by a study carries ``code``: one hash per source file on the study's path and
+one digest of them all. The path is the study's module and every ``repro`` module in its
+static import closure: each ``import repro...`` / ``from repro... import`` statement anywhere
+in a file (lazy ones inside functions too) is followed; a package's ``__init__.py`` counts
+where a name is taken from it (``from repro.precision import resolve``), not where it is only
+the parent of an imported module (``from repro.studies import runner``). Imports by string
+(``importlib.import_module``) are not followed. Data files a study declares
+(``Study.data``, e.g. the LM corpus) are hashed byte for byte.
+
+A source file's hash is the sha256 of its *normalized* source: its syntax tree (``ast.dump``)
+without docstrings or other bare string statements, so comments, docstrings and formatting
+do not count, while any change to what runs does. Hashes are computed from the files as they
+are when the record is written, so uncommitted edits show and nothing can assert them. The
+syntax tree's printed form belongs to the Python minor version: the lock pins it.
+
+A record is *stale* (:func:`staleness`) when its digest differs from the digest of the same
+closure now (the reason names the changed files and ``since`` the first commit after the
+record's that touched one of them), when its jax/jaxlib/flax versions differ from those of
+``requirements.lock``, or when it has no fingerprint (records made before fingerprints
+existed). Nothing here imports JAX: ``repro status`` hashes the tree in well under a second.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+PACKAGE = "repro"
+# The checkout the running `repro` was imported from (tests point it at a copy).
+CHECKOUT = Path(__file__).resolve().parent.parent
+LOCK = "requirements.lock"
+HASH_CHARS = 16  # the first 64 bits of each sha256: enough to tell versions of a file apart
+# Versions a record must share with the lock to count as made by this environment.
+LOCKED = ("jax", "jaxlib", "flax")
+# Always recorded where installed, whatever the study imports.
+CORE = ("jax", "jaxlib", "flax", "optax", "numpy", "ml_dtypes")
+# Installed distributions whose versions matter to GPU numbers (CUDA plugins and libraries).
+_ACCELERATOR_DISTS = re.compile(r"^(jax[-_]cuda|jax[-_]rocm|nvidia[-_]|transformer[-_]engine)",
+                                re.I)
+# Experiments whose records are training quality (returns, losses, bitwise repeats): a stale
+# one still yields its verdict, marked stale; stale records of any other experiment are
+# speed or memory and are left out of verdicts.
+QUALITY_EXPERIMENTS = frozenset({"rl_quality", "rl_quality_repeat", "lm"})
+
+
+# ------------------------------------------------------------------------- the closure
+
+
+def _rel(path: Path) -> str:
+    try:
+        return path.resolve().relative_to(CHECKOUT).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def module_file(name: str) -> Path | None:
+    """The source file of module ``name``: under the checkout for ``repro...`` (no import),
+    else that of an already imported module (a study defined outside the package)."""
+    if name == PACKAGE or name.startswith(PACKAGE + "."):
+        base = CHECKOUT.joinpath(*name.split("."))
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            if path.is_file():
+                return path
+        return None
+    file = getattr(sys.modules.get(name), "__file__", None)
+    return Path(file) if file and file.endswith(".py") else None
+
+
+def _module_name(path: Path) -> str | None:
+    try:
+        parts = list(path.resolve().relative_to(CHECKOUT).with_suffix("").parts)
+    except ValueError:
+        return None
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+@functools.lru_cache(maxsize=512)
+def _tree(path: str, mtime_ns: int, size: int) -> ast.Module:
+    return ast.parse(Path(path).read_bytes(), filename=path)
+
+
+def _parse(path: Path) -> ast.Module:
+    st = path.stat()
+    return _tree(str(path), st.st_mtime_ns, st.st_size)
+
+
+def _resolve_from(node: ast.ImportFrom, here: str | None, is_pkg: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = (here or "").split(".")
+    base = base if is_pkg else base[:-1]
+    base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(path: Path) -> tuple[set[str], set[str]]:
+    """(``repro`` modules whose code the file's import statements run, top-level names of
+    the other modules it imports), from every import statement in the file."""
+    tree, here = _parse(path), _module_name(path)
+    is_pkg = path.name == "__init__.py"
+    ours, theirs = set(), set()
+
+    def note(name: str) -> None:
+        top = name.split(".")[0]
+        ours.add(name) if top == PACKAGE else theirs.add(top)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                note(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve_from(node, here, is_pkg)
+            if not base or base.split(".")[0] != PACKAGE:
+                note(base or "")
+                continue
+            attrs = [a.name for a in node.names
+                     if a.name == "*" or module_file(f"{base}.{a.name}") is None]
+            ours.update(f"{base}.{a.name}" for a in node.names if a.name not in attrs)
+            if attrs:  # names defined by the package's (or module's) own file
+                ours.add(base)
+    theirs.discard("")
+    return ours, theirs - set(sys.stdlib_module_names) - {"__future__"}
+
+
+def closure(module: str | Path) -> tuple[list[Path], set[str]]:
+    """(the source files of ``module`` (a module name, or the path of a file such as a
+    notebook) and of every ``repro`` module it reaches through import statements, sorted;
+    the top-level names of every other module they import)."""
+    seen: dict[str, Path] = {}
+    others: set[str] = set()
+    todo: list[str | Path] = [module]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        path = name if isinstance(name, Path) else module_file(name)
+        if path is None or not path.is_file():
+            if name == module:
+                raise ValueError(f"no source file for module {module!r}")
+            continue
+        seen[name] = path
+        ours, theirs = imports(path)
+        others |= theirs
+        todo.extend(sorted(ours - set(seen)))
+    return sorted(set(seen.values()), key=_rel), others
+
+
+# --------------------------------------------------------------------------- hashing
+
+
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        kept = [s for s in body if not (isinstance(s, ast.Expr)
+                                         and isinstance(s.value, ast.Constant)
+                                         and isinstance(s.value.value, str))]
+        node.body = kept or [ast.Pass()]
+    return tree
+
+
+@functools.lru_cache(maxsize=512)
+def _source_hash(path: str, mtime_ns: int, size: int) -> str:
+    tree = _strip_docstrings(ast.parse(Path(path).read_bytes(), filename=path))
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()[:HASH_CHARS]
+
+
+def source_hash(path: Path) -> str:
+    """sha256 (first :data:`HASH_CHARS` hex digits) of the file's syntax tree without
+    docstrings: comments, docstrings and layout do not change it."""
+    st = path.stat()
+    return _source_hash(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _bytes_hash(path: str, mtime_ns: int, size: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:HASH_CHARS]
+
+
+def data_hash(path: Path) -> str:
+    """sha256 (first :data:`HASH_CHARS` hex digits) of the file's bytes."""
+    st = path.stat()
+    return _bytes_hash(str(path), st.st_mtime_ns, st.st_size)
+
+
+def digest(files: dict[str, str]) -> str:
+    """One hash of every (file, hash) pair."""
+    text = "\n".join(f"{k} {v}" for k, v in sorted(files.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]
+
+
+def fingerprint(module: str, data: Iterable[str] = ()) -> dict[str, Any]:
+    """The ``code`` field of a record made by ``module``: ``{"module", "files": {path:
+    hash}, "data": [paths], "digest"}``; ``data``: data files (paths in the checkout)."""
+    paths, _ = closure(module)
+    files = {_rel(p): source_hash(p) for p in paths}
+    data = sorted(data)
+    for rel in data:
+        path = CHECKOUT / rel
+        if not path.is_file():
+            raise ValueError(f"{module}: declared data file {rel} does not exist")
+        files[rel] = data_hash(path)
+    return {"module": module, "files": files, "data": data, "digest": digest(files)}
+
+
+# -------------------------------------------------------------------------- versions
+
+
+@functools.cache
+def _distributions() -> dict[str, list[str]]:
+    from importlib.metadata import packages_distributions
+
+    return packages_distributions()
+
+
+def _accelerator_versions() -> dict[str, str]:
+    """CUDA runtime, cuDNN, driver ... versions as JAX's CUDA plugin reports them, where JAX
+    is imported and has one (nothing on a CPU)."""
+    if "jax" not in sys.modules:
+        return {}
+    try:
+        from jax._src.lib import cuda_versions
+    except ImportError:
+        return {}
+    out = {}
+    for name in dir(cuda_versions or ()):
+        if name.endswith("_get_version"):
+            try:
+                out[name.removesuffix("_get_version")] = str(getattr(cuda_versions, name)())
+            except Exception:  # noqa: BLE001 - a library the plugin cannot load: not recorded
+                continue
+    return out
+
+
+def versions(imported: Iterable[str] = ()) -> dict[str, str]:
+    """``{distribution: version}`` of the :data:`CORE` packages, of the distributions that
+    provide the top-level modules ``imported``, of installed CUDA plugins and libraries, plus
+    the CUDA versions JAX reports and ``python``."""
+    from importlib.metadata import PackageNotFoundError, distributions, version
+
+    names = set(CORE)
+    for mod in imported:
+        names.update(_distributions().get(mod, ()))
+    names.update(d.metadata["Name"] for d in distributions()
+                 if d.metadata["Name"] and _ACCELERATOR_DISTS.match(d.metadata["Name"]))
+    out = {}
+    for name in sorted(names, key=str.lower):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    out.update(_accelerator_versions())
+    out["python"] = ".".join(map(str, sys.version_info[:3]))
+    return out
+
+
+def study_stamp(module: str, data: Iterable[str] = ()) -> dict[str, Any]:
+    """``{"code": fingerprint, "versions": versions}`` for the records of a study run."""
+    code = fingerprint(module, data)
+    _, others = closure(module)
+    return {"code": code, "versions": versions(others)}
+
+
+def locked_versions(lock: Path | None = None) -> dict[str, str]:
+    """``{name: version}`` of the ``name==version`` lines of ``requirements.lock`` (lower
+    case, ``_`` as ``-``); empty where there is no lock."""
+    path = lock or CHECKOUT / LOCK
+    if not path.is_file():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        if m := re.match(r"^\s*([A-Za-z0-9_.-]+)\s*==\s*([^\s;#]+)", line):
+            out[m.group(1).lower().replace("_", "-")] = m.group(2)
+    return out
+
+
+# ------------------------------------------------------------------------- staleness
+
+
+@dataclass(frozen=True)
+class Staleness:
+    """Whether a record still describes this code: ``reason`` (one line) when it does not,
+    ``since`` the first commit after the record's that changed a file on its path
+    (``"uncommitted"``: the change is in the working tree only), ``changed`` those files;
+    ``summary``: the reason without the record's own commit (the same for every record that
+    is stale for the same reason)."""
+
+    stale: bool
+    reason: str | None = None
+    since: str | None = None
+    changed: tuple[str, ...] = ()
+    summary: str | None = None
+
+
+def _commit(rec: dict[str, Any]) -> str:
+    commit = str(rec.get("git_commit") or "unknown")
+    return commit[:7] + ("-dirty" if commit.endswith("-dirty") else "") \
+        if re.match(r"[0-9a-f]{8,}", commit) else commit
+
+
+def first_change(commit: str, paths: Iterable[str]) -> str | None:
+    """The first commit after ``commit`` that touched one of ``paths`` (``git log``), or
+    ``"uncommitted"`` when none did (the change is in the working tree); None without git
+    or when ``commit`` is not in this repository's history."""
+    commit = commit.removesuffix("-dirty")
+    if not re.fullmatch(r"[0-9a-f]{4,40}", commit):
+        return None
+    try:
+        out = subprocess.run(["git", "log", "--reverse", "--format=%h", f"{commit}..HEAD",
+                              "--", *paths], cwd=CHECKOUT, capture_output=True, text=True,
+                             timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    first = out.stdout.split()
+    return first[0] if first else "uncommitted"
+
+
+class Checker:
+    """Decides :func:`staleness` for many records, hashing each study's closure once."""
+
+    def __init__(self, lock: Path | None = None):
+        self.lock = locked_versions(lock)
+        self._now: dict[tuple, dict[str, Any] | str] = {}
+        self._since: dict[tuple, str | None] = {}
+
+    def current(self, module: str, data: tuple[str, ...]) -> dict[str, Any] | str:
+        """The fingerprint of ``module`` now, or why there is none (one line)."""
+        key = (module, data)
+        if key not in self._now:
+            try:
+                self._now[key] = fingerprint(module, data)
+            except (ValueError, OSError, SyntaxError) as e:
+                self._now[key] = f"its code cannot be fingerprinted now ({e})"
+        return self._now[key]
+
+    def since(self, commit: str, changed: tuple[str, ...]) -> str | None:
+        key = (commit, changed)
+        if key not in self._since:
+            self._since[key] = first_change(commit, changed)
+        return self._since[key]
+
+    def _code(self, rec: dict[str, Any]) -> tuple[str | None, str | None, tuple[str, ...]]:
+        """(reason with the record's commit, reason without it, since, changed files)."""
+        code, commit = rec.get("code"), _commit(rec)
+        if not isinstance(code, dict) or not code.get("digest"):
+            return (f"recorded before code fingerprints, at commit {commit}; its code has "
+                    "been restructured since"), "recorded before code fingerprints; the code "\
+                "has been restructured since", None, ()
+        now = self.current(str(code.get("module")), tuple(code.get("data") or ()))
+        if isinstance(now, str):
+            return now, now, None, ()
+        if now["digest"] == code["digest"]:
+            return None, None, None, ()
+        old, new = code.get("files") or {}, now["files"]
+        changed = tuple(sorted(f for f in set(old) | set(new) if old.get(f) != new.get(f)))
+        since = self.since(commit, changed)
+        shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4
+                                          else "")
+        when = {None: "", "uncommitted": " (uncommitted edits)"}.get(since, f" (since {since})")
+        return (f"its code changed after commit {commit}{when}: {shown}",
+                f"its code changed{when}: {shown}", since, changed)
+
+    def __call__(self, rec: dict[str, Any]) -> Staleness:
+        reason, summary, since, changed = self._code(rec)
+        reasons, summaries = [reason] if reason else [], [summary] if summary else []
+        for name in LOCKED:
+            want, have = self.lock.get(name), rec.get(name)
+            if want and have and str(have) != want:
+                reasons.append(f"recorded with {name} {have}; {LOCK} pins {want}")
+                summaries.append(reasons[-1])
+        if not reasons:
+            return Staleness(False)
+        return Staleness(True, "; ".join(reasons), since, changed, "; ".join(summaries))
+
+
+def staleness(rec: dict[str, Any], lock: Path | None = None) -> Staleness:
+    """Whether one record is stale, and why (see the module docstring)."""
+    return Checker(lock)(rec)
