@@ -61,6 +61,21 @@ def check_parameters(name: str, declared: list[str], given: dict[str, Any]) -> N
                                 f"its parameters: {', '.join(declared) or 'none'}")
 
 
+def _empty_scratch(scratch: Path) -> None:
+    """Empty a notebook's scratch folder, which holds only the records its last run wrote
+    (``HARDWARE/EXPERIMENT/CELL.json``); a folder holding anything else is left alone and
+    refused in one line: a command deletes only what it created."""
+    if not scratch.exists():
+        return
+    foreign = [p for p in scratch.rglob("*") if p.is_file() and (
+        p.suffix != ".json" or len(p.relative_to(scratch).parts) != 3)]
+    if foreign or not scratch.is_dir():
+        what = foreign[0].relative_to(scratch) if foreign else "a file"
+        raise NotebookError(f"{scratch}: holds {what}, which is not a record; the notebook's "
+                            "scratch folder is emptied before each run: move it away")
+    shutil.rmtree(scratch)
+
+
 def _require_kernel() -> None:
     from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
@@ -129,7 +144,7 @@ def run(name: str, profile: str, extra: dict[str, Any] | None = None) -> int:
     params = {**(extra or {}), "profile": profile}
     if "scratch" in declared and "scratch" not in params:
         scratch = root / "build" / "results" / name
-        shutil.rmtree(scratch, ignore_errors=True)
+        _empty_scratch(scratch)
         params["scratch"] = str(scratch)
     _require_kernel()
     nb_dir, log_dir = root / "build" / "notebooks", root / "build" / "logs"
