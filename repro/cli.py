@@ -26,8 +26,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from repro.cli_checks import (UsageError, check_cpu_full, check_label, number, split,
-                              text)
+from repro.cli_checks import (UsageError, check_cpu_full, check_label, notebook_profile,
+                              number, parse_params, split, text)
 from repro.config import ConfigError
 
 EPILOG = """\
@@ -70,7 +70,12 @@ def _profile(arg: str | None) -> str:
     from repro import config
 
     params = config.load_params()
-    return config.resolve_profile(arg if arg is not None else params.get("profile", "smoke"))
+    if arg is None:
+        return config.resolve_profile(params.get("profile", "smoke"))
+    try:
+        return config.resolve_profile(arg)
+    except ConfigError as e:
+        raise UsageError(f"--profile: {e}") from None
 
 
 # ------------------------------------------------------------------------------- record
@@ -90,6 +95,7 @@ def _plan(args, profile: str) -> list[tuple[str, Any, Any]]:
     raw, out = config.load_params(), []
     inputs = {"purejaxrl": args.purejaxrl} if args.purejaxrl else {}
     for name in studies.EXPERIMENTS if every else [args.experiment]:
+        studies.check_params(name, raw)
         s, p = studies.study(name), studies.params(name, profile, raw)
         mine = {k: v for k, v in inputs.items() if not every or hasattr(p, k)}
         if every and (missing := [r for r in s.requires if r not in mine]):
@@ -253,27 +259,12 @@ def cmd_check(args) -> int:
 def cmd_notebook(args) -> int:
     from repro import run_notebook
 
-    params = _parse_params(args.param)
-    profile = _profile(args.profile if args.profile is not None else params.pop("profile", None))
+    params = parse_params(args.param)
+    profile = _profile(notebook_profile(args.profile, params.pop("profile", None)))
     try:
         return run_notebook.run(args.name, profile, params)
     except run_notebook.NotebookError as e:
         raise UsageError(str(e)) from None
-
-
-def _parse_params(pairs: list[str] | None) -> dict[str, Any]:
-    import yaml
-
-    out = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.isidentifier():
-            raise UsageError(f"-p expects key=value with a Python identifier as key, got {pair!r}")
-        try:
-            out[key] = yaml.safe_load(value) if value else ""
-        except yaml.YAMLError:
-            out[key] = value
-    return out
 
 
 def cmd_claims(args) -> int:
@@ -417,7 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_claims)
 
     s = sub.add_parser("site", help="build the static HTML documentation site")
-    s.add_argument("--out", metavar="DIR", help="output directory (default build/site)")
+    s.add_argument("--out", metavar="DIR", type=text, help="output directory (default "
+                   "build/site; an existing one only if a build made it)")
     s.set_defaults(func=cmd_site)
     return p
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Any
 
 
 class UsageError(Exception):
@@ -41,6 +42,38 @@ def split(values: list[str] | None, option: str = "--recipe") -> list[str] | Non
     if not out:
         raise UsageError(f"{option}: no name given (got {values!r})")
     return out
+
+
+def parse_params(pairs: list[str] | None) -> dict[str, Any]:
+    """``-p KEY=VALUE`` pairs as a mapping, each value parsed as YAML."""
+    import yaml
+
+    out = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise UsageError(f"-p expects key=value with a Python identifier as key, got {pair!r}")
+        if key in out:
+            raise UsageError(f"-p {key}: given twice")
+        try:
+            out[key] = yaml.safe_load(value) if value else ""
+        except yaml.YAMLError:
+            out[key] = value
+    return out
+
+
+def notebook_profile(option: str | None, param: Any) -> str | None:
+    """The profile of ``repro notebook``: ``--profile`` or ``-p profile=``, not two that
+    disagree; checked (:func:`repro.config.resolve_profile`) where it is named."""
+    from repro.config import ConfigError, resolve_profile
+
+    if param is not None and option is not None and param != option:
+        raise UsageError(f"-p profile={param} and --profile {option} disagree; give one")
+    chosen = option if option is not None else param
+    try:
+        return None if chosen is None else resolve_profile(chosen)
+    except ConfigError as e:
+        raise UsageError(f"{'--profile' if option is not None else '-p profile'}: {e}") from None
 
 
 def check_label(args) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import difflib
 import logging
+import math
 import os
 import shutil
 import sys
@@ -32,33 +33,51 @@ def names(root: Path) -> list[str]:
 
 
 def source_of(root: Path, name: str) -> Path:
-    name = Path(name).name.removesuffix(".py")
+    given, name = name, Path(name).name.removesuffix(".py")
     source = root / "notebooks" / f"{name}.py"
     if not source.is_file():
-        raise NotebookError(f"no notebook {name!r} (looked for {source.relative_to(root)}); "
+        raise NotebookError(f"no notebook {given!r} (looked for {source.relative_to(root)}); "
                             f"available: {', '.join(names(root)) or 'none'}")
     return source
 
 
-def declared_parameters(nb) -> list[str]:
-    """The names the notebook's cell tagged ``parameters`` assigns."""
-    out: list[str] = []
+def declared_parameters(nb) -> dict[str, Any]:
+    """The names the notebook's cell tagged ``parameters`` assigns, with their default values
+    (None where a default is not a literal)."""
+    out: dict[str, Any] = {}
     for cell in nb.cells:
         if cell.cell_type == "code" and "parameters" in cell.metadata.get("tags", []):
             for node in ast.parse(cell.source).body:
                 targets = node.targets if isinstance(node, ast.Assign) else \
                     [node.target] if isinstance(node, ast.AnnAssign) else []
-                out += [t.id for t in targets if isinstance(t, ast.Name)]
+                try:
+                    default = ast.literal_eval(node.value) if node.value is not None else None
+                except (ValueError, TypeError, SyntaxError, AttributeError):
+                    default = None
+                out.update({t.id: default for t in targets if isinstance(t, ast.Name)})
     return out
 
 
-def check_parameters(name: str, declared: list[str], given: dict[str, Any]) -> None:
-    for key in given:
+def _kind(v: Any) -> str:
+    return {bool: "bool", int: "number", float: "number", str: "text"}.get(type(v),
+                                                                          type(v).__name__)
+
+
+def check_parameters(name: str, declared: dict[str, Any], given: dict[str, Any]) -> None:
+    """Every ``-p`` key a declared parameter, its value of the default's kind (a number for a
+    number, text for text...; any value where the default is None) and finite."""
+    for key, value in given.items():
         if key not in declared:
-            near = difflib.get_close_matches(key, declared, n=1)
+            near = difflib.get_close_matches(key, list(declared), n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             raise NotebookError(f"-p {key}: notebook {name} has no parameter {key!r}{hint}; "
                                 f"its parameters: {', '.join(declared) or 'none'}")
+        default = declared[key]
+        if default is not None and _kind(value) != _kind(default):
+            raise NotebookError(f"-p {key}={value!r}: notebook {name}'s {key} is "
+                                f"{_kind(default)} (default {default!r})")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise NotebookError(f"-p {key}={value!r}: expected a finite number")
 
 
 def _empty_scratch(scratch: Path) -> None:

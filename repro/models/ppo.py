@@ -48,6 +48,8 @@ divide the batch; fewer steps than one update) raise ``ValueError`` with one lin
 from __future__ import annotations
 
 import dataclasses
+import math
+import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -148,10 +150,37 @@ def valid_envs() -> list[str]:
     return list(gymnax.registered_envs)
 
 
+_POSITIVE = ("total_timesteps", "lr", "adam_eps", "loss_scale_period", "grad_clip")
+_UNIT = ("gamma", "gae_lambda")  # in [0, 1]
+
+
+def _check_values(c: PPOConfig) -> None:
+    """Each field of its annotated type (an int for an int field, a finite number for a float
+    one...), sizes and rates > 0, coefficients >= 0, discounts in [0, 1]: one line naming it."""
+    hints = typing.get_type_hints(PPOConfig)
+    for f in dataclasses.fields(PPOConfig):
+        v, kinds = getattr(c, f.name), typing.get_args(hints[f.name]) or (hints[f.name],)
+        ok = any(v is None if k is type(None) else (
+            type(v) is k or (k is float and type(v) is int)) for k in kinds)
+        if ok and isinstance(v, float) and not math.isfinite(v):
+            ok = False
+        if ok and v is not None and not isinstance(v, (bool, str)) and (
+                v <= 0 if f.name in _POSITIVE else not 0 <= v <= 1 if f.name in _UNIT
+                else v < 0):
+            ok = False
+        if not ok:
+            want = " or ".join("None" if k is type(None) else k.__name__ for k in kinds)
+            rule = ("> 0" if f.name in _POSITIVE else "in [0, 1]" if f.name in _UNIT
+                    else ">= 0")
+            raise ValueError(f"PPO config {f.name}={v!r}: expected {want}"
+                             + ("" if str in kinds or bool in kinds else f", {rule}"))
+
+
 def validate(config: Mapping[str, Any] | PPOConfig, mesh=None) -> PPOConfig:
     """The config as a PPOConfig, or a one-line ValueError (nothing is traced here). With a
     ``mesh``: the environments and each minibatch must divide over its batch devices."""
     c = PPOConfig.from_dict(config)
+    _check_values(c)
     envs = valid_envs()
     if c.env not in envs:
         raise ValueError(f"unknown env {c.env!r}; valid envs: {', '.join(envs)}")

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from repro import results
-from repro.config import Section, positive, recipe_names
+from repro.config import Section, fraction, positive, recipe_names
 from repro.models import ppo
 from repro.precision.recipes import resolve
 from repro.studies.rl_throughput import _device_peak_bytes
@@ -43,7 +43,7 @@ class Params(Section):
     envs: dict[str, dict[str, Any] | None]
     variants: tuple[str, ...] = recipe_names()
     ppo: dict[str, Any] | None = None
-    last_fraction: float = positive(0.1)
+    last_fraction: float = fraction(0.1)
     determinism_variant: str | None = recipe_names(None)
 
 
