@@ -21,27 +21,23 @@
 # Engine's `NVFP4BlockScaling`).
 #
 # **Method.** `repro.precision.formats` implements the quantizers in pure JAX. This notebook
+# (1) lists every representable value of E4M3, E5M2 and E2M1 from the bit patterns, (2) checks
+# the NVFP4 quantizer bit for bit against an independent NumPy + `ml_dtypes` implementation of
+# the recipe and against a block computed by hand, (3) measures the relative quantization error
+# against magnitude over 20 decades, with and without scaling. The *native Blackwell support*
+# half of the claim is tested only by NVFP4 GEMMs run natively on FP4 tensor cores: a committed
+# `lm` record from such a chip (notebook 06 projects NVFP4's speed until one exists).
 #
-# 1. lists every representable value of E4M3, E5M2 and E2M1 (from the bit patterns),
-# 2. checks the NVFP4 quantizer against an independent NumPy + `ml_dtypes` implementation of
-#    the recipe, bit for bit, and against a block computed by hand,
-# 3. measures the relative quantization error against magnitude over 20 decades, for each
-#    format with and without scaling (per tensor for FP8, per block for MXFP8 and NVFP4).
-#
-# The *native tensor-core* half of the claim is a hardware fact, tested by the GEMM notebook
-# (`02_gemm_roofline`) on machines that have FP4 tensor cores; here `repro.hardware` only says
-# whether this machine has them.
-#
-# The verdict goes to the claims ledger (`verdicts/B1.json`, `repro.claims.ledger`).
-#
-# Regenerate: `dvc repro formats` (or `repro notebook 01_formats --profile smoke`).
+# **Decision rule** (`repro.claims.verdicts.b1`): **reproduced** if every check of section 2
+# passes (the quantizer is the NVFP4 recipe, bit for bit) and a record shows NVFP4 running
+# natively on FP4 tensor cores; **partly** if the checks pass but the native half is not
+# measured; **contradicted** if a check fails.
 
 # %% tags=["parameters"]
 profile = "smoke"
+scratch = "build/results"  # smoke records (`repro notebook` gives each notebook its own)
 
 # %%
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
@@ -50,35 +46,30 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from repro.claims import ledger as claims
-from repro import config, hardware
+from repro import hardware, notebook
+from repro.claims import verdicts
 from repro.precision import formats
 from repro.precision.formats import E2M1, E4M3, E5M2
 
-P = config.stage_params("formats", profile)
-HW = hardware.detect()
-FIG = Path("figures")
-FIG.mkdir(exist_ok=True)
-sns.set_theme(style="whitegrid", context="notebook")
-print(f"profile={P['profile']}  hardware={HW.slug}  native FP4 tensor cores: {HW.has_fp4}")
+nb = notebook.start("01_formats", "formats", profile, scratch)
+P, HW = nb.params, nb.machine
+COMPUTED = (f"Computed in this notebook ({HW.slug}, {nb.profile} profile); the formats' "
+            "numerics are the same on every device.")
 
 # %% [markdown]
 # ## 1. Representable values
 #
 # Every finite, non-negative value of each format, read off all of its bit patterns
-# (`repro.precision.formats.representable_values`). E2M1 has 8 magnitudes; E4M3 (no infinities, max 448)
-# trades range for precision against E5M2 (max 57344).
+# (`repro.precision.formats.representable_values`). E4M3 (no infinities) trades range for
+# precision against E5M2; E2M1 has 8 magnitudes.
 
 # %%
 FORMATS = {"E4M3": E4M3, "E5M2": E5M2, "E2M1 (NVFP4 elements)": E2M1}
 values = {name: formats.representable_values(dt) for name, dt in FORMATS.items()}
-summary = pd.DataFrame([
-    {"format": name, "finite values >= 0": len(v), "smallest subnormal": v[v > 0].min(),
-     "max": v.max(), "binades covered": np.log2(v.max() / v[v > 0].min())}
-    for name, v in values.items()
-])
-print("E2M1 values:", values["E2M1 (NVFP4 elements)"].tolist())
-summary
+pd.DataFrame([{"format": name, "finite values >= 0": len(v), "max": v.max(),
+               "smallest subnormal": v[v > 0].min(),
+               "binades covered": np.log2(v.max() / v[v > 0].min())}
+              for name, v in values.items()])
 
 # %%
 rows = [{"format": name, "value": x} for name, v in values.items() for x in v if x > 0]
@@ -86,24 +77,23 @@ df_values = pd.DataFrame(rows)
 fig, axes = plt.subplots(2, 1, figsize=(10, 5.5), gridspec_kw={"height_ratios": [3, 2]})
 sns.stripplot(data=df_values, x="value", y="format", hue="format", jitter=False, size=4,
               marker="|", linewidth=1.2, legend=False, ax=axes[0], native_scale=True)
+axes[0].set(xscale="log", xlabel="representable value (log2 axis)", ylabel="",
+            title="Positive representable values")
 axes[0].set_xscale("log", base=2)
-axes[0].set_title("Positive representable values (log2 axis)")
 e2m1 = values["E2M1 (NVFP4 elements)"]
 axes[1].stem(e2m1, np.ones_like(e2m1), basefmt=" ")
 for x in e2m1:
     axes[1].annotate(f"{x:g}", (x, 1.02), ha="center", va="bottom", fontsize=9)
-axes[1].set_ylim(0, 1.35)
-axes[1].set_yticks([])
-axes[1].set_title("E2M1, the NVFP4 element format: all 8 magnitudes (linear axis)")
-fig.tight_layout()
-fig.savefig(FIG / "01_formats_values.png", dpi=130)
+axes[1].set(ylim=(0, 1.35), yticks=[], xlabel="value (linear axis)",
+            title="E2M1, the NVFP4 element format: all 8 magnitudes")
+nb.save(fig, "01_formats_values", COMPUTED)
 
 # %% [markdown]
 # ## 2. Is the NVFP4 quantizer bit-faithful?
 #
-# The reference below is written independently of `repro.precision.formats`, with NumPy and `ml_dtypes`
-# casts (round to nearest even, saturating): global scale `amax / (448 * 6)` in FP32, block
-# scale `e4m3((block_amax / 6) / global)`, elements `e2m1(clip(x / (block_scale * global), ±6))`.
+# The reference below is independent of `repro.precision.formats`: NumPy and `ml_dtypes` casts
+# (round to nearest even, saturating), global scale `amax / (448 * 6)` in FP32, block scale
+# `e4m3((block_amax / 6) / global)`, elements `e2m1(clip(x / (block_scale * global), ±6))`.
 # Bits are compared, not values.
 
 # %%
@@ -244,19 +234,20 @@ sns.lineplot(data=df_drift, x="magnitude", y="rel_error", hue="format", style="s
              palette=palette, dashes=dashes, ax=axes[1], legend=False)
 for ax in axes:
     ax.set(xscale="log", yscale="log", ylim=(1e-3, 3), xlabel="magnitude |x|")
-axes[0].set(ylabel="relative error", title="Whole tensor at magnitude m (norm-wise error)")
+axes[0].set(ylabel="relative error (|q - x| / |x|)",
+            title="Whole tensor at magnitude m (norm-wise error)")
 axes[1].set(title="One tensor spanning 20 decades (median error per element)")
 handles, labels = axes[0].get_legend_handles_labels()
 axes[0].get_legend().remove()
-fig.legend(handles, labels, loc="center right", fontsize=9, frameon=False)
-fig.tight_layout(rect=(0, 0, 0.84, 1))
-fig.savefig(FIG / "01_formats_error.png", dpi=130)
+fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+nb.save(fig, "01_formats_error", COMPUTED)
 
 # %% [markdown]
-# The plateau levels are the formats' precision: with scaling, on normal data, E4M3 (3 mantissa
-# bits) sits near 2-3%, E5M2 (2 bits) near twice that, and NVFP4 (1 mantissa bit, but a fine
-# 16-element scale) near 10%. The flat right-hand MXFP8 curve and the NVFP4 cliff about five
-# decades below the maximum are why NVFP4 needs a per-tensor FP32 scale on top of its block scales.
+# The plateau levels are the formats' precision (the table below): with scaling, on normal
+# data, the error follows the mantissa width, E4M3 (3 bits) below E5M2 (2 bits) below NVFP4 (1
+# bit, but a fine 16-element scale). The flat right-hand MXFP8 curve and the NVFP4 cliff about
+# five decades below the maximum are why NVFP4 needs a per-tensor FP32 scale on top of its
+# block scales.
 
 # %%
 flat = (df_tensor[df_tensor.scaling != "none"].groupby(["format", "scaling"]).rel_error
@@ -264,22 +255,17 @@ flat = (df_tensor[df_tensor.scaling != "none"].groupby(["format", "scaling"]).re
 flat
 
 # %% [markdown]
-# ## Verdict (computed)
+# ## Conclusion
+#
+# Filled in from the computed verdict:
 
 # %%
-passed = all(checks.values())
-failed = [name for name, ok in checks.items() if not ok]
-nvfp4_err = float(flat.loc[("NVFP4", "per block (16, E4M3) + FP32 tensor"), "median"])
-verdict = "reproduced" if passed else "contradicted"
-note = ("format is bit-faithful: " + "; ".join(checks) if passed
-        else "quantizer differs from the NVFP4 recipe: " + "; ".join(failed))
-note += (f". Native FP4 tensor cores on this machine ({HW.slug}): {'yes' if HW.has_fp4 else 'no'}"
-         " (the hardware half of the claim is a datasheet fact here)")
-key_number = (f"0 bit mismatches in {t.q.size} E2M1 elements and {t.block_scale.size} E4M3 "
-              f"block scales vs ml_dtypes; NVFP4 relative error {nvfp4_err:.3f} on normal data"
-              if passed else f"{mism_q} element and {mism_s} block-scale bit mismatches")
-path = claims.write_verdict("B1", verdict, key_number, hardware=HW.slug,
-                            source="notebooks/01_formats.py (checks run in the notebook)",
-                            note=note)
-print(f"B1: {verdict}" + (" (format is bit-faithful)" if passed else "") + f"\n    {key_number}")
-print(f"-> {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
+lm = nb.records("lm")  # NVFP4 run natively: a non-emulated record from a chip with FP4 units
+fp4 = [h for h in (lm.hardware.unique() if len(lm) else [])
+       if h in hardware.registry() and hardware.lookup(h).has_fp4]
+native = bool(len(lm) and (lm.hardware.isin(fp4) & lm.recipe.str.contains("nvfp4")
+                           & ~lm.emulated.astype(bool)).any())
+b1 = verdicts.b1(checks, (mism_q, mism_s), (int(t.q.size), int(t.block_scale.size)),
+                 float(flat.loc[("NVFP4", "per block (16, E4M3) + FP32 tensor"), "median"]),
+                 HW.slug, HW.has_fp4, native)
+nb.conclusion(b1)

@@ -12,550 +12,241 @@
 # ---
 
 # %% [markdown]
-# # 03 · Claim A2: "H100 FP8 is up to 1.6x faster than H100 FP16 for RL training"
+# # 03 · FP8 RL training: speed and memory (claims A1-A4, A9)
 #
-# **The claims** (seed article on end-to-end FP8 RL; see `docs/CLAIMS.md`):
+# **The claims** (seed article on end-to-end FP8 reinforcement learning; `docs/CLAIMS.md`):
+# **A2** FP8 RL training is up to 1.6x faster than FP16 on an H100; **A3** up to 2.8x faster
+# than an A100 in FP16; **A1** parameters, activations, gradients and optimizer updates are all
+# FP8; **A4** memory drops, so larger models fit; **A9** it works for MLPs and CNNs (the speed
+# side here, the quality side in notebook 04). NVIDIA's primary source (NeMo RL, GRPO on LLMs)
+# reports +15-25% from FP8 linear layers; the 1.6x-vs-FP16 figure does not appear there.
 #
-# * **A2** FP8 RL training is up to **1.6x** faster than FP16 on an H100.
-# * **A3** up to **2.8x** faster than an A100 in FP16 (and "up to 4x" RL throughput).
-# * **A1** parameters, activations, gradients and optimizer updates are all FP8;
-#   **A4** memory drops; **A9** it works for MLPs and CNNs.
+# **Method.** PPO (`repro.models.ppo`: the whole run is one jitted function) on a gymnax task,
+# the actor-critic network under each precision recipe (`repro.precision.recipes`): fp32, tf32,
+# bf16, fp16 (dynamic loss scaling), fp8-current and fp8-delayed (all three GEMMs of each hidden
+# layer in FP8; first and last layers BF16). For each network (MLPs of width 64 to 4096, the
+# MinAtar CNN, a Nature-DQN stack on 80x80 inputs), number of parallel environments and recipe,
+# `repro.studies.rl_throughput` times the **whole PPO loop** (env-steps/s), the **update
+# alone** (the part FP8 can speed up), and records the compiled update's **memory**.
 #
-# NVIDIA's primary source (NeMo RL, GRPO on LLMs) reports +15-25% from FP8 linear layers and
-# about 1.48x overall; the 1.6x-vs-FP16 figure does not appear there.
+# **Decision rules** (`repro.claims.verdicts`; only ratios of native-FP8 cells recorded in one
+# GPU call count): **A2** reproduced if the whole loop reaches 1.6x over FP16 somewhere, partly
+# if only the update does or the loop is at least 1.1x faster, contradicted otherwise. **A9**
+# reproduced if the best FP8/BF16 loop ratio is at least 1 for the MLPs and for the CNNs,
+# partly if for one. **A1** reproduced if all four stores are FP8, partly for two or three.
+# **A4** reproduced if the update's memory under FP8 is at most 0.9 of FP16's at the widest
+# MLP, partly if below 1. **A3** is a projection (no A100 was measured).
 #
-# **Method.** PPO (`repro.models.ppo`, PureJaxRL-shaped: the whole run is one jitted function) on a
-# gymnax task, with the actor-critic network under each precision recipe (`repro.precision.recipes`):
-# fp32 (true FP32), tf32, bf16, fp16 (dynamic loss scaling), fp8-current and fp8-delayed (all
-# three GEMMs of each hidden layer in FP8; first/last layers stay BF16). For each network (MLP of
-# width 64..4096, the MinAtar CNN, a Nature-DQN conv stack on 80x80 inputs), number of parallel
-# environments and recipe, `repro.studies.rl_throughput.record_throughput` times
-#
-# * the **whole PPO loop** (rollouts, GAE, 4 epochs of minibatch updates): env-steps/s,
-# * the **update alone** on a rollout-sized batch: the part FP8 can speed up,
-# * the compiled update's **memory** (XLA buffer assignment).
-#
-# An FP8 record made where no FP8 GEMM ran (a CPU, or a GPU program with neither cuBLASLt FP8
-# calls nor XLA's Triton GEMM on f8 operands) is **emulated**: its numbers are drawn hollow and never called a speedup.
-#
-# Regenerate: `dvc repro rl_throughput` (or `repro notebook 03_rl_throughput --profile smoke`);
-# GPU records: `repro record rl_throughput --profile full` (resumable per cell).
+# An FP8 record made where no FP8 GEMM ran (a CPU; an FP8 CNN, whose convolution backward is
+# emulated through BF16) is **emulated**: drawn hollow and never counted as a speedup.
 
 # %% tags=["parameters"]
 profile = "smoke"
-scratch = "build/results"  # smoke records (`repro notebook` gives each notebook a fresh folder)
+scratch = "build/results"  # smoke records (`repro notebook` gives each notebook its own)
 
 # %%
-from pathlib import Path
-
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 
-from repro.claims import ledger as claims
-from repro import hardware, results, studies
-from repro.studies import kernel_times as kernelprof
-from repro.config import resolve_profile, stage_params
-from repro.studies import rl_throughput as X
-from repro.studies import purejaxrl
-from repro.analysis import traces
+from repro import hardware, notebook
 from repro.analysis import rl as rl_analysis
+from repro.claims import verdicts
 
-profile = resolve_profile(profile)
-P = stage_params("rl_throughput", profile)
-results.use_scratch(scratch)
-if profile == "smoke":  # full-profile records are made on the GPU by `repro record`
-    written = studies.record("rl_throughput", "smoke").written
-    print(f"smoke: wrote {len(written)} cell(s) under {results.record_root('smoke')}")
-df = results.load_records("rl_throughput")
+nb = notebook.start("03_rl_throughput", "rl_throughput", profile, scratch)
+if nb.profile == "smoke":  # a pipeline check on this machine: scratch records, scratch figure
+    nb.record_smoke("rl_throughput")
+df = nb.records("rl_throughput")
 table = rl_analysis.throughput_table(df)
-FIG = Path("figures")
-FIG.mkdir(exist_ok=True)
-HW = sorted(table.hardware.unique()) if len(table) else []
-print(f"profile={profile}; records from: {HW}")
+sp = rl_analysis.fp8_speedups(table)
+print(f"committed records from: {sorted(table.hardware.unique()) if len(table) else 'none'}")
 
 # %% [markdown]
 # ## Throughput per recipe
 #
-# Env-steps per second of the whole PPO loop (one seed) against MLP width; one panel per
-# hardware and number of environments. Hollow markers: emulated FP8.
+# Env-steps per second of the whole PPO loop (one seed) against MLP width, one panel per
+# hardware and number of parallel environments.
 
 # %%
-mlp = table[table.network == "mlp"]
-panels = sorted({(h, n) for h, n in zip(mlp.hardware, mlp.num_envs)})
-fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5 * max(len(panels), 1), 4),
-                         squeeze=False)
-colors = dict(zip(["fp32", "tf32", "bf16", "fp16", "fp8-current", "fp8-delayed", "fp8-all-layers"],
-                  plt.cm.tab10.colors))
-for ax, (h, n) in zip(axes[0], panels):
-    g = mlp[(mlp.hardware == h) & (mlp.num_envs == n)]
-    for r, gr in g.groupby("recipe"):
-        gr = gr.sort_values("width")
-        ax.plot(gr.width, gr.env_steps_per_s, "-", color=colors.get(r), label=r)
-        for em, mk in ((False, "o"), (True, "o")):
-            s = gr[gr.emulated == em]
-            ax.scatter(s.width, s.env_steps_per_s, color=colors.get(r),
-                       facecolors="none" if em else colors.get(r), zorder=3)
-    ax.set(xscale="log", yscale="log", xlabel="MLP width", ylabel="env-steps / s",
-           title=f"{h}, {n} envs")
-    ax.legend(fontsize=8)
-fig.suptitle("Whole PPO loop throughput\n(hollow = emulated FP8, not a speed measurement)",
-             fontsize=10)
-fig.tight_layout()
-fig.savefig(FIG / "03_rl_throughput.png", dpi=130)
+COLORS = dict(zip(["fp32", "tf32", "bf16", "fp16", "fp8-current", "fp8-delayed",
+                   "fp8-all-layers"], plt.cm.tab10.colors))
+
+
+def plot_throughput(table):
+    mlp = table[table.network == "mlp"] if len(table) else table
+    panels = sorted({(h, n) for h, n in zip(mlp.hardware, mlp.num_envs)}) if len(mlp) else []
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5 * max(len(panels), 1), 4),
+                             squeeze=False)
+    for ax, (h, n) in zip(axes[0], panels):
+        g = mlp[(mlp.hardware == h) & (mlp.num_envs == n)]
+        for r, gr in g.groupby("recipe"):
+            gr = gr.sort_values("width")
+            c = COLORS.get(r)
+            ax.plot(gr.width, gr.env_steps_per_s, "-", color=c, label=r)
+            ax.scatter(gr.width, gr.env_steps_per_s, edgecolors=c, zorder=3,
+                       facecolors=["none" if e else c for e in gr.emulated])
+        ax.set(xscale="log", yscale="log", xlabel="MLP width (units per hidden layer)",
+               ylabel="throughput (env-steps/s)", title=f"{h}, {n} parallel environments")
+        ax.legend(ncol=2)
+    fig.suptitle("Whole PPO loop throughput (hollow: emulated FP8, not a speed)")
+    return fig
+
+
+nb.save(plot_throughput(table), "03_rl_throughput", df)
 
 # %% [markdown]
-# ## Speedup of FP8 over FP16 and BF16
+# ## A2: FP8 over FP16 and BF16
 #
-# Ratios of two timings from the same hardware and configuration: end to end (env-steps/s) and
-# the update alone (time). The dashed line is the seed's 1.6x. A cross (x) marks a ratio whose
-# FP8 and baseline cells were recorded in different GPU calls (different commits): shown, but
-# not used by the verdict below.
+# Ratios of two timings of one hardware and configuration: the whole loop (env-steps/s) and the
+# update alone (time). Dashed: the seed's 1.6x. A cross marks a ratio whose two cells come from
+# different GPU calls: shown, not counted.
 
 # %%
-sp = pd.concat([rl_analysis.speedups(table, r) for r in ("fp8-current", "fp8-delayed")
-                if r in set(table.recipe)], ignore_index=True) if len(table) else pd.DataFrame()
 fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex=True)
-for i, kind in enumerate(("e2e", "update")):
+for i, (kind, what) in enumerate((("e2e", "whole loop"), ("update", "update only"))):
     for j, base in enumerate(("fp16", "bf16")):
         ax = axes[i, j]
         g = sp[(sp.baseline == base) & (sp.network == "mlp")] if len(sp) else sp
         for (h, n, r), gg in (g.groupby(["hardware", "num_envs", "recipe"]) if len(g) else []):
             gg = gg.sort_values("width")
-            em = gg[gg.emulated]
-            real = gg[~gg.emulated]
-            tag = " (EMULATED)" if len(em) and not len(real) else ""
-            line, = ax.plot(gg.width, gg[kind], "-" if len(real) else ":",
-                            label=f"{r} · {h} · {n} envs{tag}")
-            same = real[real.same_commit]
-            cross = real[~real.same_commit]
-            ax.scatter(same.width, same[kind], color=line.get_color(), zorder=3)
-            ax.scatter(cross.width, cross[kind], color=line.get_color(), marker="x", s=50,
-                       zorder=3)
-            ax.scatter(em.width, em[kind], facecolors="none", edgecolors=line.get_color(),
-                       zorder=3)
-            for w, y in zip(em.width, em[kind]):
-                ax.annotate("emulated", (w, y), textcoords="offset points", xytext=(4, 4),
-                            fontsize=7, color=line.get_color())
+            line, = ax.plot(gg.width, gg[kind], "-", label=f"{r}, {h}, {n} envs")
+            c = line.get_color()
+            for mask, style in ((gg.same_commit & ~gg.emulated, dict(marker="o", color=c)),
+                                (~gg.same_commit & ~gg.emulated, dict(marker="x", s=50, color=c)),
+                                (gg.emulated, dict(marker="o", facecolors="none", edgecolors=c))):
+                ax.scatter(gg.width[mask], gg[kind][mask], zorder=3, **style)
         ax.axhline(1.6, ls="--", color="k", lw=1)
-        ax.text(0.01, 1.6, "seed: 1.6x", transform=ax.get_yaxis_transform(), fontsize=8,
-                va="bottom")
         ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set(xscale="log", ylabel=f"FP8 / {base.upper()} ({'whole loop' if kind == 'e2e' else 'update only'})",
-               title=f"{'whole PPO loop' if kind == 'e2e' else 'update only'} vs {base}")
+        ax.set(xscale="log", ylabel=f"FP8 / {base.upper()} speedup (x)",
+               title=f"{what}, FP8 over {base.upper()}")
         if i == 1:
-            ax.set_xlabel("MLP width")
+            ax.set_xlabel("MLP width (units per hidden layer)")
 axes[0, 0].legend(fontsize=7)
-fig.suptitle("FP8 speedup (dotted / hollow = emulated FP8: NOT a speedup; "
-             "x = FP8 and baseline from different GPU calls)")
-fig.tight_layout()
-fig.savefig(FIG / "03_rl_speedup.png", dpi=130)
-if len(sp):
-    cross = sp[~sp.emulated & ~sp.same_commit]
-    print(f"{len(cross)} of {int((~sp.emulated).sum())} measured ratios compare cells of "
-          "different GPU calls" + (": " + ", ".join(
-              f"{r.recipe}/{r.baseline} {r.network} w{r.width} {r.num_envs} envs"
-              for r in cross.itertuples()) if len(cross) else ""))
+fig.suptitle("FP8 speedup (dashed: the claimed 1.6x; x: cells of different GPU calls)")
+nb.save(fig, "03_rl_speedup", df)
+a2 = verdicts.a2(sp)
+print(f"A2: {a2.verdict} | {a2.key_number}")
 (sp.round(3) if len(sp) else sp)
 
 # %% [markdown]
-# ## Verdict A2 (computed)
+# ## A9: CNNs
 #
-# Rule, applied to non-emulated records on hardware with FP8 tensor cores only, and to ratios
-# of cells recorded in one GPU call (`same_commit`):
-# **reproduced** if the whole PPO loop with FP8 reaches >= 1.6x over FP16 in some measured
-# configuration ("up to 1.6x"); the key number names the widths where it holds, which is the
-# claim's honest scope; **partly** if only the update alone reaches 1.6x, or FP8 is faster end
-# to end (>= 1.1x) but below 1.6x; **contradicted** if FP8 is never >= 1.1x faster end to end;
-# **not yet measured** without such records.
+# The same ratios for the MinAtar CNN and the Nature-DQN stack. FP8 convolutions run FP8
+# forward but their backward pass goes through BF16 transposed convolutions
+# (`repro.precision.ops.fp8_conv`), so an FP8 CNN cell is emulated: only its BF16/FP16 cells are
+# speed measurements, and the CNN side of A9 stays unmeasured until FP8 convolutions run
+# natively in both directions.
 
 # %%
-def a2_verdict(sp: pd.DataFrame):
-    real = sp[(~sp.emulated) & (sp.baseline == "fp16") & (sp.network == "mlp")
-              & sp.same_commit] if len(sp) else sp
-    if not len(real):
-        return ("not yet measured", "no native-FP8 records (FP8 on this hardware is emulated)",
-                ", ".join(HW) or "none")
-    lines, verdicts = [], []
-    for h, g in real.groupby("hardware"):
-        nmax = g.num_envs.max()
-        best = g[g.num_envs == nmax].groupby("width")[["e2e", "update"]].max()
-        e2e_max, upd_max = g.e2e.max(), g["update"].max()
-        widths_ok = best.index[best.e2e >= 1.6].tolist()
-        # "Up to 1.6x" holds if some measured configuration of the whole PPO loop reaches it;
-        # the key number says at which widths, which is the honest scope of the claim.
-        if e2e_max >= 1.6:
-            v = "reproduced"
-        elif upd_max >= 1.6 or e2e_max >= 1.1:
-            v = "partly"
-        else:
-            v = "contradicted"
-        verdicts.append(v)
-        w_best = g.loc[g.e2e.idxmax()]
-        lines.append(f"{h}: FP8/FP16 whole loop up to {e2e_max:.2f}x (width {int(w_best.width)},"
-                     f" {int(w_best.num_envs)} envs), update alone up to {upd_max:.2f}x; "
-                     f">= 1.6x end to end at widths {widths_ok or 'none'}")
-    order = ["reproduced", "partly", "contradicted"]
-    return min(verdicts, key=order.index), "; ".join(lines), ", ".join(sorted(real.hardware.unique()))
-
-
-a2, a2_key, a2_hw = a2_verdict(sp)
-print("A2:", a2, "|", a2_key)
-claims.write_verdict("A2", a2, a2_key, a2_hw, "results/*/rl_throughput (env_steps_per_s, "
-                     "update_time_ms)", note="notebook 03_rl_throughput")
-
-# %% [markdown]
-# ## Performance target: the FP8 update of the 4096-wide MLP >= 1.5x BF16's
-#
-# Update throughput ratio (BF16 update time / FP8 update time, same hardware and batch),
-# non-emulated records of one GPU call only. Besides the two FP8 recipes (first layer and heads
-# dense BF16, as everywhere above), the lever `fp8-all-layers` puts those layers in FP8 too
-# (notebook 04's variant of that name, `X.throughput_variant`; the first layer of a 4096-wide
-# tower is ~9% of its GEMM work on MinAtar's 400 inputs): it counts for the target only as far
-# as that variant keeps quality in notebook 04, and only if it is faster than `fp8-delayed` (its
-# first layer has 400 inputs and its heads a handful of outputs: GEMMs too small for FP8 to pay
-# for their quantization; the trace below splits each update into GEMM and other kernels). It
-# stays out of A2's verdict.
-
-# %%
-lever = (rl_analysis.speedups(table, "fp8-all-layers")
-         if len(table) and "fp8-all-layers" in set(table.recipe) else pd.DataFrame())
-both = pd.concat([sp, lever], ignore_index=True) if len(lever) else sp
-wide = (both[(~both.emulated) & (both.baseline == "bf16") & (both.network == "mlp")
-             & (both.width == 4096) & both.same_commit] if len(both) else both)
-for r in wide.itertuples():
-    print(f"{r.hardware}, {r.recipe}, {r.num_envs} envs: FP8 update {r.update:.3f}x BF16's "
-          f"-> {'meets' if r.update >= 1.5 else 'misses'} the 1.5x target")
-if not len(wide):
-    print("not yet measured on hardware with FP8 tensor cores")
-
-# %% [markdown]
-# Where the update's device time goes (`python -m repro.studies.kernel_times ppo --width 4096 --recipes
-# bf16,fp8-delayed,fp8-all-layers` on a GPU: the same compiled update, traced kernel by
-# kernel): GEMM kernels against everything else (quantization, elementwise, optimizer), in ms
-# per update. FP8 can only shrink the GEMM part, so `other` bounds what any FP8 recipe gains.
-# Traces of emulated recipes (e.g. an FP8 recipe on a GPU without FP8 GEMMs) are left out: their
-# times are not the format's.
-
-# %%
-kt = results.load_records("kernel_times")
-if len(kt):
-    kt = kt[kt["sizes"].map(lambda s: (s or {}).get("workload") == "ppo")
-            & ~kt["emulated"].fillna(False).astype(bool)]
-if len(kt):
-    kt = kt.assign(width=kt["sizes"].map(lambda s: s.get("width")),
-                   num_envs=kt["sizes"].map(lambda s: s.get("num_envs")))
-    upd = kt.pivot_table(index=["hardware", "width", "num_envs", "recipe"], columns="metric",
-                         values="value", aggfunc="median")
-    keep = [c for c in ("gemm_ms_per_step", "other_ms_per_step", "memory_ms_per_step",
-                        "kernel_ms_per_step", "wall_ms_per_step") if c in upd]
-    upd = upd[keep].rename(columns=lambda c: c.replace("_ms_per_step", " ms"))
-    upd["gemm share"] = upd["gemm ms"] / upd["kernel ms"]
-else:
-    upd = pd.DataFrame()
-    print("no kernel traces of the PPO update yet: python -m repro.studies.kernel_times ppo --width 4096 "
-          "--recipes bf16,fp8-delayed,fp8-all-layers (on a GPU)")
-upd.round(3)
-
-# %% [markdown]
-# What the trace says about the 1.5x target (Amdahl's law over the traced kernel times; a
-# trace's kernel sum differs a little from the timed update above, which is why the target
-# itself is judged on the timings). `gemm x` is how much faster FP8 makes the GEMM kernels;
-# `bound` is the update speedup FP8 would give if it added nothing outside the GEMMs (BF16's
-# non-GEMM time kept); `added` is the non-GEMM time FP8 adds (quantization: amax reductions,
-# converts, FP8 operand transposes), and `allowed` the non-GEMM time an FP8 update may spend and
-# still be 1.5x BF16's. The costliest non-GEMM kernels of each FP8 update follow.
-
-# %%
-if len(upd):
-    rows = []
-    for (hw, w, n), g in upd.groupby(level=["hardware", "width", "num_envs"]):
-        g = g.droplevel(["hardware", "width", "num_envs"]).rename(
-            columns=lambda c: c.replace(" ms", ""))  # headroom's names: gemm, kernel
-        if "bf16" not in g.index:
-            continue
-        for rec, f in g.drop(index="bf16").iterrows():
-            rows.append(dict(hardware=hw, width=w, num_envs=n, recipe=rec,
-                             **traces.headroom(g.loc["bf16"], f, target=1.5)))
-    amdahl = pd.DataFrame(rows)
-    for _, r in amdahl.iterrows():
-        ok = "within" if r["spent ms"] <= r["allowed ms"] else "over"
-        print(f"{r.hardware}, width {r.width}, {r.recipe}: GEMMs {r['gemm x']:.2f}x faster; "
-              f"update {r['update x']:.2f}x in the trace; at most {r.bound:.2f}x if "
-              f"FP8 added nothing outside the GEMMs; 1.5x allows {r['allowed ms']:.0f} ms "
-              f"outside them, it spends {r['spent ms']:.0f} ms ({ok} budget)")
-    tops = kt[(kt.metric == "gemm_ms_per_step") & (kt.recipe != "bf16")]
-    for r in tops.itertuples():
-        other = [k for k in (r.extra or {}).get("top_kernels", []) if k["class"] != "gemm"][:5]
-        print(f"  {r.recipe}: " + ", ".join(f"{k['name']} {k['ms_per_step']:.1f} ms"
-                                             for k in other))
-    amdahl = amdahl.round(3)
-else:
-    amdahl = pd.DataFrame()
-amdahl
-
-# %% [markdown]
-# ## CNNs (A9, speed side)
-#
-# The same ratios for the MinAtar CNN and the Nature-DQN stack on 80x80 inputs. FP8
-# convolutions run FP8 forward but their backward pass is emulated through BF16 transposed
-# convolutions (`repro.precision.ops.fp8_conv`), so an FP8 CNN cell counts as **emulated** (its speed is not
-# FP8's; drawn hollow, left out of A9) and only its BF16/FP16 cells are speed measurements.
-# MEASURED.md found an FP8 forward convolution 2x slower than BF16 on the H200, so no speedup is
-# expected here. (A9's quality side is notebook 04.)
-
-# %%
+a9 = verdicts.a9(sp)
+print(f"A9 (speed): {a9.verdict} | {a9.key_number}")
 cnn = sp[sp.network != "mlp"] if len(sp) else sp
 (cnn.round(3) if len(cnn) else cnn)
 
+# %% [markdown]
+# ## A1: which values are FP8
+#
+# The precision policy of every recipe and quality variant
+# (`repro.precision.recipes.value_formats`). A1's four stores are the stored parameters, the
+# activations and gradients entering GEMMs, and the optimizer update. Adam's moments and the
+# update arithmetic stay FP32 in every recipe here (as in Transformer Engine, DeepSeek-V3 and
+# NVIDIA's NVFP4 recipe); FP8-stored weights (`master_weights: fp8`) sit in a BF16 container
+# (`repro.precision.optim`), so their saving is counted from the format, not measured.
+
 # %%
-def a9_verdict(sp):
-    real = sp[(~sp.emulated) & (sp.baseline == "bf16") & sp.same_commit] if len(sp) else sp
-    if not len(real):
-        return "not yet measured", "no native-FP8 records", ", ".join(HW) or "none"
-    best = real.groupby(real.network.map(lambda n: "mlp" if n == "mlp" else "cnn")).e2e.max()
-    ok = {k: v >= 1.0 for k, v in best.items()}
-    v = ("reproduced" if len(ok) == 2 and all(ok.values()) else
-         "partly" if any(ok.values()) else "contradicted")
-    key = "; ".join(f"best FP8/BF16 whole loop, {k}: {x:.2f}x" for k, x in best.items())
-    return v, key, ", ".join(sorted(real.hardware.unique()))
-
-
-a9, a9_key, a9_hw = a9_verdict(sp)
-print("A9 (speed):", a9, "|", a9_key)
-claims.write_verdict("A9", a9, a9_key + " (speed; quality in notebook 04)", a9_hw,
-                     "results/*/rl_throughput", note="notebook 03_rl_throughput")
+stores = rl_analysis.fp8_stores(df)
+a1 = verdicts.a1(stores)
+print(f"A1: {a1.verdict} | {a1.key_number}")
+pd.DataFrame(dict(zip(stores.variant, stores.policy)))
 
 # %% [markdown]
-# ## A1 and A4: which values are FP8, and the memory they save
+# ## A4: the memory of one update
 #
-# The precision policy of each recipe and quality variant (`repro.studies.rl_throughput
-# .precision_policy`). The four stores of claim A1 are the stored parameters, the activations
-# and gradients entering GEMMs, and the optimizer update. Adam's moments and the update
-# arithmetic stay FP32 in every recipe we run (as in Transformer Engine, DeepSeek-V3 and
-# NVIDIA's NVFP4 recipe); FP8-stored weights (`master_weights: fp8`) are held in a BF16
-# container (see `repro.precision.optim`), so their memory saving is counted from the format (1 byte per
-# weight), not measured.
-
-# %%
-stores = df[df.metric == "fp8_stores"].drop_duplicates("sizes", keep="last") if len(df) else df
-policy = pd.DataFrame({r["sizes"]["variant"]: r["extra"]["policy"] for _, r in stores.iterrows()})
-policy
+# Device memory of the compiled PPO update (XLA's buffer assignment) for every recipe of the
+# widest MLP at its most environments, per hardware; hatched: emulated FP8.
 
 # %%
 mem = table.dropna(subset=["update_memory_bytes"]) if "update_memory_bytes" in table else table
-order = list(colors)  # the throughput recipes, then the lever
-big = mem[mem.network == "mlp"] if len(mem) else mem
-if len(big):  # per hardware: every recipe of its widest MLP at its most envs
-    top = big.sort_values(["width", "num_envs"]).groupby("hardware")[["width", "num_envs"]].last()
-    big = big.merge(top.reset_index(), on=["hardware", "width", "num_envs"])
-    big = big.assign(order=big.recipe.map(lambda r: order.index(r) if r in order
-                                          else len(order))).sort_values(["hardware", "order"])
-fig, ax = plt.subplots(figsize=(8, 3.8))
-if len(big):
-    labels = [f"{r.hardware}\n{r.recipe}" + (" (emul.)" if r.emulated else "")
-              for r in big.itertuples()]
-    ax.bar(range(len(big)), big.update_memory_bytes / 2**20,
-           color=[colors.get(r) for r in big.recipe],
-           hatch=["//" if e else "" for e in big.emulated])
-    ax.set_xticks(range(len(big)), labels, rotation=60, fontsize=7)
-ax.set_ylabel("compiled update buffers (MiB)")
-ax.set_title("Memory of one PPO update, widest MLP, most envs (hatched = emulated)")
-fig.tight_layout()
-fig.savefig(FIG / "03_rl_memory.png", dpi=130)
+
+
+def plot_memory(mem):
+    order = list(COLORS)
+    big = mem[mem.network == "mlp"] if len(mem) else mem
+    if len(big):
+        top = big.sort_values(["width", "num_envs"]).groupby("hardware")[["width", "num_envs"]]
+        big = big.merge(top.last().reset_index(), on=["hardware", "width", "num_envs"])
+        big = big.assign(o=big.recipe.map(lambda r: order.index(r) if r in order
+                                          else len(order))).sort_values(["hardware", "o"])
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    if len(big):
+        ax.bar(range(len(big)), big.update_memory_bytes / 2**20,
+               color=[COLORS.get(r) for r in big.recipe],
+               hatch=["//" if e else "" for e in big.emulated])
+        ax.set_xticks(range(len(big)), [f"{r.hardware}\n{r.recipe}" for r in big.itertuples()],
+                      rotation=60, fontsize=7)
+        w, n = big.width.iloc[0], big.num_envs.iloc[0]
+        ax.set_title(f"Memory of one PPO update: MLP width {w}, {n} environments")
+    ax.set_ylabel("compiled update buffers (MiB)")
+    return fig
+
+
+nb.save(plot_memory(mem), "03_rl_memory", df)
+a4 = verdicts.a4(mem)
+print(f"A4: {a4.verdict} | {a4.key_number}")
 
 # %% [markdown]
-# **The widest MLP that fits a fixed budget** (A4's practical form): 80 GiB, an H100's memory.
-# From the compiled update's memory at the measured widths (a quadratic in the width fitted per
-# recipe, `repro.studies.rl_throughput.widest_fitting`); `extrapolated` marks answers beyond the widest
-# measured width, which are projections from the fit, not measurements; `max_rel_residual` is how
-# far the quadratic misses the measured points (a large one: do not trust the answer).
+# **The widest MLP that fits an H100's 80 GiB**, from a quadratic in the width fitted to the
+# measured update memory per recipe (`repro.analysis.rl.widest_fitting`): `extrapolated` marks
+# answers beyond the widest measured width (projections), `max_rel_residual` how far the fit
+# misses the measured points.
 
 # %%
-BUDGET_GIB = 80
-fits = rl_analysis.widest_fitting(mem, BUDGET_GIB * 2**30)
-(fits.assign(widest_width=fits.widest_width.round(0), max_rel_residual=fits.max_rel_residual.round(4))
- if len(fits) else "fewer than three measured widths per recipe: nothing to fit")
-
-
-# %%
-def a1_verdict(stores):
-    if not len(stores):
-        return "not yet measured", "no stores record", "none"
-    best = stores.loc[stores.value.idxmax()]
-    n = int(best.value)
-    v = "reproduced" if n == 4 else "partly" if n >= 2 else "contradicted"
-    key = (f"at most {n} of 4 A1 stores in FP8 (variant {best['sizes']['variant']}); optimizer "
-           "moments and update arithmetic stay FP32; FP8 weight storage held in a BF16 container")
-    return v, key, best.hardware
-
-
-def a4_verdict(mem):
-    rows = []
-    for h, g in (mem[mem.network == "mlp"].groupby("hardware") if len(mem) else []):
-        top = g[g.width == g.width.max()]
-        top = top[top.num_envs == top.num_envs.max()].set_index("recipe")
-        if {"fp8-delayed", "fp16"} <= set(top.index):
-            rows.append((h, top.loc["fp8-delayed", "update_memory_bytes"]
-                         / top.loc["fp16", "update_memory_bytes"],
-                         bool(top.loc["fp8-delayed", "emulated"]), int(g.width.max())))
-    real = [r for r in rows if not r[2]]
-    if not real:
-        return ("not yet measured", "no native-FP8 memory record" + (
-            f" (emulated: FP8/FP16 = {rows[0][1]:.2f} on {rows[0][0]})" if rows else ""),
-            ", ".join(r[0] for r in rows) or "none")
-    ratio = min(r[1] for r in real)
-    v = "reproduced" if ratio <= 0.9 else "partly" if ratio < 1.0 else "contradicted"
-    key = "; ".join(f"{h}: update memory FP8/FP16 = {x:.2f} at width {w}" for h, x, _, w in real)
-    return v, key, ", ".join(r[0] for r in real)
-
-
-for cid, (v, key, hw) in {"A1": a1_verdict(stores), "A4": a4_verdict(mem)}.items():
-    print(cid, v, "|", key)
-    claims.write_verdict(cid, v, key, hw, "results/*/rl_throughput (fp8_stores, "
-                         "update_memory_bytes)", note="notebook 03_rl_throughput")
+fits = rl_analysis.widest_fitting(mem, 80 * 2**30)
+fits.round({"widest_width": 0, "max_rel_residual": 4}) if len(fits) else fits
 
 # %% [markdown]
-# ## A3 as a PROJECTION: H100 FP8 against A100 FP16
+# ## A3: a projection to H100 FP8 against A100 FP16
 #
-# No A100 was measured, so this is a projection, labelled as such. The measured FP8/FP16 ratio
-# on a Hopper GPU is multiplied by how much faster an H100 runs the FP16 loop than an A100,
-# bounded by the datasheets (`repro.hardware.lookup`): by memory bandwidth (a memory-bound loop,
-# the lower bound) and by dense FP16 tensor-core rate (a GEMM-bound loop, the upper bound).
-# Someone with an A100 can replace the projection with a measurement:
-# `repro record rl_throughput --profile full --recipe fp16` on that machine.
+# The measured FP8/FP16 ratio on a Hopper GPU times how much faster an H100 runs FP16 than an
+# A100, bounded by the datasheets (`repro.hardware.lookup`): by memory bandwidth (a memory-bound
+# loop, the lower bound) and by dense FP16 tensor-core rate (a GEMM-bound loop, the upper).
+# An A100 owner can replace it with a measurement: `repro record rl_throughput --profile full
+# --recipe fp16` there.
 
 # %%
 a100, h100 = hardware.lookup("a100-sxm"), hardware.lookup("h100-sxm")
 bw = h100.memory_bandwidth_tbs / a100.memory_bandwidth_tbs
 fl = h100.peak_tflops["fp16"] / a100.peak_tflops["fp16"]
 ceiling = h100.peak_tflops["fp8"] / a100.peak_tflops["fp16"]
-real = (sp[(~sp.emulated) & (sp.baseline == "fp16") & (sp.network == "mlp") & sp.same_commit]
-        if len(sp) else sp)
-proj = real.assign(lo=real.e2e * bw, hi=real.e2e * fl) if len(real) else real
+proj = rl_analysis.a3_projection(sp, bw, fl)
 fig, ax = plt.subplots(figsize=(7, 4))
-if len(proj):
-    for (h, n, r), g in proj.groupby(["hardware", "num_envs", "recipe"]):
-        g = g.sort_values("width")
-        ax.fill_between(g.width, g.lo, g.hi, alpha=0.25, label=f"PROJECTION {r} · {h} · {n} envs")
-    ax.set_xscale("log")
-else:
-    ax.bar(["memory-bound", "GEMM-bound ceiling"], [bw, ceiling], color="lightgrey",
-           edgecolor="k", hatch="//")
-    ax.text(0.5, 0.9, "PROJECTION from datasheets only\n(no native-FP8 measurement yet)",
-            transform=ax.transAxes, ha="center", va="top")
-ax.axhline(2.8, ls="--", color="k", lw=1)
-ax.text(0.01, 2.8, "seed: 2.8x", transform=ax.get_yaxis_transform(), fontsize=8, va="bottom")
-ax.set(xlabel="MLP width" if len(proj) else "", ylabel="H100 FP8 / A100 FP16 (projected)",
-       title="A3: PROJECTION, not a measurement")
-if len(proj):
-    ax.legend(fontsize=7, loc="upper left")
-fig.tight_layout()
-fig.savefig(FIG / "03_rl_projection.png", dpi=130)
-
-if len(proj):
-    b = proj.loc[proj.hi.idxmax()]
-    a3_key = (f"projected {b.lo:.1f}-{b.hi:.1f}x at width {int(b.width)} ({b.hardware} FP8/FP16 "
-              f"{b.e2e:.2f}x x H100/A100 FP16 {bw:.2f}-{fl:.2f}x); seed claims 2.8x")
-    a3_hw = ", ".join(sorted(proj.hardware.unique())) + " -> a100-sxm (datasheet)"
-else:
-    a3_key = (f"datasheet bounds only: {bw:.2f}x (bandwidth) to {ceiling:.2f}x (H100 FP8 peak / "
-              f"A100 FP16 peak); seed claims 2.8x")
-    a3_hw = "datasheets h100-sxm, a100-sxm"
-print("A3: projected |", a3_key)
-claims.write_verdict("A3", "projected", a3_key, a3_hw,
-                     "repro/data/hardware.yaml + results/*/rl_throughput",
-                     note="PROJECTION from datasheet ratios; no A100 measured")
+for (h, n, r), g in (proj.groupby(["hardware", "num_envs", "recipe"]) if len(proj) else []):
+    g = g.sort_values("width")
+    ax.fill_between(g.width, g.lo, g.hi, alpha=0.3, label=f"{r}, from {h}, {n} envs")
+ax.axhline(2.8, ls="--", color="k", lw=1, label="claimed 2.8x")
+ax.set(xscale="log" if len(proj) else "linear", xlabel="MLP width (units per hidden layer)",
+       ylabel="H100 FP8 / A100 FP16 (projected, x)",
+       title="A3 projection (datasheet ratios x measured FP8/FP16), not a measurement")
+ax.legend(loc="upper left")
+nb.save(fig, "03_rl_projection", df)
+a3 = verdicts.a3(proj, bw, fl, ceiling)
+print(f"A3: {a3.verdict} | {a3.key_number}")
 
 # %% [markdown]
-# ## This PPO against PureJaxRL's `ppo.py` (issue 4's performance target)
+# ## Pipeline check (smoke profile)
 #
-# Same CartPole-v1 configuration (PureJaxRL's), same device, one process, the compiled programs
-# timed alternately; target: ours >= 1.2x PureJaxRL's env-steps/s for 1 seed and for 1024
-# vmapped seeds. PureJaxRL is not redistributed here; record with a checkout of it:
-# `python -m repro.studies.purejaxrl --purejaxrl DIR --profile full` (`repro/rl/purejaxrl.py` lists
-# the three import adapters it needs on gymnax 1.0 and current JAX).
-#
-# Ours runs in several option sets (`params.yaml` `rl_purejaxrl.ours`), all with the same PPO:
-# `unroll` / `update_unroll` unroll the rollout scan / the epoch and minibatch scans (the same
-# arithmetic: bitwise on CPU), `prng` runs on another JAX PRNG drawn from the seed's key (other
-# random streams; `rbg` and `unsafe_rbg` are not exact under `vmap`: a seed's numbers depend on
-# the batch's first key). `repro` is the defaults, as in every other study here. Each row is one
-# cell: that option set and PureJaxRL timed in one process (rows of different `commit`s come from
-# different processes); `speedup` is the median ratio, `min`/`max` the range of the per-repeat
-# ratios. `best` marks the highest ratio per seed count: picking the best of N option sets after
-# timing them is a selection, biased upwards by the timing noise of the N candidates, so every
-# row is shown; a chosen option set meets the target firmly only when a later run confirms it.
-# `same_returns`: whether an option set that keeps the random streams (the unrolls) gave
-# bitwise the defaults' returns in the run that timed both (each run's returns are fingerprinted,
-# `purejaxrl.returns_digest`): the evidence that it computes the same PPO on that device.
-# Where they differ (on a GPU XLA fuses an unrolled loop differently, so float sums round in
-# another order), the runs' final returns are the check that it learns as well: every record
-# since 2026-11-30 holds each run's final return (per seed, as notebook 04 defines it:
-# `ppo.final_return`, the episode-weighted mean return over the last 10% of updates), and
-# `return_gap` is ours minus PureJaxRL's with a Welch 95% interval across seeds (1024 seeds give
-# a tight one; 1 seed, none).
+# On a smoke run the tiny cells recorded above are drawn into `build/figures/` (never into
+# `figures/`): they show that recording and analysis run, not how fast FP8 is.
 
 # %%
-pj = rl_analysis.purejaxrl_speedups(results.load_records(purejaxrl.EXPERIMENT))
-if len(pj):
-    for _, r in pj.iterrows():
-        met = "meets" if r.speedup >= 1.2 else "misses"
-        n = pj[(pj.hardware == r.hardware) & (pj.seeds == r.seeds)].ours.nunique()
-        best = f" (best of {n} option sets)" if r.best and n > 1 else ""
-        same = {True: "; returns bitwise those of the defaults",
-                False: "; returns DIFFER from the defaults'"}.get(r.same_returns, "")
-        ret = ""
-        if np.isfinite(r.final_return) and np.isfinite(r["purejaxrl final_return"]):
-            ret = (f"; final return {r.final_return:.1f} vs PureJaxRL's "
-                   f"{r['purejaxrl final_return']:.1f}")
-            if np.isfinite(r.return_gap):
-                ret += f" (gap {r.return_gap:+.1f}, 95% CI {r.gap_lo:+.1f} .. {r.gap_hi:+.1f})"
-        # three decimals: a ratio just under 1.2 must not read as "1.20x ... misses"
-        run = f" (run {r.run} of {r.runs})" if r.runs > 1 else ""
-        print(f"{r.hardware}, {r.seeds} seed(s), {r.ours}{run}: {r.speedup:.3f}x "
-              f"(range {r['min']:.3f}-{r['max']:.3f}) -> {met} the 1.2x target{best}{same}{ret}")
-else:
-    print("not recorded yet: python -m repro.studies.purejaxrl --purejaxrl DIR --profile full")
-pj
+if nb.profile == "smoke":
+    smoke = nb.smoke_records("rl_throughput")
+    nb.save(plot_throughput(rl_analysis.throughput_table(smoke)), "03_rl_throughput", smoke)
 
 # %% [markdown]
-# **Which option set should a user turn on?** One that meets the 1.2x target at every seed count
-# timed on that hardware AND learns at least as well as PureJaxRL there: the lower end of its
-# 95% return-gap interval above zero minus a tolerance (1% of the environment's maximum return,
-# 5 for CartPole-v1's 500). Both conditions come from the records below; where the unrolled
-# returns differ bitwise from the defaults' (as on the H200), the final-return check is the only
-# evidence that the unrolled program learns the same. A set that passes both is still a pick
-# among several (the `best` column), so it is recommended only after a later run confirms the
-# speed: `python -m repro.studies.purejaxrl --purejaxrl DIR --only OPTIONS --again` times that set
-# (with PureJaxRL beside it) once more into a new cell (`..._run2`), keeping the first, and
-# every run must meet the target. A confirmed set is the recommended speed setting on that
-# hardware (`PPOConfig(**options)`); `repro.models.ppo.PPOConfig`'s defaults stay off, because every
-# quality and throughput record of notebooks 03-04 was made with them and their programs would
-# no longer be the code's. PureJaxRL's lower final return on CartPole-v1 is consistent with its
-# treating the 500-step time limit as a termination (no bootstrap through truncation, which
-# ours does: `repro.models.ppo`'s module doc); that explanation is not isolated by a run here.
+# ## Conclusion
+#
+# What the committed records say, claim by claim (each paragraph is filled in from the verdict
+# computed above):
 
 # %%
-RETURN_TOLERANCE = 5.0  # 1% of CartPole-v1's maximum return
-if len(pj):
-    for (hw, name), g in pj[pj.ours != "repro"].groupby(["hardware", "ours"]):
-        counts = sorted(pj[pj.hardware == hw].seeds.unique())
-        # every run of the set at every seed count must meet the target
-        fast = {int(s): bool(len(g[g.seeds == s])) and bool((g[g.seeds == s].speedup >= 1.2).all())
-                for s in counts}
-        runs = int(g.groupby("seeds").size().reindex(counts, fill_value=0).min())
-        learned = g.dropna(subset=["gap_lo"])
-        learns = bool(len(learned)) and bool((learned.gap_lo > -RETURN_TOLERANCE).all())
-        why = [f"{s} seed(s): {'meets' if ok else 'misses'} 1.2x" for s, ok in fast.items()]
-        why.append("learns at least as well as PureJaxRL" if learns else
-                   "no multi-seed final-return check yet" if not len(learned) else
-                   "learns worse than PureJaxRL")
-        ok = all(fast.values()) and learns
-        verdict = ("stays an option" if not ok else
-                   "candidate setting (pending a confirming run: --only ... --again)" if runs < 2
-                   else f"recommended speed setting, confirmed ({runs} runs at each seed count)")
-        print(f"{hw}, {name}: {verdict} -- " + "; ".join(why))
+nb.conclusion(a2, a3, a9, a1, a4)

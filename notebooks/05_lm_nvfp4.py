@@ -14,135 +14,78 @@
 # %% [markdown]
 # # 05 · Training a decoder LM in NVFP4: quality (B4) and memory (B3)
 #
-# **Claim B4** (seed article on NVFP4 with JAX / MaxText): *"quality matches BF16/FP16 through
-# scaling and mixed precision."* **Claim B3**: *"weights and activations in 4 bits: memory 1/4
-# of FP16."* The format itself (B1: E2M1 elements, an E4M3 scale per 16, an FP32 scale per
-# tensor) is checked bit for bit in `01_formats`; here it trains a model.
+# **The claims** (seed article on NVFP4 with JAX / MaxText): **B4** *"quality matches
+# BF16/FP16 through scaling and mixed precision"*; **B3** *"weights and activations in 4 bits:
+# memory 1/4 of FP16"*. The format itself is checked bit for bit in notebook 01.
 #
-# **What the primary sources report.** NVIDIA's NVFP4 pretraining paper (arXiv 2509.25149): a
-# 12B model on 10T tokens, NVFP4 vs FP8 loss gap under about **1.5 %** (relative), MMLU-Pro
-# 62.58 % vs 62.62 %. NVIDIA's MaxText post: NVFP4 on the MLP GEMMs, **+0.026 nats** vs FP8
-# after 10k steps. Neither compares against BF16 directly; the seed's "matches BF16" is the
-# claim tested here, with FP8 as the bridge to the anchors.
+# **Anchors.** NVIDIA's NVFP4 pretraining paper (arXiv 2509.25149: a 12B model on 10T tokens)
+# reports an NVFP4-vs-FP8 loss gap under about 1.5% (relative); NVIDIA's MaxText post reports
+# +0.026 nats against FP8 after 10k steps with NVFP4 on the MLP GEMMs. Neither compares with
+# BF16 directly: FP8 is the bridge.
 #
-# **Method.** `repro.lm`: a Llama-style decoder (RMSNorm, RoPE, SwiGLU, causal attention;
-# `repro/lm/model.py`) trained with AdamW, FP32 master weights and moments, warmup + cosine
-# (`repro/lm/train.py`) on a public-domain English corpus shipped with the package (World
-# English Bible, *The Devil's Dictionary*, the Jargon File; byte tokens; `repro/lm/data.py`).
-# Every linear layer takes its recipe from `repro.models.lm.layer_recipe`, NVIDIA's policy:
-# the block linear layers in NVFP4 (16x16 weight blocks, 1x16 activations and gradients,
-# random Hadamard transform on the weight-gradient inputs, stochastic rounding of gradients),
-# the embedding, output head, attention (QK^T, AV), norms and the **last block** in BF16.
-# Recipes: `bf16`, `fp8-delayed`, `fp8-current`, `mxfp8`, `nvfp4`; ablations of NVFP4 switch
-# one part off (`nvfp4-no-rht`, `nvfp4-no-sr`, `nvfp4-1d-weights`), put NVFP4 everywhere
-# (`nvfp4-all-layers`) or only on the MLP (`nvfp4-mlp-only`, MaxText's setting); on a GPU,
-# `jax-nvfp4` runs the block linear layers through JAX's own `jax.nn.scaled_dot_general`
-# (`nvfp4` config) as a second reference. On the H200 XLA lowers that config to plain HLO,
-# several times slower than our own emulation (tokens/s per recipe in section 6's throughput
-# table), so its 20m runs are **truncated on purpose** at step
-# 2384 of 11925 (`stop_at` in `params.yaml`): they follow the whole run's learning-rate
-# schedule and end after the second regular evaluation. When this was set, every recorded
-# 20m run had its best held-out loss at the first regular evaluation (step 1192; section 3
-# checks it again from the records), so the best held-out loss up to the cut, compared over
-# the evaluations both runs of a pair have
-# (`truncated_at` in the tables), is the quantity B4 uses; final losses of truncated runs do
-# not exist. Every run of a size sees the same batches for a given
-# seed and starts from the same weights, so **gaps are paired by seed** and their 95 %
-# confidence intervals are Student-t intervals over seeds.
+# **Method.** A Llama-style decoder (`repro.models.lm`: RMSNorm, RoPE, SwiGLU) trained with
+# AdamW, FP32 master weights and warmup + cosine (`repro.models.lm_train`) on a public-domain
+# English corpus shipped with the package (byte tokens, `repro.models.lm_data`). Every linear
+# layer takes its recipe from NVIDIA's policy (`repro.models.lm.layer_recipe`): the block
+# linears in NVFP4 (16x16 weight blocks, 1x16 activation and gradient blocks, a random Hadamard
+# transform on the weight-gradient inputs, stochastic rounding of gradients); embedding, head,
+# attention products, norms and the last block in BF16. Recipes: bf16, fp8-delayed,
+# fp8-current, mxfp8, nvfp4, and NVFP4 ablations that switch one part off or move the policy
+# (`nvfp4-*`); on a GPU `jax-nvfp4` runs the block linears through JAX's own
+# `jax.nn.scaled_dot_general` as a second reference. That path is much slower on the H200 (the
+# throughput table below), so its runs stop early on purpose (`stop_at` in `params.yaml`) and
+# are compared over the evaluations both runs of a pair have. Every run of a size sees the same
+# batches per seed and starts from the same weights, so gaps are **paired by seed**, with
+# Student-t 95% intervals.
 #
-# **Emulation.** Off Blackwell (H200, CPU) the FP4/MXFP8 GEMMs are emulated: the quantized
-# values are exactly those of the format, dequantized into an ordinary GEMM. Loss numbers are
-# therefore valid under emulation; speed and runtime memory are not (they are labelled).
+# **Many epochs.** The corpus is small, so the full profile's token budgets mean many passes
+# over it (the table below), where the held-out loss turns and rises while the training loss
+# keeps falling. The final held-out loss then measures memorisation; B4 uses each run's **best
+# held-out loss** (the early-stopping loss), and the final losses are shown beside it.
 #
-# **Profiles.** `smoke` (this notebook's default; CPU, minutes): the 0.14M-parameter `tiny`
-# model, 100 steps, 3 seeds, every recipe: a check that the pipeline works, not evidence.
-# `full` (GPU, recorded into `results/`): `20m` to 20 tokens per parameter (byte tokens, every
-# recipe and ablation) and `120m` for 0.8 tokens per parameter (BF16, FP8, NVFP4), 3 seeds
-# (`params.yaml`, section `lm`). The notebook draws every `lm` record it finds, from every
-# machine.
+# **Emulation.** Off Blackwell the FP4 and MXFP8 GEMMs are emulated: the quantized values are
+# exactly the format's, dequantized into an ordinary GEMM. Losses are valid; speed is not.
 #
-# Regenerate: `dvc repro lm` (or `repro notebook 05_lm_nvfp4 --profile smoke`); the GPU study:
-# `REPRO_TIME_BUDGET_S=420 python -m repro.studies.lm_quality full`, repeated until every cell is
-# done (each call stops cleanly with a checkpoint and the next resumes it), then commit
-# `results/`.
+# **Decision rules** (`repro.claims.verdicts`). **B4**, a parity claim: the largest model with
+# at least 3 paired NVFP4/BF16 seeds; with the 95% interval [lo, hi] of the relative gap of the
+# best held-out loss, (NVFP4 - BF16) / BF16, against the equivalence margin +-1.5% of the claim's
+# definition (`repro/data/claims.yaml`, the paper's gap to FP8): reproduced if hi <= 1.5%
+# (quality kept), contradicted if lo > 1.5% (lost), inconclusive if the interval straddles
+# 1.5%. **B3**: NVFP4 bytes over BF16 bytes for the quantized tensors (the format)
+# and for the whole model's GEMM operands under the policy: reproduced if both are at most
+# 0.30 (1/4 plus up to 5 points of scales), partly if the format's is.
 
 # %% tags=["parameters"]
 profile = "smoke"
-scratch = "build/results"  # smoke records (`repro notebook` gives each notebook a fresh folder)
+scratch = "build/results"  # smoke records (`repro notebook` gives each notebook its own)
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from IPython.display import display
 
-from repro.claims import ledger as claims
-from repro import config, hardware, results, studies
-from repro.studies import lm_quality as E
-from repro.models import lm as M
-
-P = config.stage_params("lm", profile)
-results.use_scratch(scratch)
-HW = hardware.detect()
-FIG = Path("figures")
-FIG.mkdir(exist_ok=True)
-sns.set_theme(style="whitegrid", context="notebook")
-print(f"profile={P['profile']}  hardware={HW.slug}")
-pd.DataFrame([{"size": n, "parameters": M.param_count(c), "d_model": c.d_model,
-               "blocks": c.n_layers, "heads": c.n_heads, "d_ff": c.d_ff, "seq_len": c.seq_len,
-               "BF16 blocks (last)": c.n_bf16_last_blocks} for n, c in M.PRESETS.items()])
-
-# %% [markdown]
-# **Epochs.** The shipped corpus is small, so the token budgets above mean many passes over its
-# training split; the anchors (NVIDIA's paper, MaxText) pretrain in a single pass. Repeated
-# epochs are a different regime: the model memorises the training split, the training loss
-# keeps falling and the held-out loss turns and rises (section 3 shows both). The final
-# held-out loss then measures overfitting, where quantization noise can act as a regulariser,
-# not how faithfully a format trains. B4 is therefore judged on the **best held-out loss** of a
-# run (the early-stopping loss; it equals the final loss while the held-out loss still falls),
-# and the final held-out and training losses are shown beside it (section 4). Full-profile runs
-# also evaluate at `eval_log_points` log-spaced steps after the warmup, where the best loss
-# lies; a pair of runs recorded with different schedules is compared at the steps both have.
-
-# %%
-from repro.models import lm_data as D
+from repro import notebook
 from repro.analysis import lm as lm_analysis
+from repro.claims import verdicts
+from repro.models import lm as M
+from repro.models import lm_data as D
 from repro.precision import resolve
+from repro.studies import lm_quality as E
 
-_train_tokens = D.load_splits().train.size
-pd.DataFrame([{"profile": prof, "size": r.size, "steps": r.train.steps,
-               "tokens seen": r.train.steps * r.train.batch_size * M.PRESETS[r.size].seq_len,
-               "training split (tokens)": _train_tokens,
+nb = notebook.start("05_lm_nvfp4", "lm", profile, scratch)
+if nb.profile == "smoke":  # a pipeline check on this machine: scratch records, scratch figure
+    nb.record_smoke("lm")
+df = nb.records(E.EXPERIMENT)
+tokens = D.load_splits().train.size
+pd.DataFrame([{"profile": prof, "model": r.size, "parameters": M.param_count(M.PRESETS[r.size]),
+               "steps": r.train.steps,
                "epochs": round(r.train.steps * r.train.batch_size * M.PRESETS[r.size].seq_len
-                               / _train_tokens, 1)}
-              for prof in ("smoke", "full") for r in E.plan(prof)])
+                               / tokens, 1)} for prof in ("smoke", "full") for r in E.plan(prof)])
 
 # %% [markdown]
-# ## 1. Record
-#
-# In the smoke profile this trains every (recipe, seed) cell of the tiny model on this machine
-# into `build/results/` (about 4 minutes on 2 CPU cores; `repro notebook` starts smoke runs from an
-# empty folder, while full-profile cells resume). The full
-# profile is recorded on a GPU with `repro record lm --profile full` and committed to
-# `results/`; this notebook does not retrain it.
-
-# %%
-if P["profile"] == "smoke":
-    written = studies.record("lm", "smoke", progress=False).written
-    print(f"wrote {len(written)} cells")
-df = results.load_records(E.EXPERIMENT)
-print(f"{len(df)} lm records from {df['hardware'].nunique() if len(df) else 0} machine(s)")
-if len(df):
-    display(df.groupby(["hardware", "profile", "size_model"])["recipe"].nunique()
-            .rename("recipes").to_frame())
-
-# %% [markdown]
-# ## 2. What runs in NVFP4 (the policy)
-#
-# `layer_recipe(recipe, kind, block, cfg)` for every linear layer of the 20m model under
-# `nvfp4`: blocks 0-4 in NVFP4, the last block (5) and the head in BF16.
+# What runs in NVFP4 under `nvfp4`, for every linear layer of the 20m model:
 
 # %%
 policy = pd.Series(M.recipe_map("nvfp4", M.get_config("20m")), name="recipe")
@@ -151,247 +94,154 @@ policy.index = pd.MultiIndex.from_tuples([tuple(k.split("/")) if "/" in k else (
 policy.unstack()
 
 # %% [markdown]
-# ## 3. Loss curves
+# ## Loss curves
 #
-# Held-out loss (top) and training loss (bottom; the mean of the steps since the previous
-# evaluation) in nats per byte against training tokens, mean over seeds; one column per
-# (machine, model). Emulated recipes are marked "(emulated)". Where the held-out loss turns
-# upward while the training loss keeps falling, the run is memorising the training split.
+# Held-out (top) and training loss (bottom) in nats per byte against training tokens, mean over
+# seeds, one column per (hardware, model).
 
 # %%
-curves = df[df["metric"] == "eval_loss"].copy() if len(df) else pd.DataFrame()
-if len(curves):
-    curves["tokens"] = curves["size_tokens_seen"]
-    curves["train_loss"] = curves["extra"].map(lambda e: e.get("train_loss"))
-    curves["label"] = curves["recipe"] + np.where(curves["emulated"], " (emulated)", "")
-    panels = curves.groupby(["hardware", "profile", "size_model"])
+def plot_curves(df):
+    c = df[df["metric"] == "eval_loss"] if len(df) else df
+    if not len(c):
+        return plt.figure()
+    c = c.assign(tokens=c["size_tokens_seen"], train=c["extra"].map(lambda e: e.get("train_loss")),
+                 label=c["recipe"] + np.where(c["emulated"], " (emulated)", ""))
+    panels = c.groupby(["hardware", "size_model"])
     fig, axes = plt.subplots(2, len(panels), figsize=(6.5 * len(panels), 8.5), squeeze=False,
                              sharex="col")
-    for j, ((hw, prof, size), g) in enumerate(panels):
-        for i, (col, what) in enumerate((("value", "held-out"), ("train_loss", "training"))):
-            ax = axes[i, j]
-            sns.lineplot(data=g, x="tokens", y=col, hue="label", style="label", ax=ax,
+    for j, ((hw, size), g) in enumerate(panels):
+        for i, (col, what) in enumerate((("value", "held-out"), ("train", "training"))):
+            sns.lineplot(data=g, x="tokens", y=col, hue="label", style="label", ax=axes[i, j],
                          errorbar=None, markers=True, dashes=False)
-            ax.set(title=f"{size} on {hw} ({prof}): {what} loss",
-                   xlabel="training tokens (bytes)", ylabel=f"{what} loss (nats/byte)")
-            ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(FIG / "05_lm_loss_curves.png", dpi=130)
+            axes[i, j].set(title=f"{size} model on {hw}: {what} loss",
+                           xlabel="training tokens (bytes)", ylabel=f"{what} loss (nats/byte)")
+            axes[i, j].legend(fontsize=7, ncol=2)
+    return fig
 
-# %% [markdown]
-# Per run: the best held-out loss and where it was reached, the final held-out and training
-# losses, and `overfit` = final / best held-out loss − 1 (0 while the held-out loss still falls).
 
-# %%
+nb.save(plot_curves(df), "05_lm_loss_curves", df)
 runs = lm_analysis.run_losses(df)
-if len(runs):
-    display(runs.drop(columns="curve").round(4))
+display(runs.drop(columns="curve").round(4))
+lm_analysis.truncation_check(runs)
 
 # %% [markdown]
-# **Is truncating a run fair?** A truncated run (section 1) is compared over the evaluations
-# up to its cut. That is the whole-run comparison only if the whole runs it is compared with
-# were best before the cut: checked here per (machine, model), from the whole runs' `best_step`.
-
-# %%
-if len(runs) and runs["truncated_at"].notna().any():
-    for (hw, prof, size), g in runs.groupby(["hardware", "profile", "model"]):
-        cut = g["truncated_at"].min()
-        if not np.isfinite(cut):
-            continue
-        whole = g[g["truncated_at"].isna()]
-        late = whole[whole["best_step"] > cut]
-        print(f"{hw}/{prof} {size}: truncated at step {cut:.0f}; {len(whole) - len(late)} of "
-              f"{len(whole)} whole runs were best by then"
-              + (f"; NOT: {', '.join(late.recipe + ' s' + late.seed.astype(str))}"
-                 if len(late) else ""))
-else:
-    print("no truncated runs recorded")
-
-# %% [markdown]
-# ## 4. Loss gap to BF16 (claim B4)
+# ## B4: the loss gap to BF16
 #
-# Gap = best held-out loss of a recipe minus BF16's, per seed (same initial weights and
-# batches), then the mean and its 95 % t-interval over seeds; relative gap = gap / BF16 loss.
-# The dashed lines mark the NVFP4 paper's 1.5 % (relative to its FP8 baseline). The table
-# after the figure gives the same gap for the final held-out loss and the final training loss:
-# in a run that overfits (`overfit` > 0) the three can disagree, and only the first is the
-# single-pass quantity the anchors report.
+# Best held-out loss of a recipe minus BF16's, per seed, then the mean and its 95% t-interval,
+# relative to BF16's loss. Dashed: +-1.5%, the paper's gap to its FP8 baseline. The table after
+# the figure gives the same relative gap for the final held-out and training losses.
 
 # %%
 gaps = lm_analysis.paired_gaps(df, "bf16")
-if len(gaps):
-    gaps["label"] = (gaps["recipe"] + np.where(gaps["emulated"], " (emulated)", "")
-                     + np.where(gaps["truncated_at"].notna(), " (truncated)", ""))
-    panels = gaps.groupby(["hardware", "profile", "model"])
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
-    for ax, ((hw, prof, size), g) in zip(axes[0], panels):
+
+
+def plot_gaps(gaps):
+    panels = gaps.groupby(["hardware", "model"]) if len(gaps) else []
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(6.5 * max(len(panels), 1), 4.8),
+                             squeeze=False)
+    for ax, ((hw, size), g) in zip(axes[0], panels):
         g = g.sort_values("rel_gap")
         y = np.arange(len(g))
         err = np.vstack([g["rel_gap"] - g["rel_lo"], g["rel_hi"] - g["rel_gap"]]) * 100
         ax.errorbar(100 * g["rel_gap"], y, xerr=np.nan_to_num(err), fmt="o", capsize=3)
-        ax.set_yticks(y, g["label"])
+        ax.set_yticks(y, g["recipe"] + np.where(g["emulated"], " (emulated)", "")
+                      + np.where(g["truncated_at"].notna(), " (stopped early)", ""))
         for x in (-1.5, 1.5):
             ax.axvline(x, ls="--", color="gray", lw=1)
         ax.axvline(0, color="black", lw=0.8)
-        ax.set(title=f"{size} on {hw} ({prof}), up to {int(g['n_seeds'].max())} seeds",
+        ax.set(title=f"{size} model on {hw}, up to {int(g['n_seeds'].max())} seeds",
                xlabel="best held-out loss vs BF16 (%), 95% CI")
-    fig.tight_layout()
-    fig.savefig(FIG / "05_lm_gap.png", dpi=130)
-    display(gaps[["hardware", "profile", "model", "recipe", "n_seeds", "baseline_loss", "loss",
-                  "gap_nats", "gap_lo", "gap_hi", "rel_gap", "rel_lo", "rel_hi", "overfit",
-                  "truncated_at", "emulated"]].round(4))
+    return fig
 
-# %%
-by_metric = pd.concat([lm_analysis.paired_gaps(df, "bf16", metric=m) for m in lm_analysis.LOSS_METRICS])
-if len(by_metric):
-    display(by_metric.pivot_table(index=["hardware", "profile", "model", "recipe", "n_seeds"],
-                                  columns="metric", values="rel_gap")
-            .mul(100).round(2).add_suffix(" (% vs BF16)"))
+
+nb.save(plot_gaps(gaps), "05_lm_gap", df)
+pd.concat([lm_analysis.paired_gaps(df, "bf16", metric=m) for m in lm_analysis.LOSS_METRICS]
+          ).pivot_table(index=["hardware", "model", "recipe", "n_seeds"], columns="metric",
+                        values="rel_gap").mul(100).round(2).add_suffix(" (% vs BF16)")
 
 # %% [markdown]
-# **Against the anchors.** NVFP4 minus FP8 (delayed scaling, TE's default) in nats, paired by
-# seed, next to MaxText's +0.026 nats; and relative to FP8 next to the paper's 1.5 %. Our
-# models, corpus and token budgets are far smaller than theirs: agreement in sign and
-# magnitude is what can be compared, not the digits.
+# **Against the anchors**: NVFP4 minus FP8 (delayed scaling) in nats, paired by seed, next to
+# MaxText's +0.026 nats, and relative to FP8 next to the paper's 1.5%. Our models, corpus and
+# budgets are far smaller than theirs: agreement in sign and magnitude is what compares.
 
 # %%
 vs_fp8 = lm_analysis.paired_gaps(df, "fp8-delayed")
-if len(vs_fp8):
-    vs_fp8 = vs_fp8[vs_fp8["recipe"].isin(["nvfp4", "nvfp4-mlp-only", "jax-nvfp4"])]
-    vs_fp8 = vs_fp8.assign(maxtext_anchor_nats=0.026, paper_anchor_rel=0.015)
-    display(vs_fp8[["hardware", "profile", "model", "recipe", "n_seeds", "gap_nats", "gap_lo",
-                    "gap_hi", "maxtext_anchor_nats", "rel_gap", "rel_hi", "paper_anchor_rel"]]
-            .round(4))
+vs_fp8[vs_fp8["recipe"].isin(["nvfp4", "nvfp4-mlp-only", "jax-nvfp4"])][
+    ["hardware", "model", "recipe", "n_seeds", "gap_nats", "gap_lo", "gap_hi", "rel_gap",
+     "rel_hi"]].round(4)
 
 # %% [markdown]
-# ## 5. Ablations: which part of the NVFP4 recipe matters?
+# ## Ablations: which part of the NVFP4 recipe matters?
 #
-# Each ablation against the full NVFP4 recipe, paired by seed (positive = the ablation is
-# worse). NVIDIA reports that each part helps at 12B / 10T tokens; at the sizes here the
-# effects can be within noise, which the intervals show (a single seed has none). The runs
-# overfit (section 3), so the gap of the final held-out loss is printed beside the best-loss
-# gap: it says how much less (or more) a run memorised the corpus over many epochs, not how
-# well it generalises.
+# Each ablation against the full NVFP4 recipe, paired by seed (positive: the ablation is
+# worse), for the best held-out loss and the final one (which says how much a run memorised).
 
 # %%
 abl = lm_analysis.paired_gaps(df, "nvfp4")
+KEY = ["hardware", "model", "recipe"]
 if len(abl):
     abl = abl[abl["recipe"].str.startswith("nvfp4-") | (abl["recipe"] == "jax-nvfp4")]
-    abl["ablation"] = abl["recipe"].map(lambda r: resolve(r).about)
-    KEY = ["hardware", "profile", "model", "recipe"]
-    final = lm_analysis.paired_gaps(df, "nvfp4", metric="final_eval_loss").set_index(KEY)["gap_nats"]
-    for r in abl.itertuples():
-        k = (r.hardware, r.profile, r.model, r.recipe)
-        fin = (f"truncated at step {r.truncated_at:.0f}: no final loss"
-               if np.isfinite(r.truncated_at) else f"final {final.get(k, float('nan')):+.4f}")
-        print(f"{r.hardware}/{r.profile} {r.model} {r.recipe} ({r.ablation}): best held-out "
-              f"loss {r.gap_nats:+.4f} nats vs nvfp4, {fin}"
-              + (" (one seed: no interval)" if r.n_seeds < 2 else f" ({r.n_seeds} seeds)"))
-    display(abl[[*KEY, "ablation", "n_seeds", "gap_nats", "gap_lo", "gap_hi"]].round(4))
+    final = lm_analysis.paired_gaps(df, "nvfp4", metric="final_eval_loss")
+    abl = abl.merge(final[KEY + ["gap_nats"]].rename(columns={"gap_nats": "final gap"}),
+                    on=KEY, how="left").assign(ablation=lambda a: a["recipe"].map(
+                        lambda r: resolve(r).about))
+abl[[*KEY, "ablation", "n_seeds", "gap_nats", "gap_lo", "gap_hi", "final gap"]].round(4) \
+    if len(abl) else "no ablation records"
 
 # %% [markdown]
-# ## 6. Memory (claim B3)
+# ## B3: memory
 #
-# Stored bytes of the GEMM operands, from the quantized tensors' own dtypes and scale shapes
-# (`repro.studies.lm_quality.stored_bytes`): NVFP4 = 4-bit E2M1 elements + one E4M3 byte per block
-# (16x16 for weights, 1x16 for activations) + one FP32 per tensor; MXFP8 = 1 byte + one E8M0
-# byte per 32; FP8 = 1 byte + an FP32 scale; BF16 = FP16 = 2 bytes. "quantized layers only" is
-# the format's own ratio; "whole model" includes what the policy keeps in BF16 (embedding,
-# head, last block). Training memory is another matter: FP32 master weights and AdamW's two
-# FP32 moments (12 bytes per parameter) do not shrink with the GEMM format, and the compiled
-# step's memory under emulation (last table) includes dequantized copies.
+# Stored bytes of the GEMM operands relative to BF16, from the quantized tensors' own dtypes
+# and scale shapes (`repro.studies.lm_quality.stored_bytes`): NVFP4 = 4-bit elements + one E4M3
+# byte per block + one FP32 per tensor; MXFP8 = 1 byte + one E8M0 byte per 32; FP8 = 1 byte +
+# an FP32 scale; BF16 = 2 bytes. "quantized layers" is the format's own ratio, "whole model"
+# includes what the policy keeps in BF16. Training memory is dominated by what the format does
+# not change: FP32 master weights and AdamW's two FP32 moments.
 
 # %%
-mem = df[df["metric"].str.startswith("stored_")].copy() if len(df) else pd.DataFrame()
+mem = df[df["metric"].str.startswith("stored_")] if len(df) else df
 if len(mem):
-    mem["ratio_to_bf16"] = mem["extra"].map(lambda e: e["ratio_to_bf16"])
-    mem["tensor"] = mem["metric"].str.extract(r"stored_(weight|activation)")[0]
-    mem["scope"] = np.where(mem["metric"].str.endswith("quantized_only"),
-                            "quantized layers only", "whole model")
-    mem = mem.drop_duplicates(["size_model", "recipe", "metric"], keep="last")
+    mem = mem.drop_duplicates(["size_model", "recipe", "metric"], keep="last").assign(
+        ratio=mem["extra"].map(lambda e: e["ratio_to_bf16"]),
+        tensor=mem["metric"].str.extract(r"stored_(weight|activation)")[0],
+        scope=np.where(mem["metric"].str.endswith("quantized_only"), "quantized layers",
+                       "whole model"))
     sizes = sorted(mem["size_model"].unique(), key=lambda s: lm_analysis.SIZE_ORDER.get(s, 9))
-    fig, axes = plt.subplots(1, len(sizes), figsize=(9 * len(sizes), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(sizes), figsize=(8 * len(sizes), 4.5), squeeze=False)
     for ax, size in zip(axes[0], sizes):
-        g = mem[(mem["size_model"] == size) & ~((mem["scope"] == "quantized layers only")
+        g = mem[(mem["size_model"] == size) & ~((mem["scope"] == "quantized layers")
                                                  & (mem["recipe"] == "bf16"))]
-        g = g.assign(bar=g["tensor"] + ", " + g["scope"])
-        sns.barplot(data=g, y="recipe", x="ratio_to_bf16", hue="bar", ax=ax, orient="h")
+        sns.barplot(data=g.assign(bar=g["tensor"] + "s, " + g["scope"]), y="recipe",
+                    x="ratio", hue="bar", ax=ax, orient="h")
         ax.axvline(0.25, ls="--", color="gray", lw=1)
-        ax.set(title=f"{size}: stored bytes relative to BF16/FP16 (dashed: 1/4)",
-               xlabel="bytes / BF16 bytes", ylabel="")
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    fig.savefig(FIG / "05_lm_memory.png", dpi=130)
+        ax.set(title=f"{size} model: stored bytes relative to BF16 (dashed: 1/4)",
+               xlabel="stored bytes / BF16 bytes", ylabel="")
+        ax.legend(fontsize=7, loc="lower right")
+    nb.save(fig, "05_lm_memory", df)
     display(mem.pivot_table(index=["size_model", "recipe"], columns=["tensor", "scope"],
-                            values="ratio_to_bf16").round(3))
-
-# %%
-if len(df):
-    run_mem = df[df["metric"].isin(["compiled_step_bytes", "peak_bytes_in_use"])]
-    if len(run_mem):
-        display((run_mem.groupby(["hardware", "size_model", "recipe", "metric", "emulated"])
-                 ["value"].median() / 2**20).round(1).rename("MiB").unstack("metric"))
-    speed = df[df["metric"] == "tokens_per_s"]
-    if len(speed):
-        print("Throughput (tokens/s). Emulated recipes: the speed of the emulation, not of the "
-              "format.")
-        display(speed.groupby(["hardware", "size_model", "recipe", "emulated"])["value"]
-                .median().round(0).rename("tokens/s").to_frame())
+                            values="ratio").round(3))
+speed = df[df["metric"].isin(["tokens_per_s", "compiled_step_bytes"])] if len(df) else df
+(speed.groupby(["hardware", "size_model", "recipe", "emulated", "metric"])["value"].median()
+ .unstack("metric").round(0) if len(speed) else "no throughput records")
 
 # %% [markdown]
-# ## 7. Verdicts
+# (Throughput of emulated recipes is the emulation's speed, not the format's.)
 #
-# **B4 rule.** Take the largest model with at least 3 paired NVFP4/BF16 seeds (full-profile
-# records before smoke ones). With the 95 % t-interval [lo, hi] of the relative gap
-# (NVFP4 − BF16) / BF16 of the best held-out loss (section 4 says why not the final one):
-# **reproduced** if hi ≤ 1.5 % (NVFP4 is within the paper's 1.5 % of the baseline, and the
-# seeds can tell); **contradicted** if
-# lo > 1.5 %; otherwise **partly** (the interval straddles 1.5 %). Smoke records (tiny model,
-# 100 steps) give at most **partly**: they test the pipeline, not the claim.
+# ## Pipeline check (smoke profile)
 #
-# **B3 rule.** Format ratio = NVFP4 bytes / BF16 bytes over the tensors the policy quantizes
-# (the larger of weights and activations); model ratio = the whole model's GEMM operands under
-# the policy. **reproduced** if both ≤ 0.30 (1/4 plus at most 5 points of scale overhead);
-# **partly** if only the format ratio is; **contradicted** otherwise.
+# On a smoke run the tiny model trained above goes through the same analysis into
+# `build/figures/`: it shows that the pipeline runs, not how NVFP4 trains.
 
 # %%
-b4 = lm_analysis.b4_verdict(gaps)
-b4_hw = b4["row"]["hardware"] if b4.get("row") is not None else HW.slug
-note4 = ("quality only; NVFP4 GEMMs emulated (bit-faithful values), so no speed claim. "
-         if b4.get("row") is not None and b4["row"]["emulated"] else "")
-if b4.get("smoke_only"):
-    note4 += "Smoke profile only (tiny model, 100 steps): a pipeline check, not evidence. "
-if b4.get("row") is not None:
-    vs = vs_fp8[(vs_fp8["recipe"] == "nvfp4") & (vs_fp8["model"] == b4["row"]["model"])
-                & (vs_fp8["profile"] == b4["row"]["profile"])] if len(vs_fp8) else vs_fp8
-    if len(vs):
-        r = vs.iloc[-1]
-        note4 += (f"NVFP4 - FP8(delayed): {r['gap_nats']:+.4f} nats "
-                  f"(95% CI {r['gap_lo']:+.4f} .. {r['gap_hi']:+.4f}) vs MaxText's +0.026. ")
-    # full-profile pairs of larger models than the verdict's, without the seeds the rule needs
-    more = gaps[(gaps["recipe"] == "nvfp4") & (gaps["profile"] == "full")
-                & (gaps["model"].map(lm_analysis.SIZE_ORDER) > lm_analysis.SIZE_ORDER.get(b4["row"]["model"], -1))]
-    for _, r in more.iterrows():
-        note4 += (f"Full profile, larger model so far: {r['model']} on {r['hardware']}, "
-                  f"{int(r['n_seeds'])} paired seed(s) (the rule needs 3): NVFP4 vs BF16 "
-                  f"{100 * r['rel_gap']:+.2f}% best held-out loss. ")
-    if b4["row"]["overfit"] > 0.05:
-        note4 += (f"Multi-epoch regime: the runs' held-out loss ends up to "
-                  f"{100 * b4['row']['overfit']:.0f}% above its best (memorisation), so the "
-                  "verdict uses the best held-out loss; section 4 also gives the final ones.")
-p4 = claims.write_verdict("B4", b4["verdict"], b4["key_number"], hardware=b4_hw,
-                          source="results/*/lm/*.json + build/results/*/lm/*.json "
-                                 "(eval_loss, best per run; notebooks/05_lm_nvfp4.py)",
-                          note=note4.strip(), emulated=bool(b4.get("row") is not None
-                                                            and b4["row"]["emulated"]))
-b3 = lm_analysis.b3_verdict(df)
-note3 = ("Computed from the quantizers' dtypes and scale shapes (device-independent). Training "
-         "memory is dominated by FP32 master weights + AdamW moments (16 bytes/parameter with "
-         "gradients), which the format does not change.")
-p3 = claims.write_verdict("B3", b3["verdict"], b3["key_number"],
-                          hardware=b3.get("hardware", HW.slug),
-                          source="lm records stored_*_bytes (notebooks/05_lm_nvfp4.py)",
-                          note=note3)
-print(f"B4: {b4['verdict']}\n    {b4['key_number']}\n    {note4}")
-print(f"B3: {b3['verdict']}\n    {b3['key_number']}")
-print(p4, p3)
+if nb.profile == "smoke":
+    smoke = nb.smoke_records(E.EXPERIMENT)
+    nb.save(plot_curves(smoke), "05_lm_loss_curves", smoke)
+    display(lm_analysis.paired_gaps(smoke, "bf16")[["model", "recipe", "n_seeds", "rel_gap"]])
+
+# %% [markdown]
+# ## Conclusion
+#
+# What the committed records say (filled in from the computed verdicts):
+
+# %%
+nb.conclusion(verdicts.b4(gaps, vs_fp8), verdicts.b3(lm_analysis.stored_ratios(df)))

@@ -42,6 +42,7 @@ th { background: #f6f8fa; }
 .verdict { font-weight: 600; white-space: nowrap; padding: .1rem .4rem; border-radius: .3rem; }
 .v-reproduced { background: #dafbe1; } .v-partly { background: #fff8c5; }
 .v-contradicted { background: #ffebe9; } .v-projected { background: #ddf4ff; }
+.v-inconclusive { background: #fbefff; }
 .v-not-yet-measured { background: #eff2f5; color: #59636e; }
 .emulated { color: #9a6700; font-size: .85em; }
 .nb { margin: 1.2rem 0; } .nb img { height: 9rem; margin: .3rem .5rem .3rem 0;

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 
 from repro.analysis import scaling as scaling_analysis
+from repro.claims import verdicts
 from repro.models import sharding as distributed
 from repro.studies import multigpu
 
@@ -246,14 +247,15 @@ def test_efficiency_speedup_and_b5_verdict():
     assert math.isclose(got.loc[("bf16", 4), "efficiency"], 0.9)
     assert math.isclose(got.loc[("fp8-delayed", 2), "fp8_speedup"], 1.3)
     assert np.isnan(got.loc[("bf16", 2), "fp8_speedup"])
-    v = scaling_analysis.b5_verdict(t)
-    assert v["verdict"] == "reproduced" and v["n_devices"] == 4 and v["hardware"] == "h200"
+    v = verdicts.b5(t)
+    assert v.verdict == "reproduced" and v.hardware == "h200"
+    assert v.key_number.startswith("weak-scaling efficiency at 4 GPUs: ppo bf16 0.90;")
     # CPU (simulated) records never count
     sim = _table([("cpu", "cpu", True, "ppo", "bf16", n, 10.0 * n) for n in (1, 2, 4, 8)])
-    assert scaling_analysis.b5_verdict(sim)["verdict"] == "not yet measured"
+    assert verdicts.b5(sim).verdict == "not yet measured"
     poor = _table([("h200", "gpu", False, "lm_dp", "bf16", n, 100.0 * n * e)
                    for n, e in ((1, 1.0), (2, 0.5))])
-    assert scaling_analysis.b5_verdict(poor)["verdict"] == "contradicted"
+    assert verdicts.b5(poor).verdict == "contradicted"
 
 
 def test_ratios_say_whether_their_cells_share_a_commit():
@@ -269,9 +271,10 @@ def test_ratios_say_whether_their_cells_share_a_commit():
     assert t.loc[("bf16", 4), "efficiency_same_commit"]
     assert t.loc[("fp8-delayed", 2), "fp8_same_commit"]
     assert not t.loc[("fp8-delayed", 4), "fp8_same_commit"]
-    rows = scaling_analysis.b5_verdict(t.reset_index())["rows"]
-    assert {(r["recipe"], r["efficiency_same_commit"], r["fp8_same_commit"]) for r in rows} == {
-        ("bf16", True, False), ("fp8-delayed", False, False)}
+    key = verdicts.b5(t.reset_index()).key_number  # at 4 GPUs: the FP8 ratio across calls
+    assert key == ("weak-scaling efficiency at 4 GPUs: ppo bf16 1.00; ppo fp8-delayed 1.00 "
+                   "[1- and n-GPU cells of different calls] (FP8/BF16 1.00x, cells of "
+                   "different calls)")
 
 
 def test_record_smoke_one_device(tmp_path):

@@ -13,6 +13,7 @@ import pytest
 
 from repro import config
 from repro.analysis import lm as lm_analysis
+from repro.claims import verdicts
 from repro.models import lm as M
 from repro.models import lm_data as D
 from repro.models import lm_train as T
@@ -286,9 +287,9 @@ def test_paired_gaps_by_metric_and_interval(tmp_path):
     assert f["gap_nats"] == pytest.approx(-0.1)
     t = lm_analysis.paired_gaps(df, "bf16", metric="final_train_loss").iloc[0]
     assert t["gap_nats"] == pytest.approx(0.1)
-    v = lm_analysis.b4_verdict(lm_analysis.paired_gaps(df, "bf16"))
-    # relative gap CI upper bound 4.48% > 1.5%, lower bound < 1.5%: partly
-    assert v["verdict"] == "partly" and "best held-out loss" in v["key_number"]
+    v = verdicts.b4(lm_analysis.paired_gaps(df, "bf16"), lm_analysis.paired_gaps(df, "nvfp4"))
+    # relative gap CI upper bound 4.48% > 1.5%, lower bound < 1.5%: straddles the margin
+    assert v.verdict == "inconclusive" and "best held-out loss" in v.key_number
     with pytest.raises(ValueError, match="choose one of"):
         lm_analysis.paired_gaps(df, "bf16", metric="eval")
 
@@ -324,7 +325,7 @@ def test_early_eval_steps_and_schedule():
     assert tc.eval_steps() == [5, 10, 40, 80, 100]
 
 
-def test_b3_verdict_ratios_match_hand_counted_bytes_and_name_the_hardware():
+def test_stored_ratios_match_hand_counted_bytes_and_name_the_hardware():
     """NVFP4 stores 4 bits a value plus one E4M3 scale per block: 16x16 weight blocks give
     0.25 + 1/512 of BF16's bytes, 1x16 activation blocks 0.25 + 1/32 (ignoring the one FP32
     per-tensor scale). The verdict names the hardware of the records it used."""
@@ -337,11 +338,10 @@ def test_b3_verdict_ratios_match_hand_counted_bytes_and_name_the_hardware():
         r["hardware"] = "h200"
     frame = pd.DataFrame(recs)
     frame["size_model"] = [r["sizes"]["model"] for r in recs]
-    out = lm_analysis.b3_verdict(frame)
+    out = lm_analysis.stored_ratios(frame).iloc[0]
     assert out["weights"] == pytest.approx(0.25 + 1 / 512, abs=1e-4)
     assert out["activations"] == pytest.approx(0.25 + 1 / 32, abs=1e-4)
     assert out["hardware"] == "h200" and out["model"] == "20m"
-    assert out["verdict"] in ("reproduced", "partly")
 
 
 def test_force_rerecord_cut_short_resumes(tmp_path, monkeypatch):

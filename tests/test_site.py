@@ -116,3 +116,41 @@ def test_repro_site_command(root, capsys):
     assert "wrote build/site/index.html (1 notebook page(s))" in capsys.readouterr().err
     assert (root / "build/site/01_formats.html").exists()
     assert re.search(r'href="01_formats.html"', (root / "build/site/index.html").read_text())
+
+
+def test_notebook_figures_of_smoke_records_stay_out_of_figures(tmp_path, monkeypatch):
+    """Committed full-profile records draw into figures/, smoke records into build/figures/;
+    the caption names the hardware and the profile."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # the test draws off-screen; notebooks keep their inline backend
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from repro import notebook
+
+    monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
+    nb = notebook.Notebook("03_x", "smoke", {}, None, tmp_path)
+    full = pd.DataFrame({"hardware": ["h200"], "hardware_name": ["NVIDIA H200"],
+                         "profile": ["full"]})
+    smoke = pd.DataFrame({"hardware": ["cpu"], "hardware_name": ["cpu"], "profile": ["smoke"]})
+    assert nb.save(plt.figure(), "03_a", full) == tmp_path / "figures/03_a.png"
+    assert nb.save(plt.figure(), "03_a", smoke) == tmp_path / "build/figures/03_a.png"
+    assert (tmp_path / "figures/03_a.png").read_bytes()[:4] == b"\x89PNG"
+    text, is_smoke = notebook.caption(full)
+    assert "NVIDIA H200 (h200)" in text and "full profile" in text and not is_smoke
+    text, is_smoke = notebook.caption(smoke)
+    assert "cpu; smoke profile" in text and "not evidence" in text and is_smoke
+
+
+def test_notebook_conclusion_writes_the_ledger_and_quotes_the_verdict(tmp_path, monkeypatch):
+    from repro import notebook
+    from repro.claims.verdicts import Verdict
+
+    monkeypatch.setenv("REPRO_VERDICTS", str(tmp_path / "verdicts"))
+    nb = notebook.Notebook("05_x", "full", {}, None, tmp_path)
+    md = nb.conclusion(Verdict("B3", "partly", "0.252 of BF16's bytes", "h200",
+                               "results/*/lm", "scales cost extra."))
+    assert md.data.startswith(f"**B3 ({claims.claims()['B3']['claim']}): partly.** 0.252 of")
+    assert "scales cost extra. Evidence: h200, `results/*/lm`." in md.data
+    assert claims.ledger()[list(claims.claims()).index("B3")]["verdict"] == "partly"

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
@@ -10,6 +9,8 @@ from repro.analysis.stats import t_interval
 RUN_KEYS = ["hardware", "profile", "model", "recipe", "seed"]
 
 LOSS_METRICS = ("best_eval_loss", "final_eval_loss", "final_train_loss")
+
+SIZE_ORDER = {"tiny": 0, "20m": 1, "120m": 2}  # model presets, smallest first
 
 
 def run_losses(df):
@@ -126,75 +127,50 @@ def paired_gaps(df, baseline: str = "bf16", confidence: float = 0.95,
         "baseline_loss", "loss", "gap_nats", "gap_lo", "gap_hi", "rel_gap", "rel_lo", "rel_hi",
         "overfit", "truncated_at", "emulated"])
 
-SIZE_ORDER = {"tiny": 0, "20m": 1, "120m": 2}
+def stored_ratios(df):
+    """NVFP4's stored bytes relative to BF16 (= FP16), one row per model size, from the
+    ``stored_*_bytes`` records: ``weights`` and ``activations`` over the tensors the policy
+    quantizes (16x16 weight blocks, 1x16 activation blocks), ``whole``: the whole model's GEMM
+    operands under the policy (BF16 embedding, head, last block), and the ``hardware`` of the
+    records (the last one recorded per metric)."""
+    import pandas as pd
 
-
-def b4_verdict(gaps, threshold: float = 0.015, min_seeds: int = 3) -> dict[str, Any]:
-    """Claim B4 from ``paired_gaps(df, "bf16")``: the rule the notebook states.
-
-    Evidence: the largest model with >= ``min_seeds`` paired NVFP4/BF16 seeds (full profile
-    preferred over smoke). With the 95% t-interval [lo, hi] of the relative gap
-    (NVFP4 - BF16) / BF16 of the gaps' metric (the best held-out loss by default): hi <= 1.5%
-    -> "reproduced"; lo > 1.5% -> "contradicted"; otherwise "partly" (the interval straddles
-    1.5%). From smoke records only (the tiny model, ~100 steps) a passing rule gives at most
-    "partly": that is a pipeline check, not evidence.
-    """
-    g = gaps[(gaps["recipe"] == "nvfp4") & (gaps["n_seeds"] >= min_seeds)]
-    if g.empty:
-        return {"verdict": "not yet measured", "row": None,
-                "key_number": "no NVFP4/BF16 pair with enough seeds"}
-    g = g.assign(_full=(g["profile"] == "full").astype(int),
-                 _size=g["model"].map(SIZE_ORDER).fillna(-1))
-    row = g.sort_values(["_full", "_size", "n_seeds"]).iloc[-1]
-    if row["rel_hi"] <= threshold:
-        verdict = "reproduced"
-    elif row["rel_lo"] > threshold:
-        verdict = "contradicted"
-    else:
-        verdict = "partly"
-    smoke_only = row["profile"] != "full"
-    if smoke_only and verdict == "reproduced":
-        verdict = "partly"
-    what = {"best_eval_loss": "best held-out loss", "final_eval_loss": "final held-out loss",
-            "final_train_loss": "final training loss"}.get(row.get("metric"), "held-out loss")
-    key = (f"NVFP4 vs BF16 {what} {100 * row['rel_gap']:+.2f}% "
-           f"(95% CI {100 * row['rel_lo']:+.2f}% .. {100 * row['rel_hi']:+.2f}%, "
-           f"{int(row['n_seeds'])} seeds, {row['model']} model, {row['profile']} profile"
-           f"{', emulated NVFP4' if row['emulated'] else ''})")
-    return {"verdict": verdict, "row": row, "key_number": key, "smoke_only": smoke_only}
-
-
-def b3_verdict(df, limit: float = 0.30) -> dict[str, Any]:
-    """Claim B3 from the stored-bytes records: the rule the notebook states.
-
-    format ratio: NVFP4 bytes / BF16 (= FP16) bytes over the tensors the policy quantizes,
-    max of weights and activations. model ratio: weights + activations of the whole model
-    under the paper policy (BF16 embedding, head, last block). format ratio <= 0.30 (1/4 plus
-    at most 5 points of scales) and model ratio <= 0.30 -> "reproduced"; format ratio <= 0.30
-    only -> "partly"; else "contradicted". Uses the largest model recorded.
-    """
+    cols = ["model", "hardware", "weights", "activations", "whole"]
     m = df[(df["recipe"] == "nvfp4") & df["metric"].str.startswith("stored_")] \
         if not df.empty else df
-    if m.empty:
-        return {"verdict": "not yet measured", "key_number": "no stored-bytes records"}
-    m = m.assign(_size=m["size_model"].map(SIZE_ORDER).fillna(-1))
-    size = m.sort_values("_size")["size_model"].iloc[-1]
-    m = m[m["size_model"] == size].drop_duplicates("metric", keep="last").set_index("metric")
-    hardware = str(m["hardware"].iloc[-1])
+    rows = []
+    for size, g in (m.groupby("size_model") if len(m) else []):
+        g = g.drop_duplicates("metric", keep="last").set_index("metric")
 
-    def ratio(metric):
-        return float(m.loc[metric, "extra"]["ratio_to_bf16"])
+        def ratio(metric):
+            return float(g.loc[metric, "extra"]["ratio_to_bf16"])
 
-    w_q, a_q = ratio("stored_weight_bytes_quantized_only"), ratio(
-        "stored_activation_bytes_quantized_only")
-    whole = ((m.loc["stored_weight_bytes", "value"] + m.loc["stored_activation_bytes", "value"])
-             / (m.loc["stored_weight_bytes", "extra"]["bf16_bytes"]
-                + m.loc["stored_activation_bytes", "extra"]["bf16_bytes"]))
-    fmt = max(w_q, a_q)
-    verdict = ("reproduced" if fmt <= limit and whole <= limit else
-               "partly" if fmt <= limit else "contradicted")
-    key = (f"NVFP4 tensors take {w_q:.3f} (weights, 16x16 blocks) and {a_q:.3f} (activations, "
-           f"1x16) of their BF16/FP16 bytes; the {size} model's GEMM operands under NVIDIA's "
-           f"policy {whole:.3f}")
-    return {"verdict": verdict, "key_number": key, "model": size, "weights": w_q,
-            "activations": a_q, "whole": float(whole), "hardware": hardware}
+        w, a = g.loc["stored_weight_bytes"], g.loc["stored_activation_bytes"]
+        whole = (w["value"] + a["value"]) / (w["extra"]["bf16_bytes"] + a["extra"]["bf16_bytes"])
+        rows.append({"model": size, "hardware": str(g["hardware"].iloc[-1]),
+                     "weights": ratio("stored_weight_bytes_quantized_only"),
+                     "activations": ratio("stored_activation_bytes_quantized_only"),
+                     "whole": float(whole)})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def truncation_check(runs):
+    """Is comparing a run truncated on purpose (``truncated_at``) over the evaluations up to
+    its cut fair? Only if the whole runs beside it were best before the cut. One row per
+    (hardware, profile, model) with a truncated run: the cut, the whole runs, and those best
+    only after the cut (``late``)."""
+    import pandas as pd
+
+    rows = []
+    for (hw, prof, size), g in (runs.groupby(["hardware", "profile", "model"])
+                                if len(runs) else []):
+        cut = g["truncated_at"].min()
+        if not np.isfinite(cut):
+            continue
+        whole = g[g["truncated_at"].isna()]
+        late = whole[whole["best_step"] > cut]
+        rows.append({"hardware": hw, "profile": prof, "model": size, "cut at step": int(cut),
+                     "whole runs": len(whole), "best before the cut": len(whole) - len(late),
+                     "late": ", ".join(late["recipe"] + " s" + late["seed"].astype(str))})
+    return pd.DataFrame(rows, columns=["hardware", "profile", "model", "cut at step",
+                                       "whole runs", "best before the cut", "late"])

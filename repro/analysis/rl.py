@@ -100,6 +100,33 @@ def normalised_scores(df: pd.DataFrame, hardware: str, reference: str = "fp32",
     return scores, envs, pd.DataFrame(rows)
 
 
+def fp8_stores(df: pd.DataFrame) -> pd.DataFrame:
+    """Claim A1's table: per variant, how many of its four stores (parameters, GEMM
+    activations, GEMM gradients, the optimizer update) are FP8 (``fp8_stores`` records), with
+    the ``policy`` (value -> format) and the ``hardware`` and ``profile`` of the record (the
+    last one loaded per variant: pass the committed records only, or a smoke record of this
+    machine replaces the committed one)."""
+    cols = ["variant", "stores", "hardware", "profile", "policy"]
+    d = df[df.metric == "fp8_stores"] if len(df) else df
+    if not len(d):
+        return pd.DataFrame(columns=cols)
+    d = d.assign(variant=d["sizes"].map(lambda s: s["variant"])).drop_duplicates(
+        "variant", keep="last")
+    return pd.DataFrame({"variant": d["variant"], "stores": d["value"].astype(int),
+                         "hardware": d["hardware"], "profile": d["profile"],
+                         "policy": d["extra"].map(lambda e: e["policy"])}).reset_index(drop=True)
+
+
+def a3_projection(sp: pd.DataFrame, bandwidth_ratio: float, fp16_ratio: float) -> pd.DataFrame:
+    """Claim A3's projection: each native, same-call FP8/FP16 whole-loop ratio of the MLP
+    (``speedups``) times the H100/A100 FP16 datasheet ratio, by memory bandwidth (``lo``, a
+    memory-bound loop) and by dense FP16 tensor-core rate (``hi``, a GEMM-bound loop)."""
+    if not len(sp):
+        return sp.assign(lo=[], hi=[])
+    real = sp[(~sp.emulated) & (sp.baseline == "fp16") & (sp.network == "mlp") & sp.same_commit]
+    return real.assign(lo=real.e2e * bandwidth_ratio, hi=real.e2e * fp16_ratio)
+
+
 def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (hardware, network, width, num_envs, recipe) with the three metrics, and
     ``git_commit``: the commit(s) its records were made at, comma-separated."""
@@ -183,6 +210,16 @@ def speedups(table: pd.DataFrame, recipe: str, baselines: Sequence[str] = ("fp16
     return pd.DataFrame(rows)
 
 
+FP8_RECIPES = ("fp8-current", "fp8-delayed")  # the RL study's FP8 recipes (claims A2-A4, A9)
+
+
+def fp8_speedups(table: pd.DataFrame, recipes: Sequence[str] = FP8_RECIPES) -> pd.DataFrame:
+    """:func:`speedups` of every FP8 recipe of ``recipes`` recorded in ``table``, stacked."""
+    have = set(table.recipe) if len(table) else set()
+    parts = [speedups(table, r) for r in recipes if r in have]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
 def _final_columns(ours: Mapping | None, theirs: Mapping | None) -> dict[str, float]:
     nan = float("nan")
     out = {"final_return": nan, "final_sd": nan, "purejaxrl final_return": nan,
@@ -258,3 +295,32 @@ def purejaxrl_speedups(df: pd.DataFrame) -> pd.DataFrame:
 
     out["same_returns"] = [same(r) for r in out.itertuples()]
     return out
+
+
+def purejaxrl_options(pj: pd.DataFrame, target: float = 1.2,
+                      tolerance: float = 5.0) -> pd.DataFrame:
+    """Which option set of ours (rows of :func:`purejaxrl_speedups`, defaults left out) a user
+    should turn on, per hardware: ``fast`` if every run of it meets ``target`` at every seed
+    count timed there; ``learns`` if every multi-seed run's return-gap interval has its lower
+    end above ``-tolerance``; ``runs`` the fewest runs at any seed count. ``status``:
+    ``recommended`` (fast, learns, confirmed by a second run), ``candidate`` (fast and learns,
+    one run: picked among several, so a later run must confirm it), else ``option``."""
+    cols = ["hardware", "options", "fast", "learns", "runs", "status", "why"]
+    rows = []
+    ours = pj[pj.ours != "repro"] if len(pj) else pj
+    for (hw, name), g in (ours.groupby(["hardware", "ours"]) if len(ours) else []):
+        counts = sorted(pj[pj.hardware == hw].seeds.unique())
+        fast = {int(s): bool(len(g[g.seeds == s])) and bool((g[g.seeds == s].speedup
+                                                             >= target).all())
+                for s in counts}
+        runs = int(g.groupby("seeds").size().reindex(counts, fill_value=0).min())
+        checked = g.dropna(subset=["gap_lo"])
+        learns = bool(len(checked)) and bool((checked.gap_lo > -tolerance).all())
+        why = [f"{s} seed(s): {'meets' if ok else 'misses'} {target}x" for s, ok in fast.items()]
+        why.append("learns at least as well as PureJaxRL" if learns else
+                   "no multi-seed final-return check yet" if not len(checked) else
+                   "learns worse than PureJaxRL")
+        ok = all(fast.values()) and learns
+        status = "option" if not ok else "candidate" if runs < 2 else "recommended"
+        rows.append((hw, name, all(fast.values()), learns, runs, status, "; ".join(why)))
+    return pd.DataFrame(rows, columns=cols)

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pandas as pd
 
@@ -12,7 +10,6 @@ from repro.analysis.stats import ratio
 METRIC = {"ppo": ("env_steps_per_s", "steps/s"), "lm_dp": ("tokens_per_s", "tokens/s"),
           "lm_fsdp": ("tokens_per_s", "tokens/s")}
 BASELINE = "bf16"
-EFFICIENCY_TARGET = 0.8  # B5 rule: weak-scaling efficiency at the largest count
 
 
 def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -61,43 +58,3 @@ def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
         for _, row in d.iterrows()]
     return d[cols].sort_values(["hardware", "workload", "recipe", "n_devices"]).reset_index(
         drop=True)
-
-
-def b5_verdict(table: pd.DataFrame) -> dict[str, Any]:
-    """The B5 verdict from a :func:`throughput_table` over all hardware.
-
-    Only GPU records on real devices (not simulated) with ``n_devices >= 2`` count. Per
-    hardware, the weak-scaling efficiency at the largest measured count of every
-    (workload, recipe): "reproduced" when all are >= 0.8 at 4 or more GPUs; "partly" when
-    all are >= 0.8 at 2 GPUs only, or some (not all) are; "contradicted" when none is.
-    Without such records: "not yet measured".
-    """
-    real = table[(~table["simulated"].astype(bool)) & (table["backend"] == "gpu")] \
-        if not table.empty else table
-    multi = real[real["n_devices"] >= 2] if not real.empty else real
-    if multi.empty:
-        return {"verdict": "not yet measured", "hardware": "", "rows": []}
-    best = None
-    for hw, g in multi.groupby("hardware"):
-        g = g[np.isfinite(g["efficiency"].astype(float))]
-        if g.empty:
-            continue
-        nmax = int(g["n_devices"].max())
-        last = g[g["n_devices"] == nmax]
-        if best is None or nmax > best[1]:
-            best = (hw, nmax, last)
-    if best is None:
-        return {"verdict": "not yet measured", "hardware": "", "rows": []}
-    hw, nmax, last = best
-    ok = last["efficiency"] >= EFFICIENCY_TARGET
-    if ok.all():
-        verdict = "reproduced" if nmax >= 4 else "partly"
-    else:
-        verdict = "partly" if ok.any() else "contradicted"
-    rows = [{"workload": r.workload, "recipe": r.recipe, "n_devices": nmax,
-             "efficiency": float(r.efficiency),
-             "fp8_speedup": None if not np.isfinite(r.fp8_speedup) else float(r.fp8_speedup),
-             "efficiency_same_commit": bool(r.efficiency_same_commit),
-             "fp8_same_commit": bool(r.fp8_same_commit),
-             "emulated": bool(r.emulated)} for _, r in last.iterrows()]
-    return {"verdict": verdict, "hardware": hw, "n_devices": nmax, "rows": rows}

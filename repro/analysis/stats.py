@@ -91,10 +91,18 @@ def _poi(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(vals))
 
 
+def _ties(x: np.ndarray, y: np.ndarray) -> float:
+    """The share of P(X > Y)'s weight that equal scores fix at 0.5: P(X = Y), averaged over
+    tasks (a task where every run reaches a capped return, as CartPole-v1's 500, ties all)."""
+    return float(np.mean([np.mean(x[:, j][:, None] == y[:, j][None, :])
+                          for j in range(x.shape[1])]))
+
+
 def probability_of_improvement(scores: Mapping[str, np.ndarray],
                                pairs: Iterable[tuple[str, str]], reps: int = 2000,
                                seed: int = 0) -> pd.DataFrame:
-    """P(variant X scores above variant Y on a random env) with a 95% stratified bootstrap CI."""
+    """P(variant X scores above variant Y on a random env) with a 95% stratified bootstrap CI;
+    ``ties``: the share of it that equal scores fix at 0.5 (:func:`_ties`)."""
     pairs = [(x, y) for x, y in pairs if x in scores and y in scores]
     rows = []
     try:
@@ -111,7 +119,8 @@ def probability_of_improvement(scores: Mapping[str, np.ndarray],
                 k = f"{x},{y}"
                 rows.append({"x": x, "y": y, "p": float(np.ravel(pt[k])[0]),
                              "lo": float(np.ravel(ci[k][0])[0]),
-                             "hi": float(np.ravel(ci[k][1])[0]), "backend": "rliable"})
+                             "hi": float(np.ravel(ci[k][1])[0]),
+                             "ties": _ties(scores[x], scores[y]), "backend": "rliable"})
     except ImportError:
         rng = np.random.default_rng(seed)
         for x, y in pairs:
@@ -122,8 +131,9 @@ def probability_of_improvement(scores: Mapping[str, np.ndarray],
                 iy = rng.integers(0, sy.shape[0], size=sy.shape)
                 boot.append(_poi(np.take_along_axis(sx, ix, 0), np.take_along_axis(sy, iy, 0)))
             rows.append({"x": x, "y": y, "p": _poi(sx, sy), "lo": np.percentile(boot, 2.5),
-                         "hi": np.percentile(boot, 97.5), "backend": "numpy"})
-    return pd.DataFrame(rows, columns=["x", "y", "p", "lo", "hi", "backend"])
+                         "hi": np.percentile(boot, 97.5), "ties": _ties(sx, sy),
+                         "backend": "numpy"})
+    return pd.DataFrame(rows, columns=["x", "y", "p", "lo", "hi", "ties", "backend"])
 
 
 def t_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:

@@ -43,6 +43,10 @@ LayerKind = Literal["embed", "attn_qkv", "attn_core", "attn_out", "mlp_in", "mlp
 LAYER_KINDS: tuple[str, ...] = ("embed", "attn_qkv", "attn_core", "attn_out", "mlp_in",
                                 "mlp_out", "norm", "head")
 BLOCK_LINEAR_KINDS = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
+# Module paths of the block linear layers (a regex over flax paths, e.g. "block3/mlp/wi"), for
+# post-training quantization rules: attention's QK^T and AV, the embedding and the head are
+# left out.
+BLOCK_LINEAR_PATH = r"block\d+/(attn/(qkv|out)|mlp/(wi|wo))"
 
 
 @dataclass(frozen=True)
@@ -202,13 +206,41 @@ def causal_attention(q, k, v):
     return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
 
 
+DECODE_MODES = (None, "prefill", "step")
+
+
+def _no_cache(*_):
+    raise ValueError("decode='prefill'/'step' needs a KV cache: apply with variables "
+                     "{'params': ..., 'cache': repro.models.lm_decode.init_cache(...)} and "
+                     "mutable=['cache']")
+
+
+def cached_attention(module: nn.Module, q, k, v, decode: str, start):
+    """Attention through the KV cache of ``module`` (variables "cache"/"k" and "cache"/"v",
+    ``[B, max_len, H, D]``): the new keys and values are written at positions
+    ``start .. start + T - 1``. "prefill" (``start`` 0): the prompt attends to itself, as the
+    uncached forward pass does. "step": each query attends to every cached position up to its
+    own (the cache holds the whole prefix)."""
+    ck = module.variable("cache", "k", _no_cache)
+    cv = module.variable("cache", "v", _no_cache)
+    at = (0, start, 0, 0)
+    ck.value = lax.dynamic_update_slice(ck.value, k.astype(ck.value.dtype), at)
+    cv.value = lax.dynamic_update_slice(cv.value, v.astype(cv.value.dtype), at)
+    if decode == "prefill":
+        return causal_attention(q, k, v)
+    qpos = start + jnp.arange(q.shape[1])
+    mask = jnp.arange(ck.value.shape[1])[None, :] <= qpos[:, None]  # [T, max_len]
+    return jax.nn.dot_product_attention(q, ck.value.astype(q.dtype), cv.value.astype(q.dtype),
+                                        mask=mask[None, None], implementation="xla")
+
+
 class Attention(nn.Module):
     cfg: LMConfig
     recipe: Recipe | str
     block: int
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, decode: str | None = None, start=0):
         cfg = self.cfg
         b, t, d = x.shape
         h, hd = cfg.n_heads, cfg.head_dim
@@ -216,10 +248,14 @@ class Attention(nn.Module):
                       cfg.init_std, "qkv")(x)
         q, k, v = jnp.split(qkv.reshape(b, t, 3, h, hd), 3, axis=2)
         q, k, v = q[:, :, 0], k[:, :, 0], v[:, :, 0]
-        pos = jnp.arange(t)
+        pos = jnp.arange(t) + (start if decode == "step" else 0)
         q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
         core = layer_recipe(self.recipe, "attn_core", self.block, cfg).dtype
-        o = causal_attention(q.astype(core), k.astype(core), v.astype(core))
+        q, k, v = q.astype(core), k.astype(core), v.astype(core)
+        if decode is None:
+            o = causal_attention(q, k, v)
+        else:
+            o = cached_attention(self, q, k, v, decode, start if decode == "step" else 0)
         o = o.reshape(b, t, d)
         # Depth-scaled init of the residual projections (GPT-2 / MaxText practice).
         std = cfg.init_std / (2 * cfg.n_layers) ** 0.5
@@ -250,31 +286,38 @@ class Block(nn.Module):
     block: int
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, decode: str | None = None, start=0):
         cfg = self.cfg
         nd = layer_recipe(self.recipe, "norm", self.block, cfg).dtype
         x = x + Attention(cfg, self.recipe, self.block, name="attn")(
-            RMSNorm(cfg.norm_eps, nd, name="attn_norm")(x)).astype(x.dtype)
+            RMSNorm(cfg.norm_eps, nd, name="attn_norm")(x), decode, start).astype(x.dtype)
         x = x + MLP(cfg, self.recipe, self.block, name="mlp")(
             RMSNorm(cfg.norm_eps, nd, name="mlp_norm")(x)).astype(x.dtype)
         return x
 
 
 class Decoder(nn.Module):
-    """``tokens[B, T] (int) -> logits[B, T, vocab] (float32)``."""
+    """``tokens[B, T] (int) -> logits[B, T, vocab] (float32)``.
+
+    ``decode`` (KV-cache inference, ``repro.models.lm_decode``): "prefill" runs the prompt
+    and writes its keys and values into the "cache" collection; "step" runs ``tokens`` at
+    positions ``start ..`` against the cache. The parameters are the same in every mode.
+    """
 
     cfg: LMConfig
     recipe: Recipe | str = "bf16"
 
     @nn.compact
-    def __call__(self, tokens):
+    def __call__(self, tokens, decode: str | None = None, start=0):
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
         cfg = self.cfg
         emb_r = layer_recipe(self.recipe, "embed", None, cfg)
         emb = self.param("embedding", nn.initializers.normal(cfg.init_std),
                          (cfg.vocab_size, cfg.d_model), jnp.float32)
         x = jnp.take(emb, tokens, axis=0).astype(emb_r.dtype)
         for i in range(cfg.n_layers):
-            x = Block(cfg, self.recipe, i, name=f"block{i}")(x)
+            x = Block(cfg, self.recipe, i, name=f"block{i}")(x, decode, start)
         x = RMSNorm(cfg.norm_eps, layer_recipe(self.recipe, "norm", None, cfg).dtype,
                     name="final_norm")(x)
         logits = _linear(cfg.vocab_size, layer_recipe(self.recipe, "head", None, cfg),

@@ -16,7 +16,6 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from repro import hardware as hw
@@ -220,65 +219,3 @@ def measured_fp4_speedups(records: pd.DataFrame | None, subject: str = "nvfp4",
             rows.append((slug, model, base, float(ratio)))
     return pd.DataFrame(rows, columns=cols)
 
-
-# ------------------------------------------------------------------------------ temporary
-
-
-def b2_verdict(projection: pd.DataFrame, measured_fp4: pd.DataFrame | None = None,
-               validation: pd.DataFrame | None = None) -> dict[str, Any]:
-    """The B2 decision (to be replaced by ``repro.claims.verdicts.b2``): measured where a chip
-    with FP4 tensor cores has recorded NVFP4 steps (``measured_fp4``); otherwise
-    ``projected`` from :func:`projections`, with :func:`~repro.perfmodel.calibrate.validate`'s
-    rows (``validation``) summarised in the note."""
-    if measured_fp4 is not None and len(measured_fp4):
-        best = measured_fp4.loc[measured_fp4["speedup"].idxmax()]
-        bf = measured_fp4[measured_fp4["baseline"] == "bf16"]
-        top = float(bf["speedup"].max()) if len(bf) else float("nan")
-        verdict = ("reproduced" if top >= 1.5 else "partly" if top > 1.0 else
-                   "contradicted" if np.isfinite(top) else "partly")
-        return {"verdict": verdict,
-                "key_number": f"measured NVFP4 {best['speedup']:.2f}x vs {best['baseline']} "
-                              f"({best['model']}, {best['hardware']})",
-                "hardware": str(best["hardware"]), "source": "lm records (measured)",
-                "note": "measured on a chip with FP4 tensor cores; the model's projection is "
-                        "in notebook 06"}
-    if projection is None or not len(projection):
-        return {"verdict": "not yet measured", "key_number": "", "hardware": "",
-                "source": "perfmodel", "note": "no projection"}
-
-    def pick(model, comparison, target):  # (projected, published) speedup
-        m = projection[(projection["model"] == model) & (projection["comparison"] == comparison)
-                       & (projection["target"] == target)]
-        if not len(m):
-            return float("nan"), float("nan")
-        pub = m["published_speedup"].iloc[0]
-        return float(m["speedup"].iloc[0]), float("nan") if pub is None else float(pub)
-
-    calibrated = bool(projection["calibrated"].any())
-    mode, hw_slug = str(projection["mode"].iloc[0]), str(projection["hardware"].iloc[0])
-    val = validation if validation is not None else pd.DataFrame()
-    if len(val):
-        err = val["error"].abs()  # MLP and LM shapes count alike
-        n_lm = int((val["workload"] == "lm").sum())
-        vtxt = (f"validated on {hw_slug}: FP8/BF16 speedup predicted within 10% at "
-                f"{int((err <= 0.10).sum())}/{len(err)} measured shapes ({len(err) - n_lm} MLP, "
-                f"{n_lm} LM; max error {err.max():.0%})")
-    elif calibrated:
-        vtxt = "not validated: no FP8 mlp_step/lm_step records beside the BF16 ones"
-    elif mode == "rates_only":
-        vtxt = (f"NOT validated: measured {hw_slug} GEMM rates, but no mlp_step records (nor "
-                "lm_step) yet to calibrate and validate the step model (default "
-                "bandwidth/gap parameters)")
-    else:
-        vtxt = "NOT validated: no GPU gemm/mlp_step/lm_step records yet (datasheet peaks only)"
-    (bf, bf_pub), (f8, f8_pub) = (pick("llama3-8b", "nvfp4_vs_bf16", "gb200"),
-                                  pick("llama3-8b", "nvfp4_mlp_vs_fp8", "gb200"))
-    f8_300, f8_300_pub = pick("llama3-405b", "nvfp4_mlp_vs_fp8", "gb300")
-    key = (f"projected NVFP4 {bf:.2f}x vs BF16 (Llama-3-8B, GB200; published {bf_pub:.2f}x), "
-           f"{f8:.2f}x vs FP8 MLP-only (GB200; published {f8_pub:.2f}x), 405B GB300 "
-           f"{f8_300:.2f}x (published {f8_300_pub:.2f}x)")
-    return {"verdict": "projected", "key_number": key,
-            "hardware": f"{'datasheet' if mode == 'datasheet' else hw_slug} -> gb200/gb300 "
-                        "(projection)",
-            "source": "perfmodel projection" + ("" if calibrated else " (not calibrated)"),
-            "note": f"no record from a chip with FP4 tensor cores yet; {vtxt}"}

@@ -693,9 +693,18 @@ def dense_dot(x, w, recipe):
 
     The output stays in ``recipe.dtype`` on purpose: GPU GEMMs accumulate in FP32 internally
     either way, and an FP32 output would make the backward pass multiply an FP32 cotangent
-    with BF16 operands, which XLA runs as a (slower) FP32/TF32 GEMM: an unfair baseline."""
+    with BF16 operands, which XLA runs as a (slower) FP32/TF32 GEMM: an unfair baseline.
+
+    An operand already in ``recipe.dtype`` is passed as it is, not cast: post-training
+    quantization (qwix's ``PtqProvider``, ``repro.precision.export``) hands this function its
+    quantized weight arrays, whose ``dtype`` is their dequantized dtype and which do not
+    support a cast through the array API; qwix then runs the product on the quantized values."""
     dt = recipe.dtype
-    return lax.dot_general(x.astype(dt), w.astype(dt), (((x.ndim - 1,), (0,)), ((), ())),
+
+    def cast(a):
+        return a if a.dtype == dt else a.astype(dt)
+
+    return lax.dot_general(cast(x), cast(w), (((x.ndim - 1,), (0,)), ((), ())),
                            precision=recipe.precision)
 
 

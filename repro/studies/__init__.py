@@ -24,6 +24,7 @@ EXPERIMENTS: dict[str, str] = {
     "lm": "repro.studies.lm_quality",
     "multigpu": "repro.studies.multigpu",
     "rl_purejaxrl": "repro.studies.purejaxrl",
+    "inference": "repro.studies.inference",
 }
 # `repro trace`: studies whose parameters come from the command line.
 TRACES: dict[str, str] = {"kernel_times": "repro.studies.kernel_times"}

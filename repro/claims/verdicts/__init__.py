@@ -1,0 +1,21 @@
+"""Every claim's decision rule, as a pure function of small tables.
+
+One function per claim (``a1`` ... ``a10``, ``b1`` ... ``b5``): each takes the tables that
+``repro.analysis`` builds from the records (or the few numbers a claim needs) and returns a
+:class:`Verdict`: the verdict, its key number (text, with units), the hardware and records it
+rests on. Nothing here reads files, draws or writes: the notebooks compute the tables, call these
+functions, show the result, and hand it to ``repro.claims.ledger.write_verdict``.
+
+The vocabulary (:data:`VERDICTS`): **reproduced** (the data support the claim), **partly** (part
+of it holds, or it holds in a narrower scope), **contradicted** (the data go against it),
+**inconclusive** (measured, but the data cannot tell), **projected** (a model's projection, not a
+measurement), **not yet measured**.
+"""
+
+from repro.claims.verdicts._base import VERDICTS, Verdict, definitions, margin
+from repro.claims.verdicts.nvfp4 import b1, b2, b3, b4, b5
+from repro.claims.verdicts.quality import QualityEvidence, a5, a6, a7, a8, a10
+from repro.claims.verdicts.rl import a1, a2, a3, a4, a9
+
+__all__ = ["VERDICTS", "Verdict", "QualityEvidence", "definitions", "margin", "a1", "a2", "a3", "a4", "a5", "a6", "a7",
+           "a8", "a9", "a10", "b1", "b2", "b3", "b4", "b5"]

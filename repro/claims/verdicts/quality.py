@@ -1,0 +1,196 @@
+"""Claims A5-A8 and A10: FP8 RL quality and reproducibility (notebook 04).
+
+The statistics are probabilities of improvement ``P(X > Y)`` with 95% intervals [lo, hi]
+(``repro.analysis.stats.probability_of_improvement``). A *difference* claim asks whether X is
+better than Y (lo > 0.5). A *parity* claim ("quality is kept", A5, A6, A10) asks whether X is
+not worse than Y by more than the claim's equivalence margin [low, high] (``margin`` in
+``repro/data/claims.yaml``, fixed in the claim's definition): **kept** if lo >= low (the
+interval inside the margin: equivalent; reaching above it: X may be better, which keeps quality
+too), **lost** if hi < low, and **inconclusive** when the interval straddles low: too wide to
+tell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import pandas as pd
+
+from repro.claims.verdicts._base import Verdict, margin
+
+QUALITY_SOURCE = "results/*/rl_quality (final_return, random_return, same_seed_identical)"
+MIN_ENVS = 3  # fewer environments behind the statistics cap "reproduced" at "partly"
+UNSURE = "inconclusive"  # a part of a claim the data cannot decide
+FP8_PREFIX = "fp8"  # variants whose GEMMs run in FP8
+
+
+@dataclass(frozen=True)
+class QualityEvidence:
+    """What the quality statistics rest on: the hardware, the profile of its records
+    (``full`` is evidence, ``smoke`` a plumbing check), the environments used, the seeds per
+    (env, variant) and the number of environments the full study plans."""
+
+    hardware: str
+    profile: str
+    envs: tuple[str, ...]
+    n_seeds: int
+    planned_envs: int
+
+
+def _row(poi: pd.DataFrame, x: str, y: str):
+    r = poi[(poi.x == x) & (poi.y == y)] if len(poi) else poi
+    return r.iloc[0] if len(r) else None
+
+
+def _text(r, x: str, y: str) -> str:
+    if r is None:
+        return f"{x} vs {y}: not run"
+    ties = float(r.get("ties", 0.0) or 0.0)
+    return (f"P({x}>{y})={r.p:.2f} [{r.lo:.2f},{r.hi:.2f}]"
+            + (f" ({ties:.0%} of its weight tied at 0.5)" if ties >= 0.05 else ""))
+
+
+def _compare(poi: pd.DataFrame, x: str, y: str) -> tuple[str | None, str]:
+    """X better / worse / same as Y from P(X > Y) and its 95% interval [lo, hi]."""
+    r = _row(poi, x, y)
+    if r is None:
+        return None, _text(r, x, y)
+    s = "better" if r.lo > 0.5 else "worse" if r.hi < 0.5 else "same"
+    return s, _text(r, x, y)
+
+
+def _not_worse(poi, x, y) -> bool | None:
+    s, _ = _compare(poi, x, y)
+    return None if s is None else s != "worse"
+
+
+def _better(poi, x, y) -> bool | None:
+    s, _ = _compare(poi, x, y)
+    return None if s is None else s == "better"
+
+
+def _kept(poi: pd.DataFrame, x: str, y: str, bounds: Sequence[float]
+          ) -> tuple[bool | str | None, str]:
+    """Parity of X with Y within the margin: True (kept), False (lost), UNSURE, None (not
+    run), and the text naming the interval and the margin."""
+    r = _row(poi, x, y)
+    if r is None:
+        return None, _text(r, x, y)
+    low, high = bounds
+    state = True if r.lo >= low else False if r.hi < low else UNSURE
+    word = {True: "kept", False: "lost", UNSURE: "inconclusive"}[state]
+    return state, f"{_text(r, x, y)} vs margin [{low:.2f},{high:.2f}]: {word}"
+
+
+def _combine(parts: Sequence[bool | str | None]) -> str:
+    """A claim made of parts: reproduced if all hold; partly if some hold and some fail (or
+    some are not measured); contradicted if those decided all fail; inconclusive if none
+    fails but some cannot be decided; not yet measured if none was measured."""
+    known = [p for p in parts if p is not None]
+    if not known:
+        return "not yet measured"
+    yes, no = sum(p is True for p in known), sum(p is False for p in known)
+    if yes and no:
+        return "partly"
+    if no:
+        return "contradicted"
+    if yes < len(known):
+        return "inconclusive"
+    return "reproduced" if len(known) == len(parts) else "partly"
+
+
+def _quality(claim: str, v: str, parts: list[str], ev: QualityEvidence) -> Verdict:
+    """Smoke records never decide; fewer than MIN_ENVS environments cap at partly."""
+    if ev.profile != "full" and v != "not yet measured":
+        parts = [f"smoke only ({v} on {ev.n_seeds} seeds, {', '.join(ev.envs)})"] + parts
+        v = "not yet measured"
+    elif v == "reproduced" and len(ev.envs) < MIN_ENVS:
+        v = "partly"
+        parts = [(f"reproduced on {len(ev.envs)} of {ev.planned_envs} planned environments "
+                  f"(< {MIN_ENVS}: capped at partly)")] + parts
+    note = (f"notebook 04_rl_quality; {ev.profile} profile; IQM/POI over "
+            f"{', '.join(ev.envs)}")
+    return Verdict(claim, v, "; ".join(parts), ev.hardware, QUALITY_SOURCE, note)
+
+
+def a5(poi: pd.DataFrame, ev: QualityEvidence, bounds: Sequence[float] | None = None
+       ) -> Verdict:
+    """A5: scaled FP8 (fp8-delayed) keeps FP32's quality within the margin AND is better
+    than unscaled FP8 (fp8-noscale)."""
+    kept, text = _kept(poi, "fp8-delayed", "fp32", bounds or margin("A5"))
+    v = _combine([kept, _better(poi, "fp8-delayed", "fp8-noscale")])
+    return _quality("A5", v, [text, _compare(poi, "fp8-delayed", "fp8-noscale")[1],
+                              _compare(poi, "fp8-current", "fp8-noscale")[1]], ev)
+
+
+def a6(poi: pd.DataFrame, ev: QualityEvidence, bounds: Sequence[float] | None = None
+       ) -> Verdict:
+    """A6: FP8 compute with FP32 master weights (fp8-delayed) keeps FP32's quality within the
+    margin."""
+    kept, text = _kept(poi, "fp8-delayed", "fp32", bounds or margin("A6"))
+    return _quality("A6", _combine([kept]), [text], ev)
+
+
+def a7(poi: pd.DataFrame, ev: QualityEvidence) -> Verdict:
+    """A7: the Kahan update beats the naive one (FP8- or BF16-stored weights); reproduced if
+    fp8-e2e is then also not worse than FP32, partly if it is."""
+    kahan = [_better(poi, "fp8-e2e", "fp8-e2e-nokahan"),
+             _better(poi, "bf16w-kahan", "bf16w-nokahan")]
+    helps = None if all(k is None for k in kahan) else any(bool(k) for k in kahan)
+    v = ("not yet measured" if helps is None else "contradicted" if not helps else
+         "reproduced" if _not_worse(poi, "fp8-e2e", "fp32") else "partly")
+    return _quality("A7", v, [_compare(poi, "fp8-e2e", "fp8-e2e-nokahan")[1],
+                              _compare(poi, "bf16w-kahan", "bf16w-nokahan")[1],
+                              _compare(poi, "fp8-e2e", "fp32")[1]], ev)
+
+
+def _prevents(poi, ablation: str, what: str, diverged: Mapping[str, int]):
+    """Does fp8-e2e beat its ablation without ``what``? Undecidable (UNSURE) when no seed
+    diverged in either arm: there was no divergence for the clipping to prevent."""
+    state, text = _better(poi, "fp8-e2e", ablation), _compare(poi, "fp8-e2e", ablation)[1]
+    if state is not None and not (diverged.get("fp8-e2e", 0) or diverged.get(ablation, 0)):
+        return UNSURE, (f"{text}, but no seed diverged in fp8-e2e or {ablation}: no divergence "
+                        f"for {what} to prevent")
+    return state, text
+
+
+def a8(poi: pd.DataFrame, ev: QualityEvidence, diverged: Mapping[str, int]) -> Verdict:
+    """A8: removing gradient clipping and removing weight clipping both make fp8-e2e worse.
+    ``diverged``: diverged seeds per variant; without any divergence in either arm of a
+    comparison, that part is inconclusive (clipping had nothing to prevent)."""
+    grad = _prevents(poi, "fp8-e2e-nogradclip", "gradient clipping", diverged)
+    weight = _prevents(poi, "fp8-e2e-noweightclip", "weight clipping", diverged)
+    div = ", ".join(f"{k} {int(n)}" for k, n in diverged.items() if n) or "none"
+    return _quality("A8", _combine([grad[0], weight[0]]),
+                    [grad[1], weight[1], f"diverged seeds: {div}"], ev)
+
+
+def _determinism(same_seed: bool | None, repeats: pd.DataFrame) -> tuple[bool | None, str]:
+    """Bit-identical returns of the same seed in one process and, for the cells recorded
+    twice, across processes; the text names which variants were checked across processes."""
+    if len(repeats):
+        same = bool(repeats.identical.all())
+        same_seed = same if same_seed is None else bool(same_seed and same)
+    text = f"same seed bit-identical: {same_seed}"
+    if len(repeats):
+        variants = sorted(repeats.variant.unique())
+        text += (f" (in one process, and across processes for {len(repeats)} cells x "
+                 f"{int(repeats.seeds.min())} seeds: {', '.join(variants)})")
+        if not any(v.startswith(FP8_PREFIX) for v in variants):
+            text += "; FP8 not checked across processes"
+    return same_seed, text
+
+
+def a10(poi: pd.DataFrame, ev: QualityEvidence, same_seed: bool | None,
+        repeats: pd.DataFrame, bounds: Sequence[float] | None = None) -> Verdict:
+    """A10: fp8-delayed keeps the quality of FP32 and of BF16 within the margin, AND the same
+    seed gives bit-identical returns: within a process (``same_seed``, None if not measured)
+    and across processes (``repro.analysis.rl.repeat_identical`` rows of this hardware)."""
+    bounds = bounds or margin("A10")
+    k32, t32 = _kept(poi, "fp8-delayed", "fp32", bounds)
+    k16, t16 = _kept(poi, "fp8-delayed", "bf16", bounds)
+    quality = (None if k32 is None or k16 is None else True if k32 is True and k16 is True
+               else False if False in (k32, k16) else UNSURE)
+    same, text = _determinism(same_seed, repeats)
+    return _quality("A10", _combine([quality, same]), [t32, t16, text], ev)

@@ -1,0 +1,142 @@
+"""What every notebook does first, and how it ends: parameters, records, figures, conclusion.
+
+Each notebook opens with ::
+
+    nb = notebook.start("03_rl_throughput", "rl_throughput", profile)
+
+which resolves the profile (``smoke`` / ``full`` / ``auto``), reads the notebook's section of
+``params.yaml`` (``nb.params``), detects this machine (``nb.machine``), and sets a plotting style.
+
+**Evidence and scratch.** ``nb.records(experiment)`` are the committed full-profile records under
+``results/``: the measurements every verdict and every committed figure (``figures/``) rests on.
+``nb.smoke_records(experiment)`` are this machine's smoke records under ``build/results/``: a
+check that the pipeline runs, drawn only into scratch figures (``build/figures/``), never into
+``figures/`` and never into a verdict. ``nb.save(fig, name, records)`` writes a figure with a
+caption naming the hardware and profile of the records it shows, into ``figures/`` or, for smoke
+records, ``build/figures/``. ``nb.conclusion(*verdicts)`` writes a notebook's closing paragraph
+from the computed verdicts, so no number in it is typed by hand.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from repro import config, hardware, results
+from repro.claims import ledger
+from repro.claims.verdicts import Verdict
+
+
+@dataclass
+class Notebook:
+    name: str
+    profile: str
+    params: dict[str, Any]
+    machine: hardware.HardwareInfo
+    root: Path
+
+    @property
+    def figures(self) -> Path:
+        return self.root / "figures"
+
+    @property
+    def scratch_figures(self) -> Path:
+        return self.root / "build" / "figures"
+
+    def records(self, experiment: str, keep_defective: bool = False) -> pd.DataFrame:
+        """The committed full-profile records of ``experiment`` (``results/``): evidence."""
+        df = results.load_records(experiment, roots=results.results_dir(),
+                                  keep_defective=keep_defective)
+        return df[df["profile"] == "full"].reset_index(drop=True) if len(df) else df
+
+    def record_smoke(self, experiment: str) -> list[Path]:
+        """Run ``experiment``'s study in the smoke profile into the scratch folder (a pipeline
+        check on this machine; full-profile records are made on a GPU by ``repro record``)."""
+        from repro import studies
+
+        written = studies.record(experiment, "smoke", progress=False).written
+        print(f"smoke: wrote {len(written)} cell(s) under {results.record_root('smoke')}")
+        return written
+
+    def smoke_records(self, experiment: str) -> pd.DataFrame:
+        """This machine's smoke records of ``experiment`` (``build/results/``): scratch."""
+        return results.load_records(experiment, roots=results.scratch_results_dir())
+
+    def save(self, fig, stem: str, records: pd.DataFrame | str | None = None) -> Path:
+        """Caption ``fig`` with the hardware and profile of ``records`` (or a text) and save
+        it as ``stem.png``: under ``figures/`` for committed records, ``build/figures/`` when
+        any of them is a smoke record. The canvas grows to fit titles, legends and caption."""
+        text, smoke = caption(records)
+        fig.canvas.draw()  # lays the figure out, so the caption goes below all it shows
+        box = fig.get_tightbbox(fig.canvas.get_renderer())  # inches
+        fig.text(box.x0 / fig.get_figwidth(), (box.y0 - 0.08) / fig.get_figheight(), text,
+                 ha="left", va="top", fontsize=7.5, color="0.35", transform=fig.transFigure)
+        folder = self.scratch_figures if smoke else self.figures
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{stem}.png"
+        fig.savefig(path, dpi=130, bbox_inches="tight", pad_inches=0.15)
+        return path
+
+    def conclusion(self, *verdicts: Verdict, write: bool = True):
+        """The notebook's conclusion as Markdown, one paragraph per claim, from the computed
+        verdicts; each is also written to the claims ledger unless ``write`` is False."""
+        from IPython.display import Markdown
+
+        statements = ledger.claims()
+        paras = []
+        for v in verdicts:
+            if write:
+                ledger.write_verdict(v)
+            para = (f"**{v.claim} ({statements[v.claim]['claim']}): {v.verdict}.** "
+                    f"{v.key_number}.")
+            note = "; ".join(p for p in v.note.split("; ") if not p.startswith("notebook "))
+            if note:
+                para += f" {note.rstrip('.')}."
+            hw = f"{v.hardware}, " if v.hardware else ""
+            para += (f" Evidence: {hw}`{v.source}`"
+                     + (" (FP8/FP4 emulated)." if v.emulated else "."))
+            paras.append(para)
+        return Markdown("\n\n".join(paras))
+
+
+def caption(records: pd.DataFrame | str | None) -> tuple[str, bool]:
+    """(caption text, whether it shows smoke records) for a figure drawn from ``records``."""
+    if isinstance(records, str):
+        return records, False
+    if records is None or not len(records) or "hardware" not in records:
+        return "No records yet.", False
+    names = []
+    for slug, g in records.groupby("hardware"):
+        name = g["hardware_name"].iloc[0] if "hardware_name" in g else slug
+        names.append(f"{name} ({slug})" if name and name != slug else slug)
+    profiles = sorted(records["profile"].dropna().unique()) if "profile" in records else []
+    smoke = "smoke" in profiles
+    text = (f"Records: {', '.join(names)}; {' and '.join(profiles) or 'unknown'} profile"
+            + (" (a pipeline check on this machine, not evidence)" if smoke else
+               ", committed under results/"))
+    return textwrap.fill(text, 140), smoke
+
+
+def start(name: str, section: str | None, profile: str = "smoke",
+          scratch: str | None = None) -> Notebook:
+    """Open notebook ``name``: resolve ``profile``, read ``params.yaml``'s ``section``, point
+    smoke records at ``scratch`` (``repro notebook`` gives each notebook a fresh folder), detect
+    this machine, set the plotting style; print one line saying so."""
+    import matplotlib.pyplot as plt
+
+    profile = config.resolve_profile(profile)
+    if scratch:
+        results.use_scratch(scratch)
+    params = config.stage_params(section, profile) if section else {"profile": profile}
+    machine = hardware.detect()
+    plt.rcParams.update({"figure.dpi": 100, "figure.constrained_layout.use": True,
+                         "axes.grid": True, "grid.alpha": 0.3,
+                         "axes.titlesize": 10, "legend.fontsize": 8,
+                         "axes.spines.top": False, "axes.spines.right": False})
+    pd.set_option("display.width", 160)
+    print(f"{name}: profile {profile}; this machine {machine.slug} ({machine.name})")
+    return Notebook(name, profile, params, machine, results.repo_root())

@@ -1,0 +1,330 @@
+"""Post-training quantization for inference with qwix: a trained model's weights exported to
+FP8, INT8 or NVFP4, with their exact bytes.
+
+    from repro.precision import export
+    ex = export.export(model, params, "fp8", (1, 16), module_path=r"block\\d+/mlp/.*")
+    logits = ex.model.apply(ex.variables, tokens)     # FP8 weights x FP8 activations
+    export.weight_bytes(ex)                           # {"bytes": ..., "ratio_to_bf16": ...}
+    export.save("build/q/fp8", ex); ex2 = export.load("build/q/fp8", ex)
+
+A format (:data:`FORMATS`) says what the GEMMs of the matched layers read:
+
+* ``fp8`` / ``int8``: weights AND activations quantized (E4M3 / INT8; weights per output
+  channel, activations per token, dynamic: each token's own absmax). qwix computes the
+  product on the quantized values: ``dot(f8, f8) -> bf16`` or ``dot(s8, s8) -> s32``, the
+  scales multiplied into the output. Whether a GPU runs these as FP8 / INT8 tensor-core GEMMs
+  is for the compiled program to say (``repro.studies.inference`` checks every speed record).
+* ``fp8-w`` / ``int8-w`` / ``nvfp4-w``: weight-only; the weights are dequantized to BF16 before
+  a BF16 GEMM (what is saved is memory traffic, not arithmetic). NVFP4: E2M1 elements with an
+  E4M3 scale per 16 along the contraction axis, and a per-tensor scale, here a power of two
+  (``2^ceil(log2(amax / (448 * 6)))``): dividing by it first lets the block scales use E4M3's
+  whole range, as NVIDIA's two-level scaling does, and keeps every stored scale exactly an
+  E4M3 value times that power of two. No FP4 tensor cores on Hopper: accuracy only.
+* ``flax-fp8``, ``fp8-current``: a training recipe of ``repro.precision.recipes`` used as it
+  is for inference (flax's ``Fp8DirectDotGeneralOp`` with per-tensor delayed scaling, its
+  scales calibrated by :func:`calibrate` on a few batches; this repository's per-tensor
+  current-scaling FP8). Weights stay BF16.
+
+Parameters are cast to BF16 before quantizing (the BF16 model computes with those values),
+which also keeps every quantized array's dequantized dtype BF16, the dtype the layers'
+``repro.precision.ops.dense_dot`` computes in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+QTYPES = {"float8_e4m3fn": jnp.float8_e4m3fn, "int8": jnp.int8, "nvfp4": "nvfp4"}
+NVFP4_TILE = 16
+E4M3_MAX, E2M1_MAX = 448.0, 6.0
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """One inference format. ``weight`` / ``act``: qtype names of :data:`QTYPES` (None: BF16);
+    ``recipe``: the model's training recipe it runs under (bf16 for the qwix formats);
+    ``gemm``: what the GEMM computes in on a GPU with the format's tensor cores ("bf16",
+    "fp8", "int8", or "dequant-bf16" for weight-only formats); ``hopper``: whether Hopper
+    (H100/H200) has tensor cores for it; ``maxtext``: MaxText's ``quantization`` names whose
+    forward pass this matches."""
+
+    name: str
+    weight: str | None = None
+    act: str | None = None
+    recipe: str = "bf16"
+    gemm: Literal["bf16", "fp8", "int8", "dequant-bf16"] = "bf16"
+    hopper: bool = True
+    maxtext: str = ""
+    about: str = ""
+
+    @property
+    def qwix(self) -> bool:
+        return self.weight is not None
+
+    @property
+    def weight_only(self) -> bool:
+        return self.weight is not None and self.act is None
+
+    @property
+    def tile_size(self) -> int | None:
+        return NVFP4_TILE if self.weight == "nvfp4" else None
+
+
+FORMATS: dict[str, ExportFormat] = {f.name: f for f in [
+    ExportFormat("bf16", about="BF16 weights and activations: the baseline"),
+    ExportFormat("fp8", "float8_e4m3fn", "float8_e4m3fn", gemm="fp8", maxtext="fp8, fp8_full",
+                 about="E4M3 weights (per output channel) and activations (per token)"),
+    ExportFormat("int8", "int8", "int8", gemm="int8", maxtext="int8",
+                 about="INT8 weights (per output channel) and activations (per token)"),
+    ExportFormat("fp8-w", "float8_e4m3fn", gemm="dequant-bf16",
+                 about="weight-only E4M3 (per output channel), BF16 GEMM"),
+    ExportFormat("int8-w", "int8", gemm="dequant-bf16", maxtext="int8w (AQT)",
+                 about="weight-only INT8 (per output channel), BF16 GEMM"),
+    ExportFormat("nvfp4-w", "nvfp4", gemm="dequant-bf16", hopper=False,
+                 about="weight-only NVFP4 (E2M1, E4M3 scale per 16, power-of-two tensor "
+                       "scale): accuracy only on Hopper"),
+    ExportFormat("flax-fp8", recipe="flax-fp8", gemm="fp8", maxtext="fp8_gpu",
+                 about="flax Fp8DirectDotGeneralOp: per-tensor delayed scaling, calibrated"),
+    ExportFormat("fp8-current", recipe="fp8-current", gemm="fp8",
+                 about="this repository's FP8 training recipe: per-tensor current scaling"),
+]}
+
+
+def resolve_format(name: str) -> ExportFormat:
+    if name not in FORMATS:
+        raise ValueError(f"unknown inference format {name!r}; valid: {', '.join(FORMATS)}")
+    return FORMATS[name]
+
+
+def _qwix():
+    try:
+        import qwix
+    except ImportError:
+        raise ImportError("post-training quantization needs qwix: pip install '.[infer]' "
+                          "(qwix==0.1.8)") from None
+    return qwix
+
+
+def rules(fmt: ExportFormat, module_path: str) -> list:
+    """The qwix rule of a quantized format: the layers whose path matches ``module_path``."""
+    if not fmt.qwix:
+        return []
+    act = QTYPES[fmt.act] if fmt.act else None
+    return [_qwix().QuantizationRule(module_path=module_path, weight_qtype=QTYPES[fmt.weight],
+                                     act_qtype=act, tile_size=fmt.tile_size)]
+
+
+@dataclass
+class Exported:
+    """A model ready to serve: ``model.apply(variables, ...)``. For qwix formats ``model`` is
+    the qwix-wrapped model and the matched kernels in ``variables["params"]`` are qwix
+    arrays (quantized values and scales)."""
+
+    fmt: ExportFormat
+    model: nn.Module
+    variables: dict[str, Any]
+
+
+def to_bf16(tree):
+    """Every floating leaf of ``tree`` in BF16."""
+    def cast(a):
+        return a.astype(jnp.bfloat16) if jnp.issubdtype(a.dtype, jnp.floating) else a
+    return jax.tree.map(cast, tree)
+
+
+def _is_quantized(x) -> bool:
+    return type(x).__name__ in ("WithAux", "QArray")
+
+
+def _qarray(x):
+    return x.array if type(x).__name__ == "WithAux" else x
+
+
+def pow2_tensor_scale(w) -> jax.Array:
+    """NVFP4's per-tensor scale ``amax / (448 * 6)`` rounded up to a power of two (1 for an
+    all-zero tensor)."""
+    amax = jnp.max(jnp.abs(w.astype(jnp.float32)))
+    s = jnp.exp2(jnp.ceil(jnp.log2(amax / (E4M3_MAX * E2M1_MAX))))
+    return jnp.where(amax > 0, s, 1.0)
+
+
+def _quantize_params(params, abstract):
+    """qwix's ``quantize_params``, NVFP4 kernels with their power-of-two tensor scale taken
+    out first and multiplied back into the block scales (exact: powers of two)."""
+    qwix = _qwix()
+    flat, flat_abs = (flax.traverse_util.flatten_dict(t) for t in (params, abstract))
+    scales = {}
+    for path, a in flat_abs.items():
+        if _is_quantized(a) and a.how.qtype == "nvfp4":
+            scales[path] = pow2_tensor_scale(flat[path])
+            flat[path] = (flat[path] / scales[path]).astype(flat[path].dtype)
+    q = flax.traverse_util.flatten_dict(
+        qwix.quantize_params(flax.traverse_util.unflatten_dict(flat), abstract))
+    for path, s in scales.items():
+        qa = q[path].array
+        q[path] = q[path].replace(array=qa.replace(scale=(qa.scale * s).astype(qa.scale.dtype)))
+    return flax.traverse_util.unflatten_dict(q)
+
+
+@functools.lru_cache(maxsize=64)
+def serving_model(model: nn.Module, fmt: str, module_path: str) -> nn.Module:
+    """The module that serves ``model`` as ``fmt``: qwix's wrapper of the BF16 model (qwix
+    formats) or the model under the format's recipe; cached, so compiled functions of it are
+    shared by every export of the same model and format."""
+    f = resolve_format(fmt)
+    if not f.qwix:
+        return model.clone(recipe=f.recipe)
+    qwix = _qwix()
+    return qwix.quantize_model(model.clone(recipe="bf16"), qwix.PtqProvider(rules(f, module_path)))
+
+
+@functools.lru_cache(maxsize=64)
+def _abstract(smodel: nn.Module, shape: tuple[int, ...]):
+    """Shapes (and qwix's how-to-quantize) of every variable collection of ``smodel``."""
+    return jax.eval_shape(smodel.init, jax.random.key(0), jnp.zeros(shape, jnp.int32))
+
+
+@functools.lru_cache(maxsize=64)
+def _init_state(smodel: nn.Module, shape: tuple[int, ...]):
+    """A jitted init of the collections other than params (XLA drops the params' init)."""
+    def init(key):
+        v = smodel.init(key, jnp.zeros(shape, jnp.int32))
+        return {c: x for c, x in v.items() if c != "params"}
+    return jax.jit(init)
+
+
+@functools.lru_cache(maxsize=64)
+def _quantizer(smodel: nn.Module, shape: tuple[int, ...]):
+    """A jitted ``params -> quantized params`` (BF16 first) for a qwix serving model."""
+    abstract = _abstract(smodel, shape)["params"]
+    return jax.jit(lambda params: _quantize_params(to_bf16(params), abstract))
+
+
+def export(model: nn.Module, params, fmt: str | ExportFormat, sample_shape: tuple[int, ...],
+           *, module_path: str, calib_batches=None, key=None) -> Exported:
+    """``model`` (a flax module with a ``recipe`` field, trained in any recipe) and its
+    ``params`` as ``fmt`` for inference. ``sample_shape``: the shape of an integer input of
+    the model (for qwix to trace which products ``module_path`` matches); ``calib_batches``:
+    inputs that calibrate delayed-scaling state (``flax-fp8``; required there)."""
+    fmt = resolve_format(fmt) if isinstance(fmt, str) else fmt
+    shape = tuple(int(d) for d in sample_shape)
+    smodel = serving_model(model, fmt.name, module_path)
+    abstract = _abstract(smodel, shape)
+    if fmt.qwix:
+        if not any(_is_quantized(x) for x in jax.tree.leaves(abstract["params"],
+                                                             is_leaf=_is_quantized)):
+            raise ValueError(f"export {fmt.name}: module_path {module_path!r} matched no "
+                             "product of the model")
+        return Exported(fmt, smodel, {"params": _quantizer(smodel, shape)(params)})
+    variables = {"params": to_bf16(params)}
+    if set(abstract) - {"params"}:  # delayed-scaling state: initialised, then calibrated
+        if not calib_batches:
+            raise ValueError(f"export {fmt.name}: its delayed-scaling state needs "
+                             "calib_batches to calibrate")
+        variables.update(_init_state(smodel, shape)(jax.random.key(0) if key is None else key))
+        variables = calibrate(smodel, variables, calib_batches)
+    return Exported(fmt, smodel, variables)
+
+
+@functools.lru_cache(maxsize=64)
+def _calibration_step(model: nn.Module):
+    from repro.precision.layers import FP8_META
+
+    def total(meta, rest, x):
+        out = model.apply({**rest, FP8_META: meta}, x)
+        return jnp.sum(out.astype(jnp.float32))
+
+    return jax.jit(jax.grad(total))
+
+
+def calibrate(model: nn.Module, variables, batches):
+    """Delayed-scaling FP8 state (the ``FP8_META`` collection of flax's FP8 ops and of
+    ``repro.precision.layers``) after forward passes over ``batches``: each pass pushes the
+    current amaxes into the histories, delivered as the gradient of that state (flax's
+    overwrite-with-gradient mechanism); the next forward pass scales by the largest amax of
+    its history."""
+    from repro.precision.layers import FP8_META
+
+    step = _calibration_step(model)
+    rest = {k: v for k, v in variables.items() if k != FP8_META}
+    meta = variables[FP8_META]
+    for x in batches:
+        meta = step(meta, rest, x)
+    return {**variables, FP8_META: meta}
+
+
+def _bits(dtype) -> int:
+    dt = jnp.dtype(dtype)
+    return jnp.finfo(dt).bits if jnp.issubdtype(dt, jnp.floating) else jnp.iinfo(dt).bits
+
+
+def _quantized_bytes(qa, fmt: ExportFormat) -> float:
+    """Stored bytes of one quantized array: its elements at the qtype's bits; NVFP4's block
+    scales as E4M3 (exact, see the module docstring) plus an FP32 tensor scale; other scales
+    at their own dtype."""
+    n, n_scale = math.prod(qa.qvalue.shape), math.prod(qa.scale.shape)
+    scale_bits = 8 if fmt.weight == "nvfp4" else _bits(qa.scale.dtype)
+    return (n * _bits(qa.qvalue.dtype) + n_scale * scale_bits) / 8 + (
+        4 if fmt.weight == "nvfp4" else 0)
+
+
+def weight_bytes(ex: Exported) -> dict[str, float]:
+    """Exact bytes of the exported parameters. ``bytes``: each array at its format's width
+    (4-bit elements two to a byte); ``in_memory``: the arrays as they run (``nbytes``: qwix
+    keeps scales in BF16, 4-bit elements one to a byte where the backend does);
+    ``bf16_bytes``: the same parameters in BF16; ``*_quantized``: over the quantized arrays
+    only (the format's own ratio)."""
+    out = {"bytes": 0.0, "in_memory": 0.0, "bf16_bytes": 0.0, "bytes_quantized": 0.0,
+           "bf16_bytes_quantized": 0.0, "quantized_arrays": 0}
+    for leaf in jax.tree.leaves(ex.variables["params"], is_leaf=_is_quantized):
+        if _is_quantized(leaf):
+            qa = _qarray(leaf)
+            b, b16 = _quantized_bytes(qa, ex.fmt), math.prod(qa.qvalue.shape) * 2
+            out["in_memory"] += sum(x.nbytes for x in jax.tree.leaves(qa))
+            out["bytes_quantized"] += b
+            out["bf16_bytes_quantized"] += b16
+            out["quantized_arrays"] += 1
+        else:
+            b, b16 = math.prod(leaf.shape) * _bits(leaf.dtype) / 8, math.prod(leaf.shape) * 2
+            out["in_memory"] += leaf.nbytes
+        out["bytes"] += b
+        out["bf16_bytes"] += b16
+    out["ratio_to_bf16"] = out["bytes"] / out["bf16_bytes"]
+    out["ratio_to_bf16_quantized"] = (out["bytes_quantized"] / out["bf16_bytes_quantized"]
+                                      if out["quantized_arrays"] else 1.0)
+    return out
+
+
+def save(directory: str | Path, ex: Exported) -> int:
+    """Write ``ex.variables`` as an orbax checkpoint in ``directory`` (replaced if it exists);
+    returns its bytes on disk (arrays, metadata, as orbax lays them out)."""
+    import shutil
+
+    import orbax.checkpoint as ocp
+
+    directory = Path(directory).resolve()
+    shutil.rmtree(directory, ignore_errors=True)
+    ck = ocp.StandardCheckpointer()
+    ck.save(directory, ex.variables)
+    ck.wait_until_finished()
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
+def load(directory: str | Path, like: Exported) -> Exported:
+    """The checkpoint :func:`save` wrote, restored into the structure of ``like`` (an export
+    of the same model and format, e.g. from ``jax.eval_shape``)."""
+    import orbax.checkpoint as ocp
+
+    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, like.variables)
+    variables = ocp.StandardCheckpointer().restore(Path(directory).resolve(), target)
+    return dataclasses.replace(like, variables=variables)

@@ -1,0 +1,231 @@
+"""Claim B6: the trained decoder LM served in FP8 and INT8 (and weight-only FP8 / INT8 / NVFP4):
+accuracy against BF16, prefill and decode speed, and memory.
+
+    repro record inference --profile smoke    # tiny model, CPU, under a minute (build/results/)
+    repro record inference --profile full     # 20m model + a wide config on a GPU (results/)
+    REPRO_TIME_BUDGET_S=420 repro record inference --profile full   # stop cleanly, resume later
+
+Two kinds of cells (``repro.studies.runner``), in an order that gives a verdict early:
+
+* ``quality_s<seed>``: train the LM in BF16 (``repro.models.lm_train``, orbax checkpoints under
+  ``build/lm_checkpoints/inference/``), pick the step with the best held-out loss (a second,
+  truncated run to that step when it is not the last: training is deterministic), load that
+  checkpoint, export it in every format (``repro.models.lm_quantize``; each export saved and
+  restored through orbax) and evaluate every format against BF16 on fixed held-out windows:
+  loss (nats per byte) and bits per byte, KL(BF16 || format) and top-1 agreement of the
+  next-token distributions, and the exact bytes of the weights.
+* ``speed_<config>_<format>``: the format and BF16 on the same untrained weights (speed does
+  not depend on training), compiled and timed in rounds (BF16, format, BF16, format, ...):
+  prefill tokens/s at the config's training shape and decode tokens/s with the KV cache at
+  each batch (``repro.models.lm_decode``). Each record carries the compiled program's lowering
+  (:mod:`repro.studies.inference_speed`): a record whose FP8 / INT8 products did not become
+  FP8 / INT8 GEMMs, NVFP4 (no FP4 tensor cores on Hopper) and everything on a CPU are
+  ``emulated=True`` and stay out of speed verdicts.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from repro import hardware, results
+from repro.config import ConfigError
+from repro.models import lm as M
+from repro.models import lm_data as D
+from repro.models import lm_quantize as Q
+from repro.models import lm_train as T
+from repro.precision import export as X
+from repro.studies import inference_speed as S
+from repro.studies.runner import Cell, Study
+
+EXPERIMENT = "inference"
+CLAIMS = ("B6",)
+
+
+# ------------------------------------------------------------------------------ params
+
+
+def formats(p: dict[str, Any]) -> list[str]:
+    names = p.get("formats") or []
+    if isinstance(names, str) or not names:
+        raise ConfigError(f"{EXPERIMENT}: formats must be a non-empty list, got {names!r}")
+    bad = [n for n in names if n not in X.FORMATS]
+    if bad:
+        raise ConfigError(f"{EXPERIMENT}: unknown format(s) {', '.join(map(str, bad))}; "
+                          f"valid: {', '.join(X.FORMATS)}")
+    if "bf16" not in names:
+        raise ConfigError(f"{EXPERIMENT}: formats must include bf16, the reference")
+    return list(dict.fromkeys(names))
+
+
+def train_config(p: dict[str, Any]) -> T.TrainConfig:
+    t = dict(p.get("train") or {})
+    known = {f for f in T.TrainConfig.__dataclass_fields__ if f not in ("seed", "eval_extra")}
+    bad = sorted(set(t) - known)
+    if bad:
+        raise ConfigError(f"{EXPERIMENT}: unknown train field(s) {bad}; valid: {sorted(known)}")
+    return T.TrainConfig(**t)
+
+
+def check(p: dict[str, Any]) -> None:
+    """Every parameter a run needs, before the first cell (one-line ConfigError)."""
+    formats(p)
+    train_config(p)
+    if p.get("model") not in M.PRESETS:
+        raise ConfigError(f"{EXPERIMENT}: unknown model {p.get('model')!r}; presets: "
+                          f"{', '.join(M.PRESETS)}")
+    if not p.get("seeds"):
+        raise ConfigError(f"{EXPERIMENT}: seeds must be a non-empty list")
+    S.check_speed(p)
+
+
+# ----------------------------------------------------------------------------- quality
+
+
+def ckpt_dir(p: dict[str, Any], cell: str) -> Path:
+    """Where a cell's training run checkpoints (``checkpoints``: default build/lm_checkpoints)."""
+    root = Path(p.get("checkpoints") or results.repo_root() / "build" / "lm_checkpoints")
+    return root / "inference" / hardware.detect().slug / p["profile"] / cell
+
+
+def best_step(history: list[dict]) -> int:
+    """The step of the lowest held-out loss (the earliest of equal ones)."""
+    losses = [h["eval_loss"] for h in history]
+    return int(history[int(np.nanargmin(losses))]["step"])
+
+
+def train_best(cfg: M.LMConfig, tc: T.TrainConfig, where: Path, budget: float | None,
+               progress: bool = False):
+    """``(variables, history, best)``: the BF16 LM trained by ``tc``, loaded from its orbax
+    checkpoint at the step of its best held-out loss; None when the time budget stopped it
+    (the next call resumes from the checkpoint)."""
+    full = T.train(cfg, tc, "bf16", ckpt_dir=where / "full", time_budget_s=budget,
+                   progress=progress, desc=f"{cfg.name} s{tc.seed}")
+    if not full.finished:
+        return None
+    best = best_step(full.eval_history)
+    ckpt = where / "full"
+    if best != full.steps_done:  # the same run truncated at its best step
+        cut = T.train(cfg, tc, "bf16", ckpt_dir=where / "best", stop_at=best, progress=progress)
+        if not cut.finished:
+            return None
+        ckpt = where / "best"
+    return Q.load_trained(ckpt, cfg, tc), full.eval_history, best
+
+
+@functools.lru_cache(maxsize=32)
+def _log_probs(model):
+    """A jitted ``(variables, x) -> log-probabilities`` of the next token (FP32)."""
+    return jax.jit(lambda v, x: jax.nn.log_softmax(model.apply(v, x).astype(jnp.float32), -1))
+
+
+@functools.lru_cache(maxsize=32)
+def _metrics(model):
+    """A jitted ``(variables, x, y, lp_bf16) -> (loss, loss_bf16, kl, top1)``: token means of
+    the format's and BF16's next-token loss (nats), KL(BF16 || format) and the share of
+    tokens whose most likely next token agrees with BF16's."""
+    def f(v, x, y, lb):
+        lq = jax.nn.log_softmax(model.apply(v, x).astype(jnp.float32), axis=-1)
+        nll = [-jnp.mean(jnp.take_along_axis(lp, y[..., None], axis=-1)) for lp in (lq, lb)]
+        kl = jnp.mean(jnp.sum(jnp.exp(lb) * (lb - lq), axis=-1))
+        top1 = jnp.mean(jnp.argmax(lb, -1) == jnp.argmax(lq, -1))
+        return nll[0], nll[1], kl, top1
+    return jax.jit(f)
+
+
+def evaluate(base: X.Exported, ex: X.Exported, windows) -> dict[str, float]:
+    """Means over the held-out ``windows`` (equal-sized ``(x, y)`` batches)."""
+    lp, f = _log_probs(base.model), _metrics(ex.model)
+    vals = []
+    for x, y in windows:
+        x, y = jnp.asarray(x), jnp.asarray(y)
+        vals.append([float(v) for v in f(ex.variables, x, y, lp(base.variables, x))])
+    loss, loss_bf16, kl, top1 = np.asarray(vals).mean(axis=0)
+    return {"loss": loss, "loss_bf16": loss_bf16, "kl": kl, "top1": top1}
+
+
+def _quality_records(fmt: X.ExportFormat, m: dict, wb: dict, disk: int, sizes: dict,
+                     profile: str, extra: dict) -> list[dict]:
+    rel = m["loss"] / m["loss_bf16"] - 1.0
+    common = dict(claims=CLAIMS, recipe=fmt.name, sizes=sizes, profile=profile,
+                  emulated=S.quality_emulated(fmt))
+    ex = {**extra, "loss_bf16": m["loss_bf16"], "rel_gap": rel, "gemm": fmt.gemm,
+          "maxtext": fmt.maxtext}
+    mk = results.make_record
+    return [
+        mk(EXPERIMENT, "heldout_loss", m["loss"], "nats/byte", extra=ex, **common),
+        mk(EXPERIMENT, "bits_per_byte", m["loss"] / math.log(2), "bits/byte", extra=ex,
+           **common),
+        mk(EXPERIMENT, "kl_to_bf16", m["kl"], "nats/token", extra=ex, **common),
+        mk(EXPERIMENT, "top1_agreement", m["top1"], "fraction", extra=ex, **common),
+        mk(EXPERIMENT, "weight_bytes", wb["bytes"], "bytes",
+           extra={**ex, **wb, "checkpoint_bytes_on_disk": disk,
+                  "note": "each array at its format's width (4-bit two to a byte, NVFP4 "
+                          "block scales E4M3); in_memory: as the arrays run"}, **common),
+    ]
+
+
+def quality(p: dict[str, Any], seed: int, budget: float | None) -> list[dict] | None:
+    """The records of one ``quality_s<seed>`` cell; None when stopped by the time budget."""
+    cfg, tc = M.get_config(p["model"]), train_config(p).replace(seed=seed)
+    profile, cell = p["profile"], f"quality_s{seed}"
+    where = ckpt_dir(p, cell)
+    trained = train_best(cfg, tc, where, budget)
+    if trained is None:
+        return None
+    variables, history, best = trained
+    splits = D.load_splits()
+    windows = D.heldout_batches(splits.heldout, cfg.seq_len, tc.batch_size,
+                                int(p.get("eval_windows", 4)))
+    calib = [jnp.asarray(D.train_batch(splits.train, i, tc.batch_size, cfg.seq_len, seed)[0])
+             for i in range(int(p.get("calib_batches", 2)))]
+    sizes = {"model": cfg.name, "seed": seed, "step": best, "steps": tc.steps,
+             "params": M.param_count(cfg), "eval_tokens": len(windows) * tc.batch_size
+             * cfg.seq_len}
+    extra = {"best_step": best, "curve": {int(h["step"]): h["eval_loss"] for h in history}}
+    base = Q.export_lm(cfg, variables["params"], "bf16")
+    recs = []
+    for name in formats(p):
+        fmt = X.resolve_format(name)
+        ex = Q.export_lm(cfg, variables["params"], fmt, calib_batches=calib)
+        disk = X.save(where / "export" / name, ex)
+        ex = X.load(where / "export" / name, ex)
+        m = evaluate(base, ex, windows)
+        recs += _quality_records(fmt, m, X.weight_bytes(ex), disk, sizes, profile, extra)
+    T.remove_checkpoints(where)
+    return recs
+
+
+# ------------------------------------------------------------------------------- study
+
+
+def cells(p: dict[str, Any]) -> list[Cell]:
+    """Quality of the first seed, then the first speed config's priority formats, the other
+    seeds, the first config's other formats and the other configs: a call cut short still
+    has every part of the verdict from the first seed and the first config."""
+    fmts = [f for f in formats(p) if f != "bf16"]
+    seeds = [int(s) for s in p["seeds"]]
+    timed = {c: S.config_formats(p, c, fmts) for c in S.speed_configs(p)}
+    first = next(iter(timed), None)
+    prio = [f for f in p.get("priority", fmts) if first and f in timed[first]]
+
+    def q(seed):
+        return Cell(f"quality_s{seed}", lambda left: quality(p, seed, left), tuple(formats(p)))
+
+    def s(config, fmt):
+        return Cell(f"speed_{config}_{fmt}", lambda left: S.speed(p, config, fmt), (fmt,))
+
+    out = [q(seeds[0])] + [s(first, f) for f in prio]
+    out += [q(seed) for seed in seeds[1:]]
+    out += [s(c, f) for c, fs in timed.items() for f in fs if c != first or f not in prio]
+    return out
+
+
+STUDY = Study(EXPERIMENT, CLAIMS, cells, check=check,
+              about="B6: FP8/INT8 post-training quantization of the LM: accuracy, speed, memory")

@@ -1,0 +1,257 @@
+"""Prefill and decode speed of an inference format beside BF16, with a lowering check
+(the ``speed_<config>_<format>`` cells of ``repro.studies.inference``, claim B6).
+
+A cell builds one model config with untrained weights (speed does not depend on the values),
+exports it as BF16 and as the format (``repro.models.lm_quantize``), compiles
+
+* prefill: ``[prefill_batch, seq_len]`` tokens through ``repro.models.lm_decode.prefill``
+  (logits and the KV cache), the config's training shape;
+* decode: ``decode_steps`` steps of ``repro.models.lm_decode.decode_loop`` at each of
+  ``decode_batches``, after a ``prompt_len``-token prefix in the cache,
+
+and times the two formats in rounds (BF16, format, BF16, format, ...) in one process, so a
+speedup is a ratio of timings from the same run. Every record names how its compiled program
+computes the quantized products (:func:`lowering`) and is ``emulated=True`` unless the format
+ran on its own tensor cores (:func:`speed_emulated`): FP8 as cuBLASLt's FP8 GEMM or an f8 x f8
+dot in a fusion, INT8 as an ``s8 x s8 -> s32`` product (INT8 tensor cores accumulate in
+32-bit integers; any other form of the product is not their GEMM), never on a CPU, never NVFP4
+on a GPU without FP4 tensor cores.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from repro import hardware, results
+from repro.config import ConfigError
+from repro.models import lm as M
+from repro.models import lm_decode as G
+from repro.models import lm_quantize as Q
+from repro.precision import export as X
+from repro.studies import timing
+
+EXPERIMENT = "inference"
+CLAIMS = ("B6",)
+
+
+# ------------------------------------------------------------------------------ params
+
+
+def speed_configs(p: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return dict((p.get("speed") or {}).get("configs") or {})
+
+
+def model_config(name: str, spec: dict[str, Any]) -> M.LMConfig:
+    """A speed config: ``preset`` with the other LMConfig fields of ``spec`` overriding it."""
+    fields = {k: v for k, v in spec.items() if k in M.LMConfig.__dataclass_fields__}
+    return M.get_config(spec.get("preset", "tiny"), **fields).replace(name=name)
+
+
+def config_formats(p: dict[str, Any], config: str, default: list[str]) -> list[str]:
+    """The formats a config is timed in: its own ``formats`` list, else ``default``."""
+    own = speed_configs(p)[config].get("formats")
+    return [f for f in (own or default) if f != "bf16"]
+
+
+def check_speed(p: dict[str, Any]) -> None:
+    sp = p.get("speed") or {}
+    for key in ("repeats", "decode_steps", "prompt_len"):
+        if not isinstance(sp.get(key), int) or sp[key] < 1:
+            raise ConfigError(f"inference: speed.{key} must be a positive integer, "
+                              f"got {sp.get(key)!r}")
+    batches = sp.get("decode_batches")
+    if not batches or not all(isinstance(b, int) and b > 0 for b in batches):
+        raise ConfigError(f"inference: speed.decode_batches must be positive integers, "
+                          f"got {batches!r}")
+    for name, spec in speed_configs(p).items():
+        try:
+            cfg = model_config(name, spec)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"inference: speed config {name!r}: {e}") from None
+        if sp["prompt_len"] + sp["decode_steps"] > cfg.seq_len:
+            raise ConfigError(f"inference: speed config {name!r}: prompt_len + decode_steps "
+                              f"> seq_len {cfg.seq_len}")
+        bad = [f for f in spec.get("formats") or [] if f not in X.FORMATS]
+        if bad:
+            raise ConfigError(f"inference: speed config {name!r}: unknown format(s) {bad}; "
+                              f"valid: {', '.join(X.FORMATS)}")
+
+
+# ---------------------------------------------------------------------------- lowering
+
+
+def _types(block: str) -> dict[str, str]:
+    return dict(re.findall(r"%([\w.\-]+) = \(?([a-z0-9]+)\[", block))
+
+
+def int8_lowering(hlo_text: str) -> str:
+    """How a compiled program's INT8 products run: "s8-gemm" (a dot or GEMM call with two
+    ``s8`` operands and an ``s32`` result: IMMA tensor cores on a GPU), "s8-other" (``s8``
+    operands with another result type, or converted before the product), "no-s8"."""
+    if "s8[" not in hlo_text:
+        return "no-s8"
+    pat = r"= \(?([a-z0-9]+)\[[^\n]*? (?:dot|custom-call)\(%([\w.\-]+), %([\w.\-]+)"
+    for block in re.split(r"\n\s*\n", hlo_text):
+        types = _types(block)
+        for out, a, b in re.findall(pat, block):
+            if types.get(a) == types.get(b) == "s8" and out == "s32":
+                return "s8-gemm"
+    return "s8-other"
+
+
+_NARROW = ("s8", "f8e4m3fn", "f8e5m2", "f4e2m1fn", "s4", "u8")
+
+
+def dequant_lowering(hlo_text: str) -> str:
+    """Where a weight-only format's dequantization runs: "fused" (a computation holding a dot
+    reads a 1-byte or 4-bit parameter: the GEMM kernel loads the narrow weights), "separate"
+    (the weights are widened by another kernel before the GEMM), "none" (no narrow array)."""
+    if not any(f"{t}[" in hlo_text for t in _NARROW):
+        return "none"
+    for block in re.split(r"\n\s*\n", hlo_text):
+        if " dot(" not in block:
+            continue
+        params = re.findall(r"= ([a-z0-9]+)\[[^\n]*? parameter\(", block)
+        if any(t in _NARROW for t in params):
+            return "fused"
+    return "separate"
+
+
+def lowering(fmt: X.ExportFormat, hlo_text: str) -> str:
+    if fmt.gemm == "fp8":
+        return timing.fp8_lowering(hlo_text)
+    if fmt.gemm == "int8":
+        return int8_lowering(hlo_text)
+    if fmt.gemm == "dequant-bf16":
+        return dequant_lowering(hlo_text)
+    return "bf16"
+
+
+def speed_emulated(fmt: X.ExportFormat, low: str, hw=None) -> bool:
+    """Whether a timing of ``fmt`` measures something other than the format on its tensor
+    cores (see the module docstring); weight-only FP8/INT8 on a GPU is never emulated (its
+    GEMM is BF16 by design; ``lowering`` says whether the dequantization was fused)."""
+    hw = hw or hardware.detect()
+    if hw.backend != "gpu":
+        return fmt.name != "bf16"
+    if not fmt.hopper and not hw.has_fp4:
+        return True
+    if fmt.gemm == "fp8":
+        return not hw.has_fp8 or low not in ("cublaslt-f8", "fused-f8-dot")
+    if fmt.gemm == "int8":
+        return low != "s8-gemm"
+    return False
+
+
+def quality_emulated(fmt: X.ExportFormat, hw=None) -> bool:
+    """The label of accuracy records: the numbers are the format's either way (qwix computes
+    with the quantized values), the label says whether this device has its tensor cores."""
+    hw = hw or hardware.detect()
+    if fmt.name == "bf16":
+        return False
+    if fmt.gemm == "dequant-bf16":
+        return not fmt.hopper and not hw.has_fp4
+    return hw.backend != "gpu" or (fmt.gemm == "fp8" and not hw.has_fp8)
+
+
+# ------------------------------------------------------------------------------ timing
+
+
+@functools.lru_cache(maxsize=4)
+def _params(cfg: M.LMConfig):
+    """Untrained FP32 parameters of ``cfg`` (seed 0), shared by a config's cells."""
+    model = M.Decoder(cfg, "bf16")
+    return jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 16), jnp.int32))["params"]
+
+
+@functools.lru_cache(maxsize=16)
+def _export(cfg: M.LMConfig, fmt: str) -> X.Exported:
+    calib = [jax.random.randint(jax.random.key(i), (2, cfg.seq_len), 0, cfg.vocab_size)
+             for i in range(2)]
+    return Q.export_lm(cfg, _params(cfg), fmt, calib_batches=calib)
+
+
+@functools.lru_cache(maxsize=64)
+def _program(cfg: M.LMConfig, fmt: str, phase: str, batch: int, length: int, steps: int):
+    """``(compiled, args, tokens, facts)`` of one phase: "prefill" (``length`` tokens) or
+    "decode" (``steps`` tokens per sequence after a ``length``-token prefix)."""
+    ex = _export(cfg, fmt)
+    if phase == "prefill":
+        fn = jax.jit(functools.partial(G.prefill, ex.model))
+        args = (ex.variables, jnp.zeros((batch, length), jnp.int32),
+                G.init_cache(ex.model, batch, length))
+        tokens = batch * length
+    else:
+        fn = G.decode_loop(ex.model, steps)
+        args = (ex.variables, G.init_cache(ex.model, batch, length + steps),
+                jnp.zeros((batch,), jnp.int32), jnp.int32(length), jax.random.key(0))
+        tokens = batch * steps
+    t0 = time.perf_counter()
+    compiled = fn.lower(*args).compile()
+    facts = timing.compiled_facts(compiled)
+    facts["compile_s"] = round(time.perf_counter() - t0, 3)
+    facts["lowering"] = lowering(ex.fmt, compiled.as_text() or "")
+    return compiled, args, tokens, facts
+
+
+def interleaved(runs: dict[str, Any], repeats: int, warmup: int = 2) -> dict[str, np.ndarray]:
+    """Seconds per call of each zero-argument ``run``, timed in rounds (A, B, A, B, ...)
+    after ``warmup`` untimed calls each, every call ended by ``jax.block_until_ready``."""
+    for run in runs.values():
+        for _ in range(warmup):
+            jax.block_until_ready(run())
+    out: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(repeats):
+        for k, run in runs.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(run())
+            out[k].append(time.perf_counter() - t0)
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def _phase_record(fmt: X.ExportFormat, cfg, phase, batch, progs, samples, p, wb) -> dict:
+    (_, _, tokens, f_bf16), (_, _, _, f_fmt) = progs["bf16"], progs[fmt.name]
+    tps = {k: tokens / s for k, s in samples.items()}
+    q1, med, q3 = (float(np.percentile(tps[fmt.name], q)) for q in (25, 50, 75))
+    bf16_med = float(np.median(tps["bf16"]))
+    sizes = {"config": cfg.name, "phase": phase, "batch": batch, "d_model": cfg.d_model,
+             "n_layers": cfg.n_layers, "params": M.param_count(cfg)}
+    sp = p["speed"]
+    sizes.update({"seq_len": cfg.seq_len} if phase == "prefill" else
+                 {"prompt_len": sp["prompt_len"], "steps": sp["decode_steps"]})
+    extra = {"bf16_tokens_per_s": bf16_med, "speedup": med / bf16_med,
+             "speedup_samples": (tps[fmt.name] / tps["bf16"]).round(4).tolist(),
+             "lowering": f_fmt["lowering"], "gemm": fmt.gemm, "maxtext": fmt.maxtext,
+             "program_bytes": f_fmt["memory_bytes"], "bf16_program_bytes": f_bf16["memory_bytes"],
+             "compile_s": f_fmt["compile_s"], "fp8_gemm_calls": f_fmt["fp8_gemm_calls"],
+             "weight_bytes": wb["bytes"], "weight_ratio_to_bf16": wb["ratio_to_bf16"],
+             "samples_s": samples[fmt.name].round(6).tolist(),
+             "bf16_samples_s": samples["bf16"].round(6).tolist()}
+    return results.make_record(
+        EXPERIMENT, f"{phase}_tokens_per_s", med, "tokens/s", claims=CLAIMS, recipe=fmt.name,
+        sizes=sizes, repeats=len(samples[fmt.name]), spread=q3 - q1,
+        emulated=speed_emulated(fmt, f_fmt["lowering"]), profile=p["profile"], extra=extra)
+
+
+def speed(p: dict[str, Any], config: str, fmt_name: str) -> list[dict]:
+    """The records of one ``speed_<config>_<format>`` cell (see the module docstring)."""
+    spec = speed_configs(p)[config]
+    cfg, fmt, sp = model_config(config, spec), X.resolve_format(fmt_name), p["speed"]
+    wb = X.weight_bytes(_export(cfg, fmt_name))
+    phases = [("prefill", int(spec.get("prefill_batch", 1)), cfg.seq_len)]
+    phases += [("decode", int(b), sp["prompt_len"]) for b in sp["decode_batches"]]
+    recs = []
+    for phase, batch, length in phases:
+        progs = {f: _program(cfg, f, phase, batch, length, sp["decode_steps"])
+                 for f in ("bf16", fmt_name)}
+        runs = {f: functools.partial(c, *a) for f, (c, a, _, _) in progs.items()}
+        samples = interleaved(runs, int(sp["repeats"]))
+        recs.append(_phase_record(fmt, cfg, phase, batch, progs, samples, p, wb))
+    return recs

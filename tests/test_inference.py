@@ -1,0 +1,420 @@
+"""Inference of the decoder LM (claim B6): the KV-cache decoder against the uncached forward
+pass, post-training quantization with qwix against hand-computed references, the exact bytes,
+the lowering checks on hand-written HLO, the study's plan and the verdict's rules."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pandas as pd
+import pytest
+
+from repro.analysis import inference as A
+from repro.config import ConfigError
+from repro.models import lm as M
+from repro.models import lm_decode as G
+from repro.models import lm_quantize as Q
+from repro.precision import export as X
+from repro.precision import ops
+from repro.precision.recipes import resolve
+from repro.studies import inference as I
+from repro.studies import inference_speed as S
+
+qwix = pytest.importorskip("qwix")
+
+TINY = M.get_config("tiny")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = M.Decoder(TINY, "bf16")
+    tokens = jax.random.randint(jax.random.key(1), (2, 40), 0, 256)
+    return model, jax.jit(model.init)(jax.random.key(0), tokens)["params"], tokens
+
+
+# --------------------------------------------------------------------- dense_dot and qwix
+
+
+def test_dense_dot_casts_only_when_needed():
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(3, 8)), jnp.float32)
+    w = jnp.asarray(np.random.default_rng(1).normal(size=(8, 5)), jnp.float32)
+    y = ops.dense_dot(x, w, resolve("bf16"))  # FP32 operands are still cast to BF16
+    ref = np.asarray(x.astype(jnp.bfloat16), np.float64) @ np.asarray(w.astype(jnp.bfloat16),
+                                                                      np.float64)
+    assert y.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(y, np.float64), ref, rtol=1e-2, atol=1e-2)
+
+
+def test_qwix_weight_only_int8_through_dense_dot():
+    """qwix hands dense_dot its quantized weight (a QArray whose dtype is already BF16); a cast
+    of it raised "Unsupported type: QArray" before dense_dot learnt to skip it."""
+    from repro.precision.layers import Dense
+
+    layer = Dense(6, recipe="bf16", use_bias=False)
+    x = jnp.asarray(np.random.default_rng(2).normal(size=(4, 32)), jnp.bfloat16)
+    w = np.random.default_rng(3).normal(size=(32, 6)).astype(np.float32)
+    qm = qwix.quantize_model(layer, qwix.PtqProvider([qwix.QuantizationRule(
+        module_path=".*", weight_qtype=jnp.int8)]))
+    abstract = jax.eval_shape(qm.init, jax.random.key(0), x)["params"]
+    qp = qwix.quantize_params({"kernel": jnp.asarray(w, jnp.bfloat16)}, abstract)
+    y = qm.apply({"params": qp}, x)
+    wb = np.asarray(jnp.asarray(w, jnp.bfloat16), np.float64)
+    # qwix's symmetric INT8 bound 127.5, one BF16 scale per output column
+    scale = np.abs(wb).max(axis=0).astype(ml_dtypes.bfloat16).astype(np.float64) / 127.5
+    scale = scale.astype(ml_dtypes.bfloat16).astype(np.float64)
+    wq = np.clip(np.round(wb / scale), -128, 127) * scale
+    ref = np.asarray(x, np.float64) @ wq
+    assert y.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(y, np.float64), ref, rtol=1e-2,
+                               atol=1e-2 * np.abs(ref).max())
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+def test_prefill_equals_uncached_forward_and_steps_match(tiny):
+    model, params, tokens = tiny
+    v = {"params": params}
+    full = jax.jit(model.apply)(v, tokens)
+    cache = G.init_cache(model, 2, 48)
+    logits, cache = G.prefill_fn(model)(v, tokens[:, :24], cache)
+    np.testing.assert_array_equal(np.asarray(logits), np.asarray(jax.jit(model.apply)(
+        v, tokens[:, :24])))
+    step = jax.jit(lambda v, c, t, s: G.decode_step(model, v, c, t, s))
+    for i in range(24, 40):
+        out, cache = step(v, cache, tokens[:, i:i + 1], jnp.int32(i))
+        np.testing.assert_allclose(np.asarray(out[:, 0]), np.asarray(full[:, i]), atol=2e-2)
+    with pytest.raises(ValueError, match="KV cache"):
+        model.apply(v, tokens, decode="step", start=0, mutable=["cache"])
+
+
+def test_generate_greedy_is_the_argmax_of_the_uncached_model(tiny):
+    model, params, tokens = tiny
+    v = {"params": params}
+    out = G.generate(model, v, tokens[:, :16], 6)
+    seq = jnp.concatenate([tokens[:, :16], out], axis=1)
+    ref = jnp.argmax(jax.jit(model.apply)(v, seq)[:, 15:21], axis=-1)
+    assert out.shape == (2, 6)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
+
+
+def test_temperature_sampling_follows_softmax():
+    logits = jnp.log(jnp.asarray([[0.7, 0.2, 0.1]]))
+    keys = jax.random.split(jax.random.key(0), 4000)
+    draws = jax.vmap(lambda k: G.sample(logits, k, 1.0)[0])(keys)
+    freq = np.bincount(np.asarray(draws), minlength=3) / 4000
+    np.testing.assert_allclose(freq, [0.7, 0.2, 0.1], atol=0.03)  # ~4 standard errors
+    cold = jax.vmap(lambda k: G.sample(logits * 50.0, k, 0.5)[0])(keys[:50])
+    assert set(np.asarray(cold).tolist()) == {0}
+    assert int(G.sample(logits, None, 0.0)[0]) == 0
+    with pytest.raises(ValueError, match="temperature"):
+        G.sample(logits, keys[0], -1.0)
+
+
+def test_sampled_generation_is_reproducible_and_differs_from_greedy(tiny):
+    model, params, tokens = tiny
+    v = {"params": params}
+    a = G.generate(model, v, tokens[:, :8], 12, temperature=1.0, key=jax.random.key(7))
+    b = G.generate(model, v, tokens[:, :8], 12, temperature=1.0, key=jax.random.key(7))
+    g = G.generate(model, v, tokens[:, :8], 12)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert not np.array_equal(np.asarray(a), np.asarray(g))  # untrained: near-uniform
+
+
+# ------------------------------------------------------------------------------- export
+
+
+def _stablehlo_dots(ex, tokens):
+    import re
+
+    txt = jax.jit(ex.model.apply).lower(ex.variables, tokens).as_text()
+    return re.findall(r"stablehlo.dot_general[^\n]*\((tensor<[^)]*)\) -> (tensor<[^>]*>)", txt)
+
+
+@pytest.mark.parametrize("fmt,operand,out", [("fp8", "f8E4M3FN", "bf16"),
+                                             ("int8", "i8", "i32")])
+def test_fp8_int8_products_on_the_block_linear_layers_only(tiny, fmt, operand, out):
+    model, params, tokens = tiny
+    dots = _stablehlo_dots(Q.export_lm(TINY, params, fmt), tokens)
+    quant = [d for d in dots if d[0].count(operand) == 2]
+    assert len(quant) == 4 * TINY.n_layers  # qkv, out, wi, wo per block; not QK^T, AV, head
+    assert all(d[1].endswith(f"x{out}>") for d in quant)
+
+
+def test_int8_weights_match_a_per_channel_reference(tiny):
+    _, params, _ = tiny
+    ex = Q.export_lm(TINY, params, "int8-w")
+    qa = ex.variables["params"]["block0"]["mlp"]["wi"]["kernel"].array
+    w = np.asarray(jnp.asarray(params["block0"]["mlp"]["wi"]["kernel"], jnp.bfloat16),
+                   np.float64)
+    bf16 = ml_dtypes.bfloat16
+    # absmax / 127.5 per output column, the scale and the quotient in BF16, round to nearest
+    scale = (np.abs(w).max(axis=0, keepdims=True) / 127.5).astype(bf16).astype(np.float64)
+    q = np.clip(np.round((w / scale).astype(bf16).astype(np.float64)), -128, 127)
+    got = np.asarray(qa.qvalue, np.float64)
+    assert qa.qvalue.dtype == jnp.int8 and qa.scale.shape == (1, w.shape[1])
+    np.testing.assert_array_equal(np.asarray(qa.scale, np.float64), scale)
+    np.testing.assert_array_equal(got, q)
+
+
+def test_nvfp4_scales_are_e4m3_times_a_power_of_two(tiny):
+    _, params, _ = tiny
+    ex = Q.export_lm(TINY, params, "nvfp4-w")
+    w = np.asarray(jnp.asarray(params["block1"]["attn"]["qkv"]["kernel"], jnp.bfloat16),
+                   np.float64)
+    qa = ex.variables["params"]["block1"]["attn"]["qkv"]["kernel"].array
+    assert qa.qvalue.dtype == jnp.float4_e2m1fn
+    assert qa.scale.shape == (w.shape[0] // 16, w.shape[1])  # 1x16 along the contraction
+    s = 2.0 ** math.ceil(math.log2(np.abs(w).max() / (448 * 6)))
+    block = np.asarray(qa.scale, np.float64) / s
+    assert block.max() <= 448
+    np.testing.assert_array_equal(block.astype(ml_dtypes.float8_e4m3fn).astype(np.float64),
+                                  block)
+    deq = np.asarray(qwix.dequantize(qa), np.float64)
+    per_block = np.repeat(np.asarray(qa.scale, np.float64), 16, axis=0)
+    assert np.all(np.abs(deq - w) <= per_block + 1e-12)  # E2M1 steps are <= 2: half is 1
+
+
+def test_weight_bytes_by_hand(tiny):
+    _, params, _ = tiny
+    d, f, v, n = TINY.d_model, TINY.d_ff, TINY.vocab_size, TINY.n_layers
+    kernels = [(d, 3 * d), (d, d), (d, 2 * f), (f, d)] * n
+    other = 2 * v * d + (2 * n + 1) * d  # embedding, head, norms: BF16
+    bf16 = 2 * (other + sum(a * b for a, b in kernels))
+    fp8 = 2 * other + sum(a * b + 2 * b for a, b in kernels)  # + a BF16 scale per column
+    nvfp4 = 2 * other + sum(a * b / 2 + (a // 16) * b + 4 for a, b in kernels)
+    for fmt, want in (("bf16", bf16), ("fp8-w", fp8), ("int8", fp8), ("nvfp4-w", nvfp4)):
+        got = X.weight_bytes(Q.export_lm(TINY, params, fmt))
+        assert got["bytes"] == want and got["bf16_bytes"] == bf16, fmt
+        assert got["ratio_to_bf16"] == pytest.approx(want / bf16)
+
+
+def test_save_load_round_trip(tiny, tmp_path):
+    _, params, tokens = tiny
+    ex = Q.export_lm(TINY, params, "int8")
+    assert X.save(tmp_path / "q", ex) > 0
+    back = X.load(tmp_path / "q", ex)
+    np.testing.assert_array_equal(np.asarray(back.model.apply(back.variables, tokens)),
+                                  np.asarray(ex.model.apply(ex.variables, tokens)))
+
+
+def test_flax_fp8_calibration_records_the_kernel_amax(tiny):
+    from repro.precision.layers import FP8_META
+
+    _, params, tokens = tiny
+    with pytest.raises(ValueError, match="calib_batches"):
+        Q.export_lm(TINY, params, "flax-fp8")
+    ex = Q.export_lm(TINY, params, "flax-fp8", calib_batches=[tokens])
+    meta = ex.variables[FP8_META]["block0"]["mlp"]["wo"]["Fp8DirectDotGeneralOp_0"]
+    w = jnp.asarray(params["block0"]["mlp"]["wo"]["kernel"], jnp.bfloat16)
+    assert float(meta["kernel_amax_history"][0]) == float(jnp.max(jnp.abs(w)))
+
+
+def test_unknown_format_and_unmatched_rule(tiny):
+    model, params, _ = tiny
+    with pytest.raises(ValueError, match="unknown inference format 'fp6'"):
+        X.resolve_format("fp6")
+    with pytest.raises(ValueError, match="matched no product"):
+        X.export(model, params, "int8", (1, 8), module_path="nothing/here")
+
+
+# ----------------------------------------------------------------------------- lowering
+
+
+_CUBLAS_S8 = """
+ENTRY %main {
+  %p0 = s8[64,512]{1,0} parameter(0)
+  %p1 = s8[256,512]{1,0} parameter(1)
+  %custom-call.1 = (s32[64,256]{1,0}, s8[0]{0}) custom-call(%p0, %p1), custom_call_target="__cublas$gemm"
+}
+"""
+_S8_TO_S8 = """
+ENTRY %main {
+  %p0 = s8[64,512]{1,0} parameter(0)
+  %p1 = s8[512,256]{1,0} parameter(1)
+  ROOT %dot.1 = s8[64,256]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+_FUSED_DEQUANT = """
+%fused_computation {
+  %param_0 = s8[512,256]{1,0} parameter(0)
+  %param_1 = bf16[64,512]{1,0} parameter(1)
+  %convert.1 = bf16[512,256]{1,0} convert(%param_0)
+  ROOT %dot.2 = bf16[64,256]{1,0} dot(%param_1, %convert.1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main {
+  %p0 = s8[512,256]{1,0} parameter(0)
+}
+"""
+_SEPARATE_DEQUANT = """
+%fused_convert {
+  %param_0 = s8[512,256]{1,0} parameter(0)
+  ROOT %convert.1 = bf16[512,256]{1,0} convert(%param_0)
+}
+
+ENTRY %main {
+  %p0 = bf16[64,512]{1,0} parameter(0)
+  %f = bf16[512,256]{1,0} fusion(%p1), kind=kLoop, calls=%fused_convert
+  ROOT %dot.3 = bf16[64,256]{1,0} dot(%p0, %f), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+def test_lowering_checks_on_hand_written_hlo():
+    assert S.int8_lowering(_CUBLAS_S8) == "s8-gemm"
+    assert S.int8_lowering(_S8_TO_S8) == "s8-other"
+    assert S.int8_lowering("ROOT %d = bf16[2,2]{1,0} dot(%a, %b)") == "no-s8"
+    assert S.dequant_lowering(_FUSED_DEQUANT) == "fused"
+    assert S.dequant_lowering(_SEPARATE_DEQUANT) == "separate"
+    assert S.dequant_lowering("ROOT %d = bf16[2,2]{1,0} dot(%a, %b)") == "none"
+
+
+def test_speed_is_emulated_off_tensor_cores():
+    from repro.hardware import lookup
+
+    h200, cpu = lookup("h200"), lookup("cpu")
+    fp8, int8, w8, nv = (X.resolve_format(n) for n in ("fp8", "int8", "int8-w", "nvfp4-w"))
+    assert not S.speed_emulated(fp8, "cublaslt-f8", h200)
+    assert S.speed_emulated(fp8, "upcast", h200)
+    assert not S.speed_emulated(int8, "s8-gemm", h200)
+    assert S.speed_emulated(int8, "s8-other", h200)
+    assert not S.speed_emulated(w8, "separate", h200)
+    assert S.speed_emulated(nv, "fused", h200)
+    assert S.speed_emulated(fp8, "cublaslt-f8", cpu)
+
+
+# -------------------------------------------------------------------------------- study
+
+
+def _params(**over):
+    p = {"profile": "smoke", "model": "tiny", "formats": ["bf16", "int8", "fp8-w"],
+         "priority": ["fp8-w"], "seeds": [0, 1],
+         "train": {"steps": 4, "batch_size": 4, "lr": 0.003, "warmup_steps": 1,
+                   "eval_every": 2, "eval_batches": 1},
+         "eval_windows": 1, "calib_batches": 1,
+         "speed": {"repeats": 1, "prompt_len": 8, "decode_steps": 2, "decode_batches": [1],
+                   "configs": {"tiny": {"preset": "tiny", "prefill_batch": 1},
+                               "other": {"preset": "tiny", "d_model": 32, "n_heads": 2,
+                                         "formats": ["int8"]}}}}
+    p.update(over)
+    return p
+
+
+def test_cells_order_gives_a_verdict_early():
+    names = [c.name for c in I.cells(_params())]
+    assert names == ["quality_s0", "speed_tiny_fp8-w", "quality_s1", "speed_tiny_int8",
+                     "speed_other_int8"]
+
+
+@pytest.mark.parametrize("over,match", [
+    ({"formats": ["int8"]}, "must include bf16"),
+    ({"formats": ["bf16", "int3"]}, "unknown format"),
+    ({"model": "huge"}, "unknown model"),
+    ({"train": {"stepz": 3}}, "unknown train field"),
+    ({"speed": {"repeats": 0}}, "speed.repeats"),
+])
+def test_check_names_the_bad_parameter(over, match):
+    with pytest.raises(ConfigError, match=match):
+        I.check(_params(**over))
+
+
+def test_best_step_is_the_lowest_heldout_loss():
+    hist = [{"step": 10, "eval_loss": 2.0}, {"step": 20, "eval_loss": 1.5},
+            {"step": 30, "eval_loss": 1.5}, {"step": 40, "eval_loss": 1.7}]
+    assert I.best_step(hist) == 20
+
+
+def test_train_best_loads_the_checkpoint_of_the_best_step(tmp_path, monkeypatch):
+    from repro.models import lm_train as T
+
+    tc = I.train_config(_params()).replace(steps=4, eval_every=2)
+    monkeypatch.setattr(I, "best_step", lambda history: 2)  # as if step 2 were the best
+    variables, history, best = I.train_best(TINY, tc, tmp_path / "run", None)
+    assert best == 2 and [h["step"] for h in history] == [2, 4]
+    ref = T.train(TINY, tc, "bf16", stop_at=2, keep_variables=True, progress=False)
+    got, want = variables["params"], ref.variables["params"]
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.slow
+def test_study_writes_records_the_analysis_reads(tmp_path, monkeypatch):
+    from repro import results
+    from repro.studies import runner
+
+    p = _params(seeds=[0], formats=["bf16", "int8"])
+    p["checkpoints"] = str(tmp_path / "ckpt")
+    p["speed"]["configs"] = {"tiny": {"preset": "tiny", "prefill_batch": 1}}
+    out = runner.run(I.STUDY, p, tmp_path / "res", progress=False)
+    assert sorted(path.stem for path in out.written) == ["quality_s0", "speed_tiny_int8"]
+    df = results.load_records("inference", roots=[tmp_path / "res"])
+    acc, mem, spd = A.accuracy_table(df), A.bytes_table(df), A.speed_table(df)
+    assert set(acc["format"]) == {"bf16", "int8"}
+    assert acc.set_index("format").loc["bf16", "rel_gap"] == 0.0
+    assert set(spd["phase"]) == {"prefill", "decode"} and spd["emulated"].all()
+    assert mem.set_index("format").loc["int8", "ratio_to_bf16"] < 1
+    assert not any(f.is_file() for f in (tmp_path / "ckpt").rglob("*"))
+
+
+# ------------------------------------------------------------------------------ verdict
+
+
+def _acc(fp8_hi, int8_hi, n=3, profile="full", hw="h200"):
+    return pd.DataFrame([
+        {"hardware": hw, "profile": profile, "model": "20m", "format": f, "n_seeds": n,
+         "rel_gap": hi / 2, "rel_lo": 0.0, "rel_hi": hi, "emulated": False}
+        for f, hi in (("fp8", fp8_hi), ("int8", int8_hi))])
+
+
+def _spd(prefill, decode, emulated=False, hw="h200"):
+    rows = [{"hardware": hw, "profile": "full", "config": "wide", "d_model": 4096,
+             "format": "fp8", "phase": "prefill", "batch": 8, "speedup": prefill,
+             "emulated": emulated}]
+    rows += [{"hardware": hw, "profile": "full", "config": "wide", "d_model": 4096,
+              "format": f, "phase": "decode", "batch": 1, "speedup": decode,
+              "emulated": emulated} for f in ("fp8-w", "int8-w")]
+    return pd.DataFrame(rows)
+
+
+def _mem(r8=0.51, r4=0.29, hw="h200"):
+    return pd.DataFrame([{"hardware": hw, "profile": "full", "model": "20m", "format": f,
+                          "ratio_to_bf16": r} for f, r in (("fp8-w", r8), ("int8-w", r8),
+                                                           ("nvfp4-w", r4))])
+
+
+def test_b6_verdict_rules():
+    assert A.b6_verdict(_acc(0.004, 0.009), _mem(), _spd(1.4, 1.6))["verdict"] == "reproduced"
+    v = A.b6_verdict(_acc(0.004, 0.02), _mem(), _spd(1.4, 1.6))
+    assert v["verdict"] == "partly" and "FAIL: INT8" in v["note"]
+    assert A.b6_verdict(_acc(0.01, 0.02), _mem(0.6, 0.4),
+                        _spd(1.0, 1.0))["verdict"] == "contradicted"
+    # emulated speed records are not evidence: speed "not measured", at most partly
+    assert A.b6_verdict(_acc(0.004, 0.009), _mem(),
+                        _spd(1.4, 1.6, emulated=True))["verdict"] == "partly"
+    assert A.b6_verdict(_acc(0.004, 0.009, profile="smoke", hw="cpu"), _mem(hw="cpu"),
+                        _spd(1.4, 1.6, hw="cpu"))["verdict"] == "partly"
+    assert A.b6_verdict(_acc(0.0, 0.0).iloc[:0], _mem(), _spd(1, 1))["verdict"] == \
+        "not yet measured"
+    v = A.b6_verdict(_acc(0.004, 0.009), _mem(), _spd(1.4, 1.6))
+    assert set(v) >= {"verdict", "key_number", "hardware", "source", "note"}
+
+
+def test_accuracy_table_pairs_seeds():
+    recs = []
+    for seed, (loss, base) in enumerate([(1.01, 1.00), (1.03, 1.00), (1.02, 1.00)]):
+        for fmt, val in (("fp8", loss), ("bf16", base)):
+            recs.append({"hardware": "h200", "profile": "full", "recipe": fmt,
+                         "metric": "heldout_loss", "value": val, "emulated": False,
+                         "timestamp": "t", "size_model": "20m", "size_seed": seed,
+                         "extra": {"loss_bf16": base, "best_step": 100}})
+    t = A.accuracy_table(pd.DataFrame(recs)).set_index("format")
+    assert t.loc["fp8", "rel_gap"] == pytest.approx(0.02)
+    half = 4.302653 * 0.01 / math.sqrt(3)  # t(0.975, 2) x sd / sqrt(n)
+    assert t.loc["fp8", "rel_hi"] == pytest.approx(0.02 + half, rel=1e-5)
+    assert t.loc["fp8", "within_margin"] is False or not t.loc["fp8", "within_margin"]
+    assert t.loc["bf16", "rel_gap"] == 0.0

@@ -1,0 +1,416 @@
+"""Every claim's decision rule (repro.claims.verdicts) on small hand-made tables: each test
+builds the table a rule reads, with numbers chosen on either side of its thresholds, and checks
+the verdict the rule's definition gives by hand, for every outcome of every rule."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from repro.claims import verdicts as V
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def sp_rows(*rows, **defaults):
+    """A ``repro.analysis.rl.speedups`` table: each row a dict over the defaults."""
+    base = dict(hardware="h200", network="mlp", width=4096, num_envs=2048, recipe="fp8-delayed",
+                baseline="fp16", e2e=1.0, update=1.0, memory=1.0, emulated=False,
+                same_commit=True)
+    base.update(defaults)
+    return pd.DataFrame([{**base, **r} for r in rows])
+
+
+def poi(**pairs):
+    """A probability-of-improvement table from ``{"x__y": (p, lo, hi)}``."""
+    rows = [{"x": k.split("__")[0].replace("_", "-"), "y": k.split("__")[1].replace("_", "-"),
+             "p": p, "lo": lo, "hi": hi} for k, (p, lo, hi) in pairs.items()]
+    return pd.DataFrame(rows, columns=["x", "y", "p", "lo", "hi"])
+
+
+BETTER, SAME, WORSE = (0.7, 0.6, 0.8), (0.5, 0.4, 0.6), (0.3, 0.2, 0.4)
+# against the parity margin [0.4, 0.6]: kept (lo >= 0.4), lost (hi < 0.4), straddling 0.4
+KEPT, LOST, WIDE = (0.5, 0.42, 0.58), (0.3, 0.2, 0.35), (0.45, 0.3, 0.6)
+FULL = V.QualityEvidence("h200", "full", ("a", "b", "c"), 16, 5)
+
+
+def test_verdict_rejects_words_outside_the_vocabulary():
+    with pytest.raises(ValueError, match="valid: reproduced, partly"):
+        V.Verdict("A1", "great")
+    assert V.Verdict("A1", "inconclusive").to_dict()["verdict"] == "inconclusive"
+
+
+# ------------------------------------------------------------------------------ A1-A4, A9
+
+
+@pytest.mark.parametrize("stores,verdict", [(4, "reproduced"), (3, "partly"), (2, "partly"),
+                                            (1, "contradicted")])
+def test_a1_counts_the_fp8_stores_of_the_most_fp8_variant(stores, verdict):
+    t = pd.DataFrame({"variant": ["fp32", "x"], "stores": [0, stores],
+                      "hardware": ["h200", "h200"], "profile": ["full", "full"]})
+    v = V.a1(t)
+    assert v.verdict == verdict and f"at most {stores} of 4" in v.key_number
+    assert "variant x" in v.key_number and v.hardware == "h200"
+
+
+def test_a1_without_records():
+    assert V.a1(pd.DataFrame(columns=["variant", "stores", "hardware"])).verdict == \
+        "not yet measured"
+
+
+@pytest.mark.parametrize("e2e,update,verdict", [
+    (1.61, 1.0, "reproduced"),     # whole loop >= 1.6x somewhere
+    (1.05, 1.7, "partly"),         # only the update alone reaches 1.6x
+    (1.2, 1.3, "partly"),          # faster (>= 1.1x) but below 1.6x
+    (1.05, 1.2, "contradicted"),   # never 1.1x end to end, update below 1.6x
+])
+def test_a2_thresholds(e2e, update, verdict):
+    v = V.a2(sp_rows({"e2e": e2e, "update": update}, {"width": 64, "e2e": 0.5, "update": 0.5}))
+    assert v.verdict == verdict and v.hardware == "h200"
+    assert f"up to {e2e:.2f}x (width 4096, 2048 envs)" in v.key_number
+
+
+def test_a2_ignores_emulated_cross_call_bf16_and_cnn_ratios():
+    ignored = sp_rows({"emulated": True, "e2e": 2.0}, {"same_commit": False, "e2e": 2.0},
+                      {"baseline": "bf16", "e2e": 2.0}, {"network": "cnn", "e2e": 2.0})
+    assert V.a2(ignored).verdict == "not yet measured"
+    assert V.a2(pd.DataFrame()).verdict == "not yet measured"
+    v = V.a2(pd.concat([ignored, sp_rows({"e2e": 1.0})]))
+    assert v.verdict == "contradicted" and "up to 1.00x" in v.key_number
+
+
+def test_a2_the_best_hardware_decides_and_widths_are_named():
+    v = V.a2(sp_rows({"e2e": 1.7}, {"hardware": "b200", "e2e": 1.2}))
+    assert v.verdict == "reproduced" and v.hardware == "b200, h200"
+    assert "h200: FP8/FP16 whole loop up to 1.70x" in v.key_number
+    assert ">= 1.6x end to end at widths [4096]" in v.key_number
+
+
+def test_a3_is_a_projection_with_or_without_measured_ratios():
+    proj = sp_rows({"e2e": 1.5, "lo": 1.5 * 2, "hi": 1.5 * 3}, {"width": 64, "lo": 1, "hi": 2})
+    v = V.a3(proj, 2.0, 3.0, 6.0)
+    assert v.verdict == "projected"
+    assert v.key_number.startswith("projected 3.0-4.5x at width 4096 (h200 FP8/FP16 1.50x")
+    assert v.hardware == "h200 -> a100-sxm (datasheet)"
+    v = V.a3(proj.iloc[:0], 2.0, 3.0, 6.0)
+    assert v.verdict == "projected" and "2.00x (bandwidth) to 6.00x" in v.key_number
+
+
+def mem_rows(fp8, fp16=100.0, emulated=False, hardware="h200"):
+    rows = [(4096, "fp8-delayed", fp8, emulated), (4096, "fp16", fp16, False),
+            (64, "fp8-delayed", 1.0, emulated), (64, "fp16", 100.0, False)]
+    return pd.DataFrame([{"hardware": hardware, "network": "mlp", "width": w, "num_envs": 2048,
+                          "recipe": r, "update_memory_bytes": m, "emulated": e}
+                         for w, r, m, e in rows])
+
+
+@pytest.mark.parametrize("fp8,verdict", [(90.0, "reproduced"), (95.0, "partly"),
+                                         (100.0, "contradicted"), (135.0, "contradicted")])
+def test_a4_memory_ratio_at_the_widest_mlp(fp8, verdict):
+    v = V.a4(mem_rows(fp8))
+    assert v.verdict == verdict
+    assert v.key_number == f"h200: update memory FP8/FP16 = {fp8 / 100:.2f} at width 4096"
+
+
+def test_a4_emulated_or_missing_is_not_measured():
+    v = V.a4(mem_rows(50.0, emulated=True, hardware="cpu"))
+    assert v.verdict == "not yet measured" and "emulated: FP8/FP16 = 0.50 on cpu" in v.key_number
+    assert V.a4(pd.DataFrame()).verdict == "not yet measured"
+
+
+@pytest.mark.parametrize("mlp,cnn,verdict", [(1.2, 1.1, "reproduced"), (1.2, 0.8, "partly"),
+                                             (0.9, 0.8, "contradicted"), (1.1, None, "partly")])
+def test_a9_best_ratio_of_mlps_and_cnns(mlp, cnn, verdict):
+    rows = [{"e2e": mlp}] + ([{"network": "cnn-large", "e2e": cnn}] if cnn else [])
+    v = V.a9(sp_rows(*rows, baseline="bf16"))
+    assert v.verdict == verdict and f"mlp: {mlp:.2f}x" in v.key_number
+    assert ("CNN speed not measured" in v.key_number) == (cnn is None)
+
+
+def test_a9_without_native_ratios():
+    assert V.a9(sp_rows({"e2e": 2.0, "emulated": True}, baseline="bf16")).verdict == \
+        "not yet measured"
+
+
+# ------------------------------------------------------------------------ A5-A8, A10
+
+
+@pytest.mark.parametrize("vs_fp32,vs_noscale,verdict,word", [
+    (KEPT, BETTER, "reproduced", "kept"), (BETTER, BETTER, "reproduced", "kept"),
+    (KEPT, SAME, "partly", "kept"), (LOST, BETTER, "partly", "lost"),
+    (LOST, SAME, "contradicted", "lost"), (WIDE, BETTER, "inconclusive", "inconclusive"),
+    (WIDE, SAME, "contradicted", "inconclusive")])
+def test_a5_scaled_fp8_keeps_fp32_quality_and_beats_unscaled(vs_fp32, vs_noscale, verdict,
+                                                              word):
+    v = V.a5(poi(fp8_delayed__fp32=vs_fp32, fp8_delayed__fp8_noscale=vs_noscale), FULL)
+    assert v.verdict == verdict
+    assert v.key_number.startswith(f"P(fp8-delayed>fp32)={vs_fp32[0]:.2f} "
+                                   f"[{vs_fp32[1]:.2f},{vs_fp32[2]:.2f}] vs margin "
+                                   f"[0.40,0.60]: {word};")
+    assert "fp8-current vs fp8-noscale: not run" in v.key_number
+
+
+def test_parity_margins_come_from_the_claims_definitions():
+    assert V.margin("A5") == V.margin("A6") == V.margin("A10") == (0.4, 0.6)
+    assert V.margin("B4") == (-0.015, 0.015)
+    with pytest.raises(ValueError, match="A2.*claims with one: A5, A6, A10, B4"):
+        V.margin("A2")
+    # a margin given explicitly replaces the definition's
+    assert V.a6(poi(fp8_delayed__fp32=KEPT), FULL, bounds=(0.45, 0.55)).verdict == \
+        "inconclusive"
+
+
+def test_the_share_of_tied_scores_is_counted_and_reported():
+    from repro.analysis import stats
+
+    x = np.array([[1.0, 500.0], [2.0, 500.0]])
+    y = np.array([[1.0, 500.0], [3.0, 500.0]])
+    # env 0: 1 of 4 pairs tied; env 1: all 4 tied -> (0.25 + 1) / 2
+    assert stats._ties(x, y) == pytest.approx(0.625)
+    table = poi(fp8_delayed__fp32=KEPT).assign(ties=0.2)
+    assert "(20% of its weight tied at 0.5)" in V.a6(table, FULL).key_number
+    assert "tied" not in V.a6(table.assign(ties=0.0), FULL).key_number
+
+
+def test_quality_rules_need_full_records_and_three_environments():
+    table = poi(fp8_delayed__fp32=KEPT, fp8_delayed__fp8_noscale=BETTER)
+    smoke = V.QualityEvidence("cpu", "smoke", ("CartPole-v1",), 3, 5)
+    v = V.a5(table, smoke)
+    assert v.verdict == "not yet measured"
+    assert v.key_number.startswith("smoke only (reproduced on 3 seeds, CartPole-v1)")
+    two = V.QualityEvidence("h200", "full", ("a", "b"), 16, 5)
+    v = V.a5(table, two)
+    assert v.verdict == "partly" and "reproduced on 2 of 5 planned environments" in v.key_number
+    assert V.a5(poi(), FULL).verdict == "not yet measured"
+
+
+@pytest.mark.parametrize("vs_fp32,verdict", [(KEPT, "reproduced"), (BETTER, "reproduced"),
+                                             (LOST, "contradicted"), (WIDE, "inconclusive"),
+                                             (None, "not yet measured")])
+def test_a6_fp8_compute_keeps_fp32_quality_within_the_margin(vs_fp32, verdict):
+    table = poi(fp8_delayed__fp32=vs_fp32) if vs_fp32 else poi()
+    assert V.a6(table, FULL).verdict == verdict
+
+
+@pytest.mark.parametrize("fp8_kahan,bf16_kahan,e2e_vs_fp32,verdict", [
+    (BETTER, SAME, SAME, "reproduced"), (SAME, BETTER, WORSE, "partly"),
+    (SAME, SAME, SAME, "contradicted"), (None, None, SAME, "not yet measured")])
+def test_a7_kahan_helps_and_fp8_e2e_keeps_quality(fp8_kahan, bf16_kahan, e2e_vs_fp32,
+                                                  verdict):
+    pairs = {"fp8_e2e__fp32": e2e_vs_fp32}
+    if fp8_kahan:
+        pairs["fp8_e2e__fp8_e2e_nokahan"] = fp8_kahan
+    if bf16_kahan:
+        pairs["bf16w_kahan__bf16w_nokahan"] = bf16_kahan
+    assert V.a7(poi(**pairs), FULL).verdict == verdict
+
+
+@pytest.mark.parametrize("nograd,noweight,verdict", [
+    (BETTER, BETTER, "reproduced"), (BETTER, SAME, "partly"), (SAME, WORSE, "contradicted")])
+def test_a8_removing_either_clip_hurts(nograd, noweight, verdict):
+    diverged = {"fp8-e2e-nogradclip": 2, "fp8-e2e-noweightclip": 1, "fp32": 0}
+    v = V.a8(poi(fp8_e2e__fp8_e2e_nogradclip=nograd, fp8_e2e__fp8_e2e_noweightclip=noweight),
+             FULL, diverged)
+    assert v.verdict == verdict
+    assert "diverged seeds: fp8-e2e-nogradclip 2, fp8-e2e-noweightclip 1" in v.key_number
+    assert V.a8(poi(), FULL, {}).verdict == "not yet measured"
+
+
+def test_a8_without_divergence_clipping_had_nothing_to_prevent():
+    table = poi(fp8_e2e__fp8_e2e_nogradclip=SAME, fp8_e2e__fp8_e2e_noweightclip=WORSE)
+    v = V.a8(table, FULL, {"fp32": 0})
+    assert v.verdict == "inconclusive" and "diverged seeds: none" in v.key_number
+    assert "no seed diverged in fp8-e2e or fp8-e2e-nogradclip" in v.key_number
+    # divergence in one arm decides that part: here weight clipping does not help
+    assert V.a8(table, FULL, {"fp8-e2e-noweightclip": 3}).verdict == "contradicted"
+
+
+def repeats(identical=True, variants=("fp8-e2e",)):
+    return pd.DataFrame([{"hardware": "h200", "env": "CartPole-v1", "variant": v, "seeds": 16,
+                          "identical": identical} for v in variants])
+
+
+@pytest.mark.parametrize("quality,same_seed,rep,verdict", [
+    (KEPT, True, repeats(), "reproduced"), (KEPT, False, repeats(), "partly"),
+    (KEPT, True, repeats(identical=False), "partly"), (LOST, True, repeats(), "partly"),
+    (WIDE, True, repeats(), "inconclusive"), (LOST, False, repeats().iloc[:0], "contradicted"),
+    (None, None, repeats().iloc[:0], "not yet measured")])
+def test_a10_quality_and_bitwise_determinism(quality, same_seed, rep, verdict):
+    table = poi(fp8_delayed__fp32=quality, fp8_delayed__bf16=KEPT) if quality else poi()
+    v = V.a10(table, FULL, same_seed, rep)
+    assert v.verdict == verdict
+    if len(rep):
+        assert "across processes for 1 cells x 16 seeds: fp8-e2e)" in v.key_number
+        assert "FP8 not checked across processes" not in v.key_number
+
+
+def test_a10_says_when_fp8_was_not_checked_across_processes():
+    table = poi(fp8_delayed__fp32=KEPT, fp8_delayed__bf16=KEPT)
+    v = V.a10(table, FULL, True, repeats(variants=("bf16", "fp16", "fp32")))
+    assert v.verdict == "reproduced"
+    assert v.key_number.endswith("across processes for 3 cells x 16 seeds: bf16, fp16, fp32); "
+                                 "FP8 not checked across processes")
+
+
+# --------------------------------------------------------------------------- B1-B5
+
+
+def test_b1_every_check_must_pass_and_native_support_must_be_measured():
+    ok = V.b1({"a": True, "b": True}, (0, 0), (128, 8), 0.0951, "cpu", False, native_fp4=True)
+    assert ok.verdict == "reproduced"
+    assert ok.key_number.startswith("0 bit mismatches in 128 E2M1 elements and 8 E4M3")
+    assert "relative error 0.095" in ok.key_number and "(cpu): no" in ok.note
+    half = V.b1({"a": True, "b": True}, (0, 0), (128, 8), 0.0951, "cpu", False)
+    assert half.verdict == "partly"
+    assert half.key_number.endswith("native Blackwell support not tested: no committed record "
+                                    "ran NVFP4 GEMMs on FP4 tensor cores")
+    bad = V.b1({"a": True, "b": False}, (3, 1), (128, 8), 0.1, "b200", True)
+    assert bad.verdict == "contradicted" and bad.key_number.startswith("3 element and 1 block")
+    assert "differs from the NVFP4 recipe: b." in bad.note and "(b200): yes" in bad.note
+
+
+def projection(mode="calibrated", hardware="h200", published=(1.59, 1.35, 1.73)):
+    """A ``repro.perfmodel.projections`` table: the three projections B2 quotes, and one it
+    does not (B200), with the published speedups beside them."""
+    rows = [("llama3-8b", "nvfp4_vs_bf16", "gb200", 1.52, published[0]),
+            ("llama3-8b", "nvfp4_mlp_vs_fp8", "gb200", 1.17, published[1]),
+            ("llama3-405b", "nvfp4_mlp_vs_fp8", "gb300", 1.61, published[2]),
+            ("llama3-8b", "nvfp4_vs_bf16", "b200", 1.99, 1.59)]
+    return pd.DataFrame([{"hardware": hardware, "calibrated": mode == "calibrated",
+                          "mode": mode, "target": t, "model": m, "comparison": c,
+                          "speedup": x, "published_speedup": p} for m, c, t, x, p in rows])
+
+
+def validation(*errors):
+    """A ``repro.perfmodel.validation_table``: one row per (workload, error)."""
+    return pd.DataFrame([{"hardware": "h200", "workload": w, "error": e} for w, e in errors],
+                        columns=["hardware", "workload", "error"])
+
+
+KEY = ("projected NVFP4 1.52x vs BF16 (Llama-3-8B, GB200; published 1.59x), 1.17x vs FP8 "
+       "MLP-only (GB200; published 1.35x), 405B GB300 1.61x (published 1.73x)")
+
+
+def test_b2_projection_names_its_validation():
+    v = V.b2(projection(), None, validation(("mlp", 0.05), ("mlp", -0.2), ("lm", 0.08)))
+    assert v.verdict == "projected" and v.key_number == KEY
+    assert v.hardware == "h200 -> gb200/gb300 (projection)"
+    assert v.source == "perfmodel projection" and not v.emulated
+    assert v.note == ("no record from a chip with FP4 tensor cores yet; validated on h200: "
+                      "FP8/BF16 speedup predicted within 10% at 2/3 measured shapes (2 MLP, "
+                      "1 LM; max error 20%)")
+    # exactly 10% counts as within, the LM rows count like the MLP ones
+    v = V.b2(projection(), None, validation(("lm", 0.1), ("lm", -0.1), ("mlp", 0.101)))
+    assert "within 10% at 2/3 measured shapes (1 MLP, 2 LM; max error 10%)" in v.note
+
+
+@pytest.mark.parametrize("mode,val,hardware,source,note", [
+    ("calibrated", validation(), "h200 ->", "perfmodel projection",
+     "not validated: no FP8 mlp_step/lm_step records beside the BF16 ones"),
+    ("rates_only", None, "h200 ->", "perfmodel projection (not calibrated)",
+     "NOT validated: measured h200 GEMM rates, but no mlp_step records"),
+    ("datasheet", validation(), "datasheet ->", "perfmodel projection (not calibrated)",
+     "NOT validated: no GPU gemm/mlp_step/lm_step records yet (datasheet peaks only)")])
+def test_b2_projection_without_validation_says_why(mode, val, hardware, source, note):
+    v = V.b2(projection(mode), None, val)
+    assert v.verdict == "projected" and v.key_number == KEY
+    assert v.hardware.startswith(hardware) and v.source == source
+    assert v.note.startswith("no record from a chip with FP4 tensor cores yet; " + note)
+
+
+def test_b2_key_number_reads_the_table():
+    t = projection(published=(1.59, None, float("nan")))
+    t.loc[0, "speedup"] = 1.234
+    v = V.b2(t.iloc[[0, 1, 3]])  # no 405B GB300 projection
+    assert v.key_number == ("projected NVFP4 1.23x vs BF16 (Llama-3-8B, GB200; published "
+                            "1.59x), 1.17x vs FP8 MLP-only (GB200; published n/a), 405B GB300 "
+                            "n/a (published n/a)")
+
+
+def test_b2_without_projection_or_measurement():
+    for empty in (pd.DataFrame(), None):
+        v = V.b2(empty, pd.DataFrame(columns=["hardware", "model", "baseline", "speedup"]))
+        assert v.verdict == "not yet measured" and v.key_number == ""
+
+
+@pytest.mark.parametrize("rows,verdict", [
+    ([("bf16", 1.6), ("fp8-delayed", 1.2)], "reproduced"), ([("bf16", 1.5)], "reproduced"),
+    ([("bf16", 1.49)], "partly"), ([("bf16", 0.9)], "contradicted"),
+    ([("bf16", 1.0)], "contradicted"), ([("fp8-delayed", 1.3)], "partly")])
+def test_b2_measured_on_fp4_hardware(rows, verdict):
+    m = pd.DataFrame([{"hardware": "b200", "model": "20m", "baseline": b, "speedup": s}
+                      for b, s in rows])
+    v = V.b2(projection(), m, validation(("mlp", 0.0)))  # a measurement outranks the model
+    best = max(rows, key=lambda r: r[1])
+    assert v.verdict == verdict and v.hardware == "b200"
+    assert v.key_number == f"measured NVFP4 {best[1]:.2f}x vs {best[0]} (20m, b200)"
+    assert v.source == "lm records (measured)"
+
+
+@pytest.mark.parametrize("weights,acts,whole,verdict", [
+    (0.252, 0.281, 0.29, "reproduced"), (0.252, 0.281, 0.329, "partly"),
+    (0.252, 0.31, 0.29, "contradicted")])
+def test_b3_format_and_whole_model_ratios(weights, acts, whole, verdict):
+    t = pd.DataFrame([{"model": "20m", "hardware": "cpu", "weights": 0.9, "activations": 0.9,
+                       "whole": 0.9},
+                      {"model": "120m", "hardware": "h200", "weights": weights,
+                       "activations": acts, "whole": whole}])
+    v = V.b3(t)  # the largest model decides
+    assert v.verdict == verdict and v.hardware == "h200" and "the 120m model's" in v.key_number
+    assert V.b3(t.iloc[:0]).verdict == "not yet measured"
+
+
+def gaps(rel_gap, lo, hi, profile="full", model="120m", n=3, emulated=True):
+    return pd.DataFrame([{"hardware": "h200", "profile": profile, "model": model,
+                          "recipe": "nvfp4", "metric": "best_eval_loss", "n_seeds": n,
+                          "rel_gap": rel_gap, "rel_lo": lo, "rel_hi": hi, "gap_nats": 0.0,
+                          "gap_lo": 0.0, "gap_hi": 0.0, "overfit": 0.0,
+                          "emulated": emulated}])
+
+
+@pytest.mark.parametrize("gap,lo,hi,profile,verdict", [
+    (0.0, -0.01, 0.014, "full", "reproduced"), (-0.03, -0.04, -0.02, "full", "reproduced"),
+    (0.02, 0.016, 0.03, "full", "contradicted"), (0.01, 0.0, 0.02, "full", "inconclusive"),
+    (0.0, -0.01, 0.01, "smoke", "partly")])
+def test_b4_relative_loss_gap_against_the_margin(gap, lo, hi, profile, verdict):
+    v = V.b4(gaps(gap, lo, hi, profile), pd.DataFrame())
+    assert v.verdict == verdict and v.emulated
+    assert f"{100 * gap:+.2f}% (95% CI {100 * lo:+.2f}% .. {100 * hi:+.2f}%, 3 seeds" in \
+        v.key_number
+    assert v.key_number.endswith("vs margin [-1.5%, +1.5%]")
+    assert "build/" not in v.source
+
+
+def test_b4_needs_three_paired_seeds():
+    assert V.b4(gaps(0.0, -0.01, 0.01, n=2), pd.DataFrame()).verdict == "not yet measured"
+
+
+def scaling_rows(effs, n=2, hardware="h200", backend="gpu", simulated=False):
+    rows = []
+    for (w, r), e in effs.items():
+        for k, eff in ((1, 1.0), (n, e)):
+            rows.append({"hardware": hardware, "workload": w, "recipe": r, "n_devices": k,
+                         "efficiency": eff, "fp8_speedup": math.nan if r == "bf16" else 0.9,
+                         "simulated": simulated, "backend": backend, "emulated": False,
+                         "efficiency_same_commit": True, "fp8_same_commit": r != "bf16"})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("effs,n,verdict", [
+    ({("ppo", "bf16"): 0.9, ("ppo", "fp8-delayed"): 0.85}, 4, "reproduced"),
+    ({("ppo", "bf16"): 0.9, ("ppo", "fp8-delayed"): 0.85}, 2, "partly"),
+    ({("ppo", "bf16"): 0.9, ("ppo", "fp8-delayed"): 0.7}, 8, "partly"),
+    ({("ppo", "bf16"): 0.5, ("ppo", "fp8-delayed"): 0.7}, 4, "contradicted")])
+def test_b5_weak_scaling_efficiency_at_the_largest_count(effs, n, verdict):
+    v = V.b5(scaling_rows(effs, n), {"workloads": ["ppo", "lm_dp"], "recipes": ["bf16"]})
+    assert v.verdict == verdict and v.hardware == "h200"
+    assert v.key_number.startswith(f"weak-scaling efficiency at {n} GPUs: ppo bf16 "
+                                   f"{effs[('ppo', 'bf16')]:.2f}; ppo fp8-delayed")
+    assert "(FP8/BF16 0.90x)" in v.key_number and "Not recorded at" in v.note
+    assert "lm_dp bf16" in v.note
+
+
+def test_b5_simulated_devices_never_count():
+    sim = scaling_rows({("ppo", "bf16"): 1.0}, 8, "cpu", "cpu", simulated=True)
+    assert V.b5(sim).verdict == "not yet measured"
