@@ -404,3 +404,42 @@ def test_fuzz_nvfp4_quantize(shape, block, fill, rounding, key):
         assert np.isnan(d).all()  # a NaN block dequantizes to NaN
     else:
         assert np.all(d == want), (fill, d)
+
+
+# ------------------------------------------------------------------------ verdict files
+
+VERDICT = {"claim": "A2", "verdict": "partly", "key_number": "1.38x", "hardware": "h200",
+           "source": "results/h200/rl_throughput", "note": "", "emulated": False}
+
+
+@FUZZ
+@given(st.sampled_from(list(VERDICT) + ["verdic", "stale", None]),
+       st.sampled_from(ANY_VALUES + ["maybe", "reproduced", "A3", "A2", False, "drop"]),
+       st.sampled_from([None, 0.2, 0.7]))
+def test_fuzz_verdict_files(tmp_path_factory, monkeypatch, key, value, cut):
+    from repro.claims import ledger
+    from repro.claims.verdicts import VERDICTS
+
+    folder = tmp_path_factory.mktemp("verdicts")
+    monkeypatch.setenv("REPRO_VERDICTS", str(folder))
+    data = dict(VERDICT)
+    if key is not None:
+        if value == "drop":
+            data.pop(key, None)
+        else:
+            data[key] = value
+    kinds = {"claim": str, "emulated": bool}
+    good = (not cut and set(data) <= set(VERDICT) and data.get("claim") == "A2"
+            and data.get("verdict") in VERDICTS and all(
+                type(data[k]) is kinds.get(k, str) for k in data))
+    path = folder / "A2.json"
+    text = json.dumps(data)
+    path.write_text(text[: int(len(text) * cut)] if cut else text)
+    try:
+        rows = ledger.ledger()
+    except ValueError as e:
+        assert not good and _one_line(e).startswith(f"{path}: "), (data, str(e))
+        return
+    assert good, (key, value, cut)
+    row = next(r for r in rows if r["claim"] == "A2")
+    assert {k: row[k] for k in data if k in row} == {k: data[k] for k in data if k in row}

@@ -10,6 +10,7 @@ import pytest
 from repro import results
 from repro.analysis import rl as rl_analysis
 from repro.analysis import stats
+from repro.claims import ledger
 from repro.hardware import lookup
 
 HW = lookup("cpu")
@@ -140,3 +141,52 @@ def test_speedups_name_the_cell_whose_denominator_is_zero():
     with pytest.raises(ValueError, match=r"env_steps_per_s of fp8-delayed vs bf16 at h200, "
                                          r"mlp, 4096, 2048: cannot divide 2.0 by 0.0"):
         rl_analysis.speedups(table, "fp8-delayed", ["bf16"])
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+@pytest.fixture
+def verdicts(tmp_path, monkeypatch):
+    monkeypatch.setenv("REPRO_VERDICTS", str(tmp_path))
+    return tmp_path
+
+
+GOOD = {"claim": "A2", "verdict": "partly", "key_number": "1.38x", "hardware": "h200",
+        "source": "results/h200/rl_throughput", "note": "", "emulated": False}
+
+
+@pytest.mark.parametrize("data, want", [
+    ({**GOOD, "verdict": "maybe"}, "unknown verdict 'maybe' for claim A2; valid: reproduced"),
+    ({**GOOD, "verdic": "partly"}, "unknown field 'verdic' (did you mean 'verdict'?)"),
+    ({k: v for k, v in GOOD.items() if k != "verdict"}, "missing field(s) verdict"),
+    ({**GOOD, "claim": "A3"}, "holds claim 'A3', not 'A2'"),
+    ({**GOOD, "emulated": "no"}, "emulated must be bool, got 'no'"),
+    ({**GOOD, "key_number": 1.38}, "key_number must be str, got 1.38"),
+    ([GOOD], "expected a JSON object, got list"),
+])
+def test_a_bad_verdict_file_is_named_not_accepted(verdicts, data, want):
+    path = verdicts / "A2.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError) as e:
+        ledger.ledger()
+    assert str(e.value).startswith(f"{path}: ") and want in str(e.value)
+
+
+def test_a_truncated_verdict_file_names_itself(verdicts):
+    path = verdicts / "A2.json"
+    path.write_text(json.dumps(GOOD, indent=1)[:60])
+    with pytest.raises(ValueError, match=rf"^{path}: not valid JSON \(Unterminated string"):
+        ledger.ledger()
+
+
+def test_a_good_verdict_file_reads_back_exactly(verdicts):
+    (verdicts / "A2.json").write_text(json.dumps(GOOD))
+    row = next(r for r in ledger.ledger() if r["claim"] == "A2")
+    assert {k: row[k] for k in GOOD} == GOOD
+
+
+def test_write_verdict_refuses_the_wrong_types(verdicts):
+    with pytest.raises(ValueError, match="emulated must be bool, got 1"):
+        ledger.write_verdict("A2", "partly", "1.38x", "h200", "x", "", 1)
+    assert not list(verdicts.iterdir())

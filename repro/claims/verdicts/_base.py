@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from importlib import resources
 from typing import Any
 
@@ -30,6 +30,11 @@ class Verdict:
         if self.verdict not in VERDICTS:
             raise ValueError(f"unknown verdict {self.verdict!r} for claim {self.claim}; "
                              f"valid: {', '.join(VERDICTS)}")
+        for f in fields(self):
+            v, kind = getattr(self, f.name), bool if f.name == "emulated" else str
+            if type(v) is not kind:
+                raise ValueError(f"verdict of claim {self.claim}: {f.name} must be "
+                                 f"{kind.__name__}, got {v!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
