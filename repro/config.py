@@ -151,6 +151,15 @@ def section(name: str, schema: type | None = None, profile: str | None = None,
                   where)
 
 
+def check_mapping(values: dict[str, Any], schema: type, where: str):
+    """A section a study reads as a plain mapping, checked against ``schema`` (a
+    :class:`Section` dataclass) as :func:`section` checks a typed one: unknown keys, types,
+    positive sizes, recipe names. ``where``: the key path named in errors (e.g.
+    ``"params.yaml: inference.smoke"``). Returns the typed object; the mapping is unchanged."""
+    _check_keys({k: v for k, v in values.items() if k != "profile"}, _yaml_fields(schema), where)
+    return _build(schema, values, where)
+
+
 # ---------------------------------------------------------------------------- validation
 
 

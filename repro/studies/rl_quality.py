@@ -170,7 +170,11 @@ def random_cell(env_name: str, p: Params) -> list[dict[str, Any]]:
 def check(p: Params) -> None:
     for env_name in p.envs:
         for v in p.variants:
-            quality_config(env_name, v, p)  # every cell's PPO config, before the first run
+            try:  # every cell's PPO config, before the first run
+                quality_config(env_name, v, p)
+            except ValueError as e:
+                raise ValueError(f"rl_quality: the PPO config of ppo and envs.{env_name} "
+                                 f"(variant {v}): {e}") from None
 
 
 def cells(p: Params) -> list[Cell]:
