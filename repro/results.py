@@ -383,7 +383,7 @@ def read_json(path: Path) -> Any:
         with open(path) as f:
             return json.load(f)
     except json.JSONDecodeError as e:
-        raise RecordError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column "
+        raise RecordError(f"{path}: not valid JSON ({e.msg}: line {e.lineno} column "
                           f"{e.colno}): a truncated or hand-edited file? restore it from git "
                           "or record the cell again") from None
     except (OSError, UnicodeDecodeError) as e:

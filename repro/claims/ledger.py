@@ -58,7 +58,7 @@ def read_verdict(path: Path, claim: str) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column "
+        raise ValueError(f"{path}: not valid JSON ({e.msg}: line {e.lineno} column "
                          f"{e.colno}): restore it from git or rerun its notebook") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
