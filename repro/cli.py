@@ -13,7 +13,8 @@
 ``build/results/`` (smoke, scratch). ``notebook`` converts ``notebooks/NAME.py`` (Jupytext
 py:percent) to ``build/notebooks/NAME.ipynb`` and executes it with papermill into
 ``build/notebooks/NAME.out.ipynb`` (``repro.run_notebook``); every DVC stage runs it. Bad input
-prints one line ``repro: error: ...`` and exits 2 before anything is written.
+prints one line ``repro: error: ...`` and exits 2 before anything is written; any other error
+prints one line and exits 1 (``--debug``: the traceback instead).
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ import os
 import re
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from repro.cli_checks import (UsageError, check_cpu_full, check_label, notebook_profile,
+                              number, parse_params, split, text)
 from repro.config import ConfigError
 
 EPILOG = """\
@@ -38,12 +41,12 @@ environment:
   REPRO_MEMORY_LIMIT_BYTES, REPRO_DISTRIBUTED: see repro.models.lm_data and
                     repro.models.sharding (a shared machine's memory; multi-host detection)
 
-exit status: 0 done, 1 a cell, notebook or check failed, 2 bad input (nothing written),
-130 interrupted (finished cells are kept: rerun the same command to resume)"""
+errors: one line `repro: error: ...` naming the file, key or argument; --debug shows the
+traceback instead.
 
-
-class UsageError(Exception):
-    """Bad command-line input: reported as one line, exit status 2."""
+exit status: 0 done, 1 a cell, notebook or check failed (or another error), 2 bad input
+(nothing written), 130 interrupted (finished cells are kept: rerun the same command to
+resume)"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -70,11 +73,12 @@ def _profile(arg: str | None) -> str:
     from repro import config
 
     params = config.load_params()
-    return config.resolve_profile(arg if arg is not None else params.get("profile", "smoke"))
-
-
-def _split(values: list[str] | None) -> list[str] | None:
-    return [v for item in values for v in item.split(",") if v] if values else None
+    if arg is None:
+        return config.resolve_profile(params.get("profile", "smoke"))
+    try:
+        return config.resolve_profile(arg)
+    except ConfigError as e:
+        raise UsageError(f"--profile: {e}") from None
 
 
 # ------------------------------------------------------------------------------- record
@@ -87,19 +91,26 @@ def _plan(args, profile: str) -> list[tuple[str, Any, Any]]:
     from repro.studies import runner
 
     every = args.experiment == "all"
+    check_label(args)
     if every and (args.only or args.recipe):
         raise UsageError("--only and --recipe select cells of one experiment; they do not "
                          "apply to `repro record all`")
     raw, out = config.load_params(), []
     inputs = {"purejaxrl": args.purejaxrl} if args.purejaxrl else {}
     for name in studies.EXPERIMENTS if every else [args.experiment]:
+        studies.check_params(name, raw)
         s, p = studies.study(name), studies.params(name, profile, raw)
         mine = {k: v for k, v in inputs.items() if not every or hasattr(p, k)}
         if every and (missing := [r for r in s.requires if r not in mine]):
             print(f"repro: skipping {name}: it needs --{missing[0]}", file=sys.stderr)
             continue
         p = studies.with_inputs(name, p, mine)
-        runner.plan(s, p, args.only, _split(args.recipe))
+        try:
+            runner.plan(s, p, args.only, split(args.recipe))
+        except ValueError as e:  # say which experiment, where the message does not
+            if every and not str(e).startswith(name):
+                raise type(e)(f"{name}: {e}") from None
+            raise
         out.append((name, s, p))
     return out
 
@@ -117,7 +128,7 @@ def _run(args, study, params, root: Path, budget: float | None):
     from repro.studies import runner
 
     return runner.run(study, params, root, force=args.force, only=args.only,
-                      recipes=_split(args.recipe), time_budget_s=budget,
+                      recipes=split(args.recipe), time_budget_s=budget,
                       hardware=args.hardware, note=args.note)
 
 
@@ -130,11 +141,13 @@ def _report(name: str, profile: str, out, root: Path) -> str:
 
 
 def cmd_record(args) -> int:
-    from repro import results
+    from repro import results, studies
 
     if args.experiment != "all":
         _check_experiment(args.experiment)
     profile = _profile(args.profile)
+    check_cpu_full(args, profile, list(studies.EXPERIMENTS) if args.experiment == "all"
+                   else [args.experiment])
     plan = _plan(args, profile)
     _check_numerics(profile)
     root = results.record_root(profile)
@@ -214,9 +227,11 @@ def cmd_trace(args) -> int:
     from repro.studies import runner
 
     profile = _profile(args.profile or "full")
+    check_label(args)
     shapes = K.parse_shapes(args.shapes) if args.shapes else K.MLP_GEMMS
     p = K.Params(profile=profile, workload=args.workload, steps=args.steps, shapes=shapes,
-                 recipes=tuple(_split(args.recipes) or K.default_recipes(args.workload)),
+                 recipes=tuple(split(args.recipes, "--recipes")
+                               or K.default_recipes(args.workload)),
                  width=args.width, depth=args.depth, num_envs=args.num_envs, batch=args.batch,
                  size=args.size)
     runner.plan(K.STUDY, p)
@@ -247,27 +262,12 @@ def cmd_check(args) -> int:
 def cmd_notebook(args) -> int:
     from repro import run_notebook
 
-    params = _parse_params(args.param)
-    profile = _profile(args.profile if args.profile is not None else params.pop("profile", None))
+    params = parse_params(args.param)
+    profile = _profile(notebook_profile(args.profile, params.pop("profile", None)))
     try:
         return run_notebook.run(args.name, profile, params)
     except run_notebook.NotebookError as e:
         raise UsageError(str(e)) from None
-
-
-def _parse_params(pairs: list[str] | None) -> dict[str, Any]:
-    import yaml
-
-    out = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.isidentifier():
-            raise UsageError(f"-p expects key=value with a Python identifier as key, got {pair!r}")
-        try:
-            out[key] = yaml.safe_load(value) if value else ""
-        except yaml.YAMLError:
-            out[key] = value
-    return out
 
 
 def cmd_claims(args) -> int:
@@ -421,9 +421,10 @@ def _version() -> str:
 def _recording_options(r: argparse.ArgumentParser) -> None:
     r.add_argument("--profile", help="smoke | full | auto (default: params.yaml's profile)")
     r.add_argument("--force", action="store_true", help="redo cells already recorded")
-    r.add_argument("--hardware", metavar="SLUG",
-                   help="record under this hardware name instead of the detected one")
-    r.add_argument("--note", metavar="TEXT",
+    r.add_argument("--hardware", metavar="SLUG", type=text,
+                   help="record under this name instead of the detected one (a machine the "
+                   "registry lacks; a registry name must match the detected device)")
+    r.add_argument("--note", metavar="TEXT", type=text,
                    help="a run_note for every record (e.g. what ran beside this job)")
 
 
@@ -434,12 +435,13 @@ def _add_trace(sub) -> None:
     t.add_argument("--recipes", action="append", metavar="R",
                    help="recipes (gemm: dtypes); default bf16,fp8-delayed (gemm: bf16,fp8)")
     t.add_argument("--shapes", help="gemm: MxKxN,... one cell each (default: mlp_step's GEMMs)")
-    t.add_argument("--width", type=int, default=256, help="mlp, ppo: width")
-    t.add_argument("--depth", type=int, default=3, help="mlp: depth")
-    t.add_argument("--num-envs", type=int, default=2048, help="ppo: the cell's envs")
-    t.add_argument("--batch", type=int, help="mlp: rows (65536); lm: sequences (64)")
+    size = number(int, 0, "expected a positive integer")
+    t.add_argument("--width", type=size, default=256, help="mlp, ppo: width")
+    t.add_argument("--depth", type=size, default=3, help="mlp: depth")
+    t.add_argument("--num-envs", type=size, default=2048, help="ppo: the cell's envs")
+    t.add_argument("--batch", type=size, help="mlp: rows (65536); lm: sequences (64)")
     t.add_argument("--size", default="20m", help="lm: model preset")
-    t.add_argument("--steps", type=int, default=5, help="steps traced per recipe")
+    t.add_argument("--steps", type=size, default=5, help="steps traced per recipe")
     t.set_defaults(func=cmd_trace)
 
 
@@ -461,8 +463,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only the cells whose name matches (repeatable), e.g. 'mlp_w4096_*'")
     r.add_argument("--recipe", action="append", metavar="R",
                    help="only these recipes (repeat or comma-separate)")
-    r.add_argument("--time-budget", type=float, metavar="S",
+    r.add_argument("--time-budget", type=number(float, 0, "expected seconds > 0"), metavar="S",
                    help="start no cell after S seconds (a checkpointing cell stops at S)")
+    r.add_argument("--yes", action="store_true",
+                   help="run a full-profile study on a CPU (refused without it: it is sized "
+                   "for a GPU and would take days)")
     r.add_argument("--purejaxrl", metavar="DIR",
                    help="rl_purejaxrl: a checkout of github.com/luchris429/purejaxrl")
     r.set_defaults(func=cmd_record)
@@ -503,33 +508,35 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_claims)
 
     s = sub.add_parser("site", help="build the static HTML documentation site")
-    s.add_argument("--out", metavar="DIR", help="output directory (default build/site)")
+    s.add_argument("--out", metavar="DIR", type=text, help="output directory (default "
+                   "build/site; an existing one only if a build made it)")
     s.set_defaults(func=cmd_site)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; the exit status (see the epilog). As the ``repro`` command (no
+    ``argv``), an interrupt ends the process at once with 130 after flushing its output: every
+    finished cell is on disk by then (writes are atomic), and the interpreter's shutdown with
+    XLA's threads still running can crash (exit 139)."""
+    status = _main(sys.argv[1:] if argv is None else list(argv))
+    if argv is None and status == 130:
+        with suppress(OSError, ValueError):
+            sys.stdout.flush(), sys.stderr.flush()
+        os._exit(130)
+    return status
+
+
+def _main(argv: list[str]) -> int:
     from repro.studies.runner import CellsFailed
 
-    argv = sys.argv[1:] if argv is None else list(argv)
-    debug = "--debug" in argv
-    parser = build_parser()
+    debug, parser = "--debug" in argv, build_parser()
     try:
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()
             return 0
         return args.func(args)
-    except (UsageError, ConfigError, ValueError) as e:
-        if debug:
-            raise
-        print(f"repro: error: {_one_line(e)}", file=sys.stderr)
-        return 2
-    except CellsFailed as e:
-        if debug:
-            raise
-        print(f"repro: error: {_one_line(e)}", file=sys.stderr)
-        return 1
     except BrokenPipeError:  # `repro claims --json | head`: not an error
         sys.stdout = open(os.devnull, "w")
         return 0
@@ -539,6 +546,14 @@ def main(argv: list[str] | None = None) -> int:
         print("repro: interrupted; finished cells are kept: rerun the same command to resume",
               file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - every error reaching here is one line
+        if debug:
+            raise
+        usage = isinstance(e, (UsageError, ConfigError, ValueError))
+        line = _one_line(e) if usage or isinstance(e, CellsFailed) else \
+            f"{type(e).__name__}: {_one_line(e)} (--debug shows the traceback)"
+        print(f"repro: error: {line}", file=sys.stderr)
+        return 2 if usage else 1
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ each with ``smoke`` and ``full`` sub-sections and optionally ``common``, shared 
 
 A study declares its parameters as a frozen dataclass derived from :class:`Section`;
 :func:`section` merges ``common`` under the profile's sub-section and builds that dataclass:
-types checked, sizes positive (fields made with :func:`positive`), recipe names checked against
+types checked (floats finite), sizes positive (fields made with :func:`positive`), fractions in
+(0, 1] (:func:`fraction`), recipe names checked against
 the registry (:func:`recipe_names`), unknown keys rejected with the nearest valid key
 suggested. Every error is one line naming the file and the key path::
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import types
 import typing
 from pathlib import Path
@@ -46,6 +48,11 @@ class Section:
 def positive(default: Any = dataclasses.MISSING, **kw) -> Any:
     """A dataclass field whose numbers (every one, in lists too) must be > 0."""
     return dataclasses.field(default=default, metadata={"positive": True}, **kw)
+
+
+def fraction(default: Any = dataclasses.MISSING, **kw) -> Any:
+    """A dataclass field holding a fraction: a number in (0, 1]."""
+    return dataclasses.field(default=default, metadata={"fraction": True}, **kw)
 
 
 def recipe_names(default: Any = dataclasses.MISSING, **kw) -> Any:
@@ -81,7 +88,10 @@ def load_params(path: str | Path | None = None) -> dict[str, Any]:
         raise ConfigError(f"{path}: malformed YAML{where}: {getattr(e, 'problem', e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    resolve_profile(data.get("profile", "smoke"))  # validate early
+    try:
+        resolve_profile(data.get("profile", "smoke"))  # validate early
+    except ConfigError as e:
+        raise ConfigError(f"{path.name}: profile: {e}") from None
     for name, sec in data.items():
         if isinstance(sec, dict):
             _check_keys(sec, SUBSECTIONS, f"{path.name}: {name}")
@@ -141,6 +151,15 @@ def section(name: str, schema: type | None = None, profile: str | None = None,
                   where)
 
 
+def check_mapping(values: dict[str, Any], schema: type, where: str):
+    """A section a study reads as a plain mapping, checked against ``schema`` (a
+    :class:`Section` dataclass) as :func:`section` checks a typed one: unknown keys, types,
+    positive sizes, recipe names. ``where``: the key path named in errors (e.g.
+    ``"params.yaml: inference.smoke"``). Returns the typed object; the mapping is unchanged."""
+    _check_keys({k: v for k, v in values.items() if k != "profile"}, _yaml_fields(schema), where)
+    return _build(schema, values, where)
+
+
 # ---------------------------------------------------------------------------- validation
 
 
@@ -178,6 +197,8 @@ def _build(schema: type, values: dict, path: str, where: dict[str, str] | None =
         v = _convert(values[f.name], hints[f.name], at)
         if f.metadata.get("positive"):
             _check_positive(v, at)
+        if f.metadata.get("fraction") and v is not None and not 0 < v <= 1:
+            _fail(at, f"must be a fraction in (0, 1], got {v!r}")
         if f.metadata.get("recipe"):
             _check_recipes(v, at)
         kwargs[f.name] = v
@@ -223,6 +244,8 @@ def _convert(v: Any, tp: Any, at: str) -> Any:
         kt, vt = args or (Any, Any)
         return {_convert(k, kt, at): _convert(x, vt, f"{at}.{k}") for k, x in v.items()}
     if tp is float and isinstance(v, (int, float)) and not isinstance(v, bool):
+        if not math.isfinite(v):
+            _fail(at, f"expected a finite number, got {v!r}")
         return float(v)
     if tp in (int, str, bool) and type(v) is tp:
         return v

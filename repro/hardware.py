@@ -95,3 +95,110 @@ def detect() -> HardwareInfo:
     cc = getattr(dev, "compute_capability", None)
     info = from_device_name(dev.device_kind, backend, str(cc) if cc else None)
     return info
+
+
+# ------------------------------------------------------------------- recording identity
+
+
+def _registered_as(label: str) -> str | None:
+    """The registry entry a ``--hardware`` label names: its slug, or a ``match`` substring."""
+    slug = _slugify(label)
+    if slug in registry():
+        return slug
+    hits = [(len(m), s) for s, e in registry().items() for m in e["match"]
+            if m.lower() in label.lower()]
+    return max(hits)[1] if hits else None
+
+
+def check_label(label: str, detected: HardwareInfo | None = None) -> str:
+    """The folder name ``repro record --hardware LABEL`` records under, or a one-line
+    ``ValueError``. A label may name a machine the registry lacks; one that names a registry
+    entry must agree with the detected device (same backend, same compute capability, the same
+    entry where the device is registered): records say which device made them."""
+    slug = _slugify(label)
+    if not slug:
+        raise ValueError(f"--hardware {label!r}: a name needs letters or digits")
+    info = detected or detect()
+    entry = _registered_as(label)
+    if entry is None or entry == info.slug:
+        return slug
+    e = lookup(entry)
+    if e.backend != info.backend:
+        why = f"it names {e.name} ({e.backend.upper()}) and JAX runs on the {info.backend.upper()}"
+    elif e.compute_capability and info.compute_capability and \
+            e.compute_capability != info.compute_capability:
+        why = (f"it names {e.name} (compute capability {e.compute_capability}) and this "
+               f"device has compute capability {info.compute_capability}")
+    elif info.slug in registry():
+        why = f"it names {e.name} and this device is {info.name} ({info.slug})"
+    else:
+        return slug  # an unregistered device of the same kind, e.g. a variant of the entry
+    raise ValueError(f"--hardware {label!r} contradicts the detected device: {why}; leave "
+                     f"--hardware out (records go under {info.slug!r}) or name a machine the "
+                     "registry lacks")
+
+
+def _gpu_hours(recs: list[dict[str, Any]]) -> float:
+    """Seconds between consecutive cells of one hardware (gaps under two hours: one sitting;
+    each sitting's first cell is not counted): the time a run of those cells took there."""
+    import datetime as dt
+
+    ts = sorted(dt.datetime.fromisoformat(r["timestamp"]) for r in recs if r.get("timestamp"))
+    return sum(g for g in ((b - a).total_seconds() for a, b in zip(ts, ts[1:])) if g < 7200)
+
+
+@functools.cache
+def _cpu_matmul_tflops(n: int = 512) -> float:
+    import time
+
+    import jax
+    import jax.numpy as jnp
+
+    a = jnp.ones((n, n), jnp.bfloat16)
+    f = jax.jit(lambda a: a @ a)
+    f(a).block_until_ready()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        f(a).block_until_ready()
+    return 2 * n ** 3 * 3 / (time.perf_counter() - t0) / 1e12
+
+
+def _human(seconds: float) -> str:
+    for unit, s in (("weeks", 604800), ("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds >= 2 * s:
+            return f"{seconds / s:.0f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def cpu_estimate(experiment: str, root) -> str:
+    """Roughly how long ``experiment``'s full profile would take on this CPU: the time its
+    committed cells took on a GPU (cell timestamps under ``root``, i.e. ``results/``), times
+    how much slower this CPU multiplies BF16 matrices than that GPU's recorded GEMMs."""
+    import json
+    from pathlib import Path
+
+    def records(folder: str, hw: Path) -> list[dict[str, Any]]:
+        out = []
+        for p in sorted((hw / folder).glob("*.json")):
+            try:
+                data = json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue
+            out += [r for r in (data if isinstance(data, list) else [data])
+                    if isinstance(r, dict)]
+        return out
+
+    best = None
+    for hw in sorted(Path(root).glob("*/")):
+        recs = [r for r in records(experiment, hw) if r.get("backend") == "gpu"]
+        gemm = [r.get("value") for r in records("gemm", hw) if r.get("metric") == "tflops"
+                and r.get("recipe") == "bf16" and isinstance(r.get("value"), (int, float))]
+        if recs and gemm and (best is None or len(recs) > best[1]):
+            best = (hw.name, len(recs), _gpu_hours(recs), max(gemm))
+    if best is None:
+        return f"no GPU records of {experiment} under {root} to estimate its time from"
+    name, _, gpu_s, gpu_tflops = best
+    slower = gpu_tflops / _cpu_matmul_tflops()
+    return (f"its cells took about {_human(gpu_s)} on the {name} (by their records' "
+            f"timestamps) and this CPU multiplies BF16 matrices about {slower:,.0f}x slower "
+            f"than the {name}'s recorded GEMMs: roughly {_human(gpu_s * slower)} here")

@@ -12,6 +12,10 @@ jaxlib or flax version) other than this checkout's, with the reason and the comm
 Records are written to ``results/<hardware-slug>/<experiment>/<cell>.json``: one file per
 resumable cell (a recipe, a size, an environment), so a long study accumulates over several runs
 and a finished cell is skipped (``have_cell``). Writes are atomic (temp file + rename).
+
+Records are checked when written and when read (:func:`check_record`): a throughput or a
+duration must be a finite number > 0, a size or a count finite and >= 0; a record that is not
+is refused at write and named, with its file, at load (:class:`RecordError`), never dropped.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import json
+import math
 import os
 import re
 import subprocess
@@ -210,8 +215,7 @@ def read_cell(experiment: str, cell: str, hardware: str | None = None,
     path = cell_path(experiment, cell, hardware, root)
     if not path.exists():
         return None
-    with open(path) as f:
-        data = json.load(f)
+    data = read_json(path)
     return data if isinstance(data, list) else [data]
 
 
@@ -284,6 +288,10 @@ def write_records(records: list[dict[str, Any]], experiment: str, cell: str,
     """Write one cell's records atomically under ``root`` (default ``results/``)."""
     if not records:
         raise ValueError(f"no records to write for {experiment}/{cell}")
+    for i, rec in enumerate(records):
+        if problem := check_record(rec):
+            raise RecordError(f"{experiment}/{cell}: record {i}{_what(rec)}: {problem}; "
+                              "nothing was written")
     path = cell_path(experiment, cell, records[0]["hardware"], root)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
@@ -324,6 +332,8 @@ def load_records(experiment: str | None = None,
     line; ``stale_summary``: the same without the record's commit) and ``stale_since`` (the
     first commit that changed its code, where git knows it).
     Stale rows are kept: each analysis decides what to do with them, and says so.
+    A file that is not valid JSON, or a record that fails :func:`check_record` (and is not a
+    known defect), raises :class:`RecordError` naming the file.
     """
     from repro.provenance import Checker
 
@@ -336,9 +346,9 @@ def load_records(experiment: str | None = None,
     pattern = f"*/{_safe(experiment)}/*.json" if experiment else "*/*/*.json"
     for root in map(Path, roots):
         for path in sorted(root.glob(pattern)):
-            with open(path) as f:
-                data = json.load(f)
-            for rec in data if isinstance(data, list) else [data]:
+            data = read_json(path)
+            for i, rec in enumerate(data if isinstance(data, list) else [data]):
+                _check_loaded(rec, path, i)
                 rec = dict(rec)
                 rec["source"] = str(path)
                 rec["defect"] = defect_of(rec)
@@ -367,8 +377,7 @@ def stale_cells(roots: Path | Iterable[Path] | None = None) -> list[dict[str, An
     checker, out = Checker(), []
     for root in map(Path, roots):
         for path in sorted(root.glob("*/*/*.json")):
-            with open(path) as f:
-                data = json.load(f)
+            data = read_json(path)
             recs = [r for r in (data if isinstance(data, list) else [data])
                     if isinstance(r, dict) and not defect_of(r)]
             verdicts = [checker(r) for r in recs]
@@ -385,3 +394,82 @@ def stale_cells(roots: Path | Iterable[Path] | None = None) -> list[dict[str, An
                 "since": next((v.since for v in stale if v.since), None),
                 "claims": sorted({c for r in recs for c in r.get("claims") or []})})
     return out
+
+
+# ------------------------------------------------------------------------------ checks
+
+
+class RecordError(ValueError):
+    """A record file or a record that cannot be used: one line naming the file."""
+
+
+# A throughput or a duration is what ratios divide by: finite and > 0 (0 is a failed
+# measurement). A share of a step by kernel class (kernel_times' ``attention_ms_per_step``...)
+# may be 0. Sizes and counts: finite and >= 0. Any other unit is an outcome (a return, a loss,
+# an error, a flag): a number, where NaN or inf stand for a run that diverged.
+_DURATIONS = ("ms", "s", "us", "ns")
+_SIZES = ("bytes", "kernels")
+_WHOLE_STEP = ("wall_ms_per_step", "kernel_ms_per_step")
+REQUIRED = ("experiment", "hardware", "metric", "value", "unit")
+
+
+def _kind(metric: str, unit: str) -> str:
+    if unit.endswith("/s"):
+        return "throughput"
+    if unit in _DURATIONS:
+        share = metric.endswith("_ms_per_step") and metric not in _WHOLE_STEP
+        return "share" if share else "duration"
+    return "size" if unit in _SIZES else "outcome"
+
+
+def check_record(rec: Any) -> str | None:
+    """What is wrong with one record (a phrase), or None: the fields every analysis reads,
+    and the value by unit (see the module docstring)."""
+    if not isinstance(rec, dict):
+        return f"expected an object, got {type(rec).__name__}"
+    if missing := [k for k in REQUIRED if k not in rec]:
+        return f"missing field(s) {', '.join(missing)}"
+    metric, unit, v = rec["metric"], rec["unit"], rec["value"]
+    if not isinstance(metric, str) or not isinstance(unit, str):
+        return f"metric and unit must be strings, got {metric!r}, {unit!r}"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return f"value must be a number, got {v!r}"
+    kind = _kind(metric, unit)
+    if kind == "outcome":
+        return None
+    if not math.isfinite(v):
+        return f"value {v} is not finite; a {kind} ({unit}) must be a finite number"
+    if kind in ("throughput", "duration") and v <= 0:
+        return f"value {v!r} is not > 0; a {kind} ({unit}) must be > 0"
+    if v < 0:
+        return f"value {v!r} is negative; a {kind} ({unit}) must be >= 0"
+    return None
+
+
+def _what(rec: Any) -> str:
+    if not isinstance(rec, dict):
+        return ""
+    bits = [str(rec[k]) for k in ("metric", "recipe") if rec.get(k)]
+    return f" ({', '.join(bits)})" if bits else ""
+
+
+def _check_loaded(rec: Any, path: Path, i: int) -> None:
+    if isinstance(rec, dict) and defect_of(rec):
+        return  # a known defect: out of the analyses, kept as it was recorded
+    if problem := check_record(rec):
+        raise RecordError(f"{path}: record {i}{_what(rec)}: {problem} (fix or remove the "
+                          "file, or list the record in repro/data/defects.yaml)")
+
+
+def read_json(path: Path) -> Any:
+    """The JSON of a record file; a :class:`RecordError` naming the file if it is not JSON
+    (e.g. truncated) or cannot be read."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise RecordError(f"{path}: not valid JSON ({e.msg}: line {e.lineno} column "
+                          f"{e.colno}): a truncated or hand-edited file? restore it from git "
+                          "or record the cell again") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RecordError(f"{path}: cannot be read: {e}") from None

@@ -22,6 +22,7 @@ import difflib
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -41,33 +42,66 @@ def names(root: Path) -> list[str]:
 
 
 def source_of(root: Path, name: str) -> Path:
-    name = Path(name).name.removesuffix(".py")
+    given, name = name, Path(name).name.removesuffix(".py")
     source = root / "notebooks" / f"{name}.py"
     if not source.is_file():
-        raise NotebookError(f"no notebook {name!r} (looked for {source.relative_to(root)}); "
+        raise NotebookError(f"no notebook {given!r} (looked for {source.relative_to(root)}); "
                             f"available: {', '.join(names(root)) or 'none'}")
     return source
 
 
-def declared_parameters(nb) -> list[str]:
-    """The names the notebook's cell tagged ``parameters`` assigns."""
-    out: list[str] = []
+def declared_parameters(nb) -> dict[str, Any]:
+    """The names the notebook's cell tagged ``parameters`` assigns, with their default values
+    (None where a default is not a literal)."""
+    out: dict[str, Any] = {}
     for cell in nb.cells:
         if cell.cell_type == "code" and "parameters" in cell.metadata.get("tags", []):
             for node in ast.parse(cell.source).body:
                 targets = node.targets if isinstance(node, ast.Assign) else \
                     [node.target] if isinstance(node, ast.AnnAssign) else []
-                out += [t.id for t in targets if isinstance(t, ast.Name)]
+                try:
+                    default = ast.literal_eval(node.value) if node.value is not None else None
+                except (ValueError, TypeError, SyntaxError, AttributeError):
+                    default = None
+                out.update({t.id: default for t in targets if isinstance(t, ast.Name)})
     return out
 
 
-def check_parameters(name: str, declared: list[str], given: dict[str, Any]) -> None:
-    for key in given:
+def _kind(v: Any) -> str:
+    return {bool: "bool", int: "number", float: "number", str: "text"}.get(type(v),
+                                                                          type(v).__name__)
+
+
+def check_parameters(name: str, declared: dict[str, Any], given: dict[str, Any]) -> None:
+    """Every ``-p`` key a declared parameter, its value of the default's kind (a number for a
+    number, text for text...; any value where the default is None) and finite."""
+    for key, value in given.items():
         if key not in declared:
-            near = difflib.get_close_matches(key, declared, n=1)
+            near = difflib.get_close_matches(key, list(declared), n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             raise NotebookError(f"-p {key}: notebook {name} has no parameter {key!r}{hint}; "
                                 f"its parameters: {', '.join(declared) or 'none'}")
+        default = declared[key]
+        if default is not None and _kind(value) != _kind(default):
+            raise NotebookError(f"-p {key}={value!r}: notebook {name}'s {key} is "
+                                f"{_kind(default)} (default {default!r})")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise NotebookError(f"-p {key}={value!r}: expected a finite number")
+
+
+def _empty_scratch(scratch: Path) -> None:
+    """Empty a notebook's scratch folder, which holds only the records its last run wrote
+    (``HARDWARE/EXPERIMENT/CELL.json``); a folder holding anything else is left alone and
+    refused in one line: a command deletes only what it created."""
+    if not scratch.exists():
+        return
+    foreign = [p for p in scratch.rglob("*") if p.is_file() and (
+        p.suffix != ".json" or len(p.relative_to(scratch).parts) != 3)]
+    if foreign or not scratch.is_dir():
+        what = foreign[0].relative_to(scratch) if foreign else "a file"
+        raise NotebookError(f"{scratch}: holds {what}, which is not a record; the notebook's "
+                            "scratch folder is emptied before each run: move it away")
+    shutil.rmtree(scratch)
 
 
 def _require_kernel() -> None:
@@ -156,7 +190,7 @@ def run(name: str, profile: str, extra: dict[str, Any] | None = None) -> int:
     params = {**(extra or {}), "profile": profile}
     if "scratch" in declared and "scratch" not in params:
         scratch = root / "build" / "results" / name
-        shutil.rmtree(scratch, ignore_errors=True)
+        _empty_scratch(scratch)
         params["scratch"] = str(scratch)
     _require_kernel()
     nb_dir, log_dir = root / "build" / "notebooks", root / "build" / "logs"

@@ -7,6 +7,11 @@ figures of ``figures/`` next to them, and writes ``out/index.html``: the claims 
 (``repro.claims.ledger()``: verdict, key number, hardware, record, a link to the notebook page)
 and one entry per notebook with its figures. Open ``build/site/index.html`` in a browser; the
 DVC stage ``site`` (``repro site``) rebuilds it after the notebook stages.
+
+A build replaces ``out`` whole, so it replaces only a folder it built: one holding its marker
+file ``.repro-site`` (written by every build), an empty folder, or (the default
+``build/site``) a site built before markers existed; anything else is refused in one line
+(:class:`SiteError`), and nothing is deleted.
 """
 
 from __future__ import annotations
@@ -20,6 +25,11 @@ from pathlib import Path
 from typing import Any
 
 SUFFIX = ".out.ipynb"
+MARKER = ".repro-site"
+
+
+class SiteError(ValueError):
+    """An output folder the site build may not replace (one line)."""
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 75rem;
@@ -161,13 +171,45 @@ were not run on the hardware's native FP8/FP4 units.</p>
 """
 
 
+def _looks_built(out: Path) -> bool:
+    """Only what a build writes: ``*.html`` pages and ``figures/*.png``."""
+    for p in out.rglob("*"):
+        rel = p.relative_to(out)
+        if not (p.is_dir() and rel == Path("figures")
+                or p.is_file() and (rel.suffix == ".html" and len(rel.parts) == 1
+                                    or rel.parent == Path("figures") and rel.suffix == ".png")):
+            return False
+    return True
+
+
+def check_out(out: Path, default: Path) -> None:
+    """A one-line :class:`SiteError` unless the build may replace ``out`` (module docstring)."""
+    if out.parent.exists() and not out.parent.is_dir():
+        raise SiteError(f"--out {out}: {out.parent} is not a folder")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise SiteError(f"--out {out}: a file is there, not a folder; choose a new folder")
+    if (out / MARKER).is_file() or not any(out.iterdir()):
+        return
+    if out.resolve() == default.resolve() and _looks_built(out):
+        return
+    first = sorted(p.name for p in out.iterdir())[0]
+    raise SiteError(f"--out {out}: not a site this command built (no {MARKER} in it; it holds "
+                    f"{first!r} and {sum(1 for _ in out.iterdir()) - 1} more); the build "
+                    "replaces its folder whole, so choose a new or empty folder")
+
+
 def build_site(root: Path, out: Path | None = None, nb_dir: Path | None = None) -> Path:
     """Build the site from ``root``'s executed notebooks into ``out`` (default
-    ``root/build/site``), replacing it whole; returns the path of ``index.html``."""
+    ``root/build/site``), replacing it whole (only a folder it built: :func:`check_out`);
+    returns the path of ``index.html``."""
     from repro.claims import ledger as claims
 
     root = Path(root)
-    out = Path(out) if out is not None else root / "build" / "site"
+    default = root / "build" / "site"
+    out = Path(out) if out is not None else default
+    check_out(out, default)
     nb_dir = Path(nb_dir) if nb_dir is not None else root / "build" / "notebooks"
     figures = sorted((root / "figures").glob("*.png"))
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -187,6 +229,7 @@ def build_site(root: Path, out: Path | None = None, nb_dir: Path | None = None) 
             notebooks.append(facts)
         (tmp / "index.html").write_text(index_html(claims.ledger(), notebooks),
                                         encoding="utf-8")
+        (tmp / MARKER).write_text("built by `repro site`; the next build replaces this folder\n")
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
         if out.exists():
             shutil.rmtree(out)

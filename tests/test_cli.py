@@ -217,7 +217,8 @@ def test_full_record_refuses_a_device_that_skips_roundings(tmp_path, monkeypatch
     monkeypatch.setattr(studies, "EXPERIMENTS", {"gemm": "repro.studies.gemm"})
     monkeypatch.setattr(numerics_check, "checks", lambda: [
         {"check": "formats.cast to bfloat16 matches ml_dtypes", "ok": False, "required": True}])
-    for argv in (["record", "gemm", "--profile", "full"], ["record", "all", "--profile", "full"]):
+    for argv in (["record", "gemm", "--profile", "full", "--yes"],
+                 ["record", "all", "--profile", "full", "--yes"]):
         assert cli.main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "numerics check failed" in err[0] and "bfloat16" in err[0]

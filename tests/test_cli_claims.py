@@ -198,7 +198,7 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 
 
 def test_record_all_on_a_new_hardware_then_side_by_side(repo, capsys):
-    rc = cli.main(["record", "all", "--profile", "full", "--hardware", "fake-gpu-x"])
+    rc = cli.main(["record", "all", "--profile", "full", "--yes", "--hardware", "fake-gpu-x"])
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     res = repo.root / "results"
@@ -212,7 +212,8 @@ def test_record_all_on_a_new_hardware_then_side_by_side(repo, capsys):
     assert "hardware=fake-gpu-x" in log and "gemm [full]: wrote 2 cell(s)" in log
 
     # A second machine records the same study under its own name ...
-    assert cli.main(["record", "gemm", "--profile", "full", "--hardware", "fake-gpu-y"]) == 0
+    assert cli.main(["record", "gemm", "--profile", "full", "--yes",
+                     "--hardware", "fake-gpu-y"]) == 0
     df = results.load_records("gemm", roots=res)
     assert set(df["hardware"]) == {"fake-gpu-x", "fake-gpu-y"}
     # ... and the records line up side by side: same cells, one row per hardware.
@@ -224,7 +225,7 @@ def test_record_all_on_a_new_hardware_then_side_by_side(repo, capsys):
     # Rerunning the whole flow redoes nothing.
     before = _snapshot(res)
     capsys.readouterr()
-    assert cli.main(["record", "all", "--profile", "full", "--hardware", "fake-gpu-x"]) == 0
+    assert cli.main(["record", "all", "--profile", "full", "--yes", "--hardware", "fake-gpu-x"]) == 0
     out = capsys.readouterr().out
     assert "gemm [full]: wrote 0 cell(s)" in out and "toy [full]: wrote 0 cell(s)" in out
     assert _snapshot(res) == before and repo.calls == list(TOY_CELLS)

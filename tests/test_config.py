@@ -71,7 +71,13 @@ def test_every_study_section_is_typed_for_every_profile():
     for name in studies.EXPERIMENTS:
         for profile in ("smoke", "full"):
             p = studies.params(name, profile, raw)
-            assert isinstance(p, Section) and p.profile == profile
+            if isinstance(p, dict):  # read as a mapping: its study checks it against a schema
+                assert p["profile"] == profile
+                bad = {**p, "repeatz": 3}
+                with pytest.raises(ValueError, match="repeatz"):
+                    studies.study(name).check(bad)
+            else:
+                assert isinstance(p, Section) and p.profile == profile
     gemm = studies.params("gemm", "smoke", raw)
     assert gemm.shapes == ((256, 256, 256), (1024, 128, 128)) and gemm.repeats == 3
 

@@ -292,9 +292,11 @@ def _params(**over):
          "sizes": {"s": {"policy_sizes": [8], "value_sizes": [8]},
                    "w": {"policy_sizes": [64], "value_sizes": [64]}},
          "physics": {"num_envs": [4, 16], "precisions": ["default", "highest"],
-                     "precision_at": [16]}, "random": {"num_envs": 4},
-         "speed": {"sizes": ["s", "w"], "recipes": ["bf16", "fp8-delayed"]},
-         "quality": {"sizes": ["s"], "recipes": ["fp32", "fp8-delayed"]},
+                     "precision_at": [16], "steps": 2, "repeats": 1},
+         "random": {"num_envs": 4},
+         "speed": {"sizes": ["s", "w"], "recipes": ["bf16", "fp8-delayed"], "num_envs": 4,
+                   "updates": 1, "repeats": 1},
+         "quality": {"sizes": ["s"], "recipes": ["fp32", "fp8-delayed"], "seeds": 2},
          "peer": {"size": "s"}}
     return {**p, **over}
 
@@ -312,9 +314,13 @@ def test_study_cells_come_in_verdict_order_and_check_names_the_culprit():
     L.check(_params())
     assert "ant_random" not in [c.name for c in L.cells(_params(random=None))]
     with pytest.raises(ValueError, match="legged.quality.sizes: unknown size 'x'"):
-        L.check(_params(quality={"sizes": ["x"], "recipes": ["fp32"]}))
+        L.check(_params(quality={"sizes": ["x"], "recipes": ["fp32"], "seeds": 1}))
+    with pytest.raises(ValueError, match=r"legged.smoke.physics.steps: must be > 0, got 0"):
+        L.check(_params(physics={"num_envs": [4], "precisions": ["default"], "steps": 0,
+                                 "repeats": 1}))
     with pytest.raises(ValueError, match="recipe"):
-        L.check(_params(speed={"sizes": ["s"], "recipes": ["fp9"]}))
+        L.check(_params(speed={"sizes": ["s"], "recipes": ["fp9"], "num_envs": 4, "updates": 1,
+                               "repeats": 1}))
 
 
 def test_brax_peer_gets_equal_settings_and_a_replicated_standin():

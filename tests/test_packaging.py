@@ -20,6 +20,8 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 UNLOCKED_EXTRAS = {"cuda", "te"}
 # Declared but never imported, each for a reason: command-line tools and plugins.
 NOT_IMPORTED = {"dvc": "the pipeline's command", "ipykernel": "the kernel papermill starts",
+                "mujoco": "pinned for brax (unpinned: a 4.x metapackage)",
+                "mujoco-mjx": "pinned for brax (brax's mjx backend)",
                 "pytest-xdist": "pytest -n", "orbax-checkpoint": "imported as orbax"}
 
 

@@ -142,8 +142,8 @@ def test_rbg_runs_are_deterministic_and_differ_from_threefry():
     (dict(total_timesteps=10), r"less than one update"),
     (dict(network="cnn"), r"needs image observations"),
     (dict(lr_typo=1.0), r"unknown PPO config key"),
-    (dict(unroll=0), r"unroll must be >= 1, got 0"),
-    (dict(update_unroll=-1), r"update_unroll must be >= 1, got -1"),
+    (dict(unroll=0), r"PPO config unroll=0: expected int, > 0"),
+    (dict(update_unroll=-1), r"PPO config update_unroll=-1: expected int, > 0"),
     (dict(prng="mersenne"), r"unknown prng 'mersenne'; valid: threefry, rbg, unsafe_rbg"),
 ])
 def test_validation_is_one_line_and_before_compilation(monkeypatch, change, match):

@@ -106,7 +106,7 @@ def test_site_rebuild_replaces_the_old_site(root):
     (root / "build/notebooks/01_formats.out.ipynb").unlink()
     (out / "stray.txt").write_text("x")
     index = site.build_site(root, out)
-    assert sorted(p.name for p in out.iterdir()) == ["figures", "index.html"]
+    assert sorted(p.name for p in out.iterdir()) == [".repro-site", "figures", "index.html"]
     assert "No executed notebooks yet" in index.read_text()
     assert not list(root.glob(".site-*"))  # no temp dirs left
 

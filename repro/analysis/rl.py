@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from repro import results
-from repro.analysis.stats import welch_interval
+from repro.analysis.stats import ratio, welch_interval
 from repro.precision.recipes import REGISTRY
 
 
@@ -195,11 +195,15 @@ def speedups(table: pd.DataFrame, recipe: str, baselines: Sequence[str] = ("fp16
         y = table[table.recipe == b].set_index(keys)
         j = x.join(y, lsuffix="", rsuffix="_base", how="inner")
         for k, r in j.iterrows():
+            at = f"{recipe} vs {b} at {', '.join(map(str, k))}"
             rows.append({**dict(zip(keys, k)), "recipe": recipe, "baseline": b,
-                         "e2e": r["env_steps_per_s"] / r["env_steps_per_s_base"],
-                         "update": r["update_time_ms_base"] / r["update_time_ms"],
-                         "memory": (r.get("update_memory_bytes", np.nan)
-                                    / r.get("update_memory_bytes_base", np.nan)),
+                         "e2e": ratio(r["env_steps_per_s"], r["env_steps_per_s_base"],
+                                      f"env_steps_per_s of {at}"),
+                         "update": ratio(r["update_time_ms_base"], r["update_time_ms"],
+                                         f"update_time_ms of {at}"),
+                         "memory": ratio(r.get("update_memory_bytes", np.nan),
+                                         r.get("update_memory_bytes_base", np.nan),
+                                         f"update_memory_bytes of {at}"),
                          "emulated": bool(r["emulated"] or r["emulated_base"]),
                          "same_commit": results.same_commit(r.get("git_commit"),
                                                             r.get("git_commit_base"))})
@@ -262,13 +266,15 @@ def purejaxrl_speedups(df: pd.DataFrame) -> pd.DataFrame:
         for _, ours in g.iterrows():
             if ours["extra"]["impl"] == "purejaxrl" or len(theirs) != 1:
                 continue
-            per = np.asarray(theirs[0]["extra"]["run_s"]) / np.asarray(ours["extra"]["run_s"])
+            at = f"rl_purejaxrl {ours.get('source', ours['hardware'])}"
+            per = np.asarray([ratio(t, o, f"run_s of {at}") for t, o in
+                              zip(theirs[0]["extra"]["run_s"], ours["extra"]["run_s"])])
             rows.append({"hardware": ours["hardware"], "seeds": int(ours["size_seeds"]),
                          "ours": ours["extra"]["impl"],
                          "options": ours["extra"].get("options", {}),
                          "run": int(ours["extra"].get("run", 1)),
                          "repro steps/s": ours["value"], "purejaxrl steps/s": theirs[0]["value"],
-                         "speedup": ours["value"] / theirs[0]["value"],
+                         "speedup": ratio(ours["value"], theirs[0]["value"], at),
                          "min": per.min(), "max": per.max(), "emulated": bool(g.emulated.any()),
                          "commit": str(ours["git_commit"])[:12],
                          "returns_digest": ours["extra"].get("returns_digest"),

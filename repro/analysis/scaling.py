@@ -4,6 +4,7 @@ import numpy as np
 import pandas as pd
 
 from repro import results
+from repro.analysis.stats import ratio
 
 # workload -> (throughput metric, unit) of the multigpu records
 METRIC = {"ppo": ("env_steps_per_s", "steps/s"), "lm_dp": ("tokens_per_s", "tokens/s"),
@@ -40,13 +41,14 @@ def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
     d["efficiency_same_commit"] = [
         results.same_commit(row.git_commit, base_commit.get(tuple(row[k] for k in key)))
         for _, row in d.iterrows()]
-    d["efficiency"] = [row.throughput / (row.n_devices * base.get(tuple(row[k] for k in key),
-                                                                  np.nan))
+    d["efficiency"] = [ratio(row.throughput, row.n_devices * base.get(
+        tuple(row[k] for k in key), np.nan), f"multigpu efficiency of {row.get('source', row.workload)}")
                        for _, row in d.iterrows()]
     bf = d[d["recipe"] == BASELINE].set_index(["hardware", "workload", "n_devices"])["throughput"]
     d["fp8_speedup"] = [np.nan if row.recipe == BASELINE else
-                        row.throughput / bf.get((row.hardware, row.workload, row.n_devices),
-                                                np.nan)
+                        ratio(row.throughput, bf.get((row.hardware, row.workload,
+                                                      row.n_devices), np.nan),
+                              f"multigpu fp8 speedup of {row.get('source', row.workload)}")
                         for _, row in d.iterrows()]
     bf_commit = d[d["recipe"] == BASELINE].set_index(
         ["hardware", "workload", "n_devices"])["git_commit"]

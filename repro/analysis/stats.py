@@ -9,6 +9,21 @@ import numpy as np
 import pandas as pd
 
 
+def ratio(num, den, what: str) -> float:
+    """``num / den`` of two measurements (a speedup, an efficiency). NaN where either is
+    missing (NaN: no such cell); a one-line ``ValueError`` naming ``what`` where either is
+    infinite or the denominator is not > 0, instead of an inf or a sign flip that would move
+    a verdict. (``repro.results.load_records`` refuses such records; this guards derived
+    values too.)"""
+    num, den = float(num), float(den)
+    if math.isnan(num) or math.isnan(den):
+        return math.nan
+    if math.isinf(num) or math.isinf(den) or den <= 0:
+        raise ValueError(f"{what}: cannot divide {num!r} by {den!r} (a measurement must be a "
+                         "finite number and a denominator > 0)")
+    return num / den
+
+
 def _iqm(x: np.ndarray) -> float:
     from scipy.stats import trim_mean
 

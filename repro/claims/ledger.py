@@ -9,6 +9,7 @@ them with the claim list in ``repro/data/claims.yaml``; ``repro claims`` prints 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from importlib import resources
@@ -19,8 +20,8 @@ import yaml
 
 from repro.claims.verdicts import VERDICTS, Verdict
 
-__all__ = ["VERDICTS", "Verdict", "claims", "ledger", "markdown_table", "update_readme",
-           "verdicts_dir", "write_verdict"]
+__all__ = ["VERDICTS", "Verdict", "claims", "ledger", "markdown_table", "read_verdict",
+           "update_readme", "verdicts_dir", "write_verdict"]
 
 
 def claims() -> dict[str, dict[str, Any]]:
@@ -48,11 +49,42 @@ def write_verdict(verdict: Verdict | str, *fields: Any, **kw: Any) -> Path:
     return path
 
 
+def read_verdict(path: Path, claim: str) -> dict[str, Any]:
+    """A verdict file, checked against the :class:`Verdict` schema and vocabulary: one line
+    naming the file where it is not valid JSON (e.g. cut short), not an object, has an unknown
+    or missing field, a field of the wrong type, another claim, or an unknown verdict."""
+    import difflib
+
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg}: line {e.lineno} column "
+                         f"{e.colno}): restore it from git or rerun its notebook") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    known = [f.name for f in dataclasses.fields(Verdict)]
+    for key in data:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ValueError(f"{path}: unknown field {key!r}{hint}; fields: {', '.join(known)}")
+    if missing := [k for k in ("claim", "verdict") if k not in data]:
+        raise ValueError(f"{path}: missing field(s) {', '.join(missing)}")
+    if data["claim"] != claim:
+        raise ValueError(f"{path}: holds claim {data['claim']!r}, not {claim!r}")
+    try:
+        return Verdict(**data).to_dict()
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
 def ledger() -> list[dict[str, Any]]:
+    """One row per claim of ``repro/data/claims.yaml``, with its verdict file's fields (every
+    file checked by :func:`read_verdict`; "not yet measured" where there is none)."""
     rows = []
     for cid, c in claims().items():
         path = verdicts_dir() / f"{cid}.json"
-        v = json.loads(path.read_text()) if path.exists() else {}
+        v = read_verdict(path, cid) if path.exists() else {}
         rows.append({"claim": cid, "statement": c["claim"],
                      "verdict": v.get("verdict", "not yet measured"),
                      "key_number": v.get("key_number", ""), "hardware": v.get("hardware", ""),

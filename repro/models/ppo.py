@@ -48,6 +48,8 @@ divide the batch; fewer steps than one update) raise ``ValueError`` with one lin
 from __future__ import annotations
 
 import dataclasses
+import math
+import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -148,10 +150,51 @@ def valid_envs() -> list[str]:
     return list(gymnax.registered_envs)
 
 
+_POSITIVE = ("total_timesteps", "lr", "adam_eps", "loss_scale_period", "grad_clip",
+             "reward_scaling", "num_envs", "num_steps", "update_epochs", "num_minibatches",
+             "unroll", "update_unroll", "episode_length", "action_repeat")
+_UNIT = ("gamma", "gae_lambda")  # in [0, 1]
+
+
+def _kind_ok(v: Any, hint: Any) -> bool:
+    """``v`` is of the annotated type ``hint`` (an int is a float; a tuple's elements are of
+    its element type; floats are finite)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is tuple:
+        return isinstance(v, tuple) and all(_kind_ok(x, args[0]) for x in v)
+    kinds = args if args else (hint,)
+    if not any(v is None if k is type(None) else (
+            type(v) is k or (k is float and type(v) is int)) for k in kinds):
+        return False
+    return not (isinstance(v, float) and not math.isfinite(v))
+
+
+def _check_values(c: PPOConfig) -> None:
+    """Each field of its annotated type (an int for an int field, a finite number for a float
+    one...), sizes and rates > 0, coefficients >= 0, discounts in [0, 1]: one line naming it."""
+    hints = typing.get_type_hints(type(c))
+    for f in dataclasses.fields(c):
+        v, hint = getattr(c, f.name), hints[f.name]
+        items = v if isinstance(v, tuple) else (v,)
+        ok = _kind_ok(v, hint) and all(
+            x is None or isinstance(x, (bool, str)) or not (
+                x <= 0 if f.name in _POSITIVE or isinstance(v, tuple)
+                else not 0 <= x <= 1 if f.name in _UNIT else x < 0) for x in items)
+        if not ok:
+            kinds = typing.get_args(hint) or (hint,)
+            want = " or ".join("None" if k is type(None) else getattr(k, "__name__", str(k))
+                               for k in kinds)
+            rule = ("> 0" if f.name in _POSITIVE or isinstance(v, tuple) else
+                    "in [0, 1]" if f.name in _UNIT else ">= 0")
+            raise ValueError(f"PPO config {f.name}={v!r}: expected {want}"
+                             + ("" if str in kinds or bool in kinds else f", {rule}"))
+
+
 def check_common(c: PPOConfig, positive: tuple[str, ...] = ()) -> None:
-    """The checks every PPO configuration shares (recipe, activation, prng, counts >= 1 --
-    ``positive`` names more --, minibatches dividing the batch, at least one update): a
-    one-line ValueError."""
+    """The checks every PPO configuration shares (field types and ranges, recipe, activation,
+    prng, counts >= 1 -- ``positive`` names more --, minibatches dividing the batch, at least
+    one update): a one-line ValueError."""
+    _check_values(c)
     try:
         resolve(c.recipe)  # a registry name or a variant 'base:field=value,...'
     except ValueError as e:

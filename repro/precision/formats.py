@@ -19,6 +19,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from repro.precision import validate
+
 E4M3 = jnp.float8_e4m3fn
 E5M2 = jnp.float8_e5m2
 E2M1 = jnp.float4_e2m1fn
@@ -91,9 +93,15 @@ def fp8_quantize(x, dtype, scale):
     by its encode scale). XLA rewrites ``x / scalar`` into exactly this anyway,
     so writing it out makes the rounding explicit and the same on CPU and GPU.
     Arithmetic is float32, so bf16/f16 inputs behave like their f32 values.
+
+    ``scale`` must be a positive finite number: a concrete one is checked (a one-line
+    ``ValueError``); a scale traced under ``jax.jit`` cannot be, and a zero, negative or
+    non-finite traced scale gives NaN, +-max or flipped signs. ``compute_scale`` never
+    returns one.
     """
     _check_floating(x, "fp8_quantize")
-    fmax = _fmax(dtype)
+    validate.scale(scale, "fp8_quantize")
+    fmax = _fmax(validate.fp8_dtype(dtype, "fp8_quantize"))
     inv = jnp.float32(1.0) / jnp.asarray(scale, jnp.float32)
     y = jnp.asarray(x).astype(jnp.float32) * inv
     return cast(jnp.clip(y, -fmax, fmax), dtype)
@@ -108,10 +116,12 @@ def fp8_cast(x, dtype, scale):
     check`` tests it on the device before anything is recorded). Use it only for FP8 arrays
     that go straight into an FP8 GEMM or convolution: an FP8 array later converted back to a
     wider type is a round trip that XLA's GPU compiler may fold away (see :func:`round_to`),
-    so quantize-dequantize paths keep :func:`fp8_quantize`.
+    so quantize-dequantize paths keep :func:`fp8_quantize`. ``scale``: as there (a concrete
+    one must be positive and finite).
     """
     _check_floating(x, "fp8_cast")
-    fmax = _fmax(dtype)
+    validate.scale(scale, "fp8_cast")
+    fmax = _fmax(validate.fp8_dtype(dtype, "fp8_cast"))
     inv = jnp.float32(1.0) / jnp.asarray(scale, jnp.float32)
     y = jnp.asarray(x).astype(jnp.float32) * inv
     return jnp.clip(y, -fmax, fmax).astype(dtype)
@@ -163,6 +173,7 @@ def stochastic_round_to(x, dtype, key):
     ``hi = lo + ulp``, all exact in float32 (ulp is a power of two).
     """
     _check_floating(x, "stochastic_round_to")
+    validate.key(key, "stochastic_round_to")
     x = jnp.asarray(x).astype(jnp.float32)
     info = ml_dtypes.finfo(dtype)
     fmax = float(info.max)
@@ -208,7 +219,10 @@ def mxfp8_quantize(x, axis=-1, block=32) -> MXTensor:
     NaN scale, so the whole block dequantizes to NaN (the spec's NaN rule).
     """
     _check_floating(x, "mxfp8_quantize")
-    x = jnp.asarray(x)
+    x = validate.operand(x, "mxfp8_quantize")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"mxfp8_quantize: block must be a positive int (32 in the spec), "
+                         f"got {block!r}")
     axis = axis % x.ndim
     xb = _blocked(x.astype(jnp.float32), axis, block, "mxfp8_quantize")
     bmax = jnp.max(jnp.abs(xb), axis=-1, keepdims=True)  # NaN propagates
@@ -285,8 +299,11 @@ def nvfp4_quantize(x, block=(1, 16), rounding="nearest", key=None) -> NVFP4Tenso
     last axis. ``rounding`` is "nearest" (RNE) or "stochastic" (needs ``key``).
 
     Edge cases: an all-zero tensor gets global_scale 1.0. Amaxes ignore NaN and
-    +-inf, so one bad value cannot poison other blocks; +-inf saturates to
-    +-6 * block scale. E2M1 has no NaN, so a block containing NaN gets the E4M3
+    +-inf, so one bad value cannot poison other blocks. +-inf saturates: its
+    block gets the largest block scale (448), so it dequantizes to
+    +-6 * 448 * global_scale, the largest magnitude the tensor can hold (its
+    finite amax; 2688 for a tensor of infinities, whose global scale is 1).
+    E2M1 has no NaN, so a block containing NaN gets the E4M3
     NaN block scale (its elements are stored as 0): the whole block
     dequantizes to NaN, other blocks are intact. Blocks whose E4M3 scale is 0
     (all zero, or < ~2e-6 of the tensor amax) dequantize to exact zeros.
@@ -295,9 +312,11 @@ def nvfp4_quantize(x, block=(1, 16), rounding="nearest", key=None) -> NVFP4Tenso
     block = tuple(int(b) for b in block)
     if rounding not in ("nearest", "stochastic"):
         raise ValueError(f"nvfp4_quantize: rounding must be 'nearest' or 'stochastic', got {rounding!r}")
-    if rounding == "stochastic" and key is None:
-        raise ValueError("nvfp4_quantize: rounding='stochastic' requires a PRNG key")
-    x = jnp.asarray(x)
+    if rounding == "stochastic":
+        if key is None:
+            raise ValueError("nvfp4_quantize: rounding='stochastic' requires a PRNG key")
+        validate.key(key, "nvfp4_quantize")
+    x = validate.operand(x, "nvfp4_quantize")
     shape = x.shape
     f32max = jnp.float32(np.finfo(np.float32).max)
     t = _nvfp4_tiles(x.astype(jnp.float32), block)  # [..., M/br, br, N/bc, bc]
@@ -310,6 +329,8 @@ def nvfp4_quantize(x, block=(1, 16), rounding="nearest", key=None) -> NVFP4Tenso
 
     bmax = jnp.max(a, axis=(-3, -1), keepdims=True)
     bs = cast(jnp.minimum(bmax * (s_enc * jnp.float32(1.0 / E2M1_MAX)), 448.0), E4M3)
+    has_inf = jnp.any(jnp.isinf(t), axis=(-3, -1), keepdims=True)
+    bs = jnp.where(has_inf, jnp.float32(448.0), bs.astype(jnp.float32)).astype(E4M3)
     has_nan = jnp.any(jnp.isnan(t), axis=(-3, -1), keepdims=True)
     bs = jnp.where(has_nan, jnp.nan, bs.astype(jnp.float32)).astype(E4M3)
 
@@ -362,7 +383,7 @@ def _rht_matrix(key, n):
 def _apply_groups(x, m, axis, n, what):
     """Multiply each consecutive length-n group along `axis` (a column vector g) by m."""
     _check_floating(x, what)
-    x = jnp.asarray(x)
+    x = validate.operand(x, what)
     axis = axis % x.ndim
     g = _blocked(x.astype(jnp.float32), axis, n, what)
     # HIGHEST: on GPU the default f32 matmul may use TF32, which breaks orthogonality.
@@ -379,11 +400,13 @@ def random_hadamard_transform(x, key, axis=-1, n=16):
     exact arithmetic: (M a) . (M b) = a^T M^T M b = a . b. It spreads outliers
     across the group, which shrinks block amaxes before NVFP4 quantization.
     """
+    validate.key(key, "random_hadamard_transform")
     return _apply_groups(x, _rht_matrix(key, n), axis, n, "random_hadamard_transform")
 
 
 def inverse_random_hadamard_transform(x, key, axis=-1, n=16):
     """Inverse of :func:`random_hadamard_transform` with the same key: g -> M^T g."""
+    validate.key(key, "inverse_random_hadamard_transform")
     return _apply_groups(x, _rht_matrix(key, n).T, axis, n, "inverse_random_hadamard_transform")
 
 

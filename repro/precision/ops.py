@@ -49,6 +49,7 @@ give each call its own state. flax avoids this with a private dtype; we keep to 
 from __future__ import annotations
 
 import functools
+import operator
 from typing import Any, Literal
 
 import jax
@@ -58,6 +59,7 @@ from jax import lax
 from repro.precision import formats as F
 from repro.precision import kernels
 from repro.precision import scaling as S
+from repro.precision import validate
 from repro.precision.recipes import Recipe, resolve
 
 __all__ = [
@@ -122,13 +124,17 @@ def init_meta(history_len: int = 1024) -> dict[str, S.DelayedScalingState]:
 
 
 def _check_2d_weight(w, what):
+    w = validate.operand(w, what, "w")
     if w.ndim != 2:
         raise ValueError(f"{what}: w must be 2-D [K, N], got shape {w.shape}")
+    return w
 
 
 def _flatten_lhs(x, w, what):
+    x = validate.operand(x, what, "x")
     if x.shape[-1] != w.shape[0]:
-        raise ValueError(f"{what}: contraction mismatch, x {x.shape} vs w {w.shape}")
+        raise ValueError(f"{what}: contraction mismatch, x {x.shape} vs w {w.shape}: the "
+                         "last axis of x must be w's first")
     return x.reshape(-1, x.shape[-1])
 
 
@@ -366,9 +372,10 @@ def fp8_dot(x, w, recipe, meta=None):
     Forward operands ``recipe.fwd_dtype`` (e4m3), the output gradient ``recipe.bwd_dtype``
     (e5m2); FP32 accumulation; scales multiply the GEMM outputs. ``meta`` (delayed scaling
     only): ``{"input", "kernel", "output_grad"}`` -> DelayedScalingState; its gradient is the
-    updated state. Gradients come back in x's and w's dtypes.
+    updated state. Gradients come back in x's and w's dtypes. ``recipe``: a per-tensor FP8
+    recipe of this repository (``gemm="fp8"``); anything else is refused.
     """
-    return fp8_dense(x, w, None, recipe, meta)
+    return _fp8_dense(x, w, None, recipe, meta, None, "fp8_dot")
 
 
 def fp8_dense(x, w, b, recipe, meta=None, activation: str | None = None):
@@ -381,14 +388,18 @@ def fp8_dense(x, w, b, recipe, meta=None, activation: str | None = None):
     gradient (summed in FP32) and its FP8 cast. ``b`` may be None; ``activation`` one of
     None, "relu", "tanh". Same forward values as ``activation(fp8_dot(x, w) + b)``.
     """
-    recipe = resolve(recipe)
-    _check_2d_weight(w, "fp8_dense")
-    x2 = _flatten_lhs(x, w, "fp8_dense")
+    return _fp8_dense(x, w, b, recipe, meta, activation, "fp8_dense")
+
+
+def _fp8_dense(x, w, b, recipe, meta, activation, what):
+    recipe = validate.recipe_for(recipe, ("fp8",), what)
+    w = _check_2d_weight(w, what)
+    x2 = _flatten_lhs(x, w, what)
     if b is not None and jnp.shape(b) != (w.shape[1],):
-        raise ValueError(f"fp8_dense: bias shape {jnp.shape(b)} does not match the "
+        raise ValueError(f"{what}: bias shape {jnp.shape(b)} does not match the "
                          f"{w.shape[1]} outputs of w {w.shape}")
     op = ("dot_tn",) if _tn(recipe, x2.shape, w.shape) else ("dot",)
-    y = _fp8_call(x2, w, recipe, meta, op, "fp8_dense", b, activation)
+    y = _fp8_call(x2, w, recipe, meta, op, what, b, activation)
     return y.reshape(*x.shape[:-1], w.shape[1])
 
 
@@ -418,10 +429,11 @@ def fp8_conv(x, w, recipe, meta=None, strides=None, padding="SAME"):
     convolutions): the numerics of an FP8 backward pass, the speed of BF16. MEASURED.md: an FP8
     forward convolution was 2x SLOWER than BF16 on the H200, so convolutions are not a speed win.
     """
-    recipe = resolve(recipe)
+    recipe = validate.recipe_for(recipe, ("fp8",), "fp8_conv")
+    x, w = _check_conv(x, w)
     nsp = x.ndim - 2
-    strides = tuple(strides) if strides is not None else (1,) * nsp
-    op = ("conv", strides, _static_padding(padding), conv_dimension_numbers(x.ndim))
+    strides = _conv_strides(strides, nsp)
+    op = ("conv", strides, _conv_padding(padding, nsp), conv_dimension_numbers(x.ndim))
     # Input channels padded with zeros to a multiple of CONV_CHANNEL_MULTIPLE (exact: the
     # padded products are zero, the amaxes unchanged; pad's gradient slices them off). On the
     # H200 cuDNN had no FP8 plan for SpaceInvaders-MinAtar's 6 input channels under vmap
@@ -430,6 +442,43 @@ def fp8_conv(x, w, recipe, meta=None, strides=None, padding="SAME"):
     x = _pad_axis(x, x.ndim - 1, CONV_CHANNEL_MULTIPLE)
     w = _pad_axis(w, w.ndim - 2, CONV_CHANNEL_MULTIPLE)
     return _fp8_call(x, w, recipe, meta, op, "fp8_conv")
+
+
+def _check_conv(x, w):
+    """Ranks and channels of a channels-last convolution (the zero padding of the channels
+    would otherwise hide a mismatch that ``lax.conv`` reports)."""
+    x = validate.operand(x, "fp8_conv", "x", min_ndim=3)
+    w = validate.operand(w, "fp8_conv", "w", min_ndim=3)
+    if w.ndim != x.ndim:
+        raise ValueError(f"fp8_conv: x {x.shape} [N, *spatial, C] and w {w.shape} "
+                         "[*window, C, F] need the same rank")
+    if x.shape[-1] != w.shape[-2]:
+        raise ValueError(f"fp8_conv: channel mismatch: x {x.shape} has {x.shape[-1]} input "
+                         f"channels, w {w.shape} expects {w.shape[-2]}")
+    return x, w
+
+
+def _conv_strides(strides, nsp: int) -> tuple[int, ...]:
+    try:
+        out = (1,) * nsp if strides is None else tuple(operator.index(v) for v in strides)
+    except TypeError:
+        out = ()
+    if len(out) != nsp or min(out) < 1:
+        raise ValueError(f"fp8_conv: strides must be {nsp} positive ints, got {strides!r}")
+    return out
+
+
+def _conv_padding(padding, nsp: int):
+    if isinstance(padding, str) and padding in ("SAME", "VALID", "SAME_LOWER"):
+        return padding
+    try:
+        pads = None if isinstance(padding, str) else _static_padding(padding)
+    except (TypeError, ValueError):
+        pads = None
+    if pads is None or len(pads) != nsp or not all(len(p) == 2 and min(p) >= 0 for p in pads):
+        raise ValueError(f"fp8_conv: padding must be 'SAME', 'VALID', 'SAME_LOWER' or {nsp} "
+                         f"(low, high) pairs of ints >= 0, got {padding!r}")
+    return pads
 
 
 # -------------------------------------------------------------- block-scaled GEMM kernels
@@ -496,7 +545,10 @@ def _block_gemm(a, b, backend):
     return out
 
 
-def _resolve_backend(backend):
+def _resolve_backend(backend, what):
+    if backend not in (None, "native", "emulated"):
+        raise ValueError(f"{what}: backend must be None (detect), 'native' or 'emulated', "
+                         f"got {backend!r}")
     return block_scaled_backend() if backend is None else backend
 
 
@@ -538,10 +590,10 @@ def mxfp8_dot(x, w, recipe, backend=None):
     zero-padded (exact: zeros change neither products nor block maxima). ``backend``: None
     (detect), "native" (``jax.nn.scaled_matmul``) or "emulated".
     """
-    recipe = resolve(recipe)
-    _check_2d_weight(w, "mxfp8_dot")
+    recipe = validate.recipe_for(recipe, ("mxfp8",), "mxfp8_dot")
+    w = _check_2d_weight(w, "mxfp8_dot")
     x2 = _flatten_lhs(x, w, "mxfp8_dot")
-    y = _mx_core(x2, w, recipe, _resolve_backend(backend))
+    y = _mx_core(x2, w, recipe, _resolve_backend(backend, "mxfp8_dot"))
     return y.reshape(*x.shape[:-1], w.shape[1])
 
 
@@ -617,16 +669,18 @@ def nvfp4_dot(x, w, recipe, key=None, meta=None, backend=None):
     on). ``meta``: optional ``{"step": float32 scalar}``; its gradient is ``step + 1`` (the
     layers use it to derive a fresh key each step without an rng stream).
     """
-    recipe = resolve(recipe)
-    _check_2d_weight(w, "nvfp4_dot")
+    recipe = validate.recipe_for(recipe, ("nvfp4",), "nvfp4_dot")
+    w = _check_2d_weight(w, "nvfp4_dot")
     x2 = _flatten_lhs(x, w, "nvfp4_dot")
+    backend = _resolve_backend(backend, "nvfp4_dot")
     if key is None:
         if recipe.rht or recipe.stochastic_rounding:
             raise ValueError("nvfp4_dot: recipe uses RHT / stochastic rounding: pass a PRNG key")
         key = jax.random.key(0)  # unused by the computation
+    validate.key(key, "nvfp4_dot")
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         key = jax.random.key_data(key)  # raw uint32: plain arrays through the custom_vjp
-    y = _nv_core(x2, w, key, meta, recipe, _resolve_backend(backend))
+    y = _nv_core(x2, w, key, meta, recipe, backend)
     return y.reshape(*x.shape[:-1], w.shape[1])
 
 
@@ -655,9 +709,11 @@ def dense_dot(x, w, recipe):
 
 
 def dot(x, w, recipe, meta=None, key=None):
-    """The one entry point layers call: ``x[..., K] @ w[K, N]`` as ``recipe`` says."""
-    recipe = resolve(recipe)
+    """The one entry point layers call: ``x[..., K] @ w[K, N]`` as ``recipe`` says (a recipe of
+    this repository; a peer library's runs in ``repro.precision.peers``)."""
+    recipe = validate.recipe_for(recipe, ("dense", "fp8", "mxfp8", "nvfp4"), "dot")
     if recipe.gemm == "dense":
+        _flatten_lhs(x, _check_2d_weight(w, "dot"), "dot")
         return dense_dot(x, w, recipe)
     if recipe.gemm == "fp8":
         return fp8_dot(x, w, recipe, meta)

@@ -80,7 +80,9 @@ def _jax_nvfp4_gemm(a, b, dims):
 @jax.custom_vjp
 def jax_nvfp4_dot(x, w):
     """``x[M, K] @ w[K, N]`` with JAX's built-in NVFP4 in all three GEMMs (1x16 blocks along
-    each GEMM's contraction axis, per-tensor global scales, round-to-nearest, no RHT)."""
+    each GEMM's contraction axis, per-tensor global scales, round-to-nearest, no RHT). GPU
+    only (:func:`check_jax_nvfp4_available`)."""
+    check_jax_nvfp4_available()
     return _jax_nvfp4_gemm(x, w, (((1,), (0,)), ((), ()))).astype(x.dtype)
 
 
@@ -99,12 +101,14 @@ jax_nvfp4_dot.defvjp(_jax_nvfp4_fwd, _jax_nvfp4_bwd)
 
 
 def check_jax_nvfp4_available() -> None:
-    """JAX's scaled_dot_general has no CPU lowering: a clear error instead of an MLIR one."""
+    """The JAX peer is a GPU reference: on another platform ``jax.nn.scaled_dot_general``
+    either has no lowering or runs a decomposition that is neither JAX's GPU kernel nor this
+    repository's recipe, so it is refused with a one-line error naming the platform needed."""
     if jax.default_backend() != "gpu":
         raise RuntimeError(
-            "recipe 'jax-nvfp4' needs a GPU: jax.nn.scaled_dot_general has no "
-            f"{jax.default_backend().upper()} lowering (the repository's own emulated NVFP4 "
-            "path, recipe 'nvfp4', runs everywhere)")
+            f"recipe 'jax-nvfp4' needs a GPU (an NVIDIA GPU through jax[cuda]); this is a "
+            f"{jax.default_backend().upper()} backend (the repository's own NVFP4 recipe, "
+            "'nvfp4', runs everywhere)")
 
 
 class JaxNVFP4Dense(nn.Module):

@@ -53,6 +53,22 @@ def params(name: str, profile: str | None = None, raw: dict[str, Any] | None = N
     return config.section(s.params_section, s.params, profile, raw)
 
 
+def check_params(name: str, raw: dict[str, Any] | None = None) -> None:
+    """Experiment ``name``'s ``params.yaml`` section typed and checked for every profile it
+    has (a bad ``common`` value hides behind one profile's override and breaks the other)."""
+    from repro import config
+
+    s = study(name)
+    if s.params_section is None:
+        return
+    raw = raw if raw is not None else config.load_params()
+    for profile in ("smoke", "full"):
+        if profile in (raw.get(s.params_section) or {}):
+            p = config.section(s.params_section, s.params, profile, raw)
+            if s.params is None and s.check is not None:  # read as a mapping: its own check
+                s.check(p)
+
+
 def with_inputs(name: str, p: Any, inputs: dict[str, Any] | None) -> Any:
     """``p`` with the values of command-line inputs set (``{"purejaxrl": DIR}``); a one-line
     ``ValueError`` for a missing required one or one the study does not take."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from repro import hardware, results
-from repro.config import ConfigError
+from repro.config import ConfigError, Section, check_mapping, positive
 from repro.models import lm as M
 from repro.models import lm_data as D
 from repro.models import lm_quantize as Q
@@ -73,8 +74,25 @@ def train_config(p: dict[str, Any]) -> T.TrainConfig:
     return T.TrainConfig(**t)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Schema(Section):
+    """What ``params.yaml``'s ``inference`` section may hold (the study reads it as a mapping)."""
+
+    formats: tuple[str, ...]
+    priority: tuple[str, ...] = ()
+    margins: dict[str, float] = positive(default_factory=dict)
+    calib_batches: int = positive(2)
+    model: str
+    train: dict[str, Any]
+    seeds: tuple[int, ...]
+    eval_windows: int = positive(4)
+    speed: dict[str, Any]
+    checkpoints: str | None = None
+
+
 def check(p: dict[str, Any]) -> None:
     """Every parameter a run needs, before the first cell (one-line ConfigError)."""
+    check_mapping(p, Schema, f"params.yaml: inference.{p.get('profile')}")
     formats(p)
     train_config(p)
     if p.get("model") not in M.PRESETS:

@@ -165,11 +165,11 @@ def parse_shapes(text: str) -> tuple[tuple[int, int, int], ...]:
     """``"MxKxN,MxKxN"`` -> shapes; a one-line ``ValueError`` for anything else."""
     try:
         shapes = tuple(tuple(int(v) for v in x.lower().split("x")) for x in text.split(","))
-        if shapes and all(len(t) == 3 for t in shapes):
+        if shapes and all(len(t) == 3 and min(t) > 0 for t in shapes):
             return shapes
     except ValueError:
         pass
-    raise ValueError(f"--shapes: expected MxKxN[,MxKxN...], got {text!r}")
+    raise ValueError(f"--shapes: expected MxKxN[,MxKxN...] of positive integers, got {text!r}")
 
 
 def default_recipes(workload: str) -> tuple[str, ...]:
@@ -187,9 +187,15 @@ def check(p: Params) -> None:
         raise ValueError("no recipes to trace")
     for r in p.recipes:
         _check_dtypes([r]) if p.workload == "gemm" else resolve(r)
-    numbers = [p.steps, p.width, p.depth, p.num_envs, p.batch or 1, *sum(p.shapes, ())]
-    if not all(isinstance(v, int) and v > 0 for v in numbers):
-        raise ValueError(f"sizes must be positive integers, got {numbers}")
+    sizes = {"steps": p.steps, "width": p.width, "depth": p.depth, "num_envs": p.num_envs,
+             "batch": p.batch or 1, **{f"shape {s}": min(s) for s in p.shapes}}
+    for name, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"kernel_times: {name} must be positive integers, got {v!r}")
+    if p.workload == "lm":
+        from repro.studies.lm_step import check_size
+
+        check_size(p.size)
 
 
 def cells(p: Params) -> list[Cell]:

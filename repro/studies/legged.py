@@ -52,6 +52,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from repro import results
+from repro.config import Section, check_mapping, fraction, positive
+from repro.config import recipe_names as recipe_field
 from repro.models import brax_peer, envs, ppo
 from repro.models import ppo_continuous as pc
 from repro.precision.recipes import resolve
@@ -325,8 +327,69 @@ def peer_cell(p, env_name: str, profile: str):
 # ------------------------------------------------------------------------------ the study
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Physics:
+    num_envs: tuple[int, ...] = positive()
+    precisions: tuple[str, ...]
+    steps: int = positive()
+    repeats: int = positive()
+    loop_at: tuple[int, ...] = ()
+    precision_at: tuple[int, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Speed:
+    num_envs: int = positive()
+    updates: int = positive()
+    repeats: int = positive()
+    sizes: tuple[str, ...] = ()
+    recipes: tuple[str, ...] = recipe_field(())
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Quality:
+    seeds: int = positive()
+    vmap_seeds: bool = True
+    sizes: tuple[str, ...] = ()
+    recipes: tuple[str, ...] = recipe_field(())
+    ppo: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Random:
+    num_envs: int = positive(64)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Peer:
+    size: str = "brax"
+    recipe: str = "tf32"
+    seeds: tuple[int, ...] = (0,)
+    evals: int = positive(5)
+    eval_envs: int = positive(128)
+    ppo: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Schema(Section):
+    """What ``params.yaml``'s ``legged`` section may hold (the study reads it as a mapping;
+    the PPO overrides are checked by :func:`check` through the PPO config)."""
+
+    envs: dict[str, dict[str, Any] | None]
+    sizes: dict[str, dict[str, tuple[int, ...]]] = positive()
+    ppo: dict[str, Any] = dataclasses.field(default_factory=dict)
+    physics: _Physics
+    speed: _Speed | None = None
+    quality: _Quality | None = None
+    random: _Random | None = None
+    peer: _Peer | None = None
+    last_fraction: float = fraction(0.1)
+    compiler_options: dict[str, Any] | None = None
+
+
 def check(p: Mapping[str, Any]) -> None:
     """Every cell's configuration, before the first cell runs (one-line ValueError)."""
+    check_mapping(dict(p), Schema, f"params.yaml: legged.{p.get('profile')}")
     for env_name in p["envs"]:
         config(p, env_name, "physics")
         for part in ("speed", "quality"):

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from repro import results
-from repro.config import Section, positive, recipe_names
+from repro.config import Section, fraction, positive, recipe_names
 from repro.models import ppo
 from repro.precision.recipes import resolve
 from repro.studies.rl_throughput import _device_peak_bytes
@@ -43,7 +43,7 @@ class Params(Section):
     envs: dict[str, dict[str, Any] | None]
     variants: tuple[str, ...] = recipe_names()
     ppo: dict[str, Any] | None = None
-    last_fraction: float = positive(0.1)
+    last_fraction: float = fraction(0.1)
     determinism_variant: str | None = recipe_names(None)
 
 
@@ -170,7 +170,11 @@ def random_cell(env_name: str, p: Params) -> list[dict[str, Any]]:
 def check(p: Params) -> None:
     for env_name in p.envs:
         for v in p.variants:
-            quality_config(env_name, v, p)  # every cell's PPO config, before the first run
+            try:  # every cell's PPO config, before the first run
+                quality_config(env_name, v, p)
+            except ValueError as e:
+                raise ValueError(f"rl_quality: the PPO config of ppo and envs.{env_name} "
+                                 f"(variant {v}): {e}") from None
 
 
 def cells(p: Params) -> list[Cell]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from typing import Any
 
@@ -53,6 +53,13 @@ class Verdict:
         if self.verdict not in VERDICTS:
             raise ValueError(f"unknown verdict {self.verdict!r} for claim {self.claim}; "
                              f"valid: {', '.join(VERDICTS)}")
+        for f in fields(self):
+            v = getattr(self, f.name)
+            kind = bool if f.name in ("emulated", "stale") else dict if f.name == "numbers" \
+                else str
+            if type(v) is not kind:
+                raise ValueError(f"verdict of claim {self.claim}: {f.name} must be "
+                                 f"{kind.__name__}, got {v!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "numbers": tidy(dict(self.numbers))}

@@ -1,0 +1,218 @@
+"""The `repro` command under faults: nothing deleted that it did not create, hardware identity
+detected (not asserted), full-profile studies on a CPU only with --yes, every error one line,
+Ctrl-C exits 130 cleanly and keeps the finished cells."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from repro import cli, hardware, site
+from repro.hardware import HardwareInfo, lookup
+
+ROOT = Path(__file__).resolve().parent.parent
+GEMM_PARAMS = """profile: smoke
+gemm:
+  common: {dtypes: [fp32, bf16], repeats: 1, input_sets: 1}
+  smoke: {shapes: [[32, 16, 16]], error_shape: [16, 16, 16]}
+  full: {shapes: [[64, 64, 64]]}
+"""
+
+
+def one_line(capsys, status, argv):
+    assert cli.main(argv) == status
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("repro: error: "), err
+    return err[0]
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    (tmp_path / "params.yaml").write_text(GEMM_PARAMS)
+    monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
+    return tmp_path
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+# ---------------------------------------------------------------------------------- site
+
+
+@pytest.mark.parametrize("target", ["docs", ".", "notes.txt"])
+def test_site_refuses_to_replace_what_it_did_not_build(repo, capsys, target):
+    (repo / "docs").mkdir()
+    (repo / "docs" / "CLAIMS.md").write_text("claims")
+    (repo / "notes.txt").write_text("mine")
+    before = tree(repo)
+    line = one_line(capsys, 2, ["site", "--out", str(repo / target)])
+    assert f"--out {repo / target}" in line
+    assert ("not a site this command built" in line) or ("a file is there" in line)
+    assert tree(repo) == before  # nothing deleted, nothing written
+
+
+def test_site_replaces_its_own_build_and_an_empty_folder(repo, capsys):
+    out = repo / "public"
+    out.mkdir()  # empty: fine
+    assert cli.main(["site", "--out", str(out)]) == 0
+    assert (out / site.MARKER).is_file() and (out / "index.html").is_file()
+    (out / "old.html").write_text("from the last build")
+    assert cli.main(["site", "--out", str(out)]) == 0  # marked: replaced whole
+    assert not (out / "old.html").exists()
+    (out / site.MARKER).unlink()
+    capsys.readouterr()
+    assert "not a site this command built" in one_line(capsys, 2, ["site", "--out", str(out)])
+
+
+def test_the_default_site_folder_built_before_markers_is_still_replaced(repo):
+    old = repo / "build" / "site"
+    (old / "figures").mkdir(parents=True)
+    (old / "index.html").write_text("old")
+    (old / "figures" / "01_x.png").write_bytes(b"png")
+    assert cli.main(["site"]) == 0
+    assert (old / site.MARKER).is_file() and not (old / "figures" / "01_x.png").exists()
+
+
+def test_site_under_a_file_is_one_line(repo, capsys):
+    (repo / "f").write_text("x")
+    assert "is not a folder" in one_line(capsys, 2, ["site", "--out", str(repo / "f" / "s")])
+
+
+def test_a_notebook_scratch_folder_holding_foreign_files_is_not_emptied(tmp_path):
+    from repro import run_notebook
+
+    scratch = tmp_path / "scratch"
+    (scratch / "cpu" / "gemm").mkdir(parents=True)
+    (scratch / "cpu" / "gemm" / "a.json").write_text("[]")
+    (scratch / "thesis.tex").write_text("mine")
+    with pytest.raises(run_notebook.NotebookError, match=r"holds thesis.tex, which is not a "
+                                                         r"record"):
+        run_notebook._empty_scratch(scratch)
+    assert (scratch / "thesis.tex").exists()
+    (scratch / "thesis.tex").unlink()
+    run_notebook._empty_scratch(scratch)  # only records: its own, emptied
+    assert not scratch.exists()
+
+
+# ---------------------------------------------------------------------- hardware label
+
+H200 = HardwareInfo("h200", "NVIDIA H200", "gpu", "9.0")
+NEW_GPU = HardwareInfo("nvidia-x1", "NVIDIA X1", "gpu", "9.0")
+
+
+@pytest.mark.parametrize("label, device, want", [
+    ("h200", lookup("cpu"), "it names NVIDIA H200 (GPU) and JAX runs on the CPU"),
+    ("my-h200", lookup("cpu"), "it names NVIDIA H200 (GPU) and JAX runs on the CPU"),
+    ("b200", H200, "compute capability 10.0) and this device has compute capability 9.0"),
+    ("h100-sxm", H200, "this device is NVIDIA H200 (h200)"),
+    ("cpu", H200, "it names CPU (no accelerator) (CPU) and JAX runs on the GPU"),
+])
+def test_a_label_contradicting_the_device_is_refused(label, device, want):
+    with pytest.raises(ValueError) as e:
+        hardware.check_label(label, device)
+    assert str(e.value).startswith(f"--hardware {label!r} contradicts the detected device: ")
+    assert want in str(e.value)
+
+
+@pytest.mark.parametrize("label, device, slug", [
+    ("test-box", lookup("cpu"), "test-box"),  # a machine the registry lacks
+    ("H200", H200, "h200"),  # the device itself
+    ("h200-node7", H200, "h200-node7"),
+    ("h100-sxm", NEW_GPU, "h100-sxm"),  # an unregistered GPU of the same kind
+])
+def test_a_label_that_agrees_or_is_unregistered_is_kept(label, device, slug):
+    assert hardware.check_label(label, device) == slug
+
+
+def test_record_under_a_contradicting_label_writes_nothing(repo, capsys):
+    line = one_line(capsys, 2, ["record", "gemm", "--hardware", "h200"])
+    assert "contradicts the detected device" in line
+    assert not (repo / "build").exists() and not (repo / "results").exists()
+
+
+# ------------------------------------------------------------------ full profile on CPU
+
+
+def test_a_full_profile_study_on_a_cpu_needs_yes_and_says_how_long(repo, capsys,
+                                                                 monkeypatch):
+    gpu = repo / "results" / "h200" / "gemm"
+    gpu.mkdir(parents=True)
+    for cell, when, tflops in [("a", "10:00", 500.0), ("b", "10:30", 600.0),
+                               ("c", "11:30", 550.0)]:
+        (gpu / f"{cell}.json").write_text(json.dumps([{
+            "experiment": "gemm", "backend": "gpu", "metric": "tflops", "value": tflops,
+            "recipe": "bf16", "timestamp": f"2025-01-01T{when}:00+00:00"}]))
+    monkeypatch.setattr(hardware, "_cpu_matmul_tflops", lambda: 0.5)
+    line = one_line(capsys, 2, ["record", "gemm", "--profile", "full"])
+    # 90 minutes between the first and the last cell on the h200; 600 / 0.5 = 1200x slower
+    assert ("its cells took about 90 minutes on the h200 (by their records' timestamps) and "
+            "this CPU multiplies BF16 matrices about 1,200x slower than the h200's recorded "
+            "GEMMs: roughly 11 weeks here") in line
+    assert line.endswith("use --profile smoke, or add --yes to run it here anyway")
+    assert not (repo / "results" / "cpu").exists()
+
+
+# -------------------------------------------------------------------- one-line errors
+
+
+@pytest.mark.parametrize("argv, want", [
+    (["record", "gemm", "--time-budget", "nan"], "--time-budget: expected seconds > 0"),
+    (["record", "gemm", "--time-budget", "-5"], "--time-budget: expected seconds > 0"),
+    (["record", "gemm", "--time-budget", "inf"], "--time-budget: expected seconds > 0"),
+    (["record", "gemm", "--recipe", ","], "--recipe: no name given"),
+    (["record", "gemm", "--hardware", " "], "--hardware: expected a non-empty value"),
+    (["trace", "mlp", "--steps", "0"], "--steps: expected a positive integer, got '0'"),
+    (["trace", "mlp", "--batch", "-3"], "--batch: expected a positive integer"),
+    (["trace", "mlp", "--width", "1.5"], "--width: invalid int value: '1.5'"),
+])
+def test_bad_arguments_name_themselves(repo, capsys, argv, want):
+    assert want in one_line(capsys, 2, argv)
+
+
+def test_any_other_error_is_one_line_with_status_1(repo, capsys, monkeypatch):
+    def broken(args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cli, "cmd_hardware", broken)
+    line = one_line(capsys, 1, ["hardware"])
+    assert line == ("repro: error: OSError: [Errno 28] No space left on device (--debug shows "
+                    "the traceback)")
+    with pytest.raises(OSError):
+        cli.main(["--debug", "hardware"])
+
+
+# ----------------------------------------------------------------------------- Ctrl-C
+
+
+def test_ctrl_c_during_record_exits_130_keeps_cells_and_the_rerun_resumes(tmp_path):
+    shapes = ", ".join(f"[{16 * i}, 16, 16]" for i in range(1, 9))
+    (tmp_path / "params.yaml").write_text(GEMM_PARAMS.replace("[[32, 16, 16]]", f"[{shapes}]"))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "REPRO_ROOT": str(tmp_path),
+           "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "repro.cli", "record", "gemm", "--hardware", "test-box"]
+    p = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    cells = tmp_path / "build" / "results" / "test-box" / "gemm"
+    deadline = time.time() + 120
+    while p.poll() is None and not list(cells.glob("*.json")) and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(p.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    _, err = p.communicate(timeout=120)
+    kept = sorted(f.name for f in cells.glob("*.json"))
+    assert p.returncode == 130, err
+    assert err.strip().splitlines()[-1] == ("repro: interrupted; finished cells are kept: "
+                                            "rerun the same command to resume")
+    assert "Traceback" not in err and kept and not list(cells.glob(".tmp-*"))
+    for f in cells.glob("*.json"):
+        json.loads(f.read_text())
+    again = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert f"{len(kept)} already recorded" in again.stdout
+    assert len(list(cells.glob("*.json"))) == 9
