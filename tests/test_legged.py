@@ -1,7 +1,7 @@
 """Legged-robot PPO (claim A11): the Gaussian policy against float64, the observation
 statistics against NumPy, the environment adapter against a hand-made environment, the
 physics' matmul precision under network recipes, a short ant run, Go1's placeholder meshes,
-the study's cells and the A11 verdict on hand-made tables.
+the study's cells and the A11 tables on hand-made records (the A11 rule: tests/test_verdicts.py).
 
 Tests that need brax / MuJoCo / Playground skip where the ``[legged]`` extra is missing."""
 
@@ -345,7 +345,7 @@ def test_brax_peer_gets_equal_settings_and_a_replicated_standin():
     assert not hasattr(jax, "device_put_replicated")
 
 
-# ------------------------------------------------------------------- tables and verdict
+# ------------------------------------------------------------------------------- tables
 
 
 def _rec(metric, value, sizes, recipe=None, extra=None, backend="gpu", commit="abc"):
@@ -370,13 +370,7 @@ def _speed_records(rates, backend="gpu"):
     return pd.DataFrame(recs)
 
 
-def _quality(ok_by_width, n=8):
-    return pd.DataFrame([{"hardware": "h200", "width": w, "recipe": "fp8-delayed",
-                          "n_seeds": n, "poi_hi": 0.7 if ok else 0.3}
-                         for w, ok in ok_by_width.items()])
-
-
-def test_speed_table_splits_the_loop_and_the_verdict_names_the_crossover():
+def test_speed_table_splits_the_loop_into_its_parts_and_speedups_pair_recipes():
     df = _speed_records({256: (100e3, 90e3, 2.0, 1.8), 2048: (50e3, 60e3, 20.0, 12.0),
                          4096: (20e3, 30e3, 60.0, 30.0)})
     t = A.speed_table(df)
@@ -384,38 +378,25 @@ def test_speed_table_splits_the_loop_and_the_verdict_names_the_crossover():
     assert row.loop_ms_per_update == pytest.approx(20 * 8192 / 100e3 * 1e3)
     assert row.physics_ms == pytest.approx(20 * 8192 / 1e6 * 1e3)
     assert row.other_ms == pytest.approx(1638.4 - 163.84 - 5.0 - 2.0)
+    assert row.physics_share == pytest.approx(163.84 / 1638.4)
     ups = A.speedups(t)
     assert ups.set_index("width").e2e.round(3).to_dict() == {256: 0.9, 2048: 1.2, 4096: 1.5}
     assert ups.set_index("width")["update"].to_dict() == {256: pytest.approx(2 / 1.8),
                                                          2048: pytest.approx(20 / 12),
                                                          4096: 2.0}
-    v = A.a11_verdict(ups, _quality({256: True, 2048: True}))
-    assert (v["verdict"], v["crossover_width"], v["hardware"]) == ("partly", 2048, "h200")
-    assert "FP8 pays from width 2048 on" in v["key_number"]
-    # pays already at the standard size, quality kept: reproduced
-    fast = A.speedups(A.speed_table(_speed_records({256: (100e3, 115e3, 2.0, 1.5),
-                                                    2048: (50e3, 60e3, 20.0, 12.0)})))
-    assert A.a11_verdict(fast, _quality({256: True}))["verdict"] == "reproduced"
-    assert A.a11_verdict(fast, _quality({256: False}))["verdict"] == "partly"
-    assert A.a11_verdict(fast, _quality({256: True}, n=4))["verdict"] == "partly"  # < 8 seeds
-    # never >= 1.1x: contradicted, and no crossover (a gap at 2048 resets it)
-    slow = A.speedups(A.speed_table(_speed_records({256: (100e3, 90e3, 2.0, 1.9),
-                                                    2048: (50e3, 54e3, 20.0, 15.0)})))
-    v = A.a11_verdict(slow, _quality({256: True}))
-    assert (v["verdict"], v["crossover_width"]) == ("contradicted", None)
-    assert "does not pay up to width 2048" in v["key_number"]
-    assert A.crossover({256: True, 1024: False, 4096: True}) == 4096
+    assert ups.same_commit.all() and not ups.emulated.any()
+    assert set(ups.recipe) == {"fp8-delayed"} and set(ups.hardware) == {"h200"}
 
 
-def test_verdict_needs_gpu_records_of_one_call():
+def test_evidence_is_gpu_records_and_speedups_mark_pairs_of_two_calls():
     cpu = _speed_records({256: (100e3, 200e3, 2.0, 1.0)}, backend="cpu")
     assert len(A.evidence(cpu)) == 0
-    ups = A.speedups(A.speed_table(A.evidence(cpu)))
-    assert A.a11_verdict(ups, _quality({}))["verdict"] == "not yet measured"
+    assert len(A.speedups(A.speed_table(A.evidence(cpu)))) == 0
     df = _speed_records({256: (100e3, 200e3, 2.0, 1.0)})
+    assert len(A.evidence(df)) == len(df)
+    assert len(A.evidence(df.assign(profile="smoke"))) == 0
     df.loc[df.recipe == "bf16", "git_commit"] = "other"  # recorded by another call
-    assert A.a11_verdict(A.speedups(A.speed_table(df)), _quality({256: True}))["verdict"] \
-        == "not yet measured"
+    assert not A.speedups(A.speed_table(df)).same_commit.any()
 
 
 def test_quality_table_normalises_against_fp32_and_random():

@@ -154,7 +154,7 @@ def test_a5_scaled_fp8_keeps_fp32_quality_and_beats_unscaled(vs_fp32, vs_noscale
 def test_parity_margins_come_from_the_claims_definitions():
     assert V.margin("A5") == V.margin("A6") == V.margin("A10") == (0.4, 0.6)
     assert V.margin("B4") == (-0.015, 0.015)
-    with pytest.raises(ValueError, match="A2.*claims with one: A5, A6, A10, B4"):
+    with pytest.raises(ValueError, match="A2.*claims with one: A5, A6, A10, A11, B4, B6"):
         V.margin("A2")
     # a margin given explicitly replaces the definition's
     assert V.a6(poi(fp8_delayed__fp32=KEPT), FULL, bounds=(0.45, 0.55)).verdict == \
@@ -251,6 +251,85 @@ def test_a10_says_when_fp8_was_not_checked_across_processes():
     assert v.verdict == "reproduced"
     assert v.key_number.endswith("across processes for 3 cells x 16 seeds: bf16, fp16, fp32); "
                                  "FP8 not checked across processes")
+
+
+# ------------------------------------------------------------------------------------ A11
+
+
+def legged_ups(e2e_by_width, hardware="h200", emulated=False, same_commit=True, env="ant"):
+    """A ``repro.analysis.legged.speedups`` table: fp8-delayed over BF16 per width (the
+    update alone twice as fast as the loop, physics a quarter of the BF16 loop)."""
+    return pd.DataFrame([{"hardware": hardware, "env": env, "size": f"w{w}", "width": w,
+                          "recipe": "fp8-delayed", "e2e": e, "update": 2 * e,
+                          "physics_share": 0.25, "emulated": emulated,
+                          "same_commit": same_commit} for w, e in e2e_by_width.items()])
+
+
+def legged_quality(intervals, n=8, hardware="h200"):
+    """A ``repro.analysis.legged.quality_table``: P(fp8-delayed > fp32) (p, lo, hi) per width."""
+    return pd.DataFrame([{"hardware": hardware, "width": w, "recipe": "fp8-delayed",
+                          "n_seeds": n, "poi": p, "poi_lo": lo, "poi_hi": hi}
+                         for w, (p, lo, hi) in intervals.items()])
+
+
+FAST = {256: 1.15, 2048: 1.2}               # pays at the standard (narrowest) size
+CROSS = {256: 0.9, 2048: 1.2, 4096: 1.5}     # pays from 2048 on
+SLOW = {256: 0.9, 2048: 1.08}                # never >= 1.1x
+
+
+@pytest.mark.parametrize("speed,quality,verdict", [
+    (FAST, {256: KEPT}, "reproduced"), (FAST, {256: BETTER, 2048: KEPT}, "reproduced"),
+    (FAST, {256: KEPT, 2048: WIDE}, "inconclusive"), (FAST, {256: LOST}, "partly"),
+    (FAST, {256: WIDE, 2048: LOST}, "partly"), (FAST, {}, "partly"),
+    (CROSS, {256: KEPT, 2048: KEPT}, "partly"), (CROSS, {256: WIDE}, "partly"),
+    (SLOW, {256: KEPT}, "contradicted"), (SLOW, {256: LOST}, "contradicted")])
+def test_a11_fp8_pays_at_the_standard_size_and_keeps_quality(speed, quality, verdict):
+    v = V.a11(legged_ups(speed), legged_quality(quality))
+    assert (v.verdict, v.hardware, v.emulated) == (verdict, "h200", False)
+    assert v.key_number.startswith("fp8-delayed/BF16 whole PPO loop on ant (MJX physics): "
+                                   f"{speed[256]:.2f}x at w256 (width 256; update alone "
+                                   f"{2 * speed[256]:.2f}x; physics 25% of the BF16 loop)")
+    assert v.source.startswith("results/h200/legged")
+
+
+def test_a11_key_number_names_the_crossover_and_each_interval():
+    v = V.a11(legged_ups(CROSS), legged_quality({2048: KEPT, 256: LOST}))
+    assert "; FP8 pays from width 2048 on; quality vs FP32 width 256: " \
+        "P(fp8-delayed>fp32)=0.30 [0.20,0.35] vs margin [0.40,0.60]: lost, width 2048: " \
+        "P(fp8-delayed>fp32)=0.50 [0.42,0.58] vs margin [0.40,0.60]: kept" in v.key_number
+    assert "FP8 does not pay up to width 2048" in V.a11(legged_ups(SLOW), pd.DataFrame()).key_number
+    assert "FP8 pays from width 256 on" in V.a11(legged_ups(FAST), pd.DataFrame()).key_number
+    # a gap resets the crossover: paying at 256 and 4096 but not 1024 pays from 4096 on
+    assert V.legged.crossover({256: True, 1024: False, 4096: True}) == 4096
+    assert V.legged.crossover({256: True, 1024: False}) is None
+
+
+def test_a11_quality_needs_eight_seeds_and_the_margin_comes_from_the_definition():
+    v = V.a11(legged_ups(FAST), legged_quality({256: KEPT}, n=4))
+    assert v.verdict == "partly" and "quality not measured with >= 8 seeds" in v.key_number
+    assert V.margin("A11") == (0.4, 0.6)
+    # a narrower margin given explicitly: KEPT's interval [0.42, 0.58] straddles 0.45
+    assert V.a11(legged_ups(FAST), legged_quality({256: KEPT}), bounds=(0.45, 0.55)).verdict \
+        == "inconclusive"
+
+
+def test_a11_counts_native_pairs_of_one_call_on_the_best_measured_gpu():
+    for ups in (pd.DataFrame(), legged_ups(FAST, emulated=True),
+                legged_ups(FAST, same_commit=False), legged_ups(FAST).assign(recipe="fp8-current")):
+        v = V.a11(ups, legged_quality({256: KEPT}))
+        assert v.verdict == "not yet measured" and v.hardware == ""
+        assert v.key_number == "no native-FP8 fp8-delayed/BF16 pairs of the legged study on a GPU"
+    # two GPUs: the one with more pairs decides, with its own quality rows
+    ups = pd.concat([legged_ups(FAST), legged_ups({256: 0.5}, hardware="gh200")])
+    quality = pd.concat([legged_quality({256: KEPT}),
+                         legged_quality({256: LOST}, hardware="gh200")])
+    v = V.a11(ups, quality)
+    assert (v.verdict, v.hardware) == ("reproduced", "h200")
+    # two environments at one width: the median of their ratios, (1.0 + 1.3) / 2 = 1.15 pays
+    ups = pd.concat([legged_ups({256: 1.0}), legged_ups({256: 1.3}, env="humanoid")])
+    v = V.a11(ups, legged_quality({256: KEPT}))
+    assert v.verdict == "reproduced" and "on ant, humanoid (MJX physics): 1.15x at w256" in \
+        v.key_number
 
 
 # --------------------------------------------------------------------------- B1-B5
@@ -414,3 +493,98 @@ def test_b5_weak_scaling_efficiency_at_the_largest_count(effs, n, verdict):
 def test_b5_simulated_devices_never_count():
     sim = scaling_rows({("ppo", "bf16"): 1.0}, 8, "cpu", "cpu", simulated=True)
     assert V.b5(sim).verdict == "not yet measured"
+
+
+# ------------------------------------------------------------------------------------- B6
+
+
+def b6_acc(fp8, int8, n=3, profile="full", hw="h200", emulated=False):
+    """A ``repro.analysis.inference.accuracy_table``: per format the 95% interval (lo, hi) of
+    the relative held-out loss gap to BF16, its mean the midpoint."""
+    return pd.DataFrame([{"hardware": hw, "profile": profile, "model": "20m", "format": f,
+                          "n_seeds": n, "rel_gap": (lo + hi) / 2, "rel_lo": lo, "rel_hi": hi,
+                          "emulated": emulated} for f, (lo, hi) in (("fp8", fp8), ("int8", int8))])
+
+
+def b6_spd(prefill=1.4, decode=1.6, emulated=False, hw="h200"):
+    """A ``speed_table``: the wide config (d_model 4096) at the given speedups, and a narrow
+    one (d_model 256) at 0.5x that the rule must not read."""
+    rows = []
+    for d, pre, dec in ((4096, prefill, decode), (256, 0.5, 0.5)):
+        rows += [{"hardware": hw, "profile": "full", "config": f"d{d}", "d_model": d,
+                  "format": "fp8", "phase": "prefill", "batch": 8, "speedup": pre,
+                  "emulated": emulated}]
+        rows += [{"hardware": hw, "profile": "full", "config": f"d{d}", "d_model": d,
+                  "format": f, "phase": "decode", "batch": 1, "speedup": dec,
+                  "emulated": emulated} for f in ("fp8-w", "int8-w")]
+    return pd.DataFrame(rows)
+
+
+def b6_mem(r8=0.51, r4=0.29, hw="h200"):
+    """A ``bytes_table``: whole-model weight bytes over BF16's per weight-only format."""
+    return pd.DataFrame([{"hardware": hw, "profile": "full", "model": "20m", "format": f,
+                          "ratio_to_bf16": r} for f, r in (("fp8-w", r8), ("int8-w", r8),
+                                                           ("nvfp4-w", r4))])
+
+
+# relative gap intervals against FP8's margin 0.5% and INT8's 1%: inside, straddling, beyond
+FP8_IN, FP8_WIDE, FP8_OUT = (-0.002, 0.004), (0.003, 0.007), (0.006, 0.01)
+INT8_IN, INT8_WIDE, INT8_OUT = (0.0, 0.009), (0.005, 0.02), (0.011, 0.03)
+
+
+@pytest.mark.parametrize("fp8,int8,spd,mem,verdict", [
+    (FP8_IN, INT8_IN, b6_spd(), b6_mem(), "reproduced"),
+    (FP8_IN, INT8_OUT, b6_spd(), b6_mem(), "partly"),
+    (FP8_WIDE, INT8_IN, b6_spd(), b6_mem(), "inconclusive"),
+    (FP8_IN, INT8_WIDE, b6_spd(1.2), b6_mem(), "partly"),
+    (FP8_OUT, INT8_OUT, b6_spd(1.0, 1.0), b6_mem(0.6, 0.4), "contradicted"),
+    (FP8_WIDE, INT8_OUT, b6_spd(1.0, 1.0), b6_mem(0.6, 0.4), "contradicted"),
+    (FP8_IN, INT8_IN, b6_spd(emulated=True), b6_mem(), "partly"),
+    (FP8_WIDE, INT8_IN, b6_spd(emulated=True), b6_mem(), "partly"),
+    (FP8_IN, INT8_IN, b6_spd(), b6_mem().iloc[:2], "partly")])
+def test_b6_accuracy_within_margins_speed_and_bytes(fp8, int8, spd, mem, verdict):
+    v = V.b6(b6_acc(fp8, int8), mem, spd)
+    assert (v.verdict, v.hardware, v.emulated) == (verdict, "h200", False)
+
+
+def test_b6_key_number_and_note_name_every_part():
+    v = V.b6(b6_acc(FP8_IN, INT8_WIDE), b6_mem(), b6_spd(emulated=True))
+    assert v.key_number == ("FP8 held-out loss +0.10% vs BF16 (95% CI -0.20% .. +0.40%, 3 seeds, "
+                            "margin 0.5%); INT8 held-out loss +1.25% vs BF16 (95% CI +0.50% .. "
+                            "+2.00%, 3 seeds, margin 1.0%); speed not measured on tensor cores "
+                            "(emulated or no records)")
+    assert "pass: FP8 held-out loss" in v.note and "inconclusive: INT8 held-out loss" in v.note
+    assert "n/a: speed not measured" in v.note and "pass: nvfp4-w weights 0.290x BF16" in v.note
+    v = V.b6(b6_acc(FP8_IN, INT8_OUT), b6_mem(0.6), b6_spd(1.2))
+    assert "FAIL: INT8 held-out loss" in v.note and "FAIL: FP8 prefill 1.20x BF16 at d_model " \
+        "4096 (target 1.3x)" in v.note and "FAIL: fp8-w weights 0.600x BF16" in v.note
+    assert "pass: fp8-w decode 1.60x BF16 at batch 1 (target 1.5x)" in v.note
+    assert V.b6(b6_acc(FP8_IN, INT8_IN), b6_mem(), b6_spd(hw="gh200")).hardware == "h200, gh200"
+    assert V.b6(b6_acc(FP8_IN, INT8_IN, emulated=True), b6_mem(), b6_spd()).emulated
+
+
+def test_b6_needs_three_seeds_and_full_records():
+    v = V.b6(b6_acc(FP8_IN, INT8_IN, n=2), b6_mem(), b6_spd())
+    assert v.verdict == "partly" and "n/a: FP8 held-out loss" in v.note
+    v = V.b6(b6_acc(FP8_IN, INT8_IN, n=1), b6_mem(), b6_spd())
+    assert v.verdict == "partly" and "n/a: FP8 accuracy not measured" in v.note
+    v = V.b6(b6_acc(FP8_IN, INT8_IN, profile="smoke", hw="cpu"), b6_mem(hw="cpu"),
+             b6_spd(hw="cpu"))
+    assert v.verdict == "not yet measured" and v.hardware == "cpu"
+    assert v.key_number.startswith("smoke records only (reproduced as a pipeline check, not "
+                                   "evidence): FP8 held-out loss")
+    v = V.b6(b6_acc(FP8_IN, INT8_IN).iloc[:0], b6_mem(), b6_spd())
+    assert (v.verdict, v.key_number) == ("not yet measured", "no inference accuracy records")
+
+
+def test_b6_margins_come_from_the_definition_per_format():
+    assert V.margin("B6", "fp8") == (-0.005, 0.005)
+    assert V.margin("B6", "int8") == (-0.01, 0.01)
+    with pytest.raises(ValueError, match="B6.*part None is not one: fp8, int8"):
+        V.margin("B6")
+    with pytest.raises(ValueError, match="A5.*one margin.*got part 'fp8'"):
+        V.margin("A5", "fp8")
+    # a margin given explicitly replaces the definition's: FP8_IN's [-0.2%, +0.4%] straddles
+    # a 0.1% margin, and INT8 is then not judged
+    v = V.b6(b6_acc(FP8_IN, INT8_OUT), b6_mem(), b6_spd(), bounds={"fp8": (-0.001, 0.001)})
+    assert v.verdict == "inconclusive" and "INT8" not in v.note

@@ -1,4 +1,5 @@
-"""Tables and the A11 verdict from the ``legged`` records (``repro.studies.legged``).
+"""Tables from the ``legged`` records (``repro.studies.legged``) for claim A11, whose rule is
+``repro.claims.verdicts.a11``.
 
 * :func:`physics_table` -- the physics alone: env-steps/s per (hardware, env, num_envs,
   precision), scanned and per call, with the first two calls' times.
@@ -10,12 +11,10 @@
 * :func:`quality_table` -- per size, each recipe against FP32: normalised scores ((return -
   random) / (FP32 mean - random)) and the probability of improvement with its 95% stratified
   bootstrap interval (rliable), the statistics of the other RL quality claims.
-* :func:`a11_verdict` -- the rule, stated there.
+* :func:`evidence` -- the records a verdict may use (full profile, GPU).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -27,8 +26,6 @@ from repro.analysis import stats
 EXPERIMENT = "legged"
 BASELINE = "bf16"
 REFERENCE = "fp32"
-PAYS = 1.1  # FP8 "pays" where the whole loop is >= 1.1x BF16's (A2's "faster" threshold)
-MIN_SEEDS = 8
 
 
 def _sizes(d: pd.DataFrame, keys) -> pd.DataFrame:
@@ -147,73 +144,3 @@ def evidence(df: pd.DataFrame) -> pd.DataFrame:
     if not len(df):
         return df
     return df[(df["backend"] == "gpu") & (df["profile"] == "full")]
-
-
-def _quality_ok(quality: pd.DataFrame, recipe: str) -> dict[Any, bool]:
-    """Per width: ``recipe`` not worse than FP32 (the upper end of P(recipe > fp32)'s 95%
-    interval reaches 0.5), with >= MIN_SEEDS seeds."""
-    q = quality[(quality.recipe == recipe) & (quality.n_seeds >= MIN_SEEDS)] \
-        if len(quality) else quality
-    return {int(r.width): bool(r.poi_hi >= 0.5) for r in q.itertuples()}
-
-
-def crossover(pays: dict[int, bool]) -> int | None:
-    """The smallest width from which FP8 pays at every wider measured width (None if it does
-    not pay at the widest)."""
-    out = None
-    for w in sorted(pays, reverse=True):
-        if not pays[w]:
-            break
-        out = w
-    return out
-
-
-def a11_verdict(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str = "fp8-delayed"
-                ) -> dict[str, Any]:
-    """Claim A11 ("FP8 matters for compute-heavy RL such as legged-robot training") from
-    :func:`speedups` and :func:`quality_table` of the :func:`evidence` records.
-
-    Speed counts only for non-emulated ratios of two cells recorded in one call
-    (``same_commit``). FP8 *pays* at a policy size when ``recipe``'s whole PPO loop reaches
-    >= 1.1x BF16's env-steps/s; its *quality holds* at a size when P(``recipe`` > FP32)'s 95%
-    interval reaches 0.5 (not worse, the rule of the other RL quality claims) over >= 8 seeds.
-    The crossover is the smallest measured width from which FP8 pays at every wider one.
-
-    **reproduced**: FP8 pays at the narrowest measured size (the standard legged policy) and
-    its quality holds wherever measured; **partly**: it pays only from a wider crossover on
-    (or pays but its quality does not hold); **contradicted**: it pays at no measured size;
-    **not yet measured**: no such records.
-    """
-    u = ups[(ups.recipe == recipe) & ~ups.emulated.astype(bool)
-            & ups.same_commit.astype(bool)] if len(ups) else ups
-    if not len(u):
-        return {"verdict": "not yet measured", "hardware": "", "crossover_width": None,
-                "key_number": f"no native-FP8 {recipe}/BF16 pairs of the legged study on a GPU",
-                "source": f"results/*/{EXPERIMENT}", "note": "notebook 10_legged"}
-    hw = u.groupby("hardware").size().idxmax()
-    envs = ", ".join(sorted(set(u[u.hardware == hw].env)))
-    u = u[u.hardware == hw].groupby("width", as_index=False).agg(
-        e2e=("e2e", "median"), update=("update", "median"), size=("size", "first"),
-        physics_share=("physics_share", "first")).sort_values("width")
-    pays = {int(r.width): bool(r.e2e >= PAYS) for r in u.itertuples()}
-    ok = _quality_ok(quality[quality.hardware == hw] if len(quality) else quality, recipe)
-    cross = crossover(pays)
-    narrow = int(u.width.min())
-    held = all(ok.values()) if ok else None
-    if not any(pays.values()):
-        verdict = "contradicted"
-    elif pays[narrow] and held:
-        verdict = "reproduced"
-    else:
-        verdict = "partly"
-    speed = ", ".join(f"{r['e2e']:.2f}x at {r['size']} (width {int(r['width'])}; update alone "
-                      f"{r['update']:.2f}x; physics {r['physics_share']:.0%} of the BF16 loop)"
-                      for _, r in u.iterrows())
-    qual = ("quality not measured with >= 8 seeds" if not ok else "quality vs FP32 "
-            + ", ".join(f"width {w}: {'holds' if v else 'worse'}" for w, v in sorted(ok.items())))
-    where = (f"FP8 pays from width {cross} on" if cross is not None else
-             f"FP8 does not pay up to width {int(u.width.max())}")
-    key = f"{recipe}/BF16 whole PPO loop on {envs} (MJX physics): {speed}; {where}; {qual}"
-    return {"verdict": verdict, "hardware": hw, "crossover_width": cross, "key_number": key,
-            "source": f"results/{hw}/{EXPERIMENT} (env_steps_per_s, update_ms, final_return, "
-                      "physics_env_steps_per_s)", "note": "notebook 10_legged"}

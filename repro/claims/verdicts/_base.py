@@ -75,11 +75,22 @@ def definitions() -> dict[str, dict[str, Any]]:
     return yaml.safe_load(resources.files("repro").joinpath("data/claims.yaml").read_text())
 
 
-def margin(claim: str) -> tuple[float, float]:
-    """The equivalence margin [low, high] of a parity claim, from its definition."""
+def margin(claim: str, part: str | None = None) -> tuple[float, float]:
+    """The equivalence margin [low, high] of a parity claim, from its definition; ``part``
+    names one of them where the claim has several (B6: one per inference format)."""
     m = definitions().get(claim, {}).get("margin")
     if not m:
         have = ", ".join(k for k, v in definitions().items() if v.get("margin"))
         raise ValueError(f"claim {claim!r} has no margin in repro/data/claims.yaml; claims "
                          f"with one: {have}")
-    return float(m["bounds"][0]), float(m["bounds"][1])
+    bounds = m["bounds"]
+    if isinstance(bounds, dict):
+        if part not in bounds:
+            raise ValueError(f"claim {claim!r} has a margin per part in "
+                             f"repro/data/claims.yaml; part {part!r} is not one: "
+                             f"{', '.join(bounds)}")
+        bounds = bounds[part]
+    elif part is not None:
+        raise ValueError(f"claim {claim!r} has one margin in repro/data/claims.yaml, not one "
+                         f"per part; got part {part!r}")
+    return float(bounds[0]), float(bounds[1])

@@ -1,0 +1,129 @@
+"""Claim B6's inference half: FP8 / INT8 serving of a BF16-trained LM (notebook 11).
+
+The accuracy parts are parity claims with one equivalence margin per format, fixed in B6's
+definition (``repro/data/claims.yaml``) on the relative held-out loss gap (format - BF16) / BF16
+with its 95% t-interval [lo, hi] over seeds: **kept** if hi <= high, **lost** if lo > high,
+**inconclusive** when the interval straddles high (too wide to tell).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pandas as pd
+
+from repro.analysis.inference import best_evidence
+from repro.claims.verdicts._base import Verdict, margin
+from repro.claims.verdicts.quality import UNSURE
+
+FORMATS = ("fp8", "int8")  # the formats whose accuracy B6 judges, each with its margin
+MIN_SEEDS = 3
+PREFILL_TARGET = ("fp8", 1.3)            # FP8 weights+activations, prefill, widest config
+DECODE_TARGET = (("fp8-w", "int8-w"), 1, 1.5)  # weight-only decode at batch 1, widest config
+BYTES_TARGETS = {"fp8-w": 0.52, "int8-w": 0.52, "nvfp4-w": 0.30}
+SOURCE = "results/*/inference/*.json (notebooks/11_inference.py)"
+LABEL = {True: "pass", False: "FAIL", None: "n/a", UNSURE: "inconclusive"}
+
+
+def b6_margins() -> dict[str, tuple[float, float]]:
+    """B6's margin per format, from its definition."""
+    return {f: margin("B6", f) for f in FORMATS}
+
+
+def _part(ok: bool | str | None, text: str) -> dict:
+    return {"ok": ok, "text": text}
+
+
+def _accuracy_parts(acc: pd.DataFrame, bounds: Mapping[str, Sequence[float]]) -> list[dict]:
+    parts = []
+    for fmt, (_, high) in bounds.items():
+        r = acc[acc["format"] == fmt]
+        if r.empty or int(r["n_seeds"].iloc[0]) < 2:
+            parts.append(_part(None, f"{fmt.upper()} accuracy not measured"))
+            continue
+        r = r.iloc[0]
+        ok = (None if r["n_seeds"] < MIN_SEEDS else True if r["rel_hi"] <= high
+              else False if r["rel_lo"] > high else UNSURE)
+        parts.append(_part(ok, f"{fmt.upper()} held-out loss {100 * r['rel_gap']:+.2f}% vs "
+                               f"BF16 (95% CI {100 * r['rel_lo']:+.2f}% .. "
+                               f"{100 * r['rel_hi']:+.2f}%, {int(r['n_seeds'])} seeds, "
+                               f"margin {100 * high:.1f}%)"))
+    return parts
+
+
+def _speed_parts(spd: pd.DataFrame) -> list[dict]:
+    real = spd[~spd["emulated"].astype(bool)] if not spd.empty else spd
+    if real.empty:
+        return [_part(None, "speed not measured on tensor cores (emulated or no records)")]
+    wide = real[real["d_model"] == real["d_model"].max()]
+    fmt, target = PREFILL_TARGET
+    parts = []
+    r = wide[(wide["format"] == fmt) & (wide["phase"] == "prefill")]
+    parts.append(_part(None, f"{fmt.upper()} prefill not measured") if r.empty else _part(
+        bool(r["speedup"].iloc[0] >= target),
+        f"{fmt.upper()} prefill {r['speedup'].iloc[0]:.2f}x BF16 at d_model "
+        f"{int(r['d_model'].iloc[0])} (target {target}x)"))
+    fmts, batch, target = DECODE_TARGET
+    for f in fmts:
+        r = wide[(wide["format"] == f) & (wide["phase"] == "decode") & (wide["batch"] == batch)]
+        parts.append(_part(None, f"{f} decode not measured") if r.empty else _part(
+            bool(r["speedup"].iloc[0] >= target),
+            f"{f} decode {r['speedup'].iloc[0]:.2f}x BF16 at batch {batch} (target {target}x)"))
+    return parts
+
+
+def _bytes_parts(mem: pd.DataFrame) -> list[dict]:
+    parts = []
+    for fmt, limit in BYTES_TARGETS.items():
+        r = mem[mem["format"] == fmt]
+        parts.append(_part(None, f"{fmt} bytes not measured") if r.empty else _part(
+            bool(r["ratio_to_bf16"].iloc[0] <= limit),
+            f"{fmt} weights {r['ratio_to_bf16'].iloc[0]:.3f}x BF16 (target <= {limit}x)"))
+    return parts
+
+
+def _combine(oks: list[bool | str | None]) -> str:
+    """Every part passes: reproduced; every part fails or is undecided (one at least fails):
+    contradicted; every part passes or is undecided: inconclusive; otherwise partly."""
+    if all(o is True for o in oks):
+        return "reproduced"
+    if False in oks and all(o is False or o == UNSURE for o in oks):
+        return "contradicted"
+    if all(o is True or o == UNSURE for o in oks):
+        return "inconclusive"
+    return "partly"
+
+
+def b6(acc: pd.DataFrame, mem: pd.DataFrame, spd: pd.DataFrame,
+       bounds: Mapping[str, Sequence[float]] | None = None) -> Verdict:
+    """B6's inference half from ``repro.analysis.inference``'s ``accuracy_table``,
+    ``bytes_table`` and ``speed_table`` (best evidence of each: full profile, a GPU).
+
+    Parts: FP8 and INT8 held-out loss within their margins of BF16 (``bounds`` per format,
+    else B6's; >= 3 seeds); FP8 prefill >= 1.3x BF16 and weight-only FP8 / INT8 decode at
+    batch 1 >= 1.5x at the widest config timed, from records whose products ran on tensor
+    cores (not emulated); weight bytes <= 0.52x (FP8/INT8 weight-only) and <= 0.30x (NVFP4)
+    of BF16 over the whole model. All parts pass: **reproduced**; all fail: **contradicted**;
+    none fails but an accuracy interval is too wide to tell: **inconclusive**; otherwise (a
+    part failed or was not measured): **partly**. No accuracy records, or smoke records only:
+    **not yet measured**.
+    """
+    bounds = b6_margins() if bounds is None else bounds
+    acc, mem, spd = best_evidence(acc), best_evidence(mem), best_evidence(spd)
+    if acc.empty:
+        return Verdict("B6", "not yet measured", "no inference accuracy records", "", SOURCE)
+    parts = _accuracy_parts(acc, bounds) + _speed_parts(spd) + _bytes_parts(mem)
+    verdict = _combine([p["ok"] for p in parts])
+    key = "; ".join(p["text"] for p in parts[:3])
+    smoke = acc["profile"].iloc[0] != "full"
+    if smoke:
+        key = f"smoke records only ({verdict} as a pipeline check, not evidence): {key}"
+        verdict = "not yet measured"
+    hw = str(acc["hardware"].iloc[0])
+    speed_hw = "" if spd.empty else str(spd["hardware"].iloc[0])
+    note = ("inference half of B6 (FP4 training: B4). Accuracy: the same BF16-trained "
+            "checkpoint per seed, exported with qwix, step picked by held-out loss. "
+            + ("Smoke records only: a pipeline check, not evidence. " if smoke else "")
+            + "; ".join(f"{LABEL[p['ok']]}: {p['text']}" for p in parts))
+    return Verdict("B6", verdict, key, hw if speed_hw in ("", hw) else f"{hw}, {speed_hw}",
+                   SOURCE, note, bool(acc["emulated"].any()))

@@ -1,0 +1,115 @@
+"""Claim A11: FP8 in legged-robot PPO on MuJoCo physics (notebook 10).
+
+FP8 *pays* at a policy size when its whole PPO loop (physics included) reaches >= 1.1x BF16's
+env-steps/s, the threshold notebook 03 uses for "faster". Its quality is a parity claim, judged
+as A5, A6 and A10: P(FP8 > FP32) with its 95% interval [lo, hi] against the equivalence margin
+[low, high] of A11's definition (``repro/data/claims.yaml``): **kept** if lo >= low, **lost** if
+hi < low, **inconclusive** when the interval straddles low.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from repro.claims.verdicts._base import Verdict, margin
+from repro.claims.verdicts.quality import UNSURE, _kept
+
+EXPERIMENT = "legged"
+RECIPE = "fp8-delayed"
+REFERENCE = "fp32"
+PAYS = 1.1  # FP8 "pays" where the whole loop is >= 1.1x BF16's (A2's "faster" threshold)
+MIN_SEEDS = 8
+NOTE = "notebook 10_legged"
+
+
+def crossover(pays: dict[int, bool]) -> int | None:
+    """The smallest width from which FP8 pays at every wider measured width (None if it does
+    not pay at the widest)."""
+    out = None
+    for w in sorted(pays, reverse=True):
+        if not pays[w]:
+            break
+        out = w
+    return out
+
+
+def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
+                  ) -> dict[int, tuple[bool | str, str]]:
+    """Per width with >= MIN_SEEDS seeds: (kept: True / False / UNSURE, its text), from the
+    ``poi``, ``poi_lo``, ``poi_hi`` columns of ``repro.analysis.legged.quality_table``."""
+    q = quality[(quality.recipe == recipe) & (quality.n_seeds >= MIN_SEEDS)] \
+        if len(quality) else quality
+    out = {}
+    for r in q.itertuples():
+        poi = pd.DataFrame([{"x": recipe, "y": REFERENCE, "p": r.poi, "lo": r.poi_lo,
+                             "hi": r.poi_hi}])
+        out[int(r.width)] = _kept(poi, recipe, REFERENCE, bounds)
+    return out
+
+
+def _held(kept: dict[int, tuple[bool | str, str]]) -> bool | str | None:
+    """Quality over every measured width: lost anywhere -> False, else undecided anywhere ->
+    UNSURE, else True; None if no width was measured."""
+    states = [s for s, _ in kept.values()]
+    if not states:
+        return None
+    return False if False in states else UNSURE if UNSURE in states else True
+
+
+def a11(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str = RECIPE,
+        bounds: Sequence[float] | None = None) -> Verdict:
+    """A11 ("FP8 matters for compute-heavy RL such as legged-robot training") from
+    ``repro.analysis.legged.speedups`` and ``quality_table`` of the full-profile GPU records
+    (``repro.analysis.legged.evidence``).
+
+    Speed counts only for non-emulated ratios of two cells recorded in one call
+    (``same_commit``). FP8 *pays* at a policy size when ``recipe``'s whole PPO loop reaches
+    >= 1.1x BF16's env-steps/s; its quality is *kept* at a size when P(``recipe`` > FP32)'s 95%
+    interval over >= 8 seeds lies at or above the margin's low bound (``bounds``, else A11's
+    margin). The crossover is the smallest measured width from which FP8 pays at every wider
+    one.
+
+    **reproduced**: FP8 pays at the narrowest measured size (the standard legged policy) and
+    its quality is kept wherever measured; **inconclusive**: it pays there, no size lost
+    quality, but an interval is too wide to tell; **partly**: it pays only from a wider
+    crossover on (or pays but its quality is lost or not measured); **contradicted**: it pays
+    at no measured size; **not yet measured**: no such records.
+    """
+    bounds = bounds or margin("A11")
+    u = ups[(ups.recipe == recipe) & ~ups.emulated.astype(bool)
+            & ups.same_commit.astype(bool)] if len(ups) else ups
+    if not len(u):
+        return Verdict("A11", "not yet measured",
+                       f"no native-FP8 {recipe}/BF16 pairs of the legged study on a GPU", "",
+                       f"results/*/{EXPERIMENT}", NOTE)
+    hw = u.groupby("hardware").size().idxmax()
+    envs = ", ".join(sorted(set(u[u.hardware == hw].env)))
+    u = u[u.hardware == hw].groupby("width", as_index=False).agg(
+        e2e=("e2e", "median"), update=("update", "median"), size=("size", "first"),
+        physics_share=("physics_share", "first")).sort_values("width")
+    pays = {int(r.width): bool(r.e2e >= PAYS) for r in u.itertuples()}
+    kept = _quality_kept(quality[quality.hardware == hw] if len(quality) else quality, recipe,
+                         bounds)
+    held, cross, narrow = _held(kept), crossover(pays), int(u.width.min())
+    if not any(pays.values()):
+        verdict = "contradicted"
+    elif pays[narrow] and held is True:
+        verdict = "reproduced"
+    elif pays[narrow] and held == UNSURE:
+        verdict = "inconclusive"
+    else:
+        verdict = "partly"
+    speed = ", ".join(f"{r['e2e']:.2f}x at {r['size']} (width {int(r['width'])}; update alone "
+                      f"{r['update']:.2f}x; physics {r['physics_share']:.0%} of the BF16 loop)"
+                      for _, r in u.iterrows())
+    qual = (f"quality not measured with >= {MIN_SEEDS} seeds" if not kept else
+            "quality vs FP32 " + ", ".join(f"width {w}: {t}" for w, (_, t) in
+                                           sorted(kept.items())))
+    where = (f"FP8 pays from width {cross} on" if cross is not None else
+             f"FP8 does not pay up to width {int(u.width.max())}")
+    key = f"{recipe}/BF16 whole PPO loop on {envs} (MJX physics): {speed}; {where}; {qual}"
+    return Verdict("A11", verdict, key, hw,
+                   f"results/{hw}/{EXPERIMENT} (env_steps_per_s, update_ms, final_return, "
+                   "physics_env_steps_per_s)", NOTE)
