@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from typing import Any, Literal
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -60,7 +60,7 @@ from repro.precision import formats as F
 from repro.precision import kernels
 from repro.precision import scaling as S
 from repro.precision import validate
-from repro.precision.recipes import Recipe, resolve
+from repro.precision.recipes import resolve
 
 __all__ = [
     "META_KEYS", "init_meta", "fp8_dot", "fp8_dense", "fp8_conv", "mxfp8_dot", "nvfp4_dot", "dot",
