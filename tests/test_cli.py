@@ -106,7 +106,9 @@ def test_bad_input_is_one_line_with_exit_status_2(argv, expected, capsys):
 
 
 def test_debug_shows_the_traceback_instead(capsys):
-    with pytest.raises(ConfigError, match="unknown profile 'fast'"):
+    from repro.cli_checks import UsageError
+
+    with pytest.raises(UsageError, match="unknown profile 'fast'"):
         cli.main(["--debug", "record", "gemm", "--profile", "fast"])
 
 

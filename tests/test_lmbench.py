@@ -69,7 +69,7 @@ def test_bad_input_fails_in_one_line_before_compiling(tmp_path, monkeypatch, cap
     monkeypatch.setattr(lmbench, "bench_cell", no_bench)
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(
-        {"profile": "smoke", "lm_step": {"smoke": {**SMOKE, **change}, "full": {}}}))
+        {"profile": "smoke", "lm_step": {"smoke": {**SMOKE, **change}, "full": dict(SMOKE)}}))
     with pytest.raises(ConfigError) as e:
         studies.record("lm_step", "smoke")
     assert message in str(e.value) and "\n" not in str(e.value)
