@@ -65,7 +65,6 @@ import importlib.util
 
 import matplotlib.pyplot as plt
 import numpy as np
-import pandas as pd
 from IPython.display import display
 
 from repro import notebook
