@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     formats: py:percent
+#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -10,6 +10,7 @@
 #     language: python
 #     name: python3
 # ---
+
 
 # %% [markdown]
 # # 10 · Claim A11: does FP8 matter for legged-robot RL on GPU physics?
@@ -32,48 +33,56 @@
 # * **speed**: the whole PPO loop (one seed) per policy size and recipe, and its parts per
 #   update timed as separate programs: physics (from the physics cells), the policy's rollout
 #   work, the update, and the rest;
-# * **quality**: final return per seed (mean return over the last 10% of training), seeds under
-#   `jax.vmap`, FP32 / BF16 / FP8 at brax's ant sizes (4 x 32 policy, 5 x 256 value) and at a
-#   wide size, scored as in notebook 04: normalised to (random, FP32) and compared by the
-#   probability of improvement with a 95% stratified-bootstrap interval (rliable);
+# * **quality**: final return per seed (mean return over the last `last_fraction` of training,
+#   `params.yaml`), FP32 / BF16 / FP8 at brax's ant sizes and at a wide size, scored as in
+#   notebook 04: normalised to (random, FP32) and compared by the probability of improvement
+#   `P(FP8 > FP32)` with a 95% stratified-bootstrap interval (rliable);
 # * **a peer**: brax's own PPO trainer against ours at equal settings in one process.
+#
+# **Decision rule** (`repro.claims.verdicts.a11`), from committed full-profile GPU records
+# only. FP8 (`fp8-delayed`) *pays* at a policy size when its whole PPO loop, physics included,
+# reaches at least 1.1x BF16's env-steps/s (the threshold of "faster" in notebook 03), counting
+# only pairs of cells recorded in one call and not emulated. Its quality is a parity claim, as
+# A5, A6 and A10: at a size with at least 8 seeds it is *kept* if the 95% interval of
+# `P(FP8 > FP32)` lies at or above the low end of A11's equivalence margin [0.4, 0.6]
+# (`repro/data/claims.yaml`), *lost* if it lies below, undecided if it straddles it. The
+# *crossover* is the smallest measured width from which FP8 pays at every wider one.
+# **reproduced**: FP8 pays at the narrowest (standard) size and its quality is kept wherever
+# measured; **inconclusive**: it pays there, nothing lost, an interval too wide to tell;
+# **partly**: it pays only from a wider crossover on, or its quality is lost or unmeasured;
+# **contradicted**: it pays at no measured size; **not yet measured**: no such records.
 #
 # Regenerate: `dvc repro legged` (or `repro notebook 10_legged --profile smoke`); H200 records:
 # `repro record legged --profile full`. The smoke profile is a CPU pipeline check, never evidence.
 
 # %% tags=["parameters"]
 profile = "smoke"
+scratch = "build/results"  # smoke records (`repro notebook` gives each notebook its own)
 
 # %%
+import dataclasses
 import importlib.util
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
-import pandas as pd
+from IPython.display import display
 
-from repro import results, studies
+from repro import notebook
 from repro.analysis import legged as A
-from repro.claims import ledger as claims
-from repro.config import resolve_profile, stage_params
+from repro.claims import verdicts
 
-profile = resolve_profile(profile)
-P = stage_params("legged", profile)
+nb = notebook.start("10_legged", "legged", profile, scratch)
 HAVE_PHYSICS = all(importlib.util.find_spec(m) for m in ("brax", "mujoco"))
-if profile == "smoke" and HAVE_PHYSICS:  # full-profile records are made on the GPU
-    from repro.studies import legged as study
-
-    written = studies.record("legged", "smoke").written
-    print(f"smoke: wrote {len(written)} cell(s) under {results.record_root('smoke')}")
+if nb.profile == "smoke" and HAVE_PHYSICS:  # a pipeline check on this machine: scratch records
+    nb.record_smoke(A.EXPERIMENT)
 elif not HAVE_PHYSICS:
     print("brax / mujoco are not installed (pip install 'repro[legged]'): committed records only")
-df = results.load_records("legged")
-ev = A.evidence(df)
-shown = ev if len(ev) else df  # figures: the GPU evidence where it exists, else the smoke
-what = "full profile, GPU" if len(ev) else "CPU smoke: a pipeline check, not evidence"
-FIG = Path("figures")
-FIG.mkdir(exist_ok=True)
-print(f"{len(df)} records; {len(ev)} of them evidence (full profile, GPU)")
+df = A.evidence(nb.records(A.EXPERIMENT))  # committed full-profile records made on a GPU
+print(f"A11's margin (repro/data/claims.yaml): {verdicts.margin('A11')}; "
+      f"FP8 pays from {verdicts.legged.PAYS}x BF16")
+print(f"{len(df)} committed full-profile GPU records" if len(df) else
+      "no committed full-profile GPU records yet: the tables below are empty and A11 reads "
+      "'not yet measured'")
 
 # %% [markdown]
 # ## Physics alone
@@ -86,79 +95,87 @@ print(f"{len(df)} records; {len(ev)} of them evidence (full profile, GPU)")
 # steps. `physics_dots`: the precisions of the physics' matrix products in the lowered step.
 
 # %%
-phys = A.physics_table(df)
-phys
+physics = A.physics_table(df)
+physics if len(physics) else "no physics records in the committed records"
 
 # %% [markdown]
 # ## Speed: where the PPO loop's time goes, and what FP8 changes
 #
-# Per update (ms): physics (the physics cell's rate at the same number of environments),
-# the policy's rollout work, the update (4 epochs of minibatches), and the rest. FP8/BF16:
-# ratio of env-steps/s for the whole loop and of times for the update alone; only cells
-# recorded in one call (`same_commit`) and not emulated count for the verdict.
+# Per update (ms): physics (the physics cell's rate at the same number of environments), the
+# policy's rollout work, the update (its epochs of minibatches), and the rest. FP8/BF16: ratio
+# of env-steps/s for the whole loop (`e2e`) and of times for the update alone (`update`); only
+# cells recorded in one call (`same_commit`) and not emulated count for the verdict.
 
 # %%
-speed = A.speed_table(shown)
-ups = A.speedups(speed)
-cols = ["hardware", "size", "width", "recipe", "env_steps_per_s", "loop_ms_per_update",
+COLS = ["hardware", "size", "width", "recipe", "env_steps_per_s", "loop_ms_per_update",
         "physics_ms", "policy_ms_per_update", "update_ms", "other_ms", "physics_share",
         "emulated"]
-display(speed.reindex(columns=cols).round(2) if len(speed) else "no speed records")
-ups.round(3) if len(ups) else "no FP8/BF16 pairs"
 
-# %%
-fig, ax = plt.subplots(1, 2, figsize=(11, 4))
-if len(speed):
-    parts = ["physics_ms", "policy_ms_per_update", "update_ms"]
-    names = ["physics", "policy (rollout)", "update"]
-    lab = [f"{r.size}\n{r.recipe}" for r in speed.itertuples()]
-    bottom = np.zeros(len(speed))
-    for col, name in zip(parts, names):
-        v = speed[col].fillna(0).to_numpy()
-        ax[0].bar(lab, v, bottom=bottom, label=name)
-        bottom += v
-    ax[0].plot(lab, speed.loop_ms_per_update, "k_", ms=18, label="whole loop (measured)")
-    ax[0].set(ylabel="ms per PPO update", title="Where an update's time goes")
-    ax[0].tick_params(axis="x", labelsize=7)
-    ax[0].legend(fontsize=8)
-if len(ups):
-    for r, g in ups.groupby("recipe"):
+
+def plot_speed(speed, ups):
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    if len(speed):
+        lab = [f"{r.size}\n{r.recipe}" for r in speed.itertuples()]
+        bottom = np.zeros(len(speed))
+        for col, name in (("physics_ms", "physics"), ("policy_ms_per_update", "policy (rollout)"),
+                          ("update_ms", "update")):
+            v = speed[col].fillna(0).to_numpy()
+            ax[0].bar(lab, v, bottom=bottom, label=name)
+            bottom += v
+        ax[0].plot(lab, speed.loop_ms_per_update, "k_", ms=18, label="whole loop (measured)")
+        ax[0].tick_params(axis="x", labelsize=7)
+        ax[0].legend()
+    for r, g in ups.groupby("recipe") if len(ups) else []:
         g = g.sort_values("width")
         ax[1].plot(g.width, g.e2e, "o-", label=f"{r}: whole loop")
         ax[1].plot(g.width, g["update"], "s--", label=f"{r}: update alone")
-    ax[1].axhline(A.PAYS, color="grey", lw=0.8, ls=":")
+    if len(ups):
+        ax[1].set_xscale("log", base=2)
+        ax[1].legend()
+    ax[1].axhline(verdicts.legged.PAYS, color="grey", lw=0.8, ls=":")
     ax[1].axhline(1.0, color="grey", lw=0.8)
-    ax[1].set_xscale("log", base=2)
-    ax[1].legend(fontsize=8)
-ax[1].set(xlabel="widest hidden layer", ylabel="speedup over BF16 (x)", title="FP8 / BF16")
-fig.suptitle(f"PPO on ant (MJX physics) -- {what}", fontsize=10)
-fig.tight_layout()
-fig.savefig(FIG / "10_legged_speed.png", dpi=130)
+    ax[0].set(xlabel="policy size, recipe", ylabel="time per PPO update (ms)",
+              title="Where an update's time goes")
+    ax[1].set(xlabel="widest hidden layer (units)", ylabel="speedup over BF16 (x)",
+              title=f"FP8 / BF16 (dotted: {verdicts.legged.PAYS}x, where FP8 pays)")
+    fig.suptitle("PPO on ant, MJX physics")
+    return fig
+
+
+speed = A.speed_table(df)
+ups = A.speedups(speed)
+if len(speed):
+    nb.save(plot_speed(speed, ups), "10_legged_speed", df)
+    display(speed.reindex(columns=COLS).round(2))
+ups.round(3) if len(ups) else "no FP8/BF16 pairs in the committed records"
 
 # %% [markdown]
 # ## Quality: FP8 and BF16 against FP32
 #
 # Per policy size: seeds, mean final return, mean normalised score ((return - random) /
-# (FP32 mean - random)) and P(recipe > FP32) with its 95% interval. "Not worse" (the rule of
-# the other RL quality claims): the interval's upper end reaches 0.5.
+# (FP32 mean - random)) and `P(recipe > FP32)` with its 95% interval; then the learning curves
+# (mean over seeds of each update's mean episode return).
 
 # %%
-qual = A.quality_table(shown)
-display(qual.round(3) if len(qual) else "no quality records")
-curves = shown[shown.metric == "final_return"] if len(shown) else shown
-fig, ax = plt.subplots(figsize=(7, 4))
-for (size, v), g in (curves.groupby([curves.sizes.map(lambda s: s.get("size")),
-                                     curves.extra.map(lambda e: e["variant"])])
-                     if len(curves) else []):
-    c = np.nanmean(np.array([[np.nan if x is None else x for x in e["curve"]]
-                             for e in g.extra], float), axis=0)
-    ax.plot(np.linspace(0, 1, len(c)), c, label=f"{size}, {v} ({len(g)} seeds)")
-ax.set(xlabel="fraction of training", ylabel="mean episode return",
-       title=f"Learning curves, ant (MJX) -- {what}")
-if len(curves):
-    ax.legend(fontsize=8)
-fig.tight_layout()
-fig.savefig(FIG / "10_legged_quality.png", dpi=130)
+def plot_curves(df):
+    c = df[df.metric == "final_return"] if len(df) else df
+    fig, ax = plt.subplots(figsize=(7, 4))
+    keys = [c.sizes.map(lambda s: s.get("size")), c.extra.map(lambda e: e["variant"])]
+    for (size, v), g in c.groupby(keys) if len(c) else []:
+        curve = np.nanmean(np.array([[np.nan if x is None else x for x in e["curve"]]
+                                     for e in g.extra], float), axis=0)
+        ax.plot(100 * np.linspace(0, 1, len(curve)), curve, label=f"{size}, {v} ({len(g)} seeds)")
+    ax.set(xlabel="training progress (%)", ylabel="mean episode return",
+           title="Learning curves, ant (MJX physics)")
+    if len(c):
+        ax.legend()
+    return fig
+
+
+quality = A.quality_table(df)
+if len(quality):
+    nb.save(plot_curves(df), "10_legged_quality", df)
+quality.round(3) if len(quality) else "no quality records in the committed records"
 
 # %% [markdown]
 # ## brax's PPO trainer as a peer
@@ -169,44 +186,39 @@ fig.savefig(FIG / "10_legged_quality.png", dpi=130)
 # products at JAX's default precision: recipe `tf32`), one after the other in one process:
 # env-steps/s (brax: its epochs after the first two, which compile; ours: a run after compiling)
 # and the evaluation return (one episode per environment, stochastic policy). Differences that
-# remain: brax folds each rollout into its observation statistics before the update's
-# gradient steps, ours after them (the update then sees what the policy saw); at a time-limit
-# end brax zeroes that step's TD error, ours bootstraps from the final observation. Target:
-# ours at least as fast, with an equal or better return.
+# remain: brax folds each rollout into its observation statistics before the update's gradient
+# steps, ours after them (the update then sees what the policy saw); at a time-limit end brax
+# zeroes that step's TD error, ours bootstraps from the final observation. Target: ours at least
+# as fast, with an equal or better return.
 
 # %%
-peer = shown[shown.sizes.map(lambda s: "impl" in s)] if len(shown) else shown
-if len(peer):
-    peer = peer.assign(impl=peer.sizes.map(lambda s: s["impl"]),
-                       seed=peer.sizes.map(lambda s: s["seed"]))
-    display(peer.pivot_table(index=["hardware", "seed"], columns=["metric", "impl"],
-                             values="value").round(1))
-else:
-    print("no peer records (the smoke profile skips brax's trainer)")
+peer = df[df.sizes.map(lambda s: "impl" in s)] if len(df) else df
+(peer.assign(impl=peer.sizes.map(lambda s: s["impl"]), seed=peer.sizes.map(lambda s: s["seed"]))
+ .pivot_table(index=["hardware", "seed"], columns=["metric", "impl"], values="value").round(1)
+ if len(peer) else "no peer records in the committed records")
 
 # %% [markdown]
-# ## Verdict A11 (computed)
+# ## Pipeline check (smoke profile)
 #
-# From GPU records of the full profile only (a CPU smoke run gives "not yet measured"). FP8
-# *pays* at a policy size when its whole PPO loop reaches >= 1.1x BF16's env-steps/s (the
-# threshold notebook 03 uses for "faster"), in cells recorded in one call and not emulated;
-# FP8's quality *holds* at a size when it is not worse than FP32 over >= 8 seeds. The
-# crossover is the smallest measured width from which FP8 pays at every wider size.
-# **reproduced**: FP8 pays at the standard (narrowest) size and its quality holds;
-# **partly**: it pays only from a wider crossover on, or its quality does not hold;
-# **contradicted**: it pays at no measured size.
+# On a smoke run the cells recorded above (a few seeds of short ant episodes on this machine)
+# go through the same tables into `build/figures/`: they show that the pipeline runs, not how
+# FP8 trains legged robots.
 
 # %%
-ev_speed = A.speedups(A.speed_table(ev)) if len(ev) else A.speedups(pd.DataFrame())
-v = A.a11_verdict(ev_speed, A.quality_table(ev))
-print(f"A11: {v['verdict']} | {v['key_number']}")
-claims.write_verdict("A11", v["verdict"], v["key_number"], v["hardware"], v["source"],
-                     note=v["note"] + f"; {profile} profile")
+if nb.profile == "smoke" and HAVE_PHYSICS:
+    smoke = nb.smoke_records(A.EXPERIMENT)
+    nb.save(plot_curves(smoke), "10_legged_quality", smoke)
+    display(A.physics_table(smoke))
+    display(A.quality_table(smoke, reps=200).round(3))
 
 # %% [markdown]
 # ## Conclusion
 #
-# The verdict above is computed from the records; its key number names, per policy size, the
+# What the committed records say (filled in from the computed verdict): per policy size, the
 # FP8/BF16 speedup of the whole loop and of the update alone, the physics' share of the BF16
-# loop, the crossover width (or that none was reached) and whether FP8's return held against
-# FP32.
+# loop, the crossover width (or that none was reached) and whether FP8's quality held. Its
+# numbers (speedups and `P(recipe > FP32)` per width) also go to `metrics/10_legged.json`.
+
+# %%
+v = verdicts.a11(ups, quality)
+nb.conclusion(dataclasses.replace(v, numbers=A.key_numbers(ups, quality)))

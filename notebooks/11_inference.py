@@ -49,44 +49,56 @@
 #   scales in E4M3), their bytes as the arrays run, the orbax checkpoint on disk, and the
 #   compiled programs' buffer bytes (XLA's memory analysis).
 #
-# **Profiles.** `smoke` (default; CPU, under a minute): the 0.14M-parameter `tiny` model for a
-# few dozen steps, two seeds, every format exported and evaluated, the decoder timed for two
-# formats: a pipeline check, not evidence. `full` (an H200, recorded into `results/`): the
-# `20m` model trained for 1200 steps, three seeds, and both speed configs.
+# **Profiles.** `smoke` (default; CPU, under a minute): the `tiny` model for a few dozen steps,
+# two seeds, every format exported and evaluated, the decoder timed for two formats: a pipeline
+# check on this machine, drawn into `build/figures/` only, never evidence. `full` (an H200,
+# recorded into `results/`): the `20m` model trained for `train.steps` steps over `seeds`
+# (`params.yaml`), and both speed configs.
+#
+# **Decision rule** (`repro.claims.verdicts.b6`), from committed full-profile records only.
+# Accuracy is a parity claim with one equivalence margin per format, from B6's definition
+# (`repro/data/claims.yaml`): the relative held-out loss gap (format - BF16) / BF16 within
+# +-0.5% for FP8 and +-1% for INT8. With its 95% interval [lo, hi] over at least 3 seeds, a
+# format keeps BF16's accuracy if hi is within the margin, loses it if lo is beyond it, and is
+# undecided if the interval straddles the margin's end. Speed, from records whose products ran
+# on tensor cores (not emulated), at the widest config timed: FP8 prefill >= 1.3x BF16's
+# tokens/s, weight-only FP8 and INT8 decode at batch 1 >= 1.5x. Memory: weight-only FP8 / INT8
+# weights <= 0.52x and NVFP4 <= 0.30x of BF16's bytes over the whole model. Every part passes:
+# **reproduced**; every part fails (or is undecided, one failing): **contradicted**; none fails
+# but an accuracy interval is too wide to tell: **inconclusive**; otherwise (a part failed or
+# was not measured): **partly**; no committed records: **not yet measured**.
 #
 # Regenerate: `dvc repro inference` (or `repro notebook 11_inference --profile smoke`); the GPU
-# study: `python3 -m repro.cli record inference --profile full` (resumable; with
-# `REPRO_TIME_BUDGET_S` it stops cleanly between cells), then commit `results/`.
+# study: `repro record inference --profile full` (resumable; with `REPRO_TIME_BUDGET_S` it stops
+# cleanly between cells), then commit `results/`.
 
 # %% tags=["parameters"]
 profile = "smoke"
-scratch = "build/results"  # smoke records (`repro notebook` gives each notebook a fresh folder)
+scratch = "build/results"  # smoke records (`repro notebook` gives each notebook its own)
 
 # %%
-import json
-from pathlib import Path
+import dataclasses
 
 import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
+from IPython.display import display
 
-from repro import config, hardware, results, studies
+from repro import notebook
 from repro.analysis import inference as A
-from repro.claims import ledger as claims
-from repro.claims import staleness
-from repro.claims.verdicts import Verdict
-from repro.claims.verdicts._base import tidy
+from repro.claims import verdicts
 from repro.precision import export as X
 from repro.studies import inference as I
 
-P = config.stage_params("inference", profile)
-results.use_scratch(scratch)
-HW = hardware.detect()
-FIG = Path("figures")
-FIG.mkdir(exist_ok=True)
-sns.set_theme(style="whitegrid", context="notebook")
-MARGINS = {k: float(v) for k, v in (P.get("margins") or A.MARGINS).items()}
-print(f"profile={P['profile']}  hardware={HW.slug}  formats={P['formats']}")
+nb = notebook.start("11_inference", "inference", profile, scratch)
+if nb.profile == "smoke":  # a pipeline check on this machine: scratch records, scratch figures
+    nb.record_smoke(I.EXPERIMENT)
+df = nb.records(I.EXPERIMENT)  # committed full-profile records: the evidence
+MARGINS = verdicts.inference.b6_margins()
+print(f"B6's margins (repro/data/claims.yaml): {MARGINS}; formats {nb.params['formats']}")
+print(f"{len(df)} committed full-profile records" if len(df) else
+      "no committed full-profile records yet: the tables below are empty and B6 reads "
+      "'not yet measured'")
 
 # %% [markdown]
 # ## 1. The formats, and MaxText's names for them
@@ -100,88 +112,61 @@ print(f"profile={P['profile']}  hardware={HW.slug}  formats={P['formats']}")
 # (E5M2 gradients), which inference never runs.
 
 # %%
-fmt_table = pd.DataFrame([{"format": f.name, "weights": f.weight or "bf16",
-                           "activations": f.act or "bf16", "runs under recipe": f.recipe,
-                           "gemm": f.gemm, "Hopper tensor cores": f.hopper,
-                           "MaxText": f.maxtext or "-", "what": f.about}
-                          for f in X.FORMATS.values() if f.name in P["formats"]])
-fmt_table
+pd.DataFrame([{"format": f.name, "weights": f.weight or "bf16", "activations": f.act or "bf16",
+               "runs under recipe": f.recipe, "gemm": f.gemm, "Hopper tensor cores": f.hopper,
+               "MaxText": f.maxtext or "-", "what": f.about}
+              for f in X.FORMATS.values() if f.name in nb.params["formats"]])
 
 # %% [markdown]
-# ## 2. Record
+# ## 2. Accuracy against BF16
 #
-# In the smoke profile this runs the study on this machine into `build/results/`; the full
-# profile is recorded on a GPU and committed to `results/` (this notebook does not rerun it).
+# Which checkpoint each seed used (the step of its best held-out loss, out of the run's
+# evaluations), then the comparison: `rel_gap` is held-out loss / BF16's - 1, mean over seeds,
+# with its 95% interval (`rel_lo`, `rel_hi`, in % below); `kl`: KL(BF16 ‖ format) in nats per
+# token; `top1`: the share of positions where both pick the same next token. Dashed lines in
+# the figure: each format's margin.
 
 # %%
-if P["profile"] == "smoke":
-    written = studies.record("inference", "smoke", progress=False).written
-    print(f"wrote {len(written)} cells")
-# Evidence: the committed records (results/), stale ones left out and named in the verdict.
-# Without any, the tables and figures show this machine's smoke records (build/), which never
-# reach figures/ or the verdict.
-committed, left_out = staleness.split(results.load_records(I.EXPERIMENT,
-                                                           roots=results.results_dir()))
-if len(left_out):
-    print("left out as stale (`repro status`): " + "; ".join(staleness.describe(left_out)))
-df = committed if len(committed) else results.load_records(
-    I.EXPERIMENT, roots=results.scratch_results_dir())
-if not len(committed):
-    FIG = Path("build/figures")
-    FIG.mkdir(parents=True, exist_ok=True)
-print(f"{len(df)} {I.EXPERIMENT} records from {df['hardware'].nunique() if len(df) else 0} "
-      f"machine(s); figures in {FIG}/")
-if len(df):
-    display(df.groupby(["hardware", "profile"])["git_commit"].unique()
-            .rename("recorded at commit(s)").to_frame())
+def checkpoints(df):
+    c = df[df["metric"] == "heldout_loss"].drop_duplicates(["hardware", "size_seed"]) \
+        if len(df) else df
+    return pd.DataFrame([{"hardware": r.hardware, "profile": r.profile, "seed": int(r.size_seed),
+                          "best step": r.extra["best_step"], "of steps": int(r.size_steps),
+                          "held-out loss by step": r.extra["curve"]} for r in c.itertuples()])
 
-# %% [markdown]
-# ## 3. Accuracy against BF16
-#
-# The tables list every machine and profile recorded; the figures and the verdict use the best
-# evidence (full profile over smoke, a GPU over a CPU: `A.best_evidence`). Which checkpoint each
-# seed used (the step of its best held-out loss, out of the run's
-# evaluations), then the comparison. `rel_gap`: held-out loss / BF16's − 1, mean over seeds,
-# with its 95 % interval; `within_margin`: the interval's upper end is within the format's
-# declared margin (`params.yaml`: FP8 0.5 %, INT8 1 %, the B6 targets).
 
-# %%
-acc = A.accuracy_table(df, MARGINS)
-runs = ["hardware", "profile", "size_seed"]
-curves = df[df["metric"] == "heldout_loss"].drop_duplicates(runs) if len(df) else df
-if len(curves):
-    display(pd.DataFrame([{"hardware": r.hardware, "profile": r.profile,
-                           "seed": int(r.size_seed), "best step": r.extra["best_step"],
-                           "of steps": int(r.size_steps),
-                           "held-out loss by step": r.extra["curve"]}
-                          for r in curves.itertuples()]))
-show = acc.assign(**{c: (100 * acc[c]).round(3) for c in ("rel_gap", "rel_lo", "rel_hi")})
-show.rename(columns={"rel_gap": "gap %", "rel_lo": "lo %", "rel_hi": "hi %"})
+def percent(acc):
+    return acc.assign(**{c: (100 * acc[c]).round(3) for c in ("rel_gap", "rel_lo", "rel_hi")}
+                      ).rename(columns={"rel_gap": "gap %", "rel_lo": "lo %", "rel_hi": "hi %"})
 
-# %%
-if len(acc):
-    plot = A.best_evidence(acc)
-    plot = plot[plot["format"] != "bf16"]
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    y = range(len(plot))
-    ax.errorbar(100 * plot["rel_gap"], list(y),
-                xerr=[100 * (plot["rel_gap"] - plot["rel_lo"]).fillna(0),
-                      100 * (plot["rel_hi"] - plot["rel_gap"]).fillna(0)],
-                fmt="o", capsize=3)
-    for fmt, m in MARGINS.items():
-        ax.axvline(100 * m, ls="--", lw=1, color="grey")
-        ax.text(100 * m, 1.01, f"{fmt} margin", fontsize=8, ha="center",
-                transform=ax.get_xaxis_transform())
-    ax.set_yticks(list(y), plot["format"])
+
+def plot_accuracy(acc):
+    acc = A.best_evidence(acc)
+    model = acc["model"].iloc[0]
+    acc = acc[acc["format"] != "bf16"].reset_index(drop=True)
+    fig, ax = plt.subplots(figsize=(7, 0.4 * len(acc) + 1.6))
+    ax.errorbar(100 * acc["rel_gap"], acc.index,
+                xerr=[100 * (acc["rel_gap"] - acc["rel_lo"]).fillna(0),
+                      100 * (acc["rel_hi"] - acc["rel_gap"]).fillna(0)], fmt="o", capsize=3)
+    for fmt, (_, high) in MARGINS.items():
+        ax.axvline(100 * high, ls="--", lw=1, color="grey")
+        ax.text(100 * high, 0.02, f"{fmt} margin ", fontsize=8, ha="right", va="bottom",
+                rotation=90, transform=ax.get_xaxis_transform())
+    ax.set_yticks(acc.index, acc["format"])
     ax.axvline(0, color="black", lw=0.8)
-    ax.set_xlabel("held-out loss vs BF16 (%), 95% CI over seeds")
-    ax.set_title(f"Post-training quantization of the {plot['model'].iloc[0]} LM "
-                 f"({plot['profile'].iloc[0]}, {plot['hardware'].iloc[0]})")
-    fig.tight_layout()
-    fig.savefig(FIG / "11_inference_accuracy.png", dpi=130, metadata={"Software": None})
+    ax.set(xlabel="held-out loss vs BF16 (%), 95% CI over seeds", ylabel="format",
+           title=f"Post-training quantization of the {model} LM")
+    return fig
+
+
+acc = A.accuracy_table(df)
+if len(acc):
+    nb.save(plot_accuracy(acc), "11_inference_accuracy", df)
+    display(checkpoints(df))
+percent(acc) if len(acc) else "no accuracy records in the committed records"
 
 # %% [markdown]
-# ## 4. Memory
+# ## 3. Memory
 #
 # `ratio_to_bf16`: the whole model's weight bytes (embedding and head stay BF16);
 # `ratio_quantized_layers`: over the quantized layers only, the format's own ratio (FP8/INT8
@@ -191,10 +176,10 @@ if len(acc):
 
 # %%
 mem = A.bytes_table(df)
-mem
+mem if len(mem) else "no memory records in the committed records"
 
 # %% [markdown]
-# ## 5. Speed beside BF16
+# ## 4. Speed beside BF16
 #
 # Tokens per second of each format and of BF16 timed in the same run, and their ratio.
 # `lowering`: how the compiled program ran the quantized products (`cublaslt-f8`,
@@ -204,54 +189,58 @@ mem
 # program's buffers (arguments + outputs + temporaries).
 
 # %%
-spd = A.speed_table(df)
-if len(spd):
-    display(spd.assign(speedup=spd["speedup"].round(2),
-                       tokens_per_s=spd["tokens_per_s"].round(0),
-                       bf16_tokens_per_s=spd["bf16_tokens_per_s"].round(0))
-            .drop(columns=["git_commit"]))
-
-# %%
-if len(spd):
-    plot = A.best_evidence(spd)
-    plot = plot.assign(where=plot["phase"] + " b" + plot["batch"].astype(str))
-    g = sns.catplot(data=plot, x="where", y="speedup", hue="format", col="config", kind="bar",
-                    height=3.2, aspect=1.5, sharex=False)
+def plot_speed(spd):
+    spd = A.best_evidence(spd)
+    spd = spd.assign(where=spd["phase"] + ", batch " + spd["batch"].astype(str))
+    with plt.rc_context({"figure.constrained_layout.use": False}):  # seaborn lays out itself
+        g = sns.catplot(data=spd, x="where", y="speedup", hue="format", col="config",
+                        kind="bar", height=3.2, aspect=1.5, sharex=False)
     for ax in g.axes.flat:
         ax.axhline(1.0, color="black", lw=0.8)
-        ax.set_xlabel("")
-    emulated = sorted(plot.loc[plot["emulated"], "format"].unique())
-    g.figure.suptitle(f"Tokens/s vs BF16, same run ({plot['profile'].iloc[0]}, "
-                      f"{plot['hardware'].iloc[0]}; emulated: {', '.join(emulated) or 'none'})",
-                      y=1.03)
-    g.figure.savefig(FIG / "11_inference_speed.png", dpi=130, bbox_inches="tight",
-                     metadata={"Software": None})
+        ax.set(xlabel="phase, batch (sequences)", ylabel="tokens/s vs BF16 (x)")
+    emulated = sorted(spd.loc[spd["emulated"], "format"].unique())
+    g.figure.suptitle(f"Tokens/s vs BF16 timed in the same run (emulated, not evidence: "
+                      f"{', '.join(emulated) or 'none'})", y=1.03)
+    return g.figure
+
+
+def rounded(spd):
+    return spd.assign(speedup=spd["speedup"].round(2), tokens_per_s=spd["tokens_per_s"].round(0),
+                      bf16_tokens_per_s=spd["bf16_tokens_per_s"].round(0)
+                      ).drop(columns=["git_commit"])
+
+
+spd = A.speed_table(df)
+if len(spd):
+    nb.save(plot_speed(spd), "11_inference_speed", df)
+rounded(spd) if len(spd) else "no speed records in the committed records"
 
 # %% [markdown]
-# ## 6. Verdict
+# ## Pipeline check (smoke profile)
 #
-# **B6 rule** (inference half), from full-profile GPU records when there are any: FP8 and INT8
-# held-out loss within 0.5 % and 1 % of BF16 (upper end of the 95 % interval, 3 seeds); FP8
-# prefill ≥ 1.3× BF16 and weight-only FP8 / INT8 decode at batch 1 ≥ 1.5× at the widest config,
-# from records whose products ran on tensor cores; weight-only FP8 / INT8 weights ≤ 0.52× and
-# NVFP4 ≤ 0.30× of BF16's bytes. Every part passes: **reproduced**; none: **contradicted**;
-# otherwise (a part failed or was not measured, or smoke records only): **partly**.
+# On a smoke run the records made above (the tiny model, two seeds, on this machine) go through
+# the same tables into `build/figures/`: they show that the pipeline runs, not how the formats
+# serve.
 
 # %%
-c_acc = A.accuracy_table(committed, MARGINS)  # the verdict: committed records only
-b6 = A.b6_verdict(c_acc, A.bytes_table(committed), A.speed_table(committed), MARGINS)
-for part in b6["parts"]:
-    print({True: "pass", False: "FAIL", None: "n/a "}[part["ok"]], part["text"])
-best = A.best_evidence(c_acc) if len(c_acc) else c_acc
-numbers = {"parts_passed": sum(p["ok"] is True for p in b6["parts"]),
-           "parts": len(b6["parts"]),
-           **{r.format: {"rel_gap": r.rel_gap, "rel_hi": r.rel_hi} for r in best.itertuples()
-              if r.format != "bf16"}}
-v = staleness.mark(Verdict("B6", b6["verdict"], b6["key_number"], hardware=b6["hardware"],
-                           source=b6["source"], note=b6["note"], emulated=b6["emulated"],
-                           numbers=numbers), left_out=left_out)
-path = claims.write_verdict(v)
-Path("metrics").mkdir(exist_ok=True)
-Path("metrics/11_inference.json").write_text(
-    json.dumps({"B6": tidy(v.numbers)}, indent=1, sort_keys=True) + "\n")
-print(f"B6: {v.verdict}\n    {v.key_number}\n    {v.stale_note}\n{path}")
+if nb.profile == "smoke":
+    smoke = nb.smoke_records(I.EXPERIMENT)
+    s_acc, s_spd = A.accuracy_table(smoke), A.speed_table(smoke)
+    if len(s_acc):
+        nb.save(plot_accuracy(s_acc), "11_inference_accuracy", smoke)
+        display(percent(s_acc))
+    if len(s_spd):
+        nb.save(plot_speed(s_spd), "11_inference_speed", smoke)
+        display(rounded(s_spd))
+    display(A.bytes_table(smoke))
+
+# %% [markdown]
+# ## Conclusion
+#
+# What the committed records say (filled in from the computed verdict; its numbers, per
+# format the accuracy gap and its interval's upper end, the weight bytes over BF16's and the
+# speedups at the widest config, also go to `metrics/11_inference.json`):
+
+# %%
+v = verdicts.b6(acc, mem, spd)
+nb.conclusion(dataclasses.replace(v, numbers=A.key_numbers(acc, mem, spd)))

@@ -392,3 +392,23 @@ def test_best_evidence_prefers_the_full_profile_then_a_gpu():
 
 def best_evidence_rows(t):
     return list(A.best_evidence(t)[["hardware", "profile"]].itertuples(index=False, name=None))
+
+
+def test_key_numbers_take_best_evidence_and_only_tensor_core_speed_at_the_widest_config():
+    acc = pd.DataFrame([{"hardware": "h200", "profile": "full", "format": f, "rel_gap": g,
+                         "rel_hi": h} for f, g, h in (("bf16", 0.0, 0.0), ("fp8", 0.002, 0.004))]
+                       + [{"hardware": "cpu", "profile": "smoke", "format": "fp8", "rel_gap": 0.5,
+                           "rel_hi": 0.9}])
+    mem = pd.DataFrame([{"hardware": "h200", "profile": "full", "format": "int8-w",
+                         "ratio_to_bf16": 0.51}])
+    spd = pd.DataFrame([{"hardware": "h200", "profile": "full", "format": f, "d_model": d,
+                         "phase": ph, "batch": b, "speedup": s, "emulated": e}
+                        for f, d, ph, b, s, e in (("fp8", 4096, "prefill", 8, 1.4, False),
+                                                  ("fp8", 256, "prefill", 64, 0.9, False),
+                                                  ("nvfp4-w", 4096, "decode", 1, 0.3, True),
+                                                  ("int8-w", 4096, "decode", 1, 1.6, False))])
+    assert A.key_numbers(acc, mem, spd) == {
+        "fp8": {"rel_gap": 0.002, "rel_hi": 0.004, "prefill_b8_speedup": 1.4},
+        "int8-w": {"ratio_to_bf16": 0.51, "decode_b1_speedup": 1.6}}
+    empty = A.accuracy_table(pd.DataFrame())
+    assert A.key_numbers(empty, A.bytes_table(pd.DataFrame()), A.speed_table(pd.DataFrame())) == {}

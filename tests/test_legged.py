@@ -415,3 +415,18 @@ def test_quality_table_normalises_against_fp32_and_random():
     # 100 ties 100 (half a pair): 8.5 / 16
     assert q.loc["fp8-delayed", "poi"] == pytest.approx(8.5 / 16)
     assert q.loc["fp8-delayed", "n_seeds"] == 4
+
+
+def test_key_numbers_keep_only_native_pairs_of_one_call_and_fp8_against_fp32():
+    ups = pd.DataFrame([{"hardware": "h200", "recipe": "fp8-delayed", "width": w, "e2e": e,
+                         "update": u, "emulated": em, "same_commit": sc}
+                        for w, e, u, em, sc in ((256, 0.9, 1.1, False, True),
+                                                (2048, 1.3, 1.7, False, False),
+                                                (4096, 1.5, 2.0, True, True))])
+    quality = pd.DataFrame([{"hardware": "h200", "recipe": r, "width": 256, "poi": p,
+                             "poi_lo": lo, "poi_hi": hi}
+                            for r, p, lo, hi in (("fp32", 0.5, 0.5, 0.5),
+                                                 ("fp8-delayed", 0.55, 0.4, 0.7))])
+    assert A.key_numbers(ups, quality) == {"h200": {"fp8-delayed": {"width_256": {
+        "e2e": 0.9, "update": 1.1, "poi": 0.55, "poi_lo": 0.4, "poi_hi": 0.7}}}}
+    assert A.key_numbers(A.speedups(pd.DataFrame()), A.quality_table(pd.DataFrame())) == {}

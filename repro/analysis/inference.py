@@ -4,6 +4,7 @@ inference format against BF16 (``repro.studies.inference`` writes the records; t
 
     df = results.load_records("inference")
     acc, mem, spd = accuracy_table(df), bytes_table(df), speed_table(df)
+    numbers = key_numbers(acc, mem, spd)  # for metrics/11_inference.json
     verdicts.b6(acc, mem, spd)     # a Verdict
 """
 
@@ -119,3 +120,21 @@ def best_evidence(t: pd.DataFrame) -> pd.DataFrame:
                  _gpu=(t["hardware"] != "cpu").astype(int))
     top = t.sort_values(["_full", "_gpu"]).iloc[-1]
     return t[(t["_full"] == top["_full"]) & (t["hardware"] == top["hardware"])]
+
+
+def key_numbers(acc: pd.DataFrame, mem: pd.DataFrame, spd: pd.DataFrame) -> dict:
+    """B6's numbers per format (BF16 left out), for ``metrics/11_inference.json``, from the best
+    evidence of each table: ``rel_gap`` and ``rel_hi`` (accuracy), ``ratio_to_bf16`` (weight
+    bytes) and ``<phase>_b<batch>_speedup`` of the records that ran on tensor cores (not
+    emulated) at the widest config timed."""
+    out: dict[str, dict] = {}
+    for r in best_evidence(acc).itertuples():
+        out.setdefault(r.format, {}).update(rel_gap=r.rel_gap, rel_hi=r.rel_hi)
+    for r in best_evidence(mem).itertuples():
+        out.setdefault(r.format, {})["ratio_to_bf16"] = r.ratio_to_bf16
+    real = best_evidence(spd)
+    real = real[~real["emulated"].astype(bool)] if len(real) else real
+    if len(real):
+        for r in real[real["d_model"] == real["d_model"].max()].itertuples():
+            out.setdefault(r.format, {})[f"{r.phase}_b{r.batch}_speedup"] = r.speedup
+    return {k: v for k, v in out.items() if k != "bf16"}

@@ -12,6 +12,7 @@
   random) / (FP32 mean - random)) and the probability of improvement with its 95% stratified
   bootstrap interval (rliable), the statistics of the other RL quality claims.
 * :func:`evidence` -- the records a verdict may use (full profile, GPU).
+* :func:`key_numbers` -- the speedups and probabilities of improvement as numbers (metrics).
 """
 
 from __future__ import annotations
@@ -144,3 +145,23 @@ def evidence(df: pd.DataFrame) -> pd.DataFrame:
     if not len(df):
         return df
     return df[(df["backend"] == "gpu") & (df["profile"] == "full")]
+
+
+def key_numbers(ups: pd.DataFrame, quality: pd.DataFrame) -> dict:
+    """A11's numbers for ``metrics/10_legged.json``, per hardware, recipe and width: the
+    whole-loop and update-alone speedups over BF16 of pairs recorded in one call and not
+    emulated (``e2e``, ``update``), and P(recipe > FP32) with its interval (``poi``,
+    ``poi_lo``, ``poi_hi``)."""
+    out: dict[str, dict] = {}
+
+    def put(r, **numbers):
+        at = out.setdefault(r.hardware, {}).setdefault(r.recipe, {})
+        at.setdefault(f"width_{int(r.width)}", {}).update(numbers)
+
+    ok = ups[~ups.emulated.astype(bool) & ups.same_commit.astype(bool)] if len(ups) else ups
+    for r in ok.itertuples():
+        put(r, e2e=r.e2e, update=r.update)
+    q = quality[quality.recipe != REFERENCE] if len(quality) else quality
+    for r in q.itertuples():
+        put(r, poi=r.poi, poi_lo=r.poi_lo, poi_hi=r.poi_hi)
+    return out
