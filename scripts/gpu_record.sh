@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Record full-profile experiments on a GPU machine without internet, the way we do on the
-# lent H200: wheels for packages the image lacks travel in .whl/ (see README, "Recording on a
-# new GPU"). Each experiment is resumable per cell; results are packed after every experiment
-# so that a run stopped at its time limit still returns what it finished.
+# Record full-profile experiments on a GPU machine, also one without internet: wheels for
+# packages the machine lacks travel in .whl/ (docs/RECORDING.md says how to make it). Each
+# experiment is resumable per cell; results are packed after every experiment so that a run
+# stopped at its time limit still returns what it finished.
 #
 #   usage: scripts/gpu_record.sh [--note TEXT] [--no-autotune-pack] SECONDS ITEM ...
 #   ITEM is EXPERIMENT[:ARGS] (`repro record EXPERIMENT --profile full ARGS`, ARGS comma-separated)

@@ -3,8 +3,9 @@
 On the GPU, XLA may rewrite ``x.astype(low).astype(f32)`` into ``x``; code that rounds by such a
 round trip then skips the rounding on the GPU only. ``_fold_converts.fold_converts`` evaluates
 a function the way that pass compiles it; every quantizer, the low-precision weight storage
-and the Kahan update must give the same bits with and without it. Found on the H200: the
-session-4 RL quality runs of bf16w-kahan and bf16w-nokahan were bitwise identical.
+and the Kahan update must give the same bits with and without it. Found on the H200, where RL
+quality runs of bf16w-kahan and bf16w-nokahan came out bitwise identical (those records are
+voided in ``repro/data/defects.yaml``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The FP8 speed levers of issue 3 (``Recipe.fp8_gemm_out``, ``Recipe.fp8_layout``, one weight
+"""The FP8 speed levers (``Recipe.fp8_gemm_out``, ``Recipe.fp8_layout``, one weight
 quantization per step) compute the same function as the plain ``fp8_dot``, and the recipe
 variant syntax ``"base:field=value,..."`` that names the ablations (CPU).
 

@@ -213,8 +213,8 @@ class Conv(nn.Module):
 
     fp8 recipes: FP8 forward (e4m3 operands straight into ``lax.conv_general_dilated``) and an
     emulated backward (quantize-dequantize: e5m2 gradient and e4m3 operands through BF16
-    transposed convolutions), see ``ops.fp8_conv``. MEASURED.md: FP8 convolutions were SLOWER
-    than BF16 on the H200; they are here for the numerics. Block-scaled recipes (mxfp8, nvfp4)
+    transposed convolutions), see ``ops.fp8_conv``. They are here for the numerics: on the H200
+    the FP8 CNN updates are slower than BF16's (``rl_throughput`` records, ``cnn_w0_*``). Block-scaled recipes (mxfp8, nvfp4)
     run convolutions in ``recipe.dtype`` (BF16), as NVIDIA's NVFP4 recipe keeps non-GEMM-heavy
     layers in BF16. Unbatched inputs (rank len(kernel_size) + 1) are accepted.
     """

@@ -7,8 +7,9 @@ here is a ``jax.custom_vjp`` that runs all three in the recipe's format:
 * :func:`fp8_dot`: FP8 operands (e4m3 forward, e5m2 gradients, ``recipe.fwd_dtype`` /
   ``recipe.bwd_dtype``) go STRAIGHT into ``lax.dot_general``; the product of the two dequantize
   scales multiplies the output, a multiply of the GEMM result by a broadcast scalar that XLA's
-  GEMM rewriter folds into the cuBLASLt FP8 call. (The older "convert f8 -> bf16, multiply by
-  the scale, then dot" pattern is no longer rewritten into an FP8 GEMM by XLA: see MEASURED.md.)
+  GEMM rewriter folds into the cuBLASLt FP8 call. (The "convert f8 -> bf16, multiply by the
+  scale, then dot" pattern is not rewritten into an FP8 GEMM by current XLA: the module
+  docstring of ``repro.studies.gemm`` says why the operands go in as FP8.)
   The forward and data-gradient GEMMs write ``recipe.dtype`` (``recipe.fp8_gemm_out ==
   "compute"``, the default: half the bytes of FP32, and the bias add can join the cuBLASLt
   epilogue) or FP32 (``"float32"``); weight gradients are always FP32. The residuals saved for
@@ -426,8 +427,9 @@ def fp8_conv(x, w, recipe, meta=None, strides=None, padding="SAME"):
     Forward: FP8 operands straight into ``lax.conv_general_dilated`` (preferred FP32, scales on
     the output): cuDNN FP8 convolution on Hopper. Backward: quantize-dequantize emulation (the
     e5m2 gradient and the saved e4m3 operands, exact in BF16, through BF16 transposed
-    convolutions): the numerics of an FP8 backward pass, the speed of BF16. MEASURED.md: an FP8
-    forward convolution was 2x SLOWER than BF16 on the H200, so convolutions are not a speed win.
+    convolutions): the numerics of an FP8 backward pass, the speed of BF16. FP8 convolutions are
+    here for the numerics, not for speed: in the H200's ``rl_throughput`` records of the MinAtar
+    CNN (``cnn_w0_*`` cells) the FP8 recipes' updates are slower than BF16's.
     """
     recipe = validate.recipe_for(recipe, ("fp8",), "fp8_conv")
     x, w = _check_conv(x, w)
@@ -436,9 +438,10 @@ def fp8_conv(x, w, recipe, meta=None, strides=None, padding="SAME"):
     op = ("conv", strides, _conv_padding(padding, nsp), conv_dimension_numbers(x.ndim))
     # Input channels padded with zeros to a multiple of CONV_CHANNEL_MULTIPLE (exact: the
     # padded products are zero, the amaxes unchanged; pad's gradient slices them off). On the
-    # H200 cuDNN had no FP8 plan for SpaceInvaders-MinAtar's 6 input channels under vmap
-    # (grouped convolution: "No supported configs found", session 6), where 4 worked; XLA's
-    # FP8 conv fallback (openxla/xla#40021) names grouped convs under 16 channels per group.
+    # H200 cuDNN has no FP8 plan for SpaceInvaders-MinAtar's 6 input channels under vmap (a
+    # grouped convolution: "No supported configs found" at compile time), while 4 channels
+    # work; XLA's FP8 conv fallback (openxla/xla#40021) names grouped convs under 16 channels
+    # per group.
     x = _pad_axis(x, x.ndim - 1, CONV_CHANNEL_MULTIPLE)
     w = _pad_axis(w, w.ndim - 2, CONV_CHANNEL_MULTIPLE)
     return _fp8_call(x, w, recipe, meta, op, "fp8_conv")
