@@ -362,3 +362,21 @@ def test_regression_task_with_cast_transpose_layout_trains_like_bf16():
 
     ref, got = train("bf16"), train("fp8-delayed:fp8_layout=tn")
     assert abs(got - ref) < 0.05 * ref
+
+
+def test_a_policy_that_kept_every_gemm_in_bf16_is_native_not_emulated():
+    import pandas as pd
+
+    from repro.analysis import train_step as T
+
+    def rec(recipe, ms, lowering, emulated):
+        return {"hardware": "h200", "metric": "step_time_ms", "recipe": recipe, "value": ms,
+                "size_width": 256, "size_batch": 65536, "source": "w256.json",
+                "emulated": emulated, "extra": {"fp8_lowering": lowering}}
+
+    df = pd.DataFrame([rec("bf16", 1.0, "no-f8", False), rec("fp8-auto", 0.99, "no-f8", True),
+                       rec("fp8-delayed", 2.0, "upcast", True)])
+    steps = T.step_table(df).set_index("recipe")
+    assert not steps.loc["fp8-auto", "emulated"]  # BF16 everywhere: nothing was emulated
+    assert steps.loc["fp8-delayed", "emulated"]  # FP8 upcast on a CPU stays emulated
+    assert steps.loc["fp8-auto", "speedup"] == 1.0 / 0.99
