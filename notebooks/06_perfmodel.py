@@ -215,4 +215,8 @@ shown.pivot_table(index=["model", "comparison"], columns="target",
 measured_fp4 = perfmodel.measured_fp4_speedups(nb.records("lm"))
 display(measured_fp4.round(3) if len(measured_fp4) else "no NVFP4 record from a chip with "
         "FP4 tensor cores: the verdict is a projection")
+# The model's calibration reads the committed GPU records; stale ones are named in the verdict.
+if "stale" in measured:
+    stale = measured[measured["stale"].fillna(False).astype(bool)]
+    nb.stale_used.append(stale.assign(claims=[["B2"]] * len(stale)))
 nb.conclusion(verdicts.b2(proj, measured_fp4, val))

@@ -319,8 +319,10 @@ def _verdicts_of(folder: str, claims: set[str]) -> dict[str, bool]:
         v = json.loads(path.read_text())
         cited = re.search(rf"\b{re.escape(folder)}\b", str(v.get("source", "")))
         if cited or path.stem in claims:
-            out[path.stem] = bool(v.get("stale")) or "stale" in " ".join(
-                str(v.get(k, "")) for k in ("key_number", "note", "verdict"))
+            # says so: marked stale, names stale records, or rests on no records at all
+            out[path.stem] = bool(v.get("stale")) or v.get("verdict") == "not yet measured" \
+                or "stale" in " ".join(str(v.get(k, "")) for k in (
+                    "key_number", "note", "stale_note"))
     return dict(sorted(out.items(), key=lambda kv: (kv[0][0], int(kv[0][1:] or 0))))
 
 
