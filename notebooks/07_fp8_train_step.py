@@ -140,36 +140,38 @@ def plot_steps(df, gemm):
 nb.save(plot_steps(df, gemm), "07_fp8_train_step", df)
 
 # %% [markdown]
-# ## The levers: predicted against measured
+# ## The levers: what each choice of the default is worth
 #
-# Measured: the ablation's median step time minus the default's, both timed in the ablation's
-# own cell, on hardware where FP8 ran natively; +- combines the two interquartile ranges. A
-# lever not timed at a width (each FP32-output variant compiles for minutes on a GPU, so the
-# full study times one per cell) reads "not measured".
+# Each lever cell times the default (fp8-delayed) beside variants that undo one of its choices
+# (params.yaml `mlp_step.full.levers`, at `lever_widths`). Measured: the variant's median step
+# time minus the default's, both from that cell, on hardware where FP8 ran natively; +-
+# combines the two interquartile ranges. A positive number is time the default saves.
+# Predicted (delayed scaling only): the extra bytes of the amax-history pass, 12 bytes per
+# activation element, at the H200's datasheet bandwidth.
 
 # %%
 BW = hardware.lookup("h200").memory_bandwidth_tbs * 1e12  # bytes/s, datasheet
-LEVERS = [("GEMM output in BF16", "fp8-delayed:fp8_gemm_out=float32", "fp8-delayed", 20),
-          ("delayed scaling", "fp8-current", "fp8-delayed", 12),
-          ("natural transposes", "fp8-delayed:fp8_layout=tn", "fp8-delayed", 6)]
+LEVERS = [("native saturating cast", "fp8-delayed:fp8_cast=rounding", "fp8-delayed", None),
+          ("fused bias/activation epilogue", "fp8-delayed:fp8_epilogue=separate",
+           "fp8-delayed", None),
+          ("TN layout (one-pass cast+transpose kernel)", "fp8-delayed:fp8_layout=natural",
+           "fp8-delayed", None),
+          ("delayed scaling", "fp8-current", "fp8-delayed", 12)]
 nat = T.native(steps)
 rows = []
 for name, abl, dflt, per_elem in LEVERS:
     row = {"lever": name, "ablation": abl}
     for w in (1024, 2048, 4096):
-        row[f"predicted {w} (ms)"] = round(per_elem * BATCH * w / BW * 1e3, 3)
+        if per_elem is not None:
+            row[f"predicted {w} (ms)"] = round(per_elem * BATCH * w / BW * 1e3, 3)
         for hw in (sorted(nat.hardware.unique()) if len(nat) else []):
             m = T.lever_delta(nat, hw, abl, dflt, w, BATCH)
             row[f"measured {w} ({hw})"] = ("not measured" if m is None
                                            else f"{m[0]:+.3f} ± {m[1]:.3f}")
     rows.append(row)
-pd.DataFrame(rows)
+pd.DataFrame(rows).fillna("")
 
 # %% [markdown]
-# A positive prediction is time the default saves. "natural transposes" is predicted to cost
-# the TN layout 6 E bytes with delayed scaling: XLA cannot fuse a transpose into the
-# quantizing pass, which is a reduction (the amax).
-#
 # ## Pipeline check (smoke profile)
 #
 # A smoke run times tiny widths on this machine (on a CPU, FP8 emulated) and draws them into
