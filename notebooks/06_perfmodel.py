@@ -218,5 +218,5 @@ display(measured_fp4.round(3) if len(measured_fp4) else "no NVFP4 record from a 
 # The model's calibration reads the committed GPU records; stale ones are named in the verdict.
 if "stale" in measured:
     stale = measured[measured["stale"].fillna(False).astype(bool)]
-    nb.stale_used.append(stale.assign(claims=[["B2"]] * len(stale)))
+    nb.stale_used.append(stale)  # their records serve B2 (their `claims`)
 nb.conclusion(verdicts.b2(proj, measured_fp4, val))

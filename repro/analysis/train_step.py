@@ -45,19 +45,12 @@ def step_table(df: pd.DataFrame) -> pd.DataFrame:
     steps["speedup"] = steps.bf16_ms / steps.value
     steps["lever_cell"] = steps.source.astype(str).str.contains("_levers")
     steps["main"] = ~steps.lever_cell | ~steps.recipe.isin(["bf16", *OURS])
-    # A per-layer policy (fp8-auto) that kept every GEMM in BF16 ran no FP8 at all: its
-    # timing is native BF16, not an emulated FP8 one (the study marks any FP8 recipe without
-    # FP8 GEMMs in the compiled program as emulated).
-    if "extra_fp8_lowering" in steps:
-        lowering = steps["extra_fp8_lowering"]
-    else:
-        lowering = steps["extra"].map(lambda e: (e or {}).get("fp8_lowering")
-                                      if isinstance(e, dict) else None) \
-            if "extra" in steps else pd.Series(None, index=steps.index)
-    policy_bf16 = (steps.recipe.map(lambda r: resolve(r).fp8_min_dim > 0
-                                    if resolve(r).backend == "repro" else False)
-                   & (lowering == "no-f8"))
-    steps.loc[policy_bf16, "emulated"] = False
+    # A per-layer policy (fp8-auto) that kept every GEMM in BF16 ran no FP8 at all: its timing
+    # is native BF16, although `studies.timing.recipe_emulated` marks any FP8 recipe whose
+    # program has no FP8 GEMM as emulated.
+    lowering = steps["extra"].map(lambda e: e.get("fp8_lowering") if isinstance(e, dict) else None)
+    policy = steps.recipe.map(lambda r: resolve(r).fp8_min_dim > 0)
+    steps.loc[policy & (lowering == "no-f8"), "emulated"] = False
     return steps
 
 
