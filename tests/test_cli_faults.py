@@ -197,8 +197,11 @@ def test_ctrl_c_during_record_exits_130_keeps_cells_and_the_rerun_resumes(tmp_pa
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "REPRO_ROOT": str(tmp_path),
            "PYTHONPATH": str(ROOT)}
     argv = [sys.executable, "-m", "repro.cli", "record", "gemm", "--hardware", "test-box"]
+    # A test run started in the background of a non-interactive shell inherits an ignored
+    # SIGINT; a terminal's program does not: give the child the default disposition.
     p = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     cells = tmp_path / "build" / "results" / "test-box" / "gemm"
     deadline = time.time() + 120
     while p.poll() is None and not list(cells.glob("*.json")) and time.time() < deadline:
