@@ -193,9 +193,23 @@ quality.round(3) if len(quality) else "no quality records in the committed recor
 
 # %%
 peer = df[df.sizes.map(lambda s: "impl" in s)] if len(df) else df
-(peer.assign(impl=peer.sizes.map(lambda s: s["impl"]), seed=peer.sizes.map(lambda s: s["seed"]))
- .pivot_table(index=["hardware", "seed"], columns=["metric", "impl"], values="value").round(1)
- if len(peer) else "no peer records in the committed records")
+if len(peer):
+    peer = peer.assign(impl=peer.sizes.map(lambda s: s["impl"]),
+                       seed=peer.sizes.map(lambda s: s["seed"]))
+    display(peer.pivot_table(index=["hardware", "seed"], columns=["metric", "impl"],
+                             values="value").round(1))
+    m = peer.groupby(["metric", "impl"]).value.mean()
+    floor = df[df.metric == "random_return"].value.mean()
+    ratio = m["env_steps_per_s", "repro"] / m["env_steps_per_s", "brax"]
+    learned = [i for i in ("repro", "brax") if m["eval_return", i] > floor]
+    print(f"ours / brax's trainer: {ratio:.2f}x env-steps/s; evaluation return "
+          f"{m['eval_return', 'repro']:.1f} (ours) vs {m['eval_return', 'brax']:.1f} (brax); "
+          f"random policy {floor:.1f}: " + (
+              f"above it: {', '.join(learned)}" if learned else
+              "neither run is above it yet, so at this budget the returns show that both "
+              "trainers run, not which one learns better"))
+else:
+    print("no peer records in the committed records")
 
 # %% [markdown]
 # ## Pipeline check (smoke profile)
