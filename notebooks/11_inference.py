@@ -104,17 +104,26 @@ print(f"{len(df)} committed full-profile records" if len(df) else
 # ## 1. The formats, and MaxText's names for them
 #
 # `gemm`: what the quantized products compute in on a GPU with the format's tensor cores
-# (`dequant-bf16`: weight-only, dequantized to BF16 before a BF16 GEMM). `MaxText`: the values
-# of MaxText's `quantization` flag whose forward pass is the same (from `quantizations.py`:
-# `int8` and `fp8`/`fp8_full` are qwix rules with INT8 / E4M3 weights and activations, per
-# channel by default; `fp8_gpu` wraps flax's `Fp8DirectDotGeneralOp`, our `flax-fp8`; AQT's
-# `int8w` is weight-only INT8). `fp8_full` differs from `fp8` only in its backward pass
-# (E5M2 gradients), which inference never runs.
+# (`dequant-bf16`: weight-only, a BF16 GEMM). `scales`: per output channel for the weights and
+# per token for the activations (`channel`), or one per tensor (`tensor`: `fp8-tensor`, whose
+# product is an FP8 GEMM times one scalar, the form cuBLASLt's FP8 GEMM takes its scales in;
+# per-token scales are a vector along the rows that it cannot take). `weight-only kernel`: how
+# `fp8-w` / `int8-w` multiply: the BF16 GEMM of the stored 1-byte values with the scale on
+# its output, no dequantized weight (`repro.precision.dequant_gemm`: `xla` lets XLA fuse the
+# convert into its GEMM, `pallas` is a Pallas kernel that does it explicitly); NVFP4 is
+# dequantized by qwix first. `MaxText`: the values of MaxText's `quantization` flag whose
+# forward pass is the same (from `quantizations.py`: `int8` and `fp8`/`fp8_full` are qwix rules
+# with INT8 / E4M3 weights and activations, per channel by default; `fp8_gpu` wraps flax's
+# `Fp8DirectDotGeneralOp`, our `flax-fp8`; AQT's `aqt_fp8_full` quantizes both operands to
+# E4M3 with per-tensor dynamic scales, the forward pass of `fp8-tensor`; AQT's `int8w` is
+# weight-only INT8). `fp8_full` differs from `fp8` only in its backward pass (E5M2
+# gradients), which inference never runs.
 
 # %%
 pd.DataFrame([{"format": f.name, "weights": f.weight or "bf16", "activations": f.act or "bf16",
-               "runs under recipe": f.recipe, "gemm": f.gemm, "Hopper tensor cores": f.hopper,
-               "MaxText": f.maxtext or "-", "what": f.about}
+               "scales": f.granularity if f.qwix else "-", "runs under recipe": f.recipe,
+               "gemm": f.gemm, "weight-only kernel": f.kernel or "-",
+               "Hopper tensor cores": f.hopper, "MaxText": f.maxtext or "-", "what": f.about}
               for f in X.FORMATS.values() if f.name in nb.params["formats"]])
 
 # %% [markdown]
@@ -170,8 +179,9 @@ percent(acc) if len(acc) else "no accuracy records in the committed records"
 #
 # `ratio_to_bf16`: the whole model's weight bytes (embedding and head stay BF16);
 # `ratio_quantized_layers`: over the quantized layers only, the format's own ratio (FP8/INT8
-# per-channel: 1 byte per weight plus a BF16 scale per output channel; NVFP4: half a byte plus an
-# E4M3 scale per 16 and one FP32 per tensor). `in_memory_bytes`: the arrays as qwix runs them
+# per-channel: 1 byte per weight plus a BF16 scale per output channel; `fp8-tensor`: 1 byte per
+# weight plus one BF16 scale; NVFP4: half a byte plus an E4M3 scale per 16 and one FP32 per
+# tensor). `in_memory_bytes`: the arrays as qwix runs them
 # (BF16 scales; 4-bit elements take a byte each where the backend stores them so).
 
 # %%
@@ -183,8 +193,9 @@ mem if len(mem) else "no memory records in the committed records"
 #
 # Tokens per second of each format and of BF16 timed in the same run, and their ratio.
 # `lowering`: how the compiled program ran the quantized products (`cublaslt-f8`,
-# `fused-f8-dot`: FP8 tensor cores; `s8-gemm`: INT8 tensor cores; `fused` / `separate`:
-# whether a weight-only format's dequantization happened inside the GEMM kernel or before it);
+# `fused-f8-dot`: FP8 tensor cores; `s8-gemm`: INT8 tensor cores; `fused` / `pallas` /
+# `separate`: whether a weight-only format's 1-byte weights were widened inside the GEMM kernel,
+# XLA's or the Pallas one, or by a kernel before it);
 # `emulated` rows measure something else and are not evidence. `program_bytes`: the compiled
 # program's buffers (arguments + outputs + temporaries).
 

@@ -137,6 +137,7 @@ def _stablehlo_dots(ex, tokens):
 
 
 @pytest.mark.parametrize("fmt,operand,out", [("fp8", "f8E4M3FN", "bf16"),
+                                             ("fp8-tensor", "f8E4M3FN", "bf16"),
                                              ("int8", "i8", "i32")])
 def test_fp8_int8_products_on_the_block_linear_layers_only(tiny, fmt, operand, out):
     model, params, tokens = tiny
@@ -187,11 +188,119 @@ def test_weight_bytes_by_hand(tiny):
     other = 2 * v * d + (2 * n + 1) * d  # embedding, head, norms: BF16
     bf16 = 2 * (other + sum(a * b for a, b in kernels))
     fp8 = 2 * other + sum(a * b + 2 * b for a, b in kernels)  # + a BF16 scale per column
+    fp8_tensor = 2 * other + sum(a * b + 2 for a, b in kernels)  # + one BF16 scale
     nvfp4 = 2 * other + sum(a * b / 2 + (a // 16) * b + 4 for a, b in kernels)
-    for fmt, want in (("bf16", bf16), ("fp8-w", fp8), ("int8", fp8), ("nvfp4-w", nvfp4)):
+    for fmt, want in (("bf16", bf16), ("fp8-w", fp8), ("int8", fp8), ("nvfp4-w", nvfp4),
+                      ("fp8-tensor", fp8_tensor)):
         got = X.weight_bytes(Q.export_lm(TINY, params, fmt))
         assert got["bytes"] == want and got["bf16_bytes"] == bf16, fmt
         assert got["ratio_to_bf16"] == pytest.approx(want / bf16)
+
+
+# --------------------------------------------------------------------- fp8-tensor
+
+
+def _bf16_at_least(v: float) -> float:
+    """The smallest BF16 number >= v > 0, by ml_dtypes."""
+    b = np.asarray(v, np.float32).astype(ml_dtypes.bfloat16)
+    if float(b) < v:
+        b = (b.view(np.uint16) + np.uint16(1)).view(ml_dtypes.bfloat16)
+    return float(b)
+
+
+def _e4m3(a):
+    """Saturating round-to-nearest-even to E4M3 by ml_dtypes, as float64."""
+    return np.clip(a, -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
+
+
+def test_fp8_tensor_weights_have_one_scale_amax_over_448(tiny):
+    _, params, _ = tiny
+    ex = Q.export_lm(TINY, params, "fp8-tensor")
+    for a, b in (("attn", "qkv"), ("mlp", "wo")):
+        w = np.asarray(jnp.asarray(params["block1"][a][b]["kernel"], jnp.bfloat16), np.float64)
+        qa = ex.variables["params"]["block1"][a][b]["kernel"].array
+        scale = float(np.float64(np.abs(w).max() / 448).astype(ml_dtypes.bfloat16))
+        assert qa.scale.shape == (1, 1) and qa.scale.dtype == jnp.bfloat16
+        assert float(qa.scale[0, 0]) == scale
+        assert qa.qvalue.dtype == jnp.float8_e4m3fn and qa.qvalue.shape == w.shape
+        np.testing.assert_array_equal(np.asarray(qa.qvalue, np.float64), _e4m3(w / scale))
+
+
+def test_per_tensor_quantizer_saturates_at_448_and_keeps_zero_tensors():
+    # amax / 448 rounds DOWN to BF16 here: the largest value lands just past 448, clipped
+    amax = float(np.float32(448 * 1.0078125 * 1.001))
+    w = jnp.asarray([[amax, -amax / 3], [1e-3, 0.0]], jnp.float32).astype(jnp.bfloat16)
+    qa = X.quantize_per_tensor(w)
+    s = float(qa.scale[0, 0])
+    wf = np.asarray(w, np.float64)
+    assert s < np.abs(wf).max() / 448 and np.abs(wf).max() / s > 448
+    q = np.asarray(qa.qvalue, np.float64)
+    assert q[0, 0] == 448 and np.isfinite(q).all()
+    np.testing.assert_array_equal(q, _e4m3(wf / s))
+    zero = X.quantize_per_tensor(jnp.zeros((4, 4), jnp.bfloat16))
+    assert float(zero.scale[0, 0]) == 1.0 and not np.asarray(zero.qvalue, np.float32).any()
+
+
+def test_fp8_tensor_product_against_a_numpy_emulation():
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(2, 5, 64)) * 0.3
+    x[1, 2, 7] = 17.0  # an outlier sets the activation's scale
+    x = jnp.asarray(x, jnp.bfloat16)
+    w = jnp.asarray(rng.normal(size=(64, 48)) * 0.05, jnp.bfloat16)
+    qa = X.quantize_per_tensor(w)
+    y = X.fp8_tensor_dot(x, qa, (((2,), (0,)), ((), ())))
+    assert y.shape == (2, 5, 48) and y.dtype == jnp.bfloat16
+    xf, sw = np.asarray(x, np.float64), float(qa.scale[0, 0])
+    s = _bf16_at_least(float(np.float32(np.abs(xf).max() / 448) * np.float32(sw)))
+    sx = np.float32(s) / np.float32(sw)
+    assert np.abs(xf).max() / sx <= 448 * (1 + 2 ** -20)  # nothing saturates
+    xq = _e4m3(np.asarray(x, np.float32) * (np.float32(1) / sx))  # the hardware's cast
+    wq = np.asarray(qa.qvalue, np.float64)
+    ref = (xq.reshape(10, 64) @ wq * s).reshape(2, 5, 48)
+    mag = (np.abs(xq.reshape(10, 64)) @ np.abs(wq) * s).reshape(2, 5, 48)
+    # two BF16 roundings (half an ulp each, at most 2^-8): the product, its product with s
+    err = np.abs(np.asarray(y, np.float64) - ref)
+    assert (err <= 2.0 ** -7 * np.abs(ref) + 1e-6 * mag).all()
+    # the product scales x ~ xq * sx, so y ~ x @ w
+    direct = xf.reshape(10, 64) @ np.asarray(w, np.float64)
+    assert np.abs(np.asarray(y, np.float64).reshape(10, 48) - direct).max() <= \
+        0.1 * np.abs(direct).max()
+
+
+def test_fp8_tensor_hlo_scales_the_f8_dot_by_one_bf16_scalar(tiny):
+    import re
+
+    _, params, tokens = tiny
+    ex = Q.export_lm(TINY, params, "fp8-tensor")
+    txt = jax.jit(ex.model.apply).lower(ex.variables, tokens).as_text()
+    dots = re.findall(r"(%\d+) = stablehlo\.dot_general [^\n]*\(tensor<[^>]*xf8E4M3FN>, "
+                      r"tensor<[^>]*xf8E4M3FN>\) -> tensor<\d+x\d+xbf16>", txt)
+    assert len(dots) == 4 * TINY.n_layers  # 2-D products with BF16 outputs, no FP32 one
+    for d in dots:
+        m = re.search(rf"= stablehlo\.multiply {d}, (%\d+)", txt)
+        assert m, d
+        assert re.search(rf"{m.group(1)} = stablehlo\.broadcast_in_dim %\w+, dims = \[\] "
+                         r": \(tensor<bf16>\)", txt), d
+
+
+def test_fp8_tensor_logits_are_close_to_bf16(tiny):
+    model, params, tokens = tiny
+    ref = np.asarray(jax.jit(model.apply)({"params": X.to_bf16(params)}, tokens))
+    for fmt in ("fp8-tensor", "fp8"):
+        ex = Q.export_lm(TINY, params, fmt)
+        out = np.asarray(ex.model.apply(ex.variables, tokens))
+        err = np.abs(out - ref).max()
+        assert 0 < err <= 0.05 * np.abs(ref).max(), (fmt, err)
+
+
+def test_format_fields_are_checked():
+    with pytest.raises(ValueError, match="per-tensor"):
+        X.ExportFormat("x", "int8", "int8", granularity="tensor")
+    with pytest.raises(ValueError, match="weight-only FP8 / INT8"):
+        X.ExportFormat("x", "nvfp4", kernel="xla")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        X.ExportFormat("x", "int8", kernel="cuda")
+    assert X.resolve_format("fp8-tensor").gemm == "fp8"
 
 
 def test_save_load_round_trip(tiny, tmp_path):
@@ -265,6 +374,16 @@ ENTRY %main {
 }
 """
 
+_PALLAS_DEQUANT = """
+%body {
+  %state = (bf16[16,512]{1,0}, f8e4m3fn[512,256]{1,0}, bf16[1,256]{1,0}) parameter(0)
+  %x = bf16[16,512]{1,0} get-tuple-element(%state), index=0
+  %w = f8e4m3fn[512,256]{1,0} get-tuple-element(%state), index=1
+  %s = bf16[1,256]{1,0} get-tuple-element(%state), index=2
+  %custom-call.1 = bf16[16,256]{1,0} custom-call(%x, %w, %s), custom_call_target="__gpu$xla.gpu.triton"
+}
+"""
+
 
 def test_lowering_checks_on_hand_written_hlo():
     assert S.int8_lowering(_CUBLAS_S8) == "s8-gemm"
@@ -272,6 +391,9 @@ def test_lowering_checks_on_hand_written_hlo():
     assert S.int8_lowering("ROOT %d = bf16[2,2]{1,0} dot(%a, %b)") == "no-s8"
     assert S.dequant_lowering(_FUSED_DEQUANT) == "fused"
     assert S.dequant_lowering(_SEPARATE_DEQUANT) == "separate"
+    assert S.dequant_lowering(_PALLAS_DEQUANT) == "pallas"
+    # a Pallas kernel that reads only wide arrays leaves a separate widening
+    assert S.dequant_lowering(_PALLAS_DEQUANT.replace(", %w, %s)", ", %s)")) == "separate"
     assert S.dequant_lowering("ROOT %d = bf16[2,2]{1,0} dot(%a, %b)") == "none"
 
 

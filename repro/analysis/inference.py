@@ -87,9 +87,11 @@ def bytes_table(df: pd.DataFrame) -> pd.DataFrame:
 def speed_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (hardware, profile, config, format, phase, batch): the format's and BF16's
     tokens/s timed in the same run, the speedup (ratio of the medians), the compiled
-    program's lowering and bytes, and ``emulated`` (left out of speed verdicts)."""
+    program's lowering and bytes, the weight-only kernel that ran (``kernel``: "xla",
+    "pallas", or None: qwix's product; records made before it was recorded say None) and
+    ``emulated`` (left out of speed verdicts)."""
     cols = ["hardware", "profile", "config", "d_model", "format", "phase", "batch",
-            "tokens_per_s", "bf16_tokens_per_s", "speedup", "lowering", "emulated",
+            "tokens_per_s", "bf16_tokens_per_s", "speedup", "lowering", "kernel", "emulated",
             "program_bytes", "bf16_program_bytes", "git_commit"]
     if "metric" not in df:
         return pd.DataFrame(columns=cols)
@@ -103,7 +105,8 @@ def speed_table(df: pd.DataFrame) -> pd.DataFrame:
              "d_model": int(r.d_model), "format": r.recipe, "phase": r.phase,
              "batch": int(r.batch), "tokens_per_s": float(r.value),
              "bf16_tokens_per_s": r.extra["bf16_tokens_per_s"], "speedup": r.extra["speedup"],
-             "lowering": r.extra["lowering"], "emulated": bool(r.emulated),
+             "lowering": r.extra["lowering"], "kernel": r.extra.get("kernel"),
+             "emulated": bool(r.emulated),
              "program_bytes": r.extra.get("program_bytes"),
              "bf16_program_bytes": r.extra.get("bf16_program_bytes"),
              "git_commit": r.git_commit} for r in d.itertuples()]

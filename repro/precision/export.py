@@ -14,16 +14,29 @@ A format (:data:`FORMATS`) says what the GEMMs of the matched layers read:
   product on the quantized values: ``dot(f8, f8) -> bf16`` or ``dot(s8, s8) -> s32``, the
   scales multiplied into the output. Whether a GPU runs these as FP8 / INT8 tensor-core GEMMs
   is for the compiled program to say (``repro.studies.inference`` checks every speed record).
-* ``fp8-w`` / ``int8-w`` / ``nvfp4-w``: weight-only; the weights are dequantized to BF16 before
-  a BF16 GEMM (what is saved is memory traffic, not arithmetic). NVFP4: E2M1 elements with an
-  E4M3 scale per 16 along the contraction axis, and a per-tensor scale, here a power of two
-  (``2^ceil(log2(amax / (448 * 6)))``): dividing by it first lets the block scales use E4M3's
-  whole range, as NVIDIA's two-level scaling does, and keeps every stored scale exactly an
-  E4M3 value times that power of two. No FP4 tensor cores on Hopper: accuracy only.
+  A scale per token is a vector along the GEMM's rows, which cuBLASLt's scalar scales cannot
+  take: it costs a pass over the output.
+* ``fp8-tensor``: E4M3 weights and activations with ONE scale per tensor: the weight's,
+  ``amax / 448`` in BF16, stored with it; the activation's from its own absmax at run time
+  (current scaling; chosen so that the product of the two scales is a BF16 number, rounded
+  up: nothing saturates). The product is ``dot(f8, f8) -> bf16`` times that scalar
+  (:func:`fp8_tensor_dot`), the form XLA's GEMM rewriter folds into cuBLASLt's FP8 GEMM.
+* ``fp8-w`` / ``int8-w`` / ``nvfp4-w``: weight-only. FP8 / INT8 (a scale per output channel):
+  ``(x @ q) * scale`` with the scale after the product (exact for per-channel scales), no
+  dequantized BF16 weight (:mod:`repro.precision.dequant_gemm`, in the form
+  :data:`WEIGHT_ONLY_KERNEL` names: "xla" or the Pallas kernel "pallas"), for up to K / 2
+  rows of activations (decode); with more (prefill, compute-bound) the weight is dequantized
+  first, as qwix does. What is saved is memory traffic, not arithmetic. NVFP4 (qwix
+  dequantizes it to BF16 before a BF16 GEMM):
+  E2M1 elements with an E4M3 scale per 16 along the contraction axis, and a per-tensor
+  scale, here a power of two (``2^ceil(log2(amax / (448 * 6)))``): dividing by it first lets
+  the block scales use E4M3's whole range, as NVIDIA's two-level scaling does, and keeps
+  every stored scale exactly an E4M3 value times that power of two. No FP4 tensor cores on
+  Hopper: accuracy only.
 * ``flax-fp8``, ``fp8-current``: a training recipe of ``repro.precision.recipes`` used as it
   is for inference (flax's ``Fp8DirectDotGeneralOp`` with per-tensor delayed scaling, its
   scales calibrated by :func:`calibrate` on a few batches; this repository's per-tensor
-  current-scaling FP8). Weights stay BF16.
+  current-scaling FP8). Weights stay BF16 (quantized on every call).
 
 Parameters are cast to BF16 before quantizing (the BF16 model computes with those values),
 which also keeps every quantized array's dequantized dtype BF16, the dtype the layers'
@@ -43,10 +56,16 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax import lax
+
+from repro.precision import dequant_gemm
+from repro.precision import formats as F
 
 QTYPES = {"float8_e4m3fn": jnp.float8_e4m3fn, "int8": jnp.int8, "nvfp4": "nvfp4"}
 NVFP4_TILE = 16
 E4M3_MAX, E2M1_MAX = 448.0, 6.0
+# The weight-only FP8 / INT8 product (repro.precision.dequant_gemm): "xla" or "pallas".
+WEIGHT_ONLY_KERNEL = "xla"
 
 
 @dataclass(frozen=True)
@@ -56,7 +75,10 @@ class ExportFormat:
     ``gemm``: what the GEMM computes in on a GPU with the format's tensor cores ("bf16",
     "fp8", "int8", or "dequant-bf16" for weight-only formats); ``hopper``: whether Hopper
     (H100/H200) has tensor cores for it; ``maxtext``: MaxText's ``quantization`` names whose
-    forward pass this matches."""
+    forward pass this matches; ``granularity``: the scales of a qwix format, "channel"
+    (weights per output channel, activations per token) or "tensor" (one per tensor);
+    ``kernel``: a weight-only format's fused product (:mod:`repro.precision.dequant_gemm`:
+    "xla" or "pallas"), None where qwix dequantizes the weight first."""
 
     name: str
     weight: str | None = None
@@ -66,6 +88,19 @@ class ExportFormat:
     hopper: bool = True
     maxtext: str = ""
     about: str = ""
+    granularity: Literal["channel", "tensor"] = "channel"
+    kernel: str | None = None
+
+    def __post_init__(self):
+        if self.granularity == "tensor" and (self.weight, self.act) != ("float8_e4m3fn",) * 2:
+            raise ValueError(f"format {self.name}: per-tensor scales are for E4M3 weights and "
+                             "activations only")
+        if self.kernel is not None and (not self.weight_only or self.weight == "nvfp4"):
+            raise ValueError(f"format {self.name}: a fused kernel is for weight-only FP8 / "
+                             "INT8 formats")
+        if self.kernel is not None and self.kernel not in dequant_gemm.IMPLS:
+            raise ValueError(f"format {self.name}: kernel must be one of "
+                             f"{dequant_gemm.IMPLS}, got {self.kernel!r}")
 
     @property
     def qwix(self) -> bool:
@@ -84,12 +119,19 @@ FORMATS: dict[str, ExportFormat] = {f.name: f for f in [
     ExportFormat("bf16", about="BF16 weights and activations: the baseline"),
     ExportFormat("fp8", "float8_e4m3fn", "float8_e4m3fn", gemm="fp8", maxtext="fp8, fp8_full",
                  about="E4M3 weights (per output channel) and activations (per token)"),
+    ExportFormat("fp8-tensor", "float8_e4m3fn", "float8_e4m3fn", gemm="fp8",
+                 granularity="tensor", maxtext="aqt_fp8_full (its forward pass)",
+                 about="E4M3 weights (one stored scale) and activations (one scale from "
+                       "their absmax at run time)"),
     ExportFormat("int8", "int8", "int8", gemm="int8", maxtext="int8",
                  about="INT8 weights (per output channel) and activations (per token)"),
-    ExportFormat("fp8-w", "float8_e4m3fn", gemm="dequant-bf16",
-                 about="weight-only E4M3 (per output channel), BF16 GEMM"),
+    ExportFormat("fp8-w", "float8_e4m3fn", gemm="dequant-bf16", kernel=WEIGHT_ONLY_KERNEL,
+                 about="weight-only E4M3 (per output channel), BF16 GEMM of the stored "
+                       "values, the scale on its output"),
     ExportFormat("int8-w", "int8", gemm="dequant-bf16", maxtext="int8w (AQT)",
-                 about="weight-only INT8 (per output channel), BF16 GEMM"),
+                 kernel=WEIGHT_ONLY_KERNEL,
+                 about="weight-only INT8 (per output channel), BF16 GEMM of the stored "
+                       "values, the scale on its output"),
     ExportFormat("nvfp4-w", "nvfp4", gemm="dequant-bf16", hopper=False,
                  about="weight-only NVFP4 (E2M1, E4M3 scale per 16, power-of-two tensor "
                        "scale): accuracy only on Hopper"),
@@ -116,12 +158,120 @@ def _qwix():
 
 
 def rules(fmt: ExportFormat, module_path: str) -> list:
-    """The qwix rule of a quantized format: the layers whose path matches ``module_path``."""
+    """The qwix rule of a quantized format: the layers whose path matches ``module_path``.
+    A per-tensor format's rule names no activation type: its product
+    (:func:`fp8_tensor_dot`) quantizes the activations itself, qwix would do it per token."""
     if not fmt.qwix:
         return []
-    act = QTYPES[fmt.act] if fmt.act else None
+    act = QTYPES[fmt.act] if fmt.act and fmt.granularity == "channel" else None
     return [_qwix().QuantizationRule(module_path=module_path, weight_qtype=QTYPES[fmt.weight],
                                      act_qtype=act, tile_size=fmt.tile_size)]
+
+
+# ------------------------------------------------------------------ products for qwix
+
+
+def _bf16_at_least(v):
+    """The smallest BF16 number >= ``v`` (a positive finite FP32 scalar)."""
+    b = v.astype(jnp.bfloat16)
+    up = lax.bitcast_convert_type(lax.bitcast_convert_type(b, jnp.uint16) + jnp.uint16(1),
+                                  jnp.bfloat16)
+    return jnp.where(b.astype(jnp.float32) < v, up, b)
+
+
+def quantize_per_tensor(w, qtype=jnp.float8_e4m3fn):
+    """``w`` as a qwix ``QArray`` with ONE scale: ``amax / 448`` rounded to ``w``'s dtype (1
+    for an all-zero tensor), the values ``w / scale`` rounded to E4M3 (saturating at 448,
+    where the rounded scale is a little under ``amax / 448``)."""
+    if jnp.dtype(qtype) != jnp.float8_e4m3fn:
+        raise ValueError(f"quantize_per_tensor: E4M3 only, got {qtype}")
+    wf = jnp.asarray(w).astype(jnp.float32)
+    amax = jnp.max(jnp.abs(wf))
+    scale = jnp.where(amax > 0, amax / E4M3_MAX, 1.0).astype(w.dtype)
+    q = jnp.clip(wf / scale.astype(jnp.float32), -E4M3_MAX, E4M3_MAX).astype(qtype)
+    return _qwix().QArray(q, scale.reshape((1,) * w.ndim), qtype=qtype)
+
+
+def _x_at_w(lhs, rhs, dimension_numbers) -> bool:
+    """Whether a product is ``x[..., K] @ w[K, N]``: an array times a 2-D QArray contracted
+    on its first axis, without batch axes."""
+    qwix = _qwix()
+    (lc, rc), (lb, rb) = dimension_numbers
+    return (isinstance(rhs, qwix.QArray) and not isinstance(lhs, qwix.QArray)
+            and rhs.ndim == 2 and rhs.zero_point is None and tuple(rc) == (0,)
+            and tuple(lc) == (lhs.ndim - 1,) and not tuple(lb) and not tuple(rb))
+
+
+def fp8_tensor_dot(lhs, rhs, dimension_numbers, **kwargs):
+    """The product of ``fp8-tensor``: ``x[..., K]`` (BF16) times a per-tensor E4M3 weight
+    (:func:`quantize_per_tensor`). The activation is scaled by its absmax now, the scale
+    ``sx`` chosen so that ``s = sx * sw`` (``sw``: the weight's) is a BF16 number: the
+    smallest one >= ``amax / 448 * sw``, so no activation saturates and ``x ~ q * sx``
+    holds to FP32 rounding. Then ``dot(xq, wq) -> bf16`` on the two FP8 arrays (2-D, x's
+    leading axes flattened) times ``s``: a GEMM output times a broadcast scalar, which XLA's
+    GEMM rewriter folds into the cuBLASLt FP8 call (as ``repro.precision.ops`` relies on for
+    the training recipes). Other products go to qwix."""
+    qwix = _qwix()
+    if not (_x_at_w(lhs, rhs, dimension_numbers) and math.prod(rhs.scale.shape) == 1
+            and rhs.qvalue.dtype == jnp.float8_e4m3fn):
+        return qwix.dot_general(lhs, rhs, dimension_numbers, **kwargs)
+    k, n = rhs.shape
+    x = lhs.reshape(-1, k)
+    sw = rhs.scale.reshape(()).astype(jnp.float32)
+    amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
+    s = _bf16_at_least(jnp.where(amax > 0, amax / E4M3_MAX, 1.0) * sw)
+    xq = F.fp8_cast(x, jnp.float8_e4m3fn, s.astype(jnp.float32) / sw)
+    acc = lax.dot_general(xq, rhs.qvalue, (((1,), (0,)), ((), ())),
+                          preferred_element_type=lhs.dtype)
+    return (acc * s.astype(acc.dtype)).reshape(*lhs.shape[:-1], n)
+
+
+def weight_only_dot(impl: str):
+    """The product of a weight-only FP8 / INT8 format with a scale per output channel:
+    :func:`repro.precision.dequant_gemm.dot` in form ``impl``. Other products go to qwix."""
+    def dot(lhs, rhs, dimension_numbers, **kwargs):
+        qwix = _qwix()
+        if (_x_at_w(lhs, rhs, dimension_numbers) and rhs.scale.shape == (1, rhs.shape[1])
+                and jnp.dtype(rhs.qvalue.dtype).itemsize == 1):
+            return dequant_gemm.dot(lhs, rhs.qvalue, rhs.scale.reshape(-1), impl)
+        return qwix.dot_general(lhs, rhs, dimension_numbers, **kwargs)
+
+    return dot
+
+
+class _PerTensorQArrays:
+    """qwix's ``qarray`` module with :func:`quantize_per_tensor` as its ``quantize`` (the
+    hook ``PtqProvider`` and ``quantize_params`` take for other quantizers)."""
+
+    def __getattr__(self, name):
+        from qwix._src.core import qarray
+
+        return getattr(qarray, name)
+
+    @staticmethod
+    def quantize(array, how):
+        return quantize_per_tensor(array, how.qtype)
+
+
+def _qarray_module(fmt: ExportFormat):
+    if fmt.granularity == "tensor":
+        return _PerTensorQArrays()
+    from qwix._src.core import qarray
+
+    return qarray
+
+
+def provider(fmt: ExportFormat, module_path: str):
+    """qwix's ``PtqProvider`` for ``fmt`` with this module's products: per-tensor FP8
+    (:func:`fp8_tensor_dot`, weights quantized by :func:`quantize_per_tensor`) and the fused
+    weight-only product (:func:`weight_only_dot`); qwix's own otherwise."""
+    qwix = _qwix()
+    kw = {"_qarray_module": _qarray_module(fmt)}
+    if fmt.granularity == "tensor":
+        kw["_dot_general_fn"] = fp8_tensor_dot
+    elif fmt.kernel is not None:
+        kw["_dot_general_fn"] = weight_only_dot(fmt.kernel)
+    return qwix.PtqProvider(rules(fmt, module_path), **kw)
 
 
 @dataclass
@@ -158,9 +308,10 @@ def pow2_tensor_scale(w) -> jax.Array:
     return jnp.where(amax > 0, s, 1.0)
 
 
-def _quantize_params(params, abstract):
-    """qwix's ``quantize_params``, NVFP4 kernels with their power-of-two tensor scale taken
-    out first and multiplied back into the block scales (exact: powers of two)."""
+def _quantize_params(params, abstract, fmt: ExportFormat):
+    """qwix's ``quantize_params`` with ``fmt``'s quantizer, NVFP4 kernels with their
+    power-of-two tensor scale taken out first and multiplied back into the block scales
+    (exact: powers of two)."""
     qwix = _qwix()
     flat, flat_abs = (flax.traverse_util.flatten_dict(t) for t in (params, abstract))
     scales = {}
@@ -169,7 +320,8 @@ def _quantize_params(params, abstract):
             scales[path] = pow2_tensor_scale(flat[path])
             flat[path] = (flat[path] / scales[path]).astype(flat[path].dtype)
     q = flax.traverse_util.flatten_dict(
-        qwix.quantize_params(flax.traverse_util.unflatten_dict(flat), abstract))
+        qwix.quantize_params(flax.traverse_util.unflatten_dict(flat), abstract,
+                             _qarray_module=_qarray_module(fmt)))
     for path, s in scales.items():
         qa = q[path].array
         q[path] = q[path].replace(array=qa.replace(scale=(qa.scale * s).astype(qa.scale.dtype)))
@@ -177,15 +329,15 @@ def _quantize_params(params, abstract):
 
 
 @functools.lru_cache(maxsize=64)
-def serving_model(model: nn.Module, fmt: str, module_path: str) -> nn.Module:
-    """The module that serves ``model`` as ``fmt``: qwix's wrapper of the BF16 model (qwix
-    formats) or the model under the format's recipe; cached, so compiled functions of it are
-    shared by every export of the same model and format."""
-    f = resolve_format(fmt)
+def serving_model(model: nn.Module, fmt: str | ExportFormat, module_path: str) -> nn.Module:
+    """The module that serves ``model`` as ``fmt`` (a name of :data:`FORMATS` or a format):
+    qwix's wrapper of the BF16 model (qwix formats) or the model under the format's recipe;
+    cached, so compiled functions of it are shared by every export of the same model and
+    format."""
+    f = resolve_format(fmt) if isinstance(fmt, str) else fmt
     if not f.qwix:
         return model.clone(recipe=f.recipe)
-    qwix = _qwix()
-    return qwix.quantize_model(model.clone(recipe="bf16"), qwix.PtqProvider(rules(f, module_path)))
+    return _qwix().quantize_model(model.clone(recipe="bf16"), provider(f, module_path))
 
 
 @functools.lru_cache(maxsize=64)
@@ -204,10 +356,10 @@ def _init_state(smodel: nn.Module, shape: tuple[int, ...]):
 
 
 @functools.lru_cache(maxsize=64)
-def _quantizer(smodel: nn.Module, shape: tuple[int, ...]):
+def _quantizer(smodel: nn.Module, shape: tuple[int, ...], fmt: ExportFormat):
     """A jitted ``params -> quantized params`` (BF16 first) for a qwix serving model."""
     abstract = _abstract(smodel, shape)["params"]
-    return jax.jit(lambda params: _quantize_params(to_bf16(params), abstract))
+    return jax.jit(lambda params: _quantize_params(to_bf16(params), abstract, fmt))
 
 
 def export(model: nn.Module, params, fmt: str | ExportFormat, sample_shape: tuple[int, ...],
@@ -218,14 +370,14 @@ def export(model: nn.Module, params, fmt: str | ExportFormat, sample_shape: tupl
     inputs that calibrate delayed-scaling state (``flax-fp8``; required there)."""
     fmt = resolve_format(fmt) if isinstance(fmt, str) else fmt
     shape = tuple(int(d) for d in sample_shape)
-    smodel = serving_model(model, fmt.name, module_path)
+    smodel = serving_model(model, fmt, module_path)
     abstract = _abstract(smodel, shape)
     if fmt.qwix:
         if not any(_is_quantized(x) for x in jax.tree.leaves(abstract["params"],
                                                              is_leaf=_is_quantized)):
             raise ValueError(f"export {fmt.name}: module_path {module_path!r} matched no "
                              "product of the model")
-        return Exported(fmt, smodel, {"params": _quantizer(smodel, shape)(params)})
+        return Exported(fmt, smodel, {"params": _quantizer(smodel, shape, fmt)(params)})
     variables = {"params": to_bf16(params)}
     if set(abstract) - {"params"}:  # delayed-scaling state: initialised, then calibrated
         if not calib_batches:

@@ -109,18 +109,33 @@ def int8_lowering(hlo_text: str) -> str:
 _NARROW = ("s8", "f8e4m3fn", "f8e5m2", "f4e2m1fn", "s4", "u8")
 
 
+PALLAS_TRITON_TARGET = "__gpu$xla.gpu.triton"  # a Pallas (Triton backend) kernel's call
+
+
 def dequant_lowering(hlo_text: str) -> str:
     """Where a weight-only format's dequantization runs: "fused" (a computation holding a dot
-    reads a 1-byte or 4-bit parameter: the GEMM kernel loads the narrow weights), "separate"
-    (the weights are widened by another kernel before the GEMM), "none" (no narrow array)."""
+    reads a 1-byte or 4-bit parameter: the GEMM kernel loads the narrow weights), "pallas" (a
+    Pallas kernel's call reads a narrow array: ``repro.precision.dequant_gemm``'s kernel),
+    "separate" (the weights are widened by another kernel before the GEMM), "none" (no narrow
+    array)."""
     if not any(f"{t}[" in hlo_text for t in _NARROW):
         return "none"
-    for block in re.split(r"\n\s*\n", hlo_text):
+    blocks = re.split(r"\n\s*\n", hlo_text)
+    for block in blocks:
         if " dot(" not in block:
             continue
         params = re.findall(r"= ([a-z0-9]+)\[[^\n]*? parameter\(", block)
         if any(t in _NARROW for t in params):
             return "fused"
+    for block in blocks:
+        types = _types(block)
+        for line in block.splitlines():
+            if PALLAS_TRITON_TARGET not in line:
+                continue
+            call = re.search(r" custom-call\(([^)]*)\)", line)
+            operands = re.findall(r"%([\w.\-]+)", call.group(1)) if call else []
+            if any(types.get(o) in _NARROW for o in operands):
+                return "pallas"
     return "separate"
 
 
@@ -229,6 +244,7 @@ def _phase_record(fmt: X.ExportFormat, cfg, phase, batch, progs, samples, p, wb)
     extra = {"bf16_tokens_per_s": bf16_med, "speedup": med / bf16_med,
              "speedup_samples": (tps[fmt.name] / tps["bf16"]).round(4).tolist(),
              "lowering": f_fmt["lowering"], "gemm": fmt.gemm, "maxtext": fmt.maxtext,
+             "granularity": fmt.granularity, "kernel": fmt.kernel,
              "program_bytes": f_fmt["memory_bytes"], "bf16_program_bytes": f_bf16["memory_bytes"],
              "compile_s": f_fmt["compile_s"], "fp8_gemm_calls": f_fmt["fp8_gemm_calls"],
              "weight_bytes": wb["bytes"], "weight_ratio_to_bf16": wb["ratio_to_bf16"],

@@ -1,0 +1,185 @@
+"""The weight-only GEMM without a dequantized weight: ``y = (x @ q) * scale``.
+
+A weight-only format (``fp8-w``, ``int8-w`` of :mod:`repro.precision.export`) stores ``q[K, N]``
+in one byte per weight (E4M3 or INT8) and ``scale[N]``, one per output channel. Dequantizing
+first, ``x @ (q * scale)``, is what qwix does, and on the GPU XLA runs it as a separate kernel
+that reads the byte, writes a BF16 weight and has the GEMM read that again: at decode (a few
+rows of ``x``, the weights read once per token) 5 bytes move per weight instead of BF16's 2.
+
+Here the scale is applied AFTER the product, ``y[m, n] = scale[n] * sum_k x[m, k] q[k, n]``.
+That is exact for a scale per output channel (column ``n`` of the weight has the one factor
+``scale[n]``, which leaves the sum over ``k``), and more accurate than dequantizing first:
+every E4M3 and INT8 value is exact in BF16, so the GEMM multiplies the stored values
+themselves instead of their products with the scale rounded to BF16. Two forms, both for
+2-D ``q`` contracted along its first axis with ``scale`` of shape ``[N]`` or ``[1, N]``:
+
+* ``"xla"`` (:func:`dot_xla`): ``dot(x, convert(q))`` then the scale, for XLA to fuse: its
+  GPU compiler's GEMM fusion can put the convert into a Triton GEMM that loads the 1-byte
+  weight tile and widens it in registers. Whether it did is for the compiled program to say
+  (``repro.studies.inference_speed.dequant_lowering``).
+* ``"pallas"`` (:func:`dot_pallas`): a Pallas kernel (Triton backend) that does that
+  explicitly: a grid over blocks of rows and output columns, a loop over blocks of the
+  contraction in each program: load the 1-byte weight tile, convert it to BF16 in
+  registers, accumulate ``x_tile @ w_tile`` in FP32, multiply by the column scales once at
+  the end. Rows are padded to a multiple of 16 (the tensor cores' smallest tile). On a CPU it
+  runs in Pallas' interpret mode (tests) or not at all (:func:`dot` falls back to "xla").
+
+With many rows (prefill) the product is compute-bound and the scale on the output costs a
+pass over the output instead of one over the weights: :func:`dot` keeps qwix's form,
+dequantize then multiply, when ``rows > K / 2`` (see :func:`scale_on_output`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+IMPLS = ("xla", "pallas")
+ROW_TILE = 16  # rows of x are padded to a multiple of this for the Pallas kernel
+PALLAS_MAX_ROWS = 256  # above this many rows the Pallas kernel is not used (compute-bound)
+
+
+def _check(x, q, scale, what):
+    if q.ndim != 2:
+        raise ValueError(f"{what}: q must be 2-D [K, N], got shape {q.shape}")
+    k, n = q.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"{what}: x {x.shape} does not contract with q {q.shape}")
+    if math.prod(scale.shape) != n or (scale.ndim == 2 and scale.shape[0] != 1):
+        raise ValueError(f"{what}: scale {scale.shape} is not one per output column of "
+                         f"q {q.shape}")
+    if jnp.dtype(q.dtype).itemsize != 1:
+        raise ValueError(f"{what}: q must hold 1-byte values (int8 or float8), got {q.dtype}")
+
+
+def scale_on_output(rows: int, k: int) -> bool:
+    """Whether the scale goes after the product for ``rows`` rows of ``x`` and a contraction
+    of ``k``: yes unless ``rows > k / 2``. If XLA does not fuse the column scale into the
+    GEMM, scaling the output costs about 6 bytes per output element (write, read, write
+    BF16), dequantizing first 3 per weight (read 1, write 2): over ``N`` columns
+    ``6 * rows * N`` against ``3 * k * N``."""
+    return 2 * rows <= k
+
+
+def reference(x, q, scale):
+    """qwix's order: the weight dequantized to ``x``'s dtype first, then the product."""
+    w = q.astype(x.dtype) * scale.reshape(1, -1).astype(x.dtype)
+    return lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())))
+
+
+def dot_xla(x, q, scale):
+    """``(x[..., K] @ q[K, N]) * scale[N]`` as a BF16 x BF16 product of ``x`` and
+    ``convert(q)`` accumulated and scaled in FP32, the result in ``x``'s dtype."""
+    _check(x, q, scale, "dot_xla")
+    k, n = q.shape
+    x2 = x.reshape(-1, k)
+    acc = lax.dot_general(x2, q.astype(x.dtype), (((1,), (0,)), ((), ())),
+                          preferred_element_type=jnp.float32)
+    y = (acc * scale.reshape(1, n).astype(jnp.float32)).astype(x.dtype)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def _largest_block(dim: int, cap: int) -> int | None:
+    """The largest power of two in [16, cap] dividing ``dim`` (None if there is none)."""
+    b = cap
+    while b >= 16:
+        if dim % b == 0:
+            return b
+        b //= 2
+    return None
+
+
+def blocks(rows: int, k: int, n: int, block_n: int | None = None,
+           block_k: int | None = None) -> tuple[int, int, int] | None:
+    """``(block_m, block_n, block_k)`` of the Pallas kernel for a ``[rows, k] x [k, n]``
+    product, or None where it does not fit (``k`` or ``n`` not a multiple of 16; Triton
+    tiles are powers of two). Defaults: 16 to 64 rows a block; 32 columns for a few rows
+    (decode: many programs, each streaming its columns' weights), 128 for more; 256 along
+    the contraction for a few rows, 64 for more."""
+    few = rows <= ROW_TILE
+    bm = min(64, max(ROW_TILE, 1 << (max(rows, 1) - 1).bit_length()))
+    bn = _largest_block(n, block_n or (32 if few else 128))
+    bk = _largest_block(k, block_k or (256 if few else 64))
+    if bn is None or bk is None:
+        return None
+    return bm, bn, bk
+
+
+def _kernel(x_ref, q_ref, s_ref, o_ref, *, block_k: int, steps: int):
+    bm, bn = o_ref.shape
+
+    def body(i, acc):
+        k0 = pl.multiple_of(i * block_k, block_k)
+        x = x_ref[:, pl.ds(k0, block_k)]
+        w = q_ref[pl.ds(k0, block_k), :].astype(x.dtype)  # 1 byte loaded, widened here
+        return acc + jnp.dot(x, w, preferred_element_type=jnp.float32)
+
+    acc = lax.fori_loop(0, steps, body, jnp.zeros((bm, bn), jnp.float32))
+    o_ref[...] = (acc * s_ref[...].astype(jnp.float32)).astype(o_ref.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "block_n", "block_k",
+                                             "num_warps", "num_stages"))
+def dot_pallas(x, q, scale, *, interpret: bool = False, block_n: int | None = None,
+               block_k: int | None = None, num_warps: int | None = None,
+               num_stages: int | None = None):
+    """:func:`dot_xla` as one Pallas kernel (see the module docstring). ``block_n`` /
+    ``block_k``: caps on the tile sizes (powers of two, default :func:`blocks`);
+    ``num_warps``, ``num_stages``: Triton's (default 4 and 3). ``interpret``: Pallas'
+    interpreter (CPU)."""
+    _check(x, q, scale, "dot_pallas")
+    k, n = q.shape
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    b = blocks(m, k, n, block_n, block_k)
+    if b is None:
+        raise ValueError(f"dot_pallas: q {q.shape} is not a multiple of 16 along both axes")
+    bm, bn, bk = b
+    mp = -(-m // bm) * bm
+    if mp != m:
+        x2 = jnp.pad(x2, ((0, mp - m), (0, 0)))
+    params = {}
+    if not interpret and (num_warps or num_stages):
+        params["compiler_params"] = plgpu.CompilerParams(num_warps=num_warps,
+                                                         num_stages=num_stages)
+    y = pl.pallas_call(
+        functools.partial(_kernel, block_k=bk, steps=k // bk),
+        grid=(mp // bm, n // bn),
+        in_specs=[pl.BlockSpec((bm, k), lambda i, j: (i, 0)),
+                  pl.BlockSpec((k, bn), lambda i, j: (0, j)),
+                  pl.BlockSpec((1, bn), lambda i, j: (0, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((mp, n), x.dtype),
+        interpret=interpret, **params,
+    )(x2, q, scale.reshape(1, n))
+    return y[:m].reshape(*x.shape[:-1], n)
+
+
+def pallas_fits(rows: int, k: int, n: int) -> bool:
+    """Whether :func:`dot` runs the Pallas kernel: on a GPU, at most
+    :data:`PALLAS_MAX_ROWS` rows, ``k`` and ``n`` multiples of 16."""
+    return (jax.default_backend() == "gpu" and rows <= PALLAS_MAX_ROWS
+            and blocks(rows, k, n) is not None)
+
+
+def dot(x, q, scale, impl: str = "xla"):
+    """``x[..., K] @ (q[K, N] * scale[N])`` in ``x``'s dtype: for rows where the scale goes
+    after the product (:func:`scale_on_output`) without a dequantized weight (``impl``
+    "xla": :func:`dot_xla`; "pallas": :func:`dot_pallas` where it runs, :func:`pallas_fits`,
+    else :func:`dot_xla`); otherwise qwix's order (:func:`reference`)."""
+    if impl not in IMPLS:
+        raise ValueError(f"dequant_gemm: impl must be one of {IMPLS}, got {impl!r}")
+    _check(x, q, scale, "dequant_gemm.dot")
+    k, n = q.shape
+    rows = math.prod(x.shape[:-1])
+    if not scale_on_output(rows, k):
+        return reference(x, q, scale)
+    if impl == "pallas" and pallas_fits(rows, k, n):
+        return dot_pallas(x, q, scale)
+    return dot_xla(x, q, scale)

@@ -1,0 +1,230 @@
+"""Probe: the weight-only GEMM y = (x @ q) * scale on this device, beside BF16 x @ W.
+
+For each weight shape [K, N] (the wide inference config's block GEMMs: d_model 4096, d_ff 11008)
+and each number of rows of x (decode batches 1, 8, 64), times
+
+    bf16          x @ W, W in BF16 (the baseline)
+    fp8-w-xla     dequant_gemm.dot_xla: dot(x, convert(q)) * scale, q E4M3 (XLA fuses or not)
+    fp8-w-pallas  dequant_gemm.dot_pallas: the Pallas kernel
+    fp8-w-qwix    qwix's order: dequantize q * scale to BF16, then the dot (qwix.dot_general
+                  on a QArray where qwix is installed, else the same operations written out)
+    int8-w-*      the same with INT8 weights
+
+and prints one line per case: milliseconds per GEMM, the ratio of BF16's time to it (> 1:
+faster than BF16), and what the optimized HLO holds: a separate fusion that widens the
+weight ("convert-fusion"), XLA's Triton GEMM fusion reading the 1-byte weight
+("triton-gemm(narrow)"), a cuBLAS call, or the Pallas kernel's call.
+
+Each timing runs the GEMM many times in one jitted loop over several copies of the weights
+(more bytes than the L2 cache, as in a model whose layers are read one after the other) and
+a fresh x each time (nothing loop-invariant to hoist), so launch overhead and caching stay out.
+The run stops starting new cases after --budget seconds.
+
+    python3 scripts/probe_dequant_gemm.py                 # GPU, < 2 minutes
+    python3 scripts/probe_dequant_gemm.py --cpu           # tiny shapes on the CPU (debugging)
+    python3 scripts/probe_dequant_gemm.py --sweep         # also Pallas tile sizes at 1 row
+    python3 scripts/probe_dequant_gemm.py --no-cublas-fallback   # also XLA with
+                                          # xla_gpu_cublas_fallback=false (Triton GEMMs only)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+WIDE = [(4096, 12288, "qkv"), (4096, 4096, "attn out"), (4096, 22016, "mlp wi"),
+        (11008, 4096, "mlp wo")]
+TINY = [(64, 192, "qkv"), (64, 64, "attn out"), (64, 384, "mlp wi"), (192, 64, "mlp wo")]
+
+
+def parse():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cpu", action="store_true", help="tiny shapes on the CPU")
+    ap.add_argument("--batches", default="1,8,64", help="rows of x, comma-separated")
+    ap.add_argument("--shapes", default=None,
+                    help="K:N pairs, comma-separated (default: the wide config's GEMMs)")
+    ap.add_argument("--budget", type=float, default=100.0,
+                    help="seconds after which no new case starts")
+    ap.add_argument("--sweep", action="store_true",
+                    help="also the Pallas kernel with other tile sizes at the first batch")
+    ap.add_argument("--no-cublas-fallback", action="store_true",
+                    help="also the XLA form compiled with xla_gpu_cublas_fallback=false")
+    ap.add_argument("--variants", default=None, help="only these variants (comma-separated)")
+    return ap.parse_args()
+
+
+ARGS = parse()
+if ARGS.cpu:
+    os.environ["JAX_PLATFORMS"] = "cpu"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from repro.precision import dequant_gemm as D
+
+try:
+    import qwix
+except ImportError:
+    qwix = None
+
+def hlo_summary(text: str, k: int, n: int) -> str:
+    """What the optimized HLO does with the weight: "convert-fusion" (a kernel without a dot
+    that reads the 1-byte weight and writes it wide), "triton-gemm(narrow)" (XLA's Triton
+    GEMM fusion loads the 1-byte weight itself), "cublas", "pallas" (the Pallas kernel)."""
+    blocks = [b for b in re.split(r"\n\s*\n", text) if not b.lstrip().startswith("ENTRY")]
+    narrow_param = re.compile(r"= (s8|f8e4m3fn)\[[^\n]*parameter\(")
+    widened = re.compile(rf"= (bf16|f32)\[({k},{n}|{n},{k})\]\{{[^}}]*\}} [a-z-]+\(")
+    parts = []
+    if any(" dot(" not in b and narrow_param.search(b) and widened.search(b) for b in blocks):
+        parts.append("convert-fusion")
+    if any(" dot(" in b and narrow_param.search(b) for b in blocks):
+        parts.append("triton-gemm(narrow)" if "__triton_gemm" in text else "fused-dot(narrow)")
+    elif "__triton_gemm" in text:
+        parts.append("triton-gemm(bf16)")
+    if "__cublas$lt$matmul" in text or "__cublas$gemm" in text:
+        parts.append("cublas")
+    if "__gpu$xla.gpu.triton" in text:
+        parts.append("pallas")
+    return "+".join(parts) or "dot"
+
+
+def variants(qtypes):
+    out = {"bf16": ("bf16", None, None)}
+    for name, qt in qtypes:
+        out[f"{name}-xla"] = ("xla", qt, None)
+        out[f"{name}-pallas"] = ("pallas", qt, None)
+        out[f"{name}-qwix"] = ("qwix", qt, None)
+        if ARGS.no_cublas_fallback and not ARGS.cpu:
+            out[f"{name}-xla-nofb"] = ("xla", qt, {"xla_gpu_cublas_fallback": False})
+    if ARGS.variants:
+        keep = ARGS.variants.split(",")
+        out = {k: v for k, v in out.items() if k in keep or k == "bf16"}
+    return out
+
+
+def gemm_fn(kind: str, interpret: bool, **blocks):
+    if kind == "bf16":
+        return lambda x, w, s: lax.dot_general(x, w, (((1,), (0,)), ((), ())))
+    if kind == "xla":
+        return D.dot_xla
+    if kind == "pallas":
+        return lambda x, q, s: D.dot_pallas(x, q, s, interpret=interpret, **blocks)
+    if qwix is not None:
+        return lambda x, q, s: qwix.dot_general(x, qwix.QArray(q, s.reshape(1, -1)),
+                                                (((1,), (0,)), ((), ())))
+    return D.reference
+
+
+def timed_loop(f, n_copies: int, iters: int):
+    """A jitted ``(xs[iters * n_copies, M, K], ws, s) -> ys``: ``f`` on each copy of the
+    weight in turn, a fresh row block of ``xs`` each time."""
+    def run(xs, ws, s):
+        def body(i, ys):
+            return tuple(f(lax.dynamic_index_in_dim(xs, i * n_copies + c, 0, False), w, s)
+                         for c, w in enumerate(ws))
+        m, n = xs.shape[1], ws[0].shape[1]
+        y0 = tuple(jnp.zeros((m, n), jnp.bfloat16) for _ in ws)
+        return lax.fori_loop(0, iters, body, y0)
+    return jax.jit(run)
+
+
+def main():
+    dev = jax.devices()[0]
+    print(f"# device {dev.device_kind} ({jax.default_backend()}), jax {jax.__version__}, "
+          f"qwix {qwix.__version__ if qwix else 'not installed: qwix-order ops'}, "
+          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}", flush=True)
+    cpu = jax.default_backend() != "gpu"
+    shapes = TINY if cpu else WIDE
+    if ARGS.shapes:
+        shapes = [(int(a), int(b), f"{a}x{b}") for a, b in
+                  (p.split(":") for p in ARGS.shapes.split(","))]
+    batches = [int(b) for b in ARGS.batches.split(",")]
+    qtypes = [("fp8-w", jnp.float8_e4m3fn), ("int8-w", jnp.int8)]
+    vs = variants(qtypes)
+    l2_bytes = 0 if cpu else 160 << 20  # keep several times the L2 (50 MB) in play
+    gemms_per_run = 4 if cpu else 200
+    t_start = time.perf_counter()
+    totals: dict[tuple[int, str], tuple[float, int]] = {}
+    weights: dict[tuple, list] = {}
+
+    def copies(k, n, qt, n_copies):
+        """``n_copies`` different [k, n] weights (BF16, or quantized to ``qt``) and the column
+        scales, made on the device once per shape and type."""
+        if (k, n, qt) not in weights:
+            w = jax.random.normal(jax.random.key(k * 7 + n), (k, n), jnp.float32) * 0.02
+            scale = (jnp.max(jnp.abs(w), axis=0) / 127.0).astype(jnp.bfloat16)
+            if qt is None:
+                ws = [(w + 1e-3 * c).astype(jnp.bfloat16) for c in range(n_copies)]
+            else:
+                qf = jnp.round(jnp.clip(w / scale.astype(jnp.float32), -127, 127))
+                ws = [jnp.roll(qf, c, axis=0).astype(qt) for c in range(n_copies)]
+            weights[(k, n, qt)] = (jax.block_until_ready(ws), scale)
+        return weights[(k, n, qt)]
+
+    print(f"{'shape':>22} {'rows':>4} {'variant':>16} {'ms/gemm':>9} {'bf16/this':>9} "
+          f"{'GB/s':>7}  hlo", flush=True)
+    for m in batches:
+        for k, n, label in shapes:
+            sweep = [{}]
+            if ARGS.sweep and m == batches[0]:
+                sweep += [{"block_n": bn, "block_k": bk} for bn in (32, 64, 128)
+                          for bk in (128, 256, 512) if (bn, bk) != (32, 256)]
+            n_copies = max(2, -(-l2_bytes // (k * n)))
+            iters = max(1, gemms_per_run // n_copies)
+            xs = jax.random.normal(jax.random.key(m), (iters * n_copies, m, k), jnp.bfloat16)
+            base = None
+            for vname, (kind, qt, options) in vs.items():
+                for blocks in (sweep if kind == "pallas" else [{}]):
+                    name = vname + ("" if not blocks else
+                                    f"[{blocks['block_n']}x{blocks['block_k']}]")
+                    if time.perf_counter() - t_start > ARGS.budget:
+                        print(f"{label:>14} {k}x{n} {m:>4} {name:>16}  skipped (time budget)",
+                              flush=True)
+                        continue
+                    if kind == "pallas" and D.blocks(m, k, n) is None:
+                        print(f"{label:>14} {k}x{n} {m:>4} {name:>16}  (no Pallas tiling)")
+                        continue
+                    ws, scale = copies(k, n, qt, n_copies)
+                    f = gemm_fn(kind, cpu, **blocks)
+                    try:
+                        lw = timed_loop(f, n_copies, iters).lower(xs, ws, scale)
+                        prog = lw.compile(compiler_options=options) if options else lw.compile()
+                        hlo = hlo_summary(prog.as_text() or "", k, n)
+                        jax.block_until_ready(prog(xs, ws, scale))
+                        best = float("inf")
+                        for _ in range(3):
+                            t0 = time.perf_counter()
+                            jax.block_until_ready(prog(xs, ws, scale))
+                            best = min(best, time.perf_counter() - t0)
+                    except Exception as e:  # noqa: BLE001 - a failing variant ends only its line
+                        msg = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+                        print(f"{label:>14} {k}x{n} {m:>4} {name:>16}  FAILED "
+                              f"{type(e).__name__}: {msg}", flush=True)
+                        continue
+                    ms = 1e3 * best / (iters * n_copies)
+                    if kind == "bf16":
+                        base = ms
+                    nbytes = k * n * (2 if qt is None else 1) + 2 * m * (k + n)
+                    ratio = f"{base / ms:9.2f}" if base else f"{'-':>9}"
+                    print(f"{label:>14} {k}x{n} {m:>4} {name:>16} {ms:9.4f} {ratio} "
+                          f"{nbytes / (ms * 1e-3) / 1e9:7.0f}  {hlo}", flush=True)
+                    if not blocks:
+                        t, c = totals.get((m, vname), (0.0, 0))
+                        totals[(m, vname)] = (t + ms, c + 1)
+    print(f"# per layer ({len(shapes)} shapes summed, where all ran), bf16 time / variant time:")
+    for m in batches:
+        b = totals.get((m, "bf16"), (None, 0))
+        row = [f"{v}={b[0] / t:.2f}x" for (mm, v), (t, c) in totals.items()
+               if mm == m and v != "bf16" and c == len(shapes) and b[1] == len(shapes)]
+        print(f"# rows {m}: " + (" ".join(row) or "incomplete"))
+    print(f"# done in {time.perf_counter() - t_start:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
