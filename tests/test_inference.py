@@ -303,9 +303,10 @@ def test_format_fields_are_checked():
     assert X.resolve_format("fp8-tensor").gemm == "fp8"
 
 
-def test_save_load_round_trip(tiny, tmp_path):
+@pytest.mark.parametrize("fmt", ["int8", "fp8-tensor"])
+def test_save_load_round_trip(tiny, tmp_path, fmt):
     _, params, tokens = tiny
-    ex = Q.export_lm(TINY, params, "int8")
+    ex = Q.export_lm(TINY, params, fmt)
     assert X.save(tmp_path / "q", ex) > 0
     back = X.load(tmp_path / "q", ex)
     np.testing.assert_array_equal(np.asarray(back.model.apply(back.variables, tokens)),
