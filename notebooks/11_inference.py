@@ -104,24 +104,26 @@ print(f"{len(df)} committed full-profile records" if len(df) else
 # ## 1. The formats, and MaxText's names for them
 #
 # `gemm`: what the quantized products compute in on a GPU with the format's tensor cores
-# (`dequant-bf16`: weight-only, a BF16 GEMM). `scales`: per output channel for the weights and
-# per token for the activations (`channel`), or one per tensor (`tensor`: `fp8-tensor`, whose
-# product is an FP8 GEMM times one scalar, the form cuBLASLt's FP8 GEMM takes its scales in;
-# per-token scales are a vector along the rows that it cannot take). `weight-only kernel`: how
-# `fp8-w` / `int8-w` multiply: the BF16 GEMM of the stored 1-byte values with the scale on
-# its output, no dequantized weight (`repro.precision.dequant_gemm`: `xla` lets XLA fuse the
-# convert into its GEMM, `pallas` is a Pallas kernel that does it explicitly); NVFP4 is
-# dequantized by qwix first. `MaxText`: the values of MaxText's `quantization` flag whose
-# forward pass is the same (from `quantizations.py`: `int8` and `fp8`/`fp8_full` are qwix rules
-# with INT8 / E4M3 weights and activations, per channel by default; `fp8_gpu` wraps flax's
-# `Fp8DirectDotGeneralOp`, our `flax-fp8`; AQT's `aqt_fp8_full` quantizes both operands to
-# E4M3 with per-tensor dynamic scales, the forward pass of `fp8-tensor`; AQT's `int8w` is
-# weight-only INT8). `fp8_full` differs from `fp8` only in its backward pass (E5M2
-# gradients), which inference never runs.
+# (`dequant-bf16`: weight-only, a BF16 GEMM). `scales`: `channel` is a scale per output channel
+# for the weights and per token for the activations; `tensor` one per tensor (`fp8-tensor`:
+# its product is an FP8 GEMM times one scalar, the form in which cuBLASLt's FP8 GEMM takes its
+# scales, while per-token scales are a vector along the rows that it cannot take); NVFP4 has
+# an E4M3 scale per 16 weights along the contraction. `weight-only kernel`: how `fp8-w` /
+# `int8-w` multiply at decode: the BF16 GEMM of the stored 1-byte values with the scale on its
+# output, no dequantized weight (`repro.precision.dequant_gemm`: `xla` lets XLA fuse the convert
+# into its GEMM, `pallas` is a Pallas kernel that does it explicitly); NVFP4 is dequantized by
+# qwix first. `MaxText`: the values of MaxText's `quantization` flag whose forward pass is the
+# same (from `quantizations.py`: `int8` and `fp8`/`fp8_full` are qwix rules with INT8 / E4M3
+# weights and activations, per channel by default; `fp8_gpu` wraps flax's
+# `Fp8DirectDotGeneralOp`, our `flax-fp8`; AQT's `aqt_fp8_full` quantizes both operands to E4M3
+# with per-tensor dynamic scales, the forward pass of `fp8-tensor`; AQT's `int8w` is
+# weight-only INT8). `fp8_full` differs from `fp8` only in its backward pass (E5M2 gradients),
+# which inference never runs.
 
 # %%
 pd.DataFrame([{"format": f.name, "weights": f.weight or "bf16", "activations": f.act or "bf16",
-               "scales": f.granularity if f.qwix else "-", "runs under recipe": f.recipe,
+               "scales": ("1x16 blocks" if f.tile_size else f.granularity) if f.qwix else "-",
+               "runs under recipe": f.recipe,
                "gemm": f.gemm, "weight-only kernel": f.kernel or "-",
                "Hopper tensor cores": f.hopper, "MaxText": f.maxtext or "-", "what": f.about}
               for f in X.FORMATS.values() if f.name in nb.params["formats"]])

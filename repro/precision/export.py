@@ -75,8 +75,9 @@ class ExportFormat:
     ``gemm``: what the GEMM computes in on a GPU with the format's tensor cores ("bf16",
     "fp8", "int8", or "dequant-bf16" for weight-only formats); ``hopper``: whether Hopper
     (H100/H200) has tensor cores for it; ``maxtext``: MaxText's ``quantization`` names whose
-    forward pass this matches; ``granularity``: the scales of a qwix format, "channel"
-    (weights per output channel, activations per token) or "tensor" (one per tensor);
+    forward pass this matches; ``granularity``: the scales of a qwix FP8 / INT8 format,
+    "channel" (weights per output channel, activations per token) or "tensor" (one per
+    tensor; NVFP4 has its blocks of 16 whatever this says);
     ``kernel``: a weight-only format's fused product (:mod:`repro.precision.dequant_gemm`:
     "xla" or "pallas"), None where qwix dequantizes the weight first."""
 
