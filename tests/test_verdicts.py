@@ -561,6 +561,15 @@ def test_b6_key_number_and_note_name_every_part():
     assert "pass: fp8-w decode 1.60x BF16 at batch 1 (target 1.5x)" in v.note
     assert V.b6(b6_acc(FP8_IN, INT8_IN), b6_mem(), b6_spd(hw="gh200")).hardware == "h200, gh200"
     assert V.b6(b6_acc(FP8_IN, INT8_IN, emulated=True), b6_mem(), b6_spd()).emulated
+    # the key number names the decode parts too; an emulated format that B6 does not judge
+    # for accuracy (NVFP4 weights: no FP4 tensor cores) does not mark the verdict emulated
+    nvfp4 = pd.DataFrame([{**b6_acc(FP8_IN, INT8_IN).iloc[0].to_dict(), "format": "nvfp4-w",
+                           "emulated": True}])
+    v = V.b6(pd.concat([b6_acc(FP8_IN, INT8_IN), nvfp4]), b6_mem(), b6_spd(1.2, 0.7))
+    assert v.key_number.endswith("FP8 prefill 1.20x BF16 at d_model 4096 (target 1.3x); fp8-w "
+                                 "decode 0.70x BF16 at batch 1 (target 1.5x); int8-w decode "
+                                 "0.70x BF16 at batch 1 (target 1.5x)")
+    assert not v.emulated
 
 
 def test_b6_needs_three_seeds_and_full_records():

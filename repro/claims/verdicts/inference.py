@@ -112,9 +112,10 @@ def b6(acc: pd.DataFrame, mem: pd.DataFrame, spd: pd.DataFrame,
     acc, mem, spd = best_evidence(acc), best_evidence(mem), best_evidence(spd)
     if acc.empty:
         return Verdict("B6", "not yet measured", "no inference accuracy records", "", SOURCE)
-    parts = _accuracy_parts(acc, bounds) + _speed_parts(spd) + _bytes_parts(mem)
+    judged = _accuracy_parts(acc, bounds) + _speed_parts(spd)  # the key number's parts
+    parts = judged + _bytes_parts(mem)
     verdict = _combine([p["ok"] for p in parts])
-    key = "; ".join(p["text"] for p in parts[:3])
+    key = "; ".join(p["text"] for p in judged)
     smoke = acc["profile"].iloc[0] != "full"
     if smoke:
         key = f"smoke records only ({verdict} as a pipeline check, not evidence): {key}"
@@ -126,4 +127,4 @@ def b6(acc: pd.DataFrame, mem: pd.DataFrame, spd: pd.DataFrame,
             + ("Smoke records only: a pipeline check, not evidence. " if smoke else "")
             + "; ".join(f"{LABEL[p['ok']]}: {p['text']}" for p in parts))
     return Verdict("B6", verdict, key, hw if speed_hw in ("", hw) else f"{hw}, {speed_hw}",
-                   SOURCE, note, bool(acc["emulated"].any()))
+                   SOURCE, note, bool(acc[acc["format"].isin(bounds)]["emulated"].any()))
