@@ -11,9 +11,11 @@ and each number of rows of x (decode batches 1, 8, 64), times
     int8-w-*      the same with INT8 weights
 
 and prints one line per case: milliseconds per GEMM, the ratio of BF16's time to it (> 1:
-faster than BF16), and what the optimized HLO holds: a separate fusion that widens the
-weight ("convert-fusion"), XLA's Triton GEMM fusion reading the 1-byte weight
-("triton-gemm(narrow)"), a cuBLAS call, or the Pallas kernel's call.
+faster than BF16; the median of 3 timed calls), and where the optimized HLO widens the
+weight, as the inference study's records say it
+(``repro.studies.inference_speed.dequant_lowering``): "fused" (the GEMM's kernel loads the
+1-byte weight), "pallas" (the Pallas kernel does), "separate" (another kernel widens it
+first), "none" (no narrow array: BF16).
 
 Each timing runs the GEMM many times in one jitted loop over several copies of the weights
 (more bytes than the L2 cache, as in a model whose layers are read one after the other) and
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -67,32 +68,13 @@ import jax.numpy as jnp
 from jax import lax
 
 from repro.precision import dequant_gemm as D
+from repro.studies import timing
+from repro.studies.inference_speed import dequant_lowering
 
 try:
     import qwix
 except ImportError:
     qwix = None
-
-def hlo_summary(text: str, k: int, n: int) -> str:
-    """What the optimized HLO does with the weight: "convert-fusion" (a kernel without a dot
-    that reads the 1-byte weight and writes it wide), "triton-gemm(narrow)" (XLA's Triton
-    GEMM fusion loads the 1-byte weight itself), "cublas", "pallas" (the Pallas kernel)."""
-    blocks = [b for b in re.split(r"\n\s*\n", text) if not b.lstrip().startswith("ENTRY")]
-    narrow_param = re.compile(r"= (s8|f8e4m3fn)\[[^\n]*parameter\(")
-    widened = re.compile(rf"= (bf16|f32)\[({k},{n}|{n},{k})\]\{{[^}}]*\}} [a-z-]+\(")
-    parts = []
-    if any(" dot(" not in b and narrow_param.search(b) and widened.search(b) for b in blocks):
-        parts.append("convert-fusion")
-    if any(" dot(" in b and narrow_param.search(b) for b in blocks):
-        parts.append("triton-gemm(narrow)" if "__triton_gemm" in text else "fused-dot(narrow)")
-    elif "__triton_gemm" in text:
-        parts.append("triton-gemm(bf16)")
-    if "__cublas$lt$matmul" in text or "__cublas$gemm" in text:
-        parts.append("cublas")
-    if "__gpu$xla.gpu.triton" in text:
-        parts.append("pallas")
-    return "+".join(parts) or "dot"
-
 
 def variants(qtypes):
     out = {"bf16": ("bf16", None, None)}
@@ -195,13 +177,8 @@ def main():
                     try:
                         lw = timed_loop(f, n_copies, iters).lower(xs, ws, scale)
                         prog = lw.compile(compiler_options=options) if options else lw.compile()
-                        hlo = hlo_summary(prog.as_text() or "", k, n)
-                        jax.block_until_ready(prog(xs, ws, scale))
-                        best = float("inf")
-                        for _ in range(3):
-                            t0 = time.perf_counter()
-                            jax.block_until_ready(prog(xs, ws, scale))
-                            best = min(best, time.perf_counter() - t0)
+                        hlo = dequant_lowering(prog.as_text() or "")
+                        best = timing.time_fn(prog, xs, ws, scale, repeats=3, warmup=1).median_s
                     except Exception as e:  # noqa: BLE001 - a failing variant ends only its line
                         msg = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
                         print(f"{label:>14} {k}x{n} {m:>4} {name:>16}  FAILED "
