@@ -5,10 +5,16 @@ and each number of rows of x (decode batches 1, 8, 64), times
 
     bf16          x @ W, W in BF16 (the baseline)
     fp8-w-xla     dequant_gemm.dot_xla: dot(x, convert(q)) * scale, q E4M3 (XLA fuses or not)
+    fp8-w-reduce  dequant_gemm.dot_reduce: multiply and sum over K, no GEMM (a few rows)
     fp8-w-pallas  dequant_gemm.dot_pallas: the Pallas kernel
+    fp8-w-splitk  dequant_gemm.dot_pallas with 128-column blocks and the contraction split
+                  over programs (split-K, about two waves of programs on the GPU)
     fp8-w-qwix    qwix's order: dequantize q * scale to BF16, then the dot (qwix.dot_general
                   on a QArray where qwix is installed, else the same operations written out)
     int8-w-*      the same with INT8 weights
+    *-t           the same with the weight stored transposed, q[N, K] (contraction axis minor)
+    fp8-tensor    E4M3 x E4M3 with one scale per tensor (the activation's from its absmax),
+                  weight stored [K, N]; fp8-tensor-t: stored [N, K] (cuBLASLt's TN layout)
 
 and prints one line per case: milliseconds per GEMM, the ratio of BF16's time to it (> 1:
 faster than BF16; the median of 3 timed calls), and where the optimized HLO widens the
@@ -80,10 +86,16 @@ def variants(qtypes):
     out = {"bf16": ("bf16", None, None)}
     for name, qt in qtypes:
         out[f"{name}-xla"] = ("xla", qt, None)
+        out[f"{name}-xla-t"] = ("xla-t", qt, None)
+        out[f"{name}-reduce"] = ("reduce", qt, None)
+        out[f"{name}-reduce-t"] = ("reduce-t", qt, None)
         out[f"{name}-pallas"] = ("pallas", qt, None)
+        out[f"{name}-splitk"] = ("splitk", qt, None)
         out[f"{name}-qwix"] = ("qwix", qt, None)
         if ARGS.no_cublas_fallback and not ARGS.cpu:
             out[f"{name}-xla-nofb"] = ("xla", qt, {"xla_gpu_cublas_fallback": False})
+    out["fp8-tensor"] = ("tensor", jnp.float8_e4m3fn, None)
+    out["fp8-tensor-t"] = ("tensor-t", jnp.float8_e4m3fn, None)
     if ARGS.variants:
         keep = ARGS.variants.split(",")
         out = {k: v for k, v in out.items() if k in keep or k == "bf16"}
@@ -95,22 +107,51 @@ def gemm_fn(kind: str, interpret: bool, **blocks):
         return lambda x, w, s: lax.dot_general(x, w, (((1,), (0,)), ((), ())))
     if kind == "xla":
         return D.dot_xla
+    if kind == "reduce":
+        return D.dot_reduce
+    if kind in ("xla-t", "reduce-t"):
+        f = D.dot_xla if kind == "xla-t" else D.dot_reduce
+        return lambda x, q, s: f(x, q, s, transposed=True)
+    if kind in ("tensor", "tensor-t"):
+        def f(x, q, s):  # the activation scaled by its absmax, one scalar on the output
+            sx = jnp.maximum(jnp.max(jnp.abs(x)).astype(jnp.float32), 1e-12) / 448.0
+            xq = (x.astype(jnp.float32) / sx).astype(jnp.float8_e4m3fn)
+            dims = (((1,), (1 if kind == "tensor-t" else 0,)), ((), ()))
+            acc = lax.dot_general(xq, q, dims, preferred_element_type=jnp.bfloat16)
+            return acc * sx.astype(jnp.bfloat16)
+        return f
     if kind == "pallas":
         return lambda x, q, s: D.dot_pallas(x, q, s, interpret=interpret, **blocks)
+    if kind == "splitk":
+        def f(x, q, s):
+            k, n = q.shape
+            return D.dot_pallas(x, q, s, interpret=interpret, block_n=128, block_k=256,
+                                splits=split_k(k, n, 128))
+        return f
     if qwix is not None:
         return lambda x, q, s: qwix.dot_general(x, qwix.QArray(q, s.reshape(1, -1)),
                                                 (((1,), (0,)), ((), ())))
     return D.reference
 
 
-def timed_loop(f, n_copies: int, iters: int):
+def split_k(k: int, n: int, block_n: int, programs: int = 264) -> int:
+    """The fewest contraction splits (K / splits a power of two >= 16) that give at least
+    ``programs`` programs of ``block_n`` columns (1 if none does)."""
+    for s in range(1, k // 16 + 1):
+        c = k // s
+        if k % s == 0 and c & (c - 1) == 0 and c >= 16 and (n // block_n) * s >= programs:
+            return s
+    return 1
+
+
+def timed_loop(f, n_copies: int, iters: int, n: int):
     """A jitted ``(xs[iters * n_copies, M, K], ws, s) -> ys``: ``f`` on each copy of the
     weight in turn, a fresh row block of ``xs`` each time."""
     def run(xs, ws, s):
         def body(i, ys):
             return tuple(f(lax.dynamic_index_in_dim(xs, i * n_copies + c, 0, False), w, s)
                          for c, w in enumerate(ws))
-        m, n = xs.shape[1], ws[0].shape[1]
+        m = xs.shape[1]
         y0 = tuple(jnp.zeros((m, n), jnp.bfloat16) for _ in ws)
         return lax.fori_loop(0, iters, body, y0)
     return jax.jit(run)
@@ -135,10 +176,11 @@ def main():
     totals: dict[tuple[int, str], tuple[float, int]] = {}
     weights: dict[tuple, list] = {}
 
-    def copies(k, n, qt, n_copies):
-        """``n_copies`` different [k, n] weights (BF16, or quantized to ``qt``) and the column
-        scales, made on the device once per shape and type."""
-        if (k, n, qt) not in weights:
+    def copies(k, n, qt, n_copies, kind_t=False):
+        """``n_copies`` different [k, n] weights (BF16, or quantized to ``qt``; ``kind_t``:
+        stored transposed) and the column scales, made on the device once per shape, type
+        and layout."""
+        if (k, n, qt, kind_t) not in weights:
             w = jax.random.normal(jax.random.key(k * 7 + n), (k, n), jnp.float32) * 0.02
             scale = (jnp.max(jnp.abs(w), axis=0) / 127.0).astype(jnp.bfloat16)
             if qt is None:
@@ -146,8 +188,10 @@ def main():
             else:
                 qf = jnp.round(jnp.clip(w / scale.astype(jnp.float32), -127, 127))
                 ws = [jnp.roll(qf, c, axis=0).astype(qt) for c in range(n_copies)]
-            weights[(k, n, qt)] = (jax.block_until_ready(ws), scale)
-        return weights[(k, n, qt)]
+            if kind_t:
+                ws = [jnp.asarray(w.T) for w in ws]
+            weights[(k, n, qt, kind_t)] = (jax.block_until_ready(ws), scale)
+        return weights[(k, n, qt, kind_t)]
 
     print(f"{'shape':>22} {'rows':>4} {'variant':>16} {'ms/gemm':>9} {'bf16/this':>9} "
           f"{'GB/s':>7}  hlo", flush=True)
@@ -169,13 +213,13 @@ def main():
                         print(f"{label:>14} {k}x{n} {m:>4} {name:>16}  skipped (time budget)",
                               flush=True)
                         continue
-                    if kind == "pallas" and D.blocks(m, k, n) is None:
+                    if kind in ("pallas", "splitk") and D.blocks(m, k, n) is None:
                         print(f"{label:>14} {k}x{n} {m:>4} {name:>16}  (no Pallas tiling)")
                         continue
-                    ws, scale = copies(k, n, qt, n_copies)
+                    ws, scale = copies(k, n, qt, n_copies, kind.endswith("-t"))
                     f = gemm_fn(kind, cpu, **blocks)
                     try:
-                        lw = timed_loop(f, n_copies, iters).lower(xs, ws, scale)
+                        lw = timed_loop(f, n_copies, iters, n).lower(xs, ws, scale)
                         prog = lw.compile(compiler_options=options) if options else lw.compile()
                         hlo = dequant_lowering(prog.as_text() or "")
                         best = timing.time_fn(prog, xs, ws, scale, repeats=3, warmup=1).median_s

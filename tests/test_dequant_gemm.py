@@ -93,6 +93,44 @@ def test_pallas_kernel_in_interpret_mode_equals_the_xla_form(qtype, rows):
     assert_bf16_close(got, reference64(x, q, s), x, q, s)
 
 
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("rows", [1, 3])
+def test_reduce_form_and_transposed_weights_match_the_float64_product(qtype, rows):
+    """The multiply-and-sum form, and every form reading the weight stored [N, K], against
+    float64 (the same FP32 sums as the XLA form's GEMM, in another order)."""
+    x, q, s = operands(rows, 192, 96, qtype, seed=6)
+    ref = reference64(x, q, s)
+    qt = jnp.asarray(q.T)
+    for y in (D.dot_reduce(x, q, s), D.dot_reduce(x, qt, s, transposed=True),
+              D.dot_xla(x, qt, s, transposed=True)):
+        assert y.shape == (rows, 96) and y.dtype == jnp.bfloat16
+        assert_bf16_close(y, ref, x, q, s)
+    np.testing.assert_array_equal(np.asarray(D.reference(x, qt, s, transposed=True)),
+                                  np.asarray(D.reference(x, q, s)))
+    with pytest.raises(ValueError, match="does not contract"):
+        D.dot_reduce(x, qt, s)  # [N, K] read as [K, N]
+
+
+def test_dot_takes_the_reduction_for_one_row_only():
+    x, q, s = operands(8, 64, 32, jnp.int8, seed=7)
+    one = str(jax.make_jaxpr(lambda a: D.dot(a, q, s, "reduce"))(x[:1]))
+    assert "reduce_sum" in one and "dot_general" not in one
+    more = str(jax.make_jaxpr(lambda a: D.dot(a, q, s, "reduce"))(x[:2]))
+    assert "dot_general" in more and "reduce_sum" not in more
+    np.testing.assert_array_equal(np.asarray(D.dot(x[:2], q, s, "reduce")),
+                                  np.asarray(D.dot_xla(x[:2], q, s)))
+
+
+@pytest.mark.parametrize("splits", [2, 4])
+def test_split_k_pallas_kernel_in_interpret_mode_equals_the_xla_form(splits):
+    x, q, s = operands(3, 256, 64, jnp.float8_e4m3fn, seed=8)
+    got = D.dot_pallas(x, q, s, interpret=True, splits=splits, block_n=32, block_k=32)
+    np.testing.assert_allclose(_f64(got), _f64(D.dot_xla(x, q, s)), rtol=2.0 ** -7, atol=1e-6)
+    assert_bf16_close(got, reference64(x, q, s), x, q, s)
+    with pytest.raises(ValueError, match="power-of-two parts"):
+        D.dot_pallas(x, q, s, interpret=True, splits=3)
+
+
 def test_pallas_kernel_tiles_and_pads_rows():
     x, q, s = operands(3, 64, 48, jnp.float8_e4m3fn, seed=4)  # 48 columns: blocks of 16
     assert D.blocks(3, 64, 48) == (16, 16, 64)
@@ -191,7 +229,7 @@ def test_exported_weight_only_model_widens_weights_only_inside_the_dot(tiny, fmt
     assert len(found) == 4 * cfg.n_layers  # qkv, out, wi, wo of every block
     assert all(r == ["dot_general"] for r in found), found
     # qwix's own product (the weight dequantized first) fails the same check
-    old = Q.export_lm(cfg, params, dataclasses.replace(ex.fmt, kernel=None))
+    old = Q.export_lm(cfg, params, dataclasses.replace(ex.fmt, kernel=None, weight_layout="kn"))
     found = widened_weights(jax.make_jaxpr(old.model.apply)(old.variables, tokens))
     assert found and all(r == ["mul"] for r in found), found
 
@@ -202,7 +240,7 @@ def test_exported_weight_only_logits_match_qwix_dequantize_first(tiny):
     cfg, params, tokens = tiny
     for fmt in ("fp8-w", "int8-w"):
         ex = Q.export_lm(cfg, params, fmt)
-        old = Q.export_lm(cfg, params, dataclasses.replace(ex.fmt, kernel=None))
+        old = Q.export_lm(cfg, params, dataclasses.replace(ex.fmt, kernel=None, weight_layout="kn"))
         a = np.asarray(ex.model.apply(ex.variables, tokens))
         b = np.asarray(old.model.apply(old.variables, tokens))
         assert 0 < np.abs(a - b).max() <= 0.02 * np.abs(b).max(), fmt
@@ -220,7 +258,8 @@ def test_pallas_kernel_serves_the_exported_model_like_the_xla_form(tiny, monkeyp
     want = np.asarray(ex.model.apply(ex.variables, tokens))
     monkeypatch.setattr(D, "pallas_fits", lambda rows, k, n: True)
     monkeypatch.setattr(D, "dot_pallas", functools.partial(D.dot_pallas, interpret=True))
-    pal = Q.export_lm(cfg, params, dataclasses.replace(ex.fmt, kernel="pallas"))
+    pal = Q.export_lm(cfg, params, dataclasses.replace(ex.fmt, kernel="pallas",
+                                                       weight_layout="kn"))
     closed = jax.make_jaxpr(pal.model.apply)(pal.variables, tokens)
     calls = [e for j in _walk(closed) for e in j.eqns if e.primitive.name == "pallas_call"]
     assert len(calls) == 4 * cfg.n_layers

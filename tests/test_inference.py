@@ -6,6 +6,7 @@ the lowering checks on hand-written HLO, the study's plan and the tables the B6 
 from __future__ import annotations
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -157,7 +158,8 @@ def test_int8_weights_match_a_per_channel_reference(tiny):
     # absmax / 127.5 per output column, the scale and the quotient in BF16, round to nearest
     scale = (np.abs(w).max(axis=0, keepdims=True) / 127.5).astype(bf16).astype(np.float64)
     q = np.clip(np.round((w / scale).astype(bf16).astype(np.float64)), -128, 127)
-    got = np.asarray(qa.qvalue, np.float64)
+    assert X.transposed(qa)  # stored [N, K]
+    got = np.asarray(qa.qvalue, np.float64).T
     assert qa.qvalue.dtype == jnp.int8 and qa.scale.shape == (1, w.shape[1])
     np.testing.assert_array_equal(np.asarray(qa.scale, np.float64), scale)
     np.testing.assert_array_equal(got, q)
@@ -222,8 +224,9 @@ def test_fp8_tensor_weights_have_one_scale_amax_over_448(tiny):
         scale = float(np.float64(np.abs(w).max() / 448).astype(ml_dtypes.bfloat16))
         assert qa.scale.shape == (1, 1) and qa.scale.dtype == jnp.bfloat16
         assert float(qa.scale[0, 0]) == scale
-        assert qa.qvalue.dtype == jnp.float8_e4m3fn and qa.qvalue.shape == w.shape
-        np.testing.assert_array_equal(np.asarray(qa.qvalue, np.float64), _e4m3(w / scale))
+        assert X.transposed(qa)  # stored [N, K]
+        assert qa.qvalue.dtype == jnp.float8_e4m3fn and qa.qvalue.shape == w.T.shape
+        np.testing.assert_array_equal(np.asarray(qa.qvalue, np.float64).T, _e4m3(w / scale))
 
 
 def test_per_tensor_quantizer_saturates_at_448_and_keeps_zero_tensors():
@@ -300,10 +303,41 @@ def test_format_fields_are_checked():
         X.ExportFormat("x", "nvfp4", kernel="xla")
     with pytest.raises(ValueError, match="kernel must be one of"):
         X.ExportFormat("x", "int8", kernel="cuda")
+    with pytest.raises(ValueError, match="transposed weights"):
+        X.ExportFormat("x", "int8", weight_layout="nk")  # qwix's product reads [K, N]
     assert X.resolve_format("fp8-tensor").gemm == "fp8"
 
 
-@pytest.mark.parametrize("fmt", ["int8", "fp8-tensor"])
+@pytest.mark.parametrize("fmt", ["fp8-tensor", "fp8-w", "int8-w"])
+def test_transposed_weights_give_the_logits_of_the_stored_layout(tiny, fmt):
+    """fp8-tensor and the weight-only formats store each quantized kernel transposed
+    ([N, K]); the model computes what it computes with them stored as the layer holds them
+    ([K, N]), for a prompt (the GEMM path) and for one token of decode (the reduction path),
+    and the program has no transpose of a 1-byte array."""
+    import dataclasses
+
+    _, params, tokens = tiny
+    ex = Q.export_lm(TINY, params, fmt)
+    kn = Q.export_lm(TINY, params, dataclasses.replace(
+        ex.fmt, weight_layout="kn", kernel=ex.fmt.kernel and "xla"))
+    arrays = [X._qarray(a) for a in jax.tree.leaves(ex.variables["params"],
+                                                    is_leaf=X._is_quantized)
+              if X._is_quantized(a)]
+    assert len(arrays) == 4 * TINY.n_layers and all(X.transposed(a) for a in arrays)
+    ref = {X._qarray(a).shape for a in jax.tree.leaves(kn.variables["params"],
+                                                       is_leaf=X._is_quantized)
+           if X._is_quantized(a)}
+    assert {a.qvalue.shape[::-1] for a in arrays} == ref == {a.shape for a in arrays}
+    assert X.weight_bytes(ex) == X.weight_bytes(kn)
+    for t in (tokens, tokens[:, :1]):
+        a = np.asarray(ex.model.apply(ex.variables, t), np.float32)
+        b = np.asarray(kn.model.apply(kn.variables, t), np.float32)
+        np.testing.assert_allclose(a, b, rtol=2.0 ** -7, atol=1e-3 * np.abs(b).max())
+    hlo = jax.jit(ex.model.apply).lower(ex.variables, tokens[:, :1]).compile().as_text()
+    assert not re.search(r"(f8e4m3fn|s8)\[[0-9,]+\]\{[0-9,]+\} transpose\(", hlo)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8-tensor", "fp8-w"])
 def test_save_load_round_trip(tiny, tmp_path, fmt):
     _, params, tokens = tiny
     ex = Q.export_lm(TINY, params, fmt)
@@ -385,6 +419,19 @@ _PALLAS_DEQUANT = """
 }
 """
 
+# dequant_gemm's one-row product: a reduce over the transposed 1-byte weight, no dot
+_REDUCE_DEQUANT = """
+%fused_reduce {
+  %param_0 = f8e4m3fn[256,512]{1,0} parameter(0)
+  %param_1 = f32[1,512]{1,0} parameter(1)
+  %convert.1 = f32[256,512]{1,0} convert(%param_0)
+  %b = f32[256,512]{1,0} broadcast(%param_1), dimensions={0,1}
+  %m = f32[256,512]{1,0} multiply(%b, %convert.1)
+  %c = f32[] constant(0)
+  ROOT %r = f32[256]{0} reduce(%m, %c), dimensions={1}, to_apply=%add
+}
+"""
+
 
 def test_lowering_checks_on_hand_written_hlo():
     assert S.int8_lowering(_CUBLAS_S8) == "s8-gemm"
@@ -393,6 +440,11 @@ def test_lowering_checks_on_hand_written_hlo():
     assert S.dequant_lowering(_FUSED_DEQUANT) == "fused"
     assert S.dequant_lowering(_SEPARATE_DEQUANT) == "separate"
     assert S.dequant_lowering(_PALLAS_DEQUANT) == "pallas"
+    assert S.dequant_lowering(_REDUCE_DEQUANT) == "reduce"
+    # a reduce of widened weights written by another kernel is not the fused reduction
+    assert S.dequant_lowering(_REDUCE_DEQUANT.replace("f8e4m3fn[256,512]{1,0} parameter",
+                                                      "f32[256,512]{1,0} parameter")
+                              + _SEPARATE_DEQUANT) == "separate"
     # a Pallas kernel that reads only wide arrays leaves a separate widening
     assert S.dequant_lowering(_PALLAS_DEQUANT.replace(", %w, %s)", ", %s)")) == "separate"
     assert S.dequant_lowering("ROOT %d = bf16[2,2]{1,0} dot(%a, %b)") == "none"

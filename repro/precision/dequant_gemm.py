@@ -11,18 +11,27 @@ That is exact for a scale per output channel (column ``n`` of the weight has the
 ``scale[n]``, which leaves the sum over ``k``), and more accurate than dequantizing first:
 every E4M3 and INT8 value is exact in BF16, so the GEMM multiplies the stored values
 themselves instead of their products with the scale rounded to BF16. Two forms, both for
-2-D ``q`` contracted along its first axis with ``scale`` of shape ``[N]`` or ``[1, N]``:
+2-D ``q[K, N]`` contracted along its first axis (or, with ``transposed=True``, ``q[N, K]``
+stored with the contraction axis minor: the layout cuBLASLt's GEMMs read without a transpose
+and a row reduction streams) with ``scale`` of shape ``[N]`` or ``[1, N]``:
 
 * ``"xla"`` (:func:`dot_xla`): ``dot(x, convert(q))`` then the scale, for XLA to fuse: its
   GPU compiler's GEMM fusion can put the convert into a Triton GEMM that loads the 1-byte
   weight tile and widens it in registers. Whether it did is for the compiled program to say
   (``repro.studies.inference_speed.dequant_lowering``).
+* ``"reduce"`` (:func:`dot_reduce`): for one row or a few, the product as a multiply and a
+  sum over the contraction, ``sum_k x[m, k] * convert(q[k, n])`` in FP32, with no GEMM at
+  all: XLA fuses the convert and the multiply into one reduction kernel that streams the
+  1-byte weight once, the way a GEMV is written for memory-bound decode.
 * ``"pallas"`` (:func:`dot_pallas`): a Pallas kernel (Triton backend) that does that
   explicitly: a grid over blocks of rows and output columns, a loop over blocks of the
   contraction in each program: load the 1-byte weight tile, convert it to BF16 in
   registers, accumulate ``x_tile @ w_tile`` in FP32, multiply by the column scales once at
-  the end. Rows are padded to a multiple of 16 (the tensor cores' smallest tile). On a CPU it
-  runs in Pallas' interpret mode (tests) or not at all (:func:`dot` falls back to "xla").
+  the end. Rows are padded to a multiple of 16 (the tensor cores' smallest tile). With
+  ``splits`` > 1 the contraction is split over that many programs too (split-K: wide
+  column blocks for coalesced loads and still enough programs to fill the GPU), whose FP32
+  partial products are summed after the kernel. On a CPU it runs in Pallas' interpret mode
+  (tests) or not at all (:func:`dot` falls back to "xla").
 
 With many rows (prefill) the product is compute-bound and the scale on the output costs a
 pass over the output instead of one over the weights: :func:`dot` keeps qwix's form,
@@ -40,15 +49,20 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-IMPLS = ("xla", "pallas")
+IMPLS = ("xla", "reduce", "pallas")
+# "reduce" for one row only: with more, the reduction reads the weight once per row (at 8
+# rows several times slower than the GEMM of dot_xla, which "reduce" uses there)
+REDUCE_MAX_ROWS = 1
 ROW_TILE = 16  # rows of x are padded to a multiple of this for the Pallas kernel
 PALLAS_MAX_ROWS = 256  # above this many rows the Pallas kernel is not used (compute-bound)
 
 
-def _check(x, q, scale, what):
+def _check(x, q, scale, what, transposed=False):
+    """``(K, N)`` of a valid product (one-line ValueError otherwise)."""
     if q.ndim != 2:
-        raise ValueError(f"{what}: q must be 2-D [K, N], got shape {q.shape}")
-    k, n = q.shape
+        raise ValueError(f"{what}: q must be 2-D [K, N] (or [N, K] transposed), got shape "
+                         f"{q.shape}")
+    n, k = q.shape if transposed else q.shape[::-1]
     if x.shape[-1] != k:
         raise ValueError(f"{what}: x {x.shape} does not contract with q {q.shape}")
     if math.prod(scale.shape) != n or (scale.ndim == 2 and scale.shape[0] != 1):
@@ -56,6 +70,7 @@ def _check(x, q, scale, what):
                          f"q {q.shape}")
     if jnp.dtype(q.dtype).itemsize != 1:
         raise ValueError(f"{what}: q must hold 1-byte values (int8 or float8), got {q.dtype}")
+    return k, n
 
 
 def scale_on_output(rows: int, k: int) -> bool:
@@ -67,20 +82,33 @@ def scale_on_output(rows: int, k: int) -> bool:
     return 2 * rows <= k
 
 
-def reference(x, q, scale):
+def reference(x, q, scale, transposed=False):
     """qwix's order: the weight dequantized to ``x``'s dtype first, then the product."""
-    w = q.astype(x.dtype) * scale.reshape(1, -1).astype(x.dtype)
+    w = (q.T if transposed else q).astype(x.dtype) * scale.reshape(1, -1).astype(x.dtype)
     return lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())))
 
 
-def dot_xla(x, q, scale):
+def dot_xla(x, q, scale, transposed=False):
     """``(x[..., K] @ q[K, N]) * scale[N]`` as a BF16 x BF16 product of ``x`` and
     ``convert(q)`` accumulated and scaled in FP32, the result in ``x``'s dtype."""
-    _check(x, q, scale, "dot_xla")
-    k, n = q.shape
+    k, n = _check(x, q, scale, "dot_xla", transposed)
     x2 = x.reshape(-1, k)
-    acc = lax.dot_general(x2, q.astype(x.dtype), (((1,), (0,)), ((), ())),
+    acc = lax.dot_general(x2, q.astype(x.dtype), (((1,), (1 if transposed else 0,)), ((), ())),
                           preferred_element_type=jnp.float32)
+    y = (acc * scale.reshape(1, n).astype(jnp.float32)).astype(x.dtype)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def dot_reduce(x, q, scale, transposed=False):
+    """:func:`dot_xla` as a multiply and a sum over the contraction in FP32 (no GEMM): for
+    one row or a few of ``x`` (decode), where the product is a matrix-vector product that
+    streams the weight once (a row reduction when ``q`` is stored transposed)."""
+    k, n = _check(x, q, scale, "dot_reduce", transposed)
+    x2 = x.reshape(-1, k).astype(jnp.float32)
+    if transposed:
+        acc = jnp.sum(x2[:, None, :] * q.astype(jnp.float32)[None], axis=2)
+    else:
+        acc = jnp.sum(x2[:, :, None] * q.astype(jnp.float32)[None], axis=1)
     y = (acc * scale.reshape(1, n).astype(jnp.float32)).astype(x.dtype)
     return y.reshape(*x.shape[:-1], n)
 
@@ -125,22 +153,25 @@ def _kernel(x_ref, q_ref, s_ref, o_ref, *, block_k: int, steps: int):
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_n", "block_k",
-                                             "num_warps", "num_stages"))
+                                             "num_warps", "num_stages", "splits"))
 def dot_pallas(x, q, scale, *, interpret: bool = False, block_n: int | None = None,
                block_k: int | None = None, num_warps: int | None = None,
-               num_stages: int | None = None):
+               num_stages: int | None = None, splits: int = 1):
     """:func:`dot_xla` as one Pallas kernel (see the module docstring). ``block_n`` /
     ``block_k``: caps on the tile sizes (powers of two, default :func:`blocks`);
-    ``num_warps``, ``num_stages``: Triton's (default 4 and 3). ``interpret``: Pallas'
-    interpreter (CPU)."""
-    _check(x, q, scale, "dot_pallas")
-    k, n = q.shape
+    ``num_warps``, ``num_stages``: Triton's (default 4 and 3); ``splits``: programs along
+    the contraction (split-K; ``K / splits`` must be a power of two and a multiple of the
+    contraction block). ``interpret``: Pallas' interpreter (CPU)."""
+    k, n = _check(x, q, scale, "dot_pallas")
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
-    b = blocks(m, k, n, block_n, block_k)
+    if splits < 1 or (splits > 1 and (k % splits or (k // splits) & (k // splits - 1))):
+        raise ValueError(f"dot_pallas: K={k} does not split into {splits} power-of-two parts")
+    b = blocks(m, k // splits, n, block_n, block_k)
     if b is None:
         raise ValueError(f"dot_pallas: q {q.shape} is not a multiple of 16 along both axes")
     bm, bn, bk = b
+    kc = k // splits
     mp = -(-m // bm) * bm
     if mp != m:
         x2 = jnp.pad(x2, ((0, mp - m), (0, 0)))
@@ -148,16 +179,19 @@ def dot_pallas(x, q, scale, *, interpret: bool = False, block_n: int | None = No
     if not interpret and (num_warps or num_stages):
         params["compiler_params"] = plgpu.CompilerParams(num_warps=num_warps,
                                                          num_stages=num_stages)
+    # split-K: FP32 partial products (each already times the column scales), summed below
+    part = splits > 1
     y = pl.pallas_call(
-        functools.partial(_kernel, block_k=bk, steps=k // bk),
-        grid=(mp // bm, n // bn),
-        in_specs=[pl.BlockSpec((bm, k), lambda i, j: (i, 0)),
-                  pl.BlockSpec((k, bn), lambda i, j: (0, j)),
-                  pl.BlockSpec((1, bn), lambda i, j: (0, j))],
-        out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((mp, n), x.dtype),
+        functools.partial(_kernel, block_k=bk, steps=kc // bk),
+        grid=(mp // bm, n // bn, splits),
+        in_specs=[pl.BlockSpec((bm, kc), lambda i, j, s: (i, s)),
+                  pl.BlockSpec((kc, bn), lambda i, j, s: (s, j)),
+                  pl.BlockSpec((1, bn), lambda i, j, s: (0, j))],
+        out_specs=pl.BlockSpec((pl.squeezed, bm, bn), lambda i, j, s: (s, i, j)),
+        out_shape=jax.ShapeDtypeStruct((splits, mp, n), jnp.float32 if part else x.dtype),
         interpret=interpret, **params,
     )(x2, q, scale.reshape(1, n))
+    y = jnp.sum(y, axis=0).astype(x.dtype) if part else y[0]
     return y[:m].reshape(*x.shape[:-1], n)
 
 
@@ -168,18 +202,21 @@ def pallas_fits(rows: int, k: int, n: int) -> bool:
             and blocks(rows, k, n) is not None)
 
 
-def dot(x, q, scale, impl: str = "xla"):
+def dot(x, q, scale, impl: str = "xla", transposed: bool = False):
     """``x[..., K] @ (q[K, N] * scale[N])`` in ``x``'s dtype: for rows where the scale goes
     after the product (:func:`scale_on_output`) without a dequantized weight (``impl``
-    "xla": :func:`dot_xla`; "pallas": :func:`dot_pallas` where it runs, :func:`pallas_fits`,
-    else :func:`dot_xla`); otherwise qwix's order (:func:`reference`)."""
+    "xla": :func:`dot_xla`; "reduce": :func:`dot_reduce` for up to :data:`REDUCE_MAX_ROWS`
+    rows, else :func:`dot_xla`; "pallas": :func:`dot_pallas` where it runs,
+    :func:`pallas_fits`, for ``q[K, N]``, else :func:`dot_xla`); otherwise qwix's order
+    (:func:`reference`). ``transposed``: ``q`` is stored ``[N, K]``."""
     if impl not in IMPLS:
         raise ValueError(f"dequant_gemm: impl must be one of {IMPLS}, got {impl!r}")
-    _check(x, q, scale, "dequant_gemm.dot")
-    k, n = q.shape
+    k, n = _check(x, q, scale, "dequant_gemm.dot", transposed)
     rows = math.prod(x.shape[:-1])
     if not scale_on_output(rows, k):
-        return reference(x, q, scale)
-    if impl == "pallas" and pallas_fits(rows, k, n):
+        return reference(x, q, scale, transposed)
+    if impl == "pallas" and not transposed and pallas_fits(rows, k, n):
         return dot_pallas(x, q, scale)
-    return dot_xla(x, q, scale)
+    if impl == "reduce" and rows <= REDUCE_MAX_ROWS:
+        return dot_reduce(x, q, scale, transposed)
+    return dot_xla(x, q, scale, transposed)

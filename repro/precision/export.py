@@ -64,8 +64,9 @@ from repro.precision import formats as F
 QTYPES = {"float8_e4m3fn": jnp.float8_e4m3fn, "int8": jnp.int8, "nvfp4": "nvfp4"}
 NVFP4_TILE = 16
 E4M3_MAX, E2M1_MAX = 448.0, 6.0
-# The weight-only FP8 / INT8 product (repro.precision.dequant_gemm): "xla" or "pallas".
-WEIGHT_ONLY_KERNEL = "xla"
+# The weight-only FP8 / INT8 product (repro.precision.dequant_gemm): "reduce" (one row:
+# a row reduction over the transposed weight; more rows: the XLA form), "xla" or "pallas".
+WEIGHT_ONLY_KERNEL = "reduce"
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,11 @@ class ExportFormat:
     "channel" (weights per output channel, activations per token) or "tensor" (one per
     tensor; NVFP4 has its blocks of 16 whatever this says);
     ``kernel``: a weight-only format's fused product (:mod:`repro.precision.dequant_gemm`:
-    "xla" or "pallas"), None where qwix dequantizes the weight first."""
+    "reduce", "xla" or "pallas"), None where qwix dequantizes the weight first;
+    ``weight_layout``: how the quantized ``[K, N]`` kernels are stored, "kn" (as the layer
+    holds them) or "nk" (transposed, :class:`TransposedQArray`: the contraction axis minor,
+    the layout cuBLASLt's FP8 GEMM reads without a transpose on every call and a
+    matrix-vector product streams)."""
 
     name: str
     weight: str | None = None
@@ -91,6 +96,7 @@ class ExportFormat:
     about: str = ""
     granularity: Literal["channel", "tensor"] = "channel"
     kernel: str | None = None
+    weight_layout: Literal["kn", "nk"] = "kn"
 
     def __post_init__(self):
         if self.granularity == "tensor" and (self.weight, self.act) != ("float8_e4m3fn",) * 2:
@@ -102,6 +108,10 @@ class ExportFormat:
         if self.kernel is not None and self.kernel not in dequant_gemm.IMPLS:
             raise ValueError(f"format {self.name}: kernel must be one of "
                              f"{dequant_gemm.IMPLS}, got {self.kernel!r}")
+        if self.weight_layout == "nk" and not (
+                self.granularity == "tensor" or self.kernel in ("xla", "reduce")):
+            raise ValueError(f"format {self.name}: transposed weights are for fp8-tensor's "
+                             "product and the weight-only XLA / reduce products")
 
     @property
     def qwix(self) -> bool:
@@ -122,15 +132,17 @@ FORMATS: dict[str, ExportFormat] = {f.name: f for f in [
                  about="E4M3 weights (per output channel) and activations (per token)"),
     ExportFormat("fp8-tensor", "float8_e4m3fn", "float8_e4m3fn", gemm="fp8",
                  granularity="tensor", maxtext="aqt_fp8_full (its forward pass)",
+                 weight_layout="nk",
                  about="E4M3 weights (one stored scale) and activations (one scale from "
                        "their absmax at run time)"),
     ExportFormat("int8", "int8", "int8", gemm="int8", maxtext="int8",
                  about="INT8 weights (per output channel) and activations (per token)"),
     ExportFormat("fp8-w", "float8_e4m3fn", gemm="dequant-bf16", kernel=WEIGHT_ONLY_KERNEL,
+                 weight_layout="nk",
                  about="weight-only E4M3 (per output channel), BF16 GEMM of the stored "
                        "values, the scale on its output"),
     ExportFormat("int8-w", "int8", gemm="dequant-bf16", maxtext="int8w (AQT)",
-                 kernel=WEIGHT_ONLY_KERNEL,
+                 kernel=WEIGHT_ONLY_KERNEL, weight_layout="nk",
                  about="weight-only INT8 (per output channel), BF16 GEMM of the stored "
                        "values, the scale on its output"),
     ExportFormat("nvfp4-w", "nvfp4", gemm="dequant-bf16", hopper=False,
@@ -193,6 +205,34 @@ def quantize_per_tensor(w, qtype=jnp.float8_e4m3fn):
     return _qwix().QArray(q, scale.reshape((1,) * w.ndim), qtype=qtype)
 
 
+@functools.cache
+def _transposed_class():
+    qwix = _qwix()
+
+    @flax.struct.dataclass
+    class TransposedQArray(qwix.QArray):
+        """A qwix ``QArray`` of a ``[K, N]`` weight whose values are stored transposed,
+        ``qvalue[N, K]`` (the contraction axis minor); ``shape`` is the weight's, ``scale``
+        as qwix's (``[1, N]`` per output channel, ``[1, 1]`` per tensor). Only this module's
+        products (:func:`fp8_tensor_dot`, :func:`weight_only_dot`) read it."""
+
+        shape = property(lambda self: self.qvalue.shape[::-1])
+
+    return TransposedQArray
+
+
+def transposed(qa) -> bool:
+    """Whether a qwix array holds its values transposed (:func:`_transposed_class`)."""
+    return type(qa).__name__ == "TransposedQArray"
+
+
+def _qwix_dot(lhs, rhs, dimension_numbers, **kwargs):
+    if transposed(rhs):
+        raise ValueError(f"export: a transposed weight {rhs.shape} in a product other than "
+                         f"x @ w ({dimension_numbers})")
+    return _qwix().dot_general(lhs, rhs, dimension_numbers, **kwargs)
+
+
 def _x_at_w(lhs, rhs, dimension_numbers) -> bool:
     """Whether a product is ``x[..., K] @ w[K, N]``: an array times a 2-D QArray contracted
     on its first axis, without batch axes."""
@@ -211,18 +251,18 @@ def fp8_tensor_dot(lhs, rhs, dimension_numbers, **kwargs):
     holds to FP32 rounding. Then ``dot(xq, wq) -> bf16`` on the two FP8 arrays (2-D, x's
     leading axes flattened) times ``s``: a GEMM output times a broadcast scalar, which XLA's
     GEMM rewriter folds into the cuBLASLt FP8 call (as ``repro.precision.ops`` relies on for
-    the training recipes). Other products go to qwix."""
-    qwix = _qwix()
+    the training recipes); a transposed weight (``[N, K]``) is read as it is stored, without
+    a transpose per call. Other products go to qwix."""
     if not (_x_at_w(lhs, rhs, dimension_numbers) and math.prod(rhs.scale.shape) == 1
             and rhs.qvalue.dtype == jnp.float8_e4m3fn):
-        return qwix.dot_general(lhs, rhs, dimension_numbers, **kwargs)
+        return _qwix_dot(lhs, rhs, dimension_numbers, **kwargs)
     k, n = rhs.shape
     x = lhs.reshape(-1, k)
     sw = rhs.scale.reshape(()).astype(jnp.float32)
     amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
     s = _bf16_at_least(jnp.where(amax > 0, amax / E4M3_MAX, 1.0) * sw)
     xq = F.fp8_cast(x, jnp.float8_e4m3fn, s.astype(jnp.float32) / sw)
-    acc = lax.dot_general(xq, rhs.qvalue, (((1,), (0,)), ((), ())),
+    acc = lax.dot_general(xq, rhs.qvalue, (((1,), (1 if transposed(rhs) else 0,)), ((), ())),
                           preferred_element_type=lhs.dtype)
     return (acc * s.astype(acc.dtype)).reshape(*lhs.shape[:-1], n)
 
@@ -231,11 +271,11 @@ def weight_only_dot(impl: str):
     """The product of a weight-only FP8 / INT8 format with a scale per output channel:
     :func:`repro.precision.dequant_gemm.dot` in form ``impl``. Other products go to qwix."""
     def dot(lhs, rhs, dimension_numbers, **kwargs):
-        qwix = _qwix()
         if (_x_at_w(lhs, rhs, dimension_numbers) and rhs.scale.shape == (1, rhs.shape[1])
                 and jnp.dtype(rhs.qvalue.dtype).itemsize == 1):
-            return dequant_gemm.dot(lhs, rhs.qvalue, rhs.scale.reshape(-1), impl)
-        return qwix.dot_general(lhs, rhs, dimension_numbers, **kwargs)
+            return dequant_gemm.dot(lhs, rhs.qvalue, rhs.scale.reshape(-1), impl,
+                                    transposed=transposed(rhs))
+        return _qwix_dot(lhs, rhs, dimension_numbers, **kwargs)
 
     return dot
 
@@ -294,7 +334,7 @@ def to_bf16(tree):
 
 
 def _is_quantized(x) -> bool:
-    return type(x).__name__ in ("WithAux", "QArray")
+    return type(x).__name__ in ("WithAux", "QArray", "TransposedQArray")
 
 
 def _qarray(x):
@@ -326,6 +366,12 @@ def _quantize_params(params, abstract, fmt: ExportFormat):
     for path, s in scales.items():
         qa = q[path].array
         q[path] = q[path].replace(array=qa.replace(scale=(qa.scale * s).astype(qa.scale.dtype)))
+    if fmt.weight_layout == "nk":
+        cls = _transposed_class()
+        for path, a in q.items():
+            if _is_quantized(a) and _qarray(a).ndim == 2:
+                qa = _qarray(a)
+                q[path] = a.replace(array=cls(qa.qvalue.T, qa.scale, qa.zero_point, qa.qtype))
     return flax.traverse_util.unflatten_dict(q)
 
 

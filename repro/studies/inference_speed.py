@@ -114,19 +114,22 @@ PALLAS_TRITON_TARGET = "__gpu$xla.gpu.triton"  # a Pallas (Triton backend) kerne
 
 def dequant_lowering(hlo_text: str) -> str:
     """Where a weight-only format's dequantization runs: "fused" (a computation holding a dot
-    reads a 1-byte or 4-bit parameter: the GEMM kernel loads the narrow weights), "pallas" (a
-    Pallas kernel's call reads a narrow array: ``repro.precision.dequant_gemm``'s kernel),
-    "separate" (the weights are widened by another kernel before the GEMM), "none" (no narrow
-    array)."""
+    reads a 1-byte or 4-bit parameter: the GEMM kernel loads the narrow weights), "reduce" (no
+    such dot, but a computation holding a reduce does: ``repro.precision.dequant_gemm``'s
+    matrix-vector product as a reduction), "pallas" (a Pallas kernel's call reads a narrow
+    array: ``dequant_gemm``'s kernel), "separate" (the weights are widened by another kernel
+    before the GEMM), "none" (no narrow array)."""
     if not any(f"{t}[" in hlo_text for t in _NARROW):
         return "none"
     blocks = re.split(r"\n\s*\n", hlo_text)
-    for block in blocks:
-        if " dot(" not in block:
-            continue
+
+    def reads_narrow(block):
         params = re.findall(r"= ([a-z0-9]+)\[[^\n]*? parameter\(", block)
-        if any(t in _NARROW for t in params):
-            return "fused"
+        return any(t in _NARROW for t in params)
+
+    for op, label in ((" dot(", "fused"), (" reduce(", "reduce")):
+        if any(op in block and reads_narrow(block) for block in blocks):
+            return label
     for block in blocks:
         types = _types(block)
         for line in block.splitlines():
