@@ -62,7 +62,9 @@
 # format keeps BF16's accuracy if hi is within the margin, loses it if lo is beyond it, and is
 # undecided if the interval straddles the margin's end. Speed, from records whose products ran
 # on tensor cores (not emulated), at the widest config timed: FP8 prefill >= 1.3x BF16's
-# tokens/s, weight-only FP8 and INT8 decode at batch 1 >= 1.5x. Memory: weight-only FP8 / INT8
+# tokens/s, weight-only FP8 and INT8 decode at batch 1 >= 1.5x. FP8 weights and activations
+# are judged as one format on its own numbers: `fp8` (scales per channel and token), else
+# `fp8-tensor` (one per tensor) if its accuracy (FP8's margin) and its prefill both pass. Memory: weight-only FP8 / INT8
 # weights <= 0.52x and NVFP4 <= 0.30x of BF16's bytes over the whole model. Every part passes:
 # **reproduced**; every part fails (or is undecided, one failing): **contradicted**; none fails
 # but an accuracy interval is too wide to tell: **inconclusive**; otherwise (a part failed or
@@ -110,9 +112,12 @@ print(f"{len(df)} committed full-profile records" if len(df) else
 # scales, while per-token scales are a vector along the rows that it cannot take); NVFP4 has
 # an E4M3 scale per 16 weights along the contraction. `weight-only kernel`: how `fp8-w` /
 # `int8-w` multiply at decode: the BF16 GEMM of the stored 1-byte values with the scale on its
-# output, no dequantized weight (`repro.precision.dequant_gemm`: `xla` lets XLA fuse the convert
-# into its GEMM, `pallas` is a Pallas kernel that does it explicitly); NVFP4 is dequantized by
-# qwix first. `MaxText`: the values of MaxText's `quantization` flag whose forward pass is the
+# output, no dequantized weight (`repro.precision.dequant_gemm`: `reduce` computes one row as a
+# multiply and a sum over the weight stored transposed, which streams its bytes once, and more
+# rows as `xla`, which lets XLA fuse the convert into its GEMM; `pallas` is a Pallas kernel that
+# does that explicitly); NVFP4 is dequantized by qwix first. `fp8-tensor` and the weight-only
+# formats store their weights transposed, `[N, K]`: the layout cuBLASLt's FP8 GEMM reads
+# without transposing every weight on every call. `MaxText`: the values of MaxText's `quantization` flag whose forward pass is the
 # same (from `quantizations.py`: `int8` and `fp8`/`fp8_full` are qwix rules with INT8 / E4M3
 # weights and activations, per channel by default; `fp8_gpu` wraps flax's
 # `Fp8DirectDotGeneralOp`, our `flax-fp8`; AQT's `aqt_fp8_full` quantizes both operands to E4M3
@@ -195,9 +200,9 @@ mem if len(mem) else "no memory records in the committed records"
 #
 # Tokens per second of each format and of BF16 timed in the same run, and their ratio.
 # `lowering`: how the compiled program ran the quantized products (`cublaslt-f8`,
-# `fused-f8-dot`: FP8 tensor cores; `s8-gemm`: INT8 tensor cores; `fused` / `pallas` /
-# `separate`: whether a weight-only format's 1-byte weights were widened inside the GEMM kernel,
-# XLA's or the Pallas one, or by a kernel before it);
+# `fused-f8-dot`: FP8 tensor cores; `s8-gemm`: INT8 tensor cores; `fused` / `reduce` / `pallas`
+# / `separate`: whether a weight-only format's 1-byte weights were widened inside the GEMM
+# kernel, inside the one-row reduction, in the Pallas kernel, or by a kernel before it);
 # `emulated` rows measure something else and are not evidence. `program_bytes`: the compiled
 # program's buffers (arguments + outputs + temporaries).
 

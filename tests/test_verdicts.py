@@ -572,6 +572,30 @@ def test_b6_key_number_and_note_name_every_part():
     assert not v.emulated
 
 
+def _with_fp8_tensor(acc, spd, gap, prefill):
+    """``acc`` and ``spd`` with an fp8-tensor row: its accuracy interval and wide prefill."""
+    row = {**acc.iloc[0].to_dict(), "format": "fp8-tensor", "rel_gap": sum(gap) / 2,
+           "rel_lo": gap[0], "rel_hi": gap[1]}
+    pre = spd[(spd["format"] == "fp8") & (spd["d_model"] == 4096)].assign(
+        format="fp8-tensor", speedup=prefill)
+    return pd.concat([acc, pd.DataFrame([row])]), pd.concat([spd, pre])
+
+
+def test_b6_judges_the_fp8_format_that_passes_on_its_own_numbers():
+    # qwix's per-channel FP8 is accurate but slow; per-tensor FP8 is accurate and fast
+    acc, spd = _with_fp8_tensor(b6_acc(FP8_IN, INT8_IN), b6_spd(1.0), FP8_IN, 1.45)
+    v = V.b6(acc, b6_mem(), spd)
+    assert v.verdict == "reproduced", v.note
+    assert v.key_number.startswith("FP8-TENSOR held-out loss +0.10% vs BF16")
+    assert "FP8-TENSOR prefill 1.45x BF16 at d_model 4096 (target 1.3x)" in v.key_number
+    assert "judged as fp8-tensor" in v.note and "also timed: FP8 prefill 1.00x" in v.note
+    # fast per-tensor FP8 outside the margin does not lend its speed to the accurate one
+    acc, spd = _with_fp8_tensor(b6_acc(FP8_IN, INT8_IN), b6_spd(1.0), FP8_OUT, 1.45)
+    v = V.b6(acc, b6_mem(), spd)
+    assert v.verdict == "partly" and "judged as fp8 " in v.note
+    assert "FAIL: FP8 prefill 1.00x" in v.note and "pass: FP8 held-out loss" in v.note
+
+
 def test_b6_needs_three_seeds_and_full_records():
     v = V.b6(b6_acc(FP8_IN, INT8_IN, n=2), b6_mem(), b6_spd())
     assert v.verdict == "partly" and "n/a: FP8 held-out loss" in v.note

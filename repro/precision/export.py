@@ -21,12 +21,17 @@ A format (:data:`FORMATS`) says what the GEMMs of the matched layers read:
   (current scaling; chosen so that the product of the two scales is a BF16 number, rounded
   up: nothing saturates). The product is ``dot(f8, f8) -> bf16`` times that scalar
   (:func:`fp8_tensor_dot`), the form XLA's GEMM rewriter folds into cuBLASLt's FP8 GEMM.
+  The weights are stored transposed (``weight_layout="nk"``): cuBLASLt's FP8 GEMM on Hopper
+  reads both operands with the contraction axis minor, and a ``[K, N]`` weight would be
+  transposed by XLA on every call (a quarter of the wide config's prefill on an H200).
 * ``fp8-w`` / ``int8-w`` / ``nvfp4-w``: weight-only. FP8 / INT8 (a scale per output channel):
   ``(x @ q) * scale`` with the scale after the product (exact for per-channel scales), no
   dequantized BF16 weight (:mod:`repro.precision.dequant_gemm`, in the form
-  :data:`WEIGHT_ONLY_KERNEL` names: "xla" or the Pallas kernel "pallas"), for up to K / 2
-  rows of activations (decode); with more (prefill, compute-bound) the weight is dequantized
-  first, as qwix does. What is saved is memory traffic, not arithmetic. NVFP4 (qwix
+  :data:`WEIGHT_ONLY_KERNEL` names: "reduce", one row as a reduction over the weight and
+  more through XLA's GEMM, or "xla", or the Pallas kernel "pallas"), the weights stored
+  transposed as for ``fp8-tensor`` (the reduction then reads rows of contiguous bytes), for
+  up to K / 2 rows of activations (decode); with more (prefill, compute-bound) the weight is
+  dequantized first, as qwix does. What is saved is memory traffic, not arithmetic. NVFP4 (qwix
   dequantizes it to BF16 before a BF16 GEMM):
   E2M1 elements with an E4M3 scale per 16 along the contraction axis, and a per-tensor
   scale, here a power of two (``2^ceil(log2(amax / (448 * 6)))``): dividing by it first lets
