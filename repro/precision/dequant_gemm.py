@@ -10,7 +10,7 @@ Here the scale is applied AFTER the product, ``y[m, n] = scale[n] * sum_k x[m, k
 That is exact for a scale per output channel (column ``n`` of the weight has the one factor
 ``scale[n]``, which leaves the sum over ``k``), and more accurate than dequantizing first:
 every E4M3 and INT8 value is exact in BF16, so the GEMM multiplies the stored values
-themselves instead of their products with the scale rounded to BF16. Two forms, both for
+themselves instead of their products with the scale rounded to BF16. The forms, all for
 2-D ``q[K, N]`` contracted along its first axis (or, with ``transposed=True``, ``q[N, K]``
 stored with the contraction axis minor: the layout cuBLASLt's GEMMs read without a transpose
 and a row reduction streams) with ``scale`` of shape ``[N]`` or ``[1, N]``:
@@ -19,8 +19,8 @@ and a row reduction streams) with ``scale`` of shape ``[N]`` or ``[1, N]``:
   GPU compiler's GEMM fusion can put the convert into a Triton GEMM that loads the 1-byte
   weight tile and widens it in registers. Whether it did is for the compiled program to say
   (``repro.studies.inference_speed.dequant_lowering``).
-* ``"reduce"`` (:func:`dot_reduce`): for one row or a few, the product as a multiply and a
-  sum over the contraction, ``sum_k x[m, k] * convert(q[k, n])`` in FP32, with no GEMM at
+* ``"reduce"`` (:func:`dot_reduce`): for one row (:func:`dot` uses it for no more), the
+  product as a multiply and a sum over the contraction, ``sum_k x[m, k] * convert(q[k, n])`` in FP32, with no GEMM at
   all: XLA fuses the convert and the multiply into one reduction kernel that streams the
   1-byte weight once, the way a GEMV is written for memory-bound decode.
 * ``"pallas"`` (:func:`dot_pallas`): a Pallas kernel (Triton backend) that does that
@@ -30,8 +30,9 @@ and a row reduction streams) with ``scale`` of shape ``[N]`` or ``[1, N]``:
   the end. Rows are padded to a multiple of 16 (the tensor cores' smallest tile). With
   ``splits`` > 1 the contraction is split over that many programs too (split-K: wide
   column blocks for coalesced loads and still enough programs to fill the GPU), whose FP32
-  partial products are summed after the kernel. On a CPU it runs in Pallas' interpret mode
-  (tests) or not at all (:func:`dot` falls back to "xla").
+  partial products are summed after the kernel (:func:`dot` does not split; the probe
+  ``scripts/probe_dequant_gemm.py`` compares it with the other forms). On a CPU it runs in
+  Pallas' interpret mode (tests) or not at all (:func:`dot` falls back to "xla").
 
 With many rows (prefill) the product is compute-bound and the scale on the output costs a
 pass over the output instead of one over the weights: :func:`dot` keeps qwix's form,

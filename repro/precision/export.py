@@ -22,8 +22,8 @@ A format (:data:`FORMATS`) says what the GEMMs of the matched layers read:
   up: nothing saturates). The product is ``dot(f8, f8) -> bf16`` times that scalar
   (:func:`fp8_tensor_dot`), the form XLA's GEMM rewriter folds into cuBLASLt's FP8 GEMM.
   The weights are stored transposed (``weight_layout="nk"``): cuBLASLt's FP8 GEMM on Hopper
-  reads both operands with the contraction axis minor, and a ``[K, N]`` weight would be
-  transposed by XLA on every call (a quarter of the wide config's prefill on an H200).
+  reads both operands with the contraction axis minor, and XLA would transpose a ``[K, N]``
+  weight on every call (``scripts/probe_dequant_gemm.py`` times both layouts).
 * ``fp8-w`` / ``int8-w`` / ``nvfp4-w``: weight-only. FP8 / INT8 (a scale per output channel):
   ``(x @ q) * scale`` with the scale after the product (exact for per-channel scales), no
   dequantized BF16 weight (:mod:`repro.precision.dequant_gemm`, in the form
