@@ -233,7 +233,7 @@ def cmd_trace(args) -> int:
                  recipes=tuple(split(args.recipes, "--recipes")
                                or K.default_recipes(args.workload)),
                  width=args.width, depth=args.depth, num_envs=args.num_envs, batch=args.batch,
-                 size=args.size)
+                 size=args.size, config=args.config, phase=args.phase)
     runner.plan(K.STUDY, p)
     root = results.record_root(profile)
     out = runner.run(K.STUDY, p, root, force=args.force, hardware=args.hardware,
@@ -432,17 +432,21 @@ def _recording_options(r: argparse.ArgumentParser) -> None:
 
 def _add_trace(sub) -> None:
     t = sub.add_parser("trace", help="kernel times of traced training steps (GPU)")
-    t.add_argument("workload", metavar="WORKLOAD", help="mlp, lm, gemm or ppo")
+    t.add_argument("workload", metavar="WORKLOAD", help="mlp, lm, gemm, ppo or inference")
     _recording_options(t)
     t.add_argument("--recipes", action="append", metavar="R",
-                   help="recipes (gemm: dtypes); default bf16,fp8-delayed (gemm: bf16,fp8)")
+                   help="recipes (gemm: dtypes; inference: formats); default bf16,fp8-delayed "
+                        "(gemm: bf16,fp8; inference: bf16,fp8-w)")
     t.add_argument("--shapes", help="gemm: MxKxN,... one cell each (default: mlp_step's GEMMs)")
     size = number(int, 0, "expected a positive integer")
     t.add_argument("--width", type=size, default=256, help="mlp, ppo: width")
     t.add_argument("--depth", type=size, default=3, help="mlp: depth")
     t.add_argument("--num-envs", type=size, default=2048, help="ppo: the cell's envs")
-    t.add_argument("--batch", type=size, help="mlp: rows (65536); lm: sequences (64)")
+    t.add_argument("--batch", type=size, help="mlp: rows (65536); lm: sequences (64); "
+                   "inference: sequences (prefill: the config's; decode: 1)")
     t.add_argument("--size", default="20m", help="lm: model preset")
+    t.add_argument("--config", default="wide", help="inference: a speed config of params.yaml")
+    t.add_argument("--phase", default="decode", help="inference: prefill or decode")
     t.add_argument("--steps", type=size, default=5, help="steps traced per recipe")
     t.set_defaults(func=cmd_trace)
 

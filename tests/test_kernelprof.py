@@ -163,3 +163,36 @@ def test_headroom_is_amdahls_law_on_hand_numbers():
     assert h["added ms"] == pytest.approx(40.0)
     assert h["allowed ms"] == pytest.approx(400 / 1.5 - 150)  # 116.7: it spends 140, over
     assert h["spent ms"] == pytest.approx(140.0)
+
+
+def test_inference_workload_traces_the_speed_cells_program(repo, monkeypatch, capsys):
+    """``repro trace inference`` traces a speed config's decode loop (or prefill) per
+    inference format, compiled as the inference study's speed cell compiles it: the runner
+    the cell hands to ``profile_cell`` runs it, and on a CPU a quantized format is emulated.
+    Unknown formats, phases and configs are one line; a CPU trace records nothing."""
+    pytest.importorskip("qwix")
+    seen = {}
+
+    def profile_cell(workload, recipes, steps, sizes, make_runner, profile):
+        for r in recipes:
+            run, facts = make_runner(r)
+            seen[r] = (facts, run())
+        seen["sizes"] = sizes
+        return []
+
+    monkeypatch.setattr(K, "profile_cell", profile_cell)
+    rc = cli.main(["trace", "inference", "--config", "tiny", "--recipes", "bf16,fp8-w",
+                   "--steps", "1", "--profile", "smoke"])
+    assert rc == 0 and seen["sizes"] == {"config": "tiny", "phase": "decode", "batch": 1}
+    (bf16, (tokens, _)), (fp8w, _) = seen["bf16"], seen["fp8-w"]
+    assert not bf16["emulated"] and fp8w["emulated"]  # a CPU has no tensor cores
+    assert tokens.shape == (1, 8)  # the smoke profile's decode_steps tokens, one sequence
+    assert fp8w["lowering"] in ("reduce", "fused", "separate")
+    monkeypatch.undo()
+    for bad, expected in ((["inference", "--recipes", "bf16,fp9"], "unknown inference format"),
+                          (["inference", "--phase", "train"], "unknown phase 'train'"),
+                          (["inference", "--config", "huge", "--profile", "smoke"],
+                           "no speed config 'huge'")):
+        rc, err = trace(bad, capsys)
+        assert rc != 0 and expected in err, (bad, err)
+

@@ -4,11 +4,15 @@
     repro trace lm --size 20m --batch 64 --recipes bf16,fp8-delayed
     repro trace gemm --recipes bf16,fp8                         # the gemm sweep's GEMMs, traced
     repro trace ppo --width 4096 --recipes bf16,fp8-delayed     # the PPO update
+    repro trace inference --config wide --phase decode --batch 1 --recipes bf16,fp8-w
 
 The step is built and compiled exactly as the ``mlp_step`` / ``lm_step`` benchmarks do it
 (``repro.studies.mlp_step._setup`` and ``_compile``, ``repro.studies.lm_step.compile_step``;
 ``ppo``: the update step of an ``rl_throughput`` MLP cell,
-``repro.studies.rl_throughput.update_program``), run once to warm up, and then ``steps``
+``repro.studies.rl_throughput.update_program``; ``inference``: a speed config's prefill or
+decode loop, compiled as the ``inference`` study times it, ``repro.studies.inference_speed``,
+under inference formats instead of recipes, a "step" being one call: one prefill, or the
+``decode_steps`` tokens of one decode loop), run once to warm up, and then ``steps``
 steps run under JAX's profiler (CUPTI on a GPU). The Perfetto trace's kernel events on the
 device's streams are classed by name (``repro.analysis.traces.kernel_class``: gemm, attention,
 collective, memory, other) and summed. Per recipe, records under
@@ -104,6 +108,26 @@ def _ppo_runner(token: str, width: int, num_envs: int, profile: str = "full"):
         **facts, "emulated": recipe_emulated(c.recipe, facts["fp8_lowering"])}
 
 
+def _inference_runner(fmt: str, config: str, phase: str, batch: int, profile: str = "full"):
+    """One prefill or decode loop of the ``inference`` study's speed config ``config``
+    (``params.yaml``'s settings of ``profile``) exported as ``fmt``, compiled as its speed cell
+    compiles it (``repro.studies.inference_speed``); emulated as that cell would say."""
+    from repro import studies
+    from repro.precision import export as X
+    from repro.studies import inference_speed as S
+
+    p = studies.params("inference", profile)
+    configs = S.speed_configs(p)
+    if config not in configs:
+        raise ValueError(f"inference: no speed config {config!r} in the {profile} profile; "
+                         f"valid: {', '.join(configs)}")
+    cfg, sp = S.model_config(config, configs[config]), p["speed"]
+    length = cfg.seq_len if phase == "prefill" else sp["prompt_len"]
+    compiled, args, _, facts = S._program(cfg, fmt, phase, batch, length, sp["decode_steps"])
+    emulated = S.speed_emulated(X.resolve_format(fmt), facts["lowering"])
+    return (lambda: compiled(*args)), {**facts, "emulated": emulated}
+
+
 def profile_cell(workload: str, recipes: list[str], steps: int, sizes: dict[str, Any],
                  make_runner: Callable[[str], tuple[Callable[[], Any], dict]],
                  profile: str = "full") -> list[dict[str, Any]]:
@@ -138,17 +162,21 @@ def profile_cell(workload: str, recipes: list[str], steps: int, sizes: dict[str,
     return records
 
 
-WORKLOADS = ("mlp", "lm", "gemm", "ppo")
+WORKLOADS = ("mlp", "lm", "gemm", "ppo", "inference")
+PHASES = ("prefill", "decode")
 MLP_GEMMS = tuple((65536, w, w) for w in (256, 512, 1024, 2048, 4096))  # mlp_step's GEMMs
 
 
 @dataclass(frozen=True, kw_only=True)
 class Params(Section):
-    """What ``repro trace`` traces: ``workload`` (mlp, lm, gemm, ppo) under ``recipes``
-    (gemm: dtypes), ``steps`` steps per recipe; ``shapes`` (gemm: one cell per MxKxN),
-    ``width``/``depth``/``batch`` (mlp; ppo: the width and ``num_envs`` of the rl_throughput
-    cell whose update is traced, with ``profile``'s rl_throughput settings), ``size``/``batch``
-    (lm). ``profile``: the records' (where they go)."""
+    """What ``repro trace`` traces: ``workload`` (mlp, lm, gemm, ppo, inference) under
+    ``recipes`` (gemm: dtypes; inference: formats), ``steps`` steps per recipe; ``shapes``
+    (gemm: one cell per MxKxN), ``width``/``depth``/``batch`` (mlp; ppo: the width and
+    ``num_envs`` of the rl_throughput cell whose update is traced, with ``profile``'s
+    rl_throughput settings), ``size``/``batch`` (lm), ``config``/``phase``/``batch``
+    (inference: a speed config of ``profile``'s inference settings, prefill or decode, and
+    its sequences: default the config's prefill batch, 1 for decode). ``profile``: the
+    records' (where they go)."""
 
     workload: str
     recipes: tuple[str, ...] = ()
@@ -159,6 +187,8 @@ class Params(Section):
     num_envs: int = 2048
     batch: int | None = None
     size: str = "20m"
+    config: str = "wide"
+    phase: str = "decode"
 
 
 def parse_shapes(text: str) -> tuple[tuple[int, int, int], ...]:
@@ -173,7 +203,8 @@ def parse_shapes(text: str) -> tuple[tuple[int, int, int], ...]:
 
 
 def default_recipes(workload: str) -> tuple[str, ...]:
-    return ("bf16", "fp8") if workload == "gemm" else ("bf16", "fp8-delayed")
+    return {"gemm": ("bf16", "fp8"), "inference": ("bf16", "fp8-w")}.get(
+        workload, ("bf16", "fp8-delayed"))
 
 
 def check(p: Params) -> None:
@@ -185,8 +216,18 @@ def check(p: Params) -> None:
         raise ValueError(f"unknown workload {p.workload!r}; valid: {', '.join(WORKLOADS)}")
     if not p.recipes:
         raise ValueError("no recipes to trace")
+    if p.workload == "inference":
+        from repro.precision.export import resolve_format
+
+        if p.phase not in PHASES:
+            raise ValueError(f"unknown phase {p.phase!r}; valid: {', '.join(PHASES)}")
     for r in p.recipes:
-        _check_dtypes([r]) if p.workload == "gemm" else resolve(r)
+        if p.workload == "gemm":
+            _check_dtypes([r])
+        elif p.workload == "inference":
+            resolve_format(r)
+        else:
+            resolve(r)
     sizes = {"steps": p.steps, "width": p.width, "depth": p.depth, "num_envs": p.num_envs,
              "batch": p.batch or 1, **{f"shape {s}": min(s) for s in p.shapes}}
     for name, v in sizes.items():
@@ -209,6 +250,15 @@ def cells(p: Params) -> list[Cell]:
         plan = [(f"mlp_{batch}x{p.width}x{p.depth}",
                  {"batch": batch, "width": p.width, "depth": p.depth},
                  lambda r: _mlp_runner(r, p.width, batch, p.depth))]
+    elif p.workload == "inference":
+        from repro import studies
+        from repro.studies.inference_speed import speed_configs
+
+        spec = speed_configs(studies.params("inference", p.profile)).get(p.config, {})
+        batch = p.batch or (int(spec.get("prefill_batch", 1)) if p.phase == "prefill" else 1)
+        plan = [(f"inference_{p.config}_{p.phase}_b{batch}",
+                 {"config": p.config, "phase": p.phase, "batch": batch},
+                 lambda r: _inference_runner(r, p.config, p.phase, batch, p.profile))]
     elif p.workload == "ppo":
         plan = [(f"ppo_update_w{p.width}_e{p.num_envs}",
                  {"network": "mlp", "width": p.width, "num_envs": p.num_envs},
