@@ -62,13 +62,14 @@
 # format keeps BF16's accuracy if hi is within the margin, loses it if lo is beyond it, and is
 # undecided if the interval straddles the margin's end. Speed, from records whose products ran
 # on tensor cores (not emulated), at the widest config timed: FP8 prefill >= 1.3x BF16's
-# tokens/s, weight-only FP8 and INT8 decode at batch 1 >= 1.5x. FP8 weights and activations
-# are judged as one format on its own numbers: `fp8` (scales per channel and token), else
-# `fp8-tensor` (one per tensor) if its accuracy (FP8's margin) and its prefill both pass. Memory: weight-only FP8 / INT8
-# weights <= 0.52x and NVFP4 <= 0.30x of BF16's bytes over the whole model. Every part passes:
-# **reproduced**; every part fails (or is undecided, one failing): **contradicted**; none fails
-# but an accuracy interval is too wide to tell: **inconclusive**; otherwise (a part failed or
-# was not measured): **partly**; no committed records: **not yet measured**.
+# tokens/s, weight-only FP8 and INT8 decode at batch 1 >= 1.5x. FP8 weights and activations are
+# judged as one format on its own numbers: `fp8` (scales per channel and token), else
+# `fp8-tensor` (one per tensor) if its accuracy (FP8's margin) and its prefill both pass.
+# Memory: weight-only FP8 / INT8 weights <= 0.52x and NVFP4 <= 0.30x of BF16's bytes over the
+# whole model. Every part passes: **reproduced**; every part fails (or is undecided, one
+# failing): **contradicted**; none fails but an accuracy interval is too wide to tell:
+# **inconclusive**; otherwise (a part failed or was not measured): **partly**; no committed
+# records: **not yet measured**.
 #
 # Regenerate: `dvc repro inference` (or `repro notebook 11_inference --profile smoke`); the GPU
 # study: `repro record inference --profile full` (resumable; with `REPRO_TIME_BUDGET_S` it stops
@@ -107,23 +108,23 @@ print(f"{len(df)} committed full-profile records" if len(df) else
 #
 # `gemm`: what the quantized products compute in on a GPU with the format's tensor cores
 # (`dequant-bf16`: weight-only, a BF16 GEMM). `scales`: `channel` is a scale per output channel
-# for the weights and per token for the activations; `tensor` one per tensor (`fp8-tensor`:
-# its product is an FP8 GEMM times one scalar, the form in which cuBLASLt's FP8 GEMM takes its
-# scales, while per-token scales are a vector along the rows that it cannot take); NVFP4 has
-# an E4M3 scale per 16 weights along the contraction. `weight-only kernel`: how `fp8-w` /
-# `int8-w` multiply at decode: the BF16 GEMM of the stored 1-byte values with the scale on its
-# output, no dequantized weight (`repro.precision.dequant_gemm`: `reduce` computes one row as a
-# multiply and a sum over the weight stored transposed, which streams its bytes once, and more
-# rows as `xla`, which lets XLA fuse the convert into its GEMM; `pallas` is a Pallas kernel that
-# does that explicitly); NVFP4 is dequantized by qwix first. `fp8-tensor` and the weight-only
-# formats store their weights transposed, `[N, K]`: the layout cuBLASLt's FP8 GEMM reads
-# without transposing every weight on every call. `MaxText`: the values of MaxText's `quantization` flag whose forward pass is the
-# same (from `quantizations.py`: `int8` and `fp8`/`fp8_full` are qwix rules with INT8 / E4M3
-# weights and activations, per channel by default; `fp8_gpu` wraps flax's
+# for the weights and per token for the activations; `tensor` one per tensor (`fp8-tensor`: its
+# product is an FP8 GEMM times one scalar, the form in which cuBLASLt's FP8 GEMM takes its
+# scales, while per-token scales are a vector along the rows that it cannot take); NVFP4 has an
+# E4M3 scale per 16 weights along the contraction. `weight-only kernel`: how `fp8-w` / `int8-w`
+# multiply at decode: the BF16 GEMM of the stored 1-byte values with the scale on its output, no
+# dequantized weight (`repro.precision.dequant_gemm`: `reduce` computes one row as a multiply
+# and a sum over the weight stored transposed, which streams its bytes once, and more rows as
+# `xla`, which lets XLA fuse the convert into its GEMM; `pallas` is a Pallas kernel that does
+# that explicitly); NVFP4 is dequantized by qwix first. `fp8-tensor` and the weight-only formats
+# store their weights transposed, `[N, K]`: the layout cuBLASLt's FP8 GEMM reads without
+# transposing every weight on every call. `MaxText`: the values of MaxText's `quantization` flag
+# whose forward pass is the same (from `quantizations.py`: `int8` and `fp8`/`fp8_full` are qwix
+# rules with INT8 / E4M3 weights and activations, per channel by default; `fp8_gpu` wraps flax's
 # `Fp8DirectDotGeneralOp`, our `flax-fp8`; AQT's `aqt_fp8_full` quantizes both operands to E4M3
-# with per-tensor dynamic scales, the forward pass of `fp8-tensor`; AQT's `int8w` is
-# weight-only INT8). `fp8_full` differs from `fp8` only in its backward pass (E5M2 gradients),
-# which inference never runs.
+# with per-tensor dynamic scales, the forward pass of `fp8-tensor`; AQT's `int8w` is weight-only
+# INT8). `fp8_full` differs from `fp8` only in its backward pass (E5M2 gradients), which
+# inference never runs.
 
 # %%
 pd.DataFrame([{"format": f.name, "weights": f.weight or "bf16", "activations": f.act or "bf16",
