@@ -13,8 +13,9 @@ and each number of rows of x (decode batches 1, 8, 64), times
                   on a QArray where qwix is installed, else the same operations written out)
     int8-w-*      the same with INT8 weights
     *-t           the same with the weight stored transposed, q[N, K] (contraction axis minor)
-    fp8-tensor    E4M3 x E4M3 with one scale per tensor (the activation's from its absmax),
-                  weight stored [K, N]; fp8-tensor-t: stored [N, K] (cuBLASLt's TN layout)
+    fp8-tensor    the fp8-tensor format's product (export.fp8_tensor_dot: E4M3 x E4M3, one
+                  scale per tensor), weight stored [K, N]; fp8-tensor-t: stored [N, K]
+                  (cuBLASLt's TN layout); where qwix is installed
 
 and prints one line per case: milliseconds per GEMM, the ratio of BF16's time to it (> 1:
 faster than BF16; the median of 3 timed calls), and where the optimized HLO widens the
@@ -94,8 +95,9 @@ def variants(qtypes):
         out[f"{name}-qwix"] = ("qwix", qt, None)
         if ARGS.no_cublas_fallback and not ARGS.cpu:
             out[f"{name}-xla-nofb"] = ("xla", qt, {"xla_gpu_cublas_fallback": False})
-    out["fp8-tensor"] = ("tensor", jnp.float8_e4m3fn, None)
-    out["fp8-tensor-t"] = ("tensor-t", jnp.float8_e4m3fn, None)
+    if qwix is not None:
+        out["fp8-tensor"] = ("tensor", jnp.float8_e4m3fn, None)
+        out["fp8-tensor-t"] = ("tensor-t", jnp.float8_e4m3fn, None)
     if ARGS.variants:
         keep = ARGS.variants.split(",")
         out = {k: v for k, v in out.items() if k in keep or k == "bf16"}
@@ -112,14 +114,13 @@ def gemm_fn(kind: str, interpret: bool, **blocks):
     if kind in ("xla-t", "reduce-t"):
         f = D.dot_xla if kind == "xla-t" else D.dot_reduce
         return lambda x, q, s: f(x, q, s, transposed=True)
-    if kind in ("tensor", "tensor-t"):
-        def f(x, q, s):  # the activation scaled by its absmax, one scalar on the output
-            sx = jnp.maximum(jnp.max(jnp.abs(x)).astype(jnp.float32), 1e-12) / 448.0
-            xq = (x.astype(jnp.float32) / sx).astype(jnp.float8_e4m3fn)
-            dims = (((1,), (1 if kind == "tensor-t" else 0,)), ((), ()))
-            acc = lax.dot_general(xq, q, dims, preferred_element_type=jnp.bfloat16)
-            return acc * sx.astype(jnp.bfloat16)
-        return f
+    if kind in ("tensor", "tensor-t"):  # the exported fp8-tensor format's own product
+        from repro.precision import export as X
+
+        cls = X._transposed_class() if kind == "tensor-t" else qwix.QArray
+        one = jnp.ones((1, 1), jnp.bfloat16)  # the weight's scale: its values are the q's
+        return lambda x, q, s: X.fp8_tensor_dot(x, cls(q, one, None, q.dtype),
+                                                (((1,), (0,)), ((), ())))
     if kind == "pallas":
         return lambda x, q, s: D.dot_pallas(x, q, s, interpret=interpret, **blocks)
     if kind == "splitk":

@@ -117,11 +117,7 @@ def _inference_runner(fmt: str, config: str, phase: str, batch: int, profile: st
     from repro.studies import inference_speed as S
 
     p = studies.params("inference", profile)
-    configs = S.speed_configs(p)
-    if config not in configs:
-        raise ValueError(f"inference: no speed config {config!r} in the {profile} profile; "
-                         f"valid: {', '.join(configs)}")
-    cfg, sp = S.model_config(config, configs[config]), p["speed"]
+    cfg, sp = S.model_config(config, S.speed_configs(p)[config]), p["speed"]
     length = cfg.seq_len if phase == "prefill" else sp["prompt_len"]
     compiled, args, _, facts = S._program(cfg, fmt, phase, batch, length, sp["decode_steps"])
     emulated = S.speed_emulated(X.resolve_format(fmt), facts["lowering"])
@@ -217,10 +213,16 @@ def check(p: Params) -> None:
     if not p.recipes:
         raise ValueError("no recipes to trace")
     if p.workload == "inference":
+        from repro import studies
         from repro.precision.export import resolve_format
+        from repro.studies.inference_speed import speed_configs
 
         if p.phase not in PHASES:
             raise ValueError(f"unknown phase {p.phase!r}; valid: {', '.join(PHASES)}")
+        configs = speed_configs(studies.params("inference", p.profile))
+        if p.config not in configs:
+            raise ValueError(f"inference: no speed config {p.config!r} in the {p.profile} "
+                             f"profile; valid: {', '.join(configs)}")
     for r in p.recipes:
         if p.workload == "gemm":
             _check_dtypes([r])
@@ -254,7 +256,7 @@ def cells(p: Params) -> list[Cell]:
         from repro import studies
         from repro.studies.inference_speed import speed_configs
 
-        spec = speed_configs(studies.params("inference", p.profile)).get(p.config, {})
+        spec = speed_configs(studies.params("inference", p.profile))[p.config]
         batch = p.batch or (int(spec.get("prefill_batch", 1)) if p.phase == "prefill" else 1)
         plan = [(f"inference_{p.config}_{p.phase}_b{batch}",
                  {"config": p.config, "phase": p.phase, "batch": batch},
