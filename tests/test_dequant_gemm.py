@@ -275,3 +275,45 @@ def test_e4m3_and_int8_values_are_exact_in_bfloat16():
     for v in (f8, i8):
         wide = np.asarray(jnp.asarray(v).astype(jnp.bfloat16), np.float64)
         np.testing.assert_array_equal(wide, v.astype(np.float64))
+
+
+@pytest.mark.parametrize("qtype,mltype", [(jnp.int8, np.int8),
+                                          (jnp.float8_e4m3fn, ml_dtypes.float8_e4m3fn)])
+def test_widen_by_bits_equals_ml_dtypes_conversion_for_every_byte(qtype, mltype):
+    """All 256 codes: zeros of both signs, E4M3's subnormals, its largest values and NaN."""
+    codes = np.arange(256, dtype=np.uint8).view(mltype)
+    want = codes.astype(np.float32)
+    got = np.asarray(jax.jit(D.widen)(jnp.asarray(codes)))
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_array_equal(got[ok], want[ok])
+    np.testing.assert_array_equal(np.signbit(got[ok]), np.signbit(want[ok]))
+    with pytest.raises(ValueError, match="int8 or float8_e4m3fn"):
+        D.widen(jnp.zeros(3, jnp.float8_e5m2))
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_gemv_kernel_in_interpret_mode_matches_the_float64_product(qtype):
+    x, q, s = operands(1, 192, 96, qtype, seed=9)
+    qt = jnp.asarray(q.T)
+    ref = reference64(x, q, s)
+    for bn, bk in ((16, 64), (4, 16), (32, 256)):  # 32 x 256 tiles: K=192 takes 64
+        for bits in (False, True):
+            y = D.dot_gemv(x.reshape(1, 1, 192), qt, s, interpret=True, block_n=bn,
+                           block_k=bk, bits=bits)
+            assert y.shape == (1, 1, 96) and y.dtype == jnp.bfloat16
+            assert_bf16_close(y[0], ref, x, q, s)
+    assert D.gemv_blocks(192, 96, 32, 256) == (32, 64)
+    assert D.gemv_blocks(192, 6) is None  # no power of two >= 4 divides 6 columns
+    with pytest.raises(ValueError, match="one row"):
+        D.dot_gemv(jnp.concatenate([x, x]), qt, s, interpret=True)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_reduce_form_widening_by_bits_gives_the_same_products(qtype):
+    x, q, s = operands(1, 192, 96, qtype, seed=10)
+    qt = jnp.asarray(q.T)
+    np.testing.assert_array_equal(np.asarray(D.dot_reduce(x, qt, s, transposed=True, bits=True)),
+                                  np.asarray(D.dot_reduce(x, qt, s, transposed=True)))
+    assert_bf16_close(D.dot_reduce(x, q, s, bits=True), reference64(x, q, s), x, q, s)
