@@ -9,10 +9,6 @@ and each number of rows of x (decode batches 1, 8, 64), times
     fp8-w-pallas  dequant_gemm.dot_pallas: the Pallas kernel
     fp8-w-splitk  dequant_gemm.dot_pallas with 128-column blocks and the contraction split
                   over programs (split-K, about two waves of programs on the GPU)
-    fp8-w-gemv-t  dequant_gemm.dot_gemv: the Pallas matrix-vector kernel over the weight
-                  stored [N, K] (one row of x only)
-    *-bits-t      reduce-t and gemv-t widening the weight by bit operations
-                  (dequant_gemm.widen) instead of a conversion
     fp8-w-qwix    qwix's order: dequantize q * scale to BF16, then the dot (qwix.dot_general
                   on a QArray where qwix is installed, else the same operations written out)
     int8-w-*      the same with INT8 weights
@@ -36,7 +32,6 @@ The run stops starting new cases after --budget seconds.
     python3 scripts/probe_dequant_gemm.py                 # GPU, < 2 minutes
     python3 scripts/probe_dequant_gemm.py --cpu           # tiny shapes on the CPU (debugging)
     python3 scripts/probe_dequant_gemm.py --sweep         # also Pallas tile sizes at 1 row
-    python3 scripts/probe_dequant_gemm.py --gemv-sweep    # also dot_gemv's tiles and warps
     python3 scripts/probe_dequant_gemm.py --no-cublas-fallback   # also XLA with
                                           # xla_gpu_cublas_fallback=false (Triton GEMMs only)
 """
@@ -64,8 +59,6 @@ def parse():
                     help="seconds after which no new case starts")
     ap.add_argument("--sweep", action="store_true",
                     help="also the Pallas kernel with other tile sizes at the first batch")
-    ap.add_argument("--gemv-sweep", action="store_true",
-                    help="also dot_gemv with other tiles and warps at one row")
     ap.add_argument("--no-cublas-fallback", action="store_true",
                     help="also the XLA form compiled with xla_gpu_cublas_fallback=false")
     ap.add_argument("--variants", default=None, help="only these variants (comma-separated)")
@@ -99,9 +92,6 @@ def variants(qtypes):
         out[f"{name}-reduce-t"] = ("reduce-t", qt, None)
         out[f"{name}-pallas"] = ("pallas", qt, None)
         out[f"{name}-splitk"] = ("splitk", qt, None)
-        out[f"{name}-gemv-t"] = ("gemv-t", qt, None)
-        out[f"{name}-reduce-bits-t"] = ("reduce-bits-t", qt, None)
-        out[f"{name}-gemv-bits-t"] = ("gemv-bits-t", qt, None)
         out[f"{name}-qwix"] = ("qwix", qt, None)
         if ARGS.no_cublas_fallback and not ARGS.cpu:
             out[f"{name}-xla-nofb"] = ("xla", qt, {"xla_gpu_cublas_fallback": False})
@@ -133,11 +123,6 @@ def gemm_fn(kind: str, interpret: bool, **blocks):
                                                 (((1,), (0,)), ((), ())))
     if kind == "pallas":
         return lambda x, q, s: D.dot_pallas(x, q, s, interpret=interpret, **blocks)
-    if kind in ("gemv-t", "gemv-bits-t"):
-        bits = kind == "gemv-bits-t"
-        return lambda x, q, s: D.dot_gemv(x, q, s, interpret=interpret, bits=bits, **blocks)
-    if kind == "reduce-bits-t":
-        return lambda x, q, s: D.dot_reduce(x, q, s, transposed=True, bits=True)
     if kind == "splitk":
         def f(x, q, s):
             k, n = q.shape
@@ -217,34 +202,18 @@ def main():
             if ARGS.sweep and m == batches[0]:
                 sweep += [{"block_n": bn, "block_k": bk} for bn in (32, 64, 128)
                           for bk in (128, 256, 512) if (bn, bk) != (32, 256)]
-            gsweep = [{}]
-            if ARGS.gemv_sweep and m == 1:
-                gsweep += [{"block_n": bn, "block_k": bk, "num_warps": w}
-                           for bn in (4, 8, 16, 32) for bk in (256, 1024)
-                           for w in (4, 8) if (bn, bk, w) != (16, 256, 4)]
             n_copies = max(2, -(-l2_bytes // (k * n)))
             iters = max(1, gemms_per_run // n_copies)
             xs = jax.random.normal(jax.random.key(m), (iters * n_copies, m, k), jnp.bfloat16)
             base = None
             for vname, (kind, qt, options) in vs.items():
-                tiles = (sweep if kind == "pallas" else
-                         gsweep if kind in ("gemv-t", "gemv-bits-t") else [{}])
-                for blocks in tiles:
+                for blocks in (sweep if kind == "pallas" else [{}]):
                     name = vname + ("" if not blocks else
-                                    f"[{blocks['block_n']}x{blocks['block_k']}"
-                                    + (f"w{blocks['num_warps']}]" if "num_warps" in blocks
-                                       else "]"))
+                                    f"[{blocks['block_n']}x{blocks['block_k']}]")
                     if time.perf_counter() - t_start > ARGS.budget:
                         print(f"{label:>14} {k}x{n} {m:>4} {name:>16}  skipped (time budget)",
                               flush=True)
                         continue
-                    gemv = kind in ("gemv-t", "gemv-bits-t")
-                    if gemv and (m != 1 or D.gemv_blocks(
-                            k, n, blocks.get("block_n"), blocks.get("block_k")) is None):
-                        continue
-                    if gemv and blocks and D.gemv_blocks(
-                            k, n, blocks["block_n"], blocks["block_k"])[1] != blocks["block_k"]:
-                        continue  # the contraction does not take this block: a repeat
                     if kind in ("pallas", "splitk") and D.blocks(m, k, n) is None:
                         print(f"{label:>14} {k}x{n} {m:>4} {name:>16}  (no Pallas tiling)")
                         continue

@@ -100,43 +100,16 @@ def dot_xla(x, q, scale, transposed=False):
     return y.reshape(*x.shape[:-1], n)
 
 
-def widen(q):
-    """The 1-byte values ``q`` (int8 or float8_e4m3fn) as FP32, exactly, by integer bit
-    operations and one FP32 add per element instead of a type conversion: on Hopper a
-    conversion to FP32 issues at a quarter of the rate of an add, too slow to keep up with
-    the memory when a matrix-vector product streams 1-byte weights. INT8: the byte, offset
-    by 128, becomes the low mantissa bits of 2^23 (``2^23 + q + 128``), less ``2^23 + 128``.
-    E4M3: sign to bit 31, the 7 exponent-and-mantissa bits to bits 20-26 with the exponent
-    bias difference (120) added, for normal values; a subnormal (exponent 0, mantissa m) is
-    ``m * 2^-9``, made the INT8 way (no FP32 subnormal anywhere: CPUs flush them); the NaN
-    code (``|q| == 0x7F``) stays NaN."""
-    u = lax.bitcast_convert_type(q, jnp.uint8).astype(jnp.uint32)
-    if q.dtype == jnp.int8:
-        f = lax.bitcast_convert_type((u ^ 0x80) | 0x4B000000, jnp.float32)
-        return f - jnp.float32(8388736.0)
-    if q.dtype != jnp.float8_e4m3fn:
-        raise ValueError(f"widen: int8 or float8_e4m3fn values, got {q.dtype}")
-    sign, em = (u & 0x80) << 24, u & 0x7F
-    normal = lax.bitcast_convert_type(sign | ((em + (120 << 3)) << 20), jnp.float32)
-    m = lax.bitcast_convert_type(em | 0x4B000000, jnp.float32) - jnp.float32(8388608.0)
-    sub = lax.bitcast_convert_type(
-        lax.bitcast_convert_type(m * jnp.float32(2.0 ** -9), jnp.uint32) | sign, jnp.float32)
-    f = jnp.where(em < 8, sub, normal)
-    return jnp.where(em == 0x7F, jnp.float32(jnp.nan), f)
-
-
-def dot_reduce(x, q, scale, transposed=False, bits=False):
+def dot_reduce(x, q, scale, transposed=False):
     """:func:`dot_xla` as a multiply and a sum over the contraction in FP32 (no GEMM): for
     one row or a few of ``x`` (decode), where the product is a matrix-vector product that
-    streams the weight once (a row reduction when ``q`` is stored transposed). ``bits``:
-    widen the weight with :func:`widen` instead of a conversion (the same values)."""
+    streams the weight once (a row reduction when ``q`` is stored transposed)."""
     k, n = _check(x, q, scale, "dot_reduce", transposed)
     x2 = x.reshape(-1, k).astype(jnp.float32)
-    qf = widen(q) if bits else q.astype(jnp.float32)
     if transposed:
-        acc = jnp.sum(x2[:, None, :] * qf[None], axis=2)
+        acc = jnp.sum(x2[:, None, :] * q.astype(jnp.float32)[None], axis=2)
     else:
-        acc = jnp.sum(x2[:, :, None] * qf[None], axis=1)
+        acc = jnp.sum(x2[:, :, None] * q.astype(jnp.float32)[None], axis=1)
     y = (acc * scale.reshape(1, n).astype(jnp.float32)).astype(x.dtype)
     return y.reshape(*x.shape[:-1], n)
 
@@ -221,74 +194,6 @@ def dot_pallas(x, q, scale, *, interpret: bool = False, block_n: int | None = No
     )(x2, q, scale.reshape(1, n))
     y = jnp.sum(y, axis=0).astype(x.dtype) if part else y[0]
     return y[:m].reshape(*x.shape[:-1], n)
-
-
-def gemv_blocks(k: int, n: int, block_n: int | None = None,
-                block_k: int | None = None) -> tuple[int, int] | None:
-    """``(block_n, block_k)`` of :func:`dot_gemv` for a weight ``q[n, k]``, or None where it
-    does not tile (no power of two >= 16 divides ``k``, or none >= 4 divides ``n``).
-    Defaults: 16 rows of the weight a program, 256 bytes of each row per step."""
-    bk = _largest_block(k, block_k or 256)
-    bn = block_n or 16
-    while bn >= 4 and n % bn:
-        bn //= 2
-    if bk is None or bn < 4:
-        return None
-    return bn, bk
-
-
-def _gemv_kernel(x_ref, q_ref, s_ref, o_ref, *, block_k: int, steps: int, bits: bool):
-    bn = q_ref.shape[0]
-
-    def body(i, acc):
-        k0 = pl.multiple_of(i * block_k, block_k)
-        x = x_ref[:, pl.ds(k0, block_k)].astype(jnp.float32)  # [1, bk]
-        w = q_ref[:, pl.ds(k0, block_k)]  # [bn, bk]: 1 byte loaded
-        w = widen(w) if bits else w.astype(jnp.float32)
-        return acc + w * x
-
-    acc = lax.fori_loop(0, steps, body, jnp.zeros((bn, block_k), jnp.float32))
-    y = jnp.sum(acc, axis=1)[None, :] * s_ref[...].astype(jnp.float32)  # [1, bn]
-    o_ref[...] = y.astype(o_ref.dtype)
-
-
-@functools.partial(jax.jit, static_argnames=("interpret", "block_n", "block_k",
-                                             "num_warps", "num_stages", "bits"))
-def dot_gemv(x, q, scale, *, interpret: bool = False, block_n: int | None = None,
-             block_k: int | None = None, num_warps: int | None = None,
-             num_stages: int | None = None, bits: bool = False):
-    """The matrix-vector product of one row ``x[..., K]`` and the TRANSPOSED weight
-    ``q[N, K]`` as one Pallas kernel (Triton backend): a grid over blocks of ``block_n``
-    rows of ``q`` (output columns), each program streaming its rows' contiguous bytes in
-    steps of ``block_k``, widening them to FP32 in registers and accumulating
-    ``q * x`` elementwise; one sum over the contraction and the column scales at the end.
-    No tensor-core tile, no padding of ``x``: what a GEMV for memory-bound decode is.
-    ``block_n`` / ``block_k``: tile caps (default :func:`gemv_blocks`); ``num_warps``,
-    ``num_stages``: Triton's; ``bits``: widen with :func:`widen`; ``interpret``: Pallas'
-    interpreter (CPU)."""
-    k, n = _check(x, q, scale, "dot_gemv", transposed=True)
-    x2 = x.reshape(-1, k)
-    if x2.shape[0] != 1:
-        raise ValueError(f"dot_gemv: one row of x, got {x2.shape[0]} (x {x.shape})")
-    b = gemv_blocks(k, n, block_n, block_k)
-    if b is None:
-        raise ValueError(f"dot_gemv: q {q.shape} does not tile (N a multiple of 4, K of 16)")
-    bn, bk = b
-    params = {}
-    if not interpret and (num_warps or num_stages):
-        params["compiler_params"] = plgpu.CompilerParams(num_warps=num_warps,
-                                                         num_stages=num_stages)
-    y = pl.pallas_call(
-        functools.partial(_gemv_kernel, block_k=bk, steps=k // bk, bits=bits),
-        grid=(n // bn,),
-        in_specs=[pl.BlockSpec((1, k), lambda j: (0, 0)),
-                  pl.BlockSpec((bn, k), lambda j: (j, 0)),
-                  pl.BlockSpec((1, bn), lambda j: (0, j))],
-        out_specs=pl.BlockSpec((1, bn), lambda j: (0, j)),
-        out_shape=jax.ShapeDtypeStruct((1, n), x.dtype),
-        interpret=interpret, **params,
-    )(x2, q, scale.reshape(1, n))
-    return y.reshape(*x.shape[:-1], n)
 
 
 def pallas_fits(rows: int, k: int, n: int) -> bool:
