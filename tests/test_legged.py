@@ -417,6 +417,25 @@ def test_quality_table_normalises_against_fp32_and_random():
     assert q.loc["fp8-delayed", "n_seeds"] == 4
 
 
+def test_quality_table_uses_every_seed_of_cells_with_different_seed_counts():
+    """FP32 and BF16 with 6 seeds, fp8-delayed with 2: each recipe's P(> fp32) and its
+    seed count use all of its own seeds and all of FP32's (by hand over the seed pairs)."""
+    rets = {"fp32": [100, 110, 120, 130, 140, 150], "bf16": [105, 115, 125, 135, 145, 155],
+            "fp8-delayed": [125, 60]}
+    recs = [_rec("random_return", 10.0, {"env": "ant", "variant": "random"})]
+    for v, xs in rets.items():
+        recs += [_rec("final_return", x, {"env": "ant", "size": "brax", "width": 256,
+                                           "seed": i, "variant": v}, recipe=v,
+                      extra={"variant": v, "diverged": False}) for i, x in enumerate(xs)]
+    q = A.quality_table(pd.DataFrame(recs), reps=200).set_index("recipe")
+    assert q.n_seeds.to_dict() == {"bf16": 6, "fp32": 6, "fp8-delayed": 2}
+    # bf16: 105 beats 1 of the 6 FP32 seeds, 115 beats 2, ..., 155 beats 6: 21 / 36
+    assert q.loc["bf16", "poi"] == pytest.approx(21 / 36)
+    # fp8-delayed: 125 beats 3 of 6, 60 none: 3 / 12
+    assert q.loc["fp8-delayed", "poi"] == pytest.approx(3 / 12)
+    assert q.loc["fp8-delayed", "mean_return"] == pytest.approx(92.5)
+
+
 def test_key_numbers_keep_only_native_pairs_of_one_call_and_fp8_against_fp32():
     ups = pd.DataFrame([{"hardware": "h200", "recipe": "fp8-delayed", "width": w, "e2e": e,
                          "update": u, "emulated": em, "same_commit": sc}

@@ -119,8 +119,13 @@ def quality_table(df: pd.DataFrame, reps: int = 1000) -> pd.DataFrame:
     rows = []
     for (hw, size, width), g in fr.groupby(["hardware", "size", "width"]):
         part = pd.concat([g, q[(q.metric == "random_return") & (q.hardware == hw)]])
-        scores, envs, _ = rl_analysis.normalised_scores(part, hw, REFERENCE, order=sorted(
-            set(g.extra.map(lambda e: e["variant"]))))
+        # every recipe on all of its seeds (cells may hold different counts; the bootstrap
+        # resamples each recipe's seeds on their own)
+        scores, envs = {}, []
+        for v in sorted(set(g.extra.map(lambda e: e["variant"]))):
+            sc, envs_v, _ = rl_analysis.normalised_scores(part, hw, REFERENCE, order=[v])
+            if v in sc:
+                scores[v], envs = sc[v], envs or envs_v
         pairs = [(v, REFERENCE) for v in scores if v != REFERENCE]
         poi = stats.probability_of_improvement(scores, pairs, reps=reps).set_index("x")
         per = rl_analysis.final_returns(g, hw)
