@@ -22,7 +22,7 @@ from repro.studies import purejaxrl, runner
 
 def params(**kw):
     base = dict(profile="smoke", recipe="tf32", repeats=3, total_timesteps=1024, seeds=(1,),
-                ours=({},))
+                ours=({},), first_result=False)
     return purejaxrl.Params(**{**base, **kw})
 
 
@@ -35,7 +35,7 @@ def clean_modules():
     before = set(sys.modules)
     yield
     for name in set(sys.modules) - before:
-        if name.split(".")[0] in ("distrax", "brax", "navix", "chex", "purejaxrl"):
+        if name.split(".")[0] in ("distrax", "brax", "navix", "chex", "purejaxrl", "wrappers"):
             del sys.modules[name]
 
 
@@ -98,7 +98,7 @@ import distrax
 import gymnax
 import jax
 import jax.numpy as jnp
-from purejaxrl.wrappers import LogWrapper
+from wrappers import LogWrapper  # as PureJaxRL's ppo.py imports it
 
 
 def make_train(config):
@@ -166,6 +166,34 @@ def test_load_and_record_a_stand_in_checkout(checkout, tmp_path, clean_modules, 
     assert table.returns_digest[0] == purejaxrl.returns_digest(direct)
     assert table.same_returns[1] is True and table.same_returns[0] is None
     assert (table["min"] <= table["max"]).all()
+
+
+def test_first_result_is_timed_in_fresh_processes_without_compile_caches(
+        checkout, tmp_path, clean_modules, monkeypatch):
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_per_fusion_autotune_cache_dir=/x --xla_foo=1")
+    env = purejaxrl.fresh_env()
+    assert "JAX_COMPILATION_CACHE_DIR" not in env and env["XLA_FLAGS"] == "--xla_foo=1"
+    assert env["JAX_ENABLE_COMPILATION_CACHE"] == "false"
+    monkeypatch.setenv("XLA_FLAGS", "")
+    p = params(repeats=1, ours=({"unroll": 2},), first_result=True, purejaxrl=str(checkout))
+    record(p, tmp_path / "r")
+    df = results.load_records(purejaxrl.EXPERIMENT, roots=[tmp_path / "r"])
+    first = df[df.metric == "first_result_s"]
+    assert sorted(first.extra.map(lambda e: e["impl"])) == ["purejaxrl", "repro[unroll=2]"]
+    for e, v in zip(first.extra, first.value):
+        assert 0 < e["compile_s"] <= v <= e["process_s"] and e["fresh_process"]
+    # the steps/s table still pairs the two timed runs; the first-result table pairs these
+    assert len(rl_analysis.purejaxrl_speedups(df)) == 1
+    t = rl_analysis.purejaxrl_first_results(df)
+    assert len(t) == 1 and t.iloc[0].options == {"unroll": 2}
+    ours, theirs = (first[first.extra.map(lambda e: e["impl"]) == i].value.iloc[0]
+                    for i in ("repro[unroll=2]", "purejaxrl"))
+    assert t.iloc[0]["repro first s"] == ours and t.iloc[0]["purejaxrl first s"] == theirs
+    assert t.iloc[0]["first ratio"] == pytest.approx(theirs / ours)
+    with pytest.raises(RuntimeError, match="fresh process for purejaxrl failed"):
+        purejaxrl.first_result("purejaxrl", purejaxrl.CARTPOLE, 1,
+                               purejaxrl=str(tmp_path / "nowhere"))
 
 
 def _fake_compare(calls, rates, monkeypatch):

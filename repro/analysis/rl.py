@@ -238,6 +238,38 @@ def _final_columns(ours: Mapping | None, theirs: Mapping | None) -> dict[str, fl
     return out
 
 
+def purejaxrl_first_results(df: pd.DataFrame) -> pd.DataFrame:
+    """Ours and PureJaxRL's time to a first result in a fresh process (``first_result_s``
+    records: compile + one training run, no compile caches), one row per cell (hardware,
+    seeds, option set): both times and ``first ratio`` = PureJaxRL's / ours (> 1: ours has
+    its first result sooner), with each one's compile time."""
+    cols = ["hardware", "seeds", "ours", "options", "run", "repro first s", "purejaxrl first s",
+            "first ratio", "repro compile s", "purejaxrl compile s", "commit"]
+    d = (df[(df.experiment == "rl_purejaxrl") & (df.metric == "first_result_s")]
+         if len(df) and "metric" in df else df.iloc[0:0])
+    if not len(d):
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for _, g in d.groupby("source"):
+        theirs = [r for _, r in g.iterrows() if r["extra"]["impl"] == "purejaxrl"]
+        for _, ours in g.iterrows():
+            if ours["extra"]["impl"] == "purejaxrl" or len(theirs) != 1:
+                continue
+            t = theirs[0]
+            rows.append({"hardware": ours["hardware"], "seeds": int(ours["size_seeds"]),
+                         "ours": ours["extra"]["impl"],
+                         "options": ours["extra"].get("options", {}),
+                         "run": int(ours["extra"].get("run", 1)),
+                         "repro first s": ours["value"], "purejaxrl first s": t["value"],
+                         "first ratio": ratio(t["value"], ours["value"],
+                                              f"first_result_s of {ours['hardware']}"),
+                         "repro compile s": ours["extra"]["compile_s"],
+                         "purejaxrl compile s": t["extra"]["compile_s"],
+                         "commit": str(ours["git_commit"])[:12]})
+    return pd.DataFrame(rows, columns=cols).sort_values(
+        ["hardware", "seeds", "ours", "run"], ignore_index=True)
+
+
 def purejaxrl_speedups(df: pd.DataFrame) -> pd.DataFrame:
     """Ours over PureJaxRL, one row per cell (hardware, seeds, option set of ours): median
     env-steps/s ratio, and the range of the per-repeat ratios (repeat i of each, timed back to
@@ -261,7 +293,8 @@ def purejaxrl_speedups(df: pd.DataFrame) -> pd.DataFrame:
     if not len(df) or "size_seeds" not in df:
         return pd.DataFrame(columns=cols)
     rows = []
-    for _, g in df[df.experiment == "rl_purejaxrl"].groupby("source"):
+    d = df[(df.experiment == "rl_purejaxrl") & (df.metric == "env_steps_per_s")]
+    for _, g in d.groupby("source"):
         theirs = [r for _, r in g.iterrows() if r["extra"]["impl"] == "purejaxrl"]
         for _, ours in g.iterrows():
             if ours["extra"]["impl"] == "purejaxrl" or len(theirs) != 1:

@@ -9,6 +9,12 @@ speed options of :class:`repro.models.ppo.PPOConfig` (``unroll``, ``update_unrol
 nothing else may differ from PureJaxRL's config). PureJaxRL is compiled once per seed count,
 then each option set in turn, the two timed round-robin (:func:`compare`: repeat i of each,
 back to back).
+Each cell also times the FIRST result of both in a fresh process (``first_result``, on by
+default): a new Python process per program that imports, compiles and runs one training run
+with JAX's persistent compilation cache and XLA's autotune cache off, metric
+``first_result_s`` (seconds from the start of compiling to the end of that first run; the
+process's whole wall time, imports included, is in ``extra``). What a user waits for before
+one run's numbers exist, where the round-robin timing measures the runs after it.
 Every record also holds its run's final return (:func:`final_returns`: per seed, the
 episode-weighted mean return over the last 10% of updates; mean, SD and count), so an option
 set's learning can be checked against the defaults' and PureJaxRL's. :data:`STUDY` has one
@@ -53,6 +59,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import json
+import os
+import re
+import subprocess
 import sys
 import time
 import types
@@ -216,8 +226,10 @@ def load(path: str | Path):
         _ensure_importable("brax", lambda: _any_package("brax.envs.wrappers.training")),
         _ensure_importable("navix", lambda: _any_package("navix")),
         _ensure_importable("chex", lambda: _any_package("chex"))) if n]
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+    # ppo.py imports its wrappers as a top-level module (``from wrappers import ...``)
+    for d in (path / "purejaxrl", path):
+        if str(d) not in sys.path:
+            sys.path.insert(0, str(d))
     module = importlib.import_module("purejaxrl.ppo")
     import gymnax
 
@@ -320,12 +332,64 @@ def _summary(finals: np.ndarray | None) -> dict[str, Any] | None:
             "last_fraction": FINAL_FRACTION}
 
 
+def fresh_env() -> dict[str, str]:
+    """This process's environment without JAX's persistent compilation cache and XLA's
+    autotune cache (a fresh process compiles and autotunes everything itself)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")
+           and not k.startswith("JAX_PERSISTENT_CACHE")}
+    flags = re.sub(r"--xla_gpu_per_fusion_autotune_cache_dir=\S*", "",
+                   env.get("XLA_FLAGS", "")).strip()
+    env["XLA_FLAGS"] = flags
+    env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+    return env
+
+
+def first_result(impl: str, cfg: dict[str, Any], seeds: int, recipe: str = "tf32",
+                 options: Mapping[str, Any] | None = None, purejaxrl: str | None = None,
+                 timeout: float = 900.0) -> dict[str, float]:
+    """Compile and run ``impl`` ("purejaxrl" or ours with ``options``) once for ``seeds``
+    vmapped seeds in a NEW Python process (:func:`fresh_env`); ``{"first_result_s",
+    "compile_s", "process_s"}``: compile + first run, compile alone, and the process's whole
+    wall time (imports included). A one-line RuntimeError if the process fails."""
+    job = {"impl": impl, "cfg": cfg, "seeds": seeds, "recipe": recipe,
+           "options": dict(options or {}), "purejaxrl": purejaxrl}
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "repro.studies.purejaxrl", json.dumps(job)],
+                         capture_output=True, text=True, env=fresh_env(), timeout=timeout)
+    wall = time.perf_counter() - t0
+    line = next((ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("{")), None)
+    if out.returncode or line is None:
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        raise RuntimeError(f"{EXPERIMENT}: the fresh process for {impl} failed "
+                           f"(exit {out.returncode}): {tail}")
+    return {**json.loads(line), "process_s": round(wall, 3)}
+
+
+def _first_result_main(job: dict[str, Any]) -> dict[str, float]:
+    """The fresh process of :func:`first_result`: compile, then one run, timed."""
+    seeds, cfg = int(job["seeds"]), job["cfg"]
+    if job["impl"] == "purejaxrl":
+        module, _ = load(job["purejaxrl"])
+        fn = jax.jit(jax.vmap(module.make_train(dict(cfg))))
+        keys = jax.random.split(jax.random.PRNGKey(30), seeds)
+    else:
+        fn = jax.jit(jax.vmap(ppo.make_train(ours_config(cfg, job["recipe"], job["options"]))))
+        keys = _keys(seeds)
+    t0 = time.perf_counter()
+    compiled = fn.lower(keys).compile()
+    t1 = time.perf_counter()
+    jax.block_until_ready(compiled(keys))
+    t2 = time.perf_counter()
+    return {"first_result_s": round(t2 - t0, 3), "compile_s": round(t1 - t0, 3)}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Params(Section):
     """``params.yaml``'s ``rl_purejaxrl`` section. ``ours``: option sets of
     :data:`SPEED_OPTIONS`; ``runs``: timed runs per (seed count, option set), each a cell of
     its own (run k > 1: ``<cell>_run<k>``, a confirming run kept beside the first);
-    ``purejaxrl``: the checkout (``repro record rl_purejaxrl --purejaxrl DIR``)."""
+    ``first_result``: also time each program's first result in a fresh process
+    (:func:`first_result`); ``purejaxrl``: the checkout (``repro record rl_purejaxrl --purejaxrl DIR``)."""
 
     total_timesteps: int = positive()
     seeds: tuple[int, ...] = positive()
@@ -333,6 +397,7 @@ class Params(Section):
     repeats: int = positive(3)
     ours: tuple[dict[str, Any] | None, ...] = ({},)
     runs: int = positive(1)
+    first_result: bool = True
     purejaxrl: str | None = from_cli()
 
 
@@ -349,8 +414,10 @@ def check(p: Params) -> None:
 
 
 def _records(p: Params, notes: list[str], seeds: int, name: str, samples, facts,
-             options: Mapping[str, Any], run: int) -> list[dict[str, Any]]:
-    """PureJaxRL's record and ours, of one timed comparison."""
+             options: Mapping[str, Any], run: int,
+             first: Mapping[str, Mapping[str, float]] | None = None) -> list[dict[str, Any]]:
+    """PureJaxRL's record and ours, of one timed comparison, and where ``first`` holds them
+    (``{impl: first_result(...)}``), each one's ``first_result_s`` record."""
     cfg, steps = _config(p), env_steps(_config(p), seeds)
 
     def rec(impl):
@@ -370,7 +437,16 @@ def _records(p: Params, notes: list[str], seeds: int, name: str, samples, facts,
             recipe=p.recipe, sizes={"seeds": seeds, "env_steps": steps}, repeats=len(s),
             spread=float(q3 - q1), profile=p.profile, extra=extra)
 
-    return [rec("purejaxrl"), rec(name)]
+    out = [rec("purejaxrl"), rec(name)]
+    for impl, fr in (first or {}).items():
+        out.append(results.make_record(
+            EXPERIMENT, "first_result_s", fr["first_result_s"], "s", claims=["A2"],
+            recipe=p.recipe, sizes={"seeds": seeds, "env_steps": steps}, repeats=1,
+            profile=p.profile,
+            extra={"impl": impl, "compile_s": fr["compile_s"], "process_s": fr["process_s"],
+                   "fresh_process": True, "config": cfg, "run": run,
+                   **({} if impl == "purejaxrl" else {"options": dict(options)})}))
+    return out
 
 
 def cells(p: Params) -> list[Cell]:
@@ -396,7 +472,12 @@ def cells(p: Params) -> list[Cell]:
         def go(_budget):
             name, samples, facts = compare(theirs(seeds), _config(p), seeds, p.repeats,
                                            p.recipe, o)
-            return _records(p, cache["notes"], seeds, name, samples, facts, o, run)
+            first = None
+            if p.first_result:
+                first = {"purejaxrl": first_result("purejaxrl", _config(p), seeds, p.recipe,
+                                                   purejaxrl=p.purejaxrl),
+                         name: first_result(name, _config(p), seeds, p.recipe, o)}
+            return _records(p, cache["notes"], seeds, name, samples, facts, o, run, first)
         return go
 
     sets = [dict(o or {}) for o in p.ours]
@@ -407,3 +488,7 @@ def cells(p: Params) -> list[Cell]:
 
 STUDY = Study(EXPERIMENT, ("A2",), cells, check, about="our PPO against PureJaxRL's ppo.py",
               params=Params, requires=("purejaxrl",))
+
+
+if __name__ == "__main__":  # the fresh process of first_result(): one JSON line out
+    print(json.dumps(_first_result_main(json.loads(sys.argv[1]))), flush=True)
