@@ -74,6 +74,19 @@ cols = ["hardware", "seeds", "ours", "run", "speedup", "min", "max", "best", "sa
         "final_return", "purejaxrl final_return", "return_gap", "gap_lo", "gap_hi"]
 pj[cols].round(3) if len(pj) else "no PureJaxRL records yet"
 
+# %% [markdown]
+# **Time to the first result.** The rates above are of runs after the first; a user of one run
+# also waits for its compilation. Cells recorded with first-result timing (the others show no
+# row) ran each program once more in a fresh Python process with no compile caches:
+# `repro first s` / `purejaxrl first s` is compile + one training run, `first ratio`
+# PureJaxRL's over ours (>= 1: ours has its numbers no later). Unrolling speeds up the runs and
+# slows down compilation.
+
+# %%
+first = rl_analysis.purejaxrl_first_results(pj_records)
+(first.drop(columns=["commit"]).round(3) if len(first)
+ else "no first-result records yet")
+
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1.3, 1]})
 ax = axes[0]
@@ -138,6 +151,8 @@ else:
 nb.metrics(
     vs_purejaxrl={f"{h}_seeds{s}": g["speedup"].max()
                   for (h, s), g in (pj.groupby(["hardware", "seeds"]) if len(pj) else [])},
+    first_result_vs_purejaxrl={f"{h}_seeds{n}_{o}": v for h, n, o, v in zip(
+        first.hardware, first.seeds, first.ours, first["first ratio"])},
     fp8_update_w4096={f"{r.hardware}_{r.recipe}_e{int(r.num_envs)}": {"update": r.update,
                                                                       "e2e": r.e2e}
                       for r in wide.itertuples()})
