@@ -154,7 +154,9 @@ ups.round(3) if len(ups) else "no FP8/BF16 pairs in the committed records"
 #
 # Per policy size: seeds, mean final return, mean normalised score ((return - random) /
 # (FP32 mean - random)) and `P(recipe > FP32)` with its 95% interval; then the learning curves
-# (mean over seeds of each update's mean episode return).
+# (mean over seeds of each update's mean episode return). Cells may hold different numbers of
+# seeds (`n_seeds`, as their records say): each recipe is compared with FP32 on all seeds of
+# both, and the bootstrap resamples each one's seeds on their own.
 
 # %%
 def plot_curves(df):
