@@ -399,14 +399,20 @@ def test_evidence_is_gpu_records_and_speedups_mark_pairs_of_two_calls():
     assert not A.speedups(A.speed_table(df)).same_commit.any()
 
 
-def test_quality_table_normalises_against_fp32_and_random():
-    rets = {"fp32": [100, 110, 120, 130], "fp8-delayed": [90, 100, 140, 150]}
+def _quality(rets):
+    """The quality table of ant final returns ``{recipe: [per seed]}`` at brax's size (random
+    policy 10)."""
     recs = [_rec("random_return", 10.0, {"env": "ant", "variant": "random"})]
     for v, xs in rets.items():
         recs += [_rec("final_return", x, {"env": "ant", "size": "brax", "width": 256,
                                            "seed": i, "variant": v}, recipe=v,
                       extra={"variant": v, "diverged": False}) for i, x in enumerate(xs)]
-    q = A.quality_table(pd.DataFrame(recs), reps=200).set_index("recipe")
+    return A.quality_table(pd.DataFrame(recs), reps=200).set_index("recipe")
+
+
+def test_quality_table_normalises_against_fp32_and_random():
+    rets = {"fp32": [100, 110, 120, 130], "fp8-delayed": [90, 100, 140, 150]}
+    q = _quality(rets)
     ref = np.mean(rets["fp32"]) - 10.0
     assert q.loc["fp8-delayed", "normalised"] == pytest.approx(
         np.mean((np.array(rets["fp8-delayed"]) - 10) / ref))
@@ -422,12 +428,7 @@ def test_quality_table_uses_every_seed_of_cells_with_different_seed_counts():
     seed count use all of its own seeds and all of FP32's (by hand over the seed pairs)."""
     rets = {"fp32": [100, 110, 120, 130, 140, 150], "bf16": [105, 115, 125, 135, 145, 155],
             "fp8-delayed": [125, 60]}
-    recs = [_rec("random_return", 10.0, {"env": "ant", "variant": "random"})]
-    for v, xs in rets.items():
-        recs += [_rec("final_return", x, {"env": "ant", "size": "brax", "width": 256,
-                                           "seed": i, "variant": v}, recipe=v,
-                      extra={"variant": v, "diverged": False}) for i, x in enumerate(xs)]
-    q = A.quality_table(pd.DataFrame(recs), reps=200).set_index("recipe")
+    q = _quality(rets)
     assert q.n_seeds.to_dict() == {"bf16": 6, "fp32": 6, "fp8-delayed": 2}
     # bf16: 105 beats 1 of the 6 FP32 seeds, 115 beats 2, ..., 155 beats 6: 21 / 36
     assert q.loc["bf16", "poi"] == pytest.approx(21 / 36)
