@@ -28,9 +28,10 @@
 # cell one option set of ours against PureJaxRL (records under `results/<hw>/rl_purejaxrl/`;
 # PureJaxRL is not redistributed: `repro record rl_purejaxrl --purejaxrl DIR --profile full`
 # with a checkout of it). Each cell also times both programs' first result in a fresh process
-# (compile + one run, no compile caches: what a user waits for before one run's numbers). Ours runs with several option sets (`params.yaml`
-# `rl_purejaxrl.ours`): `unroll` / `update_unroll` unroll the rollout scan / the epoch and
-# minibatch scans (the same arithmetic), `prng` picks another JAX PRNG (other random streams).
+# (compile + one run, no compile caches: what a user waits for before one run's numbers).
+# Ours runs with several option sets (`params.yaml` `rl_purejaxrl.ours`): `unroll` /
+# `update_unroll` unroll the rollout scan / the epoch and minibatch scans (the same
+# arithmetic), `prng` picks another JAX PRNG (other random streams).
 # `repro.studies.kernel_times ppo` traces the compiled update kernel by kernel.
 
 # %% tags=["parameters"]

@@ -389,7 +389,8 @@ class Params(Section):
     :data:`SPEED_OPTIONS`; ``runs``: timed runs per (seed count, option set), each a cell of
     its own (run k > 1: ``<cell>_run<k>``, a confirming run kept beside the first);
     ``first_result``: also time each program's first result in a fresh process
-    (:func:`first_result`); ``purejaxrl``: the checkout (``repro record rl_purejaxrl --purejaxrl DIR``)."""
+    (:func:`first_result`); ``purejaxrl``: the checkout (``repro record rl_purejaxrl
+    --purejaxrl DIR``)."""
 
     total_timesteps: int = positive()
     seeds: tuple[int, ...] = positive()
