@@ -238,6 +238,22 @@ def _final_columns(ours: Mapping | None, theirs: Mapping | None) -> dict[str, fl
     return out
 
 
+def _purejaxrl_pairs(df: pd.DataFrame, metric: str):
+    """``(group, ours, theirs, identity)`` per record of ours under ``metric`` in a cell of
+    ``rl_purejaxrl`` with exactly one PureJaxRL record: the cell's records, the two records
+    and the row's identity columns (hardware, seeds, ours, options, run, commit)."""
+    d = df[(df.experiment == "rl_purejaxrl") & (df.metric == metric)]
+    for _, g in d.groupby("source"):
+        theirs = [r for _, r in g.iterrows() if r["extra"]["impl"] == "purejaxrl"]
+        for _, ours in g.iterrows():
+            if ours["extra"]["impl"] == "purejaxrl" or len(theirs) != 1:
+                continue
+            yield g, ours, theirs[0], {
+                "hardware": ours["hardware"], "seeds": int(ours["size_seeds"]),
+                "ours": ours["extra"]["impl"], "options": ours["extra"].get("options", {}),
+                "run": int(ours["extra"].get("run", 1)), "commit": str(ours["git_commit"])[:12]}
+
+
 def purejaxrl_first_results(df: pd.DataFrame) -> pd.DataFrame:
     """Ours and PureJaxRL's time to a first result in a fresh process (``first_result_s``
     records: compile + one training run, no compile caches), one row per cell (hardware,
@@ -245,27 +261,14 @@ def purejaxrl_first_results(df: pd.DataFrame) -> pd.DataFrame:
     its first result sooner), with each one's compile time."""
     cols = ["hardware", "seeds", "ours", "options", "run", "repro first s", "purejaxrl first s",
             "first ratio", "repro compile s", "purejaxrl compile s", "commit"]
-    d = (df[(df.experiment == "rl_purejaxrl") & (df.metric == "first_result_s")]
-         if len(df) and "metric" in df else df.iloc[0:0])
-    if not len(d):
+    if not len(df) or "size_seeds" not in df:
         return pd.DataFrame(columns=cols)
-    rows = []
-    for _, g in d.groupby("source"):
-        theirs = [r for _, r in g.iterrows() if r["extra"]["impl"] == "purejaxrl"]
-        for _, ours in g.iterrows():
-            if ours["extra"]["impl"] == "purejaxrl" or len(theirs) != 1:
-                continue
-            t = theirs[0]
-            rows.append({"hardware": ours["hardware"], "seeds": int(ours["size_seeds"]),
-                         "ours": ours["extra"]["impl"],
-                         "options": ours["extra"].get("options", {}),
-                         "run": int(ours["extra"].get("run", 1)),
-                         "repro first s": ours["value"], "purejaxrl first s": t["value"],
-                         "first ratio": ratio(t["value"], ours["value"],
-                                              f"first_result_s of {ours['hardware']}"),
-                         "repro compile s": ours["extra"]["compile_s"],
-                         "purejaxrl compile s": t["extra"]["compile_s"],
-                         "commit": str(ours["git_commit"])[:12]})
+    rows = [{**ident, "repro first s": ours["value"], "purejaxrl first s": t["value"],
+             "first ratio": ratio(t["value"], ours["value"],
+                                  f"first_result_s of {ours['hardware']}"),
+             "repro compile s": ours["extra"]["compile_s"],
+             "purejaxrl compile s": t["extra"]["compile_s"]}
+            for _, ours, t, ident in _purejaxrl_pairs(df, "first_result_s")]
     return pd.DataFrame(rows, columns=cols).sort_values(
         ["hardware", "seeds", "ours", "run"], ignore_index=True)
 
@@ -293,26 +296,17 @@ def purejaxrl_speedups(df: pd.DataFrame) -> pd.DataFrame:
     if not len(df) or "size_seeds" not in df:
         return pd.DataFrame(columns=cols)
     rows = []
-    d = df[(df.experiment == "rl_purejaxrl") & (df.metric == "env_steps_per_s")]
-    for _, g in d.groupby("source"):
-        theirs = [r for _, r in g.iterrows() if r["extra"]["impl"] == "purejaxrl"]
-        for _, ours in g.iterrows():
-            if ours["extra"]["impl"] == "purejaxrl" or len(theirs) != 1:
-                continue
-            at = f"rl_purejaxrl {ours.get('source', ours['hardware'])}"
-            per = np.asarray([ratio(t, o, f"run_s of {at}") for t, o in
-                              zip(theirs[0]["extra"]["run_s"], ours["extra"]["run_s"])])
-            rows.append({"hardware": ours["hardware"], "seeds": int(ours["size_seeds"]),
-                         "ours": ours["extra"]["impl"],
-                         "options": ours["extra"].get("options", {}),
-                         "run": int(ours["extra"].get("run", 1)),
-                         "repro steps/s": ours["value"], "purejaxrl steps/s": theirs[0]["value"],
-                         "speedup": ratio(ours["value"], theirs[0]["value"], at),
-                         "min": per.min(), "max": per.max(), "emulated": bool(g.emulated.any()),
-                         "commit": str(ours["git_commit"])[:12],
-                         "returns_digest": ours["extra"].get("returns_digest"),
-                         **_final_columns(ours["extra"].get("final_return"),
-                                          theirs[0]["extra"].get("final_return"))})
+    for g, ours, theirs, ident in _purejaxrl_pairs(df, "env_steps_per_s"):
+        at = f"rl_purejaxrl {ours.get('source', ours['hardware'])}"
+        per = np.asarray([ratio(t, o, f"run_s of {at}") for t, o in
+                          zip(theirs["extra"]["run_s"], ours["extra"]["run_s"])])
+        rows.append({**ident, "repro steps/s": ours["value"],
+                     "purejaxrl steps/s": theirs["value"],
+                     "speedup": ratio(ours["value"], theirs["value"], at),
+                     "min": per.min(), "max": per.max(), "emulated": bool(g.emulated.any()),
+                     "returns_digest": ours["extra"].get("returns_digest"),
+                     **_final_columns(ours["extra"].get("final_return"),
+                                      theirs["extra"].get("final_return"))})
     out = pd.DataFrame(rows, columns=cols).sort_values(["hardware", "seeds", "ours", "run"],
                                                        ignore_index=True)
     out["runs"] = out.groupby(["hardware", "seeds", "ours"]).run.transform("size")
