@@ -16,10 +16,20 @@ and each number of rows of x (decode batches 1, 8, 64), times
     fp8-tensor    the fp8-tensor format's product (export.fp8_tensor_dot: E4M3 x E4M3, one
                   scale per tensor), weight stored [K, N]; fp8-tensor-t: stored [N, K]
                   (cuBLASLt's TN layout); where qwix is installed
+    *-mgpu-t      JAX's own Mosaic GPU mixed-type matmul for Hopper
+                  (``jax.experimental.pallas.ops.gpu.hopper_mixed_type_matmul_mgpu``: TMA
+                  loads of the 1-byte weight, a warp-specialized pipeline, the weight widened
+                  to BF16 in registers, WGMMA) on y^T = q^T x^T, the batch padded to 16
+                  columns (split-K as extra column blocks, see ``mgpu_dot``), the scales
+                  applied to its [N, 16] output; GPU only. Its dtype gate
+                  admits int8 x bf16; E4M3 runs the same kernel with the gate removed, as
+                  E4M3 x FP16 (Hopper widens E4M3 to FP16, not to BF16).
+                  --mgpu-sweep also times other tilings
 
 and prints one line per case: milliseconds per GEMM, the ratio of BF16's time to it (> 1:
-faster than BF16; the median of 3 timed calls), and where the optimized HLO widens the
-weight, as the inference study's records say it
+faster than BF16; the median of 3 timed calls), the relative error against the FP32 product
+of x and the dequantized weight (WRONG above 2e-2; 1e-1 for fp8-tensor's E4M3 activations),
+and where the optimized HLO widens the weight, as the inference study's records say it
 (``repro.studies.inference_speed.dequant_lowering``): "fused" (the GEMM's kernel loads the
 1-byte weight), "pallas" (the Pallas kernel does), "separate" (another kernel widens it
 first), "none" (no narrow array: BF16).
@@ -32,6 +42,8 @@ The run stops starting new cases after --budget seconds.
     python3 scripts/probe_dequant_gemm.py                 # GPU, < 2 minutes
     python3 scripts/probe_dequant_gemm.py --cpu           # tiny shapes on the CPU (debugging)
     python3 scripts/probe_dequant_gemm.py --sweep         # also Pallas tile sizes at 1 row
+    python3 scripts/probe_dequant_gemm.py --batches 1 --variants int8-w-mgpu-t,fp8-w-mgpu-t,\
+        int8-w-reduce-t,fp8-w-reduce-t --mgpu-sweep             # the Mosaic GPU kernel
     python3 scripts/probe_dequant_gemm.py --no-cublas-fallback   # also XLA with
                                           # xla_gpu_cublas_fallback=false (Triton GEMMs only)
 """
@@ -39,6 +51,7 @@ The run stops starting new cases after --budget seconds.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -61,6 +74,9 @@ def parse():
                     help="also the Pallas kernel with other tile sizes at the first batch")
     ap.add_argument("--no-cublas-fallback", action="store_true",
                     help="also the XLA form compiled with xla_gpu_cublas_fallback=false")
+    ap.add_argument("--mgpu-sweep", action="store_true",
+                    help="also the Mosaic GPU kernel with other tilings (tile_m x tile_k, "
+                         "pipeline stages)")
     ap.add_argument("--variants", default=None, help="only these variants (comma-separated)")
     return ap.parse_args()
 
@@ -93,6 +109,7 @@ def variants(qtypes):
         out[f"{name}-pallas"] = ("pallas", qt, None)
         out[f"{name}-splitk"] = ("splitk", qt, None)
         out[f"{name}-qwix"] = ("qwix", qt, None)
+        out[f"{name}-mgpu-t"] = ("mgpu-t", qt, None)
         if ARGS.no_cublas_fallback and not ARGS.cpu:
             out[f"{name}-xla-nofb"] = ("xla", qt, {"xla_gpu_cublas_fallback": False})
     if qwix is not None:
@@ -123,6 +140,9 @@ def gemm_fn(kind: str, interpret: bool, **blocks):
                                                 (((1,), (0,)), ((), ())))
     if kind == "pallas":
         return lambda x, q, s: D.dot_pallas(x, q, s, interpret=interpret, **blocks)
+    if kind == "mgpu-t":
+        cfg = {**MGPU_DEFAULT, **blocks}
+        return lambda x, qt, s: mgpu_dot(x, qt, s, **cfg)
     if kind == "splitk":
         def f(x, q, s):
             k, n = q.shape
@@ -135,6 +155,62 @@ def gemm_fn(kind: str, interpret: bool, **blocks):
     return D.reference
 
 
+MGPU_PAD = 16  # the kernel's narrowest N tile (a 32-byte swizzle of BF16 columns)
+MGPU_DEFAULT = {"tile_m": 64, "tile_k": 128, "stages": 4, "splits": 0}
+MGPU_SMS = 132  # H200; splits=0 picks the fewest contraction splits that fill them
+
+
+@functools.cache
+def _mgpu_module():
+    """JAX's Hopper mixed-type matmul module and a copy of its kernel function without the
+    dtype gate (it admits int8 x bf16 only, "unbenchmarked" otherwise)."""
+    import inspect
+    import textwrap
+
+    from jax.experimental.pallas.ops.gpu import hopper_mixed_type_matmul_mgpu as H
+
+    src = textwrap.dedent(inspect.getsource(H.mixed_matmul_kernel))
+    start, end = src.index("  match (a.dtype, b.dtype):"), src.index("  m, k = a.shape")
+    ns = dict(vars(H))
+    exec(src[:start] + src[end:], ns)  # noqa: S102 - the installed JAX's own source
+    return H, ns["mixed_matmul_kernel"]
+
+
+def mgpu_splits(n: int, k: int, tile_m: int, tile_k: int) -> int:
+    """The fewest contraction splits S (1, 2, 4, 8) with n * S / (2 tile_m) >= MGPU_SMS
+    row tiles (the kernel's CTAs) and K / S a multiple of tile_k (the most that divide)."""
+    ok = [s for s in (1, 2, 4, 8) if k % (s * tile_k) == 0]
+    return next((s for s in ok if n * s // (2 * tile_m) >= MGPU_SMS), ok[-1] if ok else 1)
+
+
+def mgpu_dot(x, qt, s, tile_m: int, tile_k: int, stages: int, splits: int = 0):
+    """y [B, N] = (x [B, K] @ dequant(qt [N, K])) * s [N] through the Mosaic GPU kernel.
+
+    Split-K without a second kernel: the weight's rows are cut into S pieces of K / S (a
+    free reshape to [N * S, K / S]), x's matching pieces go side by side as S blocks of
+    columns, and the S diagonal blocks of the [N * S, S * 16] result are summed (the S - 1
+    others cost only arithmetic, free in a product this memory-bound)."""
+    H, ungated = _mgpu_module()
+    b, k = x.shape
+    n = qt.shape[0]
+    splits = splits or mgpu_splits(n, k, tile_m, tile_k)
+    cols = max(MGPU_PAD, -(-b // MGPU_PAD) * MGPU_PAD)
+    kk = k // splits
+    # Hopper widens E4M3 to FP16 only (not BF16): E4M3 x FP16, exact for both but x's range
+    act = jnp.bfloat16 if qt.dtype == jnp.int8 else jnp.float16
+    xt = jnp.zeros((splits, kk, cols), act).at[:, :, :b].set(
+        x.T.astype(act).reshape(splits, kk, b))
+    xt = xt.transpose(1, 0, 2).reshape(kk, splits * cols)
+    cfg = H.TuningConfig(tile_m=tile_m, tile_n=splits * cols, tile_k=tile_k,
+                         max_concurrent_steps=stages, epi_tile_n=splits * cols,
+                         epi_tile_m=64, wg_dimension=H.MatmulDimension.M)
+    fn = H.mixed_matmul_kernel if qt.dtype == jnp.int8 else ungated
+    yt = fn(qt.reshape(n * splits, kk), xt, out_dtype=jnp.float32, config=cfg)
+    yt = yt.reshape(n, splits, splits, cols)
+    yt = jnp.einsum("nssc->nc", yt)  # the diagonal blocks, summed over the splits
+    return (yt[:, :b] * s.astype(jnp.float32)[:, None]).T.astype(jnp.bfloat16)
+
+
 def split_k(k: int, n: int, block_n: int, programs: int = 264) -> int:
     """The fewest contraction splits (K / splits a power of two >= 16) that give at least
     ``programs`` programs of ``block_n`` columns (1 if none does)."""
@@ -143,6 +219,18 @@ def split_k(k: int, n: int, block_n: int, programs: int = 264) -> int:
         if k % s == 0 and c & (c - 1) == 0 and c >= 16 and (n // block_n) * s >= programs:
             return s
     return 1
+
+
+def rel_error(f, x, w, scale, transposed: bool, arg_scale) -> float:
+    """max |f(x, w, arg_scale) - y| / max |y|, y the FP32 product of x and the weight
+    dequantized with ``scale`` (None: the weight as it is, as BF16's and fp8-tensor's
+    products take it): a fast variant that computes something else shows here."""
+    w32 = (w.T if transposed else w).astype(jnp.float32)
+    if scale is not None and w.dtype != jnp.bfloat16:
+        w32 = w32 * scale.astype(jnp.float32)[None, :]
+    want = jnp.dot(x.astype(jnp.float32), w32, precision="highest")
+    got = jax.jit(f)(x, w, arg_scale).astype(jnp.float32)
+    return float(jnp.max(jnp.abs(got - want)) / jnp.max(jnp.abs(want)))
 
 
 def timed_loop(f, n_copies: int, iters: int, n: int):
@@ -195,7 +283,7 @@ def main():
         return weights[(k, n, qt, kind_t)]
 
     print(f"{'shape':>22} {'rows':>4} {'variant':>16} {'ms/gemm':>9} {'bf16/this':>9} "
-          f"{'GB/s':>7}  hlo", flush=True)
+          f"{'GB/s':>7} {'rel.err':>8}  hlo", flush=True)
     for m in batches:
         for k, n, label in shapes:
             sweep = [{}]
@@ -205,11 +293,21 @@ def main():
             n_copies = max(2, -(-l2_bytes // (k * n)))
             iters = max(1, gemms_per_run // n_copies)
             xs = jax.random.normal(jax.random.key(m), (iters * n_copies, m, k), jnp.bfloat16)
+            msweep = [{}]
+            if ARGS.mgpu_sweep:
+                msweep += [c for c in ({"tile_m": tm, "tile_k": tk, "stages": st, "splits": sp}
+                                       for tm in (64, 128) for tk in (128, 256)
+                                       for st in (4, 8) for sp in (1, 2, 4))
+                           if c != MGPU_DEFAULT and k % (c["splits"] * tk) == 0]
             base = None
             for vname, (kind, qt, options) in vs.items():
-                for blocks in (sweep if kind == "pallas" else [{}]):
+                for blocks in (sweep if kind == "pallas" else msweep if kind == "mgpu-t"
+                               else [{}]):
                     name = vname + ("" if not blocks else
-                                    f"[{blocks['block_n']}x{blocks['block_k']}]")
+                                    f"[{'x'.join(str(v) for v in blocks.values())}]")
+                    if kind == "mgpu-t" and cpu:
+                        print(f"{label:>14} {k}x{n} {m:>4} {name:>16}  (GPU only)")
+                        break
                     if time.perf_counter() - t_start > ARGS.budget:
                         print(f"{label:>14} {k}x{n} {m:>4} {name:>16}  skipped (time budget)",
                               flush=True)
@@ -223,6 +321,9 @@ def main():
                         lw = timed_loop(f, n_copies, iters, n).lower(xs, ws, scale)
                         prog = lw.compile(compiler_options=options) if options else lw.compile()
                         hlo = dequant_lowering(prog.as_text() or "")
+                        tensor = kind.startswith("tensor")  # its weight scale is one
+                        err = rel_error(f, xs[0], ws[0], None if tensor else scale,
+                                        kind.endswith("-t"), scale)
                         best = timing.time_fn(prog, xs, ws, scale, repeats=3, warmup=1).median_s
                     except Exception as e:  # noqa: BLE001 - a failing variant ends only its line
                         msg = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
@@ -234,8 +335,12 @@ def main():
                         base = ms
                     nbytes = k * n * (2 if qt is None else 1) + 2 * m * (k + n)
                     ratio = f"{base / ms:9.2f}" if base else f"{'-':>9}"
+                    # E4M3 activations (fp8-tensor) add their own rounding
+                    wrong = "  WRONG" if err > (1e-1 if kind.startswith("tensor") else 2e-2) \
+                        else ""
                     print(f"{label:>14} {k}x{n} {m:>4} {name:>16} {ms:9.4f} {ratio} "
-                          f"{nbytes / (ms * 1e-3) / 1e9:7.0f}  {hlo}", flush=True)
+                          f"{nbytes / (ms * 1e-3) / 1e9:7.0f} {err:8.1e}  {hlo}{wrong}",
+                          flush=True)
                     if not blocks:
                         t, c = totals.get((m, vname), (0.0, 0))
                         totals[(m, vname)] = (t + ms, c + 1)

@@ -1,0 +1,61 @@
+"""Probe: how much one PPO rollout step launches, compile-only (no run).
+
+For ours on PureJaxRL's CartPole-v1 config (``repro.studies.purejaxrl``) at each ``--unroll``,
+compiles the whole run and prints one JSON line: the optimized HLO's size, the number of
+fusions in each of the four largest while-loop bodies (the minibatch step, the update, the
+rollout step -- each unrolled env step repeats its part --, the epoch; on a GPU a fusion is
+about one kernel launch) and the compile seconds (three compilations, sorted). Run it on two
+checkouts to compare them:
+
+    PYTHONPATH=. python3 scripts/probe_rollout_kernels.py --unroll 1 2 4 8
+    PYTHONPATH=. python3 scripts/probe_rollout_kernels.py --seeds 1024 --unroll 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+
+from repro.models import ppo
+from repro.studies import purejaxrl
+
+
+def probe(unroll: int, seeds: int, repeats: int = 3) -> dict:
+    options = {"unroll": unroll} if unroll > 1 else {}
+    train = ppo.make_train(purejaxrl.ours_config(purejaxrl.CARTPOLE, "tf32", options))
+    fn = jax.jit(jax.vmap(train)) if seeds > 1 else jax.jit(train)
+    keys = (jax.vmap(jax.random.key)(jnp.arange(seeds)) if seeds > 1 else jax.random.key(0))
+    times = []
+    for _ in range(repeats):
+        jax.clear_caches()
+        lowered = fn.lower(keys)
+        t0 = time.perf_counter()
+        compiled = lowered.compile()
+        times.append(time.perf_counter() - t0)
+    text = compiled.as_text()
+    comps = {m.group(1): m.group(0)
+             for m in re.finditer(r"(?ms)^(?:ENTRY )?%?([\w.\-]+) .*?^}", text)}
+    bodies = dict.fromkeys(re.findall(r"body=%?([\w.\-]+)", text))
+    fusions = sorted((comps.get(b, "").count(" fusion(") for b in bodies), reverse=True)
+    return {"module": ppo.__file__, "backend": jax.default_backend(), "unroll": unroll,
+            "seeds": seeds, "hlo_lines": text.count("\n"),
+            "compile_s": sorted(round(t, 2) for t in times), "body_fusions": fusions[:4]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--unroll", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args()
+    for u in a.unroll:
+        print(json.dumps(probe(u, a.seeds, a.repeats)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
