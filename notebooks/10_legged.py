@@ -43,8 +43,9 @@
 # only. FP8 (`fp8-delayed`) *pays* at a policy size when its whole PPO loop, physics included,
 # reaches at least 1.1x BF16's env-steps/s (the threshold of "faster" in notebook 03), counting
 # only pairs of cells recorded in one call and not emulated. Its quality is a parity claim, as
-# A5, A6 and A10: at a size with at least 8 seeds it is *kept* if the 95% interval of
-# `P(FP8 > FP32)` lies at or above the low end of A11's equivalence margin [0.4, 0.6]
+# A5, A6 and A10: at a size with at least 8 seeds (judged at the longest training recorded
+# for that width, each recipe against FP32 trained as long) it is *kept* if the 95% interval
+# of `P(FP8 > FP32)` lies at or above the low end of A11's equivalence margin [0.4, 0.6]
 # (`repro/data/claims.yaml`), *lost* if it lies below, undecided if it straddles it. The
 # *crossover* is the smallest measured width from which FP8 pays at every wider one.
 # **reproduced**: FP8 pays at the narrowest (standard) size and its quality is kept wherever

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from repro.analysis import legged as A
+from repro.claims.verdicts import legged as VL
 from repro.models import envs, networks, ppo
 from repro.models import ppo_continuous as pc
 
@@ -435,6 +436,38 @@ def test_quality_table_uses_every_seed_of_cells_with_different_seed_counts():
     # fp8-delayed: 125 beats 3 of 6, 60 none: 3 / 12
     assert q.loc["fp8-delayed", "poi"] == pytest.approx(3 / 12)
     assert q.loc["fp8-delayed", "mean_return"] == pytest.approx(92.5)
+
+
+def test_quality_is_judged_at_the_longest_training_with_enough_seeds():
+    """brax's size trained for 1.6M steps (16 seeds, FP8 far behind) and for 6.4M (8 seeds,
+    FP8 level with FP32; and a 12.8M run of 4 seeds): each budget is its own row, FP8 against
+    FP32 trained as long, and the verdict and key numbers read the 6.4M row."""
+    recs = [_rec("random_return", 10.0, {"env": "ant", "variant": "random"})]
+    runs = {1_638_400: {"fp32": [100.0 + i for i in range(16)],
+                        "fp8-delayed": [50.0 + i for i in range(16)]},
+            6_553_600: {"fp32": [200.0 + i for i in range(8)],
+                        "fp8-delayed": [200.5 + i for i in range(8)]},
+            13_107_200: {"fp32": [300.0 + i for i in range(4)],
+                         "fp8-delayed": [10.0 + i for i in range(4)]}}
+    for steps, rets in runs.items():
+        for v, xs in rets.items():
+            recs += [_rec("final_return", x, {"env": "ant", "size": "brax", "width": 256,
+                                               "total_timesteps": steps, "seed": i,
+                                               "variant": v}, recipe=v,
+                          extra={"variant": v, "diverged": False}) for i, x in enumerate(xs)]
+    q = A.quality_table(pd.DataFrame(recs), reps=200)
+    fp8 = q[q.recipe == "fp8-delayed"].set_index("total_timesteps")
+    assert fp8.n_seeds.to_dict() == {1_638_400: 16, 6_553_600: 8, 13_107_200: 4}
+    assert fp8.loc[1_638_400, "poi"] == 0.0 and fp8.loc[13_107_200, "poi"] == 0.0
+    # 6.4M: 200.5 + i beats the FP32 seeds 200 .. 200 + i: (i + 1) of 8, summed over i: 36 / 64
+    assert fp8.loc[6_553_600, "poi"] == pytest.approx(36 / 64)
+    judged = A.longest_runs(q, min_seeds=8)
+    assert set(judged.total_timesteps) == {6_553_600} and len(judged) == 2
+    assert set(A.longest_runs(q).total_timesteps) == {13_107_200}
+    v = VL.a11(A.speedups(A.speed_table(pd.DataFrame(_speed_records(
+        {256: (1e6, 1.2e6, 10.0, 8.0)})))), q)
+    assert "6.6M steps per seed" in v.key_number and "1.6M" not in v.key_number
+    assert "P(fp8-delayed>fp32)=0.56" in v.key_number and ": lost" not in v.key_number
 
 
 def test_key_numbers_keep_only_native_pairs_of_one_call_and_fp8_against_fp32():

@@ -107,17 +107,21 @@ def speedups(speed: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
 
 
 def quality_table(df: pd.DataFrame, reps: int = 1000) -> pd.DataFrame:
-    """Per (hardware, env, size) and recipe: seeds, mean return, mean normalised score (NaN
-    where FP32 did not beat the random policy) and P(recipe > fp32) with its 95% interval."""
-    cols = ["hardware", "env", "size", "width", "recipe", "n_seeds", "mean_return",
-            "normalised", "poi", "poi_lo", "poi_hi", "diverged", "profile"]
+    """Per (hardware, env, size, training steps per seed) and recipe: seeds, mean return, mean
+    normalised score (NaN where FP32 did not beat the random policy) and P(recipe > fp32) with
+    its 95% interval, each recipe against FP32 trained as long."""
+    cols = ["hardware", "env", "size", "width", "total_timesteps", "recipe", "n_seeds",
+            "mean_return", "normalised", "poi", "poi_lo", "poi_hi", "diverged", "profile"]
     q = df[df.metric.isin(["final_return", "random_return"])] if len(df) else df
     fr = q[q.metric == "final_return"] if len(q) else q
     if not len(fr):
         return pd.DataFrame(columns=cols)
-    fr = _sizes(fr, ["size", "width"])
+    fr = _sizes(fr, ["size", "width", "total_timesteps"])
+    fr["total_timesteps"] = pd.to_numeric(fr["total_timesteps"], errors="coerce").fillna(0) \
+        .astype(int)
     rows = []
-    for (hw, size, width), g in fr.groupby(["hardware", "size", "width"]):
+    for (hw, size, width, steps), g in fr.groupby(["hardware", "size", "width",
+                                                    "total_timesteps"]):
         part = pd.concat([g, q[(q.metric == "random_return") & (q.hardware == hw)]])
         # every recipe on all of its seeds (cells may hold different counts; the bootstrap
         # resamples each recipe's seeds on their own)
@@ -135,7 +139,7 @@ def quality_table(df: pd.DataFrame, reps: int = 1000) -> pd.DataFrame:
         for v, s in scores.items():
             mine = per[per.variant == v]
             rows.append({"hardware": hw, "env": ",".join(envs), "size": size, "width": width,
-                         "recipe": v, "n_seeds": int(s.shape[0]),
+                         "total_timesteps": int(steps), "recipe": v, "n_seeds": int(s.shape[0]),
                          "mean_return": float(mine.final_return.mean()),
                          "normalised": float(s.mean()) if scale_ok else np.nan,
                          "poi": poi["p"].get(v, np.nan), "poi_lo": poi["lo"].get(v, np.nan),
@@ -143,6 +147,21 @@ def quality_table(df: pd.DataFrame, reps: int = 1000) -> pd.DataFrame:
                          "diverged": int(mine.diverged.sum()),
                          "profile": ",".join(sorted(set(mine.profile.dropna())))})
     return pd.DataFrame(rows, columns=cols)
+
+
+def longest_runs(quality: pd.DataFrame, min_seeds: int = 1) -> pd.DataFrame:
+    """The rows of :func:`quality_table` that judge quality: per (hardware, recipe, width),
+    the longest training (``total_timesteps``) among rows with >= ``min_seeds`` seeds (more
+    seeds breaking a tie): a size trained for several budgets is judged where its training
+    went furthest."""
+    if not len(quality):
+        return quality
+    q = quality[quality.n_seeds >= min_seeds] if "n_seeds" in quality else quality
+    steps = q["total_timesteps"] if "total_timesteps" in q else pd.Series(0, index=q.index)
+    seeds = q["n_seeds"] if "n_seeds" in q else pd.Series(0, index=q.index)
+    order = q.assign(_steps=steps, _seeds=seeds).sort_values(["_steps", "_seeds"])
+    return order.groupby(["hardware", "recipe", "width"], sort=False).tail(1) \
+        .drop(columns=["_steps", "_seeds"]).sort_index()
 
 
 def evidence(df: pd.DataFrame) -> pd.DataFrame:
@@ -156,7 +175,7 @@ def key_numbers(ups: pd.DataFrame, quality: pd.DataFrame) -> dict:
     """A11's numbers for ``metrics/10_legged.json``, per hardware, recipe and width: the
     whole-loop and update-alone speedups over BF16 of pairs recorded in one call and not
     emulated (``e2e``, ``update``), and P(recipe > FP32) with its interval (``poi``,
-    ``poi_lo``, ``poi_hi``)."""
+    ``poi_lo``, ``poi_hi``) of the width's longest training (:func:`longest_runs`)."""
     out: dict[str, dict] = {}
 
     def put(r, **numbers):
@@ -166,7 +185,7 @@ def key_numbers(ups: pd.DataFrame, quality: pd.DataFrame) -> dict:
     ok = ups[~ups.emulated.astype(bool) & ups.same_commit.astype(bool)] if len(ups) else ups
     for r in ok.itertuples():
         put(r, e2e=r.e2e, update=r.update)
-    q = quality[quality.recipe != REFERENCE] if len(quality) else quality
+    q = longest_runs(quality[quality.recipe != REFERENCE]) if len(quality) else quality
     for r in q.itertuples():
         put(r, poi=r.poi, poi_lo=r.poi_lo, poi_hi=r.poi_hi)
     return out

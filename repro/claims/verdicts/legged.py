@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from repro.analysis.legged import longest_runs
 from repro.claims.verdicts._base import Verdict, margin
 from repro.claims.verdicts.quality import UNSURE, _kept
 
@@ -38,14 +39,17 @@ def crossover(pays: dict[int, bool]) -> int | None:
 def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
                   ) -> dict[int, tuple[bool | str, str]]:
     """Per width with >= MIN_SEEDS seeds: (kept: True / False / UNSURE, its text), from the
-    ``poi``, ``poi_lo``, ``poi_hi`` columns of ``repro.analysis.legged.quality_table``."""
-    q = quality[(quality.recipe == recipe) & (quality.n_seeds >= MIN_SEEDS)] \
-        if len(quality) else quality
+    ``poi``, ``poi_lo``, ``poi_hi`` columns of ``repro.analysis.legged.quality_table``, at the
+    width's longest training (``repro.analysis.legged.longest_runs``)."""
+    q = longest_runs(quality[quality.recipe == recipe], MIN_SEEDS) if len(quality) else quality
     out = {}
     for r in q.itertuples():
         poi = pd.DataFrame([{"x": recipe, "y": REFERENCE, "p": r.poi, "lo": r.poi_lo,
                              "hi": r.poi_hi}])
-        out[int(r.width)] = _kept(poi, recipe, REFERENCE, bounds)
+        state, text = _kept(poi, recipe, REFERENCE, bounds)
+        steps = int(getattr(r, "total_timesteps", 0) or 0)
+        out[int(r.width)] = (state, f"{text} ({steps / 1e6:.1f}M steps per seed)" if steps
+                             else text)
     return out
 
 
@@ -68,7 +72,7 @@ def a11(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str = RECIPE,
     (``same_commit``). FP8 *pays* at a policy size when ``recipe``'s whole PPO loop reaches
     >= 1.1x BF16's env-steps/s; its quality is *kept* at a size when P(``recipe`` > FP32)'s 95%
     interval over >= 8 seeds lies at or above the margin's low bound (``bounds``, else A11's
-    margin). The crossover is the smallest measured width from which FP8 pays at every wider
+    margin), judged at the longest training recorded for that width with enough seeds. The crossover is the smallest measured width from which FP8 pays at every wider
     one.
 
     **reproduced**: FP8 pays at the narrowest measured size (the standard legged policy) and
