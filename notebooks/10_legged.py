@@ -163,11 +163,15 @@ ups.round(3) if len(ups) else "no FP8/BF16 pairs in the committed records"
 def plot_curves(df):
     c = df[df.metric == "final_return"] if len(df) else df
     fig, ax = plt.subplots(figsize=(7, 4))
-    keys = [c.sizes.map(lambda s: s.get("size")), c.extra.map(lambda e: e["variant"])]
-    for (size, v), g in c.groupby(keys) if len(c) else []:
+    # one curve per size, training budget and recipe (budgets are never averaged together)
+    keys = [c.sizes.map(lambda s: s.get("size")),
+            c.sizes.map(lambda s: int(s.get("total_timesteps") or 0)),
+            c.extra.map(lambda e: e["variant"])]
+    for (size, steps, v), g in c.groupby(keys) if len(c) else []:
         curve = np.nanmean(np.array([[np.nan if x is None else x for x in e["curve"]]
                                      for e in g.extra], float), axis=0)
-        ax.plot(100 * np.linspace(0, 1, len(curve)), curve, label=f"{size}, {v} ({len(g)} seeds)")
+        ax.plot(100 * np.linspace(0, 1, len(curve)), curve,
+                label=f"{size} {steps / 1e6:.1f}M steps, {v} ({len(g)} seeds)")
     ax.set(xlabel="training progress (%)", ylabel="mean episode return",
            title="Learning curves, ant (MJX physics)")
     if len(c):
