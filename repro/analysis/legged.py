@@ -157,9 +157,8 @@ def longest_runs(quality: pd.DataFrame, min_seeds: int = 1) -> pd.DataFrame:
     if not len(quality):
         return quality
     q = quality[quality.n_seeds >= min_seeds] if "n_seeds" in quality else quality
-    steps = q["total_timesteps"] if "total_timesteps" in q else pd.Series(0, index=q.index)
-    seeds = q["n_seeds"] if "n_seeds" in q else pd.Series(0, index=q.index)
-    order = q.assign(_steps=steps, _seeds=seeds).sort_values(["_steps", "_seeds"])
+    order = q.assign(_steps=q.get("total_timesteps", 0), _seeds=q.get("n_seeds", 0)) \
+        .sort_values(["_steps", "_seeds"])
     return order.groupby(["hardware", "recipe", "width"], sort=False).tail(1) \
         .drop(columns=["_steps", "_seeds"]).sort_index()
 

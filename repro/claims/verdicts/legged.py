@@ -72,8 +72,8 @@ def a11(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str = RECIPE,
     (``same_commit``). FP8 *pays* at a policy size when ``recipe``'s whole PPO loop reaches
     >= 1.1x BF16's env-steps/s; its quality is *kept* at a size when P(``recipe`` > FP32)'s 95%
     interval over >= 8 seeds lies at or above the margin's low bound (``bounds``, else A11's
-    margin), judged at the longest training recorded for that width with enough seeds. The crossover is the smallest measured width from which FP8 pays at every wider
-    one.
+    margin), judged at the longest training recorded for that width with enough seeds. The
+    crossover is the smallest measured width from which FP8 pays at every wider one.
 
     **reproduced**: FP8 pays at the narrowest measured size (the standard legged policy) and
     its quality is kept wherever measured; **inconclusive**: it pays there, no size lost
