@@ -461,9 +461,9 @@ def test_quality_is_judged_at_the_longest_training_with_enough_seeds():
     assert fp8.loc[1_638_400, "poi"] == 0.0 and fp8.loc[13_107_200, "poi"] == 0.0
     # 6.4M: 200.5 + i beats the FP32 seeds 200 .. 200 + i: (i + 1) of 8, summed over i: 36 / 64
     assert fp8.loc[6_553_600, "poi"] == pytest.approx(36 / 64)
-    judged = A.longest_runs(q, min_seeds=8)
+    judged = VL.longest_runs(q, min_seeds=8)
     assert set(judged.total_timesteps) == {6_553_600} and len(judged) == 2
-    assert set(A.longest_runs(q).total_timesteps) == {13_107_200}
+    assert set(VL.longest_runs(q).total_timesteps) == {13_107_200}
     v = VL.a11(A.speedups(A.speed_table(pd.DataFrame(_speed_records(
         {256: (1e6, 1.2e6, 10.0, 8.0)})))), q)
     assert "6.6M steps per seed" in v.key_number and "1.6M" not in v.key_number

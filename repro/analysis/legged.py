@@ -23,6 +23,7 @@ import pandas as pd
 from repro import results
 from repro.analysis import rl as rl_analysis
 from repro.analysis import stats
+from repro.claims.verdicts.legged import longest_runs
 
 EXPERIMENT = "legged"
 BASELINE = "bf16"
@@ -149,20 +150,6 @@ def quality_table(df: pd.DataFrame, reps: int = 1000) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def longest_runs(quality: pd.DataFrame, min_seeds: int = 1) -> pd.DataFrame:
-    """The rows of :func:`quality_table` that judge quality: per (hardware, recipe, width),
-    the longest training (``total_timesteps``) among rows with >= ``min_seeds`` seeds (more
-    seeds breaking a tie): a size trained for several budgets is judged where its training
-    went furthest."""
-    if not len(quality):
-        return quality
-    q = quality[quality.n_seeds >= min_seeds] if "n_seeds" in quality else quality
-    order = q.assign(_steps=q.get("total_timesteps", 0), _seeds=q.get("n_seeds", 0)) \
-        .sort_values(["_steps", "_seeds"])
-    return order.groupby(["hardware", "recipe", "width"], sort=False).tail(1) \
-        .drop(columns=["_steps", "_seeds"]).sort_index()
-
-
 def evidence(df: pd.DataFrame) -> pd.DataFrame:
     """The records a verdict may use: full-profile records made on a GPU."""
     if not len(df):
@@ -174,7 +161,8 @@ def key_numbers(ups: pd.DataFrame, quality: pd.DataFrame) -> dict:
     """A11's numbers for ``metrics/10_legged.json``, per hardware, recipe and width: the
     whole-loop and update-alone speedups over BF16 of pairs recorded in one call and not
     emulated (``e2e``, ``update``), and P(recipe > FP32) with its interval (``poi``,
-    ``poi_lo``, ``poi_hi``) of the width's longest training (:func:`longest_runs`)."""
+    ``poi_lo``, ``poi_hi``) where A11 judges it: the width's longest training
+    (``repro.claims.verdicts.legged.longest_runs``)."""
     out: dict[str, dict] = {}
 
     def put(r, **numbers):

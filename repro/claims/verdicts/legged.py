@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from repro.analysis.legged import longest_runs
 from repro.claims.verdicts._base import Verdict, margin
 from repro.claims.verdicts.quality import UNSURE, _kept
 
@@ -36,11 +35,25 @@ def crossover(pays: dict[int, bool]) -> int | None:
     return out
 
 
+def longest_runs(quality: pd.DataFrame, min_seeds: int = 1) -> pd.DataFrame:
+    """The rows of ``repro.analysis.legged.quality_table`` that judge quality: per (hardware,
+    recipe, width), the longest training (``total_timesteps``) among rows with >= ``min_seeds``
+    seeds (more seeds breaking a tie): a size trained for several budgets is judged where its
+    training went furthest."""
+    if not len(quality):
+        return quality
+    q = quality[quality.n_seeds >= min_seeds] if "n_seeds" in quality else quality
+    order = q.assign(_steps=q.get("total_timesteps", 0), _seeds=q.get("n_seeds", 0)) \
+        .sort_values(["_steps", "_seeds"])
+    return order.groupby(["hardware", "recipe", "width"], sort=False).tail(1) \
+        .drop(columns=["_steps", "_seeds"]).sort_index()
+
+
 def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
                   ) -> dict[int, tuple[bool | str, str]]:
     """Per width with >= MIN_SEEDS seeds: (kept: True / False / UNSURE, its text), from the
     ``poi``, ``poi_lo``, ``poi_hi`` columns of ``repro.analysis.legged.quality_table``, at the
-    width's longest training (``repro.analysis.legged.longest_runs``)."""
+    width's longest training (:func:`longest_runs`)."""
     q = longest_runs(quality[quality.recipe == recipe], MIN_SEEDS) if len(quality) else quality
     out = {}
     for r in q.itertuples():
