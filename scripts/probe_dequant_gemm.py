@@ -156,8 +156,7 @@ def gemm_fn(kind: str, interpret: bool, **blocks):
 
 
 MGPU_PAD = 16  # the kernel's narrowest N tile (a 32-byte swizzle of BF16 columns)
-MGPU_DEFAULT = {"tile_m": 64, "tile_k": 128, "stages": 4, "splits": 0}
-MGPU_SMS = 132  # H200; splits=0 picks the fewest contraction splits that fill them
+MGPU_DEFAULT = {"tile_m": 64, "tile_k": 128, "stages": 4, "splits": 0}  # splits 0: mgpu_splits picks them
 
 
 @functools.cache
@@ -177,10 +176,12 @@ def _mgpu_module():
 
 
 def mgpu_splits(n: int, k: int, tile_m: int, tile_k: int) -> int:
-    """The fewest contraction splits S (1, 2, 4, 8) with n * S / (2 tile_m) >= MGPU_SMS
-    row tiles (the kernel's CTAs) and K / S a multiple of tile_k (the most that divide)."""
+    """The fewest contraction splits S (1, 2, 4, 8) with n * S / (2 tile_m) row tiles (the
+    kernel's CTAs) filling the device's SMs and K / S a multiple of tile_k (else the most
+    that divide)."""
+    sms = getattr(jax.devices()[0], "core_count", 1)
     ok = [s for s in (1, 2, 4, 8) if k % (s * tile_k) == 0]
-    return next((s for s in ok if n * s // (2 * tile_m) >= MGPU_SMS), ok[-1] if ok else 1)
+    return next((s for s in ok if n * s // (2 * tile_m) >= sms), ok[-1] if ok else 1)
 
 
 def mgpu_dot(x, qt, s, tile_m: int, tile_k: int, stages: int, splits: int = 0):
