@@ -156,7 +156,8 @@ def gemm_fn(kind: str, interpret: bool, **blocks):
 
 
 MGPU_PAD = 16  # the kernel's narrowest N tile (a 32-byte swizzle of BF16 columns)
-MGPU_DEFAULT = {"tile_m": 64, "tile_k": 128, "stages": 4, "splits": 0}  # splits 0: mgpu_splits picks them
+# splits 0: mgpu_splits picks them
+MGPU_DEFAULT = {"tile_m": 64, "tile_k": 128, "stages": 4, "splits": 0}
 
 
 @functools.cache
