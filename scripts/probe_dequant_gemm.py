@@ -299,8 +299,8 @@ def main():
             if ARGS.mgpu_sweep:
                 msweep += [c for c in ({"tile_m": tm, "tile_k": tk, "stages": st, "splits": sp}
                                        for tm in (64, 128) for tk in (128, 256)
-                                       for st in (4, 8) for sp in (1, 2, 4))
-                           if c != MGPU_DEFAULT and k % (c["splits"] * tk) == 0]
+                                       for st in (4,) for sp in (1, 2, 4, 8))
+                           if c != MGPU_DEFAULT and k % (c["splits"] * c["tile_k"]) == 0]
             base = None
             for vname, (kind, qt, options) in vs.items():
                 for blocks in (sweep if kind == "pallas" else msweep if kind == "mgpu-t"
