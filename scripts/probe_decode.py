@@ -10,6 +10,7 @@ XLA flags come from the environment, so two runs compare flag sets, e.g. command
     python3 scripts/probe_decode.py --config wide --formats fp8-w,int8-w --batch 1
     python3 scripts/probe_decode.py --config wide --set d_model=8192 --set d_ff=28672 \\
         --set n_heads=64 --formats fp8-w,int8-w          # a wider model, speed only
+    python3 scripts/probe_decode.py --kernel mgpu     # the weight-only product's other form
     XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,WHILE \\
         python3 scripts/probe_decode.py --config wide --formats fp8-w
 
@@ -44,12 +45,24 @@ def parse():
                     help="prompt length (decode: the cached prefix)")
     ap.add_argument("--steps", type=int, default=64, help="decode steps per call")
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--kernel", default=None,
+                    help="the weight-only formats' product (repro.precision.dequant_gemm.IMPLS; "
+                         "default: the formats' own)")
     return ap.parse_args()
 
 
 def main() -> None:
     a = parse()
     from repro.studies import inference_speed as S
+
+    if a.kernel:
+        import dataclasses
+
+        from repro.precision import export
+
+        for name, fmt in export.FORMATS.items():
+            if fmt.kernel is not None:
+                export.FORMATS[name] = dataclasses.replace(fmt, kernel=a.kernel)
 
     root = Path(__file__).resolve().parent.parent
     spec = yaml.safe_load((root / "params.yaml").read_text())["inference"][a.profile]

@@ -16,6 +16,9 @@ and each number of rows of x (decode batches 1, 8, 64), times
     fp8-tensor    the fp8-tensor format's product (export.fp8_tensor_dot: E4M3 x E4M3, one
                   scale per tensor), weight stored [K, N]; fp8-tensor-t: stored [N, K]
                   (cuBLASLt's TN layout); where qwix is installed
+    *-gemv-t      a Pallas (Triton) GEMV without tensor cores on the transposed weight:
+                  contiguous 1-byte loads of block_k, FP32 products accumulated per lane,
+                  one sum at the end (``gemv_pallas``); --gemv-sweep times other blocks
     *-mgpu-t      JAX's own Mosaic GPU mixed-type matmul for Hopper
                   (``jax.experimental.pallas.ops.gpu.hopper_mixed_type_matmul_mgpu``: TMA
                   loads of the 1-byte weight, a warp-specialized pipeline, the weight widened
@@ -77,6 +80,8 @@ def parse():
     ap.add_argument("--mgpu-sweep", action="store_true",
                     help="also the Mosaic GPU kernel with other tilings (tile_m x tile_k, "
                          "pipeline stages)")
+    ap.add_argument("--gemv-sweep", action="store_true",
+                    help="also the Pallas GEMV (gemv-t) with other blocks and warps")
     ap.add_argument("--variants", default=None, help="only these variants (comma-separated)")
     return ap.parse_args()
 
@@ -89,6 +94,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import pallas as pl
 
 from repro.precision import dequant_gemm as D
 from repro.studies import timing
@@ -110,6 +116,7 @@ def variants(qtypes):
         out[f"{name}-splitk"] = ("splitk", qt, None)
         out[f"{name}-qwix"] = ("qwix", qt, None)
         out[f"{name}-mgpu-t"] = ("mgpu-t", qt, None)
+        out[f"{name}-gemv-t"] = ("gemv-t", qt, None)
         if ARGS.no_cublas_fallback and not ARGS.cpu:
             out[f"{name}-xla-nofb"] = ("xla", qt, {"xla_gpu_cublas_fallback": False})
     if qwix is not None:
@@ -140,6 +147,9 @@ def gemm_fn(kind: str, interpret: bool, **blocks):
                                                 (((1,), (0,)), ((), ())))
     if kind == "pallas":
         return lambda x, q, s: D.dot_pallas(x, q, s, interpret=interpret, **blocks)
+    if kind == "gemv-t":
+        cfg = {**GEMV_DEFAULT, **blocks}
+        return lambda x, qt, s: gemv_pallas(x, qt, s, interpret=interpret, **cfg)
     if kind == "mgpu-t":
         cfg = {**MGPU_DEFAULT, **blocks}
         return lambda x, qt, s: mgpu_dot(x, qt, s, **cfg)
@@ -211,6 +221,49 @@ def mgpu_dot(x, qt, s, tile_m: int, tile_k: int, stages: int, splits: int = 0):
     yt = yt.reshape(n, splits, splits, cols)
     yt = jnp.einsum("nssc->nc", yt)  # the diagonal blocks, summed over the splits
     return (yt[:, :b] * s.astype(jnp.float32)[:, None]).T.astype(jnp.bfloat16)
+
+
+GEMV_DEFAULT = {"block_n": 16, "block_k": 256, "num_warps": 4}
+
+
+def _gemv_kernel(x_ref, q_ref, s_ref, o_ref, *, block_k: int, steps: int):
+    bn = q_ref.shape[0]
+
+    def body(i, acc):
+        k0 = pl.multiple_of(i * block_k, block_k)
+        x = x_ref[:, pl.ds(k0, block_k)].astype(jnp.float32)  # [1, BK]
+        w = q_ref[:, pl.ds(k0, block_k)].astype(jnp.float32)  # [BN, BK], 1 byte loaded
+        return acc + w * x
+
+    acc = lax.fori_loop(0, steps, body, jnp.zeros((bn, block_k), jnp.float32))
+    o_ref[...] = (jnp.sum(acc, axis=1)[None, :] * s_ref[...].astype(jnp.float32)
+                  ).astype(o_ref.dtype)
+
+
+def gemv_pallas(x, qt, s, *, interpret: bool, block_n: int, block_k: int, num_warps: int):
+    """y [1, N] = (x [1, K] @ dequant(qt [N, K])) * s [N] as a Pallas (Triton) kernel without
+    tensor cores: each program streams ``block_n`` rows of the transposed weight in
+    contiguous ``block_k``-byte pieces, multiplies by x in FP32 and sums once at the end
+    (a GEMV written for wide loads; no row padding to 16)."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plt
+
+    n, k = qt.shape
+    block_k = D._largest_block(k, block_k) or block_k  # tiny CPU shapes: a smaller block
+    params = {} if interpret else {"compiler_params": plt.CompilerParams(num_warps=num_warps)}
+    rows = []
+    for r in range(x.shape[0]):  # one program grid per row (the probe times one row)
+        rows.append(pl.pallas_call(
+            functools.partial(_gemv_kernel, block_k=block_k, steps=k // block_k),
+            grid=(n // block_n,),
+            in_specs=[pl.BlockSpec((1, k), lambda j: (0, 0)),
+                      pl.BlockSpec((block_n, k), lambda j: (j, 0)),
+                      pl.BlockSpec((1, block_n), lambda j: (0, j))],
+            out_specs=pl.BlockSpec((1, block_n), lambda j: (0, j)),
+            out_shape=jax.ShapeDtypeStruct((1, n), x.dtype),
+            interpret=interpret, **params,
+        )(x[r:r + 1], qt, s.reshape(1, n)))
+    return jnp.concatenate(rows, axis=0)
 
 
 def split_k(k: int, n: int, block_n: int, programs: int = 264) -> int:
@@ -301,10 +354,16 @@ def main():
                                        for tm in (64, 128) for tk in (128, 256)
                                        for st in (4,) for sp in (1, 2, 4, 8))
                            if c != MGPU_DEFAULT and k % (c["splits"] * c["tile_k"]) == 0]
+            gsweep = [{}]
+            if ARGS.gemv_sweep:
+                gsweep += [c for c in ({"block_n": bn, "block_k": bk, "num_warps": nw}
+                                       for bn in (8, 16, 32) for bk in (128, 256, 512)
+                                       for nw in (4, 8))
+                           if c != GEMV_DEFAULT and k % c["block_k"] == 0]
             base = None
             for vname, (kind, qt, options) in vs.items():
                 for blocks in (sweep if kind == "pallas" else msweep if kind == "mgpu-t"
-                               else [{}]):
+                               else gsweep if kind == "gemv-t" else [{}]):
                     name = vname + ("" if not blocks else
                                     f"[{'x'.join(str(v) for v in blocks.values())}]")
                     if kind == "mgpu-t" and cpu:

@@ -1,14 +1,16 @@
-"""Probe: how much one PPO rollout step launches, compile-only (no run).
+"""Probe: how much one PPO rollout step launches (compile-only unless ``--time``).
 
 For ours on PureJaxRL's CartPole-v1 config (``repro.studies.purejaxrl``) at each ``--unroll``,
 compiles the whole run and prints one JSON line: the optimized HLO's size, the number of
 fusions in each of the four largest while-loop bodies (the minibatch step, the update, the
 rollout step -- each unrolled env step repeats its part --, the epoch; on a GPU a fusion is
-about one kernel launch) and the compile seconds (three compilations, sorted). Run it on two
+about one kernel launch) and the compile seconds (three compilations, sorted); ``--time N``
+also runs the compiled program N times (seconds per whole run, sorted). Run it on two
 checkouts to compare them:
 
     PYTHONPATH=. python3 scripts/probe_rollout_kernels.py --unroll 1 2 4 8
     PYTHONPATH=. python3 scripts/probe_rollout_kernels.py --seeds 1024 --unroll 1
+    PYTHONPATH=. python3 scripts/probe_rollout_kernels.py --unroll 1 --time 3  # and run it
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from repro.models import ppo
 from repro.studies import purejaxrl
 
 
-def probe(unroll: int, seeds: int, repeats: int = 3) -> dict:
+def probe(unroll: int, seeds: int, repeats: int = 3, runs: int = 0) -> dict:
     options = {"unroll": unroll} if unroll > 1 else {}
     train = ppo.make_train(purejaxrl.ours_config(purejaxrl.CARTPOLE, "tf32", options))
     fn = jax.jit(jax.vmap(train)) if seeds > 1 else jax.jit(train)
@@ -37,6 +39,11 @@ def probe(unroll: int, seeds: int, repeats: int = 3) -> dict:
         t0 = time.perf_counter()
         compiled = lowered.compile()
         times.append(time.perf_counter() - t0)
+    run_s = []
+    for _ in range(runs):  # the whole run, after compiling (the same program each time)
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(keys))
+        run_s.append(time.perf_counter() - t0)
     text = compiled.as_text()
     comps = {m.group(1): m.group(0)
              for m in re.finditer(r"(?ms)^(?:ENTRY )?%?([\w.\-]+) .*?^}", text)}
@@ -44,7 +51,8 @@ def probe(unroll: int, seeds: int, repeats: int = 3) -> dict:
     fusions = sorted((comps.get(b, "").count(" fusion(") for b in bodies), reverse=True)
     return {"module": ppo.__file__, "backend": jax.default_backend(), "unroll": unroll,
             "seeds": seeds, "hlo_lines": text.count("\n"),
-            "compile_s": sorted(round(t, 2) for t in times), "body_fusions": fusions[:4]}
+            "compile_s": sorted(round(t, 2) for t in times), "body_fusions": fusions[:4],
+            "run_s": sorted(round(t, 3) for t in run_s)}
 
 
 def main() -> None:
@@ -52,9 +60,11 @@ def main() -> None:
     ap.add_argument("--unroll", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--time", type=int, default=0, metavar="RUNS",
+                    help="also run the compiled program this many times (run_s, sorted)")
     a = ap.parse_args()
     for u in a.unroll:
-        print(json.dumps(probe(u, a.seeds, a.repeats)), flush=True)
+        print(json.dumps(probe(u, a.seeds, a.repeats, a.time)), flush=True)
 
 
 if __name__ == "__main__":
