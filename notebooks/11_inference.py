@@ -40,11 +40,13 @@
 # * *Speed* (GPU only; on a CPU every timing is emulated). Each format beside BF16 on the same
 #   untrained weights (speed does not depend on training), timed in rounds in one process:
 #   prefill tokens/s at a config's training shape, decode tokens/s with the KV cache
-#   (`repro.models.lm_decode`) at several batch sizes. Two configs: the trained `20m` shape
-#   and a wide one (`d_model` 4096, speed only). Every speed record carries a **lowering
-#   check** of its compiled program: FP8 must become cuBLASLt's FP8 GEMM or an f8 × f8 dot in a
-#   fusion, INT8 an `s8 × s8 → s32` product; otherwise (and for NVFP4 on Hopper, and on CPUs)
-#   it is `emulated` and left out of the speed verdict.
+#   (`repro.models.lm_decode`) at several batch sizes. Three configs: the trained `20m`
+#   shape and two wide ones, speed only: `wide` (`d_model` 4096, every format) and `wide8k`
+#   (`d_model` 8192, FP8 weights and activations and the weight-only formats), which shows
+#   how a weight-only gain grows as the weights' bytes take more of a decode step. Every speed
+#   record carries a **lowering check** of its compiled program: FP8 must become cuBLASLt's
+#   FP8 GEMM or an f8 × f8 dot in a fusion, INT8 an `s8 × s8 → s32` product; otherwise (and
+#   for NVFP4 on Hopper, and on CPUs) it is `emulated` and left out of the speed verdict.
 # * *Memory.* Exact bytes of the exported weights (4-bit elements two to a byte, NVFP4 block
 #   scales in E4M3), their bytes as the arrays run, the orbax checkpoint on disk, and the
 #   compiled programs' buffer bytes (XLA's memory analysis).
@@ -53,7 +55,7 @@
 # two seeds, every format exported and evaluated, the decoder timed for two formats: a pipeline
 # check on this machine, drawn into `build/figures/` only, never evidence. `full` (an H200,
 # recorded into `results/`): the `20m` model trained for `train.steps` steps over `seeds`
-# (`params.yaml`), and both speed configs.
+# (`params.yaml`), and every speed config.
 #
 # **Decision rule** (`repro.claims.verdicts.b6`), from committed full-profile records only.
 # Accuracy is a parity claim with one equivalence margin per format, from B6's definition
