@@ -63,10 +63,11 @@
 # +-0.5% for FP8 and +-1% for INT8. With its 95% interval [lo, hi] over at least 3 seeds, a
 # format keeps BF16's accuracy if hi is within the margin, loses it if lo is beyond it, and is
 # undecided if the interval straddles the margin's end. Speed, from records whose products ran
-# on tensor cores (not emulated), at the widest config timed: FP8 prefill >= 1.3x BF16's
-# tokens/s, weight-only FP8 and INT8 decode at batch 1 >= 1.5x. FP8 weights and activations are
-# judged as one format on its own numbers: `fp8` (scales per channel and token), else
-# `fp8-tensor` (one per tensor) if its accuracy (FP8's margin) and its prefill both pass.
+# on tensor cores (not emulated), each format's at the widest config it was timed at: FP8
+# prefill >= 1.3x BF16's tokens/s, weight-only FP8 and INT8 decode at batch 1 >= 1.5x. FP8
+# weights and activations are judged as one format on its own numbers: `fp8` (scales per
+# channel and token), else `fp8-tensor` (one per tensor) if its accuracy (FP8's margin) and its
+# prefill both pass.
 # Memory: weight-only FP8 / INT8 weights <= 0.52x and NVFP4 <= 0.30x of BF16's bytes over the
 # whole model. Every part passes: **reproduced**; every part fails (or is undecided, one
 # failing): **contradicted**; none fails but an accuracy interval is too wide to tell:
@@ -260,7 +261,8 @@ if nb.profile == "smoke":
 #
 # What the committed records say (filled in from the computed verdict; its numbers, per
 # format the accuracy gap and its interval's upper end, the weight bytes over BF16's and the
-# speedups at the widest config, also go to `metrics/11_inference.json`):
+# speedups at its widest config timed, with that config's `d_model`, also go to
+# `metrics/11_inference.json`):
 
 # %%
 v = verdicts.b6(acc, mem, spd)

@@ -569,7 +569,7 @@ def best_evidence_rows(t):
     return list(A.best_evidence(t)[["hardware", "profile"]].itertuples(index=False, name=None))
 
 
-def test_key_numbers_take_best_evidence_and_only_tensor_core_speed_at_the_widest_config():
+def test_key_numbers_take_best_evidence_and_tensor_core_speed_at_each_formats_widest_config():
     acc = pd.DataFrame([{"hardware": "h200", "profile": "full", "format": f, "rel_gap": g,
                          "rel_hi": h} for f, g, h in (("bf16", 0.0, 0.0), ("fp8", 0.002, 0.004))]
                        + [{"hardware": "cpu", "profile": "smoke", "format": "fp8", "rel_gap": 0.5,
@@ -581,9 +581,13 @@ def test_key_numbers_take_best_evidence_and_only_tensor_core_speed_at_the_widest
                         for f, d, ph, b, s, e in (("fp8", 4096, "prefill", 8, 1.4, False),
                                                   ("fp8", 256, "prefill", 64, 0.9, False),
                                                   ("nvfp4-w", 4096, "decode", 1, 0.3, True),
-                                                  ("int8-w", 4096, "decode", 1, 1.6, False))])
+                                                  ("int8-w", 4096, "decode", 1, 1.6, False),
+                                                  ("int8-w", 8192, "decode", 1, 1.7, False),
+                                                  ("nvfp4-w", 8192, "decode", 1, 0.2, True))])
+    # fp8 was timed at 4096 at most, int8-w at 8192: each at its own widest; emulated left out
     assert A.key_numbers(acc, mem, spd) == {
-        "fp8": {"rel_gap": 0.002, "rel_hi": 0.004, "prefill_b8_speedup": 1.4},
-        "int8-w": {"ratio_to_bf16": 0.51, "decode_b1_speedup": 1.6}}
+        "fp8": {"rel_gap": 0.002, "rel_hi": 0.004, "prefill_b8_speedup": 1.4,
+                "speed_d_model": 4096},
+        "int8-w": {"ratio_to_bf16": 0.51, "decode_b1_speedup": 1.7, "speed_d_model": 8192}}
     empty = A.accuracy_table(pd.DataFrame())
     assert A.key_numbers(empty, A.bytes_table(pd.DataFrame()), A.speed_table(pd.DataFrame())) == {}

@@ -558,7 +558,7 @@ def test_b6_key_number_and_note_name_every_part():
     v = V.b6(b6_acc(FP8_IN, INT8_OUT), b6_mem(0.6), b6_spd(1.2))
     assert "FAIL: INT8 held-out loss" in v.note and "FAIL: FP8 prefill 1.20x BF16 at d_model " \
         "4096 (target 1.3x)" in v.note and "FAIL: fp8-w weights 0.600x BF16" in v.note
-    assert "pass: fp8-w decode 1.60x BF16 at batch 1 (target 1.5x)" in v.note
+    assert "pass: fp8-w decode 1.60x BF16 at batch 1, d_model 4096 (target 1.5x)" in v.note
     assert V.b6(b6_acc(FP8_IN, INT8_IN), b6_mem(), b6_spd(hw="gh200")).hardware == "h200, gh200"
     assert V.b6(b6_acc(FP8_IN, INT8_IN, emulated=True), b6_mem(), b6_spd()).emulated
     # the key number names the decode parts too; an emulated format that B6 does not judge
@@ -567,9 +567,23 @@ def test_b6_key_number_and_note_name_every_part():
                            "emulated": True}])
     v = V.b6(pd.concat([b6_acc(FP8_IN, INT8_IN), nvfp4]), b6_mem(), b6_spd(1.2, 0.7))
     assert v.key_number.endswith("FP8 prefill 1.20x BF16 at d_model 4096 (target 1.3x); fp8-w "
-                                 "decode 0.70x BF16 at batch 1 (target 1.5x); int8-w decode "
-                                 "0.70x BF16 at batch 1 (target 1.5x)")
+                                 "decode 0.70x BF16 at batch 1, d_model 4096 (target 1.5x); "
+                                 "int8-w decode 0.70x BF16 at batch 1, d_model 4096 (target "
+                                 "1.5x)")
     assert not v.emulated
+
+
+def test_b6_judges_each_format_at_the_widest_config_it_was_timed_at():
+    """A wider config that times only the weight-only formats moves their decode parts there
+    and leaves FP8's prefill at the widest config that timed FP8."""
+    wider = pd.DataFrame([{"hardware": "h200", "profile": "full", "config": "d8192",
+                           "d_model": 8192, "format": f, "phase": "decode", "batch": 1,
+                           "speedup": 1.45, "emulated": False} for f in ("fp8-w", "int8-w")])
+    v = V.b6(b6_acc(FP8_IN, INT8_IN), b6_mem(), pd.concat([b6_spd(1.4, 1.6), wider]))
+    assert v.verdict == "partly"
+    assert "pass: FP8 prefill 1.40x BF16 at d_model 4096 (target 1.3x)" in v.note
+    assert "FAIL: fp8-w decode 1.45x BF16 at batch 1, d_model 8192 (target 1.5x)" in v.note
+    assert "FAIL: int8-w decode 1.45x" in v.note
 
 
 def _with_fp8_tensor(acc, spd, gap, prefill):

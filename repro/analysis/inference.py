@@ -125,19 +125,29 @@ def best_evidence(t: pd.DataFrame) -> pd.DataFrame:
     return t[(t["_full"] == top["_full"]) & (t["hardware"] == top["hardware"])]
 
 
+def widest_timed(spd: pd.DataFrame) -> pd.DataFrame:
+    """The speed rows that ran on tensor cores (not emulated), each format's at the widest
+    config (``d_model``) it was timed at: a format timed at fewer configs than another is
+    still judged where it was timed."""
+    real = spd[~spd["emulated"].astype(bool)] if len(spd) else spd
+    if real.empty:
+        return real
+    widest = real.groupby("format")["d_model"].transform("max")
+    return real[real["d_model"] == widest]
+
+
 def key_numbers(acc: pd.DataFrame, mem: pd.DataFrame, spd: pd.DataFrame) -> dict:
     """B6's numbers per format (BF16 left out), for ``metrics/11_inference.json``, from the best
     evidence of each table: ``rel_gap`` and ``rel_hi`` (accuracy), ``ratio_to_bf16`` (weight
-    bytes) and ``<phase>_b<batch>_speedup`` of the records that ran on tensor cores (not
-    emulated) at the widest config timed."""
+    bytes), and ``<phase>_b<batch>_speedup`` with the ``speed_d_model`` it was timed at, of
+    the records that ran on tensor cores (not emulated) at the format's widest config timed
+    (:func:`widest_timed`)."""
     out: dict[str, dict] = {}
     for r in best_evidence(acc).itertuples():
         out.setdefault(r.format, {}).update(rel_gap=r.rel_gap, rel_hi=r.rel_hi)
     for r in best_evidence(mem).itertuples():
         out.setdefault(r.format, {})["ratio_to_bf16"] = r.ratio_to_bf16
-    real = best_evidence(spd)
-    real = real[~real["emulated"].astype(bool)] if len(real) else real
-    if len(real):
-        for r in real[real["d_model"] == real["d_model"].max()].itertuples():
-            out.setdefault(r.format, {})[f"{r.phase}_b{r.batch}_speedup"] = r.speedup
+    for r in widest_timed(best_evidence(spd)).itertuples():
+        out.setdefault(r.format, {}).update({f"{r.phase}_b{r.batch}_speedup": r.speedup,
+                                             "speed_d_model": int(r.d_model)})
     return {k: v for k, v in out.items() if k != "bf16"}

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
-from repro.analysis.inference import best_evidence
+from repro.analysis.inference import best_evidence, widest_timed
 from repro.claims.verdicts._base import Verdict, margin
 from repro.claims.verdicts.quality import UNSURE
 
@@ -22,8 +22,9 @@ FORMATS = ("fp8", "int8")  # the formats whose accuracy B6 judges, each with its
 # recipe passes on its own numbers, never on the accuracy of one and the speed of another.
 FP8_FORMATS = ("fp8", "fp8-tensor")
 MIN_SEEDS = 3
-PREFILL_TARGET = 1.3                     # FP8 weights+activations, prefill, widest config
-DECODE_TARGET = (("fp8-w", "int8-w"), 1, 1.5)  # weight-only decode at batch 1, widest config
+# each at the format's widest config timed (repro.analysis.inference.widest_timed)
+PREFILL_TARGET = 1.3                     # FP8 weights+activations, prefill
+DECODE_TARGET = (("fp8-w", "int8-w"), 1, 1.5)  # weight-only decode at batch 1
 BYTES_TARGETS = {"fp8-w": 0.52, "int8-w": 0.52, "nvfp4-w": 0.30}
 SOURCE = "results/*/inference/*.json (notebooks/11_inference.py)"
 LABEL = {True: "pass", False: "FAIL", None: "n/a", UNSURE: "inconclusive"}
@@ -56,12 +57,6 @@ def _accuracy_parts(acc: pd.DataFrame, bounds: Mapping[str, Sequence[float]]) ->
     return parts
 
 
-def _widest(spd: pd.DataFrame) -> pd.DataFrame:
-    """The non-emulated speed rows of the widest config timed."""
-    real = spd[~spd["emulated"].astype(bool)] if not spd.empty else spd
-    return real if real.empty else real[real["d_model"] == real["d_model"].max()]
-
-
 def _prefill_part(wide: pd.DataFrame, fmt: str) -> dict:
     r = wide[(wide["format"] == fmt) & (wide["phase"] == "prefill")] if len(wide) else wide
     return _part(None, f"{fmt.upper()} prefill not measured") if r.empty else _part(
@@ -72,7 +67,7 @@ def _prefill_part(wide: pd.DataFrame, fmt: str) -> dict:
 
 def judged_fp8(acc: pd.DataFrame, spd: pd.DataFrame, high: float) -> str:
     """The FP8 weights+activations format B6 judges (see :data:`FP8_FORMATS`)."""
-    wide = _widest(spd)
+    wide = widest_timed(spd)
     for fmt in FP8_FORMATS:
         a = _accuracy_parts(acc, {fmt: (-high, high)})[0]
         if a["ok"] is True and _prefill_part(wide, fmt)["ok"] is True:
@@ -81,7 +76,7 @@ def judged_fp8(acc: pd.DataFrame, spd: pd.DataFrame, high: float) -> str:
 
 
 def _speed_parts(spd: pd.DataFrame, fp8: str = FP8_FORMATS[0]) -> list[dict]:
-    wide = _widest(spd)
+    wide = widest_timed(spd)
     if wide.empty:
         return [_part(None, "speed not measured on tensor cores (emulated or no records)")]
     parts = [_prefill_part(wide, fp8)]
@@ -90,7 +85,8 @@ def _speed_parts(spd: pd.DataFrame, fp8: str = FP8_FORMATS[0]) -> list[dict]:
         r = wide[(wide["format"] == f) & (wide["phase"] == "decode") & (wide["batch"] == batch)]
         parts.append(_part(None, f"{f} decode not measured") if r.empty else _part(
             bool(r["speedup"].iloc[0] >= target),
-            f"{f} decode {r['speedup'].iloc[0]:.2f}x BF16 at batch {batch} (target {target}x)"))
+            f"{f} decode {r['speedup'].iloc[0]:.2f}x BF16 at batch {batch}, d_model "
+            f"{int(r['d_model'].iloc[0])} (target {target}x)"))
     return parts
 
 
@@ -123,8 +119,8 @@ def b6(acc: pd.DataFrame, mem: pd.DataFrame, spd: pd.DataFrame,
 
     Parts: FP8 and INT8 held-out loss within their margins of BF16 (``bounds`` per format,
     else B6's; >= 3 seeds); FP8 prefill >= 1.3x BF16 and weight-only FP8 / INT8 decode at
-    batch 1 >= 1.5x at the widest config timed, from records whose products ran on tensor
-    cores (not emulated); weight bytes <= 0.52x (FP8/INT8 weight-only) and <= 0.30x (NVFP4)
+    batch 1 >= 1.5x, each at the format's widest config timed, from records whose products
+    ran on tensor cores (not emulated); weight bytes <= 0.52x (FP8/INT8 weight-only) and <= 0.30x (NVFP4)
     of BF16 over the whole model. All parts pass: **reproduced**; all fail: **contradicted**;
     none fails but an accuracy interval is too wide to tell: **inconclusive**; otherwise (a
     part failed or was not measured): **partly**. No accuracy records, or smoke records only:
@@ -146,7 +142,7 @@ def b6(acc: pd.DataFrame, mem: pd.DataFrame, spd: pd.DataFrame,
         verdict = "not yet measured"
     hw = str(acc["hardware"].iloc[0])
     speed_hw = "" if spd.empty else str(spd["hardware"].iloc[0])
-    others = [_prefill_part(_widest(spd), f)["text"] for f in FP8_FORMATS if f != fp8]
+    others = [_prefill_part(widest_timed(spd), f)["text"] for f in FP8_FORMATS if f != fp8]
     note = ("inference half of B6 (FP4 training: B4). Accuracy: the same BF16-trained "
             "checkpoint per seed, exported with qwix, step picked by held-out loss. "
             f"FP8 weights and activations judged as {fp8} (the first of "
