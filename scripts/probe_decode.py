@@ -10,7 +10,7 @@ XLA flags come from the environment, so two runs compare flag sets, e.g. command
     python3 scripts/probe_decode.py --config wide --formats fp8-w,int8-w --batch 1
     python3 scripts/probe_decode.py --config wide --set d_model=8192 --set d_ff=28672 \\
         --set n_heads=64 --formats fp8-w,int8-w          # a wider model, speed only
-    python3 scripts/probe_decode.py --kernel mgpu     # the weight-only product's other form
+    python3 scripts/probe_decode.py --kernel xla      # the weight-only product in another form
     XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,WHILE \\
         python3 scripts/probe_decode.py --config wide --formats fp8-w
 
@@ -46,8 +46,9 @@ def parse():
     ap.add_argument("--steps", type=int, default=64, help="decode steps per call")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--kernel", default=None,
-                    help="the weight-only formats' product (repro.precision.dequant_gemm.IMPLS; "
-                         "default: the formats' own)")
+                    help="the weight-only formats' product, a form of "
+                         "repro.precision.dequant_gemm.IMPLS that their layout takes "
+                         "(default: the formats' own)")
     return ap.parse_args()
 
 
