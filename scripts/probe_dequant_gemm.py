@@ -245,12 +245,11 @@ def gemv_pallas(x, qt, s, *, interpret: bool, block_n: int, block_k: int, num_wa
     tensor cores: each program streams ``block_n`` rows of the transposed weight in
     contiguous ``block_k``-byte pieces, multiplies by x in FP32 and sums once at the end
     (a GEMV written for wide loads; no row padding to 16)."""
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plt
+    from jax.experimental.pallas import triton as plgpu
 
     n, k = qt.shape
     block_k = D._largest_block(k, block_k) or block_k  # tiny CPU shapes: a smaller block
-    params = {} if interpret else {"compiler_params": plt.CompilerParams(num_warps=num_warps)}
+    params = {} if interpret else {"compiler_params": plgpu.CompilerParams(num_warps=num_warps)}
     rows = []
     for r in range(x.shape[0]):  # one program grid per row (the probe times one row)
         rows.append(pl.pallas_call(
