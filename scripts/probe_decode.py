@@ -11,6 +11,7 @@ XLA flags come from the environment, so two runs compare flag sets, e.g. command
     python3 scripts/probe_decode.py --config wide --set d_model=8192 --set d_ff=28672 \\
         --set n_heads=64 --formats fp8-w,int8-w          # a wider model, speed only
     python3 scripts/probe_decode.py --kernel xla      # the weight-only product in another form
+    python3 scripts/probe_decode.py --gemv-tiles tiles.json  # GEMV tilings of a sweep
     XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,WHILE \\
         python3 scripts/probe_decode.py --config wide --formats fp8-w
 
@@ -49,6 +50,9 @@ def parse():
                     help="the weight-only formats' product, a form of "
                          "repro.precision.dequant_gemm.IMPLS that their layout takes "
                          "(default: the formats' own)")
+    ap.add_argument("--gemv-tiles", default=None, metavar="FILE",
+                    help="GEMV tilings to use (probe_dequant_gemm.py --write-tiles' JSON) "
+                         "in place of repro.precision.dequant_gemm.GEMV_TILES")
     return ap.parse_args()
 
 
@@ -64,6 +68,16 @@ def main() -> None:
         for name, fmt in export.FORMATS.items():
             if fmt.kernel is not None:
                 export.FORMATS[name] = dataclasses.replace(fmt, kernel=a.kernel)
+
+    if a.gemv_tiles:
+        import json
+
+        from repro.precision import dequant_gemm as D
+
+        for device, rows in json.loads(Path(a.gemv_tiles).read_text()).items():
+            D.GEMV_TILES[device] = {(r[0], r[1], r[2]): (tuple(r[3:]) if r[3] else None)
+                                    for r in rows}
+            print(f"# GEMV tilings for {device}: {D.GEMV_TILES[device]}", flush=True)
 
     root = Path(__file__).resolve().parent.parent
     spec = yaml.safe_load((root / "params.yaml").read_text())["inference"][a.profile]

@@ -16,9 +16,12 @@ and each number of rows of x (decode batches 1, 8, 64), times
     fp8-tensor    the fp8-tensor format's product (export.fp8_tensor_dot: E4M3 x E4M3, one
                   scale per tensor), weight stored [K, N]; fp8-tensor-t: stored [N, K]
                   (cuBLASLt's TN layout); where qwix is installed
-    *-gemv-t      a Pallas (Triton) GEMV without tensor cores on the transposed weight:
-                  contiguous 1-byte loads of block_k, FP32 products accumulated per lane,
-                  one sum at the end (``gemv_pallas``); --gemv-sweep times other blocks
+    *-gemv-t      dequant_gemm.dot_gemv: a Pallas (Triton) GEMV without tensor cores on the
+                  transposed weight: contiguous 1-byte loads of block_k, FP32 products
+                  accumulated per lane, one sum at the end; --gemv-sweep times other
+                  blocks, warps and contraction splits, and --write-tiles FILE writes the
+                  fastest per weight (or none where reduce-t is faster) in the form of
+                  dequant_gemm.GEMV_TILES
     *-mgpu-t      JAX's own Mosaic GPU mixed-type matmul for Hopper
                   (``jax.experimental.pallas.ops.gpu.hopper_mixed_type_matmul_mgpu``: TMA
                   loads of the 1-byte weight, a warp-specialized pipeline, the weight widened
@@ -82,6 +85,9 @@ def parse():
                          "pipeline stages)")
     ap.add_argument("--gemv-sweep", action="store_true",
                     help="also the Pallas GEMV (gemv-t) with other blocks and warps")
+    ap.add_argument("--write-tiles", default=None, metavar="FILE",
+                    help="with --gemv-sweep: write the fastest GEMV tiling per weight and "
+                         "type at the first batch (JSON, dequant_gemm.GEMV_TILES' form)")
     ap.add_argument("--variants", default=None, help="only these variants (comma-separated)")
     return ap.parse_args()
 
@@ -149,7 +155,7 @@ def gemm_fn(kind: str, interpret: bool, **blocks):
         return lambda x, q, s: D.dot_pallas(x, q, s, interpret=interpret, **blocks)
     if kind == "gemv-t":
         cfg = {**GEMV_DEFAULT, **blocks}
-        return lambda x, qt, s: gemv_pallas(x, qt, s, interpret=interpret, **cfg)
+        return lambda x, qt, s: D.dot_gemv(x, qt, s, interpret=interpret, **cfg)
     if kind == "mgpu-t":
         cfg = {**MGPU_DEFAULT, **blocks}
         return lambda x, qt, s: mgpu_dot(x, qt, s, **cfg)
@@ -223,46 +229,7 @@ def mgpu_dot(x, qt, s, tile_m: int, tile_k: int, stages: int, splits: int = 0):
     return (yt[:, :b] * s.astype(jnp.float32)[:, None]).T.astype(jnp.bfloat16)
 
 
-GEMV_DEFAULT = {"block_n": 16, "block_k": 256, "num_warps": 4}
-
-
-def _gemv_kernel(x_ref, q_ref, s_ref, o_ref, *, block_k: int, steps: int):
-    bn = q_ref.shape[0]
-
-    def body(i, acc):
-        k0 = pl.multiple_of(i * block_k, block_k)
-        x = x_ref[:, pl.ds(k0, block_k)].astype(jnp.float32)  # [1, BK]
-        w = q_ref[:, pl.ds(k0, block_k)].astype(jnp.float32)  # [BN, BK], 1 byte loaded
-        return acc + w * x
-
-    acc = lax.fori_loop(0, steps, body, jnp.zeros((bn, block_k), jnp.float32))
-    o_ref[...] = (jnp.sum(acc, axis=1)[None, :] * s_ref[...].astype(jnp.float32)
-                  ).astype(o_ref.dtype)
-
-
-def gemv_pallas(x, qt, s, *, interpret: bool, block_n: int, block_k: int, num_warps: int):
-    """y [1, N] = (x [1, K] @ dequant(qt [N, K])) * s [N] as a Pallas (Triton) kernel without
-    tensor cores: each program streams ``block_n`` rows of the transposed weight in
-    contiguous ``block_k``-byte pieces, multiplies by x in FP32 and sums once at the end
-    (a GEMV written for wide loads; no row padding to 16)."""
-    from jax.experimental.pallas import triton as plgpu
-
-    n, k = qt.shape
-    block_k = D._largest_block(k, block_k) or block_k  # tiny CPU shapes: a smaller block
-    params = {} if interpret else {"compiler_params": plgpu.CompilerParams(num_warps=num_warps)}
-    rows = []
-    for r in range(x.shape[0]):  # one program grid per row (the probe times one row)
-        rows.append(pl.pallas_call(
-            functools.partial(_gemv_kernel, block_k=block_k, steps=k // block_k),
-            grid=(n // block_n,),
-            in_specs=[pl.BlockSpec((1, k), lambda j: (0, 0)),
-                      pl.BlockSpec((block_n, k), lambda j: (j, 0)),
-                      pl.BlockSpec((1, block_n), lambda j: (0, j))],
-            out_specs=pl.BlockSpec((1, block_n), lambda j: (0, j)),
-            out_shape=jax.ShapeDtypeStruct((1, n), x.dtype),
-            interpret=interpret, **params,
-        )(x[r:r + 1], qt, s.reshape(1, n)))
-    return jnp.concatenate(rows, axis=0)
+GEMV_DEFAULT = {"block_n": 16, "block_k": 256, "num_warps": 4, "splits": 1}
 
 
 def split_k(k: int, n: int, block_n: int, programs: int = 264) -> int:
@@ -318,6 +285,7 @@ def main():
     t_start = time.perf_counter()
     totals: dict[tuple[int, str], tuple[float, int]] = {}
     weights: dict[tuple, list] = {}
+    fastest: dict[tuple, tuple] = {}  # (dtype, K, N) -> (ms, GEMV tiles or None, bf16 ms)
 
     def copies(k, n, qt, n_copies, kind_t=False):
         """``n_copies`` different [k, n] weights (BF16, or quantized to ``qt``; ``kind_t``:
@@ -355,10 +323,12 @@ def main():
                            if c != MGPU_DEFAULT and k % (c["splits"] * c["tile_k"]) == 0]
             gsweep = [{}]
             if ARGS.gemv_sweep:
-                gsweep += [c for c in ({"block_n": bn, "block_k": bk, "num_warps": nw}
-                                       for bn in (8, 16, 32) for bk in (128, 256, 512)
-                                       for nw in (4, 8))
-                           if c != GEMV_DEFAULT and k % c["block_k"] == 0]
+                gsweep += [c for c in ({"block_n": bn, "block_k": bk, "num_warps": nw,
+                                        "splits": sp}
+                                       for bn in (8, 16, 32, 64) for bk in (256, 512)
+                                       for nw in (8,) for sp in (1, 2, 4))
+                           if c != GEMV_DEFAULT and k % (c["splits"] * c["block_k"]) == 0
+                           and n % c["block_n"] == 0]
             base = None
             for vname, (kind, qt, options) in vs.items():
                 for blocks in (sweep if kind == "pallas" else msweep if kind == "mgpu-t"
@@ -404,12 +374,34 @@ def main():
                     if not blocks:
                         t, c = totals.get((m, vname), (0.0, 0))
                         totals[(m, vname)] = (t + ms, c + 1)
+                    if m == batches[0] and kind in ("gemv-t", "reduce-t"):
+                        key = (jnp.dtype(qt).name, k, n)
+                        tiles = None if kind == "reduce-t" else {**GEMV_DEFAULT, **blocks}
+                        if key not in fastest or ms < fastest[key][0]:
+                            fastest[key] = (ms, tiles, base)
     print(f"# per layer ({len(shapes)} shapes summed, where all ran), bf16 time / variant time:")
     for m in batches:
         b = totals.get((m, "bf16"), (None, 0))
         row = [f"{v}={b[0] / t:.2f}x" for (mm, v), (t, c) in totals.items()
                if mm == m and v != "bf16" and c == len(shapes) and b[1] == len(shapes)]
         print(f"# rows {m}: " + (" ".join(row) or "incomplete"))
+    if fastest:
+        print(f"# rows {batches[0]}, fastest of gemv-t's tilings and reduce-t per weight:")
+        for (dt, k, n), (ms, tiles, b) in fastest.items():
+            how = "reduce-t" if tiles is None else "gemv-t " + "x".join(map(str, tiles.values()))
+            print(f"#   {dt:>14} {k}x{n}: {how} {ms:.4f} ms" + (f" {b / ms:.2f}x" if b else ""))
+        for dt in sorted({key[0] for key in fastest}):
+            mine = [v for key, v in fastest.items() if key[0] == dt]
+            if len(mine) == len(shapes) and all(v[2] for v in mine):
+                print(f"# rows {batches[0]} {dt}: per layer with the fastest per weight "
+                      f"{sum(v[2] for v in mine) / sum(v[0] for v in mine):.2f}x")
+    if ARGS.write_tiles:
+        import json
+
+        table = [[dt, k, n, *(tiles.values() if tiles else [None])]
+                 for (dt, k, n), (_, tiles, _) in fastest.items()]
+        Path(ARGS.write_tiles).write_text(json.dumps({dev.device_kind: table}, indent=1))
+        print(f"# wrote {len(table)} tilings to {ARGS.write_tiles}")
     print(f"# done in {time.perf_counter() - t_start:.1f} s")
 
 

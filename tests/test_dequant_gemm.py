@@ -6,6 +6,7 @@ form, and that the exported model's program widens the 1-byte weights only insid
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -166,6 +167,94 @@ def test_dot_picks_the_form_by_rows_and_backend():
         D.dot_xla(x, q, s[:16])
     with pytest.raises(ValueError, match="1-byte"):
         D.dot_xla(x, q.astype(jnp.bfloat16), s)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("rows,splits,block_n", [(1, 1, 16), (1, 2, 32), (3, 4, 8)])
+def test_gemv_kernel_in_interpret_mode_matches_the_float64_product(qtype, rows, splits,
+                                                                   block_n):
+    """The Pallas GEMV on a weight stored [N, K] (interpret mode): the float64 product of
+    the dequantized weight within BF16 rounding, and the XLA form up to FP32 order."""
+    x, q, s = operands(rows, 1024, 96, qtype, seed=9)
+    qt = jnp.asarray(q.T)
+    got = D.dot_gemv(x, qt, s, block_n=block_n, block_k=128, splits=splits, interpret=True)
+    assert got.shape == (rows, 96) and got.dtype == jnp.bfloat16
+    assert_bf16_close(got, reference64(x, q, s), x, q, s)
+    np.testing.assert_allclose(_f64(got), _f64(D.dot_xla(x, q, s)), rtol=2.0 ** -7, atol=1e-6)
+    assert np.all(_f64(got)[:, 0] == 0)  # the zero column
+
+
+def test_gemv_kernel_propagates_inf_and_nan_as_the_float64_product():
+    x, q, s = operands(1, 256, 32, jnp.float8_e4m3fn, seed=10)
+    x = x.at[0, 5].set(jnp.inf).at[0, 7].set(-jnp.inf)
+    got = _f64(D.dot_gemv(x, jnp.asarray(q.T), s, block_n=16, block_k=64, splits=2,
+                          interpret=True))
+    with np.errstate(invalid="ignore"):
+        want = reference64(x, q, s)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(np.sign(got[~finite & ~np.isnan(want)]),
+                                  np.sign(want[~finite & ~np.isnan(want)]))
+    assert np.isnan(got[0, 0])  # inf times the zero column
+
+
+def test_gemv_kernel_rejects_tilings_that_do_not_divide_the_weight():
+    x, q, s = operands(1, 256, 48, jnp.int8, seed=11)
+    qt = jnp.asarray(q.T)
+    with pytest.raises(ValueError, match="equal parts"):
+        D.dot_gemv(x, qt, s, splits=3, interpret=True)
+    with pytest.raises(ValueError, match="does not tile"):
+        D.dot_gemv(x, qt, s, block_n=32, interpret=True)  # 48 rows of qt
+    with pytest.raises(ValueError, match="does not contract"):
+        D.dot_gemv(x, q, s, interpret=True)  # [K, N] read as [N, K]
+
+
+def test_dot_runs_the_gemv_only_with_a_tiling_for_the_device_and_shape(monkeypatch):
+    x, q, s = operands(2, 256, 32, jnp.int8, seed=12)
+    qt = jnp.asarray(q.T)
+
+    def prims(a, w, transposed=True):
+        return str(jax.make_jaxpr(lambda a: D.dot(a, w, s, "gemv", transposed))(a))
+
+    assert D.gemv_tiles(256, 32, jnp.int8) is None  # the CPU: no table
+    assert "reduce_sum" in prims(x[:1], qt) and "pallas_call" not in prims(x[:1], qt)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    kind = jax.devices()[0].device_kind
+    monkeypatch.setitem(D.GEMV_TILES, kind, {("int8", 256, 32): (16, 64, 4, 2)})
+    monkeypatch.setattr(D, "dot_gemv", functools.partial(D.dot_gemv, interpret=True))
+    assert D.gemv_tiles(256, 32, jnp.int8) == (16, 64, 4, 2)
+    assert D.gemv_tiles(256, 32, jnp.float8_e4m3fn) is None  # another type: another entry
+    assert "pallas_call" in prims(x[:1], qt)
+    assert "pallas_call" not in prims(x, qt)  # two rows: the XLA form
+    assert "pallas_call" not in prims(x[:1], q, transposed=False)  # [K, N]: the reduction
+    assert_bf16_close(D.dot(x[:1], qt, s, "gemv", True), reference64(x[:1], q, s), x[:1], q, s)
+
+
+def test_widen_gives_every_int8_and_e4m3_value_exactly():
+    """The INT8 integer-arithmetic widening and E4M3's convert against ml_dtypes / numpy,
+    all 256 bit patterns (E4M3's NaN stays NaN)."""
+    i8 = np.arange(-128, 128, dtype=np.int8)
+    got = np.asarray(D.widen(jnp.asarray(i8)))
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, i8.astype(np.float32))
+    f8 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+    np.testing.assert_array_equal(np.asarray(D.widen(jnp.asarray(f8))), f8.astype(np.float32))
+
+
+def test_every_gemv_tiling_in_the_table_fits_its_weight():
+    for device, table in D.GEMV_TILES.items():
+        for (dtype, k, n), tiles in table.items():
+            if tiles is None:
+                continue
+            bn, bk, warps, splits = tiles
+            x = jax.ShapeDtypeStruct((1, k), jnp.bfloat16)
+            qt = jax.ShapeDtypeStruct((n, k), jnp.dtype(dtype))
+            sc = jax.ShapeDtypeStruct((n,), jnp.bfloat16)
+            out = jax.eval_shape(functools.partial(
+                D.dot_gemv, block_n=bn, block_k=bk, num_warps=warps, splits=splits,
+                interpret=True), x, qt, sc)
+            assert out.shape == (1, n), (device, dtype, k, n)
+            assert bk == D._largest_block(k // splits, bk), (device, dtype, k, n)
 
 
 # ------------------------------------------------------------- the exported formats

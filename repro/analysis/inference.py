@@ -87,8 +87,9 @@ def bytes_table(df: pd.DataFrame) -> pd.DataFrame:
 def speed_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (hardware, profile, config, format, phase, batch): the format's and BF16's
     tokens/s timed in the same run, the speedup (ratio of the medians), the compiled
-    program's lowering and bytes, the weight-only kernel that ran (``kernel``: "reduce", "xla",
-    "pallas", or None: qwix's product; records made before it was recorded say None) and
+    program's lowering and bytes, the weight-only kernel that ran (``kernel``: "gemv",
+    "reduce", "xla", "pallas", or None: qwix's product; records made before it was recorded
+    say None) and
     ``emulated`` (left out of speed verdicts)."""
     cols = ["hardware", "profile", "config", "d_model", "format", "phase", "batch",
             "tokens_per_s", "bf16_tokens_per_s", "speedup", "lowering", "kernel", "emulated",

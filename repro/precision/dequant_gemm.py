@@ -33,6 +33,14 @@ and a row reduction streams) with ``scale`` of shape ``[N]`` or ``[1, N]``:
   partial products are summed after the kernel (:func:`dot` does not split; the probe
   ``scripts/probe_dequant_gemm.py`` compares it with the other forms). On a CPU it runs in
   Pallas' interpret mode (tests) or not at all (:func:`dot` falls back to "xla").
+* ``"gemv"`` (:func:`dot_gemv`): for one row and ``q`` stored transposed, a Pallas (Triton)
+  matrix-vector kernel without tensor cores: each program streams ``block_n`` rows of
+  ``q[N, K]`` in contiguous pieces of ``block_k`` bytes, multiplies them by ``x`` in FP32
+  lane by lane and sums once at the end (split-K over ``splits`` programs, their partial
+  sums added after the kernel). How fast it is depends on the tiling far more than the
+  GEMM's does, so :func:`dot` runs it only with the tiling measured best for the device and
+  the weight's shape (:data:`GEMV_TILES`), and :func:`dot_reduce` wherever the table has
+  no entry or names the reduction as faster (another device, another shape, the CPU).
 
 With many rows (prefill) the product is compute-bound and the scale on the output costs a
 pass over the output instead of one over the weights: :func:`dot` keeps qwix's form,
@@ -50,12 +58,43 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-IMPLS = ("xla", "reduce", "pallas")
+IMPLS = ("xla", "reduce", "pallas", "gemv")
 # "reduce" for one row only: with more, the reduction reads the weight once per row (at 8
 # rows several times slower than the GEMM of dot_xla, which "reduce" uses there)
 REDUCE_MAX_ROWS = 1
 ROW_TILE = 16  # rows of x are padded to a multiple of this for the Pallas kernel
 PALLAS_MAX_ROWS = 256  # above this many rows the Pallas kernel is not used (compute-bound)
+
+# The GEMV's tiling per device and weight, the way vLLM ships its Triton kernels' configs:
+# {device_kind: {(q dtype, K, N): (block_n, block_k, num_warps, splits), or None where
+# dot_reduce was faster}}, K and N of the [K, N] weight (stored [N, K]). Each entry is the
+# fastest of a sweep at one row, beside dot_reduce, in one process on the device:
+#     python3 scripts/probe_dequant_gemm.py --batches 1 --gemv-sweep --write-tiles FILE
+# A shape missing here takes dot_reduce.
+# The H200's, E4M3 from a sweep of 24 tilings per weight at d_model 4096 and 8192. INT8 has
+# none: it takes the reduction.
+_H200_FP8 = {(4096, 12288): (32, 256, 8, 1), (4096, 4096): (32, 256, 8, 4),
+             (4096, 22016): None, (11008, 4096): (8, 256, 8, 1),
+             (8192, 24576): (32, 256, 8, 2), (8192, 8192): (32, 256, 8, 2),
+             (8192, 57344): (32, 256, 8, 2), (28672, 8192): (32, 256, 8, 2)}
+GEMV_TILES: dict[str, dict[tuple[str, int, int], tuple[int, int, int, int] | None]] = {
+    "NVIDIA H200": {("float8_e4m3fn", k, n): t for (k, n), t in _H200_FP8.items()},
+}
+# 1.5 * 2**23 as FP32 bits: adding an integer v (|v| < 2**22) to them gives 1.5 * 2**23 + v
+INT_TO_F32_BITS, INT_TO_F32_BIAS = 0x4B400000, 12582912.0
+
+
+def widen(q):
+    """The 1-byte values ``q`` as FP32, exactly. E4M3 by a convert. INT8 by integer
+    arithmetic, ``bitcast_f32(int32(q) + 0x4B400000) - 1.5 * 2**23``, the magic-number
+    conversion of FasterTransformer's weight-only GEMMs: on NVIDIA GPUs an int-to-float
+    convert runs at a quarter of the 32-bit integer add's rate (16 against 64 per clock and
+    SM on compute capability 9.0, the CUDA C++ Programming Guide's throughput table), and
+    a GEMV that widens every weight it streams would be bound by it."""
+    if jnp.dtype(q.dtype) == jnp.int8:
+        bits = q.astype(jnp.int32) + INT_TO_F32_BITS
+        return lax.bitcast_convert_type(bits, jnp.float32) - INT_TO_F32_BIAS
+    return q.astype(jnp.float32)
 
 
 def _check(x, q, scale, what, transposed=False):
@@ -107,9 +146,9 @@ def dot_reduce(x, q, scale, transposed=False):
     k, n = _check(x, q, scale, "dot_reduce", transposed)
     x2 = x.reshape(-1, k).astype(jnp.float32)
     if transposed:
-        acc = jnp.sum(x2[:, None, :] * q.astype(jnp.float32)[None], axis=2)
+        acc = jnp.sum(x2[:, None, :] * widen(q)[None], axis=2)
     else:
-        acc = jnp.sum(x2[:, :, None] * q.astype(jnp.float32)[None], axis=1)
+        acc = jnp.sum(x2[:, :, None] * widen(q)[None], axis=1)
     y = (acc * scale.reshape(1, n).astype(jnp.float32)).astype(x.dtype)
     return y.reshape(*x.shape[:-1], n)
 
@@ -196,6 +235,65 @@ def dot_pallas(x, q, scale, *, interpret: bool = False, block_n: int | None = No
     return y[:m].reshape(*x.shape[:-1], n)
 
 
+def _gemv_kernel(x_ref, q_ref, s_ref, o_ref, *, block_k: int, steps: int):
+    bn = q_ref.shape[0]
+
+    def body(i, acc):
+        k0 = pl.multiple_of(i * block_k, block_k)
+        x = x_ref[:, pl.ds(k0, block_k)].astype(jnp.float32)  # [1, block_k]
+        w = widen(q_ref[:, pl.ds(k0, block_k)])  # [block_n, block_k], 1 byte read
+        return acc + w * x
+
+    acc = lax.fori_loop(0, steps, body, jnp.zeros((bn, block_k), jnp.float32))
+    o_ref[...] = (jnp.sum(acc, axis=1)[None, :] * s_ref[...].astype(jnp.float32)
+                  ).astype(o_ref.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "block_n", "block_k", "num_warps",
+                                             "splits"))
+def dot_gemv(x, qt, scale, *, block_n: int = 16, block_k: int = 256, num_warps: int = 4,
+             splits: int = 1, interpret: bool = False):
+    """:func:`dot_xla` for ``qt[N, K]`` (stored transposed) as the Pallas GEMV of the module
+    docstring, one program grid over the rows of ``x`` (meant for one). ``block_n``: rows
+    of ``qt`` per program (a power of two dividing N); ``block_k``: bytes per load, at most
+    that (the largest power of two of 16 or more dividing ``K / splits``); ``splits``:
+    programs along the contraction; ``interpret``: Pallas' interpreter (CPU)."""
+    k, n = _check(x, qt, scale, "dot_gemv", transposed=True)
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    if splits < 1 or k % splits:
+        raise ValueError(f"dot_gemv: K={k} does not split into {splits} equal parts")
+    kc = k // splits
+    bk = _largest_block(kc, block_k)
+    if bk is None or block_n < 1 or block_n & (block_n - 1) or n % block_n:
+        raise ValueError(f"dot_gemv: q {qt.shape} does not tile into {block_n} rows and "
+                         f"blocks of 16 or more of K / {splits}")
+    params = {} if interpret else {
+        "compiler_params": plgpu.CompilerParams(num_warps=num_warps)}
+    part = splits > 1  # FP32 partial sums (each times the column scales), added below
+    y = pl.pallas_call(
+        functools.partial(_gemv_kernel, block_k=bk, steps=kc // bk),
+        grid=(m, n // block_n, splits),
+        in_specs=[pl.BlockSpec((1, kc), lambda r, j, s: (r, s)),
+                  pl.BlockSpec((block_n, kc), lambda r, j, s: (j, s)),
+                  pl.BlockSpec((1, block_n), lambda r, j, s: (0, j))],
+        out_specs=pl.BlockSpec((pl.squeezed, 1, block_n), lambda r, j, s: (s, r, j)),
+        out_shape=jax.ShapeDtypeStruct((splits, m, n), jnp.float32 if part else x.dtype),
+        interpret=interpret, **params,
+    )(x2, qt, scale.reshape(1, n))
+    y = jnp.sum(y, axis=0).astype(x.dtype) if part else y[0]
+    return y.reshape(*x.shape[:-1], n)
+
+
+def gemv_tiles(k: int, n: int, dtype) -> tuple[int, int, int, int] | None:
+    """The GEMV's ``(block_n, block_k, num_warps, splits)`` for a ``[K, N]`` weight of
+    ``dtype`` on this process' default device (:data:`GEMV_TILES`), or None: no GEMV there."""
+    if jax.default_backend() != "gpu":
+        return None
+    table = GEMV_TILES.get(jax.devices()[0].device_kind, {})
+    return table.get((jnp.dtype(dtype).name, k, n))
+
+
 def pallas_fits(rows: int, k: int, n: int) -> bool:
     """Whether :func:`dot` runs the Pallas kernel: on a GPU, at most
     :data:`PALLAS_MAX_ROWS` rows, ``k`` and ``n`` multiples of 16."""
@@ -208,7 +306,9 @@ def dot(x, q, scale, impl: str = "xla", transposed: bool = False):
     after the product (:func:`scale_on_output`) without a dequantized weight (``impl``
     "xla": :func:`dot_xla`; "reduce": :func:`dot_reduce` for up to :data:`REDUCE_MAX_ROWS`
     rows, else :func:`dot_xla`; "pallas": :func:`dot_pallas` where it runs,
-    :func:`pallas_fits`, for ``q[K, N]``, else :func:`dot_xla`); otherwise qwix's order
+    :func:`pallas_fits`, for ``q[K, N]``, else :func:`dot_xla`; "gemv": for one row of a
+    transposed ``q``, :func:`dot_gemv` with the tiling of :func:`gemv_tiles` where it has
+    one, else :func:`dot_reduce`, and :func:`dot_xla` for more rows); otherwise qwix's order
     (:func:`reference`). ``transposed``: ``q`` is stored ``[N, K]``."""
     if impl not in IMPLS:
         raise ValueError(f"dequant_gemm: impl must be one of {IMPLS}, got {impl!r}")
@@ -218,6 +318,13 @@ def dot(x, q, scale, impl: str = "xla", transposed: bool = False):
         return reference(x, q, scale, transposed)
     if impl == "pallas" and not transposed and pallas_fits(rows, k, n):
         return dot_pallas(x, q, scale)
-    if impl == "reduce" and rows <= REDUCE_MAX_ROWS:
+    if impl == "gemv" and transposed and rows <= REDUCE_MAX_ROWS:
+        tiles = gemv_tiles(k, n, q.dtype)
+        if tiles is not None:
+            bn, bk, warps, splits = tiles
+            return dot_gemv(x, q, scale, block_n=bn, block_k=bk, num_warps=warps,
+                            splits=splits)
+        return dot_reduce(x, q, scale, transposed)
+    if impl in ("reduce", "gemv") and rows <= REDUCE_MAX_ROWS:
         return dot_reduce(x, q, scale, transposed)
     return dot_xla(x, q, scale, transposed)

@@ -27,9 +27,10 @@ A format (:data:`FORMATS`) says what the GEMMs of the matched layers read:
 * ``fp8-w`` / ``int8-w`` / ``nvfp4-w``: weight-only. FP8 / INT8 (a scale per output channel):
   ``(x @ q) * scale`` with the scale after the product (exact for per-channel scales), no
   dequantized BF16 weight (:mod:`repro.precision.dequant_gemm`, in the form
-  :data:`WEIGHT_ONLY_KERNEL` names: "reduce", one row as a reduction over the weight and
-  more through XLA's GEMM, or "xla", or the Pallas kernel "pallas"), the weights stored
-  transposed as for ``fp8-tensor`` (the reduction then reads rows of contiguous bytes), for
+  :data:`WEIGHT_ONLY_KERNEL` names: "gemv", one row through a Pallas GEMV tuned per device
+  and weight shape, or as a reduction over the weight where no tiling is known, and more
+  rows through XLA's GEMM; or "reduce", "xla", or the Pallas GEMM kernel "pallas"), the
+  weights stored transposed as for ``fp8-tensor`` (one row then reads contiguous bytes), for
   up to K / 2 rows of activations (decode); with more (prefill, compute-bound) the weight is
   dequantized first, as qwix does. What is saved is memory traffic, not arithmetic. NVFP4 (qwix
   dequantizes it to BF16 before a BF16 GEMM):
@@ -69,9 +70,10 @@ from repro.precision import formats as F
 QTYPES = {"float8_e4m3fn": jnp.float8_e4m3fn, "int8": jnp.int8, "nvfp4": "nvfp4"}
 NVFP4_TILE = 16
 E4M3_MAX, E2M1_MAX = 448.0, 6.0
-# The weight-only FP8 / INT8 product (repro.precision.dequant_gemm): "reduce" (one row:
-# a row reduction over the transposed weight; more rows: the XLA form), "xla" or "pallas".
-WEIGHT_ONLY_KERNEL = "reduce"
+# The weight-only FP8 / INT8 product (repro.precision.dequant_gemm): "gemv" (one row: the
+# Pallas GEMV where the device's tiling table has the weight's shape, else a row reduction
+# over the transposed weight; more rows: the XLA form), "reduce", "xla" or "pallas".
+WEIGHT_ONLY_KERNEL = "gemv"
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ class ExportFormat:
     "channel" (weights per output channel, activations per token) or "tensor" (one per
     tensor; NVFP4 has its blocks of 16 whatever this says);
     ``kernel``: a weight-only format's fused product (:mod:`repro.precision.dequant_gemm`:
-    "reduce", "xla" or "pallas"), None where qwix dequantizes the weight first;
+    "gemv", "reduce", "xla" or "pallas"), None where qwix dequantizes the weight first;
     ``weight_layout``: how the quantized ``[K, N]`` kernels are stored, "kn" (as the layer
     holds them) or "nk" (transposed, :class:`TransposedQArray`: the contraction axis minor,
     the layout cuBLASLt's FP8 GEMM reads without a transpose on every call and a
@@ -114,9 +116,9 @@ class ExportFormat:
             raise ValueError(f"format {self.name}: kernel must be one of "
                              f"{dequant_gemm.IMPLS}, got {self.kernel!r}")
         if self.weight_layout == "nk" and not (
-                self.granularity == "tensor" or self.kernel in ("xla", "reduce")):
+                self.granularity == "tensor" or self.kernel in ("xla", "reduce", "gemv")):
             raise ValueError(f"format {self.name}: transposed weights are for fp8-tensor's "
-                             "product and the weight-only XLA / reduce products")
+                             "product and the weight-only XLA / reduce / GEMV products")
 
     @property
     def qwix(self) -> bool:
