@@ -71,14 +71,15 @@ PALLAS_MAX_ROWS = 256  # above this many rows the Pallas kernel is not used (com
 # fastest of a sweep at one row, beside dot_reduce, in one process on the device:
 #     python3 scripts/probe_dequant_gemm.py --batches 1 --gemv-sweep --write-tiles FILE
 # A shape missing here takes dot_reduce.
-# The H200's, E4M3 from a sweep of 24 tilings per weight at d_model 4096 and 8192. INT8 has
-# none: it takes the reduction.
+# The H200's, E4M3 from a sweep of 24 tilings per weight at d_model 4096 and 8192. INT8 takes
+# E4M3's tilings: the same bytes streamed, widened at a similar cost (:func:`widen`).
 _H200_FP8 = {(4096, 12288): (32, 256, 8, 1), (4096, 4096): (32, 256, 8, 4),
              (4096, 22016): None, (11008, 4096): (8, 256, 8, 1),
              (8192, 24576): (32, 256, 8, 2), (8192, 8192): (32, 256, 8, 2),
              (8192, 57344): (32, 256, 8, 2), (28672, 8192): (32, 256, 8, 2)}
 GEMV_TILES: dict[str, dict[tuple[str, int, int], tuple[int, int, int, int] | None]] = {
-    "NVIDIA H200": {("float8_e4m3fn", k, n): t for (k, n), t in _H200_FP8.items()},
+    "NVIDIA H200": {(dt, k, n): t for (k, n), t in _H200_FP8.items()
+                    for dt in ("float8_e4m3fn", "int8")},
 }
 # 1.5 * 2**23 as FP32 bits: adding an integer v (|v| < 2**22) to them gives 1.5 * 2**23 + v
 INT_TO_F32_BITS, INT_TO_F32_BIAS = 0x4B400000, 12582912.0
