@@ -116,10 +116,12 @@ print(f"{len(df)} committed full-profile records" if len(df) else
 # scales, while per-token scales are a vector along the rows that it cannot take); NVFP4 has an
 # E4M3 scale per 16 weights along the contraction. `weight-only kernel`: how `fp8-w` / `int8-w`
 # multiply at decode: the BF16 GEMM of the stored 1-byte values with the scale on its output, no
-# dequantized weight (`repro.precision.dequant_gemm`: `reduce` computes one row as a multiply
-# and a sum over the weight stored transposed, which streams its bytes once, and more rows as
-# `xla`, which lets XLA fuse the convert into its GEMM; `pallas` is a Pallas kernel that does
-# that explicitly); NVFP4 is dequantized by qwix first. `fp8-tensor` and the weight-only formats
+# dequantized weight (`repro.precision.dequant_gemm`: `gemv` computes one row with a Pallas
+# (Triton) matrix-vector kernel that streams the weight stored transposed once, with the tiling
+# measured fastest for the device and the weight's shape (`dequant_gemm.GEMV_TILES`), and as
+# `reduce`, a multiply and a sum that XLA fuses, where it knows no tiling; more rows go through
+# `xla`, which lets XLA fuse the convert into its GEMM; `pallas` is a Pallas GEMM kernel that
+# does that explicitly); NVFP4 is dequantized by qwix first. `fp8-tensor` and the weight-only formats
 # store their weights transposed, `[N, K]`: the layout cuBLASLt's FP8 GEMM reads without
 # transposing every weight on every call. `MaxText`: the values of MaxText's `quantization` flag
 # whose forward pass is the same (from `quantizations.py`: `int8` and `fp8`/`fp8_full` are qwix
@@ -206,7 +208,8 @@ mem if len(mem) else "no memory records in the committed records"
 # `lowering`: how the compiled program ran the quantized products (`cublaslt-f8`,
 # `fused-f8-dot`: FP8 tensor cores; `s8-gemm`: INT8 tensor cores; `fused` / `reduce` / `pallas`
 # / `separate`: whether a weight-only format's 1-byte weights were widened inside the GEMM
-# kernel, inside the one-row reduction, in the Pallas kernel, or by a kernel before it);
+# kernel, inside the one-row reduction (shown wherever one of the program's products is one),
+# in a Pallas kernel, or by a kernel before it);
 # `emulated` rows measure something else and are not evidence. `program_bytes`: the compiled
 # program's buffers (arguments + outputs + temporaries).
 
