@@ -16,6 +16,8 @@ Then the claims table (README) and the site.
 from __future__ import annotations
 
 import ast
+import copy
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +64,16 @@ def _rel(path: Path) -> str:
 
 def strings(path: Path) -> set[str]:
     """The string constants of a source file's code (docstrings are prose: left out)."""
-    import copy
+    st = path.stat()
+    return set(_strings(str(path), st.st_mtime_ns, st.st_size))
 
-    tree = provenance._strip_docstrings(copy.deepcopy(provenance._parse(path)))
-    return {n.value for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+@functools.lru_cache(maxsize=1024)
+def _strings(path: str, mtime_ns: int, size: int) -> frozenset[str]:
+    """:func:`strings` of one version of a file (every stage's closure shares most files)."""
+    tree = provenance._strip_docstrings(copy.deepcopy(provenance._parse(Path(path))))
+    return frozenset(n.value for n in ast.walk(tree)
+                     if isinstance(n, ast.Constant) and isinstance(n.value, str))
 
 
 def data_files(paths: list[Path]) -> list[str]:
