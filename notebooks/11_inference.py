@@ -121,15 +121,15 @@ print(f"{len(df)} committed full-profile records" if len(df) else
 # measured fastest for the device and the weight's shape (`dequant_gemm.GEMV_TILES`), and as
 # `reduce`, a multiply and a sum that XLA fuses, where it knows no tiling; more rows go through
 # `xla`, which lets XLA fuse the convert into its GEMM; `pallas` is a Pallas GEMM kernel that
-# does that explicitly); NVFP4 is dequantized by qwix first. `fp8-tensor` and the weight-only formats
-# store their weights transposed, `[N, K]`: the layout cuBLASLt's FP8 GEMM reads without
-# transposing every weight on every call. `MaxText`: the values of MaxText's `quantization` flag
-# whose forward pass is the same (from `quantizations.py`: `int8` and `fp8`/`fp8_full` are qwix
-# rules with INT8 / E4M3 weights and activations, per channel by default; `fp8_gpu` wraps flax's
-# `Fp8DirectDotGeneralOp`, our `flax-fp8`; AQT's `aqt_fp8_full` quantizes both operands to E4M3
-# with per-tensor dynamic scales, the forward pass of `fp8-tensor`; AQT's `int8w` is weight-only
-# INT8). `fp8_full` differs from `fp8` only in its backward pass (E5M2 gradients), which
-# inference never runs.
+# does that explicitly); NVFP4 is dequantized by qwix first. `fp8-tensor` and the weight-only
+# formats store their weights transposed, `[N, K]`: the layout cuBLASLt's FP8 GEMM reads
+# without transposing every weight on every call. `MaxText`: the values of MaxText's `quantization`
+# flag whose forward pass is the same (from `quantizations.py`: `int8` and `fp8`/`fp8_full` are
+# qwix rules with INT8 / E4M3 weights and activations, per channel by default; `fp8_gpu` wraps
+# flax's `Fp8DirectDotGeneralOp`, our `flax-fp8`; AQT's `aqt_fp8_full` quantizes both operands to
+# E4M3 with per-tensor dynamic scales, the forward pass of `fp8-tensor`; AQT's `int8w` is
+# weight-only INT8). `fp8_full` differs from `fp8` only in its backward pass (E5M2 gradients),
+# which inference never runs.
 
 # %%
 pd.DataFrame([{"format": f.name, "weights": f.weight or "bf16", "activations": f.act or "bf16",

@@ -150,8 +150,8 @@ def main():
     for name in WIDEN:
         mine = [v for key, v in best.items() if key[0] == name]
         if mine and len(mine) == len(shapes):
-            print(f"# {name}: per layer {sum(b for _, _, b in mine) / sum(m for m, _, _ in mine):.2f}x"
-                  f" with " + ", ".join(f for _, f, _ in mine))
+            ratio = sum(b for _, _, b in mine) / sum(m for m, _, _ in mine)
+            print(f"# {name}: per layer {ratio:.2f}x with " + ", ".join(f for _, f, _ in mine))
 
 
 if __name__ == "__main__":
