@@ -20,6 +20,7 @@ the fastest form per weight and the per-layer ratio they give.
 
     python3 scripts/probe_int8_widen.py           # GPU, about 1 minute
     python3 scripts/probe_int8_widen.py --cpu     # tiny shapes, Pallas in interpret mode
+    python3 scripts/probe_int8_widen.py --widen sext,prmt   # only these widenings
 
 Numbers from a probe are not records.
 """
@@ -34,6 +35,7 @@ from pathlib import Path
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 ap.add_argument("--cpu", action="store_true", help="tiny shapes on the CPU")
+ap.add_argument("--widen", default=None, help="only these widenings (comma-separated)")
 ARGS = ap.parse_args()
 if ARGS.cpu:
     os.environ["JAX_PLATFORMS"] = "cpu"
@@ -114,7 +116,7 @@ def main():
         s = jnp.full((n,), 0.01, jnp.bfloat16)
         want = jnp.dot(xs[0].astype(jnp.float32), qs[0].astype(jnp.float32).T) * 0.01
         cases = [("bf16", "bf16", lambda x, v, s: jnp.dot(x, v), wb)]
-        for name in WIDEN:
+        for name in (ARGS.widen.split(",") if ARGS.widen else WIDEN):
             if name != "prmt":  # inline PTX: inside the Pallas kernel on a GPU only
                 cases.append((name, "reduce", functools.partial(D.dot_reduce,
                                                                 transposed=True), qs))
