@@ -75,8 +75,8 @@ def main() -> None:
         from repro.precision import dequant_gemm as D
 
         for device, rows in json.loads(Path(a.gemv_tiles).read_text()).items():
-            D.GEMV_TILES[device] = {(r[0], r[1], r[2]): (tuple(r[3:]) if r[3] else None)
-                                    for r in rows}
+            D.GEMV_TILES[device] = {**D.GEMV_TILES.get(device, {}), **{
+                (r[0], r[1], r[2]): (D.Gemv(*r[3:]) if r[3] else None) for r in rows}}
             print(f"# GEMV tilings for {device}: {D.GEMV_TILES[device]}", flush=True)
 
     root = Path(__file__).resolve().parent.parent

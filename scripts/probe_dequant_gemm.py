@@ -19,7 +19,8 @@ and each number of rows of x (decode batches 1, 8, 64), times
     *-gemv-t      dequant_gemm.dot_gemv: a Pallas (Triton) GEMV without tensor cores on the
                   transposed weight: contiguous 1-byte loads of block_k, FP32 products
                   accumulated per lane, one sum at the end; --gemv-sweep times other
-                  blocks, warps and contraction splits, and --write-tiles FILE writes the
+                  blocks, warps and contraction splits (for INT8 with each of
+                  dequant_gemm.widen's integer widenings), and --write-tiles FILE writes the
                   fastest per weight (or none where reduce-t is faster) in the form of
                   dequant_gemm.GEMV_TILES
     *-mgpu-t      JAX's own Mosaic GPU mixed-type matmul for Hopper
@@ -329,9 +330,17 @@ def main():
                                        for nw in (8,) for sp in (1, 2, 4))
                            if c != GEMV_DEFAULT and k % (c["splits"] * c["block_k"]) == 0
                            and n % c["block_n"] == 0]
+            # INT8: the 256-byte tilings and 4 warps with 128 or 256 bytes, each with the
+            # integer widenings
+            isweep = [{**c, "widen": w} for c in gsweep[1:] + [
+                {"block_n": bn, "block_k": bk, "num_warps": 4, "splits": sp}
+                for bn in (8, 16, 32) for bk in (128, 256) for sp in (1, 2, 4)
+                if k % (sp * bk) == 0 and n % bn == 0] if c["block_k"] != 512
+                for w in ("magic", "prmt")] if ARGS.gemv_sweep else []
             base = None
             for vname, (kind, qt, options) in vs.items():
                 for blocks in (sweep if kind == "pallas" else msweep if kind == "mgpu-t"
+                               else [{}] + isweep if kind == "gemv-t" and qt == jnp.int8
                                else gsweep if kind == "gemv-t" else [{}]):
                     name = vname + ("" if not blocks else
                                     f"[{'x'.join(str(v) for v in blocks.values())}]")
@@ -376,7 +385,8 @@ def main():
                         totals[(m, vname)] = (t + ms, c + 1)
                     if m == batches[0] and kind in ("gemv-t", "reduce-t"):
                         key = (jnp.dtype(qt).name, k, n)
-                        tiles = None if kind == "reduce-t" else {**GEMV_DEFAULT, **blocks}
+                        tiles = None if kind == "reduce-t" else D.Gemv(
+                            **{**GEMV_DEFAULT, **blocks})._asdict()
                         if key not in fastest or ms < fastest[key][0]:
                             fastest[key] = (ms, tiles, base)
     print(f"# per layer ({len(shapes)} shapes summed, where all ran), bf16 time / variant time:")

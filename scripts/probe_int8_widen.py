@@ -6,13 +6,14 @@ widening's instruction rate can bound it. This times, for each way of widening e
 (``dot_reduce``, XLA's fused reduction, and the Pallas GEMV ``dot_gemv`` at a few tilings),
 beside BF16's ``x @ W``, at d_model 8192's block GEMMs:
 
-    i2f   q.astype(float32): the int-to-float convert
-    sext  bitcast_f32(int32(q) + 0x4B400000) - 1.5 * 2**23 (dequant_gemm.widen)
+    i2f   q.astype(float32): the int-to-float convert (dequant_gemm.widen's "convert")
+    sext  bitcast_f32(int32(q) + 0x4B400000) - 1.5 * 2**23 (its "magic")
     xor   bitcast_f32(uint32(uint8(q) ^ 0x80) | 0x4B000000) - (2**23 + 128)
     f16   the same with FP16's bits (0x6400, 1024 + 128), then FP16 -> FP32
     prmt  xor's arithmetic in inline PTX, four bytes per instance: one XOR of the packed
           word, then per byte one PRMT (the byte under 0x4B0000) and one FP32 subtract, as
-          FasterTransformer's CUDA does (Pallas' Triton backend only: the GEMV on a GPU)
+          FasterTransformer's CUDA does (its "prmt": PTX in the GEMV on a GPU, the
+          integer form elsewhere)
 
 Each variant replaces ``dequant_gemm.widen`` while it is traced. One line per case: ms per
 GEMM, BF16's time over it, the relative error against the FP32 product; then, per variant,
@@ -21,6 +22,8 @@ the fastest form per weight and the per-layer ratio they give.
     python3 scripts/probe_int8_widen.py           # GPU, about 1 minute
     python3 scripts/probe_int8_widen.py --cpu     # tiny shapes, Pallas in interpret mode
     python3 scripts/probe_int8_widen.py --widen sext,prmt   # only these widenings
+
+``scripts/probe_dequant_gemm.py --gemv-sweep`` sweeps the GEMV's tilings with each widening.
 
 Numbers from a probe are not records.
 """
@@ -55,35 +58,13 @@ def _from_bits(q, base, bias, bits_type, float_type):
     return (f - float_type(bias)).astype(jnp.float32)
 
 
-_PRMT = """{
-.reg .b32 t;
-xor.b32 t, $4, 0x80808080;
-prmt.b32 $0, t, 0x4B000000, 0x7540;
-prmt.b32 $1, t, 0x4B000000, 0x7541;
-prmt.b32 $2, t, 0x4B000000, 0x7542;
-prmt.b32 $3, t, 0x4B000000, 0x7543;
-sub.f32 $0, $0, 0f4B000080;
-sub.f32 $1, $1, 0f4B000080;
-sub.f32 $2, $2, 0f4B000080;
-sub.f32 $3, $3, 0f4B000080;
-}"""
-
-
-def _prmt(q):
-    from jax.experimental.pallas import triton as plgpu
-
-    (out,) = plgpu.elementwise_inline_asm(
-        _PRMT, args=[q], constraints="=r,=r,=r,=r,r", pack=4,
-        result_shape_dtypes=[jax.ShapeDtypeStruct(q.shape, jnp.float32)])
-    return out
-
-
-WIDEN = {
-    "i2f": lambda q: q.astype(jnp.float32),
-    "sext": D.widen,
-    "xor": lambda q: _from_bits(q, 0x4B000000, 2.0 ** 23 + 128, jnp.uint32, jnp.float32),
-    "f16": lambda q: _from_bits(q, 0x6400, 1024 + 128, jnp.uint16, jnp.float16),
-    "prmt": _prmt,
+WIDEN_LIB = D.widen
+WIDEN = {  # (q, asm) -> FP32
+    "i2f": lambda q, asm: WIDEN_LIB(q, "convert"),
+    "sext": lambda q, asm: WIDEN_LIB(q, "magic"),
+    "xor": lambda q, asm: _from_bits(q, 0x4B000000, 2.0 ** 23 + 128, jnp.uint32, jnp.float32),
+    "f16": lambda q, asm: _from_bits(q, 0x6400, 1024 + 128, jnp.uint16, jnp.float16),
+    "prmt": lambda q, asm: WIDEN_LIB(q, "prmt", asm),
 }
 SHAPES = [(8192, 24576), (8192, 8192), (8192, 57344), (28672, 8192)]
 TILES = [(32, 256, 8, 2), (16, 256, 4, 1), (8, 256, 8, 1)]  # block_n, block_k, warps, splits
@@ -120,15 +101,14 @@ def main():
             if name != "prmt":  # inline PTX: inside the Pallas kernel on a GPU only
                 cases.append((name, "reduce", functools.partial(D.dot_reduce,
                                                                 transposed=True), qs))
-            elif cpu:
-                continue
             for bn, bk, nw, sp in tiles:
                 cases.append((name, f"gemv-{bn}x{bk}x{nw}x{sp}", functools.partial(
                     D.dot_gemv, block_n=bn, block_k=bk, num_warps=nw, splits=sp,
                     interpret=cpu), qs))
         base = None
         for name, form, f, ws in cases:
-            D.widen = WIDEN.get(name, WIDEN["sext"])
+            D.widen = functools.partial(lambda q, how="convert", asm=False, f=None: f(q, asm),
+                                        f=WIDEN.get(name, WIDEN["i2f"]))
             jax.clear_caches()  # dot_gemv is jitted: trace it again with this widening
             try:
                 prog = timed_loop(f, n_copies, iters, n).lower(xs, ws, s).compile()
@@ -148,7 +128,7 @@ def main():
                 old = best.get((name, k, n))
                 if old is None or ms < old[0]:
                     best[(name, k, n)] = (ms, form, base)
-    D.widen = WIDEN["sext"]
+    D.widen = WIDEN_LIB
     for name in WIDEN:
         mine = [v for key, v in best.items() if key[0] == name]
         if mine and len(mine) == len(shapes):

@@ -230,15 +230,40 @@ def test_dot_runs_the_gemv_only_with_a_tiling_for_the_device_and_shape(monkeypat
     assert_bf16_close(D.dot(x[:1], qt, s, "gemv", True), reference64(x[:1], q, s), x[:1], q, s)
 
 
-def test_widen_gives_every_int8_and_e4m3_value_exactly():
-    """The INT8 integer-arithmetic widening and E4M3's convert against ml_dtypes / numpy,
-    all 256 bit patterns (E4M3's NaN stays NaN)."""
+@pytest.mark.parametrize("how", D.WIDENINGS)
+def test_widen_gives_every_int8_and_e4m3_value_exactly(how):
+    """Each INT8 widening and E4M3's convert against ml_dtypes / numpy, all 256 bit patterns
+    (E4M3's NaN stays NaN), also inside the GEMV (interpret mode) at every byte lane."""
     i8 = np.arange(-128, 128, dtype=np.int8)
-    got = np.asarray(D.widen(jnp.asarray(i8)))
+    got = np.asarray(D.widen(jnp.asarray(i8), how))
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, i8.astype(np.float32))
     f8 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
-    np.testing.assert_array_equal(np.asarray(D.widen(jnp.asarray(f8))), f8.astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(D.widen(jnp.asarray(f8), how)),
+                                  f8.astype(np.float32))
+    x, q, s = operands(3, 512, 32, jnp.int8, seed=13)
+    q = jnp.asarray(np.resize(i8, (512, 32)))  # every value in every column
+    assert_bf16_close(D.dot_gemv(x, q.T, s, block_n=16, block_k=128, widen=how,
+                                 interpret=True), reference64(x, q, s), x, q, s)
+
+
+def test_widen_rejects_an_unknown_widening():
+    with pytest.raises(ValueError, match="prmt"):
+        D.widen(jnp.zeros((4,), jnp.int8), "lut")
+    with pytest.raises(ValueError, match="widen must be one of"):
+        D.dot_gemv(jnp.zeros((1, 256), jnp.bfloat16), jnp.zeros((16, 256), jnp.int8),
+                   jnp.ones((16,), jnp.bfloat16), widen="lut", interpret=True)
+
+
+def test_numerics_check_catches_a_wrong_gemv_widening(monkeypatch):
+    from repro.precision import check
+
+    assert all(r["ok"] for r in check._gemv_widen_rows())
+    monkeypatch.setattr(D, "BYTE_TO_F32_BIAS", D.BYTE_TO_F32_BIAS + 1.0)
+    jax.clear_caches()  # dot_gemv is jitted: trace it again with the wrong bias
+    bad = [r["check"] for r in check._gemv_widen_rows() if not r["ok"]]
+    jax.clear_caches()
+    assert bad == ["dequant_gemm.dot_gemv widens every int8 exactly (prmt)"]
 
 
 def test_every_gemv_tiling_in_the_table_fits_its_weight():
@@ -246,15 +271,16 @@ def test_every_gemv_tiling_in_the_table_fits_its_weight():
         for (dtype, k, n), tiles in table.items():
             if tiles is None:
                 continue
-            bn, bk, warps, splits = tiles
+            assert isinstance(tiles, D.Gemv) and tiles.widen in D.WIDENINGS
+            assert dtype == "int8" or tiles.widen == "convert"  # E4M3: the hardware's
             x = jax.ShapeDtypeStruct((1, k), jnp.bfloat16)
             qt = jax.ShapeDtypeStruct((n, k), jnp.dtype(dtype))
             sc = jax.ShapeDtypeStruct((n,), jnp.bfloat16)
-            out = jax.eval_shape(functools.partial(
-                D.dot_gemv, block_n=bn, block_k=bk, num_warps=warps, splits=splits,
-                interpret=True), x, qt, sc)
+            out = jax.eval_shape(functools.partial(D.dot_gemv, **tiles._asdict(),
+                                                   interpret=True), x, qt, sc)
             assert out.shape == (1, n), (device, dtype, k, n)
-            assert bk == D._largest_block(k // splits, bk), (device, dtype, k, n)
+            bk = tiles.block_k
+            assert bk == D._largest_block(k // tiles.splits, bk), (device, dtype, k, n)
 
 
 # ------------------------------------------------------------- the exported formats

@@ -76,6 +76,27 @@ def checks() -> list[dict]:
     rows.append({"check": "Kahan and naive BF16-stored updates differ",
                  "ok": _kahan_differs(), "required": True})
     rows += _native_cast_rows()
+    rows += _gemv_widen_rows()
+    return rows
+
+
+def _gemv_widen_rows() -> list[dict]:
+    """The weight-only GEMV (``dequant_gemm.dot_gemv``; on a GPU its Triton kernel, with
+    "prmt" its inline PTX) against numpy, every INT8 value at each of the four byte lanes
+    of a 32-bit word: row ``r`` of ``x`` is one-hot at ``k = r``, so ``y[r, n] = q[n, r]``."""
+    from repro.precision import dequant_gemm as D
+
+    v = np.arange(-128, 128, dtype=np.int8)
+    q = v[(np.arange(256)[:, None] + np.arange(256)[None, :]) % 256]  # q[n, k]
+    x = np.eye(4, 256, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    want = q[:, :4].T.astype(np.float32)
+    interpret = jax.default_backend() != "gpu"
+    rows = []
+    for how in D.WIDENINGS:
+        got = np.asarray(D.dot_gemv(jnp.asarray(x), jnp.asarray(q), jnp.ones((256,), jnp.bfloat16),
+                                    block_n=16, block_k=256, widen=how, interpret=interpret))
+        rows.append({"check": f"dequant_gemm.dot_gemv widens every int8 exactly ({how})",
+                     "ok": bool(np.array_equal(got.astype(np.float32), want)), "required": True})
     return rows
 
 

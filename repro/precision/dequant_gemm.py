@@ -37,8 +37,9 @@ and a row reduction streams) with ``scale`` of shape ``[N]`` or ``[1, N]``:
   matrix-vector kernel without tensor cores: each program streams ``block_n`` rows of
   ``q[N, K]`` in contiguous pieces of ``block_k`` bytes, multiplies them by ``x`` in FP32
   lane by lane and sums once at the end (split-K over ``splits`` programs, their partial
-  sums added after the kernel). How fast it is depends on the tiling far more than the
-  GEMM's does, so :func:`dot` runs it only with the tiling measured best for the device and
+  sums added after the kernel). How fast it is depends on the tiling, and for INT8 on how
+  the bytes are widened to FP32 (:func:`widen`), far more than the GEMM's does, so
+  :func:`dot` runs it only with the tiling and widening measured best for the device and
   the weight's shape (:data:`GEMV_TILES`), and :func:`dot_reduce` wherever the table has
   no entry or names the reduction as faster (another device, another shape, the CPU).
 
@@ -51,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -65,42 +67,95 @@ REDUCE_MAX_ROWS = 1
 ROW_TILE = 16  # rows of x are padded to a multiple of this for the Pallas kernel
 PALLAS_MAX_ROWS = 256  # above this many rows the Pallas kernel is not used (compute-bound)
 
+
+
+class Gemv(NamedTuple):
+    """One tiling of :func:`dot_gemv` and how it widens INT8 (:func:`widen`; E4M3 ignores
+    it)."""
+    block_n: int
+    block_k: int
+    num_warps: int
+    splits: int
+    widen: str = "convert"
+
+
 # The GEMV's tiling per device and weight, the way vLLM ships its Triton kernels' configs:
-# {device_kind: {(q dtype, K, N): (block_n, block_k, num_warps, splits), or None where
-# dot_reduce was faster}}, K and N of the [K, N] weight (stored [N, K]). Each entry is the
-# fastest of a sweep at one row, beside dot_reduce, in one process on the device:
+# {device_kind: {(q dtype, K, N): Gemv, or None where dot_reduce was faster}}, K and N of the
+# [K, N] weight (stored [N, K]). Each entry is the fastest of a sweep at one row, beside
+# dot_reduce, in one process on the device:
 #     python3 scripts/probe_dequant_gemm.py --batches 1 --gemv-sweep --write-tiles FILE
 # A shape missing here takes dot_reduce.
-# The H200's, E4M3 from a sweep of 24 tilings per weight at d_model 4096 and 8192. INT8 takes
-# E4M3's tilings, not swept on its own (scripts/probe_int8_widen.py compares its widenings
-# and forms per weight).
+# The H200's, from sweeps at d_model 4096 and 8192: E4M3 over 24 tilings per weight, INT8
+# over 30 tilings (4 and 8 warps, 128 and 256 bytes) with each integer widening.
 _H200_FP8 = {(4096, 12288): (32, 256, 8, 1), (4096, 4096): (32, 256, 8, 4),
              (4096, 22016): None, (11008, 4096): (8, 256, 8, 1),
              (8192, 24576): (32, 256, 8, 2), (8192, 8192): (32, 256, 8, 2),
              (8192, 57344): (32, 256, 8, 2), (28672, 8192): (32, 256, 8, 2)}
-GEMV_TILES: dict[str, dict[tuple[str, int, int], tuple[int, int, int, int] | None]] = {
-    "NVIDIA H200": {(dt, k, n): t for (k, n), t in _H200_FP8.items()
-                    for dt in ("float8_e4m3fn", "int8")},
+_H200_INT8 = {(4096, 12288): (32, 256, 8, 1, "magic"), (4096, 4096): None,
+              (4096, 22016): None, (11008, 4096): (8, 256, 8, 1, "prmt"),
+              (8192, 24576): (64, 256, 8, 2, "prmt"), (8192, 8192): (64, 256, 8, 2, "prmt"),
+              (8192, 57344): (16, 256, 4, 1, "prmt"), (28672, 8192): (64, 256, 8, 2, "prmt")}
+GEMV_TILES: dict[str, dict[tuple[str, int, int], Gemv | None]] = {
+    "NVIDIA H200": {
+        **{("float8_e4m3fn", k, n): t and Gemv(*t) for (k, n), t in _H200_FP8.items()},
+        **{("int8", k, n): t and Gemv(*t) for (k, n), t in _H200_INT8.items()}},
 }
+WIDENINGS = ("convert", "magic", "prmt")
 # 1.5 * 2**23 as FP32 bits: adding an integer v (|v| < 2**22) to them gives 1.5 * 2**23 + v
 INT_TO_F32_BITS, INT_TO_F32_BIAS = 0x4B400000, 12582912.0
+# 2**23 as FP32 bits: OR-ing a byte u into them gives 2**23 + u; INT8 q is u = q XOR 0x80
+BYTE_TO_F32_BITS, BYTE_TO_F32_BIAS = 0x4B000000, 8388736.0  # 2**23 + 128
+# "prmt" in PTX, four bytes of one 32-bit register at a time: flip each byte's sign bit,
+# place byte i under 0x4B0000 (PRMT's selector 0x754i), subtract 2**23 + 128
+_PRMT_ASM = """{
+.reg .b32 t;
+xor.b32 t, $4, 0x80808080;
+prmt.b32 $0, t, 0x4B000000, 0x7540;
+prmt.b32 $1, t, 0x4B000000, 0x7541;
+prmt.b32 $2, t, 0x4B000000, 0x7542;
+prmt.b32 $3, t, 0x4B000000, 0x7543;
+sub.f32 $0, $0, 0f4B000080;
+sub.f32 $1, $1, 0f4B000080;
+sub.f32 $2, $2, 0f4B000080;
+sub.f32 $3, $3, 0f4B000080;
+}"""
 
 
-def widen(q):
-    """The 1-byte values ``q`` as FP32, exactly. E4M3 by a convert. INT8 by integer
-    arithmetic, ``bitcast_f32(int32(q) + 0x4B400000) - 1.5 * 2**23``, the magic-number
-    conversion of FasterTransformer's weight-only GEMMs: on NVIDIA GPUs an int-to-float
-    convert runs at a quarter of the 32-bit integer add's rate (16 against 64 per clock and
-    SM on compute capability 9.0, the CUDA C++ Programming Guide's throughput table), and
-    a GEMV that widens every weight it streams would be bound by it. Measured on the H200
-    (``scripts/probe_int8_widen.py``, one row, d_model 8192's four weights, speed over
-    BF16's product): the Pallas GEMV at its best of three tilings 1.22-1.50x with it against
-    1.19-1.32x with the convert, but :func:`dot_reduce`'s XLA reduction slower with it,
-    1.22-1.27x against 1.32-1.47x."""
-    if jnp.dtype(q.dtype) == jnp.int8:
+def widen(q, how: str = "convert", asm: bool = False):
+    """The 1-byte values ``q`` as FP32, exactly. E4M3 always by a convert (Hopper widens it
+    in hardware); INT8 by ``how``:
+
+    * "convert": the int-to-float convert. On NVIDIA GPUs it runs at a quarter of the 32-bit
+      integer add's rate (16 against 64 per clock and SM on compute capability 9.0, the CUDA
+      C++ Programming Guide's throughput table), and a GEMV that widens every weight it
+      streams can be bound by it;
+    * "magic": ``bitcast_f32(int32(q) + 0x4B400000) - 1.5 * 2**23``, the magic-number
+      conversion of FasterTransformer's weight-only GEMMs (a sign extension, an add, a
+      subtract);
+    * "prmt": ``bitcast_f32((q XOR 0x80) | 0x4B000000) - (2**23 + 128)``; with ``asm`` (inside
+      a Pallas kernel on an NVIDIA GPU only) as inline PTX that widens four bytes with one XOR
+      and four byte permutes (PRMT), the form of TensorRT-LLM's weight-only kernels.
+
+    Which is fastest depends on the kernel and the weight's shape (measured per weight,
+    :data:`GEMV_TILES`: on the H200 the GEMV with "prmt" at all four of d_model 8192's
+    weights, 1.52-1.62x BF16's product, 1.58x per layer against the reduction's 1.43x); XLA's
+    fused reduction (:func:`dot_reduce`) is fastest with the convert
+    (``scripts/probe_int8_widen.py``)."""
+    if jnp.dtype(q.dtype) != jnp.int8 or how == "convert":
+        return q.astype(jnp.float32)
+    if how == "magic":
         bits = q.astype(jnp.int32) + INT_TO_F32_BITS
         return lax.bitcast_convert_type(bits, jnp.float32) - INT_TO_F32_BIAS
-    return q.astype(jnp.float32)
+    if how != "prmt":
+        raise ValueError(f"dequant_gemm.widen: how must be one of {WIDENINGS}, got {how!r}")
+    if asm:
+        (out,) = plgpu.elementwise_inline_asm(
+            _PRMT_ASM, args=[q], constraints="=r,=r,=r,=r,r", pack=4,
+            result_shape_dtypes=[jax.ShapeDtypeStruct(q.shape, jnp.float32)])
+        return out
+    u = lax.bitcast_convert_type(q, jnp.uint8) ^ jnp.uint8(0x80)
+    bits = u.astype(jnp.uint32) | jnp.uint32(BYTE_TO_F32_BITS)
+    return lax.bitcast_convert_type(bits, jnp.float32) - BYTE_TO_F32_BIAS
 
 
 def _check(x, q, scale, what, transposed=False):
@@ -241,13 +296,14 @@ def dot_pallas(x, q, scale, *, interpret: bool = False, block_n: int | None = No
     return y[:m].reshape(*x.shape[:-1], n)
 
 
-def _gemv_kernel(x_ref, q_ref, s_ref, o_ref, *, block_k: int, steps: int):
+def _gemv_kernel(x_ref, q_ref, s_ref, o_ref, *, block_k: int, steps: int, how: str,
+                 asm: bool):
     bn = q_ref.shape[0]
 
     def body(i, acc):
         k0 = pl.multiple_of(i * block_k, block_k)
         x = x_ref[:, pl.ds(k0, block_k)].astype(jnp.float32)  # [1, block_k]
-        w = widen(q_ref[:, pl.ds(k0, block_k)])  # [block_n, block_k], 1 byte read
+        w = widen(q_ref[:, pl.ds(k0, block_k)], how, asm)  # [block_n, block_k], 1 byte read
         return acc + w * x
 
     acc = lax.fori_loop(0, steps, body, jnp.zeros((bn, block_k), jnp.float32))
@@ -256,15 +312,19 @@ def _gemv_kernel(x_ref, q_ref, s_ref, o_ref, *, block_k: int, steps: int):
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_n", "block_k", "num_warps",
-                                             "splits"))
+                                             "splits", "widen"))
 def dot_gemv(x, qt, scale, *, block_n: int = 16, block_k: int = 256, num_warps: int = 4,
-             splits: int = 1, interpret: bool = False):
+             splits: int = 1, widen: str = "convert", interpret: bool = False):
     """:func:`dot_xla` for ``qt[N, K]`` (stored transposed) as the Pallas GEMV of the module
     docstring, one program grid over the rows of ``x`` (meant for one). ``block_n``: rows
     of ``qt`` per program (a power of two dividing N); ``block_k``: bytes per load, at most
     that (the largest power of two of 16 or more dividing ``K / splits``); ``splits``:
-    programs along the contraction; ``interpret``: Pallas' interpreter (CPU)."""
+    programs along the contraction; ``widen``: how INT8 is widened (:func:`widen`; "prmt"
+    runs as PTX on the GPU, its integer form in the interpreter); ``interpret``: Pallas'
+    interpreter (CPU)."""
     k, n = _check(x, qt, scale, "dot_gemv", transposed=True)
+    if widen not in WIDENINGS:
+        raise ValueError(f"dot_gemv: widen must be one of {WIDENINGS}, got {widen!r}")
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
     if splits < 1 or k % splits:
@@ -278,7 +338,8 @@ def dot_gemv(x, qt, scale, *, block_n: int = 16, block_k: int = 256, num_warps: 
         "compiler_params": plgpu.CompilerParams(num_warps=num_warps)}
     part = splits > 1  # FP32 partial sums (each times the column scales), added below
     y = pl.pallas_call(
-        functools.partial(_gemv_kernel, block_k=bk, steps=kc // bk),
+        functools.partial(_gemv_kernel, block_k=bk, steps=kc // bk, how=widen,
+                          asm=not interpret),
         grid=(m, n // block_n, splits),
         in_specs=[pl.BlockSpec((1, kc), lambda r, j, s: (r, s)),
                   pl.BlockSpec((block_n, kc), lambda r, j, s: (j, s)),
@@ -291,8 +352,8 @@ def dot_gemv(x, qt, scale, *, block_n: int = 16, block_k: int = 256, num_warps: 
     return y.reshape(*x.shape[:-1], n)
 
 
-def gemv_tiles(k: int, n: int, dtype) -> tuple[int, int, int, int] | None:
-    """The GEMV's ``(block_n, block_k, num_warps, splits)`` for a ``[K, N]`` weight of
+def gemv_tiles(k: int, n: int, dtype) -> Gemv | None:
+    """The GEMV's tiling and widening (:class:`Gemv`) for a ``[K, N]`` weight of
     ``dtype`` on this process' default device (:data:`GEMV_TILES`), or None: no GEMV there."""
     if jax.default_backend() != "gpu":
         return None
@@ -327,9 +388,7 @@ def dot(x, q, scale, impl: str = "xla", transposed: bool = False):
     if impl == "gemv" and transposed and rows <= REDUCE_MAX_ROWS:
         tiles = gemv_tiles(k, n, q.dtype)
         if tiles is not None:
-            bn, bk, warps, splits = tiles
-            return dot_gemv(x, q, scale, block_n=bn, block_k=bk, num_warps=warps,
-                            splits=splits)
+            return dot_gemv(x, q, scale, **Gemv(*tiles)._asdict())
         return dot_reduce(x, q, scale, transposed)
     if impl in ("reduce", "gemv") and rows <= REDUCE_MAX_ROWS:
         return dot_reduce(x, q, scale, transposed)
