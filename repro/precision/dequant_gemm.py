@@ -129,12 +129,13 @@ def widen(q, how: str = "convert", asm: bool = False):
       integer add's rate (16 against 64 per clock and SM on compute capability 9.0, the CUDA
       C++ Programming Guide's throughput table), and a GEMV that widens every weight it
       streams can be bound by it;
-    * "magic": ``bitcast_f32(int32(q) + 0x4B400000) - 1.5 * 2**23``, the magic-number
-      conversion of FasterTransformer's weight-only GEMMs (a sign extension, an add, a
-      subtract);
+    * "magic": ``bitcast_f32(int32(q) + 0x4B400000) - 1.5 * 2**23``, a magic-number
+      conversion (a sign extension, an add, a subtract);
     * "prmt": ``bitcast_f32((q XOR 0x80) | 0x4B000000) - (2**23 + 128)``; with ``asm`` (inside
       a Pallas kernel on an NVIDIA GPU only) as inline PTX that widens four bytes with one XOR
-      and four byte permutes (PRMT), the form of TensorRT-LLM's weight-only kernels.
+      and four byte permutes (PRMT): the conversion of biased bytes to FP32 that
+      FasterTransformer's weight-only GEMMs use for BF16 (their CUTLASS extension
+      ``interleaved_numeric_conversion.h``).
 
     Which is fastest depends on the kernel and the weight's shape (measured per weight,
     :data:`GEMV_TILES`: on the H200 the GEMV with "prmt" at all four of d_model 8192's
