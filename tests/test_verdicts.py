@@ -584,6 +584,11 @@ def test_b6_judges_each_format_at_the_widest_config_it_was_timed_at():
     assert "pass: FP8 prefill 1.40x BF16 at d_model 4096 (target 1.3x)" in v.note
     assert "FAIL: fp8-w decode 1.45x BF16 at batch 1, d_model 8192 (target 1.5x)" in v.note
     assert "FAIL: int8-w decode 1.45x" in v.note
+    # the note lists every width timed, so a pass at the widest does not hide a narrower miss
+    assert ("batch-1 decode by d_model: fp8-w 0.50x at 256, 1.60x at 4096, 1.45x at 8192; "
+            "int8-w 0.50x at 256, 1.60x at 4096, 1.45x at 8192.") in v.note
+    assert "decode by d_model" not in V.b6(b6_acc(FP8_IN, INT8_IN), b6_mem(),
+                                           b6_spd(emulated=True)).note
 
 
 def _with_fp8_tensor(acc, spd, gap, prefill):

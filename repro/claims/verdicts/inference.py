@@ -90,6 +90,22 @@ def _speed_parts(spd: pd.DataFrame, fp8: str = FP8_FORMATS[0]) -> list[dict]:
     return parts
 
 
+def decode_by_width(spd: pd.DataFrame) -> str:
+    """The weight-only formats' batch-1 decode speedups at every config timed on tensor
+    cores, narrowest first: where the decode target holds and where it does not."""
+    fmts, batch, _ = DECODE_TARGET
+    real = spd[~spd["emulated"].astype(bool)] if len(spd) else spd
+    out = []
+    for f in fmts:
+        r = real[(real["format"] == f) & (real["phase"] == "decode") & (real["batch"] == batch)
+                 ] if len(real) else real
+        if len(r):
+            r = r.sort_values("d_model")
+            out.append(f"{f} " + ", ".join(f"{v:.2f}x at {int(d)}" for v, d in
+                                           zip(r["speedup"], r["d_model"])))
+    return f"batch-{batch} decode by d_model: " + "; ".join(out) if out else ""
+
+
 def _bytes_parts(mem: pd.DataFrame) -> list[dict]:
     parts = []
     for fmt, limit in BYTES_TARGETS.items():
@@ -148,6 +164,7 @@ def b6(acc: pd.DataFrame, mem: pd.DataFrame, spd: pd.DataFrame,
             f"FP8 weights and activations judged as {fp8} (the first of "
             f"{', '.join(FP8_FORMATS)} whose accuracy and prefill both pass, else the first; "
             f"also timed: {'; '.join(others)}). "
+            + (f"{decode_by_width(spd)}. " if decode_by_width(spd) else "")
             + ("Smoke records only: a pipeline check, not evidence. " if smoke else "")
             + "; ".join(f"{LABEL[p['ok']]}: {p['text']}" for p in parts))
     return Verdict("B6", verdict, key, hw if speed_hw in ("", hw) else f"{hw}, {speed_hw}",
