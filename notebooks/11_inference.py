@@ -117,8 +117,9 @@ print(f"{len(df)} committed full-profile records" if len(df) else
 # E4M3 scale per 16 weights along the contraction. `weight-only kernel`: how `fp8-w` / `int8-w`
 # multiply at decode: the BF16 GEMM of the stored 1-byte values with the scale on its output, no
 # dequantized weight (`repro.precision.dequant_gemm`: `gemv` computes one row with a Pallas
-# (Triton) matrix-vector kernel that streams the weight stored transposed once, with the tiling
-# measured fastest for the device and the weight's shape (`dequant_gemm.GEMV_TILES`), and as
+# (Triton) matrix-vector kernel that streams the weight stored transposed once, with the tiling,
+# and for INT8 the way its bytes become FP32 (`dequant_gemm.widen`), measured fastest for the
+# device and the weight's shape (`dequant_gemm.GEMV_TILES`), and as
 # `reduce`, a multiply and a sum that XLA fuses, where it knows no tiling; more rows go through
 # `xla`, which lets XLA fuse the convert into its GEMM; `pallas` is a Pallas GEMM kernel that
 # does that explicitly); NVFP4 is dequantized by qwix first. `fp8-tensor` and the weight-only
