@@ -154,28 +154,39 @@ ups.round(3) if len(ups) else "no FP8/BF16 pairs in the committed records"
 # ## Quality: FP8 and BF16 against FP32
 #
 # Per policy size: seeds, mean final return, mean normalised score ((return - random) /
-# (FP32 mean - random)) and `P(recipe > FP32)` with its 95% interval; then the learning curves
-# (mean over seeds of each update's mean episode return). Cells may hold different numbers of
-# seeds (`n_seeds`, as their records say): each recipe is compared with FP32 on all seeds of
-# both, and the bootstrap resamples each one's seeds on their own.
+# (FP32 mean - random)) and `P(recipe > FP32)` with its 95% interval, per training budget;
+# then the learning curves (mean over seeds of each update's mean episode return), one panel
+# per size, against env steps per seed. A cell may hold runs of several training budgets
+# (`total_timesteps`) and cells different numbers of seeds (`n_seeds`, as their records say):
+# each recipe is compared with FP32 trained as long, on all seeds of both, and the bootstrap
+# resamples each one's seeds on their own. The verdict reads each size at its longest budget.
 
 # %%
 def plot_curves(df):
     c = df[df.metric == "final_return"] if len(df) else df
-    fig, ax = plt.subplots(figsize=(7, 4))
-    # one curve per size, training budget and recipe (budgets are never averaged together)
+    sizes = sorted(set(c.sizes.map(lambda s: s.get("size")))) if len(c) else []
+    fig, axes = plt.subplots(1, max(len(sizes), 1), figsize=(5.5 * max(len(sizes), 1), 4),
+                             squeeze=False)
+    recipes = sorted(set(c.extra.map(lambda e: e["variant"]))) if len(c) else []
+    colour = {v: f"C{i}" for i, v in enumerate(recipes)}
+    # one panel per size; one curve per training budget and recipe (a recipe keeps its colour,
+    # a budget its line style; budgets are never averaged together), against env steps per seed
     keys = [c.sizes.map(lambda s: s.get("size")),
             c.sizes.map(lambda s: int(s.get("total_timesteps") or 0)),
             c.extra.map(lambda e: e["variant"])]
+    budgets = sorted(set(keys[1])) if len(c) else []
     for (size, steps, v), g in c.groupby(keys) if len(c) else []:
         curve = np.nanmean(np.array([[np.nan if x is None else x for x in e["curve"]]
                                      for e in g.extra], float), axis=0)
-        ax.plot(100 * np.linspace(0, 1, len(curve)), curve,
-                label=f"{size} {steps / 1e6:.1f}M steps, {v} ({len(g)} seeds)")
-    ax.set(xlabel="training progress (%)", ylabel="mean episode return",
-           title="Learning curves, ant (MJX physics)")
-    if len(c):
-        ax.legend()
+        ax = axes[0, sizes.index(size)]
+        ax.plot(steps / 1e6 * np.linspace(0, 1, len(curve)), curve, color=colour[v],
+                ls=["-", "--", ":", "-."][budgets.index(steps) % 4],
+                label=f"{v}, {steps / 1e6:.1f}M ({len(g)} seeds)")
+    for ax, size in zip(axes[0], sizes or [""]):
+        ax.set(xlabel="env steps per seed (millions)", ylabel="mean episode return",
+               title=f"ant (MJX physics), size {size}")
+        if len(c):
+            ax.legend(fontsize=7)
     return fig
 
 
