@@ -324,6 +324,32 @@ def test_study_cells_come_in_verdict_order_and_check_names_the_culprit():
                                "repeats": 1}))
 
 
+def test_an_environment_entry_gives_its_parts_own_settings():
+    from repro.studies import legged as L
+
+    go1 = {"reward_scaling": 1.0, "physics": {"num_envs": [16], "precisions": ["default"]},
+           "speed": None, "quality": {"sizes": ["w"], "seeds": 3}, "peer": None}
+    p = _params(envs={"ant": {}, "Go1JoystickFlatTerrain": go1})
+    names = [c.name for c in L.cells(p)]
+    assert names[11:] == ["Go1JoystickFlatTerrain_physics_e16_default",
+                          "Go1JoystickFlatTerrain_random",
+                          "Go1JoystickFlatTerrain_quality_w_fp32",
+                          "Go1JoystickFlatTerrain_quality_w_fp8-delayed"]
+    assert names[:11] == [c.name for c in L.cells(_params())]  # ant's cells as before
+    pe = L.for_env(p, "Go1JoystickFlatTerrain")
+    assert pe["quality"] == {"sizes": ["w"], "recipes": ["fp32", "fp8-delayed"], "seeds": 3}
+    assert pe["physics"]["steps"] == 2 and pe["peer"] is None and pe["speed"] is None
+    c = L.config(p, "Go1JoystickFlatTerrain", "quality", "w", "bf16")
+    assert (c.reward_scaling, c.policy_sizes, c.num_envs) == (1.0, (64,), 4)
+    assert L.config(p, "ant", "quality", "w").reward_scaling == 10.0  # the default, not Go1's
+    L.check(p)
+    bad = _params(envs={"ant": {"quality": {"sizes": ["x"]}}})
+    with pytest.raises(ValueError, match="legged.quality.sizes: unknown size 'x'"):
+        L.check(bad)
+    with pytest.raises(ValueError, match=r"legged.smoke.envs.ant.quality: expected _Quality"):
+        L.check(_params(envs={"ant": {"quality": {"seeds": 0}}}))
+
+
 def test_brax_peer_gets_equal_settings_and_a_replicated_standin():
     pytest.importorskip("brax")
     from repro.models import brax_peer as L

@@ -4,7 +4,10 @@
     repro record legged --profile full --only 'ant_physics*' 'ant_speed_*'
 
 One :class:`~repro.studies.runner.Study`; per environment of ``params.yaml``'s ``legged``
-section, cells in this order (so a run cut short still holds what a verdict needs first):
+section, cells in this order (so a run cut short still holds what a verdict needs first). An
+environment's entry may give any part its own settings, merged over the section's (``Go1...:
+{quality: {sizes: [playground]}, peer: null}``: Go1 at Playground's size, no brax peer); its
+other keys are PPO overrides (:func:`for_env`):
 
 * ``{env}_physics_e{N}_{precision}`` -- the physics alone (uniform random actions, no
   network): ``physics_env_steps_per_s`` of a jitted ``lax.scan`` of steps (as training runs
@@ -64,15 +67,33 @@ EXPERIMENT = "legged"
 CLAIMS = ("A11",)
 
 
+PARTS = ("physics", "random", "speed", "quality", "peer")
+
+
+def for_env(p: Mapping[str, Any], env: str) -> dict[str, Any]:
+    """The section as environment ``env`` runs it. In ``envs.<env>``, a key naming a part
+    (:data:`PARTS`) is merged over the section's part (null drops the part for this env);
+    the other keys are PPO overrides, applied over the section's ``ppo``."""
+    own = dict(p["envs"][env] or {})
+    out = dict(p)
+    for part in PARTS:
+        if part in own:
+            out[part] = (None if own[part] is None
+                         else {**dict(p.get(part) or {}), **dict(own[part])})
+    out["ppo"] = {**dict(p.get("ppo") or {}),
+                  **{k: v for k, v in own.items() if k not in PARTS}}
+    return out
+
+
 def config(p: Mapping[str, Any], env: str, part: str, size: str | None = None,
            recipe: str = "fp32", **over) -> pc.ContinuousPPOConfig:
     """The PPO configuration of a cell: ``ppo`` of the section, then the env's overrides,
     the part's (``speed``, ``quality``, ``peer``) ``ppo``, the size's layer widths, ``over``."""
+    p = for_env(p, env)
     part_p = p.get(part) or {}
     sizes = p["sizes"][size] if size is not None else {}
-    return pc.validate({**dict(p.get("ppo") or {}), **dict(p["envs"][env] or {}),
-                        **dict(part_p.get("ppo") or {}), **dict(sizes), "env": env,
-                        "recipe": recipe, **over})
+    return pc.validate({**p["ppo"], **dict(part_p.get("ppo") or {}), **dict(sizes),
+                        "env": env, "recipe": recipe, **over})
 
 
 def compile_(p: Mapping[str, Any], fn, *args):
@@ -389,19 +410,22 @@ class Schema(Section):
 
 def check(p: Mapping[str, Any]) -> None:
     """Every cell's configuration, before the first cell runs (one-line ValueError)."""
-    check_mapping(dict(p), Schema, f"params.yaml: legged.{p.get('profile')}")
+    where = f"params.yaml: legged.{p.get('profile')}"
+    check_mapping(dict(p), Schema, where)
     for env_name in p["envs"]:
+        pe = for_env(p, env_name)
+        check_mapping(pe, Schema, f"{where}.envs.{env_name}")
         config(p, env_name, "physics")
         for part in ("speed", "quality"):
-            for size in (p.get(part) or {}).get("sizes", []):
+            for size in (pe.get(part) or {}).get("sizes", []):
                 if size not in p["sizes"]:
                     raise ValueError(f"legged.{part}.sizes: unknown size {size!r}; valid: "
                                      f"{', '.join(p['sizes'])}")
-                for recipe in p[part]["recipes"]:
+                for recipe in pe[part]["recipes"]:
                     config(p, env_name, part, size, recipe)
-        if p.get("peer"):
-            config(p, env_name, "peer", p["peer"].get("size", "brax"),
-                   p["peer"].get("recipe", "tf32"))
+        if pe.get("peer"):
+            config(p, env_name, "peer", pe["peer"].get("size", "brax"),
+                   pe["peer"].get("recipe", "tf32"))
 
 
 def physics_runs(q: Mapping[str, Any]) -> list[tuple[int, str]]:
@@ -417,21 +441,22 @@ def cells(p: Mapping[str, Any]) -> list[runner.Cell]:
     prof = p["profile"]
     out = []
 
-    def add(name, fn, *args, recipes=()):
-        out.append(runner.Cell(name, lambda _budget: fn(p, *args, prof), tuple(recipes)))
+    def add(pe, name, fn, *args, recipes=()):
+        out.append(runner.Cell(name, lambda _budget: fn(pe, *args, prof), tuple(recipes)))
 
     for e in p["envs"]:
-        for n, prec in physics_runs(p["physics"]):
-            add(f"{e}_physics_e{n}_{prec}", physics_cell, e, n, prec)
-        if p.get("random"):
-            add(f"{e}_random", random_cell, e)
+        pe = for_env(p, e)
+        for n, prec in physics_runs(pe["physics"]):
+            add(pe, f"{e}_physics_e{n}_{prec}", physics_cell, e, n, prec)
+        if pe.get("random"):
+            add(pe, f"{e}_random", random_cell, e)
         for part, fn in (("speed", speed_cell), ("quality", quality_cell)):
-            q = p.get(part) or {}
+            q = pe.get(part) or {}
             for size in q.get("sizes", []):
                 for r in q.get("recipes", []):
-                    add(f"{e}_{part}_{size}_{r}", fn, e, size, r, recipes=[r])
-        if p.get("peer"):
-            add(f"{e}_peer_brax", peer_cell, e, recipes=[p["peer"].get("recipe", "tf32")])
+                    add(pe, f"{e}_{part}_{size}_{r}", fn, e, size, r, recipes=[r])
+        if pe.get("peer"):
+            add(pe, f"{e}_peer_brax", peer_cell, e, recipes=[pe["peer"].get("recipe", "tf32")])
     return out
 
 
