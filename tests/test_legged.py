@@ -464,6 +464,27 @@ def test_quality_table_uses_every_seed_of_cells_with_different_seed_counts():
     assert q.loc["fp8-delayed", "mean_return"] == pytest.approx(92.5)
 
 
+def test_quality_table_scores_each_environment_against_its_own_random_floor():
+    """ant and Go1 at one size label: a row per env, each normalised to its own floor and
+    FP32 (hand-computed), never pooled."""
+    recs = [_rec("random_return", 10.0, {"env": "ant", "variant": "random"}),
+            _rec("random_return", 0.0, {"env": "Go1", "variant": "random"})]
+    rets = {("ant", "fp32"): [110, 130], ("ant", "bf16"): [60, 160],
+            ("Go1", "fp32"): [4, 6], ("Go1", "bf16"): [5, 5]}
+    for (env, v), xs in rets.items():
+        recs += [_rec("final_return", x, {"env": env, "size": "s", "width": 512, "seed": i,
+                                           "variant": v}, recipe=v,
+                      extra={"variant": v, "diverged": False}) for i, x in enumerate(xs)]
+    q = A.quality_table(pd.DataFrame(recs), reps=200).set_index(["env", "recipe"])
+    assert len(q) == 4
+    # ant: ((60 - 10) + (160 - 10)) / 2 / (120 - 10); Go1: 5 / 5
+    assert q.loc[("ant", "bf16"), "normalised"] == pytest.approx(100 / 110)
+    assert q.loc[("Go1", "bf16"), "normalised"] == pytest.approx(1.0)
+    # Go1: 5 beats 4 and loses to 6, twice: 2 / 4; ant: 160 beats both, 60 neither: 2 / 4
+    assert q.loc[("Go1", "bf16"), "poi"] == pytest.approx(0.5)
+    assert q.loc[("ant", "bf16"), "mean_return"] == pytest.approx(110)
+
+
 def test_quality_is_judged_at_the_longest_training_with_enough_seeds():
     """brax's size trained for 1.6M steps (16 seeds, FP8 far behind) and for 6.4M (8 seeds,
     FP8 level with FP32; and a 12.8M run of 4 seeds): each budget is its own row, FP8 against

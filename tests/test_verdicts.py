@@ -304,6 +304,28 @@ def test_a11_key_number_names_the_crossover_and_each_interval():
     assert V.legged.crossover({256: True, 1024: False}) is None
 
 
+def test_a11_names_the_environment_of_each_width_and_judges_quality_per_environment():
+    ups = pd.concat([legged_ups({256: 0.8, 1024: 1.15, 4096: 1.3}),
+                     legged_ups({512: 0.9, 1024: 0.95}, env="Go1JoystickFlatTerrain")])
+    quality = pd.concat([legged_quality({256: KEPT}).assign(env="ant"),
+                         legged_quality({512: WIDE}).assign(env="Go1JoystickFlatTerrain")])
+    v = V.a11(ups, quality)
+    assert v.verdict == "partly"
+    # at 1024 the median of ant's 1.15x and Go1's 0.95x, 1.05x, does not pay
+    assert "FP8 pays from width 4096 on" in v.key_number
+    assert v.key_number.startswith("fp8-delayed/BF16 whole PPO loop on Go1JoystickFlatTerrain,"
+                                   " ant (MJX physics): 0.80x at ant w256 (width 256;")
+    assert "0.90x at Go1JoystickFlatTerrain w512 (width 512;" in v.key_number
+    assert "1.05x at Go1JoystickFlatTerrain/ant w1024 (width 1024;" in v.key_number
+    assert ("quality vs FP32 ant width 256: P(fp8-delayed>fp32)=0.50 [0.42,0.58] vs margin "
+            "[0.40,0.60]: kept, Go1JoystickFlatTerrain width 512: P(fp8-delayed>fp32)=0.45 "
+            "[0.30,0.60]") in v.key_number
+    # Go1's interval straddles the margin: undecided there, so not "reproduced" even if fast
+    fast = pd.concat([legged_ups({256: 1.2}), legged_ups({512: 1.2},
+                                                         env="Go1JoystickFlatTerrain")])
+    assert V.a11(fast, quality).verdict == "inconclusive"
+
+
 def test_a11_quality_needs_eight_seeds_and_the_margin_comes_from_the_definition():
     v = V.a11(legged_ups(FAST), legged_quality({256: KEPT}, n=4))
     assert v.verdict == "partly" and "quality not measured with >= 8 seeds" in v.key_number
@@ -328,7 +350,7 @@ def test_a11_counts_native_pairs_of_one_call_on_the_best_measured_gpu():
     # two environments at one width: the median of their ratios, (1.0 + 1.3) / 2 = 1.15 pays
     ups = pd.concat([legged_ups({256: 1.0}), legged_ups({256: 1.3}, env="humanoid")])
     v = V.a11(ups, legged_quality({256: KEPT}))
-    assert v.verdict == "reproduced" and "on ant, humanoid (MJX physics): 1.15x at w256" in \
+    assert v.verdict == "reproduced" and "on ant, humanoid (MJX physics): 1.15x at ant/humanoid w256" in \
         v.key_number
 
 

@@ -117,13 +117,15 @@ def quality_table(df: pd.DataFrame, reps: int = 1000) -> pd.DataFrame:
     fr = q[q.metric == "final_return"] if len(q) else q
     if not len(fr):
         return pd.DataFrame(columns=cols)
-    fr = _sizes(fr, ["size", "width", "total_timesteps"])
+    fr = _sizes(fr, ["env", "size", "width", "total_timesteps"])
     fr["total_timesteps"] = pd.to_numeric(fr["total_timesteps"], errors="coerce").fillna(0) \
         .astype(int)
     rows = []
-    for (hw, size, width, steps), g in fr.groupby(["hardware", "size", "width",
-                                                    "total_timesteps"]):
-        part = pd.concat([g, q[(q.metric == "random_return") & (q.hardware == hw)]])
+    for (hw, env, size, width, steps), g in fr.groupby(["hardware", "env", "size", "width",
+                                                         "total_timesteps"]):
+        rnd = q[(q.metric == "random_return") & (q.hardware == hw)]
+        rnd = rnd[rnd.sizes.map(lambda s: s.get("env")) == env]
+        part = pd.concat([g, rnd])
         # every recipe on all of its seeds (cells may hold different counts; the bootstrap
         # resamples each recipe's seeds on their own)
         scores, envs = {}, []
@@ -139,7 +141,7 @@ def quality_table(df: pd.DataFrame, reps: int = 1000) -> pd.DataFrame:
         scale_ok = per[per.variant == REFERENCE].final_return.mean() > floor
         for v, s in scores.items():
             mine = per[per.variant == v]
-            rows.append({"hardware": hw, "env": ",".join(envs), "size": size, "width": width,
+            rows.append({"hardware": hw, "env": env, "size": size, "width": width,
                          "total_timesteps": int(steps), "recipe": v, "n_seeds": int(s.shape[0]),
                          "mean_return": float(mine.final_return.mean()),
                          "normalised": float(s.mean()) if scale_ok else np.nan,
@@ -158,7 +160,7 @@ def evidence(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def key_numbers(ups: pd.DataFrame, quality: pd.DataFrame) -> dict:
-    """A11's numbers for ``metrics/10_legged.json``, per hardware, recipe and width: the
+    """A11's numbers for ``metrics/10_legged.json``, per hardware, recipe, env and width: the
     whole-loop and update-alone speedups over BF16 of pairs recorded in one call and not
     emulated (``e2e``, ``update``), and P(recipe > FP32) with its interval (``poi``,
     ``poi_lo``, ``poi_hi``) where A11 judges it: the width's longest training
@@ -167,7 +169,9 @@ def key_numbers(ups: pd.DataFrame, quality: pd.DataFrame) -> dict:
 
     def put(r, **numbers):
         at = out.setdefault(r.hardware, {}).setdefault(r.recipe, {})
-        at.setdefault(f"width_{int(r.width)}", {}).update(numbers)
+        env = getattr(r, "env", None)
+        at.setdefault(f"{env}_width_{int(r.width)}" if isinstance(env, str) else
+                      f"width_{int(r.width)}", {}).update(numbers)
 
     ok = ups[~ups.emulated.astype(bool) & ups.same_commit.astype(bool)] if len(ups) else ups
     for r in ok.itertuples():

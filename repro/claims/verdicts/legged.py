@@ -37,7 +37,7 @@ def crossover(pays: dict[int, bool]) -> int | None:
 
 def longest_runs(quality: pd.DataFrame, min_seeds: int = 1) -> pd.DataFrame:
     """The rows of ``repro.analysis.legged.quality_table`` that judge quality: per (hardware,
-    recipe, width), the longest training (``total_timesteps``) among rows with >= ``min_seeds``
+    recipe, env, width), the longest training (``total_timesteps``) among rows with >= ``min_seeds``
     seeds (more seeds breaking a tie): a size trained for several budgets is judged where its
     training went furthest."""
     if not len(quality):
@@ -45,15 +45,26 @@ def longest_runs(quality: pd.DataFrame, min_seeds: int = 1) -> pd.DataFrame:
     q = quality[quality.n_seeds >= min_seeds] if "n_seeds" in quality else quality
     order = q.assign(_steps=q.get("total_timesteps", 0), _seeds=q.get("n_seeds", 0)) \
         .sort_values(["_steps", "_seeds"])
-    return order.groupby(["hardware", "recipe", "width"], sort=False).tail(1) \
+    keys = ["hardware", "recipe"] + (["env"] if "env" in q else []) + ["width"]
+    return order.groupby(keys, sort=False).tail(1) \
         .drop(columns=["_steps", "_seeds"]).sort_index()
 
 
+def _where(env, width) -> tuple[str, int]:
+    """A sort key and label part: ``(env or "", width)``."""
+    return ("" if not isinstance(env, str) else env, int(width))
+
+
+def _label(key: tuple[str, int]) -> str:
+    env, width = key
+    return f"{env} width {width}" if env else f"width {width}"
+
+
 def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
-                  ) -> dict[int, tuple[bool | str, str]]:
-    """Per width with >= MIN_SEEDS seeds: (kept: True / False / UNSURE, its text), from the
-    ``poi``, ``poi_lo``, ``poi_hi`` columns of ``repro.analysis.legged.quality_table``, at the
-    width's longest training (:func:`longest_runs`)."""
+                  ) -> dict[tuple[str, int], tuple[bool | str, str]]:
+    """Per (env, width) with >= MIN_SEEDS seeds: (kept: True / False / UNSURE, its text), from
+    the ``poi``, ``poi_lo``, ``poi_hi`` columns of ``repro.analysis.legged.quality_table``, at
+    the longest training (:func:`longest_runs`)."""
     q = longest_runs(quality[quality.recipe == recipe], MIN_SEEDS) if len(quality) else quality
     out = {}
     for r in q.itertuples():
@@ -61,12 +72,12 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
                              "hi": r.poi_hi}])
         state, text = _kept(poi, recipe, REFERENCE, bounds)
         steps = int(getattr(r, "total_timesteps", 0) or 0)
-        out[int(r.width)] = (state, f"{text} ({steps / 1e6:.1f}M steps per seed)" if steps
-                             else text)
+        out[_where(getattr(r, "env", None), r.width)] = (
+            state, f"{text} ({steps / 1e6:.1f}M steps per seed)" if steps else text)
     return out
 
 
-def _held(kept: dict[int, tuple[bool | str, str]]) -> bool | str | None:
+def _held(kept: dict[tuple[str, int], tuple[bool | str, str]]) -> bool | str | None:
     """Quality over every measured width: lost anywhere -> False, else undecided anywhere ->
     UNSURE, else True; None if no width was measured."""
     states = [s for s, _ in kept.values()]
@@ -102,10 +113,13 @@ def a11(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str = RECIPE,
                        f"no native-FP8 {recipe}/BF16 pairs of the legged study on a GPU", "",
                        f"results/*/{EXPERIMENT}", NOTE)
     hw = u.groupby("hardware").size().idxmax()
-    envs = ", ".join(sorted(set(u[u.hardware == hw].env)))
-    u = u[u.hardware == hw].groupby("width", as_index=False).agg(
+    u = u[u.hardware == hw]
+    envs = sorted(set(u.env))
+    # per width, the median over the environments measured at it
+    u = u.groupby("width", as_index=False).agg(
         e2e=("e2e", "median"), update=("update", "median"), size=("size", "first"),
-        physics_share=("physics_share", "first")).sort_values("width")
+        physics_share=("physics_share", "first"),
+        env=("env", lambda x: "/".join(sorted(set(x))))).sort_values("width")
     pays = {int(r.width): bool(r.e2e >= PAYS) for r in u.itertuples()}
     kept = _quality_kept(quality[quality.hardware == hw] if len(quality) else quality, recipe,
                          bounds)
@@ -118,14 +132,16 @@ def a11(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str = RECIPE,
         verdict = "inconclusive"
     else:
         verdict = "partly"
-    speed = ", ".join(f"{r['e2e']:.2f}x at {r['size']} (width {int(r['width'])}; update alone "
+    at = (lambda r: f"{r['env']} {r['size']}") if len(envs) > 1 else (lambda r: r["size"])
+    speed = ", ".join(f"{r['e2e']:.2f}x at {at(r)} (width {int(r['width'])}; update alone "
                       f"{r['update']:.2f}x; physics {r['physics_share']:.0%} of the BF16 loop)"
                       for _, r in u.iterrows())
     qual = (f"quality not measured with >= {MIN_SEEDS} seeds" if not kept else
-            "quality vs FP32 " + ", ".join(f"width {w}: {t}" for w, (_, t) in
-                                           sorted(kept.items())))
+            "quality vs FP32 " + ", ".join(f"{_label(k)}: {t}" for k, (_, t) in
+                                           sorted(kept.items(), key=lambda kv: kv[0][::-1])))
     where = (f"FP8 pays from width {cross} on" if cross is not None else
              f"FP8 does not pay up to width {int(u.width.max())}")
+    envs = ", ".join(envs)
     key = f"{recipe}/BF16 whole PPO loop on {envs} (MJX physics): {speed}; {where}; {qual}"
     return Verdict("A11", verdict, key, hw,
                    f"results/{hw}/{EXPERIMENT} (env_steps_per_s, update_ms, final_return, "
