@@ -24,7 +24,9 @@
 #
 # **Method.** Continuous-action PPO (`repro.models.ppo_continuous`: Gaussian policy with a
 # learned log standard deviation, running observation normalisation, reward scaling, the clipped
-# loss, GAE and truncation bootstrap of `repro.models.ppo`) on brax's ant with MJX physics
+# loss, GAE and truncation bootstrap of `repro.models.ppo`) on brax's ant and MuJoCo
+# Playground's Go1 joystick task (`Go1JoystickFlatTerrain`, MJX's JAX implementation, with
+# Playground's 512-256-128 networks and reward scale), both with MJX physics
 # (`repro.models.envs`). The study (`repro.studies.legged`, `repro record legged`) measures:
 #
 # * **physics alone**: env-steps/s of a scanned rollout with random actions, per number of
@@ -34,7 +36,8 @@
 #   update timed as separate programs: physics (from the physics cells), the policy's rollout
 #   work, the update, and the rest;
 # * **quality**: final return per seed (mean return over the last `last_fraction` of training,
-#   `params.yaml`), FP32 / BF16 / FP8 at brax's ant sizes and at a wide size, scored as in
+#   `params.yaml`), FP32 / BF16 / FP8 at brax's ant sizes, at a wide ant size and at
+#   Playground's Go1 size, scored as in
 #   notebook 04: normalised to (random, FP32) and compared by the probability of improvement
 #   `P(FP8 > FP32)` with a 95% stratified-bootstrap interval (rliable);
 # * **a peer**: brax's own PPO trainer against ours at equal settings in one process.
@@ -43,8 +46,9 @@
 # only. FP8 (`fp8-delayed`) *pays* at a policy size when its whole PPO loop, physics included,
 # reaches at least 1.1x BF16's env-steps/s (the threshold of "faster" in notebook 03), counting
 # only pairs of cells recorded in one call and not emulated. Its quality is a parity claim, as
-# A5, A6 and A10: at a size with at least 8 seeds (judged at the longest training recorded
-# for that width, each recipe against FP32 trained as long) it is *kept* if the 95% interval
+# A5, A6 and A10: per environment at a size with at least 8 seeds (judged at the longest
+# training recorded for that width, each recipe against FP32 trained as long; not judged where
+# FP32 did not beat the random policy, since then nothing learned) it is *kept* if the 95% interval
 # of `P(FP8 > FP32)` lies at or above the low end of A11's equivalence margin [0.4, 0.6]
 # (`repro/data/claims.yaml`), *lost* if it lies below, undecided if it straddles it. The
 # *crossover* is the smallest measured width from which FP8 pays at every wider one.
@@ -116,7 +120,7 @@ COLS = ["hardware", "size", "width", "recipe", "env_steps_per_s", "loop_ms_per_u
 def plot_speed(speed, ups):
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     if len(speed):
-        lab = [f"{r.size}\n{r.recipe}" for r in speed.itertuples()]
+        lab = [f"{r.env[:3]} {r.size}\n{r.recipe}" for r in speed.itertuples()]
         bottom = np.zeros(len(speed))
         for col, name in (("physics_ms", "physics"), ("policy_ms_per_update", "policy (rollout)"),
                           ("update_ms", "update")):
@@ -139,7 +143,7 @@ def plot_speed(speed, ups):
               title="Where an update's time goes")
     ax[1].set(xlabel="widest hidden layer (units)", ylabel="speedup over BF16 (x)",
               title=f"FP8 / BF16 (dotted: {verdicts.legged.PAYS}x, where FP8 pays)")
-    fig.suptitle("PPO on ant, MJX physics")
+    fig.suptitle("PPO on MJX physics (ant; Go1 at Playground's size)")
     return fig
 
 
@@ -160,31 +164,39 @@ ups.round(3) if len(ups) else "no FP8/BF16 pairs in the committed records"
 # (`total_timesteps`) and cells different numbers of seeds (`n_seeds`, as their records say):
 # each recipe is compared with FP32 trained as long, on all seeds of both, and the bootstrap
 # resamples each one's seeds on their own. The verdict reads each size at its longest budget.
+#
+# `learned` says whether FP32 beat the random policy (`random_return`); where it did not, the
+# row is shown but not judged: recipes that all stayed at the floor compare noise. Go1 can stay
+# there for a long time: Playground clips its per-step reward at zero, and a policy whose
+# actions are as noisy as ours at the start (standard deviation 1, clipped to [-1, 1]) falls
+# within a few dozen steps and earns nothing, so PPO sees no reward to follow (Playground
+# trains Go1 for 200M steps: `mujoco_playground/config/locomotion_params.py`).
 
 # %%
 def plot_curves(df):
     c = df[df.metric == "final_return"] if len(df) else df
-    sizes = sorted(set(c.sizes.map(lambda s: s.get("size")))) if len(c) else []
-    fig, axes = plt.subplots(1, max(len(sizes), 1), figsize=(5.5 * max(len(sizes), 1), 4),
+    panel = c.sizes.map(lambda s: (s.get("env"), s.get("size"))) if len(c) else []
+    panels = sorted(set(panel))
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5.5 * max(len(panels), 1), 4),
                              squeeze=False)
     recipes = sorted(set(c.extra.map(lambda e: e["variant"]))) if len(c) else []
     colour = {v: f"C{i}" for i, v in enumerate(recipes)}
-    # one panel per size; one curve per training budget and recipe (a recipe keeps its colour,
-    # a budget its line style; budgets are never averaged together), against env steps per seed
-    keys = [c.sizes.map(lambda s: s.get("size")),
-            c.sizes.map(lambda s: int(s.get("total_timesteps") or 0)),
+    # one panel per environment and size; one curve per training budget and recipe (a recipe
+    # keeps its colour, a budget its line style; budgets are never averaged together), against
+    # env steps per seed
+    keys = [panel, c.sizes.map(lambda s: int(s.get("total_timesteps") or 0)),
             c.extra.map(lambda e: e["variant"])]
     budgets = sorted(set(keys[1])) if len(c) else []
-    for (size, steps, v), g in c.groupby(keys) if len(c) else []:
+    for (where, steps, v), g in c.groupby(keys) if len(c) else []:
         curve = np.nanmean(np.array([[np.nan if x is None else x for x in e["curve"]]
                                      for e in g.extra], float), axis=0)
-        ax = axes[0, sizes.index(size)]
+        ax = axes[0, panels.index(where)]
         ax.plot(steps / 1e6 * np.linspace(0, 1, len(curve)), curve, color=colour[v],
                 ls=["-", "--", ":", "-."][budgets.index(steps) % 4],
                 label=f"{v}, {steps / 1e6:.1f}M ({len(g)} seeds)")
-    for ax, size in zip(axes[0], sizes or [""]):
+    for ax, (env, size) in zip(axes[0], panels or [("", "")]):
         ax.set(xlabel="env steps per seed (millions)", ylabel="mean episode return",
-               title=f"ant (MJX physics), size {size}")
+               title=f"{env} (MJX physics), size {size}")
         if len(c):
             ax.legend(fontsize=7)
     return fig
@@ -193,6 +205,10 @@ def plot_curves(df):
 quality = A.quality_table(df)
 if len(quality):
     nb.save(plot_curves(df), "10_legged_quality", df)
+    for r in quality[(quality.recipe == "fp32") & ~quality.learned.astype(bool)].itertuples():
+        print(f"not judged: {r.env} at {r.size}, {r.total_timesteps / 1e6:.1f}M steps: FP32's "
+              f"mean return {r.mean_return:.3g} did not beat the random policy's "
+              f"{r.random_return:.3g}")
 quality.round(3) if len(quality) else "no quality records in the committed records"
 
 # %% [markdown]

@@ -326,6 +326,26 @@ def test_a11_names_the_environment_of_each_width_and_judges_quality_per_environm
     assert V.a11(fast, quality).verdict == "inconclusive"
 
 
+def test_a11_does_not_judge_quality_where_fp32_did_not_beat_the_random_policy():
+    """Go1 where every recipe stayed at the random policy's return: P(FP8 > FP32) there
+    compares noise, so that width is left out of the judgement and says why."""
+    go1 = pd.DataFrame([{"hardware": "h200", "env": "Go1", "width": 512, "recipe": r,
+                         "n_seeds": 16, "total_timesteps": 6_553_600, "poi": p, "poi_lo": lo,
+                         "poi_hi": hi, "mean_return": m, "learned": False,
+                         "random_return": 0.5}
+                        for r, p, lo, hi, m in (("fp32", np.nan, np.nan, np.nan, 0.25),
+                                                ("fp8-delayed", 0.1, 0.0, 0.2, 0.125))])
+    ant = legged_quality({256: KEPT}).assign(env="ant", learned=True)
+    v = V.a11(legged_ups(FAST), pd.concat([ant, go1]))
+    # ant kept at the standard size, FAST pays there; Go1's LOST-looking interval is not judged
+    assert v.verdict == "reproduced"
+    assert ("Go1 width 512: not judged: FP32's mean return 0.25 did not beat the random "
+            "policy's 0.5 (6.6M steps per seed)") in v.key_number
+    assert "P(fp8-delayed>fp32)=0.10" not in v.key_number
+    # nothing judged anywhere: as if quality were not measured
+    assert V.a11(legged_ups(FAST), go1).verdict == "partly"
+
+
 def test_a11_quality_needs_eight_seeds_and_the_margin_comes_from_the_definition():
     v = V.a11(legged_ups(FAST), legged_quality({256: KEPT}, n=4))
     assert v.verdict == "partly" and "quality not measured with >= 8 seeds" in v.key_number

@@ -110,9 +110,11 @@ def speedups(speed: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
 def quality_table(df: pd.DataFrame, reps: int = 1000) -> pd.DataFrame:
     """Per (hardware, env, size, training steps per seed) and recipe: seeds, mean return, mean
     normalised score (NaN where FP32 did not beat the random policy) and P(recipe > fp32) with
-    its 95% interval, each recipe against FP32 trained as long."""
+    its 95% interval, each recipe against FP32 trained as long; ``learned``: whether FP32's
+    mean return beat the random policy's (``random_return``)."""
     cols = ["hardware", "env", "size", "width", "total_timesteps", "recipe", "n_seeds",
-            "mean_return", "normalised", "poi", "poi_lo", "poi_hi", "diverged", "profile"]
+            "mean_return", "normalised", "poi", "poi_lo", "poi_hi", "diverged", "learned",
+            "random_return", "profile"]
     q = df[df.metric.isin(["final_return", "random_return"])] if len(df) else df
     fr = q[q.metric == "final_return"] if len(q) else q
     if not len(fr):
@@ -147,7 +149,8 @@ def quality_table(df: pd.DataFrame, reps: int = 1000) -> pd.DataFrame:
                          "normalised": float(s.mean()) if scale_ok else np.nan,
                          "poi": poi["p"].get(v, np.nan), "poi_lo": poi["lo"].get(v, np.nan),
                          "poi_hi": poi["hi"].get(v, np.nan),
-                         "diverged": int(mine.diverged.sum()),
+                         "diverged": int(mine.diverged.sum()), "learned": bool(scale_ok),
+                         "random_return": float(floor),
                          "profile": ",".join(sorted(set(mine.profile.dropna())))})
     return pd.DataFrame(rows, columns=cols)
 

@@ -61,26 +61,37 @@ def _label(key: tuple[str, int]) -> str:
 
 
 def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
-                  ) -> dict[tuple[str, int], tuple[bool | str, str]]:
+                  ) -> dict[tuple[str, int], tuple[bool | str | None, str]]:
     """Per (env, width) with >= MIN_SEEDS seeds: (kept: True / False / UNSURE, its text), from
     the ``poi``, ``poi_lo``, ``poi_hi`` columns of ``repro.analysis.legged.quality_table``, at
-    the longest training (:func:`longest_runs`)."""
+    the longest training (:func:`longest_runs`). Where FP32 did not beat the random policy
+    (``learned`` false) nothing learned, so nothing is compared: (None, why)."""
     q = longest_runs(quality[quality.recipe == recipe], MIN_SEEDS) if len(quality) else quality
     out = {}
     for r in q.itertuples():
+        steps = getattr(r, "total_timesteps", 0)
+        steps = int(steps) if pd.notna(steps) else 0
+        budget = f" ({steps / 1e6:.1f}M steps per seed)" if steps else ""
+        where = _where(getattr(r, "env", None), r.width)
+        learned = getattr(r, "learned", True)
+        if pd.notna(learned) and not bool(learned):
+            ref = quality[(quality.recipe == REFERENCE) & (quality.width == r.width)
+                          & (quality.get("env", "") == getattr(r, "env", ""))
+                          & (quality.get("total_timesteps", 0) == steps)].mean_return
+            out[where] = (None, f"not judged: FP32's mean return {ref.mean():.3g} did not beat "
+                                f"the random policy's {r.random_return:.3g}{budget}")
+            continue
         poi = pd.DataFrame([{"x": recipe, "y": REFERENCE, "p": r.poi, "lo": r.poi_lo,
                              "hi": r.poi_hi}])
         state, text = _kept(poi, recipe, REFERENCE, bounds)
-        steps = int(getattr(r, "total_timesteps", 0) or 0)
-        out[_where(getattr(r, "env", None), r.width)] = (
-            state, f"{text} ({steps / 1e6:.1f}M steps per seed)" if steps else text)
+        out[where] = (state, text + budget)
     return out
 
 
-def _held(kept: dict[tuple[str, int], tuple[bool | str, str]]) -> bool | str | None:
+def _held(kept: dict[tuple[str, int], tuple[bool | str | None, str]]) -> bool | str | None:
     """Quality over every measured width: lost anywhere -> False, else undecided anywhere ->
-    UNSURE, else True; None if no width was measured."""
-    states = [s for s, _ in kept.values()]
+    UNSURE, else True; None if no width was judged."""
+    states = [s for s, _ in kept.values() if s is not None]
     if not states:
         return None
     return False if False in states else UNSURE if UNSURE in states else True
@@ -96,7 +107,8 @@ def a11(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str = RECIPE,
     (``same_commit``). FP8 *pays* at a policy size when ``recipe``'s whole PPO loop reaches
     >= 1.1x BF16's env-steps/s; its quality is *kept* at a size when P(``recipe`` > FP32)'s 95%
     interval over >= 8 seeds lies at or above the margin's low bound (``bounds``, else A11's
-    margin), judged at the longest training recorded for that width with enough seeds. The
+    margin), judged per environment at the longest training recorded for that width with
+    enough seeds; where FP32 did not beat the random policy, nothing is judged. The
     crossover is the smallest measured width from which FP8 pays at every wider one.
 
     **reproduced**: FP8 pays at the narrowest measured size (the standard legged policy) and
