@@ -167,10 +167,10 @@ ups.round(3) if len(ups) else "no FP8/BF16 pairs in the committed records"
 #
 # `learned` says whether FP32 beat the random policy (`random_return`); where it did not, the
 # row is shown but not judged: recipes that all stayed at the floor compare noise. Go1 can stay
-# there for a long time: Playground clips its per-step reward at zero, and a policy whose
-# actions are as noisy as ours at the start (standard deviation 1, clipped to [-1, 1]) falls
-# within a few dozen steps and earns nothing, so PPO sees no reward to follow (Playground
-# trains Go1 for 200M steps: `mujoco_playground/config/locomotion_params.py`).
+# there for a long time: Playground clips its per-step reward at zero, so a policy whose
+# actions are as noisy as ours at the start (standard deviation 1, clipped to [-1, 1]) earns
+# about what the uniform random policy does (`random_return`) and PPO sees little reward to
+# follow (Playground trains Go1 for 200M steps: `mujoco_playground/config/locomotion_params.py`).
 
 # %%
 def plot_curves(df):
