@@ -5,6 +5,7 @@ the study's cells and the A11 tables on hand-made records (the A11 rule: tests/t
 
 Tests that need brax / MuJoCo / Playground skip where the ``[legged]`` extra is missing."""
 
+import importlib.util
 import math
 import xml.etree.ElementTree as ET
 
@@ -89,13 +90,26 @@ def test_gaussian_actor_critic_sizes_scope_and_outputs():
     np.testing.assert_array_equal(log_std, np.full((4, 3), -0.5, np.float32))
 
 
+def test_initial_std_reaches_the_network_and_the_peer():
+    c = pc.validate({"init_std": 0.2, "policy_sizes": (8,), "value_sizes": (8,)})
+    v = pc.build_network(c, 3).init(jax.random.key(0), jnp.zeros((2, 5)))
+    np.testing.assert_allclose(np.exp(v["params"]["log_std"]), [0.2] * 3, rtol=1e-6)
+    assert pc.validate({}).init_std == 1.0  # brax's init_noise_std default
+    if importlib.util.find_spec("brax"):
+        from repro.models import brax_peer
+
+        kw = brax_peer.brax_kwargs(pc.validate({"init_std": 0.2, "num_envs": 64}), 3, 4)
+        assert kw["network_factory"].keywords["init_noise_std"] == 0.2
+
+
 def test_validation_errors_are_one_line():
     for bad, needle in (({"env": "cheetah"}, "unknown legged env"),
                         ({"backend": "warp"}, "unknown brax backend"),
                         ({"physics_precision": "tf32"}, "physics_precision"),
                         ({"policy_sizes": []}, "policy_sizes"),
                         ({"num_envs": 6, "num_minibatches": 4, "num_steps": 1}, "divide"),
-                        ({"recipe": "fp7"}, "recipe")):
+                        ({"recipe": "fp7"}, "recipe"),
+                        ({"init_std": 0.0}, "init_std"), ({"init_std": -0.5}, "init_std")):
         with pytest.raises(ValueError, match=needle) as e:
             pc.validate(bad)
         assert "\n" not in str(e.value)
@@ -327,7 +341,7 @@ def test_study_cells_come_in_verdict_order_and_check_names_the_culprit():
 def test_an_environment_entry_gives_its_parts_own_settings():
     from repro.studies import legged as L
 
-    go1 = {"reward_scaling": 1.0, "physics": {"num_envs": [16], "precisions": ["default"]},
+    go1 = {"reward_scaling": 1.0, "init_std": 0.2, "physics": {"num_envs": [16], "precisions": ["default"]},
            "speed": None, "quality": {"sizes": ["w"], "seeds": 3}, "peer": None}
     p = _params(envs={"ant": {}, "Go1JoystickFlatTerrain": go1})
     names = [c.name for c in L.cells(p)]
@@ -340,8 +354,9 @@ def test_an_environment_entry_gives_its_parts_own_settings():
     assert pe["quality"] == {"sizes": ["w"], "recipes": ["fp32", "fp8-delayed"], "seeds": 3}
     assert pe["physics"]["steps"] == 2 and pe["peer"] is None and pe["speed"] is None
     c = L.config(p, "Go1JoystickFlatTerrain", "quality", "w", "bf16")
-    assert (c.reward_scaling, c.policy_sizes, c.num_envs) == (1.0, (64,), 4)
-    assert L.config(p, "ant", "quality", "w").reward_scaling == 10.0  # the default, not Go1's
+    assert (c.reward_scaling, c.init_std, c.policy_sizes, c.num_envs) == (1.0, 0.2, (64,), 4)
+    ant = L.config(p, "ant", "quality", "w")
+    assert (ant.reward_scaling, ant.init_std) == (10.0, 1.0)  # the defaults, not Go1's
     L.check(p)
     bad = _params(envs={"ant": {"quality": {"sizes": ["x"]}}})
     with pytest.raises(ValueError, match="legged.quality.sizes: unknown size 'x'"):

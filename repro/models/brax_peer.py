@@ -15,7 +15,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from repro.models import ppo_continuous as pc
 
@@ -56,7 +55,7 @@ def brax_kwargs(c: pc.ContinuousPPOConfig, num_evals: int, eval_envs: int) -> di
         brax_networks.make_ppo_networks, policy_hidden_layer_sizes=c.policy_sizes,
         value_hidden_layer_sizes=c.value_sizes, activation=getattr(linen, c.activation),
         distribution_type="normal", noise_std_type="log",
-        init_noise_std=float(np.exp(c.init_log_std)))
+        init_noise_std=float(c.init_std))
     return dict(num_timesteps=c.total_timesteps, num_envs=c.num_envs,
                 episode_length=c.episode_length, action_repeat=c.action_repeat,
                 unroll_length=c.num_steps, batch_size=c.num_envs // c.num_minibatches,

@@ -69,7 +69,7 @@ class ContinuousPPOConfig(ppo.PPOConfig):
     policy_sizes: tuple[int, ...] = (32, 32, 32, 32)
     value_sizes: tuple[int, ...] = (256, 256, 256, 256, 256)
     activation: str = "swish"
-    init_log_std: float = 0.0
+    init_std: float = 1.0  # the policy's initial standard deviation (brax's init_noise_std)
     normalize_observations: bool = True
     reward_scaling: float = 10.0
     num_minibatches: int = 32
@@ -91,6 +91,8 @@ def validate(config: Mapping[str, Any] | ContinuousPPOConfig) -> ContinuousPPOCo
         raise ValueError(f"policy_sizes {c.policy_sizes} and value_sizes {c.value_sizes} "
                          "need at least one layer each, every width >= 1")
     ppo.check_common(c, ("episode_length", "action_repeat"))
+    if not c.init_std > 0:
+        raise ValueError(f"PPO config init_std={c.init_std!r}: expected a float > 0")
     return c
 
 
@@ -164,7 +166,7 @@ def make_env(c: ContinuousPPOConfig) -> envs.Adapter:
 
 def build_network(c: ContinuousPPOConfig, action_size: int) -> networks.GaussianActorCritic:
     return networks.GaussianActorCritic(action_size, c.recipe, c.policy_sizes, c.value_sizes,
-                                        c.activation, c.init_log_std)
+                                        c.activation, math.log(c.init_std))
 
 
 def init_state(c: ContinuousPPOConfig, network, obs_size: int, tx, key):
