@@ -174,6 +174,13 @@ ups.round(3) if len(ups) else "no FP8/BF16 pairs in the committed records"
 # (`init_std` in `params.yaml`; brax calls it `init_noise_std`), close enough to standing still
 # that the first policies collect reward. Playground itself trains Go1 for 200M steps
 # (`mujoco_playground/config/locomotion_params.py`), far longer than this study.
+#
+# Go1's curves rise and fall with a period of one episode (1000 steps, 50 updates of 20 steps):
+# every environment starts at once, so episodes that run to the time limit all end together
+# and, between those ends, only the episodes that fell early are counted. The final return
+# (the mean over the last `last_fraction` of training) therefore mixes a peak and a trough,
+# at the same phase for every recipe; it compares recipes, but it is not a score of the final
+# policy the way an evaluation over whole episodes would be.
 
 # %%
 def plot_curves(df):
