@@ -341,8 +341,8 @@ def test_study_cells_come_in_verdict_order_and_check_names_the_culprit():
 def test_an_environment_entry_gives_its_parts_own_settings():
     from repro.studies import legged as L
 
-    go1 = {"reward_scaling": 1.0, "init_std": 0.2, "physics": {"num_envs": [16], "precisions": ["default"]},
-           "speed": None, "quality": {"sizes": ["w"], "seeds": 3}, "peer": None}
+    go1 = {"reward_scaling": 1.0, "init_std": 0.2,
+           "physics": {"num_envs": [16], "precisions": ["default"]}, "speed": None, "quality": {"sizes": ["w"], "seeds": 3}, "peer": None}
     p = _params(envs={"ant": {}, "Go1JoystickFlatTerrain": go1})
     names = [c.name for c in L.cells(p)]
     assert names[11:] == ["Go1JoystickFlatTerrain_physics_e16_default",
