@@ -159,7 +159,9 @@ ups.round(3) if len(ups) else "no FP8/BF16 pairs in the committed records"
 #
 # Per policy size: seeds, mean final return, mean normalised score ((return - random) /
 # (FP32 mean - random)) and `P(recipe > FP32)` with its 95% interval, per training budget;
-# then the learning curves (mean over seeds of each update's mean episode return), one panel
+# for the FP8 recipes also `P(recipe > BF16)` (`poi_bf16`), which the verdict shows but does
+# not judge: it tells a loss that FP8 adds from one that 16-bit compute already has. Then the
+# learning curves (mean over seeds of each update's mean episode return), one panel
 # per size, against env steps per seed. A cell may hold runs of several training budgets
 # (`total_timesteps`) and cells different numbers of seeds (`n_seeds`, as their records say):
 # each recipe is compared with FP32 trained as long, on all seeds of both, and the bootstrap

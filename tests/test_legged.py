@@ -479,6 +479,24 @@ def test_quality_table_uses_every_seed_of_cells_with_different_seed_counts():
     assert q.loc["fp8-delayed", "mean_return"] == pytest.approx(92.5)
 
 
+def test_quality_table_reads_other_recipes_against_bf16_too():
+    """P(recipe > bf16) by hand over the seed pairs for the FP8 recipe; none for FP32 and
+    BF16 themselves, nor where no BF16 cell was recorded."""
+    q = _quality({"fp32": [100, 110, 120, 130], "bf16": [90, 100, 110, 120],
+                  "fp8-delayed": [95, 125]})
+    # 95 beats 90 of BF16's four; 125 beats all four: 5 / 8
+    assert q.loc["fp8-delayed", "poi_bf16"] == pytest.approx(5 / 8)
+    assert q.loc["fp8-delayed", "poi_bf16_lo"] <= 5 / 8 <= q.loc["fp8-delayed", "poi_bf16_hi"]
+    assert q.loc[["fp32", "bf16"], "poi_bf16"].isna().all()
+    # FP32 is still the judged reference: 95 beats none, 125 three of four: 3 / 8
+    assert q.loc["fp8-delayed", "poi"] == pytest.approx(3 / 8)
+    assert _quality({"fp32": [100, 110], "fp8-delayed": [95, 125]}).poi_bf16.isna().all()
+    numbers = A.key_numbers(A.speedups(pd.DataFrame()), q.reset_index())
+    at = numbers["h200"]["fp8-delayed"]["ant_width_256"]
+    assert at["poi_bf16"] == pytest.approx(5 / 8) and "poi_bf16" not in numbers["h200"]["bf16"][
+        "ant_width_256"]
+
+
 def test_quality_table_scores_each_environment_against_its_own_random_floor():
     """ant and Go1 at one size label: a row per env, each normalised to its own floor and
     FP32 (hand-computed), never pooled."""

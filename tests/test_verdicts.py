@@ -298,6 +298,17 @@ def test_a11_key_number_names_the_crossover_and_each_interval():
         "P(fp8-delayed>fp32)=0.30 [0.20,0.35] vs margin [0.40,0.60]: lost, width 2048: " \
         "P(fp8-delayed>fp32)=0.50 [0.42,0.58] vs margin [0.40,0.60]: kept" in v.key_number
     assert "FP8 does not pay up to width 2048" in V.a11(legged_ups(SLOW), pd.DataFrame()).key_number
+
+
+def test_a11_shows_fp8_against_bf16_beside_the_judged_interval():
+    """Where the quality table has P(fp8-delayed > bf16) the text gives it, unjudged: it
+    changes no verdict (the margin is against FP32)."""
+    q = legged_quality({256: WIDE}).assign(poi_bf16=0.47, poi_bf16_lo=0.33, poi_bf16_hi=0.61)
+    v = V.a11(legged_ups(FAST), q)
+    assert "P(fp8-delayed>bf16)=0.47 [0.33,0.61] (not judged)" in v.key_number
+    assert v.verdict == V.a11(legged_ups(FAST), legged_quality({256: WIDE})).verdict \
+        == "inconclusive"
+    assert "bf16)=" not in V.a11(legged_ups(FAST), legged_quality({256: WIDE})).key_number
     assert "FP8 pays from width 256 on" in V.a11(legged_ups(FAST), pd.DataFrame()).key_number
     # a gap resets the crossover: paying at 256 and 4096 but not 1024 pays from 4096 on
     assert V.legged.crossover({256: True, 1024: False, 4096: True}) == 4096

@@ -19,6 +19,7 @@ from repro.claims.verdicts.quality import UNSURE, _kept
 EXPERIMENT = "legged"
 RECIPE = "fp8-delayed"
 REFERENCE = "fp32"
+BASELINE = "bf16"  # the speed baseline; quality is also shown (not judged) against it
 PAYS = 1.1  # FP8 "pays" where the whole loop is >= 1.1x BF16's (A2's "faster" threshold)
 MIN_SEEDS = 8
 NOTE = "notebook 10_legged"
@@ -64,8 +65,9 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
                   ) -> dict[tuple[str, int], tuple[bool | str | None, str]]:
     """Per (env, width) with >= MIN_SEEDS seeds: (kept: True / False / UNSURE, its text), from
     the ``poi``, ``poi_lo``, ``poi_hi`` columns of ``repro.analysis.legged.quality_table``, at
-    the longest training (:func:`longest_runs`). Where FP32 did not beat the random policy
-    (``learned`` false) nothing learned, so nothing is compared: (None, why)."""
+    the longest training (:func:`longest_runs`), the text also giving P(recipe > BF16) where
+    the table has it (``poi_bf16``). Where FP32 did not beat the random policy (``learned``
+    false) nothing learned, so nothing is compared: (None, why)."""
     q = longest_runs(quality[quality.recipe == recipe], MIN_SEEDS) if len(quality) else quality
     out = {}
     for r in q.itertuples():
@@ -84,7 +86,12 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
         poi = pd.DataFrame([{"x": recipe, "y": REFERENCE, "p": r.poi, "lo": r.poi_lo,
                              "hi": r.poi_hi}])
         state, text = _kept(poi, recipe, REFERENCE, bounds)
-        out[where] = (state, text + budget)
+        text += budget
+        vs16 = getattr(r, "poi_bf16", float("nan"))
+        if pd.notna(vs16):  # shown beside the judged comparison: FP8 against 16-bit compute
+            text += (f"; P({recipe}>{BASELINE})={vs16:.2f} [{r.poi_bf16_lo:.2f},"
+                     f"{r.poi_bf16_hi:.2f}] (not judged)")
+        out[where] = (state, text)
     return out
 
 
