@@ -23,11 +23,9 @@ import pandas as pd
 from repro import results
 from repro.analysis import rl as rl_analysis
 from repro.analysis import stats
-from repro.claims.verdicts.legged import longest_runs
+from repro.claims.verdicts.legged import BASELINE, REFERENCE, longest_runs
 
 EXPERIMENT = "legged"
-BASELINE = "bf16"
-REFERENCE = "fp32"
 
 
 def _sizes(d: pd.DataFrame, keys) -> pd.DataFrame:

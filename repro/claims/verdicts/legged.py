@@ -19,7 +19,7 @@ from repro.claims.verdicts.quality import UNSURE, _kept
 EXPERIMENT = "legged"
 RECIPE = "fp8-delayed"
 REFERENCE = "fp32"
-BASELINE = "bf16"  # the speed baseline; quality is also shown (not judged) against it
+BASELINE = "bf16"  # the speed baseline; quality is shown (not judged) against it too
 PAYS = 1.1  # FP8 "pays" where the whole loop is >= 1.1x BF16's (A2's "faster" threshold)
 MIN_SEEDS = 8
 NOTE = "notebook 10_legged"
