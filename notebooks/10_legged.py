@@ -248,12 +248,15 @@ if len(peer):
     floor = df[df.metric == "random_return"].value.mean()
     ratio = m["env_steps_per_s", "repro"] / m["env_steps_per_s", "brax"]
     learned = [i for i in ("repro", "brax") if m["eval_return", i] > floor]
+    seeds = peer.seed.nunique()
     print(f"ours / brax's trainer: {ratio:.2f}x env-steps/s; evaluation return "
-          f"{m['eval_return', 'repro']:.1f} (ours) vs {m['eval_return', 'brax']:.1f} (brax); "
-          f"random policy {floor:.1f}: " + (
+          f"{m['eval_return', 'repro']:.1f} (ours) vs {m['eval_return', 'brax']:.1f} (brax), "
+          f"mean of {seeds} seed(s); random policy {floor:.1f}: " + (
               f"above it: {', '.join(learned)}" if learned else
               "neither run is above it yet, so at this budget the returns show that both "
-              "trainers run, not which one learns better"))
+              "trainers run, not which one learns better")
+          + ("; one seed per trainer shows that both learn, not which learns better"
+             if seeds < 2 and learned else ""))
 else:
     print("no peer records in the committed records")
 
