@@ -245,7 +245,9 @@ if len(peer):
     display(peer.pivot_table(index=["hardware", "seed"], columns=["metric", "impl"],
                              values="value").round(1))
     m = peer.groupby(["metric", "impl"]).value.mean()
-    floor = df[df.metric == "random_return"].value.mean()
+    env = peer.sizes.map(lambda s: s["env"]).iloc[0]
+    floor = df[(df.metric == "random_return")
+               & (df.sizes.map(lambda s: s.get("env")) == env)].value.mean()
     ratio = m["env_steps_per_s", "repro"] / m["env_steps_per_s", "brax"]
     learned = [i for i in ("repro", "brax") if m["eval_return", i] > floor]
     seeds = peer.seed.nunique()
