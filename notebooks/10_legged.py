@@ -241,13 +241,13 @@ quality.round(3) if len(quality) else "no quality records in the committed recor
 peer = df[df.sizes.map(lambda s: "impl" in s)] if len(df) else df
 if len(peer):
     peer = peer.assign(impl=peer.sizes.map(lambda s: s["impl"]),
-                       seed=peer.sizes.map(lambda s: s["seed"]))
+                       seed=peer.sizes.map(lambda s: s["seed"]),
+                       env=peer.sizes.map(lambda s: s["env"]))
     display(peer.pivot_table(index=["hardware", "seed"], columns=["metric", "impl"],
                              values="value").round(1))
     m = peer.groupby(["metric", "impl"]).value.mean()
-    env = peer.sizes.map(lambda s: s["env"]).iloc[0]
     floor = df[(df.metric == "random_return")
-               & (df.sizes.map(lambda s: s.get("env")) == env)].value.mean()
+               & df.sizes.map(lambda s: s.get("env")).isin(set(peer.env))].value.mean()
     ratio = m["env_steps_per_s", "repro"] / m["env_steps_per_s", "brax"]
     learned = [i for i in ("repro", "brax") if m["eval_return", i] > floor]
     seeds = peer.seed.nunique()
@@ -258,7 +258,7 @@ if len(peer):
               "neither run is above it yet, so at this budget the returns show that both "
               "trainers run, not which one learns better")
           + ("; one seed per trainer shows that both learn, not which learns better"
-             if seeds < 2 and learned else ""))
+             if seeds < 2 and len(learned) == 2 else ""))
 else:
     print("no peer records in the committed records")
 
