@@ -90,6 +90,38 @@ def test_gaussian_actor_critic_sizes_scope_and_outputs():
     np.testing.assert_array_equal(log_std, np.full((4, 3), -0.5, np.float32))
 
 
+def _swish_tower_f64(params, x):
+    """A tower of swish layers then a linear output, in float64 (an independent reference)."""
+    names = sorted((k for k in params if k.startswith("hidden_")), key=lambda k: int(k[7:]))
+    for k in names:
+        z = x @ np.asarray(params[k]["kernel"], np.float64) + np.asarray(params[k]["bias"],
+                                                                           np.float64)
+        x = z / (1.0 + np.exp(-z))
+    return x @ np.asarray(params["out"]["kernel"], np.float64) + np.asarray(
+        params["out"]["bias"], np.float64)
+
+
+def test_critic_recipe_runs_the_value_tower_under_its_own_recipe():
+    x = np.asarray(jax.random.normal(jax.random.key(1), (64, 5)), np.float32)
+    mixed = networks.GaussianActorCritic(3, "bf16", (32, 32), (32, 32), critic_recipe="fp32")
+    v = mixed.init(jax.random.key(0), x)
+    (mean, _), value = mixed.apply(v, x)
+    (mean16, _), value16 = networks.GaussianActorCritic(3, "bf16", (32, 32), (32, 32)).apply(v, x)
+    want = _swish_tower_f64(v["params"]["critic"], x.astype(np.float64))[:, 0]
+    with jax.default_matmul_precision("highest"):
+        (_, _), value32 = networks.GaussianActorCritic(3, "fp32", (32, 32), (32, 32)).apply(v, x)
+    # the critic in FP32: float64's value to float32 rounding; the BF16 critic is further off
+    np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6)
+    assert np.max(np.abs(np.asarray(value16, np.float64) - want)) > 1e-4
+    np.testing.assert_array_equal(value, value32)
+    # the actor stays BF16: the same mean as the all-BF16 network's
+    np.testing.assert_array_equal(mean, mean16)
+    c = pc.validate({"recipe": "fp8-delayed", "critic_recipe": "fp32", "policy_sizes": (8,),
+                     "value_sizes": (8,)})
+    assert pc.build_network(c, 3).critic_recipe == "fp32"
+    assert pc.build_network(pc.validate({}), 3).critic_recipe is None
+
+
 def test_initial_std_reaches_the_network_and_the_peer():
     c = pc.validate({"init_std": 0.2, "policy_sizes": (8,), "value_sizes": (8,)})
     v = pc.build_network(c, 3).init(jax.random.key(0), jnp.zeros((2, 5)))
@@ -109,6 +141,7 @@ def test_validation_errors_are_one_line():
                         ({"policy_sizes": []}, "policy_sizes"),
                         ({"num_envs": 6, "num_minibatches": 4, "num_steps": 1}, "divide"),
                         ({"recipe": "fp7"}, "recipe"),
+                        ({"critic_recipe": "fp7"}, "recipe 'fp7'"),
                         ({"init_std": 0.0}, "init_std"), ({"init_std": -0.5}, "init_std")):
         with pytest.raises(ValueError, match=needle) as e:
             pc.validate(bad)
@@ -328,6 +361,16 @@ def test_study_cells_come_in_verdict_order_and_check_names_the_culprit():
     assert [c.recipes for c in L.cells(_params())][4:6] == [("bf16",), ("fp8-delayed",)]
     L.check(_params())
     assert "ant_random" not in [c.name for c in L.cells(_params(random=None))]
+    critic = _params(quality={"sizes": ["s"], "recipes": ["fp32", "fp8-delayed"], "seeds": 2,
+                              "critic_recipes": ["fp32"]})
+    cells = [c for c in L.cells(critic) if "_quality_" in c.name]
+    assert [c.name for c in cells] == ["ant_quality_s_fp32", "ant_quality_s_fp8-delayed",
+                                       "ant_quality_s_fp8-delayed_critic-fp32"]
+    assert cells[-1].recipes == ("fp8-delayed",)
+    L.check(critic)
+    with pytest.raises(ValueError, match="recipe"):
+        L.check(_params(quality={"sizes": ["s"], "recipes": ["fp32"], "seeds": 1,
+                                 "critic_recipes": ["fp9"]}))
     with pytest.raises(ValueError, match="legged.quality.sizes: unknown size 'x'"):
         L.check(_params(quality={"sizes": ["x"], "recipes": ["fp32"], "seeds": 1}))
     with pytest.raises(ValueError, match=r"legged.smoke.physics.steps: must be > 0, got 0"):

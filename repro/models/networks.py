@@ -137,6 +137,8 @@ class GaussianActorCritic(nn.Module):
     ``init_log_std``; the critic tower (``value_sizes``) gives the value. Layers and scope as
     :class:`MLPActorCritic` (first layer and heads in the compute dtype for quantized recipes
     of scope "default"); the log standard deviation is a parameter, not a GEMM.
+    ``critic_recipe`` (None: ``recipe``) runs the critic tower under another recipe, e.g. a
+    BF16 or FP8 policy with an FP32 value function.
     """
 
     action_size: int
@@ -145,13 +147,16 @@ class GaussianActorCritic(nn.Module):
     value_sizes: tuple[int, ...] = (256, 256, 256, 256, 256)
     activation: str = "swish"
     init_log_std: float = 0.0
+    critic_recipe: Recipe | str | None = None
 
     def setup(self):
         r = resolve(self.recipe)
         io = io_recipe(r)
+        rc = r if self.critic_recipe is None else resolve(self.critic_recipe)
         self.actor = Tower(0, 0, self.action_size, r, io, io, 0.01, self.activation,
                            tuple(self.policy_sizes))
-        self.critic = Tower(0, 0, 1, r, io, io, 1.0, self.activation, tuple(self.value_sizes))
+        self.critic = Tower(0, 0, 1, rc, io_recipe(rc), io_recipe(rc), 1.0, self.activation,
+                            tuple(self.value_sizes))
         self.log_std = self.param("log_std", nn.initializers.constant(self.init_log_std),
                                   (self.action_size,))
 

@@ -24,8 +24,10 @@ What differs from the discrete PPO:
 * the environments are :mod:`repro.models.envs` adapters (brax ant/humanoid on MJX, Playground
   Go1), whose final observation feeds the truncation bootstrap.
 
-Every precision recipe applies to the actor and critic towers as in the discrete networks. The
-physics keeps its own matmul precision (``physics_precision``; :mod:`repro.models.envs`).
+Every precision recipe applies to the actor and critic towers as in the discrete networks;
+``critic_recipe`` runs the critic under another one (e.g. an FP8 policy with an FP32 value
+function), while weight storage and the optimizer follow ``recipe``. The physics keeps its own
+matmul precision (``physics_precision``; :mod:`repro.models.envs`).
 
 Defaults: brax's ant networks (``brax.training.agents.ppo.networks``: 4 x 32 policy, 5 x 256
 value, swish); MuJoCo Playground's locomotion PPO settings (``mujoco_playground/config/
@@ -70,6 +72,7 @@ class ContinuousPPOConfig(ppo.PPOConfig):
     value_sizes: tuple[int, ...] = (256, 256, 256, 256, 256)
     activation: str = "swish"
     init_std: float = 1.0  # the policy's initial standard deviation (brax's init_noise_std)
+    critic_recipe: str | None = None  # the critic tower's recipe (None: ``recipe``)
     normalize_observations: bool = True
     reward_scaling: float = 10.0
     num_minibatches: int = 32
@@ -93,6 +96,8 @@ def validate(config: Mapping[str, Any] | ContinuousPPOConfig) -> ContinuousPPOCo
     ppo.check_common(c, ("episode_length", "action_repeat"))
     if not c.init_std > 0:
         raise ValueError(f"PPO config init_std={c.init_std!r}: expected a float > 0")
+    if c.critic_recipe is not None:
+        resolve(c.critic_recipe)  # a one-line error naming the registry's recipes
     return c
 
 
@@ -166,7 +171,7 @@ def make_env(c: ContinuousPPOConfig) -> envs.Adapter:
 
 def build_network(c: ContinuousPPOConfig, action_size: int) -> networks.GaussianActorCritic:
     return networks.GaussianActorCritic(action_size, c.recipe, c.policy_sizes, c.value_sizes,
-                                        c.activation, math.log(c.init_std))
+                                        c.activation, math.log(c.init_std), c.critic_recipe)
 
 
 def init_state(c: ContinuousPPOConfig, network, obs_size: int, tx, key):

@@ -29,7 +29,9 @@ other keys are PPO overrides (:func:`for_env`):
   emulated.
 * ``{env}_quality_{size}_{recipe}`` -- ``final_return`` per seed (mean return of the episodes
   completed over the last ``last_fraction`` of updates), seeds under ``jax.vmap`` (or one after
-  the other with ``vmap_seeds: false``).
+  the other with ``vmap_seeds: false``). With ``critic_recipes``, also
+  ``{env}_quality_{size}_{recipe}_critic-{critic}`` for each other recipe: the same policy
+  recipe with the critic tower under ``critic`` (variant ``{recipe}+critic-{critic}``).
 
 ``compiler_options`` (the smoke profile's) go to every compilation; records say which matmul
 precision the physics used.
@@ -274,11 +276,14 @@ def speed_cell(p, env_name: str, size: str, recipe: str, profile: str):
                for m, v in per_update.items()])
 
 
-def quality_cell(p, env_name: str, size: str, recipe: str, profile: str):
+def quality_cell(p, env_name: str, size: str, recipe: str, profile: str,
+                 critic: str | None = None):
     from repro.studies.rl_quality import _curve
 
     q = p["quality"]
-    c = config(p, env_name, "quality", size, recipe)
+    c = config(p, env_name, "quality", size, recipe,
+               **({} if critic is None else {"critic_recipe": critic}))
+    variant = recipe if critic is None else f"{recipe}+critic-{critic}"
     seeds = list(range(int(q["seeds"])))
     keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
     t0 = time.perf_counter()
@@ -294,7 +299,7 @@ def quality_cell(p, env_name: str, size: str, recipe: str, profile: str):
     last = float(p.get("last_fraction", 0.1))
     final = ppo.final_return(m, last)
     r = resolve(recipe)
-    sizes = {"env": env_name, "size": size, "variant": recipe, "num_envs": c.num_envs,
+    sizes = {"env": env_name, "size": size, "variant": variant, "num_envs": c.num_envs,
              "total_timesteps": c.total_timesteps, "seeds": len(seeds),
              "width": max(c.policy_sizes + c.value_sizes)}
     from repro.precision import ops
@@ -302,7 +307,7 @@ def quality_cell(p, env_name: str, size: str, recipe: str, profile: str):
     return [results.make_record(
         EXPERIMENT, "final_return", final[i], "return", claims=list(CLAIMS), recipe=r.family,
         sizes={**sizes, "seed": s}, emulated=bool(ops.is_emulated(r)), profile=profile,
-        extra={"variant": recipe, "curve": _curve(m["episode_return"][i]),
+        extra={"variant": variant, "curve": _curve(m["episode_return"][i]),
                "diverged": bool(m["nonfinite_params"][i, -1]),
                "skipped_steps": int(m["skipped"][i, -1]), "last_fraction": last,
                "wall_s_all_seeds_with_compile": wall, "physics_precision": c.physics_precision or
@@ -373,6 +378,7 @@ class _Quality:
     vmap_seeds: bool = True
     sizes: tuple[str, ...] = ()
     recipes: tuple[str, ...] = recipe_field(())
+    critic_recipes: tuple[str, ...] = recipe_field(())
     ppo: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -441,8 +447,8 @@ def cells(p: Mapping[str, Any]) -> list[runner.Cell]:
     prof = p["profile"]
     out = []
 
-    def add(pe, name, fn, *args, recipes=()):
-        out.append(runner.Cell(name, lambda _budget: fn(pe, *args, prof), tuple(recipes)))
+    def add(pe, name, fn, *args, recipes=(), **kw):
+        out.append(runner.Cell(name, lambda _budget: fn(pe, *args, prof, **kw), tuple(recipes)))
 
     for e in p["envs"]:
         pe = for_env(p, e)
@@ -455,6 +461,10 @@ def cells(p: Mapping[str, Any]) -> list[runner.Cell]:
             for size in q.get("sizes", []):
                 for r in q.get("recipes", []):
                     add(pe, f"{e}_{part}_{size}_{r}", fn, e, size, r, recipes=[r])
+                    for cr in q.get("critic_recipes", []) if part == "quality" else []:
+                        if cr != r:
+                            add(pe, f"{e}_{part}_{size}_{r}_critic-{cr}", fn, e, size, r,
+                                recipes=[r], critic=cr)
         if pe.get("peer"):
             add(pe, f"{e}_peer_brax", peer_cell, e, recipes=[pe["peer"].get("recipe", "tf32")])
     return out
