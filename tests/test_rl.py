@@ -460,3 +460,84 @@ def test_all_layers_throughput_variant_puts_first_layer_and_heads_in_fp8(tmp_pat
     assert plain > 0 and every > plain
     with pytest.raises(ValueError, match="unknown recipe"):
         studies.record(X.THROUGHPUT, "smoke", tmp_path, recipes=["fp7"])
+
+
+def _joint_loss_reference(out, values, batch, adv, tgt, c, log_prob, entropy):
+    """PureJaxRL's PPO loss written out once, as one expression (the reference the update's
+    gradients must match however the update splits it)."""
+    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    ratio = jnp.exp(log_prob(out, batch.action) - batch.log_prob)
+    surrogate = -jnp.mean(jnp.minimum(ratio * adv,
+                                      jnp.clip(ratio, 1 - c.clip_eps, 1 + c.clip_eps) * adv))
+    v_clip = batch.value + jnp.clip(values - batch.value, -c.clip_eps, c.clip_eps)
+    v_loss = 0.5 * jnp.mean(jnp.maximum((values - tgt) ** 2, (v_clip - tgt) ** 2))
+    return surrogate + c.vf_coef * v_loss - c.ent_coef * jnp.mean(entropy(out))
+
+
+@pytest.mark.parametrize("recipe,gaussian", [("fp32", False), ("fp8-delayed", False),
+                                             ("bf16", True)])
+def test_tower_by_tower_gradients_are_the_joint_losss(recipe, gaussian):
+    from repro.models import ppo_continuous as pc
+
+    n, obs_dim = 64, 6
+    k = jax.random.split(jax.random.key(3), 6)
+    if gaussian:
+        net = networks.GaussianActorCritic(3, recipe, (32, 32), (32, 32))
+        action = jax.random.normal(k[0], (n, 3))
+        policy = pc.GAUSSIAN
+    else:
+        net = networks.make_network("mlp", 4, recipe, width=32, depth=3)
+        action = jax.random.randint(k[0], (n,), 0, 4)
+        policy = ppo.CATEGORICAL
+    obs = jax.random.normal(k[1], (n, obs_dim))
+    variables = net.init(k[2], obs)
+    batch = ppo.Transition(obs=obs, action=action, log_prob=-1.0 - jax.random.uniform(k[3], (n,)),
+                           value=jax.random.normal(k[4], (n,)), reward=jnp.zeros(n),
+                           done=jnp.zeros(n, bool))
+    adv, tgt = jax.random.normal(k[5], (2, n))
+    scale = jnp.float32(4.0)
+    c = ppo.PPOConfig(recipe=recipe, num_envs=16, num_steps=16)
+
+    def reference(v):
+        out, values = net.apply(v, obs)
+        return _joint_loss_reference(out, values, batch, adv, tgt, c, policy.log_prob,
+                                     policy.entropy) * scale
+
+    want = jax.grad(reference)(variables)
+    got = {}
+    for order in (True, False):
+        co = ppo.PPOConfig(recipe=recipe, num_envs=16, num_steps=16, sequential_towers=order)
+        assert ppo.sequential_towers(co, net) is order
+        got[order] = jax.jit(ppo.loss_grads(co, net, policy))(variables, batch, adv, tgt, scale)
+        # against the one-expression loss (not under FP8: there a last-bit difference of a
+        # cotangent can move a gradient element by an e5m2 step, a quarter of its value)
+        if recipe != "fp8-delayed":
+            for g, w in zip(jax.tree.leaves(got[order]), jax.tree.leaves(want)):
+                g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+                tol = 1e-5 if recipe == "fp32" else 1e-2
+                np.testing.assert_allclose(g, w, rtol=tol, atol=tol * np.abs(w).max())
+    # tower by tower is the same arithmetic as the joint gradient of the same terms
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+                 got[True], got[False])
+    # the barrier is there: the actor's pass waits for the critic's gradients
+    co = ppo.PPOConfig(recipe=recipe, num_envs=16, num_steps=16, sequential_towers=True)
+    jaxpr = jax.make_jaxpr(ppo.loss_grads(co, net, policy))(variables, batch, adv, tgt, scale)
+    assert "optimization_barrier" in str(jaxpr)
+
+
+def test_towers_run_in_sequence_by_default_only_for_wide_quantized_updates():
+    wide = networks.make_network("mlp", 4, "fp8-delayed", width=4096, depth=2)
+    big = dict(num_envs=2048, num_steps=128, num_minibatches=4)  # minibatch 65536
+    assert ppo.sequential_towers(ppo.PPOConfig(recipe="fp8-delayed", **big), wide)
+    assert ppo.sequential_towers(ppo.PPOConfig(recipe="fp8-current", **big), wide)
+    # 16-bit recipes keep XLA's own order (it already ran their towers one by one)
+    assert not ppo.sequential_towers(ppo.PPOConfig(recipe="bf16", **big), wide)
+    # small activations: one joint gradient (XLA may fuse the towers' small kernels)
+    assert not ppo.sequential_towers(ppo.PPOConfig(recipe="fp8-delayed"), wide)
+    narrow = networks.make_network("mlp", 4, "fp8-delayed", width=64, depth=2)
+    assert not ppo.sequential_towers(ppo.PPOConfig(recipe="fp8-delayed", **big), narrow)
+    assert ppo.sequential_towers(ppo.PPOConfig(recipe="bf16", sequential_towers=True), narrow)
+    # a shared trunk cannot be split, whatever the option says
+    cnn = networks.make_network("cnn", 4, "fp8-delayed", obs_shape=(10, 10, 4))
+    assert not ppo.sequential_towers(
+        ppo.PPOConfig(recipe="fp8-delayed", sequential_towers=True, **big), cnn)

@@ -107,6 +107,7 @@ class MLPActorCritic(nn.Module):
     depth: int = 2
     activation: str = "tanh"
     obs_ndim: int = 1  # trailing observation axes, flattened (MinAtar frames: 3)
+    separate_towers = True  # no parameter is shared by the actor and the critic (not a field)
 
     def setup(self):
         r = resolve(self.recipe)
@@ -120,10 +121,15 @@ class MLPActorCritic(nn.Module):
         obs = jnp.asarray(obs, jnp.float32)
         return obs.reshape(*obs.shape[:obs.ndim - self.obs_ndim], -1)
 
+    @property
+    def widest(self) -> int:
+        return self.width
+
     def __call__(self, obs):
-        x = self._flat(obs)
-        return (self.actor(x).astype(jnp.float32),
-                self.critic(x)[..., 0].astype(jnp.float32))
+        return self.policy(obs), self.value(obs)
+
+    def policy(self, obs):
+        return self.actor(self._flat(obs)).astype(jnp.float32)
 
     def value(self, obs):
         return self.critic(self._flat(obs))[..., 0].astype(jnp.float32)
@@ -148,6 +154,7 @@ class GaussianActorCritic(nn.Module):
     activation: str = "swish"
     init_log_std: float = 0.0
     critic_recipe: Recipe | str | None = None
+    separate_towers = True  # no parameter is shared by the actor and the critic (not a field)
 
     def setup(self):
         r = resolve(self.recipe)
@@ -160,11 +167,17 @@ class GaussianActorCritic(nn.Module):
         self.log_std = self.param("log_std", nn.initializers.constant(self.init_log_std),
                                   (self.action_size,))
 
+    @property
+    def widest(self) -> int:
+        return max((*self.policy_sizes, *self.value_sizes))
+
     def __call__(self, obs):
-        x = jnp.asarray(obs, jnp.float32)
-        mean = self.actor(x).astype(jnp.float32)
+        return self.policy(obs), self.value(obs)
+
+    def policy(self, obs):
+        mean = self.actor(jnp.asarray(obs, jnp.float32)).astype(jnp.float32)
         log_std = jnp.broadcast_to(jnp.asarray(self.log_std, jnp.float32), mean.shape)
-        return (mean, log_std), self.critic(x)[..., 0].astype(jnp.float32)
+        return mean, log_std
 
     def value(self, obs):
         return self.critic(jnp.asarray(obs, jnp.float32))[..., 0].astype(jnp.float32)

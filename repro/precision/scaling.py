@@ -55,7 +55,11 @@ def delayed_update(state, amax, fmax, algo="max", margin=0) -> DelayedScalingSta
     if algo not in AMAX_ALGOS:
         raise ValueError(f"delayed_update: algo must be one of {AMAX_ALGOS}, got {algo!r}")
     amax = jnp.asarray(amax, jnp.float32)
-    hist = jnp.roll(state.amax_history, 1).at[0].set(amax)
+    # the newest in front of all but the oldest: one concatenation. (``roll`` then ``.at[0].set``
+    # is the same history, but XLA's GPU compiler runs that in-place update asynchronously, and
+    # its scheduler then kept several layers' FP8 operands alive to overlap it: a 4096-wide PPO
+    # update needed 9% more memory on an H200.)
+    hist = jnp.concatenate([amax[None], state.amax_history[:-1]])
     a = jnp.max(hist) if algo == "max" else hist[0]
     ok = jnp.isfinite(a) & (a > 0)
     scale = jnp.where(ok, compute_scale(a, fmax, margin), state.scale)
