@@ -185,13 +185,18 @@ def _bwd_gemms(op, gq, xq, wq, out_dtype=jnp.float32, gq_t=None):
 
     "dot": ``xq`` is the saved input ``x[M, K]``. "dot_tn": ``xq`` is the saved ``x^T[K, M]``
     and ``gq_t`` the transposed gradient ``g^T[N, M]``: every GEMM in TN form."""
-    if op[0] == "dot":
+    if op[0] in ("dot", "dot_tn"):
+        if op[0] == "dot":
+            dw = lax.dot_general(xq, gq, _DN_WGRAD, preferred_element_type=jnp.float32)
+        else:
+            dw = lax.dot_general(xq, gq_t, _DN_TN, preferred_element_type=jnp.float32)
+        # The weight gradient first: nothing waits for ``dw`` until the optimizer, and XLA's
+        # scheduler left weight-gradient GEMMs to the end of the backward pass, keeping every
+        # layer's FP8 operands (x^T, g^T) alive until then. Through the barrier the data
+        # gradient (and the layers below) waits for it; an unused data gradient (the input's)
+        # is still left out.
+        gq, dw = lax.optimization_barrier((gq, dw))
         dx = lax.dot_general(gq, wq, _DN_DGRAD, preferred_element_type=out_dtype)
-        dw = lax.dot_general(xq, gq, _DN_WGRAD, preferred_element_type=jnp.float32)
-        return dx, dw
-    if op[0] == "dot_tn":
-        dx = lax.dot_general(gq, wq, _DN_DGRAD, preferred_element_type=out_dtype)
-        dw = lax.dot_general(xq, gq_t, _DN_TN, preferred_element_type=jnp.float32)
         return dx, dw
     # Convolution backward: quantize-dequantize emulation. The FP8 values (exact in BF16,
     # unscaled) go through BF16 transposed convolutions; scales are applied afterwards.
