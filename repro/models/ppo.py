@@ -40,6 +40,11 @@ random streams. Caveat (JAX's ``jax.random`` docs): under ``vmap``, rbg and unsa
 batch's random numbers from its first key, so a seed's run depends on the other seeds of the
 batch (threefry and philox do not).
 
+Memory option. ``sequential_towers``: the update differentiates the critic's loss, then the
+actor's (:func:`loss_grads`), so the two towers' activations are never alive together; the
+gradients are the joint loss's. ``None`` (the default) does so for quantized recipes whose
+minibatch activations are large (:func:`sequential_towers` says where and why).
+
 Configuration errors (unknown env, recipe, network, prng; an unroll < 1; minibatches that do not
 divide the batch; fewer steps than one update) raise ``ValueError`` with one line, in
 ``make_train``, before anything is traced or compiled.
