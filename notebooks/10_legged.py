@@ -149,8 +149,9 @@ def plot_speed(speed, ups):
 
 speed = A.speed_table(df)
 ups = A.speedups(speed)
+# (saved also when no fresh record is left: the caption then says which were left out)
+nb.save(plot_speed(speed, ups), "10_legged_speed", df)
 if len(speed):
-    nb.save(plot_speed(speed, ups), "10_legged_speed", df)
     display(speed.reindex(columns=COLS).round(2))
 ups.round(3) if len(ups) else "no FP8/BF16 pairs in the committed records"
 
@@ -215,8 +216,8 @@ def plot_curves(df):
 
 
 quality = A.quality_table(df)
+nb.save(plot_curves(df), "10_legged_quality", df)
 if len(quality):
-    nb.save(plot_curves(df), "10_legged_quality", df)
     for r in quality[(quality.recipe == "fp32") & ~quality.learned.astype(bool)].itertuples():
         print(f"not judged: {r.env} at {r.size}, {r.total_timesteps / 1e6:.1f}M steps: FP32's "
               f"mean return {r.mean_return:.3g} did not beat the random policy's "

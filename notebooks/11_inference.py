@@ -183,8 +183,9 @@ def plot_accuracy(acc):
 
 
 acc = A.accuracy_table(df)
+fig = plot_accuracy(acc) if len(acc) else notebook.empty_figure("Post-training quantization")
+nb.save(fig, "11_inference_accuracy", df)
 if len(acc):
-    nb.save(plot_accuracy(acc), "11_inference_accuracy", df)
     display(checkpoints(df))
 percent(acc) if len(acc) else "no accuracy records in the committed records"
 
@@ -237,8 +238,8 @@ def rounded(spd):
 
 
 spd = A.speed_table(df)
-if len(spd):
-    nb.save(plot_speed(spd), "11_inference_speed", df)
+fig = plot_speed(spd) if len(spd) else notebook.empty_figure("Tokens/s vs BF16")
+nb.save(fig, "11_inference_speed", df)
 rounded(spd) if len(spd) else "no speed records in the committed records"
 
 # %% [markdown]

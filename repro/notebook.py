@@ -165,6 +165,19 @@ class Notebook:
         return Markdown("\n\n".join(paras))
 
 
+def empty_figure(title: str):
+    """A figure that says it has nothing to show: saved where a notebook's figure has no
+    fresh record to draw (``Notebook.save``'s caption says which records were left out), so a
+    figure the pipeline declares always exists and never shows numbers of older code."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 1.8))
+    ax.axis("off")
+    ax.text(0.5, 0.5, "no fresh records to show", ha="center", va="center", color="0.4")
+    ax.set_title(title)
+    return fig
+
+
 def caption(records: pd.DataFrame | str | None) -> tuple[str, bool]:
     """(caption text, whether it shows smoke records) for a figure drawn from ``records``."""
     if isinstance(records, str):
