@@ -165,7 +165,7 @@ pd.DataFrame(dict(zip(stores.variant, stores.policy)))
 # widest MLP at its most environments, per hardware; hatched: emulated FP8. At this size a
 # quantized recipe's update differentiates the critic and then the actor
 # (`repro.models.ppo.sequential_towers`): left to itself, XLA interleaved the two FP8 towers and
-# kept both towers' activation-sized buffers alive at once, half as much memory again as BF16.
+# kept both towers' activation-sized buffers alive at once.
 
 # %%
 mem = table.dropna(subset=["update_memory_bytes"]) if "update_memory_bytes" in table else table

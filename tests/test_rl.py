@@ -476,7 +476,7 @@ def _joint_loss_reference(out, values, batch, adv, tgt, c, log_prob, entropy):
 
 @pytest.mark.parametrize("recipe,gaussian", [("fp32", False), ("fp8-delayed", False),
                                              ("bf16", True)])
-def test_tower_by_tower_gradients_are_the_joint_losss(recipe, gaussian):
+def test_tower_by_tower_gradients_are_the_joint_loss(recipe, gaussian):
     from repro.models import ppo_continuous as pc
 
     n, obs_dim = 64, 6

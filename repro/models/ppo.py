@@ -371,11 +371,11 @@ def sequential_towers(c: PPOConfig, network) -> bool:
     whose widest layer holds at least ``SEQUENTIAL_MIN_ELEMENTS`` activations per minibatch.
 
     Why only those: XLA orders the two towers' kernels as it likes. For 16-bit recipes it ran
-    one tower's forward and backward, then the other's; for FP8 it interleaved them (nothing
-    orders the quantization kernels of one tower against the other's), keeping both towers'
-    activation-sized buffers alive together. Measured on an H200 (4096-wide MinAtar MLP,
-    minibatch 65536, update alone): fp8-delayed 6.22 GB interleaved, 4.10 GB in sequence;
-    BF16 4.05 GB as XLA schedules it, 4.25 GB in sequence. The update's time did not change."""
+    one tower's forward and backward, then the other's, and forcing that order only cost
+    memory; for FP8 it interleaved them (nothing orders the quantization kernels of one tower
+    against the other's), keeping both towers' activation-sized buffers alive together. The
+    H200 records of the 4096-wide MinAtar update (notebook 03) show the memory in sequence;
+    the update's time did not change."""
     if not getattr(network, "separate_towers", False):
         return False
     if c.sequential_towers is not None:

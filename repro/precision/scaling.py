@@ -57,8 +57,8 @@ def delayed_update(state, amax, fmax, algo="max", margin=0) -> DelayedScalingSta
     amax = jnp.asarray(amax, jnp.float32)
     # the newest in front of all but the oldest: one concatenation. (``roll`` then ``.at[0].set``
     # is the same history, but XLA's GPU compiler runs that in-place update asynchronously, and
-    # its scheduler then kept several layers' FP8 operands alive to overlap it: a 4096-wide PPO
-    # update needed 9% more memory on an H200.)
+    # its scheduler then kept several layers' FP8 operands alive to overlap it, which took
+    # memory in a wide PPO update on an H200.)
     hist = jnp.concatenate([amax[None], state.amax_history[:-1]])
     a = jnp.max(hist) if algo == "max" else hist[0]
     ok = jnp.isfinite(a) & (a > 0)
