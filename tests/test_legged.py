@@ -381,6 +381,44 @@ def test_study_cells_come_in_verdict_order_and_check_names_the_culprit():
                                "repeats": 1}))
 
 
+def test_more_seeds_come_in_blocks_after_every_first_cell_and_run_their_own_seeds(monkeypatch):
+    from repro.studies import legged as L
+
+    q = {"sizes": ["s"], "recipes": ["fp32", "fp8-delayed"], "seeds": 2,
+         "critic_recipes": ["fp32"], "more_seeds": {"fp32": 6, "fp8-delayed+critic-fp32": 4}}
+    p = _params(quality=q, envs={"ant": {}, "Go1JoystickFlatTerrain": {"speed": None}})
+    names = [c.name for c in L.cells(p) if "_quality_" in c.name]
+    first = ["quality_s_fp32", "quality_s_fp8-delayed", "quality_s_fp8-delayed_critic-fp32"]
+    assert names == ([f"ant_{n}" for n in first] + [f"Go1JoystickFlatTerrain_{n}" for n in first]
+                     + [f"{e}_quality_s_{v}_s2" for e in ("ant", "Go1JoystickFlatTerrain")
+                        for v in ("fp32", "fp8-delayed_critic-fp32")]
+                     + ["ant_quality_s_fp32_s4", "Go1JoystickFlatTerrain_quality_s_fp32_s4"])
+    L.check(p)
+    with pytest.raises(ValueError, match=r"more_seeds \(ant\): unknown variant 'bf16'"):
+        L.check(_params(quality={**q, "more_seeds": {"bf16": 4}}))
+    with pytest.raises(ValueError, match=r"more_seeds \(ant\): fp32: 5 seeds is not a multiple"):
+        L.check(_params(quality={**q, "more_seeds": {"fp32": 5}}))
+
+    # a block's cell trains seeds first..first+seeds-1: each seed's key is key(seed)
+    def fake_compile(_p, _fn, keys):
+        def run(keys):
+            r = jax.vmap(lambda k: jax.random.uniform(k, (10,)))(keys)
+            return {"episode_return": r, "episodes": jnp.ones_like(r),
+                    "nonfinite_params": jnp.zeros(r.shape, bool),
+                    "skipped": jnp.zeros(r.shape, jnp.int32)}
+        return run, 0.0
+
+    monkeypatch.setattr(L, "compile_", fake_compile)
+    monkeypatch.setattr(L.pc, "make_train", lambda c: lambda key: None)  # no environment
+    cell = {c.name: c for c in L.cells(p)}["ant_quality_s_fp8-delayed_critic-fp32_s2"]
+    recs = cell.run(None)
+    assert [r["sizes"]["seed"] for r in recs] == [2, 3]
+    assert {r["extra"]["variant"] for r in recs} == {"fp8-delayed+critic-fp32"}
+    for r in recs:  # the mean of the last 10% of 10 updates: the last value of key(seed)'s draw
+        want = np.asarray(jax.random.uniform(jax.random.key(r["sizes"]["seed"]), (10,)))[-1]
+        assert r["value"] == pytest.approx(float(want))
+
+
 def test_an_environment_entry_gives_its_parts_own_settings():
     from repro.studies import legged as L
 

@@ -31,7 +31,11 @@ other keys are PPO overrides (:func:`for_env`):
   completed over the last ``last_fraction`` of updates), seeds under ``jax.vmap`` (or one after
   the other with ``vmap_seeds: false``). With ``critic_recipes``, also
   ``{env}_quality_{size}_{recipe}_critic-{critic}`` for each other recipe: the same policy
-  recipe with the critic tower under ``critic`` (variant ``{recipe}+critic-{critic}``).
+  recipe with the critic tower under ``critic`` (variant ``{recipe}+critic-{critic}``). With
+  ``more_seeds`` (variant -> seeds in all, a multiple of ``seeds``), that variant's further
+  seeds in cells of ``seeds`` each, named by their first seed (``..._s32`` holds seeds 32-63),
+  after every environment's first cells: the analysis pools a variant's seeds over its cells,
+  so a long variant is recorded over several calls.
 
 ``compiler_options`` (the smoke profile's) go to every compilation; records say which matmul
 precision the physics used.
@@ -277,14 +281,14 @@ def speed_cell(p, env_name: str, size: str, recipe: str, profile: str):
 
 
 def quality_cell(p, env_name: str, size: str, recipe: str, profile: str,
-                 critic: str | None = None):
+                 critic: str | None = None, first_seed: int = 0):
     from repro.studies.rl_quality import _curve
 
     q = p["quality"]
     c = config(p, env_name, "quality", size, recipe,
                **({} if critic is None else {"critic_recipe": critic}))
     variant = recipe if critic is None else f"{recipe}+critic-{critic}"
-    seeds = list(range(int(q["seeds"])))
+    seeds = list(range(first_seed, first_seed + int(q["seeds"])))
     keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
     t0 = time.perf_counter()
     if q.get("vmap_seeds", True):  # all seeds in one program
@@ -379,6 +383,7 @@ class _Quality:
     sizes: tuple[str, ...] = ()
     recipes: tuple[str, ...] = recipe_field(())
     critic_recipes: tuple[str, ...] = recipe_field(())
+    more_seeds: dict[str, int] = dataclasses.field(default_factory=dict)
     ppo: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -429,6 +434,15 @@ def check(p: Mapping[str, Any]) -> None:
                                      f"{', '.join(p['sizes'])}")
                 for recipe in pe[part]["recipes"]:
                     config(p, env_name, part, size, recipe)
+        q = pe.get("quality") or {}
+        known = set(quality_variants(q))
+        for v, n in dict(q.get("more_seeds") or {}).items():
+            if v not in known:
+                raise ValueError(f"legged.quality.more_seeds ({env_name}): unknown variant "
+                                 f"{v!r}; valid: {', '.join(sorted(known))}")
+            if int(n) % int(q["seeds"]) or int(n) < int(q["seeds"]):
+                raise ValueError(f"legged.quality.more_seeds ({env_name}): {v}: {n} seeds is not "
+                                 f"a multiple of quality.seeds ({q['seeds']})")
         if pe.get("peer"):
             config(p, env_name, "peer", pe["peer"].get("size", "brax"),
                    pe["peer"].get("recipe", "tf32"))
@@ -443,12 +457,28 @@ def physics_runs(q: Mapping[str, Any]) -> list[tuple[int, str]]:
             + [(int(n), prec) for prec in others for n in q["num_envs"] if n in at])
 
 
+def quality_variants(q: Mapping[str, Any]) -> dict[str, tuple[str, str | None]]:
+    """The quality part's variants in cell order: name -> (policy recipe, critic recipe or
+    None): each recipe, then the same with each other recipe of ``critic_recipes`` as critic."""
+    out = {}
+    for r in q.get("recipes", []):
+        out[r] = (r, None)
+        for cr in q.get("critic_recipes", []):
+            if cr != r:
+                out[f"{r}+critic-{cr}"] = (r, cr)
+    return out
+
+
 def cells(p: Mapping[str, Any]) -> list[runner.Cell]:
     prof = p["profile"]
-    out = []
+    out, later = [], []
 
     def add(pe, name, fn, *args, recipes=(), **kw):
-        out.append(runner.Cell(name, lambda _budget: fn(pe, *args, prof, **kw), tuple(recipes)))
+        cell = runner.Cell(name, lambda _budget: fn(pe, *args, prof, **kw), tuple(recipes))
+        if kw.get("first_seed"):  # further seeds: after every environment's first cells
+            later.append((kw["first_seed"], cell))
+        else:
+            out.append(cell)
 
     for e in p["envs"]:
         pe = for_env(p, e)
@@ -456,18 +486,23 @@ def cells(p: Mapping[str, Any]) -> list[runner.Cell]:
             add(pe, f"{e}_physics_e{n}_{prec}", physics_cell, e, n, prec)
         if pe.get("random"):
             add(pe, f"{e}_random", random_cell, e)
-        for part, fn in (("speed", speed_cell), ("quality", quality_cell)):
-            q = pe.get(part) or {}
-            for size in q.get("sizes", []):
-                for r in q.get("recipes", []):
-                    add(pe, f"{e}_{part}_{size}_{r}", fn, e, size, r, recipes=[r])
-                    for cr in q.get("critic_recipes", []) if part == "quality" else []:
-                        if cr != r:
-                            add(pe, f"{e}_{part}_{size}_{r}_critic-{cr}", fn, e, size, r,
-                                recipes=[r], critic=cr)
+        s = pe.get("speed") or {}
+        for size in s.get("sizes", []):
+            for r in s.get("recipes", []):
+                add(pe, f"{e}_speed_{size}_{r}", speed_cell, e, size, r, recipes=[r])
+        q = pe.get("quality") or {}
+        more = {v: int(n) for v, n in dict(q.get("more_seeds") or {}).items()}
+        for size in q.get("sizes", []):
+            for v, (r, cr) in quality_variants(q).items():
+                name = f"{e}_quality_{size}_{r}" + (f"_critic-{cr}" if cr else "")
+                add(pe, name, quality_cell, e, size, r, recipes=[r], critic=cr)
+                for first in range(int(q["seeds"]), more.get(v, 0), int(q["seeds"])):
+                    add(pe, f"{name}_s{first}", quality_cell, e, size, r, recipes=[r],
+                        critic=cr, first_seed=first)
         if pe.get("peer"):
             add(pe, f"{e}_peer_brax", peer_cell, e, recipes=[pe["peer"].get("recipe", "tf32")])
-    return out
+    # block by block: every variant's second block of seeds before any third
+    return out + [c for _, c in sorted(later, key=lambda fc: fc[0])]
 
 
 STUDY = runner.Study(EXPERIMENT, CLAIMS, cells, check,
