@@ -168,6 +168,15 @@ ups.round(3) if len(ups) else "no FP8/BF16 pairs in the committed records"
 # each recipe is compared with FP32 trained as long, on all seeds of both, and the bootstrap
 # resamples each one's seeds on their own. The verdict reads each size at its longest budget.
 #
+# A variant named `{recipe}+critic-fp32` trains the same policy recipe with the value tower
+# in FP32 (`critic_recipes` in `params.yaml`): on Go1, 16-bit compute in the critic costs
+# more return than in the policy, so these rows tell the two apart. The verdict judges the
+# recipe in both towers (the one the speed cells time) and shows its FP32-critic variant
+# beside it, unjudged. FP32 and the FP32-critic variants run more seeds (`more_seeds`), in
+# cells of 32 seeds each (`..._s32` holds seeds 32-63) recorded over several calls and
+# pooled here: at 32 seeds the interval of `P(recipe > FP32)` is about +-0.14 wide even for
+# a recipe equal to FP32, too wide to clear the margin's 0.4.
+#
 # `learned` says whether FP32 beat the random policy (`random_return`); where it did not, the
 # row is shown but not judged: recipes that all stayed at the floor compare noise. Go1 can stay
 # there: Playground clips its per-step reward at zero, so a policy whose actions are as noisy as

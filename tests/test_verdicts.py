@@ -315,6 +315,20 @@ def test_a11_shows_fp8_against_bf16_beside_the_judged_interval():
     assert V.legged.crossover({256: True, 1024: False}) is None
 
 
+def test_a11_shows_the_fp32_critic_variant_beside_the_judged_recipe_without_judging_it():
+    q = legged_quality({256: WIDE})
+    critic = legged_quality({256: KEPT, 2048: KEPT}, n=32).assign(
+        recipe="fp8-delayed+critic-fp32")
+    few = legged_quality({256: KEPT}, n=4).assign(recipe="fp8-delayed+critic-bf16")
+    v = V.a11(legged_ups(FAST), pd.concat([q, critic, few]))
+    assert v.verdict == V.a11(legged_ups(FAST), q).verdict == "inconclusive"
+    assert ("P(fp8-delayed>fp32)=0.45 [0.30,0.60] vs margin [0.40,0.60]: inconclusive; "
+            "P(fp8-delayed+critic-fp32>fp32)=0.50 [0.42,0.58] over 32 seeds (not judged)"
+            in v.key_number)
+    assert "critic-bf16" not in v.key_number  # fewer than 8 seeds
+    assert v.key_number.count("critic-fp32") == 1  # width 2048 has no judged row
+
+
 def test_a11_names_the_environment_of_each_width_and_judges_quality_per_environment():
     ups = pd.concat([legged_ups({256: 0.8, 1024: 1.15, 4096: 1.3}),
                      legged_ups({512: 0.9, 1024: 0.95}, env="Go1JoystickFlatTerrain")])
