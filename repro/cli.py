@@ -23,7 +23,9 @@ import argparse
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -520,11 +522,45 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Interrupts:
+    """SIGINT as ``KeyboardInterrupt``, raised again every ``every`` seconds until
+    :meth:`handled`: Python swallows an exception raised inside a garbage-collection callback
+    or a ``__del__`` ("Exception ignored in ..."), and a Ctrl-C often lands in JAX's
+    collection callback, so one interrupt alone may be lost."""
+
+    def __init__(self, every: float = 1.0):
+        self.every, self.done, self.pending = every, threading.Event(), False
+
+    def install(self) -> Interrupts:
+        signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def handled(self) -> None:
+        self.done.set()
+
+    def _handler(self, signum, frame):
+        if not self.pending:
+            self.pending = True
+            threading.Thread(target=self._again, daemon=True).start()
+        raise KeyboardInterrupt
+
+    def _again(self) -> None:
+        while not self.done.wait(self.every):
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+_interrupts: Interrupts | None = None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; the exit status (see the epilog). As the ``repro`` command (no
     ``argv``), an interrupt ends the process at once with 130 after flushing its output: every
     finished cell is on disk by then (writes are atomic), and the interpreter's shutdown with
-    XLA's threads still running can crash (exit 139)."""
+    XLA's threads still running can crash (exit 139); a Ctrl-C is raised again until it is
+    handled (:class:`Interrupts`)."""
+    global _interrupts
+    if argv is None and threading.current_thread() is threading.main_thread():
+        _interrupts = Interrupts().install()
     status = _main(sys.argv[1:] if argv is None else list(argv))
     if argv is None and status == 130:
         with suppress(OSError, ValueError):
@@ -547,6 +583,8 @@ def _main(argv: list[str]) -> int:
         sys.stdout = open(os.devnull, "w")
         return 0
     except KeyboardInterrupt:
+        if _interrupts is not None:
+            _interrupts.handled()
         if debug:
             raise
         print("repro: interrupted; finished cells are kept: rerun the same command to resume",

@@ -191,6 +191,43 @@ def test_any_other_error_is_one_line_with_status_1(repo, capsys, monkeypatch):
 # ----------------------------------------------------------------------------- Ctrl-C
 
 
+SWALLOWED = """
+import os, signal, sys, time
+from repro.cli import Interrupts
+it = Interrupts(every=0.2).install() if sys.argv[1] == "installed" else None
+class D:
+    def __del__(self):  # a KeyboardInterrupt raised in here is swallowed by Python
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(10 ** 6):
+            pass
+d = D()
+del d
+print("swallowed", flush=True)
+try:
+    t0 = time.time()
+    while time.time() - t0 < 5:
+        time.sleep(0.01)
+    print("lost", flush=True)
+except KeyboardInterrupt:
+    it.handled()
+    print("raised again", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode,want", [("installed", "raised again"), ("default", "lost")])
+def test_a_ctrl_c_swallowed_inside_a_finalizer_is_raised_again(mode, want):
+    """JAX's garbage-collection callback is where a Ctrl-C often lands; Python swallows an
+    exception raised there. With :class:`repro.cli.Interrupts` (the ``repro`` command's
+    handler) it comes again; with Python's own handler it is lost."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-c", SWALLOWED, mode], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=60,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert p.stdout.split()[:1] == ["swallowed"], p.stderr
+    assert p.stdout.strip().endswith(want), p.stdout + p.stderr
+    assert "KeyboardInterrupt" in p.stderr  # Python's "Exception ignored in" note
+
+
 def test_ctrl_c_during_record_exits_130_keeps_cells_and_the_rerun_resumes(tmp_path):
     shapes = ", ".join(f"[{16 * i}, 16, 16]" for i in range(1, 9))
     (tmp_path / "params.yaml").write_text(GEMM_PARAMS.replace("[[32, 16, 16]]", f"[{shapes}]"))
