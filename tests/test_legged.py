@@ -406,7 +406,7 @@ def test_more_seeds_come_in_blocks_after_every_first_cell_and_run_their_own_seed
             return {"episode_return": r, "episodes": jnp.ones_like(r),
                     "nonfinite_params": jnp.zeros(r.shape, bool),
                     "skipped": jnp.zeros(r.shape, jnp.int32)}
-        return run, 0.0
+        return run, 12.5
 
     monkeypatch.setattr(L, "compile_", fake_compile)
     monkeypatch.setattr(L.pc, "make_train", lambda c: lambda key: None)  # no environment
@@ -414,6 +414,7 @@ def test_more_seeds_come_in_blocks_after_every_first_cell_and_run_their_own_seed
     recs = cell.run(None)
     assert [r["sizes"]["seed"] for r in recs] == [2, 3]
     assert {r["extra"]["variant"] for r in recs} == {"fp8-delayed+critic-fp32"}
+    assert {r["extra"]["compile_s"] for r in recs} == {12.5}  # the compile, apart from the run
     for r in recs:  # the mean of the last 10% of 10 updates: the last value of key(seed)'s draw
         want = np.asarray(jax.random.uniform(jax.random.key(r["sizes"]["seed"]), (10,)))[-1]
         assert r["value"] == pytest.approx(float(want))

@@ -29,7 +29,8 @@ other keys are PPO overrides (:func:`for_env`):
   emulated.
 * ``{env}_quality_{size}_{recipe}`` -- ``final_return`` per seed (mean return of the episodes
   completed over the last ``last_fraction`` of updates), seeds under ``jax.vmap`` (or one after
-  the other with ``vmap_seeds: false``). With ``critic_recipes``, also
+  the other with ``vmap_seeds: false``); ``extra`` has the cell's wall time and, within it,
+  its compile time (``compile_s``). With ``critic_recipes``, also
   ``{env}_quality_{size}_{recipe}_critic-{critic}`` for each other recipe: the same policy
   recipe with the critic tower under ``critic`` (variant ``{recipe}+critic-{critic}``). With
   ``more_seeds`` (variant -> seeds in all, a multiple of ``seeds``), that variant's further
@@ -292,10 +293,10 @@ def quality_cell(p, env_name: str, size: str, recipe: str, profile: str,
     keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
     t0 = time.perf_counter()
     if q.get("vmap_seeds", True):  # all seeds in one program
-        train, _ = compile_(p, jax.vmap(pc.make_train(c)), keys)
+        train, compile_s = compile_(p, jax.vmap(pc.make_train(c)), keys)
         m = jax.device_get(train(keys))
     else:  # one seed's program, run per seed (a CPU smoke compiles half as much)
-        train, _ = compile_(p, pc.make_train(c), keys[0])
+        train, compile_s = compile_(p, pc.make_train(c), keys[0])
         runs = [jax.device_get(train(k)) for k in keys]
         m = {k: np.stack([r[k] for r in runs]) for k in runs[0]}
     m = {k: np.asarray(v) for k, v in m.items()}
@@ -314,7 +315,8 @@ def quality_cell(p, env_name: str, size: str, recipe: str, profile: str,
         extra={"variant": variant, "curve": _curve(m["episode_return"][i]),
                "diverged": bool(m["nonfinite_params"][i, -1]),
                "skipped_steps": int(m["skipped"][i, -1]), "last_fraction": last,
-               "wall_s_all_seeds_with_compile": wall, "physics_precision": c.physics_precision or
+               "wall_s_all_seeds_with_compile": wall, "compile_s": compile_s,
+               "physics_precision": c.physics_precision or
                "jax default"}) for i, s in enumerate(seeds)]
 
 
