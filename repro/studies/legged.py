@@ -473,37 +473,36 @@ def quality_variants(q: Mapping[str, Any]) -> dict[str, tuple[str, str | None]]:
 
 def cells(p: Mapping[str, Any]) -> list[runner.Cell]:
     prof = p["profile"]
-    out, later = [], []
+    out, later = [], []  # later: (first seed, cell) of the further seed blocks
 
-    def add(pe, name, fn, *args, recipes=(), **kw):
-        cell = runner.Cell(name, lambda _budget: fn(pe, *args, prof, **kw), tuple(recipes))
-        if kw.get("first_seed"):  # further seeds: after every environment's first cells
-            later.append((kw["first_seed"], cell))
-        else:
-            out.append(cell)
+    def cell(pe, name, fn, *args, recipes=(), **kw):
+        return runner.Cell(name, lambda _budget: fn(pe, *args, prof, **kw), tuple(recipes))
 
     for e in p["envs"]:
         pe = for_env(p, e)
         for n, prec in physics_runs(pe["physics"]):
-            add(pe, f"{e}_physics_e{n}_{prec}", physics_cell, e, n, prec)
+            out.append(cell(pe, f"{e}_physics_e{n}_{prec}", physics_cell, e, n, prec))
         if pe.get("random"):
-            add(pe, f"{e}_random", random_cell, e)
+            out.append(cell(pe, f"{e}_random", random_cell, e))
         s = pe.get("speed") or {}
         for size in s.get("sizes", []):
             for r in s.get("recipes", []):
-                add(pe, f"{e}_speed_{size}_{r}", speed_cell, e, size, r, recipes=[r])
+                out.append(cell(pe, f"{e}_speed_{size}_{r}", speed_cell, e, size, r,
+                                recipes=[r]))
         q = pe.get("quality") or {}
         more = {v: int(n) for v, n in dict(q.get("more_seeds") or {}).items()}
         for size in q.get("sizes", []):
             for v, (r, cr) in quality_variants(q).items():
                 name = f"{e}_quality_{size}_{r}" + (f"_critic-{cr}" if cr else "")
-                add(pe, name, quality_cell, e, size, r, recipes=[r], critic=cr)
-                for first in range(int(q["seeds"]), more.get(v, 0), int(q["seeds"])):
-                    add(pe, f"{name}_s{first}", quality_cell, e, size, r, recipes=[r],
-                        critic=cr, first_seed=first)
+                out.append(cell(pe, name, quality_cell, e, size, r, recipes=[r], critic=cr))
+                later += [(first, cell(pe, f"{name}_s{first}", quality_cell, e, size, r,
+                                       recipes=[r], critic=cr, first_seed=first))
+                          for first in range(int(q["seeds"]), more.get(v, 0), int(q["seeds"]))]
         if pe.get("peer"):
-            add(pe, f"{e}_peer_brax", peer_cell, e, recipes=[pe["peer"].get("recipe", "tf32")])
-    # block by block: every variant's second block of seeds before any third
+            out.append(cell(pe, f"{e}_peer_brax", peer_cell, e,
+                            recipes=[pe["peer"].get("recipe", "tf32")]))
+    # after every environment's first cells, block by block: every variant's second block of
+    # seeds before any third
     return out + [c for _, c in sorted(later, key=lambda fc: fc[0])]
 
 
