@@ -174,8 +174,8 @@ ups.round(3) if len(ups) else "no FP8/BF16 pairs in the committed records"
 # recipe in both towers (the one the speed cells time) and shows its FP32-critic variant
 # beside it, unjudged. FP32 and the FP32-critic variants run more seeds (`more_seeds`), in
 # cells of 32 seeds each (`..._s32` holds seeds 32-63) recorded over several calls and
-# pooled here: at 32 seeds the interval of `P(recipe > FP32)` is about +-0.14 wide even for
-# a recipe equal to FP32, too wide to clear the margin's 0.4.
+# pooled here: the recorded 32-seed intervals of `P(recipe > FP32)` are about +-0.14 wide,
+# too wide to clear the margin's 0.4 even for a recipe equal to FP32.
 #
 # `learned` says whether FP32 beat the random policy (`random_return`); where it did not, the
 # row is shown but not judged: recipes that all stayed at the floor compare noise. Go1 can stay
