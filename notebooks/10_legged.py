@@ -177,9 +177,10 @@ ups.round(3) if len(ups) else "no FP8/BF16 pairs in the committed records"
 # pooled here: the recorded 32-seed intervals of `P(recipe > FP32)` are about +-0.14 wide,
 # too wide to clear the margin's 0.4 even for a recipe equal to FP32.
 #
-# `learned` says whether FP32 beat the random policy (`random_return`); where it did not, the
-# row is shown but not judged: recipes that all stayed at the floor compare noise. Go1 can stay
-# there: Playground clips its per-step reward at zero, so a policy whose actions are as noisy as
+# `learned` says whether FP32 beat the random policy (`random_return`). Where the environment
+# has no random-policy record of the current code, both are empty and nothing is scored or
+# judged. Where FP32 did not beat the floor, the row is shown but not judged: recipes that all
+# stayed at the floor compare noise. Go1 can stay there: Playground clips its per-step reward at zero, so a policy whose actions are as noisy as
 # the default start (standard deviation 1, clipped to [-1, 1]) tends to make the robot fall
 # early, earning little more than the uniform random policy (`random_return`) and leaving PPO
 # little reward to follow. Go1's policy therefore starts at standard deviation 0.2
@@ -227,10 +228,14 @@ def plot_curves(df):
 quality = A.quality_table(df)
 nb.save(plot_curves(df), "10_legged_quality", df)
 if len(quality):
-    for r in quality[(quality.recipe == "fp32") & ~quality.learned.astype(bool)].itertuples():
-        print(f"not judged: {r.env} at {r.size}, {r.total_timesteps / 1e6:.1f}M steps: FP32's "
-              f"mean return {r.mean_return:.3g} did not beat the random policy's "
-              f"{r.random_return:.3g}")
+    for r in quality[quality.recipe == "fp32"].itertuples():
+        where = f"not judged: {r.env} at {r.size}, {r.total_timesteps / 1e6:.1f}M steps: "
+        if np.isnan(r.random_return):
+            print(where + f"no random-policy record ({r.env}_random) to tell whether FP32 "
+                  "learned")
+        elif not r.learned:
+            print(where + f"FP32's mean return {r.mean_return:.3g} did not beat the random "
+                  f"policy's {r.random_return:.3g}")
 quality.round(3) if len(quality) else "no quality records in the committed records"
 
 # %% [markdown]

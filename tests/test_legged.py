@@ -600,6 +600,28 @@ def test_quality_table_scores_each_environment_against_its_own_random_floor():
     assert q.loc[("ant", "bf16"), "mean_return"] == pytest.approx(110)
 
 
+def test_quality_table_without_a_random_policy_record_scores_nothing():
+    """Final returns but no random-policy record for the env: a row per recipe with its
+    seeds and mean return (by hand), ``learned`` and every score NaN, and A11 says why it
+    does not judge (with a random record, the same returns are judged)."""
+    rets = {"fp32": [100.0 + i for i in range(8)], "fp8-delayed": [101.0 + i for i in range(8)]}
+    recs = [_rec("final_return", x, {"env": "ant", "size": "brax", "width": 256, "seed": i,
+                                      "variant": v}, recipe=v,
+                 extra={"variant": v, "diverged": False})
+            for v, xs in rets.items() for i, x in enumerate(xs)]
+    q = A.quality_table(pd.DataFrame(recs), reps=200).set_index("recipe")
+    assert q.n_seeds.to_dict() == {"fp32": 8, "fp8-delayed": 8}
+    assert q.loc["fp8-delayed", "mean_return"] == pytest.approx(104.5)
+    assert q[["poi", "normalised", "random_return", "learned"]].isna().all().all()
+    ups = A.speedups(A.speed_table(pd.DataFrame(_speed_records({256: (1e6, 1.2e6, 10.0, 8.0)}))))
+    v = VL.a11(ups, q.reset_index())
+    assert "width 256: not judged: no random-policy record (ant_random) to tell whether FP32 " \
+        "learned" in v.key_number and "P(fp8-delayed>fp32)" not in v.key_number
+    assert v.verdict == "partly"
+    judged = VL.a11(ups, _quality(rets).reset_index())
+    assert "P(fp8-delayed>fp32)=" in judged.key_number and judged.verdict != "partly"
+
+
 def test_quality_is_judged_at_the_longest_training_with_enough_seeds():
     """brax's size trained for 1.6M steps (16 seeds, FP8 far behind) and for 6.4M (8 seeds,
     FP8 level with FP32; and a 12.8M run of 4 seeds): each budget is its own row, FP8 against

@@ -109,7 +109,8 @@ def quality_table(df: pd.DataFrame, reps: int = 1000) -> pd.DataFrame:
     """Per (hardware, env, size, training steps per seed) and recipe: seeds, mean return, mean
     normalised score (NaN where FP32 did not beat the random policy) and P(recipe > fp32) with
     its 95% interval, each recipe against FP32 trained as long; ``learned``: whether FP32's
-    mean return beat the random policy's (``random_return``). ``poi_bf16`` (``_lo``, ``_hi``):
+    mean return beat the random policy's (``random_return``; both NaN, and nothing scored,
+    where the environment has no random-policy record). ``poi_bf16`` (``_lo``, ``_hi``):
     P(recipe > bf16) of the other recipes against BF16 trained as long, where it was: whether
     a low-precision recipe costs more than 16-bit compute does (shown, not judged)."""
     cols = ["hardware", "env", "size", "width", "total_timesteps", "recipe", "n_seeds",
@@ -127,6 +128,17 @@ def quality_table(df: pd.DataFrame, reps: int = 1000) -> pd.DataFrame:
                                                          "total_timesteps"]):
         rnd = q[(q.metric == "random_return") & (q.hardware == hw)]
         rnd = rnd[rnd.sizes.map(lambda s: s.get("env")) == env]
+        per = rl_analysis.final_returns(g, hw)
+        if not len(rnd):  # no random-policy record: whether FP32 learned is unknown, so the
+            # rows say what ran and nothing is scored (``random_return`` NaN)
+            rows += [{"hardware": hw, "env": env, "size": size, "width": width,
+                      "total_timesteps": int(steps), "recipe": v, "n_seeds": len(mine),
+                      "mean_return": float(mine.final_return.mean()),
+                      "diverged": int(mine.diverged.sum()), "learned": np.nan,
+                      "random_return": np.nan,
+                      "profile": ",".join(sorted(set(mine.profile.dropna())))}
+                     for v, mine in per.groupby("variant")]
+            continue
         part = pd.concat([g, rnd])
         # every recipe on all of its seeds (cells may hold different counts; the bootstrap
         # resamples each recipe's seeds on their own)
@@ -142,7 +154,6 @@ def quality_table(df: pd.DataFrame, reps: int = 1000) -> pd.DataFrame:
                if BASELINE in scores else [])
         vs16 = stats.probability_of_improvement(scores, low, reps=reps)
         vs16 = vs16.set_index("x") if len(vs16) else pd.DataFrame(columns=["p", "lo", "hi"])
-        per = rl_analysis.final_returns(g, hw)
         floor = part[part.metric == "random_return"]["value"].mean()
         # a score needs FP32 above the random floor (else its scale is meaningless: NaN)
         scale_ok = per[per.variant == REFERENCE].final_return.mean() > floor

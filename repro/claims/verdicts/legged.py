@@ -67,7 +67,8 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
     the ``poi``, ``poi_lo``, ``poi_hi`` columns of ``repro.analysis.legged.quality_table``, at
     the longest training (:func:`longest_runs`), the text also giving P(recipe > BF16) where
     the table has it (``poi_bf16``). Where FP32 did not beat the random policy (``learned``
-    false) nothing learned, so nothing is compared: (None, why)."""
+    false) nothing learned, so nothing is compared: (None, why); likewise where the
+    environment has no random-policy record (``learned`` NaN)."""
     q = longest_runs(quality[quality.recipe == recipe], MIN_SEEDS) if len(quality) else quality
     out = {}
     for r in q.itertuples():
@@ -76,7 +77,13 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
         budget = f" ({steps / 1e6:.1f}M steps per seed)" if steps else ""
         where = _where(getattr(r, "env", None), r.width)
         learned = getattr(r, "learned", True)
-        if pd.notna(learned) and not bool(learned):
+        if pd.isna(learned):
+            env = getattr(r, "env", None)
+            out[where] = (None, "not judged: no random-policy record"
+                                + (f" ({env}_random)" if isinstance(env, str) else "")
+                                + f" to tell whether FP32 learned{budget}")
+            continue
+        if not bool(learned):
             ref = quality[(quality.recipe == REFERENCE) & (quality.width == r.width)
                           & (quality.get("env", "") == getattr(r, "env", ""))
                           & (quality.get("total_timesteps", 0) == steps)].mean_return
