@@ -128,12 +128,13 @@ def plot_speed(speed, ups):
             ax[0].bar(lab, v, bottom=bottom, label=name)
             bottom += v
         ax[0].plot(lab, speed.loop_ms_per_update, "k_", ms=18, label="whole loop (measured)")
-        ax[0].tick_params(axis="x", labelsize=7)
+        ax[0].tick_params(axis="x", labelsize=7, labelrotation=45)
         ax[0].legend()
-    for r, g in ups.groupby("recipe") if len(ups) else []:
+    # one line per recipe and environment (never joined across environments)
+    for i, ((r, env), g) in enumerate(ups.groupby(["recipe", "env"]) if len(ups) else []):
         g = g.sort_values("width")
-        ax[1].plot(g.width, g.e2e, "o-", label=f"{r}: whole loop")
-        ax[1].plot(g.width, g["update"], "s--", label=f"{r}: update alone")
+        ax[1].plot(g.width, g.e2e, "o-", color=f"C{i}", label=f"{r}, {env}: whole loop")
+        ax[1].plot(g.width, g["update"], "s--", color=f"C{i}", label=f"{r}, {env}: update alone")
     if len(ups):
         ax[1].set_xscale("log", base=2)
         ax[1].legend()
