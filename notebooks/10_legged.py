@@ -181,13 +181,14 @@ ups.round(3) if len(ups) else "no FP8/BF16 pairs in the committed records"
 # `learned` says whether FP32 beat the random policy (`random_return`). Where the environment
 # has no random-policy record of the current code, both are empty and nothing is scored or
 # judged. Where FP32 did not beat the floor, the row is shown but not judged: recipes that all
-# stayed at the floor compare noise. Go1 can stay there: Playground clips its per-step reward at zero, so a policy whose actions are as noisy as
-# the default start (standard deviation 1, clipped to [-1, 1]) tends to make the robot fall
-# early, earning little more than the uniform random policy (`random_return`) and leaving PPO
-# little reward to follow. Go1's policy therefore starts at standard deviation 0.2
-# (`init_std` in `params.yaml`; brax calls it `init_noise_std`), close enough to standing still
-# that the first policies collect reward. Playground itself trains Go1 for 200M steps
-# (`mujoco_playground/config/locomotion_params.py`), far longer than this study.
+# stayed at the floor compare noise. Go1 can stay there: Playground clips its per-step reward
+# at zero, so a policy whose actions are as noisy as the default start (standard deviation 1,
+# clipped to [-1, 1]) tends to make the robot fall early, earning little more than the uniform
+# random policy (`random_return`) and leaving PPO little reward to follow. Go1's policy
+# therefore starts at standard deviation 0.2 (`init_std` in `params.yaml`; brax calls it
+# `init_noise_std`), close enough to standing still that the first policies collect reward.
+# Playground itself trains Go1 for 200M steps (`mujoco_playground/config/locomotion_params.py`),
+# far longer than this study.
 #
 # Go1's curves rise and fall with a period of one episode (1000 steps, 50 updates of 20 steps):
 # every environment starts at once, so episodes that run to the time limit all end together
