@@ -170,10 +170,9 @@ ups.round(3) if len(ups) else "no FP8/BF16 pairs in the committed records"
 # resamples each one's seeds on their own. The verdict reads each size at its longest budget.
 #
 # A variant named `{recipe}+critic-fp32` trains the same policy recipe with the value tower
-# in FP32 (`critic_recipes` in `params.yaml`): on Go1, 16-bit compute in the critic costs
-# more return than in the policy, so these rows tell the two apart. The verdict judges the
-# recipe in both towers (the one the speed cells time) and shows its FP32-critic variant
-# beside it, unjudged. FP32 and the FP32-critic variants run more seeds (`more_seeds`), in
+# in FP32 (`critic_recipes` in `params.yaml`): it tells a loss from 16-bit compute in the
+# critic apart from one in the policy. The verdict judges the FP8 recipe in both towers (the
+# one the speed cells time) and shows BF16 and the FP32-critic variant beside it, unjudged. FP32 and the FP32-critic variants run more seeds (`more_seeds`), in
 # cells of 32 seeds each (`..._s32` holds seeds 32-63) recorded over several calls and
 # pooled here: the recorded 32-seed intervals of `P(recipe > FP32)` are about +-0.14 wide,
 # too wide to clear the margin's 0.4 even for a recipe equal to FP32.

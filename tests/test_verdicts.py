@@ -329,6 +329,18 @@ def test_a11_shows_the_fp32_critic_variant_beside_the_judged_recipe_without_judg
     assert v.key_number.count("critic-fp32") == 1  # width 2048 has no judged row
 
 
+def test_a11_shows_bf16_against_fp32_first_and_never_judges_it():
+    q = legged_quality({256: WIDE})
+    bf16 = legged_quality({256: LOST, 2048: KEPT}, n=32).assign(recipe="bf16")
+    critic = legged_quality({256: KEPT}, n=32).assign(recipe="fp8-delayed+critic-fp32")
+    v = V.a11(legged_ups(FAST), pd.concat([q, critic, bf16]))
+    assert v.verdict == "inconclusive"  # BF16 lost, but only FP8 is judged
+    assert ("vs margin [0.40,0.60]: inconclusive; P(bf16>fp32)=0.30 [0.20,0.35] over 32 seeds "
+            "(not judged); P(fp8-delayed+critic-fp32>fp32)=0.50" in v.key_number)
+    few = legged_quality({256: KEPT}, n=4).assign(recipe="bf16")
+    assert "bf16>fp32" not in V.a11(legged_ups(FAST), pd.concat([q, few])).key_number
+
+
 def test_a11_names_the_environment_of_each_width_and_judges_quality_per_environment():
     ups = pd.concat([legged_ups({256: 0.8, 1024: 1.15, 4096: 1.3}),
                      legged_ups({512: 0.9, 1024: 0.95}, env="Go1JoystickFlatTerrain")])

@@ -98,24 +98,27 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
         if pd.notna(vs16):  # shown beside the judged comparison: FP8 against 16-bit compute
             text += (f"; P({recipe}>{BASELINE})={vs16:.2f} [{r.poi_bf16_lo:.2f},"
                      f"{r.poi_bf16_hi:.2f}] (not judged)")
-        for c in _critic_variants(quality, recipe, r, steps).itertuples():
+        for c in _shown_beside(quality, recipe, r, steps).itertuples():
             text += (f"; P({c.recipe}>{REFERENCE})={c.poi:.2f} [{c.poi_lo:.2f},{c.poi_hi:.2f}]"
                      f" over {int(c.n_seeds)} seeds (not judged)")
         out[where] = (state, text)
     return out
 
 
-def _critic_variants(quality: pd.DataFrame, recipe: str, row, steps: int) -> pd.DataFrame:
-    """The rows of ``recipe`` with another critic recipe (``{recipe}+critic-{critic}``) at
-    ``row``'s environment and width, trained ``steps`` per seed, with >= MIN_SEEDS seeds:
-    shown beside the judged recipe, never judged (the speed pairs time ``recipe`` alone)."""
-    q = quality[quality.recipe.str.startswith(f"{recipe}+critic-")
+def _shown_beside(quality: pd.DataFrame, recipe: str, row, steps: int) -> pd.DataFrame:
+    """The rows shown beside the judged ``recipe``, never judged, at ``row``'s environment and
+    width, trained ``steps`` per seed, with >= MIN_SEEDS seeds: BF16 (the speed baseline:
+    does 16-bit compute keep FP32's return?), then ``recipe`` with another critic recipe
+    (``{recipe}+critic-{critic}``; the speed pairs time ``recipe`` in both towers)."""
+    q = quality[((quality.recipe == BASELINE)
+                 | quality.recipe.str.startswith(f"{recipe}+critic-"))
                 & (quality.width == row.width)]
     if "env" in q:
         q = q[q.env == getattr(row, "env", None)]
     if "total_timesteps" in q:
         q = q[q.total_timesteps.fillna(0).astype(int) == steps]
-    return q[q.n_seeds >= MIN_SEEDS] if "n_seeds" in q else q
+    q = q[q.n_seeds >= MIN_SEEDS] if "n_seeds" in q else q
+    return q.assign(_first=q.recipe != BASELINE).sort_values("_first", kind="stable")
 
 
 def _held(kept: dict[tuple[str, int], tuple[bool | str | None, str]]) -> bool | str | None:
@@ -139,9 +142,9 @@ def a11(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str = RECIPE,
     interval over >= 8 seeds lies at or above the margin's low bound (``bounds``, else A11's
     margin), judged per environment at the longest training recorded for that width with
     enough seeds; where FP32 did not beat the random policy, nothing is judged. The
-    crossover is the smallest measured width from which FP8 pays at every wider one. The
-    same policy recipe with another critic (``{recipe}+critic-fp32``) is shown beside it with
-    its own interval, not judged: the speed pairs time ``recipe`` in both towers.
+    crossover is the smallest measured width from which FP8 pays at every wider one. BF16
+    against FP32, and the same policy recipe with another critic (``{recipe}+critic-fp32``),
+    are shown beside it with their own intervals, not judged (:func:`_shown_beside`).
 
     **reproduced**: FP8 pays at the narrowest measured size (the standard legged policy) and
     its quality is kept wherever measured; **inconclusive**: it pays there, no size lost
