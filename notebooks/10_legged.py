@@ -173,10 +173,11 @@ ups.round(3) if len(ups) else "no FP8/BF16 pairs in the committed records"
 # in FP32 (`critic_recipes` in `params.yaml`): it tells a loss from 16-bit compute in the
 # critic apart from one in the policy. The verdict judges the FP8 recipe in both towers (the
 # one the speed cells time) and shows BF16 and the FP32-critic variant beside it, unjudged.
-# FP32 and the FP32-critic variants run more seeds (`more_seeds`), in cells of 32 seeds each
-# (`..._s32` holds seeds 32-63) recorded over several calls and pooled here: the recorded
-# 32-seed intervals of `P(recipe > FP32)` are about +-0.14 wide, too wide to clear the
-# margin's 0.4 even for a recipe equal to FP32.
+# Go1's variants run more seeds (`more_seeds`, up to 128 each), in cells of 32 seeds each
+# (`..._s32` holds seeds 32-63) recorded over several calls and pooled here: 32-seed
+# intervals of `P(recipe > FP32)` are about +-0.14 wide, too wide to clear the margin's 0.4
+# even for a recipe equal to FP32, and more FP32 seeds alone narrow them little (the table's
+# `n_seeds` says how many each row pooled).
 #
 # `learned` says whether FP32 beat the random policy (`random_return`). Where the environment
 # has no random-policy record of the current code, both are empty and nothing is scored or
