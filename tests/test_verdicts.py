@@ -341,6 +341,16 @@ def test_a11_shows_bf16_against_fp32_first_and_never_judges_it():
     assert "bf16>fp32" not in V.a11(legged_ups(FAST), pd.concat([q, few])).key_number
 
 
+def test_a11_says_how_many_seeds_each_side_of_the_judged_comparison_pooled():
+    """Cells may hold different seed counts (FP32 grown to 96, the recipe at 32): the text
+    names both, and only where FP32's row is there to count."""
+    q = legged_quality({256: WIDE}, n=32)
+    fp32 = pd.DataFrame([{"hardware": "h200", "width": 256, "recipe": "fp32", "n_seeds": 96}])
+    v = V.a11(legged_ups(FAST), pd.concat([q, fp32]))
+    assert "vs margin [0.40,0.60]: inconclusive (32 seeds, FP32 96)" in v.key_number
+    assert "FP32 96" not in V.a11(legged_ups(FAST), q).key_number
+
+
 def test_a11_names_the_environment_of_each_width_and_judges_quality_per_environment():
     ups = pd.concat([legged_ups({256: 0.8, 1024: 1.15, 4096: 1.3}),
                      legged_ups({512: 0.9, 1024: 0.95}, env="Go1JoystickFlatTerrain")])

@@ -74,7 +74,15 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
     for r in q.itertuples():
         steps = getattr(r, "total_timesteps", 0)
         steps = int(steps) if pd.notna(steps) else 0
-        budget = f" ({steps / 1e6:.1f}M steps per seed)" if steps else ""
+        ref = quality[(quality.recipe == REFERENCE) & (quality.width == r.width)
+                      & (quality.get("env", "") == getattr(r, "env", ""))
+                      & (quality.get("total_timesteps", 0) == steps)]
+        parts = [f"{steps / 1e6:.1f}M steps per seed"] if steps else []
+        budget = f" ({parts[0]})" if parts else ""
+        # a judged comparison also names the seeds of each side (cells may hold different
+        # counts)
+        if len(ref) and "n_seeds" in ref and pd.notna(getattr(r, "n_seeds", None)):
+            parts.append(f"{int(r.n_seeds)} seeds, FP32 {int(ref.n_seeds.iloc[0])}")
         where = _where(getattr(r, "env", None), r.width)
         learned = getattr(r, "learned", True)
         if pd.isna(learned):
@@ -84,16 +92,14 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
                                 + f" to tell whether FP32 learned{budget}")
             continue
         if not bool(learned):
-            ref = quality[(quality.recipe == REFERENCE) & (quality.width == r.width)
-                          & (quality.get("env", "") == getattr(r, "env", ""))
-                          & (quality.get("total_timesteps", 0) == steps)].mean_return
-            out[where] = (None, f"not judged: FP32's mean return {ref.mean():.3g} did not beat "
+            out[where] = (None, f"not judged: FP32's mean return {ref.mean_return.mean():.3g} "
+                                f"did not beat "
                                 f"the random policy's {r.random_return:.3g}{budget}")
             continue
         poi = pd.DataFrame([{"x": recipe, "y": REFERENCE, "p": r.poi, "lo": r.poi_lo,
                              "hi": r.poi_hi}])
         state, text = _kept(poi, recipe, REFERENCE, bounds)
-        text += budget
+        text += f" ({'; '.join(parts)})" if parts else ""
         vs16 = getattr(r, "poi_bf16", float("nan"))
         if pd.notna(vs16):  # shown beside the judged comparison: FP8 against 16-bit compute
             text += (f"; P({recipe}>{BASELINE})={vs16:.2f} [{r.poi_bf16_lo:.2f},"
