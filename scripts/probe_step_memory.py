@@ -7,8 +7,7 @@ is args + outputs + temps - aliased); from XLA's buffer live ranges, the buffers
 program's peak, largest first, each with its shape and the JAX operation that made it; and the
 layout of the temporary allocation (XLA's memory-usage report): its slots, largest first, each
 with the shapes of the values that take turns in it. On the GPU the live-range "peak" can
-undercount (for the FP8 step at width 4096 it listed 2.85 GB live while the allocation is
-4.48 GB); the slots are what is allocated.
+undercount by far what ``memory_analysis`` allocates; the slots are what is allocated.
 Recipes take the lever syntax of ``mlp_step`` (``base:field=value``). Run it on the GPU the
 question is about: XLA:CPU assigns buffers differently, so CPU numbers only check the script.
 
