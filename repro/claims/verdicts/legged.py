@@ -74,9 +74,8 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
     for r in q.itertuples():
         steps = getattr(r, "total_timesteps", 0)
         steps = int(steps) if pd.notna(steps) else 0
-        ref = quality[(quality.recipe == REFERENCE) & (quality.width == r.width)
-                      & (quality.get("env", "") == getattr(r, "env", ""))
-                      & (quality.get("total_timesteps", 0) == steps)]
+        ref = _rows_at(quality, r, steps)
+        ref = ref[ref.recipe == REFERENCE]
         parts = [f"{steps / 1e6:.1f}M steps per seed"] if steps else []
         budget = f" ({parts[0]})" if parts else ""
         # a judged comparison also names the seeds of each side (cells may hold different
@@ -93,8 +92,7 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
             continue
         if not bool(learned):
             out[where] = (None, f"not judged: FP32's mean return {ref.mean_return.mean():.3g} "
-                                f"did not beat "
-                                f"the random policy's {r.random_return:.3g}{budget}")
+                                f"did not beat the random policy's {r.random_return:.3g}{budget}")
             continue
         poi = pd.DataFrame([{"x": recipe, "y": REFERENCE, "p": r.poi, "lo": r.poi_lo,
                              "hi": r.poi_hi}])
@@ -111,18 +109,24 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
     return out
 
 
+def _rows_at(quality: pd.DataFrame, row, steps: int) -> pd.DataFrame:
+    """The rows of ``quality`` at ``row``'s environment and width, trained ``steps`` per seed
+    (a column the table lacks does not filter)."""
+    q = quality[quality.width == row.width]
+    if "env" in q:
+        q = q[q.env == getattr(row, "env", None)]
+    if "total_timesteps" in q:
+        q = q[q.total_timesteps.fillna(0).astype(int) == steps]
+    return q
+
+
 def _shown_beside(quality: pd.DataFrame, recipe: str, row, steps: int) -> pd.DataFrame:
     """The rows shown beside the judged ``recipe``, never judged, at ``row``'s environment and
     width, trained ``steps`` per seed, with >= MIN_SEEDS seeds: BF16 (the speed baseline:
     does 16-bit compute keep FP32's return?), then ``recipe`` with another critic recipe
     (``{recipe}+critic-{critic}``; the speed pairs time ``recipe`` in both towers)."""
-    q = quality[((quality.recipe == BASELINE)
-                 | quality.recipe.str.startswith(f"{recipe}+critic-"))
-                & (quality.width == row.width)]
-    if "env" in q:
-        q = q[q.env == getattr(row, "env", None)]
-    if "total_timesteps" in q:
-        q = q[q.total_timesteps.fillna(0).astype(int) == steps]
+    q = _rows_at(quality, row, steps)
+    q = q[(q.recipe == BASELINE) | q.recipe.str.startswith(f"{recipe}+critic-")]
     q = q[q.n_seeds >= MIN_SEEDS] if "n_seeds" in q else q
     return q.assign(_first=q.recipe != BASELINE).sort_values("_first", kind="stable")
 
