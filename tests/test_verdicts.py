@@ -351,6 +351,20 @@ def test_a11_says_how_many_seeds_each_side_of_the_judged_comparison_pooled():
     assert "FP32 96" not in V.a11(legged_ups(FAST), q).key_number
 
 
+def test_a11_says_by_how_much_the_judged_recipe_differs_from_fp32():
+    """P(recipe > FP32) says how often a seed of the recipe beats one of FP32, not by how
+    much: the judged comparison also names both mean returns and their relative difference
+    (none where FP32's mean is not positive)."""
+    q = legged_quality({256: WIDE}, n=32).assign(mean_return=17.54)
+    fp32 = pd.DataFrame([{"hardware": "h200", "width": 256, "recipe": "fp32", "n_seeds": 32,
+                          "mean_return": 17.77}])
+    text = V.a11(legged_ups(FAST), pd.concat([q, fp32])).key_number
+    assert "(32 seeds, FP32 32; mean return 17.54, FP32 17.77: -1.3%)" in text
+    text = V.a11(legged_ups(FAST), pd.concat([q, fp32.assign(mean_return=-2.0)])).key_number
+    assert "(32 seeds, FP32 32; mean return 17.54, FP32 -2)" in text
+    assert "mean return" not in V.a11(legged_ups(FAST), q).key_number
+
+
 def test_a11_names_the_environment_of_each_width_and_judges_quality_per_environment():
     ups = pd.concat([legged_ups({256: 0.8, 1024: 1.15, 4096: 1.3}),
                      legged_ups({512: 0.9, 1024: 0.95}, env="Go1JoystickFlatTerrain")])
