@@ -17,11 +17,9 @@ Needs a checkout of github.com/luchris429/purejaxrl and gymnax:
 from __future__ import annotations
 
 import argparse
-import glob
-import gzip
-import json
 import tempfile
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +29,7 @@ import optax
 from repro.analysis import traces
 from repro.models import ppo
 from repro.precision import optim
+from repro.studies import kernel_times
 from repro.studies import purejaxrl as P
 
 
@@ -53,13 +52,9 @@ def select_skip(inner, max_consecutive: int = 2 ** 30):
 
 
 def kernel_summary(fn, keys, name: str, top: int) -> None:
-    logdir = tempfile.mkdtemp()
-    t0 = time.perf_counter()
-    with jax.profiler.trace(logdir, create_perfetto_trace=True):
-        jax.block_until_ready(fn(keys))
-    wall = time.perf_counter() - t0
-    path = glob.glob(logdir + "/**/*perfetto_trace.json.gz", recursive=True)[0]
-    ev = traces.kernel_events(json.load(gzip.open(path)))
+    logdir = Path(tempfile.mkdtemp())
+    wall = kernel_times.trace_steps(lambda: fn(keys), 1, logdir)
+    ev = traces.kernel_events(traces.load_trace(logdir))
     if not len(ev):
         print(f"== {name}: no device kernels in the trace ({jax.default_backend()})")
         return

@@ -66,9 +66,10 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
     """Per (env, width) with >= MIN_SEEDS seeds: (kept: True / False / UNSURE, its text), from
     the ``poi``, ``poi_lo``, ``poi_hi`` columns of ``repro.analysis.legged.quality_table``, at
     the longest training (:func:`longest_runs`), the text also giving both sides' seeds and
-    mean returns (``mean_return``) and P(recipe > BF16) where the table has it (``poi_bf16``). Where FP32 did not beat the random policy (``learned``
-    false) nothing learned, so nothing is compared: (None, why); likewise where the
-    environment has no random-policy record (``learned`` NaN)."""
+    mean returns (``mean_return``) and P(recipe > BF16) where the table has it
+    (``poi_bf16``). Where FP32 did not beat the random policy (``learned`` false) nothing
+    learned, so nothing is compared: (None, why); likewise where the environment has no
+    random-policy record (``learned`` NaN)."""
     q = longest_runs(quality[quality.recipe == recipe], MIN_SEEDS) if len(quality) else quality
     out = {}
     for r in q.itertuples():
@@ -78,16 +79,6 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
         ref = ref[ref.recipe == REFERENCE]
         parts = [f"{steps / 1e6:.1f}M steps per seed"] if steps else []
         budget = f" ({parts[0]})" if parts else ""
-        # a judged comparison also names the seeds of each side (cells may hold different
-        # counts)
-        if len(ref) and "n_seeds" in ref and pd.notna(getattr(r, "n_seeds", None)):
-            parts.append(f"{int(r.n_seeds)} seeds, FP32 {int(ref.n_seeds.iloc[0])}")
-        # and how large the difference is: P(recipe > FP32) says how often, not by how much
-        mine, theirs = getattr(r, "mean_return", None), (
-            ref.mean_return.iloc[0] if len(ref) and "mean_return" in ref else None)
-        if pd.notna(mine) and pd.notna(theirs):
-            parts.append(f"mean return {mine:.4g}, FP32 {theirs:.4g}"
-                         + (f": {100 * (mine / theirs - 1):+.1f}%" if theirs > 0 else ""))
         where = _where(getattr(r, "env", None), r.width)
         learned = getattr(r, "learned", True)
         if pd.isna(learned):
@@ -100,6 +91,16 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
             out[where] = (None, f"not judged: FP32's mean return {ref.mean_return.mean():.3g} "
                                 f"did not beat the random policy's {r.random_return:.3g}{budget}")
             continue
+        # a judged comparison also names the seeds of each side (cells may hold different
+        # counts) and how large the difference is: P(recipe > FP32) says how often, not by
+        # how much
+        if len(ref) and "n_seeds" in ref and pd.notna(getattr(r, "n_seeds", None)):
+            parts.append(f"{int(r.n_seeds)} seeds, FP32 {int(ref.n_seeds.iloc[0])}")
+        mine, theirs = getattr(r, "mean_return", None), (
+            ref.mean_return.iloc[0] if len(ref) and "mean_return" in ref else None)
+        if pd.notna(mine) and pd.notna(theirs):
+            parts.append(f"mean return {mine:.4g}, FP32 {theirs:.4g}"
+                         + (f": {100 * (mine / theirs - 1):+.1f}%" if theirs > 0 else ""))
         poi = pd.DataFrame([{"x": recipe, "y": REFERENCE, "p": r.poi, "lo": r.poi_lo,
                              "hi": r.poi_hi}])
         state, text = _kept(poi, recipe, REFERENCE, bounds)
