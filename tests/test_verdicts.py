@@ -341,6 +341,26 @@ def test_a11_shows_bf16_against_fp32_first_and_never_judges_it():
     assert "bf16>fp32" not in V.a11(legged_ups(FAST), pd.concat([q, few])).key_number
 
 
+def test_a11_says_by_how_much_each_recipe_shown_beside_differs_from_fp32():
+    """The rows shown beside the judged one (BF16, the FP32-critic variant) also name their
+    mean return against FP32's: whether an FP32 critic closes the gap is a question of how
+    much, not only how often."""
+    q = legged_quality({256: WIDE}, n=32).assign(mean_return=17.54)
+    fp32 = pd.DataFrame([{"hardware": "h200", "width": 256, "recipe": "fp32", "n_seeds": 32,
+                          "mean_return": 17.77}])
+    critic = legged_quality({256: KEPT}, n=32).assign(recipe="fp8-delayed+critic-fp32",
+                                                        mean_return=17.63)
+    bf16 = legged_quality({256: KEPT}, n=32).assign(recipe="bf16", mean_return=17.77)
+    text = V.a11(legged_ups(FAST), pd.concat([q, fp32, critic, bf16])).key_number
+    assert ("P(bf16>fp32)=0.50 [0.42,0.58] over 32 seeds, mean return 17.77, FP32 17.77: +0.0% "
+            "(not judged)") in text
+    assert ("P(fp8-delayed+critic-fp32>fp32)=0.50 [0.42,0.58] over 32 seeds, mean return 17.63,"
+            " FP32 17.77: -0.8% (not judged)") in text
+    # without FP32's mean, or without the row's own, no means are named
+    text = V.a11(legged_ups(FAST), pd.concat([q, critic.drop(columns="mean_return")])).key_number
+    assert "over 32 seeds (not judged)" in text and "mean return" not in text
+
+
 def test_a11_says_how_many_seeds_each_side_of_the_judged_comparison_pooled():
     """Cells may hold different seed counts (FP32 grown to 96, the recipe at 32): the text
     names both, and only where FP32's row is there to count."""

@@ -66,7 +66,8 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
     """Per (env, width) with >= MIN_SEEDS seeds: (kept: True / False / UNSURE, its text), from
     the ``poi``, ``poi_lo``, ``poi_hi`` columns of ``repro.analysis.legged.quality_table``, at
     the longest training (:func:`longest_runs`), the text also giving both sides' seeds and
-    mean returns (``mean_return``) and P(recipe > BF16) where the table has it
+    mean returns (``mean_return``; also for the rows shown beside it, against the same FP32
+    mean) and P(recipe > BF16) where the table has it
     (``poi_bf16``). Where FP32 did not beat the random policy (``learned`` false) nothing
     learned, so nothing is compared: (None, why); likewise where the environment has no
     random-policy record (``learned`` NaN)."""
@@ -96,11 +97,9 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
         # how much
         if len(ref) and "n_seeds" in ref and pd.notna(getattr(r, "n_seeds", None)):
             parts.append(f"{int(r.n_seeds)} seeds, FP32 {int(ref.n_seeds.iloc[0])}")
-        mine, theirs = getattr(r, "mean_return", None), (
-            ref.mean_return.iloc[0] if len(ref) and "mean_return" in ref else None)
-        if pd.notna(mine) and pd.notna(theirs):
-            parts.append(f"mean return {mine:.4g}, FP32 {theirs:.4g}"
-                         + (f": {100 * (mine / theirs - 1):+.1f}%" if theirs > 0 else ""))
+        theirs = ref.mean_return.iloc[0] if len(ref) and "mean_return" in ref else None
+        if means := _means(getattr(r, "mean_return", None), theirs):
+            parts.append(means)
         poi = pd.DataFrame([{"x": recipe, "y": REFERENCE, "p": r.poi, "lo": r.poi_lo,
                              "hi": r.poi_hi}])
         state, text = _kept(poi, recipe, REFERENCE, bounds)
@@ -110,10 +109,21 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
             text += (f"; P({recipe}>{BASELINE})={vs16:.2f} [{r.poi_bf16_lo:.2f},"
                      f"{r.poi_bf16_hi:.2f}] (not judged)")
         for c in _shown_beside(quality, recipe, r, steps).itertuples():
+            means = _means(getattr(c, "mean_return", None), theirs)
             text += (f"; P({c.recipe}>{REFERENCE})={c.poi:.2f} [{c.poi_lo:.2f},{c.poi_hi:.2f}]"
-                     f" over {int(c.n_seeds)} seeds (not judged)")
+                     f" over {int(c.n_seeds)} seeds" + (f", {means}" if means else "")
+                     + " (not judged)")
         out[where] = (state, text)
     return out
+
+
+def _means(mine, fp32) -> str:
+    """"mean return M, FP32 F: +D%" (no percentage where FP32's mean is not positive), or ""
+    where either mean is missing."""
+    if mine is None or fp32 is None or pd.isna(mine) or pd.isna(fp32):
+        return ""
+    return (f"mean return {mine:.4g}, FP32 {fp32:.4g}"
+            + (f": {100 * (mine / fp32 - 1):+.1f}%" if fp32 > 0 else ""))
 
 
 def _rows_at(quality: pd.DataFrame, row, steps: int) -> pd.DataFrame:
