@@ -66,11 +66,10 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
     """Per (env, width) with >= MIN_SEEDS seeds: (kept: True / False / UNSURE, its text), from
     the ``poi``, ``poi_lo``, ``poi_hi`` columns of ``repro.analysis.legged.quality_table``, at
     the longest training (:func:`longest_runs`), the text also giving both sides' seeds and
-    mean returns (``mean_return``; also for the rows shown beside it, against the same FP32
-    mean) and P(recipe > BF16) where the table has it
-    (``poi_bf16``). Where FP32 did not beat the random policy (``learned`` false) nothing
-    learned, so nothing is compared: (None, why); likewise where the environment has no
-    random-policy record (``learned`` NaN)."""
+    mean returns (``mean_return``; the rows shown beside it against the same FP32 mean) and
+    P(recipe > BF16) where the table has it (``poi_bf16``). Where FP32 did not beat the random
+    policy (``learned`` false) nothing learned, so nothing is compared: (None, why); likewise
+    where the environment has no random-policy record (``learned`` NaN)."""
     q = longest_runs(quality[quality.recipe == recipe], MIN_SEEDS) if len(quality) else quality
     out = {}
     for r in q.itertuples():
@@ -118,9 +117,9 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
 
 
 def _means(mine, fp32) -> str:
-    """"mean return M, FP32 F: +D%" (no percentage where FP32's mean is not positive), or ""
-    where either mean is missing."""
-    if mine is None or fp32 is None or pd.isna(mine) or pd.isna(fp32):
+    """The text ``mean return M, FP32 F: +D%`` (no percentage where FP32's mean is not
+    positive); empty where either mean is missing."""
+    if pd.isna(mine) or pd.isna(fp32):
         return ""
     return (f"mean return {mine:.4g}, FP32 {fp32:.4g}"
             + (f": {100 * (mine / fp32 - 1):+.1f}%" if fp32 > 0 else ""))
