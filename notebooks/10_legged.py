@@ -253,30 +253,33 @@ quality.round(3) if len(quality) else "no quality records in the committed recor
 # remain: brax folds each rollout into its observation statistics before the update's gradient
 # steps, ours after them (the update then sees what the policy saw); at a time-limit end brax
 # zeroes that step's TD error, ours bootstraps from the final observation. Target: ours at least
-# as fast, with an equal or better return.
+# as fast, with an equal or better return, read as A11 reads FP8 against FP32: the interval of
+# P(ours > brax) over the seeds at or above the low end of A11's margin.
 
 # %%
-peer = df[df.sizes.map(lambda s: "impl" in s)] if len(df) else df
+peer = A.peer_table(df)
 if len(peer):
-    peer = peer.assign(impl=peer.sizes.map(lambda s: s["impl"]),
-                       seed=peer.sizes.map(lambda s: s["seed"]),
-                       env=peer.sizes.map(lambda s: s["env"]))
-    display(peer.pivot_table(index=["hardware", "seed"], columns=["metric", "impl"],
-                             values="value").round(1))
-    m = peer.groupby(["metric", "impl"]).value.mean()
-    floor = df[(df.metric == "random_return")
-               & df.sizes.map(lambda s: s.get("env")).isin(set(peer.env))].value.mean()
-    ratio = m["env_steps_per_s", "repro"] / m["env_steps_per_s", "brax"]
-    learned = [i for i in ("repro", "brax") if m["eval_return", i] > floor]
-    seeds = peer.seed.nunique()
-    print(f"ours / brax's trainer: {ratio:.2f}x env-steps/s; evaluation return "
-          f"{m['eval_return', 'repro']:.1f} (ours) vs {m['eval_return', 'brax']:.1f} (brax), "
-          f"mean of {seeds} seed(s); random policy {floor:.1f}: " + (
-              f"above it: {', '.join(learned)}" if learned else
-              "neither run is above it yet, so at this budget the returns show that both "
-              "trainers run, not which one learns better")
-          + ("; one seed per trainer shows that both learn, not which learns better"
-             if seeds < 2 and len(learned) == 2 else ""))
+    display(peer.set_index(["hardware", "env"]).round(3))
+    for r in peer.itertuples():
+        floor = df[(df.metric == "random_return")
+                   & (df.hardware == r.hardware)
+                   & df.sizes.map(lambda s, e=r.env: s.get("env") == e)].value.mean()
+        learned = [i for i, ret in (("ours", r.return_repro), ("brax", r.return_brax))
+                   if ret > floor]
+        low, high = verdicts.margin("A11")
+        print(f"{r.hardware} {r.env}: ours / brax's trainer {r.speed_ratio:.2f}x env-steps/s; "
+              f"evaluation return {r.return_repro:.1f} (ours) vs {r.return_brax:.1f} (brax), "
+              f"mean of {r.n_seeds} seed(s), random policy {floor:.1f} ("
+              + (f"above it: {', '.join(learned)}" if learned else "neither is above it")
+              + ")" + (f"; P(ours > brax) {r.poi:.2f} [{r.poi_lo:.2f}, {r.poi_hi:.2f}] "
+                       f"against A11's margin [{low:.2f}, {high:.2f}]: "
+                       + ("ours returns as much or more" if r.poi_lo >= low else
+                          "ours returns less" if r.poi_hi < low else
+                          "the interval straddles the margin's low end, so these seeds show "
+                          "neither an equal return nor a loss")
+                       if r.n_seeds >= 2 else
+                       "; one seed per trainer shows whether both learn, not which learns "
+                       "better"))
 else:
     print("no peer records in the committed records")
 

@@ -534,6 +534,34 @@ def _quality(rets):
     return A.quality_table(pd.DataFrame(recs), reps=200).set_index("recipe")
 
 
+def test_peer_table_pairs_the_trainers_seed_by_seed_and_counts_p_by_hand():
+    """Three seeds of each trainer: the mean rates, their ratio and the mean returns by hand;
+    P(ours > brax) over the 9 seed pairs counted by hand (ties half), inside its interval;
+    the random floor and the quality records are not peer rows."""
+    rets = {"repro": [100.0, 150.0, 125.0], "brax": [110.0, 120.0, 120.0]}
+    rates = {"repro": [3.0, 3.3, 3.6], "brax": [2.0, 2.2, 2.4]}
+    recs = [_rec("random_return", 10.0, {"env": "ant", "variant": "random"}),
+            _rec("final_return", 5.0, {"env": "ant", "size": "brax", "width": 256, "seed": 0,
+                                       "variant": "fp32"}, recipe="fp32",
+                 extra={"variant": "fp32", "diverged": False})]
+    for impl in rets:
+        for seed, (ret, rate) in enumerate(zip(rets[impl], rates[impl])):
+            sz = {"env": "ant", "impl": impl, "seed": seed, "num_envs": 8192}
+            recs += [_rec("eval_return", ret, sz, "tf32"),
+                     _rec("env_steps_per_s", rate, sz, "tf32")]
+    t = A.peer_table(pd.DataFrame(recs), reps=200)
+    assert len(t) == 1
+    r = t.iloc[0]
+    assert (r.hardware, r.env, r.n_seeds) == ("h200", "ant", 3)
+    assert r.steps_per_s_repro == pytest.approx(3.3) and r.steps_per_s_brax == pytest.approx(2.2)
+    assert r.speed_ratio == pytest.approx(1.5)
+    assert r.return_repro == pytest.approx(125.0) and r.return_brax == pytest.approx(350 / 3)
+    # 100 beats none; 150 and 125 beat all three: 6 of 9 pairs (brax over ours: 3 of 9)
+    assert r.poi == pytest.approx(6 / 9)
+    assert r.poi_lo <= r.poi <= r.poi_hi
+    assert A.peer_table(pd.DataFrame(recs[:2])).empty
+
+
 def test_quality_table_normalises_against_fp32_and_random():
     rets = {"fp32": [100, 110, 120, 130], "fp8-delayed": [90, 100, 140, 150]}
     q = _quality(rets)

@@ -11,6 +11,8 @@
 * :func:`quality_table` -- per size, each recipe against FP32: normalised scores ((return -
   random) / (FP32 mean - random)) and the probability of improvement with its 95% stratified
   bootstrap interval (rliable), the statistics of the other RL quality claims.
+* :func:`peer_table` -- our PPO against brax's trainer on equal settings: env-steps/s and
+  evaluation returns over the seeds, with P(ours > brax) and its interval.
 * :func:`evidence` -- the records a verdict may use (full profile, GPU).
 * :func:`key_numbers` -- the speedups and probabilities of improvement as numbers (metrics).
 """
@@ -171,6 +173,37 @@ def quality_table(df: pd.DataFrame, reps: int = 1000) -> pd.DataFrame:
                          "diverged": int(mine.diverged.sum()), "learned": bool(scale_ok),
                          "random_return": float(floor),
                          "profile": ",".join(sorted(set(mine.profile.dropna())))})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def peer_table(df: pd.DataFrame, reps: int = 1000) -> pd.DataFrame:
+    """Per (hardware, env), our PPO (``impl`` "repro") against brax's trainer ("brax") from the
+    ``{env}_peer_brax`` records: seeds, mean env-steps/s of each and their ratio
+    (``speed_ratio``, ours / brax's), mean evaluation returns, and P(ours > brax) over the
+    seed pairs with its 95% stratified bootstrap interval (``poi``, ``poi_lo``, ``poi_hi``)."""
+    cols = ["hardware", "env", "n_seeds", "steps_per_s_repro", "steps_per_s_brax",
+            "speed_ratio", "return_repro", "return_brax", "poi", "poi_lo", "poi_hi"]
+    p = df[df.sizes.map(lambda s: "impl" in s)] if len(df) else df
+    if not len(p):
+        return pd.DataFrame(columns=cols)
+    p = _sizes(p, ["env", "impl", "seed"])
+    rows = []
+    for (hw, env), g in p.groupby(["hardware", "env"]):
+        m = g.groupby(["metric", "impl"]).value.mean()
+        ret = g[g.metric == "eval_return"]
+        scores = {i: ret[ret.impl == i].sort_values("seed").value.to_numpy()[:, None]
+                  for i in ("repro", "brax") if (ret.impl == i).any()}
+        poi = stats.probability_of_improvement(scores, [("repro", "brax")], reps=reps)
+        poi = poi.iloc[0] if len(poi) else pd.Series({"p": np.nan, "lo": np.nan,
+                                                      "hi": np.nan})
+        rows.append({"hardware": hw, "env": env, "n_seeds": int(g.seed.nunique()),
+                     "steps_per_s_repro": m.get(("env_steps_per_s", "repro"), np.nan),
+                     "steps_per_s_brax": m.get(("env_steps_per_s", "brax"), np.nan),
+                     "speed_ratio": m.get(("env_steps_per_s", "repro"), np.nan)
+                     / m.get(("env_steps_per_s", "brax"), np.nan),
+                     "return_repro": m.get(("eval_return", "repro"), np.nan),
+                     "return_brax": m.get(("eval_return", "brax"), np.nan),
+                     "poi": poi["p"], "poi_lo": poi["lo"], "poi_hi": poi["hi"]})
     return pd.DataFrame(rows, columns=cols)
 
 
