@@ -172,7 +172,10 @@ ups.round(3) if len(ups) else "no FP8/BF16 pairs in the committed records"
 # A variant named `{recipe}+critic-fp32` trains the same policy recipe with the value tower
 # in FP32 (`critic_recipes` in `params.yaml`): it tells a loss from 16-bit compute in the
 # critic apart from one in the policy. The verdict judges the FP8 recipe in both towers (the
-# one the speed cells time) and shows BF16 and the FP32-critic variant beside it, unjudged.
+# one the speed cells time) and shows BF16 and the FP32-critic variant beside it, unjudged,
+# then any variant `{recipe}:field=value` of the judged recipe, a lever tried on its return
+# (Go1's `fp8-delayed:bwd_dtype=float8_e4m3fn` casts the backward's gradients to E4M3, with
+# one more mantissa bit than E5M2, as the block-FP8 recipes of LLM training do).
 # Go1's variants run more seeds (`more_seeds`, up to 128 each), in cells of 32 seeds each
 # (`..._s32` holds seeds 32-63) recorded over several calls and pooled here: 32-seed
 # intervals of `P(recipe > FP32)` are about +-0.14 wide, too wide to clear the margin's 0.4

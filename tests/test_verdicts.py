@@ -329,6 +329,26 @@ def test_a11_shows_the_fp32_critic_variant_beside_the_judged_recipe_without_judg
     assert v.key_number.count("critic-fp32") == 1  # width 2048 has no judged row
 
 
+def test_a11_shows_variants_of_the_judged_recipe_after_the_critic_variant_unjudged():
+    """A lever tried on the judged recipe's return (``fp8-delayed:field=value``) is shown
+    after BF16 and the FP32-critic variant, with its seeds, and judges nothing; a variant of
+    another recipe is not shown."""
+    q = legged_quality({256: WIDE})
+    e4m3 = legged_quality({256: LOST}, n=32).assign(
+        recipe="fp8-delayed:bwd_dtype=float8_e4m3fn")
+    other = legged_quality({256: KEPT}, n=32).assign(recipe="fp8-current:amax_history_len=16")
+    critic = legged_quality({256: KEPT}, n=32).assign(recipe="fp8-delayed+critic-fp32")
+    bf16 = legged_quality({256: KEPT}, n=32).assign(recipe="bf16")
+    v = V.a11(legged_ups(FAST), pd.concat([q, e4m3, other, critic, bf16]))
+    assert v.verdict == V.a11(legged_ups(FAST), q).verdict == "inconclusive"
+    text = v.key_number
+    assert ("P(fp8-delayed:bwd_dtype=float8_e4m3fn>fp32)=0.30 [0.20,0.35] over 32 seeds "
+            "(not judged)") in text
+    assert text.index("P(bf16>fp32)") < text.index("P(fp8-delayed+critic-fp32>fp32)") \
+        < text.index("P(fp8-delayed:bwd_dtype")
+    assert "fp8-current:" not in text
+
+
 def test_a11_shows_bf16_against_fp32_first_and_never_judges_it():
     q = legged_quality({256: WIDE})
     bf16 = legged_quality({256: LOST, 2048: KEPT}, n=32).assign(recipe="bf16")

@@ -140,11 +140,14 @@ def _shown_beside(quality: pd.DataFrame, recipe: str, row, steps: int) -> pd.Dat
     """The rows shown beside the judged ``recipe``, never judged, at ``row``'s environment and
     width, trained ``steps`` per seed, with >= MIN_SEEDS seeds: BF16 (the speed baseline:
     does 16-bit compute keep FP32's return?), then ``recipe`` with another critic recipe
-    (``{recipe}+critic-{critic}``; the speed pairs time ``recipe`` in both towers)."""
+    (``{recipe}+critic-{critic}``; the speed pairs time ``recipe`` in both towers), then
+    variants of ``recipe`` (``{recipe}:field=value``: levers tried on its return)."""
     q = _rows_at(quality, row, steps)
-    q = q[(q.recipe == BASELINE) | q.recipe.str.startswith(f"{recipe}+critic-")]
+    critic, variant = (q.recipe.str.startswith(f"{recipe}{s}") for s in ("+critic-", ":"))
+    q = q.assign(_order=critic.astype(int) + 2 * variant.astype(int))
+    q = q[(q.recipe == BASELINE) | critic | variant]
     q = q[q.n_seeds >= MIN_SEEDS] if "n_seeds" in q else q
-    return q.assign(_first=q.recipe != BASELINE).sort_values("_first", kind="stable")
+    return q.sort_values("_order", kind="stable")
 
 
 def _held(kept: dict[tuple[str, int], tuple[bool | str | None, str]]) -> bool | str | None:
@@ -169,8 +172,9 @@ def a11(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str = RECIPE,
     margin), judged per environment at the longest training recorded for that width with
     enough seeds; where FP32 did not beat the random policy, nothing is judged. The
     crossover is the smallest measured width from which FP8 pays at every wider one. BF16
-    against FP32, and the same policy recipe with another critic (``{recipe}+critic-fp32``),
-    are shown beside it with their own intervals, not judged (:func:`_shown_beside`).
+    against FP32, the same policy recipe with another critic (``{recipe}+critic-fp32``) and
+    variants of ``recipe`` (``{recipe}:field=value``) are shown beside it with their own
+    intervals, not judged (:func:`_shown_beside`).
 
     **reproduced**: FP8 pays at the narrowest measured size (the standard legged policy) and
     its quality is kept wherever measured; **inconclusive**: it pays there, no size lost
