@@ -264,25 +264,15 @@ peer = A.peer_table(df)
 if len(peer):
     display(peer.set_index(["hardware", "env"]).round(3))
     for r in peer.itertuples():
-        floor = df[(df.metric == "random_return")
-                   & (df.hardware == r.hardware)
-                   & df.sizes.map(lambda s, e=r.env: s.get("env") == e)].value.mean()
         learned = [i for i, ret in (("ours", r.return_repro), ("brax", r.return_brax))
-                   if ret > floor]
-        low, high = verdicts.margin("A11")
+                   if ret > r.random_return]
         print(f"{r.hardware} {r.env}: ours / brax's trainer {r.speed_ratio:.2f}x env-steps/s; "
               f"evaluation return {r.return_repro:.1f} (ours) vs {r.return_brax:.1f} (brax), "
-              f"mean of {r.n_seeds} seed(s), random policy {floor:.1f} ("
+              f"mean of {r.n_seeds} seed(s), random policy {r.random_return:.1f} ("
               + (f"above it: {', '.join(learned)}" if learned else "neither is above it")
-              + ")" + (f"; P(ours > brax) {r.poi:.2f} [{r.poi_lo:.2f}, {r.poi_hi:.2f}] "
-                       f"against A11's margin [{low:.2f}, {high:.2f}]: "
-                       + ("ours returns as much or more" if r.poi_lo >= low else
-                          "ours returns less" if r.poi_hi < low else
-                          "the interval straddles the margin's low end, so these seeds show "
-                          "neither an equal return nor a loss")
-                       if r.n_seeds >= 2 else
-                       "; one seed per trainer shows whether both learn, not which learns "
-                       "better"))
+              + "); " + (verdicts.legged.peer_parity(r)[1] if r.n_seeds >= 2 else
+                         "one seed per trainer shows whether both learn, not which learns "
+                         "better"))
 else:
     print("no peer records in the committed records")
 

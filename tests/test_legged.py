@@ -559,6 +559,7 @@ def test_peer_table_pairs_the_trainers_seed_by_seed_and_counts_p_by_hand():
     # 100 beats none; 150 and 125 beat all three: 6 of 9 pairs (brax over ours: 3 of 9)
     assert r.poi == pytest.approx(6 / 9)
     assert r.poi_lo <= r.poi <= r.poi_hi
+    assert r.random_return == pytest.approx(10.0)
     assert A.peer_table(pd.DataFrame(recs[:2])).empty
 
 

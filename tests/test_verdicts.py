@@ -349,6 +349,18 @@ def test_a11_shows_variants_of_the_judged_recipe_after_the_critic_variant_unjudg
     assert "fp8-current:" not in text
 
 
+def test_peer_parity_reads_the_peer_by_a11s_margin_rule():
+    """Ours against brax's trainer: kept where the interval's low end reaches the margin's,
+    lost where its high end stays below it, inconclusive between."""
+    row = lambda p, lo, hi: pd.Series({"poi": p, "poi_lo": lo, "poi_hi": hi})  # noqa: E731
+    state, text = V.legged.peer_parity(row(0.42, 0.12, 0.72))
+    assert state == V.quality.UNSURE
+    assert text == "P(ours>brax)=0.42 [0.12,0.72] vs margin [0.40,0.60]: inconclusive"
+    assert V.legged.peer_parity(row(0.55, 0.45, 0.65))[0] is True
+    assert V.legged.peer_parity(row(0.2, 0.1, 0.35))[0] is False
+    assert V.legged.peer_parity(row(0.55, 0.45, 0.65), bounds=(0.5, 0.7))[0] == V.quality.UNSURE
+
+
 def test_a11_shows_bf16_against_fp32_first_and_never_judges_it():
     q = legged_quality({256: WIDE})
     bf16 = legged_quality({256: LOST, 2048: KEPT}, n=32).assign(recipe="bf16")

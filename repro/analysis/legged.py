@@ -179,14 +179,17 @@ def quality_table(df: pd.DataFrame, reps: int = 1000) -> pd.DataFrame:
 def peer_table(df: pd.DataFrame, reps: int = 1000) -> pd.DataFrame:
     """Per (hardware, env), our PPO (``impl`` "repro") against brax's trainer ("brax") from the
     ``{env}_peer_brax`` records: seeds, mean env-steps/s of each and their ratio
-    (``speed_ratio``, ours / brax's), mean evaluation returns, and P(ours > brax) over the
-    seed pairs with its 95% stratified bootstrap interval (``poi``, ``poi_lo``, ``poi_hi``)."""
+    (``speed_ratio``, ours / brax's), mean evaluation returns, P(ours > brax) over the
+    seed pairs with its 95% stratified bootstrap interval (``poi``, ``poi_lo``, ``poi_hi``),
+    and the environment's random-policy return (``random_return``; NaN without a record)."""
     cols = ["hardware", "env", "n_seeds", "steps_per_s_repro", "steps_per_s_brax",
-            "speed_ratio", "return_repro", "return_brax", "poi", "poi_lo", "poi_hi"]
+            "speed_ratio", "return_repro", "return_brax", "poi", "poi_lo", "poi_hi",
+            "random_return"]
     p = df[df.sizes.map(lambda s: "impl" in s)] if len(df) else df
     if not len(p):
         return pd.DataFrame(columns=cols)
     p = _sizes(p, ["env", "impl", "seed"])
+    rnd = _sizes(df[df.metric == "random_return"], ["env"])
     rows = []
     for (hw, env), g in p.groupby(["hardware", "env"]):
         m = g.groupby(["metric", "impl"]).value.mean()
@@ -203,7 +206,9 @@ def peer_table(df: pd.DataFrame, reps: int = 1000) -> pd.DataFrame:
                      / m.get(("env_steps_per_s", "brax"), np.nan),
                      "return_repro": m.get(("eval_return", "repro"), np.nan),
                      "return_brax": m.get(("eval_return", "brax"), np.nan),
-                     "poi": poi["p"], "poi_lo": poi["lo"], "poi_hi": poi["hi"]})
+                     "poi": poi["p"], "poi_lo": poi["lo"], "poi_hi": poi["hi"],
+                     "random_return": rnd[(rnd.hardware == hw) & (rnd.env == env)]
+                     .value.mean()})
     return pd.DataFrame(rows, columns=cols)
 
 

@@ -150,6 +150,15 @@ def _shown_beside(quality: pd.DataFrame, recipe: str, row, steps: int) -> pd.Dat
     return q.sort_values("_order", kind="stable")
 
 
+def peer_parity(row, bounds: Sequence[float] | None = None) -> tuple[bool | str | None, str]:
+    """Our PPO's return against brax's trainer (a row of ``repro.analysis.legged.peer_table``),
+    read by the rule A11 reads FP8 against FP32: P(ours > brax)'s interval against A11's
+    margin (``bounds``). Shown in notebook 10; it changes no verdict."""
+    poi = pd.DataFrame([{"x": "ours", "y": "brax", "p": row.poi, "lo": row.poi_lo,
+                         "hi": row.poi_hi}])
+    return _kept(poi, "ours", "brax", bounds or margin("A11"))
+
+
 def _held(kept: dict[tuple[str, int], tuple[bool | str | None, str]]) -> bool | str | None:
     """Quality over every measured width: lost anywhere -> False, else undecided anywhere ->
     UNSURE, else True; None if no width was judged."""
