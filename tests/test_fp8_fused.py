@@ -248,11 +248,12 @@ def test_cast_transpose_refuses_unknown_parts():
         kernels.cast_transpose_reference(x, jnp.float8_e4m3fn, 1.0, None, "tq")
 
 
+@pytest.mark.parametrize("grad_cast", ["one-pass", "two-pass"])
 @pytest.mark.parametrize("fixed_input", [False, True])
-def test_tn_layout_through_the_kernel_equals_the_xla_path(monkeypatch, fixed_input):
+def test_tn_layout_through_the_kernel_equals_the_xla_path(monkeypatch, fixed_input, grad_cast):
     """The fused layer with the "tn" layout, once through XLA and once through the Pallas
-    kernel (interpret mode standing in for the GPU; the output gradient quantized in two
-    passes there): the same outputs and gradients. ``fixed_input``: the input is not
+    kernel (interpret mode standing in for the GPU): the same outputs and gradients, the
+    output gradient quantized in one or two passes. ``fixed_input``: the input is not
     differentiated (saved as it is, its FP8 transpose made again in the backward pass)."""
     from repro.precision import kernels
 
@@ -261,7 +262,7 @@ def test_tn_layout_through_the_kernel_equals_the_xla_path(monkeypatch, fixed_inp
     w = jnp.asarray(rng.standard_normal((KN, KN)) * 0.05, jnp.float32)
     b = jnp.asarray(rng.standard_normal(KN) * 0.1, jnp.float32)
     c = jnp.asarray(rng.standard_normal((KM, KN)), jnp.float32)
-    recipe = "fp8-delayed:fp8_layout=tn"
+    recipe = f"fp8-delayed:fp8_layout=tn,fp8_grad_cast={grad_cast}"
     meta = meta_for(recipe)
 
     def f(x, w, b, m):
@@ -278,8 +279,11 @@ def test_tn_layout_through_the_kernel_equals_the_xla_path(monkeypatch, fixed_inp
 
     monkeypatch.setattr(kernels, "cast_transpose", kernel)
     (_, pal) = how(f, x, w, b, meta, c)
-    # forward: x "qt" (none when kept), w "qt"; backward: a kept x "t", g "t", then "q" for dx
-    assert calls == (["qt", "t", "t"] if fixed_input else ["qt", "qt", "t", "q"])
+    # forward: x "qt" (none when kept), w "qt"; backward: a kept x "t", then g: "t" alone
+    # where no dx is wanted, else "qt" (one pass) or "t" then "q" (two passes)
+    want = (["qt", "t", "t"] if fixed_input else
+            ["qt", "qt", "qt"] if grad_cast == "one-pass" else ["qt", "qt", "t", "q"])
+    assert calls == want
     if not fixed_input:
         assert np.array_equal(np.asarray(pal[0]), np.asarray(xla[0]))
     w_b_meta = pal[-3:]

@@ -33,10 +33,9 @@ the missing transposes, and with this formulation they are always transposes of 
 arrays: ``w`` in the forward pass (weight-sized), and ``xq``/``gq`` in the wgrad
 (activation-sized). "tn": every GEMM written in TN form, the transposed FP8 copies made in
 the pass that quantizes (Transformer Engine's cast-transpose: ``x^T``, ``g^T``, ``w^T``; on a
-GPU one Pallas kernel per operand), ``x^T`` saved instead of ``x``; same values. In the backward
-pass the kernel quantizes the output gradient in two passes, ``g^T`` for the weight gradient
-and then ``g`` for the data gradient, so that ``g`` and both FP8 copies are never alive
-together. Block-scaled GEMMs are written directly in the TN form ``a[M,K] . b[N,K]`` that
+GPU one Pallas kernel per operand), ``x^T`` saved instead of ``x``; same values
+(``recipe.fp8_grad_cast`` "two-pass": the output gradient's two copies in two passes, for a
+smaller backward peak). Block-scaled GEMMs are written directly in the TN form ``a[M,K] . b[N,K]`` that
 ``scaled_matmul`` requires.
 
 An input that is not differentiated (a network's input batch: its holder keeps it through
@@ -346,9 +345,10 @@ def _fp8_fwd_rule(x, w, b, meta, recipe, op, act):
 
 def _grad_gemms(recipe, op, act_mask, g, x_res, wq, scale, want_dx):
     """The output gradient's FP8 copies and both backward GEMMs: ``(dx or None, dw, scale,
-    amax, column sums)``, unscaled. In the "tn" layout through the kernel, two passes over
-    ``g``: ``g^T`` (with amax and sums) for the weight gradient, which runs first, then ``g``
-    for the data gradient, so that ``g`` and both FP8 copies are never alive together."""
+    amax, column sums)``, unscaled. In the "tn" layout through the kernel: ``g^T`` alone where
+    no data gradient is wanted, and with ``recipe.fp8_grad_cast == "two-pass"`` a second pass
+    for ``g`` after the weight gradient, so that ``g`` and both FP8 copies are never alive
+    together."""
     bdt = jnp.dtype(recipe.bwd_dtype)
     tn = op[0] == "dot_tn"
     if not (tn and recipe.fp8_cast == "native" and kernels.fits(g.shape)):
@@ -358,13 +358,17 @@ def _grad_gemms(recipe, op, act_mask, g, x_res, wq, scale, want_dx):
     if scale is None:  # current scaling: the scale first
         gm = g if act_mask is None else _epilogue_grad(g, act_mask, "relu", g.shape[-1])
         scale = _scale_now(gm, bdt, recipe)
-    _, gq_t, ag, sums = kernels.cast_transpose(g, bdt, scale, act_mask, "t")
+    two = recipe.fp8_grad_cast == "two-pass"
+    gq, gq_t, ag, sums = kernels.cast_transpose(g, bdt, scale, act_mask,
+                                                "t" if two or not want_dx else "qt")
     dw = lax.dot_general(x_res, gq_t, _DN_TN, preferred_element_type=jnp.float32)
     if not want_dx:
         return None, dw, scale, ag, sums
-    # the second pass waits for the weight gradient (XLA would otherwise run both passes first)
-    g, act_mask, dw = lax.optimization_barrier((g, act_mask, dw))
-    gq = kernels.cast_transpose(g, bdt, scale, act_mask, "q")[0]
+    if two:  # the second pass waits for the weight gradient (else XLA runs both passes first)
+        g, act_mask, dw = lax.optimization_barrier((g, act_mask, dw))
+        gq = kernels.cast_transpose(g, bdt, scale, act_mask, "q")[0]
+    else:  # the weight gradient first, as _bwd_gemms does
+        gq, dw = lax.optimization_barrier((gq, dw))
     dx = lax.dot_general(gq, wq, _DN_DGRAD, preferred_element_type=_gemm_out_dtype(recipe, op))
     return dx, dw, scale, ag, sums
 
