@@ -47,7 +47,8 @@ def a2(sp: pd.DataFrame) -> Verdict:
     real = _native(sp, "fp16")
     if not len(real):
         return Verdict("A2", "not yet measured",
-                       "no native-FP8 records (FP8 on this hardware is emulated)", _hw(sp),
+                       "no FP8/FP16 ratio of native records made in one GPU call (emulated, "
+                       "stale and unpaired cells do not count)", _hw(sp),
                        RL_SPEED_SOURCE, RL_NOTE)
     lines, verdicts, numbers = [], [], {}
     for h, g in real.groupby("hardware"):
