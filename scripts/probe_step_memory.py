@@ -6,8 +6,11 @@ shape, compiles each recipe's step (compile only, nothing runs) and prints XLA's
 is args + outputs + temps - aliased); from XLA's buffer live ranges, the buffers live at the
 program's peak, largest first, each with its shape and the JAX operation that made it; and the
 layout of the temporary allocation (XLA's memory-usage report): its slots, largest first, each
-with the shapes of the values that take turns in it. On the GPU the live-range "peak" can
-undercount by far what ``memory_analysis`` allocates; the slots are what is allocated.
+with the shapes of the values that take turns in it; and the temporary allocation over time
+(``repro.analysis.train_step.temp_timeline``): its extent, the largest sum of its values live
+at one instruction, and the values live there with their offsets. XLA's own live-range "peak"
+counts arguments too and can sit elsewhere; the extent beyond the temporaries' live peak is
+what XLA's packing of them costs.
 Recipes take the lever syntax of ``mlp_step`` (``base:field=value``). Run it on the GPU the
 question is about: XLA:CPU assigns buffers differently, so CPU numbers only check the script.
 
@@ -32,6 +35,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
 
 import jax  # noqa: E402
 
+from repro.analysis.train_step import temp_timeline  # noqa: E402
 from repro.studies import mlp_step  # noqa: E402
 
 _BUFFER = re.compile(r"^\s+(\S+)\{[^}]*\}: (\d+) bytes")
@@ -92,6 +96,15 @@ def probe(recipe: str, width: int, batch: int, depth: int, top: int) -> None:
     for name, size in sorted(bufs, key=lambda b: -b[1])[:top]:
         print(f"   {size / 1e6:10.1f} MB  {shape.get(name, '?'):28s} {name}")
     print("\n".join(stack[:top + 2]))
+    assignment = sorted(DUMP.glob("*after_optimizations-buffer-assignment.txt"))
+    ranges = sorted(DUMP.glob("*after_optimizations-live-range.txt"))
+    if assignment and ranges and "preallocated-temp" in assignment[-1].read_text():
+        extent, most, at, name, live = temp_timeline(assignment[-1].read_text(),
+                                                     ranges[-1].read_text())
+        print(f"   temporary allocation: {extent / 2**20:.0f} MiB; its values' live peak "
+              f"{most / 2**20:.0f} MiB at instruction {at} ({name}), held at [offset, end) MiB:")
+        for n, o, size, shape in [v for v in live if v[2] >= 2**20][:top]:
+            print(f"   [{o / 2**20:7.0f}, {(o + size) / 2**20:7.0f})  {shape:28s} {n}")
     report = sorted(DUMP.glob("*memory-usage-report.txt"))
     if report:
         lines = report[-1].read_text().splitlines()

@@ -380,3 +380,45 @@ def test_a_policy_that_kept_every_gemm_in_bf16_is_native_not_emulated():
     assert not steps.loc["fp8-auto", "emulated"]  # BF16 everywhere: nothing was emulated
     assert steps.loc["fp8-delayed", "emulated"]  # FP8 upcast on a CPU stays emulated
     assert steps.loc["fp8-auto", "speedup"] == 1.0 / 0.99
+
+
+# ------------------------------------------------------------ where a step's memory goes
+
+_ASSIGNMENT = """\
+allocation 0: size 16, page 0, parameter 0, shape |f32[4]| at ShapeIndex {}:
+ value: <1 p @0> (size=16,offset=0): f32[4]{0}
+allocation 3: size 300, page 0, preallocated-temp:
+ value: <5 a @0> (size=100,offset=0): f32[25]{0}
+ value: <6 b{0} @0> (size=100,offset=100): f32[25]{0}
+ value: <7 c @0> (size=100,offset=200): f32[25]{0}
+ value: <8 d @0> (size=100,offset=0): f32[25]{0}
+allocation 4: size 4, page 0, constant:
+ value: <9 k @0> (size=4,offset=0): f32[]
+"""
+_LIVE_RANGE = """\
+HloLiveRange (max 4):
+  InstructionSequence:
+    0:p
+    1:a
+    2:b
+    3:c
+    4:d
+  BufferLiveRange:
+    p{}:0-4
+    a{}:1-2
+    b{0}:2-3
+    c{}:3-4
+    d{}:4-4
+    k{}:0-4
+"""
+
+
+def test_temp_timeline_sums_only_the_temporary_values_live_at_each_instruction():
+    """By hand: live temporaries 100, 200 (a, b), 200 (b, c), 200 (c, d); the first peak is
+    at instruction 2; c ends at offset 300 although no more than 200 bytes are ever live (the
+    parameter p and the constant k are not temporaries)."""
+    from repro.analysis import train_step as T
+
+    extent, peak, at, name, live = T.temp_timeline(_ASSIGNMENT, _LIVE_RANGE)
+    assert (extent, peak, at, name) == (300, 200, 2, "b")
+    assert live == [("a{}", 0, 100, "f32[25]{0}"), ("b{0}", 100, 100, "f32[25]{0}")]

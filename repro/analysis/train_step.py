@@ -4,9 +4,13 @@ Every ``mlp_step`` cell times all its recipes interleaved in one process, so a s
 ratio of two timings of one run. ``step_table`` adds the BF16 time of the same cell and the
 speedup; ``gemm_ceiling`` reads the FP8/16-bit rate ratio of the matching GEMM from the ``gemm``
 records; ``lever_delta`` is what switching one lever back costs, timed in the lever's own cell.
+``temp_timeline`` reads where a compiled step's temporary memory goes from XLA's dumps
+(``scripts/probe_step_memory.py``).
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pandas as pd
@@ -132,3 +136,37 @@ def crossover(steps: pd.DataFrame, batch: int) -> pd.DataFrame:
                                                if widest else np.nan),
                      "widest": widest})
     return pd.DataFrame(rows)
+
+
+_TEMP_VALUE = re.compile(r"value: <\d+ (\S+) @\d+> \(size=(\d+),offset=(\d+)\): (\S+)")
+_RANGE = re.compile(r"^\s+(\S+):(\d+)-(\d+)$", re.M)
+_STEP = re.compile(r"^\s+(\d+):(\S+)$", re.M)
+
+
+def temp_timeline(assignment: str, live_range: str):
+    """What the temporary allocation holds over time, from XLA's ``*buffer-assignment.txt``
+    and ``*live-range.txt`` texts of one module.
+
+    Returns ``(extent, peak, at, name, live)``: the allocation's extent (the highest offset
+    + size of its values: what ``memory_analysis`` counts as temporaries), the largest sum of
+    the sizes of its values live at one instruction, that instruction's index and name, and the
+    values live there as ``(name, offset, size, shape)`` by offset. ``extent - peak`` is what
+    the packing of the values into the allocation costs beyond the live bytes."""
+    block = assignment[assignment.index("preallocated-temp"):]
+    end = re.search(r"^allocation \d+:", block, re.M)
+    block = block[:end.start()] if end else block
+    # a value without a tuple index is "name{}" in the live ranges
+    values = [(n if "{" in n else n + "{}", int(o), int(s), shape)
+              for n, s, o, shape in _TEMP_VALUE.findall(block)]
+    ranges = {n: (int(a), int(b)) for n, a, b in _RANGE.findall(live_range)}
+    steps = {int(i): n for i, n in _STEP.findall(live_range)}
+
+    def alive(name, t):
+        a, b = ranges.get(name, (0, -1))
+        return a <= t <= b
+
+    live = [sum(s for n, _, s, _ in values if alive(n, t)) for t in range(max(steps) + 1)]
+    at = max(range(len(live)), key=live.__getitem__)
+    there = sorted((v for v in values if alive(v[0], at)), key=lambda v: v[1])
+    extent = max((o + s for _, o, s, _ in values), default=0)
+    return extent, live[at], at, steps.get(at, "?"), there
