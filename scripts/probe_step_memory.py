@@ -98,9 +98,9 @@ def probe(recipe: str, width: int, batch: int, depth: int, top: int) -> None:
     print("\n".join(stack[:top + 2]))
     assignment = sorted(DUMP.glob("*after_optimizations-buffer-assignment.txt"))
     ranges = sorted(DUMP.glob("*after_optimizations-live-range.txt"))
-    if assignment and ranges and "preallocated-temp" in assignment[-1].read_text():
-        extent, most, at, name, live = temp_timeline(assignment[-1].read_text(),
-                                                     ranges[-1].read_text())
+    text = assignment[-1].read_text() if assignment else ""
+    if ranges and "preallocated-temp" in text:
+        extent, most, at, name, live = temp_timeline(text, ranges[-1].read_text())
         print(f"   temporary allocation: {extent / 2**20:.0f} MiB; its values' live peak "
               f"{most / 2**20:.0f} MiB at instruction {at} ({name}), held at [offset, end) MiB:")
         for n, o, size, shape in [v for v in live if v[2] >= 2**20][:top]:
