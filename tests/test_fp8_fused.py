@@ -132,6 +132,47 @@ def test_fused_layer_equals_unfused_bitwise_but_the_bias_gradient(recipe, act):
     assert np.allclose(np.asarray(gf[2], np.float64), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
 
 
+def grads_of_fixed_input(f, x, w, b, meta, c):
+    """As :func:`grads`, the input ``x`` not differentiated (a network's input batch)."""
+    def loss(w, b, meta):
+        return jnp.sum(f(x, w, b, meta).astype(jnp.float32) * c)
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(w, b, meta)
+
+
+def same_tree(a, b):
+    return jax.tree.all(jax.tree.map(lambda p, q: np.array_equal(np.asarray(p), np.asarray(q)),
+                                     a, b))
+
+
+@pytest.mark.parametrize("recipe", ["fp8-delayed", "fp8-current", "fp8-delayed:fp8_layout=tn"])
+def test_an_input_not_differentiated_gives_the_same_loss_and_gradients(recipe):
+    """Saved as it is and quantized again in the backward pass: the same FP8 values, so the
+    loss and the gradients of the weight, bias and state are those of a differentiated
+    input, bit for bit."""
+    x, w, b, c = data()
+    meta = meta_for(recipe)
+
+    def f(x, w, b, m):
+        return ops.fp8_dense(x, w, b, recipe, m, "relu")
+
+    (lk, gk), (ld, gd) = grads_of_fixed_input(f, x, w, b, meta, c), grads(f, x, w, b, meta, c)
+    assert float(lk) == float(ld)
+    assert same_tree(gk, gd[1:])
+
+
+@pytest.mark.parametrize("perturbed,saved", [(True, jnp.float8_e4m3fn), (False, jnp.bfloat16)])
+def test_only_an_input_not_differentiated_is_saved_as_it_is(perturbed, saved):
+    from jax.custom_derivatives import CustomVJPPrimal
+
+    x, w, b, _ = data()
+    r = resolve("fp8-delayed")
+    diff = jax.tree.map(lambda a: CustomVJPPrimal(a, True), (w, b, meta_for(r)))
+    _, res = ops._fp8_fwd_rule(CustomVJPPrimal(x, perturbed), *diff, r, ("dot",), "relu")
+    assert res[0].dtype == saved and res[0].shape == (M, K)
+    if not perturbed:
+        assert res[0] is x
+
+
 def test_fused_relu_keeps_fp8_operands_and_a_one_bit_mask():
     x, w, b, _ = data()
     r = resolve("fp8-delayed")
@@ -168,30 +209,52 @@ def test_fused_layer_rejects_bad_arguments(bad, match):
 KM, KN = 128, 256  # a multiple of kernels.BLOCK
 
 
+@pytest.mark.parametrize("parts", ["qt", "t", "q"])
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("jdtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
-def test_cast_transpose_kernel_equals_reference(jdtype, masked):
+def test_cast_transpose_kernel_equals_reference(jdtype, masked, parts):
     """Interpret mode on the CPU: q, q^T and amax bit for bit; the column sums to FP32
-    rounding (another order of addition)."""
+    rounding (another order of addition); the parts not asked for are None in both."""
     from repro.precision import kernels
 
     rng = np.random.default_rng(5)
     x = jnp.asarray(rng.standard_normal((KM, KN)) * 30, jnp.bfloat16)
     mask = jnp.packbits(jnp.asarray(rng.random((KM, KN)) > 0.4), axis=-1) if masked else None
-    got = kernels.cast_transpose_pallas(x, jdtype, 0.05, mask, interpret=True)
-    ref = kernels.cast_transpose_reference(x, jdtype, jnp.float32(0.05), mask)
-    for a, r in zip(got[:2], ref[:2]):
-        assert np.array_equal(np.asarray(a).view(np.uint8), np.asarray(r).view(np.uint8))
-    assert float(got[2]) == float(ref[2])
-    host = np.asarray(x, np.float64) * (np.unpackbits(np.asarray(mask), axis=-1).astype(bool)
-                                        if masked else 1)
-    assert np.allclose(np.asarray(got[3]), host.sum(0), rtol=1e-5, atol=1e-3)
-    assert np.array_equal(np.asarray(ref[1]).view(np.uint8), np.asarray(ref[0]).view(np.uint8).T)
+    got = kernels.cast_transpose_pallas(x, jdtype, 0.05, mask, parts, interpret=True)
+    ref = kernels.cast_transpose_reference(x, jdtype, jnp.float32(0.05), mask, parts)
+    assert [a is None for a in got] == [a is None for a in ref] == (
+        [False] * 4 if parts == "qt" else [True] + [False] * 3 if parts == "t"
+        else [False] + [True] * 3)
+    keep = (np.unpackbits(np.asarray(mask), axis=-1).astype(bool) if masked
+            else np.ones((KM, KN), bool))
+    host = np.where(keep, np.asarray(x, np.float64), 0.0)
+    fmax = float(ml_dtypes.finfo(jdtype.dtype).max)
+    inv = np.float32(1.0) / np.float32(0.05)  # the kernel multiplies by the FP32 inverse
+    q = np.clip(host.astype(np.float32) * inv, -fmax, fmax).astype(jdtype.dtype)
+    for a, r, want in zip(got[:2], ref[:2], (q, q.T)):
+        if a is not None:
+            assert np.array_equal(np.asarray(a).view(np.uint8), np.asarray(r).view(np.uint8))
+            assert np.array_equal(np.asarray(a).view(np.uint8), np.asarray(want).view(np.uint8))
+    if parts != "q":
+        assert float(got[2]) == float(ref[2]) == np.abs(host).max()
+        assert np.allclose(np.asarray(got[3]), host.sum(0), rtol=1e-5, atol=1e-3)
 
 
-def test_tn_layout_through_the_kernel_equals_the_xla_path(monkeypatch):
+def test_cast_transpose_refuses_unknown_parts():
+    from repro.precision import kernels
+
+    x = jnp.zeros((KM, KN), jnp.bfloat16)
+    with pytest.raises(ValueError, match="parts must be one of"):
+        kernels.cast_transpose_reference(x, jnp.float8_e4m3fn, 1.0, None, "tq")
+
+
+@pytest.mark.parametrize("grad_cast", ["one-pass", "two-pass"])
+@pytest.mark.parametrize("fixed_input", [False, True])
+def test_tn_layout_through_the_kernel_equals_the_xla_path(monkeypatch, fixed_input, grad_cast):
     """The fused layer with the "tn" layout, once through XLA and once through the Pallas
-    kernel (interpret mode standing in for the GPU): the same outputs and gradients."""
+    kernel (interpret mode standing in for the GPU): the same outputs and gradients, the
+    output gradient quantized in one or two passes. ``fixed_input``: the input is not
+    differentiated (saved as it is, its FP8 transpose made again in the backward pass)."""
     from repro.precision import kernels
 
     rng = np.random.default_rng(6)
@@ -199,21 +262,34 @@ def test_tn_layout_through_the_kernel_equals_the_xla_path(monkeypatch):
     w = jnp.asarray(rng.standard_normal((KN, KN)) * 0.05, jnp.float32)
     b = jnp.asarray(rng.standard_normal(KN) * 0.1, jnp.float32)
     c = jnp.asarray(rng.standard_normal((KM, KN)), jnp.float32)
-    recipe = "fp8-delayed:fp8_layout=tn"
+    recipe = f"fp8-delayed:fp8_layout=tn,fp8_grad_cast={grad_cast}"
     meta = meta_for(recipe)
 
     def f(x, w, b, m):
         return ops.fp8_dense(x, w, b, recipe, m, "relu")
 
+    how = grads_of_fixed_input if fixed_input else grads
     (_, xla) = grads(f, x, w, b, meta, c)
     monkeypatch.setattr(kernels, "fits", lambda shape: len(shape) == 2)
-    monkeypatch.setattr(kernels, "cast_transpose",
-                        lambda *a: kernels.cast_transpose_pallas(*a, interpret=True))
-    (_, pal) = grads(f, x, w, b, meta, c)
-    for a, r in zip((pal[0], pal[1]), (xla[0], xla[1])):
-        assert np.array_equal(np.asarray(a), np.asarray(r))
-    assert np.allclose(np.asarray(pal[2]), np.asarray(xla[2]), rtol=1e-5, atol=1e-4)
-    assert jax.tree.all(jax.tree.map(lambda p, q: np.array_equal(p, q), pal[3], xla[3]))
+    calls = []
+
+    def kernel(*a):
+        calls.append(a[4] if len(a) > 4 else "qt")
+        return kernels.cast_transpose_pallas(*a, interpret=True)
+
+    monkeypatch.setattr(kernels, "cast_transpose", kernel)
+    (_, pal) = how(f, x, w, b, meta, c)
+    # forward: x "qt" (none when kept), w "qt"; backward: a kept x "t", then g: "t" alone
+    # where no dx is wanted, else "qt" (one pass) or "t" then "q" (two passes)
+    want = (["qt", "t", "t"] if fixed_input else
+            ["qt", "qt", "qt"] if grad_cast == "one-pass" else ["qt", "qt", "t", "q"])
+    assert calls == want
+    if not fixed_input:
+        assert np.array_equal(np.asarray(pal[0]), np.asarray(xla[0]))
+    w_b_meta = pal[-3:]
+    assert np.array_equal(np.asarray(w_b_meta[0]), np.asarray(xla[1]))
+    assert np.allclose(np.asarray(w_b_meta[1]), np.asarray(xla[2]), rtol=1e-5, atol=1e-4)
+    assert same_tree(w_b_meta[2], xla[3])
 
 
 # ------------------------------------------------------------------ per-layer FP8 policy

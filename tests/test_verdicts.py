@@ -97,9 +97,10 @@ def test_a3_is_a_projection_with_or_without_measured_ratios():
     assert v.verdict == "projected" and "2.00x (bandwidth) to 6.00x" in v.key_number
 
 
-def mem_rows(fp8, fp16=100.0, emulated=False, hardware="h200"):
-    rows = [(4096, "fp8-delayed", fp8, emulated), (4096, "fp16", fp16, False),
-            (64, "fp8-delayed", 1.0, emulated), (64, "fp16", 100.0, False)]
+def mem_rows(fp8, fp16=100.0, emulated=False, hardware="h200", lean=None, base="fp16"):
+    rows = [(4096, "fp8-delayed", fp8, emulated), (4096, base, fp16, False),
+            (64, "fp8-delayed", 1.0, emulated), (64, base, 100.0, False)]
+    rows += [] if lean is None else [(4096, "fp8-lean", lean, emulated)]
     return pd.DataFrame([{"hardware": hardware, "network": "mlp", "width": w, "num_envs": 2048,
                           "recipe": r, "update_memory_bytes": m, "emulated": e}
                          for w, r, m, e in rows])
@@ -111,6 +112,25 @@ def test_a4_memory_ratio_at_the_widest_mlp(fp8, verdict):
     v = V.a4(mem_rows(fp8))
     assert v.verdict == verdict
     assert v.key_number == f"h200: update memory FP8/FP16 = {fp8 / 100:.2f} at width 4096"
+
+
+def test_a4_the_leaner_fp8_recipe_decides_and_both_are_named():
+    v = V.a4(mem_rows(102.0, lean=98.0))
+    assert v.verdict == "partly"
+    assert v.key_number == ("h200: update memory FP8/FP16 = 0.98 at width 4096 "
+                            "(fp8-lean; fp8-delayed 1.02)")
+    assert v.numbers == {"h200": {"update_memory_fp8-delayed_fp16": 1.02,
+                                  "update_memory_fp8-lean_fp16": 0.98}}
+    v = V.a4(mem_rows(97.0, lean=99.0))  # the default recipe may be the leaner one
+    assert v.verdict == "partly" and "= 0.97 at width 4096 (fp8-delayed; fp8-lean 0.99)" in \
+        v.key_number
+
+
+def test_a4_reads_bf16_where_fp16_has_no_record():
+    v = V.a4(mem_rows(90.0, base="bf16"))
+    assert v.verdict == "reproduced" and "FP8/BF16 = 0.90" in v.key_number
+    both = pd.concat([mem_rows(90.0, base="bf16"), mem_rows(90.0, fp16=50.0).iloc[[1]]])
+    assert "FP8/FP16 = 1.80" in V.a4(both).key_number  # FP16 first where it is there
 
 
 def test_a4_emulated_or_missing_is_not_measured():

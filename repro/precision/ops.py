@@ -33,8 +33,14 @@ the missing transposes, and with this formulation they are always transposes of 
 arrays: ``w`` in the forward pass (weight-sized), and ``xq``/``gq`` in the wgrad
 (activation-sized). "tn": every GEMM written in TN form, the transposed FP8 copies made in
 the pass that quantizes (Transformer Engine's cast-transpose: ``x^T``, ``g^T``, ``w^T``; on a
-GPU one Pallas kernel per operand), ``x^T`` saved instead of ``x``; same values. Block-scaled GEMMs are written
-directly in the TN form ``a[M,K] . b[N,K]`` that ``scaled_matmul`` requires.
+GPU one Pallas kernel per operand), ``x^T`` saved instead of ``x``; same values
+(``recipe.fp8_grad_cast`` "two-pass": the output gradient's two copies in two passes, for a
+smaller backward peak). Block-scaled GEMMs are written directly in the TN form ``a[M,K] . b[N,K]`` that
+``scaled_matmul`` requires.
+
+An input that is not differentiated (a network's input batch: its holder keeps it through
+the backward pass anyway) is saved as it is, not as an FP8 copy, and the backward pass
+quantizes it again with its forward scale (same values); no data gradient is computed for it.
 
 Delayed scaling and the ``meta`` cotangent. ``meta`` is a dict
 ``{"input", "kernel", "output_grad"}`` of ``repro.precision.scaling.DelayedScalingState``. The forward
@@ -56,6 +62,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from repro.precision import formats as F
 from repro.precision import kernels
@@ -286,13 +293,26 @@ def _operand(x, dtype, recipe, op, scale=None, mask=None, transpose=False):
     return q, qt, scale, amax, None
 
 
-def _fp8_fwd(x, w, b, meta, recipe, op, act):
+def _requantize(x, dtype, recipe, op, scale):
+    """The FP8 copy of a kept input for the weight gradient, with its forward scale: ``x^T``
+    for "tn" (one kernel pass where it runs), else ``x``."""
+    if op[0] != "dot_tn":
+        return _caster(recipe, op)(x, dtype, scale)
+    if recipe.fp8_cast == "native" and kernels.fits(x.shape):
+        return kernels.cast_transpose(x, dtype, scale, None, "t")[1]
+    return _caster(recipe, op)(x.T, dtype, scale)
+
+
+def _fp8_fwd(x, w, b, meta, recipe, op, act, keep_input=False):
+    """The forward product and its residuals. ``keep_input``: save ``x`` itself (the caller
+    holds it anyway, see :func:`_fp8_fwd_rule`) instead of its FP8 copy; the backward
+    quantizes it again with the same scale (same values)."""
     fdt = jnp.dtype(recipe.fwd_dtype)
     tn = op[0] == "dot_tn"
     delayed = recipe.scaling == "delayed"
     mx, mw = (meta["input"], meta["kernel"]) if delayed else (None, None)
     xq, xq_t, sx, ax, _ = _operand(x, fdt, recipe, op, mx.scale if delayed else None,
-                                   transpose=tn)
+                                   transpose=tn and not keep_input)
     # the weight: quantized ONCE per call (the dgrad reuses it); its amax from the FP32 master
     wq, wq_t, sw, aw, _ = _operand(w, fdt, recipe, op, mw.scale if delayed else None,
                                    transpose=tn)
@@ -306,18 +326,67 @@ def _fp8_fwd(x, w, b, meta, recipe, op, act):
     acc = _fwd_gemm(op, xq, wq_t if tn else wq, odt)
     y, act_res = _epilogue(_rescale(acc, sx * sw, recipe.dtype), b, act)
     bt = None if b is None else _token(b)
-    return y, (xq_t if tn else xq, wq, sx, sw, carry, _token(x), _token(w), bt, act_res, meta)
+    x_res = x if keep_input else (xq_t if tn else xq)
+    return y, (x_res, wq, sx, sw, carry, _token(x), _token(w), bt, act_res, meta)
+
+
+def _fp8_fwd_rule(x, w, b, meta, recipe, op, act):
+    """The custom_vjp's forward (``symbolic_zeros``: each primal says whether it is
+    differentiated). An input that is not differentiated (a network's input batch) is held by
+    its caller through the backward pass anyway, so it is saved as it is: no FP8 copy of it
+    outlives the forward pass, and no data gradient is computed for it. (For a non-
+    differentiated input that the caller would free, e.g. features of a frozen network, this
+    keeps its own bytes instead of one byte per element.)"""
+    keep = not x.perturbed
+    x, w, b, meta = jax.tree.map(lambda p: p.value, (x, w, b, meta),
+                                 is_leaf=lambda p: isinstance(p, CustomVJPPrimal))
+    return _fp8_fwd(x, w, b, meta, recipe, op, act, keep_input=keep)
+
+
+def _grad_gemms(recipe, op, act_mask, g, x_res, wq, scale, want_dx):
+    """The output gradient's FP8 copies and both backward GEMMs: ``(dx or None, dw, scale,
+    amax, column sums)``, unscaled. In the "tn" layout through the kernel: ``g^T`` alone where
+    no data gradient is wanted, and with ``recipe.fp8_grad_cast == "two-pass"`` a second pass
+    for ``g`` after the weight gradient, so that ``g`` and both FP8 copies are never alive
+    together."""
+    bdt = jnp.dtype(recipe.bwd_dtype)
+    tn = op[0] == "dot_tn"
+    if not (tn and recipe.fp8_cast == "native" and kernels.fits(g.shape)):
+        gq, gq_t, sg, ag, sums = _operand(g, bdt, recipe, op, scale, act_mask, transpose=tn)
+        dx, dw = _bwd_gemms(op, gq, x_res, wq, _gemm_out_dtype(recipe, op), gq_t)
+        return (dx if want_dx else None), dw, sg, ag, sums
+    if scale is None:  # current scaling: the scale first
+        gm = g if act_mask is None else _epilogue_grad(g, act_mask, "relu", g.shape[-1])
+        scale = _scale_now(gm, bdt, recipe)
+    two = recipe.fp8_grad_cast == "two-pass"
+    gq, gq_t, ag, sums = kernels.cast_transpose(g, bdt, scale, act_mask,
+                                                "t" if two or not want_dx else "qt")
+    dw = lax.dot_general(x_res, gq_t, _DN_TN, preferred_element_type=jnp.float32)
+    if not want_dx:
+        return None, dw, scale, ag, sums
+    if two:  # the second pass waits for the weight gradient (else XLA runs both passes first)
+        g, act_mask, dw = lax.optimization_barrier((g, act_mask, dw))
+        gq = kernels.cast_transpose(g, bdt, scale, act_mask, "q")[0]
+    else:  # the weight gradient first, as _bwd_gemms does
+        gq, dw = lax.optimization_barrier((gq, dw))
+    dx = lax.dot_general(gq, wq, _DN_DGRAD, preferred_element_type=_gemm_out_dtype(recipe, op))
+    return dx, dw, scale, ag, sums
 
 
 def _fp8_bwd(recipe, op, act, res, g):
     x_res, wq, sx, sw, carry, xt, wt, bt, act_res, meta = res
-    bdt = jnp.dtype(recipe.bwd_dtype)
+    fdt, bdt = jnp.dtype(recipe.fwd_dtype), jnp.dtype(recipe.bwd_dtype)
+    if isinstance(g, SymbolicZero):  # the output is not used: a zero gradient
+        g = jnp.zeros(g.shape, g.dtype)
     mask = act_res if act == "relu" else None
     if act == "tanh":
         g = _epilogue_grad(g, act_res, act, g.shape[-1])
+    kept = x_res.dtype != fdt  # the input itself (not differentiated): quantize it again
+    if kept:
+        x_res = _requantize(x_res, fdt, recipe, op, sx)
     delayed = recipe.scaling == "delayed"
-    gq, gq_t, sg, ag, sums = _operand(g, bdt, recipe, op, carry[0].scale if delayed else None,
-                                      mask, transpose=op[0] == "dot_tn")
+    dx, dw, sg, ag, sums = _grad_gemms(recipe, op, mask, g, x_res, wq,
+                                       carry[0].scale if delayed else None, not kept)
     db = None
     if bt is not None:
         if sums is None:
@@ -330,8 +399,7 @@ def _fp8_bwd(recipe, op, act, res, g):
         meta_ct = _replace_meta(meta, {"input": new_x, "kernel": new_w, "output_grad": new_g})
     else:
         meta_ct = None if meta is None else jax.tree.map(jnp.zeros_like, meta)
-    dx, dw = _bwd_gemms(op, gq, x_res, wq, _gemm_out_dtype(recipe, op), gq_t)
-    dx = _rescale(dx, sg * sw, xt.dtype)
+    dx = None if dx is None else _rescale(dx, sg * sw, xt.dtype)
     dw = _rescale(dw, sx * sg, wt.dtype)
     return dx, dw, db, meta_ct
 
@@ -341,7 +409,7 @@ def _fp8_core(x, w, b, meta, recipe, op, act):
     return _fp8_fwd(x, w, b, meta, recipe, op, act)[0]
 
 
-_fp8_core.defvjp(_fp8_fwd, _fp8_bwd)
+_fp8_core.defvjp(_fp8_fwd_rule, _fp8_bwd, symbolic_zeros=True)
 
 
 def _fp8_call(x, w, recipe, meta, op, what, b=None, act=None):
@@ -388,9 +456,9 @@ def fp8_dense(x, w, b, recipe, meta=None, activation: str | None = None):
     """``activation(x[..., K] @ w[K, N] + b[N])`` with all three GEMMs in FP8, bias and
     activation inside the ``custom_vjp`` (``Recipe.fp8_epilogue`` "fused").
 
-    What the backward pass keeps: the FP8 input and weight, their scales, and for ``"relu"``
-    a 1-bit mask (``jnp.packbits``), for ``"tanh"`` the output; no activation-sized BF16
-    copy for ReLU. The output gradient is read once for the activation's gradient, the bias
+    What the backward pass keeps: the FP8 input (an input that is not differentiated: the
+    input itself) and weight, their scales, and for ``"relu"`` a 1-bit mask
+    (``jnp.packbits``), for ``"tanh"`` the output; no activation-sized BF16 copy for ReLU. The output gradient is read once for the activation's gradient, the bias
     gradient (summed in FP32) and its FP8 cast. ``b`` may be None; ``activation`` one of
     None, "relu", "tanh". Same forward values as ``activation(fp8_dot(x, w) + b)``.
     """

@@ -45,6 +45,7 @@ GemmOut = Literal["float32", "compute"]
 Fp8Layout = Literal["auto", "natural", "tn"]
 Fp8Cast = Literal["native", "rounding"]
 Fp8Epilogue = Literal["fused", "separate"]
+Fp8GradCast = Literal["one-pass", "two-pass"]
 Backend = Literal["repro", "flax", "te", "jax"]
 Scope = Literal["default", "all", "mlp"]
 Storage = Literal["fp32", "bf16", "fp8"]
@@ -101,6 +102,11 @@ class Recipe:
         operands and a 1-bit ReLU mask, and reads the output gradient once for the mask, the
         bias gradient and its FP8 cast. "separate": bias and activation after the FP8 product
         (plain JAX ops, which keep the activation's own residual): an ablation.
+      fp8_grad_cast: how the "tn" layout's kernel quantizes the output gradient. "one-pass"
+        (default): ``g`` and ``g^T`` in one read of ``g``. "two-pass": ``g^T`` first (the
+        weight gradient consumes it), then ``g`` in a second read, so that ``g`` and both FP8
+        copies are never alive together: a smaller backward peak for one more read of ``g``
+        per layer (memory against speed; same values).
       fp8_min_dim: a per-layer precision policy. A layer whose weight has a dimension (K or N)
         below it runs as a dense GEMM in ``compute_dtype`` instead of FP8: narrow layers, the
         first layer of a small-input network and small heads cost more to quantize than FP8
@@ -139,6 +145,7 @@ class Recipe:
     fp8_layout: Fp8Layout = "auto"
     fp8_cast: Fp8Cast = "native"
     fp8_epilogue: Fp8Epilogue = "fused"
+    fp8_grad_cast: Fp8GradCast = "one-pass"
     fp8_min_dim: int = 0
     scope: Scope = "default"
     master_weights: Storage = "fp32"
@@ -237,6 +244,10 @@ REGISTRY: dict[str, Recipe] = {r.name: r for r in [
     Recipe("fp8-all-layers", base="fp8-delayed", gemm="fp8", scaling="delayed", **_BF16,
            scope="all", claims=("A1", "A10"),
            about="fp8-delayed with the first layer and output heads in FP8 too"),
+    Recipe("fp8-lean", base="fp8-delayed", gemm="fp8", scaling="delayed", **_BF16,
+           fp8_grad_cast="two-pass", claims=("A4",),
+           about="fp8-delayed with the output gradient quantized in two passes: a smaller "
+                 "backward peak for one more read of it"),
     Recipe("fp8-e2e", **_E2E, claims=("A1", "A7", "A8"),
            about="FP8 GEMMs and FP8-stored weights, Kahan-compensated update, weight clip 1.0"),
     Recipe("fp8-e2e-nokahan", **{**_E2E, "kahan": False}, claims=("A7",),
