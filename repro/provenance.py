@@ -47,8 +47,8 @@ CORE = ("jax", "jaxlib", "flax", "optax", "numpy", "ml_dtypes")
 _ACCELERATOR_DISTS = re.compile(r"^(jax[-_]cuda|jax[-_]rocm|nvidia[-_]|transformer[-_]engine)",
                                 re.I)
 # Experiments whose records are training quality (returns, losses, bitwise repeats): a stale
-# one still yields its verdict, marked stale; stale records of any other experiment are
-# speed or memory and are left out of verdicts.
+# one still yields its verdict, marked stale. Other experiments' stale records are left out
+# of verdicts unless their metric is a quality metric (repro.claims.staleness.QUALITY_METRICS).
 QUALITY_EXPERIMENTS = frozenset({"rl_quality", "rl_quality_repeat", "lm"})
 
 

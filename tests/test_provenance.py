@@ -246,3 +246,22 @@ def test_repro_status_lists_stale_cells_and_the_verdicts_they_touch(tmp_path, mo
     assert cli.main(["status"]) == 0
     text = capsys.readouterr().out
     assert "2 stale record(s) in 1 cell(s)" in text and "A9 (does not say so)" in text
+
+
+def test_split_keeps_stale_quality_metrics_of_any_experiment_and_leaves_out_stale_timings():
+    import pandas as pd
+
+    from repro.claims import staleness
+
+    df = pd.DataFrame({
+        "experiment": ["legged", "legged", "legged", "rl_quality", "gemm", "inference"],
+        "metric": ["final_return", "env_steps_per_s", "update_ms", "final_return", "tflops",
+                   "top1_agreement"],
+        "stale": [True, True, False, True, True, True],
+    })
+    used, left = staleness.split(df)
+    assert sorted(zip(used.experiment, used.metric)) == [
+        ("inference", "top1_agreement"), ("legged", "final_return"), ("legged", "update_ms"),
+        ("rl_quality", "final_return")]
+    assert sorted(zip(left.experiment, left.metric)) == [("gemm", "tflops"),
+                                                        ("legged", "env_steps_per_s")]

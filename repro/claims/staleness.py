@@ -1,11 +1,11 @@
 """What a verdict says about stale records (:mod:`repro.provenance`).
 
 A verdict never rests on stale evidence silently. Stale *speed* records (timings, throughputs,
-memory: every experiment but the quality ones) are left out before the verdict is computed,
-and :func:`mark` names them in the verdict's ``stale_note``: how many, of which experiment,
-why, and since which commit. Stale *quality* records (returns, losses:
-``QUALITY_EXPERIMENTS``) still decide the verdict, and :func:`mark` sets ``stale=True`` with
-the reason. The ledger, the README's table and the site show ``stale_note`` beside the verdict.
+memory) are left out before the verdict is computed, and :func:`mark` names them in the
+verdict's ``stale_note``: how many, of which experiment, why, and since which commit. Stale
+*quality* records (every record of a ``QUALITY_EXPERIMENTS`` experiment, and a record of any
+experiment whose metric is one of :data:`QUALITY_METRICS`: returns, losses, agreement) still
+decide the verdict, and :func:`mark` sets ``stale=True`` with the reason. The ledger, the README's table and the site show ``stale_note`` beside the verdict.
 
     fresh, left_out = split(records)                 # speed: verdict from ``fresh`` only
     v = mark(a2(table_of(fresh)), left_out=left_out)
@@ -20,14 +20,27 @@ import pandas as pd
 
 from repro.provenance import QUALITY_EXPERIMENTS
 
+#: Metrics that say how well a run learned or how close a result is to its reference, not how
+#: fast or how large it is: a stale record of one is quality evidence in any experiment (the
+#: legged study's returns sit beside its timings, the inference study's accuracy beside its
+#: speed).
+QUALITY_METRICS = frozenset({
+    "final_return", "eval_return", "random_return",  # RL returns
+    "eval_loss", "final_eval_loss", "heldout_loss", "bits_per_byte",  # LM losses
+    "kl_to_bf16", "top1_agreement",  # agreement with the BF16 model
+    "same_seed_identical", "different_seeds_differ",  # bitwise repeats
+})
+
 
 def split(records: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(the records a verdict may use, the stale speed records it must leave out). Quality
     records stay in the first table, stale or not (their ``stale`` column says which)."""
     if not len(records) or "stale" not in records:
         return records, records.iloc[:0]
-    out = records["stale"].fillna(False).astype(bool) & ~records["experiment"].isin(
-        QUALITY_EXPERIMENTS)
+    quality = records["experiment"].isin(QUALITY_EXPERIMENTS)
+    if "metric" in records:
+        quality |= records["metric"].isin(QUALITY_METRICS)
+    out = records["stale"].fillna(False).astype(bool) & ~quality
     return records[~out].reset_index(drop=True), records[out].reset_index(drop=True)
 
 
