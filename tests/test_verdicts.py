@@ -312,6 +312,15 @@ def test_a11_fp8_pays_at_the_standard_size_and_keeps_quality(speed, quality, ver
     assert v.source.startswith("results/h200/legged")
 
 
+def test_a11_says_the_physics_share_is_not_measured_without_a_physics_record():
+    ups = legged_ups(FAST)
+    ups.loc[ups.width == 256, "physics_share"] = float("nan")
+    key = V.a11(ups, legged_quality({256: KEPT})).key_number
+    assert f"{FAST[256]:.2f}x at w256 (width 256; update alone {2 * FAST[256]:.2f}x; physics " \
+        "share not measured)" in key
+    assert "nan" not in key and "physics 25% of the BF16 loop" in key
+
+
 def test_a11_key_number_names_the_crossover_and_each_interval():
     v = V.a11(legged_ups(CROSS), legged_quality({2048: KEPT, 256: LOST}))
     assert "; FP8 pays from width 2048 on; quality vs FP32 width 256: " \

@@ -219,9 +219,13 @@ def a11(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str = RECIPE,
     else:
         verdict = "partly"
     at = (lambda r: f"{r['env']} {r['size']}") if len(envs) > 1 else (lambda r: r["size"])
-    speed = ", ".join(f"{r['e2e']:.2f}x at {at(r)} (width {int(r['width'])}; update alone "
-                      f"{r['update']:.2f}x; physics {r['physics_share']:.0%} of the BF16 loop)"
-                      for _, r in u.iterrows())
+    def part(r):  # the physics share needs a fresh physics record of the speed cell's envs
+        physics = (f"; physics {r['physics_share']:.0%} of the BF16 loop"
+                   if pd.notna(r["physics_share"]) else "; physics share not measured")
+        return (f"{r['e2e']:.2f}x at {at(r)} (width {int(r['width'])}; update alone "
+                f"{r['update']:.2f}x{physics})")
+
+    speed = ", ".join(part(r) for _, r in u.iterrows())
     qual = (f"quality not measured with >= {MIN_SEEDS} seeds" if not kept else
             "quality vs FP32 " + ", ".join(f"{_label(k)}: {t}" for k, (_, t) in
                                            sorted(kept.items(), key=lambda kv: kv[0][::-1])))
