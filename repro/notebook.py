@@ -93,10 +93,7 @@ class Notebook:
         """Caption ``fig`` with the hardware and profile of ``records`` (or a text) and save
         it as ``stem.png``: under ``figures/`` for committed records, ``build/figures/`` when
         any of them is a smoke record. The canvas grows to fit titles, legends and caption."""
-        text, smoke = caption(records)
-        if not smoke and (said := self._left_out_of(records)):
-            text = textwrap.fill(f"{text.rstrip('.')}. Left out as stale (`repro status`): "
-                                 f"{said}", 140)
+        text, smoke = self.caption(records)
         fig.canvas.draw()  # lays the figure out, so the caption goes below all it shows
         box = fig.get_tightbbox(fig.canvas.get_renderer())  # inches
         fig.text(box.x0 / fig.get_figwidth(), (box.y0 - 0.08) / fig.get_figheight(), text,
@@ -108,6 +105,24 @@ class Notebook:
         fig.savefig(path, dpi=130, bbox_inches="tight", pad_inches=0.15,
                     metadata={"Software": None})
         return path
+
+    def caption(self, records: pd.DataFrame | str | None) -> tuple[str, bool]:
+        """:func:`caption`, plus what is stale for a figure of committed records: those it
+        draws that other code made, and those of its experiments left out."""
+        text, smoke = caption(records)
+        if smoke:
+            return text, smoke
+        said = []
+        if isinstance(records, pd.DataFrame) and "stale" in records:
+            drawn = records[records["stale"].fillna(False).astype(bool)]
+            if len(drawn):
+                said.append("Drawn from records of other code than this checkout's: "
+                            + "; ".join(staleness.describe(drawn)))
+        if left := self._left_out_of(records):
+            said.append(f"Left out as stale: {left}")
+        if said:
+            text = textwrap.fill(f"{text.rstrip('.')}. {'. '.join(said)} (`repro status`)", 140)
+        return text, smoke
 
     def _stale(self, kept: list[pd.DataFrame], v: Verdict) -> pd.DataFrame:
         """The rows of ``kept`` a verdict rests on: records of its claim, or of an

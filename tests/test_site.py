@@ -143,6 +143,31 @@ def test_notebook_figures_of_smoke_records_stay_out_of_figures(tmp_path, monkeyp
     assert "cpu; smoke profile" in text and "not evidence" in text and is_smoke
 
 
+def test_a_figure_caption_names_the_stale_records_it_draws_and_those_left_out(tmp_path):
+    import pandas as pd
+
+    from repro import notebook
+
+    nb = notebook.Notebook("04_x", "full", {}, None, tmp_path)
+    row = {"hardware": "h200", "hardware_name": "NVIDIA H200", "profile": "full",
+           "experiment": "rl_quality", "source": "a.json", "git_commit": "abc1234",
+           "stale": False, "stale_reason": None}
+    fresh = pd.DataFrame([row])
+    assert "other code" not in nb.caption(fresh)[0] and "stale" not in nb.caption(fresh)[0]
+    drawn = pd.DataFrame([row, {**row, "source": "b.json", "stale": True,
+                                "stale_reason": "its code changed"}])
+    text = nb.caption(drawn)[0].replace("\n", " ")
+    assert "Drawn from records of other code than this checkout's: 1 rl_quality cell(s) " \
+        "(its code changed; recorded at abc1234)" in text and "Left out" not in text
+    nb.left_out.append(pd.DataFrame([{**row, "source": "c.json", "stale": True,
+                                      "stale_reason": "older jax"}]))
+    text = nb.caption(fresh)[0].replace("\n", " ")
+    assert "Left out as stale: 1 rl_quality cell(s) (older jax; recorded at abc1234)" in text
+    assert "Drawn from" not in text
+    smoke = pd.DataFrame([{**row, "profile": "smoke", "stale": True}])
+    assert "stale" not in nb.caption(smoke)[0]
+
+
 def test_notebook_conclusion_writes_the_ledger_and_quotes_the_verdict(tmp_path, monkeypatch):
     from repro import notebook
     from repro.claims.verdicts import Verdict
