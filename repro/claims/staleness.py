@@ -5,7 +5,8 @@ memory) are left out before the verdict is computed, and :func:`mark` names them
 verdict's ``stale_note``: how many, of which experiment, why, and since which commit. Stale
 *quality* records (every record of a ``QUALITY_EXPERIMENTS`` experiment, and a record of any
 experiment whose metric is one of :data:`QUALITY_METRICS`: returns, losses, agreement) still
-decide the verdict, and :func:`mark` sets ``stale=True`` with the reason. The ledger, the README's table and the site show ``stale_note`` beside the verdict.
+decide the verdict, and :func:`mark` sets ``stale=True`` with the reason. The ledger, the
+README's table and the site show ``stale_note`` beside the verdict.
 
     fresh, left_out = split(records)                 # speed: verdict from ``fresh`` only
     v = mark(a2(table_of(fresh)), left_out=left_out)
