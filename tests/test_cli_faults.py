@@ -240,19 +240,23 @@ def test_ctrl_c_during_record_exits_130_keeps_cells_and_the_rerun_resumes(tmp_pa
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     cells = tmp_path / "build" / "results" / "test-box" / "gemm"
+    # Finished cells only: a cell being written is a ".tmp-*.json" beside them (which "*.json"
+    # also matches), and a Ctrl-C during that write rightly discards it.
+    finished = lambda: [f.name for f in sorted(cells.glob("*.json"))  # noqa: E731
+                        if not f.name.startswith(".tmp-")]
     deadline = time.time() + 120
-    while p.poll() is None and not list(cells.glob("*.json")) and time.time() < deadline:
+    while p.poll() is None and not finished() and time.time() < deadline:
         time.sleep(0.05)
     os.killpg(p.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
     _, err = p.communicate(timeout=120)
-    kept = sorted(f.name for f in cells.glob("*.json"))
+    kept = finished()
     assert p.returncode == 130, err
     assert err.strip().splitlines()[-1] == ("repro: interrupted; finished cells are kept: "
                                             "rerun the same command to resume")
     assert "Traceback" not in err, err
     assert kept and not list(cells.glob(".tmp-*"))
-    for f in cells.glob("*.json"):
-        json.loads(f.read_text())
+    for name in kept:
+        json.loads((cells / name).read_text())
     again = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert f"{len(kept)} already recorded" in again.stdout

@@ -465,6 +465,21 @@ def test_validation_table_counts_lm_rows():
     assert set(mlp["shape"]) == {f"{b}x{w}x{d}" for b, w, d in FIT_SHAPES}
 
 
+def test_validation_table_does_not_carry_the_calibrations_last_bits():
+    # The fit's last bits differ between CPUs (BLAS, instruction sets); a table (and the
+    # figure drawn from it) must not: nudging every number by a relative 1e-12 changes nothing.
+    df = _frame(_gemm_records() + _step_records(TRUE) + _lm_step_records())
+    mode, cals = pj.calibrations(df)
+    val = cb.validate(df, cals[0])
+    nudged = val.copy()
+    for col in ("predicted_speedup", "measured_speedup", "error", "measured_ms",
+                "bf16_measured_ms", "predicted_ms", "bf16_predicted_ms"):
+        nudged[col] = nudged[col] * (1 + 1e-12)
+    a, b = cb.validation_table(val), cb.validation_table(nudged)
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    assert a["measured"].round(4).equals(a["measured"])
+
+
 def test_the_tables_are_what_the_b2_verdict_reads():
     # The decision itself is tested on hand-made tables (tests/test_verdicts.py); here, that
     # the package's tables carry the columns it reads.

@@ -314,7 +314,8 @@ def validation_table(val: pd.DataFrame) -> pd.DataFrame:
     """:func:`validate` rows as a table by (chip, workload, shape label, FP8 recipe):
     ``predicted`` and ``measured`` speedup, ``error``, what FP8 adds to the BF16 step in ms,
     measured and predicted, and whether the traffic came from the ``compiled`` program or the
-    ``assumed`` passes."""
+    ``assumed`` passes. Numbers are rounded to 4 decimals: the calibration is a least-squares
+    fit whose last bits differ between CPUs, and a figure drawn from the table should not."""
     cols = ["hardware", "workload", "shape", "recipe", "predicted", "measured", "error",
             "fp8_minus_bf16_measured_ms", "fp8_minus_bf16_predicted_ms", "traffic_from"]
     if val is None or not len(val):
@@ -327,6 +328,8 @@ def validation_table(val: pd.DataFrame) -> pd.DataFrame:
         "fp8_minus_bf16_measured_ms": val["measured_ms"] - val["bf16_measured_ms"],
         "fp8_minus_bf16_predicted_ms": val["predicted_ms"] - val["bf16_predicted_ms"],
         "traffic_from": np.where(val["compiled_traffic"], "compiled", "assumed")})
+    numbers = cols[4:9]
+    out[numbers] = out[numbers].astype(float).round(4)
     return out.sort_values(["hardware", "workload", "recipe", "shape"]).reset_index(drop=True)
 
 
