@@ -3,8 +3,9 @@
 The tests check what programs compute, not how fast they run: XLA's CPU backend is asked for
 its cheapest code generation (LLVM optimization level 0, no expensive LLVM passes). Compiling
 is most of this suite's time: on 2 cores it runs in about two thirds of the time. The HLO
-passes, and with them every fusion and rounding the numerics tests look at, are unchanged. A caller's own
-XLA_FLAGS come after these and so win where they set the same flag; subprocesses inherit them.
+passes, and with them every fusion and rounding the numerics tests look at, are unchanged.
+A caller's own XLA_FLAGS come after these and so win where they set the same flag;
+subprocesses inherit them.
 """
 
 import os
