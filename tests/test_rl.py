@@ -541,3 +541,48 @@ def test_towers_run_in_sequence_by_default_only_for_wide_quantized_updates():
     cnn = networks.make_network("cnn", 4, "fp8-delayed", obs_shape=(10, 10, 4))
     assert not ppo.sequential_towers(
         ppo.PPOConfig(recipe="fp8-delayed", sequential_towers=True, **big), cnn)
+
+
+def test_critic_values_equal_one_call_per_array():
+    # One batched pass over several [K, N, ...] arrays against a numpy loop per array and
+    # entry, with a critic that reads every observation entry (a T / N mix-up would show).
+    rng = np.random.default_rng(1)
+    w = np.array([1.0, -2.0, 0.5], np.float32)
+    arrays = [rng.normal(size=(k, 4, 3)).astype(np.float32) for k in (5, 1, 5)]
+    got = ppo.critic_values(lambda o: jnp.asarray(o) @ w, *map(jnp.asarray, arrays))
+    for a, g in zip(arrays, got):
+        assert g.shape == a.shape[:2]
+        want = np.einsum("kni,i->kn", a.astype(np.float64), w.astype(np.float64))
+        np.testing.assert_allclose(np.asarray(g), want, rtol=1e-6, atol=1e-6)
+
+
+def test_learn_computes_the_values_a_rollout_left_out():
+    # learn() with traj.value None (the critic left out of the rollout) must update exactly as
+    # learn() given the critic's values and the bootstrapped rewards computed beforehand.
+    c = ppo.validate(TINY)
+    env, env_params = ppo.make_env(c.env)
+    net = ppo.build_network(c, env, env_params)
+    tx = ppo.make_optimizer(c)
+    variables, opt_state = ppo.init_state(c, net, env, env_params, tx, jax.random.key(0))
+    T, N = c.num_steps, c.num_envs
+    k = jax.random.split(jax.random.key(1), 4)
+    obs = jax.random.normal(k[0], (T, N, 4))
+    final = jax.random.normal(k[1], (T, N, 4))
+    last = jax.random.normal(k[2], (N, 4))
+    term = jax.random.bernoulli(k[3], 0.1, (T, N))
+    trunc = jnp.zeros((T, N), bool).at[7, 1].set(True).at[3, 2].set(True)
+    traj = ppo.Transition(obs, jnp.zeros((T, N), jnp.int32), jnp.full((T, N), -0.7),
+                          None, jnp.ones((T, N)), term | trunc)
+    critic = lambda v, o: net.apply(v, o, method="value")  # noqa: E731
+    update = ppo.make_update_step(c, net, tx)
+    after, _ = ppo.learn(c, update, critic, variables, opt_state, traj, (final, term, trunc),
+                         last, jax.random.key(5))
+    given = traj._replace(value=critic(variables, obs.reshape(T * N, 4)).reshape(T, N))
+    before, _ = ppo.learn(c, update, critic, variables, opt_state, given,
+                          (final, term, trunc), last, jax.random.key(5))
+    # the parameters' changes agree to float32 summation order (Adam divides by the gradient's
+    # size, so the tiniest gradients' rounding shows in the update)
+    for a, b, v in zip(*map(jax.tree.leaves, (after, before, variables))):
+        moved, want = np.asarray(a) - np.asarray(v), np.asarray(b) - np.asarray(v)
+        assert np.abs(want).max() > 1e-4  # every leaf learned something
+        np.testing.assert_allclose(moved, want, rtol=0, atol=2e-3 * np.abs(want).max())

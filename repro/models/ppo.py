@@ -523,14 +523,36 @@ def learn(c: PPOConfig, update_step, critic, variables, opt_state, traj: Transit
     """One PPO update from a rollout ``traj [T, N, ...]``: the truncation bootstrap (``boot``:
     final observations, terminated, truncated; used when ``c.bootstrap_truncation``), GAE
     from ``critic(variables, last_obs)``, then ``update_step``. Returns (variables,
-    opt_state)."""
-    if c.bootstrap_truncation:
-        traj = traj._replace(reward=bootstrap_rollout(
-            lambda o: critic(variables, o), traj.reward, *boot, c.gamma))
-    last_value = critic(variables, last_obs)
+    opt_state).
+
+    A rollout that left the critic out (``traj.value`` is None) gets its values here, in one
+    batched critic pass over all its observations, the final observations of the bootstrap
+    and ``last_obs`` (the parameters do not change during a rollout)."""
+    value_of = lambda o: critic(variables, o)  # noqa: E731
+    if traj.value is None:
+        sets = (traj.obs, last_obs[None]) + ((boot[0],) if c.bootstrap_truncation else ())
+        values = critic_values(value_of, *sets)
+        traj, last_value = traj._replace(value=values[0]), values[1][0]
+        if c.bootstrap_truncation:
+            traj = traj._replace(reward=bootstrap_reward(traj.reward, boot[1], boot[2],
+                                                         values[2], c.gamma))
+    else:
+        if c.bootstrap_truncation:
+            traj = traj._replace(reward=bootstrap_rollout(value_of, traj.reward, *boot,
+                                                          c.gamma))
+        last_value = value_of(last_obs)
     adv, targets = compute_gae(traj.reward, traj.value, traj.done, last_value,
                                c.gamma, c.gae_lambda)
     return update_step(variables, opt_state, traj, adv, targets, key)
+
+
+def critic_values(value_fn, *obs):
+    """``value_fn`` (observations [B, ...] -> values [B]) on several observation arrays [K, N,
+    ...] in ONE batched pass: their values, [K, N] each."""
+    lead = [o.shape[:2] for o in obs]
+    flat = jnp.concatenate([o.reshape((-1,) + o.shape[2:]) for o in obs])
+    cuts = np.cumsum([k * n for k, n in lead])[:-1].tolist()
+    return [v.reshape(s) for v, s in zip(jnp.split(value_fn(flat), cuts), lead)]
 
 
 def update_metrics(done, finished, variables, opt_state) -> dict[str, jax.Array]:
@@ -574,6 +596,13 @@ def make_train(config: Mapping[str, Any] | PPOConfig, mesh=None, shard: Callable
     def critic(variables, obs):
         return network.apply(variables, obs, method="value")
 
+    def actor(variables, obs):
+        return network.apply(variables, obs, method="policy")
+
+    # Where the towers share nothing, the rollout runs the actor alone and learn() evaluates
+    # the critic on the whole rollout in one batched pass.
+    critic_after = getattr(network, "separate_towers", False)
+    num_actions = env.action_space(env_params).n
     v_reset = jax.vmap(env.reset, in_axes=(0, None))
     v_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
 
@@ -584,14 +613,17 @@ def make_train(config: Mapping[str, Any] | PPOConfig, mesh=None, shard: Callable
         ep_ret = jnp.zeros((c.num_envs,), jnp.float32)
         obs, env_state, ep_ret = shard((obs, env_state, ep_ret), 0)
 
-        def env_step(carry, _):
-            variables, env_state, obs, ep_ret, rng = carry
-            rng, k_act, k_step = jax.random.split(rng, 3)
-            logits, value = policy_value(variables, obs)
-            action = categorical_sample(k_act, logits)
+        def env_step(carry, x):
+            variables, env_state, obs, ep_ret = carry
+            noise, k_step = x
+            if critic_after:
+                logits, value = actor(variables, obs), None
+            else:
+                logits, value = policy_value(variables, obs)
+            action = jnp.argmax(logits.astype(jnp.float32) + noise, axis=-1)
             log_prob = categorical_log_prob(logits, action)
             obs2, env_state, reward, term, trunc, info = v_step(
-                jax.random.split(k_step, c.num_envs), env_state, action, env_params)
+                k_step, env_state, action, env_params)
             reward = reward.astype(jnp.float32)
             done = jnp.logical_or(term, trunc)
             ep_ret = ep_ret + reward
@@ -603,15 +635,19 @@ def make_train(config: Mapping[str, Any] | PPOConfig, mesh=None, shard: Callable
             boot = (info["final_observation"], term, trunc) if c.bootstrap_truncation else ()
             ep_ret = jnp.where(done, 0.0, ep_ret)
             env_state, obs2, ep_ret = shard((env_state, obs2, ep_ret), 0)
-            return (variables, env_state, obs2, ep_ret, rng), (tr, done, finished, boot)
+            return (variables, env_state, obs2, ep_ret), (tr, done, finished, boot)
 
         def update(carry, _):
             variables, opt_state, env_state, obs, ep_ret, rng = carry
-            (variables, env_state, obs, ep_ret, rng), (traj, done, finished, boot) = (
-                jax.lax.scan(env_step, (variables, env_state, obs, ep_ret, rng), None,
-                             c.num_steps, unroll=c.unroll))
+            # the rollout's random numbers, drawn for all its steps at once: the Gumbel noise
+            # of the action samples (jax.random.categorical's method) and the env-step keys
+            rng, k_act, k_env, k_upd = jax.random.split(rng, 4)
+            xs = (jax.random.gumbel(k_act, (c.num_steps, c.num_envs, num_actions)),
+                  jax.random.split(k_env, (c.num_steps, c.num_envs)))
+            (variables, env_state, obs, ep_ret), (traj, done, finished, boot) = (
+                jax.lax.scan(env_step, (variables, env_state, obs, ep_ret), xs,
+                             unroll=c.unroll))
             traj, done, finished, boot = shard((traj, done, finished, boot), 1)
-            rng, k_upd = jax.random.split(rng)
             variables, opt_state = learn(c, update_step, critic, variables, opt_state, traj,
                                          boot, obs, k_upd)
             metrics = update_metrics(done, finished, variables, opt_state)
