@@ -27,7 +27,12 @@ Only per-update scalars leave the jitted function (mean return of the episodes c
 update, their count, cumulative skipped steps, the loss scale, whether any parameter is
 non-finite), so 16 MinAtar seeds fit in memory.
 
-Speed options (defaults off; all recorded quality results used the defaults). ``unroll``: env
+The rollout runs the actor alone where the towers share no parameter; :func:`learn` evaluates
+the critic on the whole rollout in one batched pass (the parameters do not change during a
+rollout). Its random numbers (the actions' Gumbel noise, the env-step keys) are drawn for all its
+steps at once, before its scan.
+
+Speed options (they leave the arithmetic as it is). ``unroll`` (default 2): env
 steps per iteration of the rollout ``lax.scan``; ``update_unroll``: the same for the epoch and
 minibatch scans of an update. On a GPU each while-loop iteration costs kernel launches (and may
 cost a host round-trip for its predicate), and unrolled steps can be fused; the arithmetic is the
@@ -99,7 +104,7 @@ class PPOConfig:
     loss_scale: bool | None = None  # None: the recipe's loss_scaling (fp16)
     loss_scale_period: int = 200
     # speed only (see the module doc): scan unrolling and the run's PRNG
-    unroll: int = 1  # env steps per iteration of the rollout scan
+    unroll: int = 2  # env steps per iteration of the rollout scan
     update_unroll: int = 1  # iterations per loop iteration of the epoch and minibatch scans
     prng: str = "threefry"  # threefry (the caller's key as is) | rbg | unsafe_rbg | philox4x32
     # memory: differentiate the critic, then the actor (None: for quantized recipes where
