@@ -649,6 +649,7 @@ def make_train(config: Mapping[str, Any] | PPOConfig, mesh=None, shard: Callable
             rng, k_act, k_env, k_upd = jax.random.split(rng, 4)
             xs = (jax.random.gumbel(k_act, (c.num_steps, c.num_envs, num_actions)),
                   jax.random.split(k_env, (c.num_steps, c.num_envs)))
+            xs = shard(xs, 1)
             (variables, env_state, obs, ep_ret), (traj, done, finished, boot) = (
                 jax.lax.scan(env_step, (variables, env_state, obs, ep_ret), xs,
                              unroll=c.unroll))
