@@ -11,7 +11,7 @@ elementwise select of the same result, a lever for launch-bound runs. Nothing is
 Needs a checkout of github.com/luchris429/purejaxrl and gymnax:
 
     PYTHONPATH=. python3 scripts/probe_purejaxrl_kernels.py --purejaxrl DIR \\
-        --seeds 1 1024 --timesteps 500000 65536 --unroll 2 4
+        --seeds 1 1024 --timesteps 500000 65536 --unroll 1 4
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def main(argv=None) -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 1024])
     ap.add_argument("--timesteps", type=int, nargs="+", default=[500000, 65536],
                     help="TOTAL_TIMESTEPS per seed count")
-    ap.add_argument("--unroll", type=int, nargs="*", default=[2, 4])
+    ap.add_argument("--unroll", type=int, nargs="*", default=[1, 4])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--select-skip", action="store_true")
     ap.add_argument("--top", type=int, default=15)
@@ -84,8 +84,7 @@ def main(argv=None) -> None:
         cfg = {**P.CARTPOLE, "TOTAL_TIMESTEPS": total}
         theirs, keys, _ = P.compile_theirs(module, cfg, seeds)
         runs = {"purejaxrl": (theirs, keys)}
-        for u in [1, *a.unroll]:
-            options = {"unroll": u} if u > 1 else {}
+        for options in [{}, *({"unroll": u} for u in a.unroll)]:
             k = P._keys(seeds)
             fn = jax.jit(jax.vmap(ppo.make_train(P.ours_config(cfg, "tf32", options))))
             fn = fn.lower(k).compile()

@@ -28,7 +28,7 @@ from repro.studies import purejaxrl
 
 
 def probe(unroll: int, seeds: int, repeats: int = 3, runs: int = 0) -> dict:
-    options = {"unroll": unroll} if unroll > 1 else {}
+    options = {"unroll": unroll}
     train = ppo.make_train(purejaxrl.ours_config(purejaxrl.CARTPOLE, "tf32", options))
     fn = jax.jit(jax.vmap(train)) if seeds > 1 else jax.jit(train)
     keys = (jax.vmap(jax.random.key)(jnp.arange(seeds)) if seeds > 1 else jax.random.key(0))
