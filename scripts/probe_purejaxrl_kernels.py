@@ -62,10 +62,12 @@ def norm_skip(inner, max_consecutive: int = 2 ** 30):
 def ours(cfg, options):
     """Our ``make_train`` with ``options`` over PureJaxRL's config; the key ``skip_nonfinite``
     (an optimizer flag, not a PPOConfig field) sets ``optax.apply_if_finite`` on or off;
-    ``skip_impl: "norm"`` replaces it by :func:`norm_skip`."""
+    ``skip_impl`` replaces it by :func:`norm_skip` (``"norm"``) or by ``optax.apply_if_finite``
+    itself (``"optax"``)."""
     options = dict(options)
     skip = options.pop("skip_nonfinite", optim.OPTIMIZER_DEFAULTS["skip_nonfinite"])
-    impl = {"norm": norm_skip, "select": None}.get(options.pop("skip_impl", None))
+    impl = {"norm": norm_skip, "optax": lambda inner, m=2 ** 30: optax.apply_if_finite(
+        inner, max_consecutive_errors=m)}.get(options.pop("skip_impl", None))
     base = P.ours_config(cfg, "tf32")
     saved, saved_skip = dict(optim.OPTIMIZER_DEFAULTS), optim.skip_nonfinite
     optim.OPTIMIZER_DEFAULTS["skip_nonfinite"] = skip
