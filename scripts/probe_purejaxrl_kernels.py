@@ -1,8 +1,9 @@
 """Probe: ours against PureJaxRL's ``ppo.py`` on its CartPole-v1 config, per option set.
 
 For each seed count, compiles PureJaxRL's program and ours in each ``--options`` set (JSON
-objects of :class:`repro.models.ppo.PPOConfig` fields, and the optimizer keys of :func:`ours`; ``{}`` is the defaults; unlike the
-recorded study, fields other than the speed options may be set, to price a feature), times
+objects of :class:`repro.models.ppo.PPOConfig` fields and the optimizer keys of :func:`ours`;
+``{}`` is the defaults; unlike the recorded study, fields other than the speed options may be
+set, to price a feature), times
 them round-robin in this process (seconds per whole run, median of ``--repeats``; the ratio is
 PureJaxRL's time over ours), then at the largest seed count traces one run of each with
 ``jax.profiler`` and prints, per program, the number of kernels, their summed time against the
@@ -61,13 +62,11 @@ def norm_skip(inner, max_consecutive: int = 2 ** 30):
 
 def ours(cfg, options):
     """Our ``make_train`` with ``options`` over PureJaxRL's config; the key ``skip_nonfinite``
-    (an optimizer flag, not a PPOConfig field) sets ``optax.apply_if_finite`` on or off;
-    ``skip_impl`` replaces it by :func:`norm_skip` (``"norm"``) or by ``optax.apply_if_finite``
-    itself (``"optax"``)."""
+    (an optimizer flag, not a PPOConfig field) sets the non-finite skip on or off, and
+    ``skip_impl: "norm"`` replaces it by :func:`norm_skip`."""
     options = dict(options)
     skip = options.pop("skip_nonfinite", optim.OPTIMIZER_DEFAULTS["skip_nonfinite"])
-    impl = {"norm": norm_skip, "optax": lambda inner, m=2 ** 30: optax.apply_if_finite(
-        inner, max_consecutive_errors=m)}.get(options.pop("skip_impl", None))
+    impl = {"norm": norm_skip}.get(options.pop("skip_impl", None))
     base = P.ours_config(cfg, "tf32")
     saved, saved_skip = dict(optim.OPTIMIZER_DEFAULTS), optim.skip_nonfinite
     optim.OPTIMIZER_DEFAULTS["skip_nonfinite"] = skip
@@ -117,7 +116,7 @@ def compile_time(job: dict) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--purejaxrl", help="a checkout of PureJaxRL")
+    ap.add_argument("--purejaxrl", help="a checkout of PureJaxRL (required)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1024])
     ap.add_argument("--timesteps", type=int, nargs="+", default=[131072],
                     help="TOTAL_TIMESTEPS per seed count")
@@ -129,9 +128,12 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     if a.fresh:
         return fresh_compile(json.loads(a.fresh))
+    if not a.purejaxrl:
+        ap.error("--purejaxrl DIR (a checkout of PureJaxRL) is required")
     option_sets = [json.loads(o) for o in a.options]
     if a.compile_seeds:
-        job = {"seeds": a.compile_seeds, "total": 500000, "purejaxrl": a.purejaxrl}
+        job = {"seeds": a.compile_seeds, "total": P.CARTPOLE["TOTAL_TIMESTEPS"],
+               "purejaxrl": a.purejaxrl}
         print(f"compile, {a.compile_seeds} seeds, fresh process: purejaxrl "
               f"{compile_time({**job, 'impl': 'purejaxrl'})}", flush=True)
         for o in option_sets:
