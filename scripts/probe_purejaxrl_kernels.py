@@ -95,7 +95,7 @@ def kernel_summary(fn, keys, name: str, top: int) -> None:
 
 def fresh_compile(job: dict) -> None:
     """In a fresh process: compile one program, print its compile time as a JSON line."""
-    cfg = {**P.CARTPOLE, "TOTAL_TIMESTEPS": job["total"]}
+    cfg = P.CARTPOLE
     if job["impl"] == "purejaxrl":
         module, _ = P.load(job["purejaxrl"])
         fn, keys = jax.jit(jax.vmap(module.make_train(cfg))), jax.random.split(
@@ -132,8 +132,7 @@ def main(argv=None) -> None:
         ap.error("--purejaxrl DIR (a checkout of PureJaxRL) is required")
     option_sets = [json.loads(o) for o in a.options]
     if a.compile_seeds:
-        job = {"seeds": a.compile_seeds, "total": P.CARTPOLE["TOTAL_TIMESTEPS"],
-               "purejaxrl": a.purejaxrl}
+        job = {"seeds": a.compile_seeds, "purejaxrl": a.purejaxrl}
         print(f"compile, {a.compile_seeds} seeds, fresh process: purejaxrl "
               f"{compile_time({**job, 'impl': 'purejaxrl'})}", flush=True)
         for o in option_sets:
