@@ -7,6 +7,8 @@ record --hardware NAME`` records under another name.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import re
 import warnings
@@ -95,6 +97,51 @@ def detect() -> HardwareInfo:
     cc = getattr(dev, "compute_capability", None)
     info = from_device_name(dev.device_kind, backend, str(cc) if cc else None)
     return info
+
+
+# ------------------------------------------------------------------------ target switch
+
+# (platform, device_kind) that code paths are chosen for while a program is traced for another
+# device (:func:`target`); None: the device JAX runs on.
+_TARGET: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+    "repro_target", default=None)
+
+
+def platform() -> str:
+    """The platform that code paths are chosen for: ``"gpu"``, ``"tpu"`` or ``"cpu"``.
+
+    The one switch for every choice that differs by device (a Pallas kernel or its reference,
+    cuDNN flash attention, GEMV tile tables): JAX's default backend, unless a program is being
+    traced for another device under :func:`target`. Code must ask this, not
+    ``jax.default_backend()``, so that a CPU-only machine traces exactly what a GPU ran."""
+    if (t := _TARGET.get()) is not None:
+        return t[0]
+    import jax
+
+    backend = jax.default_backend()
+    return "gpu" if backend in ("gpu", "cuda", "rocm") else backend
+
+
+def device_kind() -> str:
+    """The device kind (``jax.devices()[0].device_kind``, e.g. ``"NVIDIA H200"``) that code
+    paths are chosen for; see :func:`platform`."""
+    if (t := _TARGET.get()) is not None:
+        return t[1]
+    import jax
+
+    return jax.devices()[0].device_kind
+
+
+@contextlib.contextmanager
+def target(platform_name: str, kind: str = ""):
+    """Choose code paths for ``platform_name`` (``"gpu"``, ``"tpu"``, ``"cpu"``) and device
+    ``kind`` inside the block, whatever device this process runs on: what tracing a
+    record's program for its own hardware needs."""
+    token = _TARGET.set((platform_name, kind))
+    try:
+        yield
+    finally:
+        _TARGET.reset(token)
 
 
 # ------------------------------------------------------------------- recording identity

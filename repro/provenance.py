@@ -27,6 +27,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import json
 import re
 import subprocess
 import sys
@@ -50,16 +51,29 @@ _ACCELERATOR_DISTS = re.compile(r"^(jax[-_]cuda|jax[-_]rocm|nvidia[-_]|transform
 # one still yields its verdict, marked stale. Other experiments' stale records are left out
 # of verdicts unless their metric is a quality metric (repro.claims.staleness.QUALITY_METRICS).
 QUALITY_EXPERIMENTS = frozenset({"rl_quality", "rl_quality_repeat", "lm"})
+#: Metrics that say how well a run learned or how close a result is to its reference, not how
+#: fast or how large it is: a record of one is quality evidence in any experiment (the legged
+#: study's returns sit beside its timings, the inference study's accuracy beside its speed).
+QUALITY_METRICS = frozenset({
+    "final_return", "eval_return", "random_return",  # RL returns
+    "eval_loss", "final_eval_loss", "heldout_loss", "bits_per_byte",  # LM losses
+    "kl_to_bf16", "top1_agreement",  # agreement with the BF16 model
+    "same_seed_identical", "different_seeds_differ",  # bitwise repeats
+})
 
 
 # ------------------------------------------------------------------------- the closure
 
 
-def _rel(path: Path) -> str:
+def rel(path: Path) -> str:
+    """``path`` relative to the checkout (posix), or as given where it lies outside."""
     try:
         return path.resolve().relative_to(CHECKOUT).as_posix()
     except ValueError:
         return str(path)
+
+
+_rel = rel
 
 
 def module_file(name: str) -> Path | None:
@@ -333,13 +347,78 @@ def first_change(commit: str, paths: Iterable[str]) -> str | None:
     return first[0] if first else "uncommitted"
 
 
-class Checker:
-    """Decides :func:`staleness` for many records, hashing each study's closure once."""
+def is_quality(rec: dict[str, Any]) -> bool:
+    """Whether a record is training quality (returns, losses, agreement, bitwise repeats)
+    rather than speed or size."""
+    return rec.get("experiment") in QUALITY_EXPERIMENTS or rec.get("metric") in QUALITY_METRICS
 
-    def __init__(self, lock: Path | None = None):
+
+def _norm(name: str) -> str:
+    return name.lower().replace("_", "-")
+
+
+#: Packages that compile a program: a speed record made with other versions timed another
+#: executable, even where the program is the same.
+COMPILERS = ("jax", "jaxlib")
+
+
+def version_reasons(rec: dict[str, Any], lock: dict[str, str]) -> list[str]:
+    """Why ``rec``'s package versions do not describe this environment (empty: they do).
+
+    A record with a program fingerprint is compared on :data:`COMPILERS` where it is speed
+    (flax and the rest shape the program, which the fingerprint already covers), and on every
+    package of its ``versions`` that the lock pins where it is quality (a library's numerics
+    can change a trained result without changing the traced program). A record without one
+    is compared on :data:`LOCKED`, as when it was made."""
+    if isinstance(rec.get("program"), dict) and is_quality(rec):
+        have = {_norm(k): v for k, v in (rec.get("versions") or {}).items()}
+        have.update({k: rec[k] for k in LOCKED if rec.get(k)})
+        names = sorted(set(have) & set(lock))
+    else:
+        have = {k: rec.get(k) for k in LOCKED}
+        names = list(COMPILERS if isinstance(rec.get("program"), dict) else LOCKED)
+    out = []
+    for name in names:
+        want, got = lock.get(name), have.get(name)
+        if want and got and str(got) != want:
+            out.append(f"recorded with {name} {got}; {LOCK} pins {want}")
+    return out
+
+
+PROGRAM_INDEX = ("results", "programs", "index.json")  # committed: HEAD's programs per cell
+PROGRAM_CACHE = ("build", "cache", "programs.json")  # this machine's traces
+
+
+def program_key(experiment: str, cell: str, key: str, platform: str, kind: str) -> str:
+    return f"{experiment}/{cell}/{key}@{platform}:{kind}"
+
+
+def _installed(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+class Checker:
+    """Decides :func:`staleness` for many records: hashes each file and traces each program
+    at most once, and keeps the traces it made in ``build/cache/programs.json``."""
+
+    def __init__(self, lock: Path | None = None, trace: bool = True):
         self.lock = locked_versions(lock)
+        self.trace = trace
         self._now: dict[tuple, dict[str, Any] | str] = {}
         self._since: dict[tuple, str | None] = {}
+        self._files: dict[str, str | None] = {}
+        self._programs: dict[str, dict[str, Any] | str] = {}
+        self._cells: dict[tuple, dict[str, Any] | str] = {}
+        self._stored: dict[str, dict[str, Any]] | None = None
+        self._env = {"jax": _installed("jax"), "jaxlib": _installed("jaxlib")}
+        self.traced = 0  # programs traced by this checker (the rest came from a hash check)
+
+    # ---------------------------------------------------------------- file fingerprints
 
     def current(self, module: str, data: tuple[str, ...]) -> dict[str, Any] | str:
         """The fingerprint of ``module`` now, or why there is none (one line)."""
@@ -357,8 +436,30 @@ class Checker:
             self._since[key] = first_change(commit, changed)
         return self._since[key]
 
-    def _code(self, rec: dict[str, Any]) -> tuple[str | None, str | None, tuple[str, ...]]:
-        """(reason with the record's commit, reason without it, since, changed files)."""
+    def file_hash(self, rel_path: str) -> str | None:
+        """The hash :func:`repro.program.trace` keeps for a checkout file now (None: gone)."""
+        if rel_path not in self._files:
+            path = CHECKOUT / rel_path
+            try:
+                self._files[rel_path] = (source_hash(path) if path.suffix == ".py"
+                                         else data_hash(path))
+            except (OSError, SyntaxError, ValueError):
+                self._files[rel_path] = None
+        return self._files[rel_path]
+
+    def unchanged(self, files: dict[str, str], python: str | None) -> bool:
+        """Whether every file of a program's trace still hashes as it did (the syntax-tree
+        hashes belong to one Python minor version: another one retraces)."""
+        from repro.program import python_minor
+
+        return bool(files) and python == python_minor() and all(
+            self.file_hash(f) == h for f, h in files.items())
+
+    def _code(self, rec: dict[str, Any]) -> tuple[str | None, str | None, str | None,
+                                                  tuple[str, ...]]:
+        """For a record without a program fingerprint: the file fingerprint of its study's
+        import closure decides (reason with the record's commit, without it, since,
+        changed files)."""
         code, commit = rec.get("code"), _commit(rec)
         if not isinstance(code, dict) or not code.get("digest"):
             return (f"recorded before code fingerprints, at commit {commit}; its code has "
@@ -375,17 +476,157 @@ class Checker:
         shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4
                                           else "")
         when = {None: "", "uncommitted": " (uncommitted edits)"}.get(since, f" (since {since})")
-        return (f"its code changed after commit {commit}{when}: {shown}",
-                f"its code changed{when}: {shown}", since, changed)
+        return (f"no program fingerprint, and its code changed after commit {commit}{when}: "
+                f"{shown}", f"no program fingerprint, and its code changed{when}: {shown}",
+                since, changed)
+
+    # ------------------------------------------------------------- program fingerprints
+
+    def _store(self) -> dict[str, dict[str, Any]]:
+        """The committed index, then this machine's cache (later entries win)."""
+        if self._stored is None:
+            self._stored = {}
+            for parts in (PROGRAM_INDEX, PROGRAM_CACHE):
+                try:
+                    self._stored.update(json.loads(CHECKOUT.joinpath(*parts).read_text()))
+                except (OSError, ValueError):
+                    continue
+        return self._stored
+
+    def _valid(self, entry: dict[str, Any]) -> bool:
+        return (entry.get("jax") == self._env["jax"] and entry.get("jaxlib") ==
+                self._env["jaxlib"] and self.unchanged(entry.get("files") or {},
+                                                        entry.get("python")))
+
+    def cell_programs(self, experiment: str, cell: str, profile: str = "full"
+                      ) -> dict[str, Any] | str:
+        """``{key: Program}`` of a cell of ``experiment`` as the study defines it now from
+        params.yaml's ``profile``, or why there is none (one line)."""
+        key = (experiment, cell, profile)
+        if key not in self._cells:
+            try:
+                from repro import studies
+
+                st = studies.study(experiment)
+                params = studies.params(experiment, profile) if st.params_section else None
+                found = [c for c in st.cells(params) if c.name == cell]
+                if not found:
+                    self._cells[key] = (f"cell {cell} is not among {experiment}'s cells of "
+                                        f"params.yaml's {profile} profile now")
+                elif found[0].programs is None:
+                    self._cells[key] = f"{experiment} names no program for cell {cell}"
+                else:
+                    self._cells[key] = dict(found[0].programs())
+            except Exception as e:  # noqa: BLE001 - any failure is a reason, in one line
+                self._cells[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}" \
+                    if str(e) else type(e).__name__
+        return self._cells[key]
+
+    def program_now(self, experiment: str, cell: str, key: str, platform: str,
+                    kind: str, profile: str = "full") -> dict[str, Any] | str:
+        """HEAD's program fingerprint (a record's ``program`` field, plus ``text`` where it
+        was traced here) of one cell's program, from the index or cache while the files its
+        trace ran are unchanged, else traced now; or why there is none (one line)."""
+        from repro import program as P
+
+        name = program_key(experiment, cell, key, platform, kind)
+        if profile != "full":
+            name = f"{profile}:{name}"
+        if name in self._programs:
+            return self._programs[name]
+        entry = self._store().get(name)
+        if entry is not None and self._valid(entry):
+            self._programs[name] = entry
+            return entry
+        if not self.trace:
+            self._programs[name] = "not traced (tracing is off)"
+            return self._programs[name]
+        progs = self.cell_programs(experiment, cell, profile)
+        if isinstance(progs, str):
+            self._programs[name] = progs
+            return progs
+        prog = progs.get(key, progs.get(""))
+        if prog is None:
+            self._programs[name] = f"cell {cell} has no program {key!r} now"
+            return self._programs[name]
+        try:
+            traced = P.trace(prog, platform, kind)
+        except Exception as e:  # noqa: BLE001 - any failure is a reason, in one line
+            self._programs[name] = f"tracing it failed: {type(e).__name__}: " \
+                f"{(str(e).splitlines() or [''])[0][:200]}"
+            return self._programs[name]
+        self.traced += 1
+        entry = {**traced.stamp(), "cell": cell, "key": key, **self._env}
+        self._programs[name] = {**entry, "text": traced.text}
+        self._remember(name, entry, traced)
+        return self._programs[name]
+
+    def _remember(self, name: str, entry: dict[str, Any], traced) -> None:
+        """Keep a trace in this machine's cache (a failure to write only costs time)."""
+        from repro import program as P
+
+        path = CHECKOUT.joinpath(*PROGRAM_CACHE)
+        try:
+            cache = json.loads(path.read_text()) if path.is_file() else {}
+            cache[name] = entry
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
+            tmp.replace(path)
+            P.save_text(path.parent, traced)
+        except OSError:
+            pass
+
+    def text(self, digest: str) -> str | None:
+        """A program's kept text: committed (``results/programs``) or cached here."""
+        from repro import program as P
+
+        for root in (CHECKOUT / "results", CHECKOUT.joinpath(*PROGRAM_CACHE).parent):
+            if (t := P.load_text(root, digest)) is not None:
+                return t
+        return None
+
+    def _program(self, rec: dict[str, Any]) -> tuple[str | None, str | None, str | None,
+                                                     tuple[str, ...]]:
+        """For a record with a program fingerprint: (reason with the record's commit, without
+        it, since, changed files), all None where its program is HEAD's."""
+        from repro.program import first_difference
+
+        prog, commit = rec["program"], _commit(rec)
+        files = prog.get("files") or {}
+        if self.unchanged(files, prog.get("python")):
+            return None, None, None, ()
+        key = str(prog.get("key") or "")
+        now = self.program_now(str(rec.get("experiment")), str(prog.get("cell")), key,
+                               str(prog.get("platform")), str(prog.get("device_kind") or ""),
+                               str(rec.get("profile") or "full"))
+        what = f" ({key})" if key else ""
+        if isinstance(now, str):
+            why = f"its program{what} cannot be recomputed here: {now}"
+            return f"{why} (recorded at {commit})", why, None, ()
+        if now["hash"] == prog.get("hash") and now["kit"] == prog.get("kit"):
+            return None, None, None, ()
+        changed = tuple(sorted(f for f in set(files) | set(now.get("files") or {})
+                               if files.get(f) != self.file_hash(f)))
+        since = self.since(commit, changed) if changed else None
+        if now["hash"] != prog.get("hash"):
+            new = now.get("text") or self.text(now["hash"]) or ""
+            why = (f"its program{what} changed: first difference at "
+                   f"{first_difference(self.text(str(prog.get('hash'))), new)}")
+        else:
+            why = f"its measuring kit{what} changed"
+        when = {None: "", "uncommitted": " (uncommitted edits)"}.get(since, f" (since {since})")
+        return f"{why}{when}; recorded at {commit}", f"{why}{when}", since, changed
 
     def __call__(self, rec: dict[str, Any]) -> Staleness:
-        reason, summary, since, changed = self._code(rec)
+        if isinstance(rec.get("program"), dict) and rec["program"].get("hash"):
+            reason, summary, since, changed = self._program(rec)
+        else:
+            reason, summary, since, changed = self._code(rec)
         reasons, summaries = [reason] if reason else [], [summary] if summary else []
-        for name in LOCKED:
-            want, have = self.lock.get(name), rec.get(name)
-            if want and have and str(have) != want:
-                reasons.append(f"recorded with {name} {have}; {LOCK} pins {want}")
-                summaries.append(reasons[-1])
+        for r in version_reasons(rec, self.lock):
+            reasons.append(r)
+            summaries.append(r)
         if not reasons:
             return Staleness(False)
         return Staleness(True, "; ".join(reasons), since, changed, "; ".join(summaries))

@@ -37,6 +37,7 @@ RECORD_FIELDS = [
     "experiment", "claims", "hardware", "hardware_name", "compute_capability", "backend",
     "jax", "jaxlib", "flax", "git_commit", "profile", "recipe", "sizes", "metric", "value",
     "unit", "repeats", "spread", "emulated", "timestamp", "extra", "versions", "code",
+    "program",
 ]
 # Columns load_records adds: where a row comes from, a known defect, and staleness.
 LOADED_FIELDS = ["source", "defect", "stale", "stale_reason", "stale_since", "stale_summary"]

@@ -19,18 +19,8 @@ import dataclasses
 
 import pandas as pd
 
-from repro.provenance import QUALITY_EXPERIMENTS
+from repro.provenance import QUALITY_EXPERIMENTS, QUALITY_METRICS
 
-#: Metrics that say how well a run learned or how close a result is to its reference, not how
-#: fast or how large it is: a stale record of one is quality evidence in any experiment (the
-#: legged study's returns sit beside its timings, the inference study's accuracy beside its
-#: speed).
-QUALITY_METRICS = frozenset({
-    "final_return", "eval_return", "random_return",  # RL returns
-    "eval_loss", "final_eval_loss", "heldout_loss", "bits_per_byte",  # LM losses
-    "kl_to_bf16", "top1_agreement",  # agreement with the BF16 model
-    "same_seed_identical", "different_seeds_differ",  # bitwise repeats
-})
 
 
 def split(records: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

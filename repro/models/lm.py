@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from repro import hardware
 from repro.precision.recipes import Recipe, resolve
 
 LayerKind = Literal["embed", "attn_qkv", "attn_core", "attn_out", "mlp_in", "mlp_out",
@@ -191,7 +192,7 @@ def rope(x, positions, theta: float = 10000.0):
 
 def attention_implementation(dtype) -> str:
     """cuDNN flash attention on GPUs for BF16/FP16 (no T x T matrix in memory), else XLA."""
-    on_gpu = jax.default_backend() == "gpu"
+    on_gpu = hardware.platform() == "gpu"
     return "cudnn" if on_gpu and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) else "xla"
 
 

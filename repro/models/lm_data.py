@@ -196,9 +196,9 @@ def estimate_train_bytes(cfg, batch_size: int, recipe=None,
     from repro.models.lm import param_count
 
     if flash_attention is None:
-        import jax
+        from repro import hardware
 
-        flash_attention = jax.default_backend() == "gpu"
+        flash_attention = hardware.platform() == "gpu"
     n = param_count(cfg)
     t, d, f, h = cfg.seq_len, cfg.d_model, cfg.d_ff, cfg.n_heads
     per_seq_block = (_activation_factor(recipe) * t * (18 * d + 8 * f)

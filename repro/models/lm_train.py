@@ -44,6 +44,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
+from repro import hardware
 from repro.models import lm as M
 from repro.models import lm_data as D
 from repro.models import sharding as distributed
@@ -356,7 +357,7 @@ def train(cfg: M.LMConfig | str, tc: TrainConfig, recipe="bf16", *, corpus=None,
                       stacklevel=2)
     evals = D.heldout_batches(splits.heldout, cfg.seq_len, tc.batch_size,
                               max(1, tc.eval_batches))
-    on_gpu = jax.default_backend() == "gpu"
+    on_gpu = hardware.platform() == "gpu"
     if mesh is None:
         init_fn, step_fn, eval_fn = _functions(cfg, recipe_obj, _static_key(tc), on_gpu)
         put = jnp.asarray

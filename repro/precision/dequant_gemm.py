@@ -60,6 +60,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from repro import hardware
+
 IMPLS = ("xla", "reduce", "pallas", "gemv")
 # "reduce" for one row only: with more, the reduction reads the weight once per row (at 8
 # rows several times slower than the GEMM of dot_xla, which "reduce" uses there)
@@ -356,16 +358,16 @@ def dot_gemv(x, qt, scale, *, block_n: int = 16, block_k: int = 256, num_warps: 
 def gemv_tiles(k: int, n: int, dtype) -> Gemv | None:
     """The GEMV's tiling and widening (:class:`Gemv`) for a ``[K, N]`` weight of
     ``dtype`` on this process' default device (:data:`GEMV_TILES`), or None: no GEMV there."""
-    if jax.default_backend() != "gpu":
+    if hardware.platform() != "gpu":
         return None
-    table = GEMV_TILES.get(jax.devices()[0].device_kind, {})
+    table = GEMV_TILES.get(hardware.device_kind(), {})
     return table.get((jnp.dtype(dtype).name, k, n))
 
 
 def pallas_fits(rows: int, k: int, n: int) -> bool:
     """Whether :func:`dot` runs the Pallas kernel: on a GPU, at most
     :data:`PALLAS_MAX_ROWS` rows, ``k`` and ``n`` multiples of 16."""
-    return (jax.default_backend() == "gpu" and rows <= PALLAS_MAX_ROWS
+    return (hardware.platform() == "gpu" and rows <= PALLAS_MAX_ROWS
             and blocks(rows, k, n) is not None)
 
 

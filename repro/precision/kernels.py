@@ -23,6 +23,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from repro import hardware
+
 BLOCK = (64, 128)  # rows, columns of one tile
 
 
@@ -121,7 +123,7 @@ def cast_transpose_pallas(x, dtype, scale, mask=None, parts="qt", interpret: boo
 def fits(shape) -> bool:
     """Whether the Pallas kernel runs here for an operand of ``shape``: on a GPU, 2-D, a
     multiple of :data:`BLOCK`."""
-    return (jax.default_backend() == "gpu" and len(shape) == 2
+    return (hardware.platform() == "gpu" and len(shape) == 2
             and shape[0] % BLOCK[0] == 0 and shape[1] % BLOCK[1] == 0)
 
 

@@ -25,6 +25,7 @@ from repro import results
 from repro.config import Section, positive, recipe_names
 from repro.precision import layers, peers
 from repro.precision.recipes import resolve
+from repro.program import Program
 from repro.studies.runner import Cell, Study
 from repro.studies.timing import (
     compiled_facts,
@@ -89,6 +90,20 @@ def _setup(recipe: str, width: int, batch: int, depth: int, seed: int = 0, lr: f
     opt_state = tx.init(variables["params"])
     step = jax.jit(make_train_step(model, tx), donate_argnums=(0, 1))
     return step, variables, opt_state, x, y
+
+
+def program(recipe: str, width: int, batch: int, depth: int, lr: float = 1e-4) -> Program:
+    """What a cell's record of ``recipe`` measures: the train step of :func:`_setup` on
+    abstract arguments of the cell's shapes, and the kit that times it."""
+    model = MLP(width, depth, recipe)
+    x = jax.ShapeDtypeStruct((batch, width), _input_dtype(recipe))
+    y = jax.ShapeDtypeStruct((batch, width), jnp.float32)
+    variables = jax.eval_shape(model.init, jax.random.key(0),
+                               jax.ShapeDtypeStruct((8, width), x.dtype))
+    tx = optax.adam(lr)
+    opt_state = jax.eval_shape(tx.init, variables["params"])
+    return Program(make_train_step(model, tx), (variables, opt_state, x, y),
+                   kit=(stepper, time_interleaved, quartiles, compiled_facts, step_flops))
 
 
 def _compile(step, variables, opt_state, x, y):
@@ -183,8 +198,11 @@ def cells(p: Params) -> list[Cell]:
         return lambda _budget: bench_cell(width, p.batch, p.depth, names, p.repeats,
                                           profile=p.profile)
 
-    return [Cell(f"w{w}_b{p.batch}_d{p.depth}{suffix}", one(w, names))
-            for w, suffix, names in plan]
+    def programs(width, names):
+        return lambda: {r: program(r, width, p.batch, p.depth) for r in names}
+
+    return [Cell(f"w{w}_b{p.batch}_d{p.depth}{suffix}", one(w, names),
+                 programs=programs(w, names)) for w, suffix, names in plan]
 
 
 STUDY = Study(EXPERIMENT, ("A2", "A4"), cells, about="the MLP train step per recipe",

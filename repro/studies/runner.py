@@ -51,7 +51,11 @@ class Cell:
     ``recipes``: the recipe names the cell runs, for ``--recipe`` selection. ``group``: cells
     whose records are compared with each other (ratios need both from one call).
     ``restart``: called before a forced run (``force``), for a cell that would otherwise
-    resume from a checkpoint.
+    resume from a checkpoint. ``programs``: ``() -> {key: repro.program.Program}``, what the
+    cell's records measure, built from the cell's settings alone (no device work): a record
+    takes the program of its ``recipe`` (or the one keyed ``""``); its fingerprint decides
+    when the record is stale (:mod:`repro.program`). None: the study's import closure decides,
+    file by file.
     """
 
     name: str
@@ -59,6 +63,7 @@ class Cell:
     recipes: tuple[str, ...] = ()
     group: str | None = None
     restart: Callable[[], None] | None = None
+    programs: Callable[[], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -183,6 +188,28 @@ def cross_call_note(experiment: str, todo: Sequence[Cell], every: Sequence[Cell]
             "to time them together, select both and add --force")
 
 
+def stamp_programs(recs: Records, cell: Cell, root: Path) -> Records:
+    """``recs`` with each record's ``program`` (:mod:`repro.program`): the program of its
+    recipe (or the cell's one keyed ``""``), traced for this device; the programs' texts are
+    kept under ``root/programs``. A record whose program the cell does not name gets none."""
+    from repro import hardware as hw
+    from repro import program as P
+
+    progs, stamped = cell.programs(), {}
+    out = []
+    for rec in recs:
+        key = rec.get("recipe") if rec.get("recipe") in progs else ""
+        if key not in progs:
+            out.append(rec)
+            continue
+        if key not in stamped:
+            traced = P.trace(progs[key], hw.platform(), hw.device_kind())
+            P.save_text(root, traced)
+            stamped[key] = {**traced.stamp(), "cell": cell.name, "key": key}
+        out.append({**rec, "program": stamped[key]})
+    return out
+
+
 def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
         only: Sequence[str] | None = None, recipes: Sequence[str] | None = None,
         time_budget_s: float | None = None, hardware: str | None = None,
@@ -200,19 +227,24 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
     root = Path(root)
     slug = results.slug(hardware) if hardware else hw.detect().slug
     stamp = provenance.study_stamp(study.source_module, study.data)
+    checker = provenance.Checker()
+    stale: set[str] = set()
 
     def done(name: str) -> bool:
-        return results.have_cell(study.experiment, name, hardware=slug, root=root, stamp=stamp)
+        recs = results.read_cell(study.experiment, name, slug, root)
+        if recs is None:
+            return False
+        if any(checker(r).stale for r in recs):
+            stale.add(name)
+            return False
+        return not recs or not all(results.defect_of(r) for r in recs)
 
     todo = [c for c in cells if force or not done(c.name)]
     out = Outcome(skipped=[c.name for c in cells if c.name not in {t.name for t in todo}])
-    if not force:
-        recorded = {c.name: results.read_cell(study.experiment, c.name, slug, root) for c in todo}
-        out.restale = [n for n, recs in recorded.items()
-                       if recs and not all(results.matches_stamp(r, stamp) for r in recs)]
+    out.restale = [c.name for c in todo if c.name in stale]
     if out.restale:
-        tqdm.write(f"{study.experiment}: {len(out.restale)} recorded cell(s) are stale (other "
-                   f"code or jax/jaxlib/flax than now): recording them again: "
+        tqdm.write(f"{study.experiment}: {len(out.restale)} recorded cell(s) are stale (another "
+                   f"program or jax/jaxlib than now): recording them again: "
                    f"{', '.join(out.restale[:6])}{', ...' if len(out.restale) > 6 else ''}",
                    file=sys.stderr)
     if msg := cross_call_note(study.experiment, todo, every, done):
@@ -243,6 +275,8 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
             out.empty.append(cell.name)
             continue
         recs = results.restamp(recs, hardware=hardware, note=note, stamp=stamp)
+        if cell.programs is not None:
+            recs = stamp_programs(recs, cell, root)
         out.written.append(results.write_records(recs, study.experiment, cell.name, root=root))
     bar.close()
     if out.failed:

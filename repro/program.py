@@ -1,0 +1,230 @@
+"""Program fingerprints: the computation a record measured, as a hash of its traced program.
+
+A record's number comes from one computation (a timed training step, a trained function, a
+decode step, a physics loop) and from the small measuring kit around it (how it is timed, the
+statistic the record holds). A study says, per cell, which computation each record measures,
+as a :class:`Program`: the function and abstract arguments (``jax.ShapeDtypeStruct`` pytrees:
+the cell's exact shapes and dtypes), built from the cell's settings alone, plus the kit's
+functions. :func:`trace` turns it into a :class:`Traced`:
+
+* ``hash``: sha256 of the program's jaxpr, traced for the record's platform and device kind
+  (:func:`repro.hardware.target`, so a CPU traces the code paths a GPU ran), printed
+  canonically (no addresses; jaxprs carry no source locations), with the values of the
+  constants the program captures (code tables, literals) hashed too;
+* ``kit``: sha256 of the kit functions' syntax trees, docstrings left out;
+* ``files``: the hash of every checkout file whose code ran (or that was opened) while the
+  program was traced. While these hashes are unchanged, so is the program: the cheap check
+  that spares a retrace (:mod:`repro.provenance`).
+
+Nothing else enters: the runner, config checking, results I/O, the command line, notebooks,
+docstrings and error messages are outside the hash, so editing them stales no record; adding a
+recipe stales no other recipe's records; a change to one recipe's cast stales exactly the
+records that ran it. The program's text is kept (``results/programs/<hash>.txt.gz``) so that
+``repro status`` can show the first equation that differs.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import difflib
+import gzip
+import hashlib
+import inspect
+import io
+import re
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+HASH_CHARS = 16
+TEXTS = "programs"  # under the results root: <hash>.txt.gz, the canonical program texts
+
+
+@dataclass(frozen=True)
+class Program:
+    """What one record measured: ``fn(*args)`` (``args``: pytrees of
+    ``jax.ShapeDtypeStruct`` or arrays) and the measuring ``kit`` (functions whose code
+    shapes the number: the timing loop, the statistic)."""
+
+    fn: Callable
+    args: tuple = ()
+    kit: tuple[Callable, ...] = ()
+
+
+@dataclass(frozen=True)
+class Traced:
+    """A :class:`Program` traced for one platform: see the module docstring."""
+
+    hash: str
+    kit: str
+    files: dict[str, str]
+    platform: str
+    device_kind: str
+    text: str = field(repr=False, default="")
+
+    def stamp(self) -> dict[str, Any]:
+        """The record's ``program`` field."""
+        return {"hash": self.hash, "kit": self.kit, "files": dict(sorted(self.files.items())),
+                "platform": self.platform, "device_kind": self.device_kind,
+                "python": python_minor()}
+
+
+def python_minor() -> str:
+    """The Python minor version that ``files``' syntax-tree hashes belong to."""
+    return "%d.%d" % sys.version_info[:2]
+
+
+# ------------------------------------------------------------------------ canonical text
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def canonical(closed) -> str:
+    """The printed jaxpr of a ``ClosedJaxpr`` without object addresses, followed by one line
+    per captured constant (dtype, shape, sha256 of its bytes)."""
+    import numpy as np
+
+    text = _ADDRESS.sub("", str(closed.jaxpr))
+    lines = [text]
+    for i, c in enumerate(closed.consts):
+        a = np.asarray(c)
+        lines.append(f"const {i}: {a.dtype}{list(a.shape)} "
+                     f"{hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()[:16]}")
+    return "\n".join(lines) + "\n"
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]
+
+
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            node.body = [s for s in body if not (
+                isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+                and isinstance(s.value.value, str))] or [ast.Pass()]
+    return tree
+
+
+def kit_hash(kit: Iterable[Callable]) -> str:
+    """sha256 of the kit functions' syntax trees (docstrings and comments left out), in the
+    order given; a function without source (a builtin) counts by its qualified name."""
+    parts = []
+    for f in kit:
+        f = inspect.unwrap(f)
+        try:
+            src = textwrap.dedent(inspect.getsource(f))
+            parts.append(ast.dump(_strip_docstrings(ast.parse(src))))
+        except (OSError, TypeError):
+            parts.append(f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', f)}")
+    return text_hash("\n".join(parts))
+
+
+# ------------------------------------------------------------------------------ tracing
+
+
+class _Files:
+    """The checkout files whose code runs (``sys.setprofile``) or that are opened while
+    active."""
+
+    def __init__(self, root: Path):
+        self.root = str(root.resolve()) + "/"
+        self.seen: set[str] = set()
+
+    def ours(self, path: str) -> bool:
+        """A file of the checkout, not of an environment inside it (``.venv``)."""
+        return path.startswith(self.root) and "site-packages" not in path \
+            and "/." not in path[len(self.root) - 1:]
+
+    def _profile(self, frame, event, arg):
+        if event == "call":
+            f = frame.f_code.co_filename
+            if f not in self.seen and self.ours(f):
+                self.seen.add(f)
+
+    def __enter__(self):
+        self._open, self._io_open = builtins.open, io.open
+        seen, real, ours = self.seen, builtins.open, self.ours
+
+        def opened(file, *a, **k):
+            if isinstance(file, (str, Path)):
+                p = str(Path(file).resolve())
+                if ours(p):
+                    seen.add(p)
+            return real(file, *a, **k)
+
+        builtins.open = io.open = opened
+        self._old = sys.getprofile()
+        sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setprofile(self._old)
+        builtins.open, io.open = self._open, self._io_open
+
+
+def file_hash(path: Path) -> str:
+    """The hash :func:`trace` keeps for a checkout file: the syntax tree without docstrings
+    for Python source (:func:`repro.provenance.source_hash`), the bytes for anything else."""
+    from repro import provenance
+
+    return provenance.source_hash(path) if path.suffix == ".py" else provenance.data_hash(path)
+
+
+def trace(program: Program, platform: str, device_kind: str = "") -> Traced:
+    """Trace ``program`` for ``platform`` / ``device_kind`` (on whatever device this process
+    has) and fingerprint it; see the module docstring."""
+    import jax
+
+    from repro import hardware, provenance
+
+    with hardware.target(platform, device_kind), _Files(provenance.CHECKOUT) as files:
+        closed = jax.make_jaxpr(program.fn)(*program.args)
+    text = canonical(closed)
+    hashes = {}
+    for f in sorted(files.seen):
+        p = Path(f)
+        if p.is_file():
+            hashes[provenance.rel(p)] = file_hash(p)
+    return Traced(text_hash(text), kit_hash(program.kit), hashes, platform, device_kind, text)
+
+
+# -------------------------------------------------------------------------- the texts
+
+
+def save_text(root: Path, traced: Traced) -> Path:
+    """Keep the canonical text of ``traced`` as ``<root>/programs/<hash>.txt.gz`` (once)."""
+    path = Path(root) / TEXTS / f"{traced.hash}.txt.gz"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        # mtime 0: the same text always gives the same bytes
+        with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
+            f.write(traced.text.encode())
+        tmp.replace(path)
+    return path
+
+
+def load_text(root: Path, digest: str) -> str | None:
+    path = Path(root) / TEXTS / f"{digest}.txt.gz"
+    try:
+        return gzip.decompress(path.read_bytes()).decode()
+    except OSError:
+        return None
+
+
+def first_difference(old: str | None, new: str) -> str:
+    """The first line of ``new`` that differs from ``old``, shortened (or why none can be
+    named)."""
+    if old is None:
+        return "the recorded program's text is not kept"
+    a, b = old.splitlines(), new.splitlines()
+    for tag, i1, _, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag != "equal":
+            line = (b[j1] if j1 < j2 else a[i1] if i1 < len(a) else "").strip()
+            return f"line {j1 + 1}: {line[:160]}"
+    return "texts equal"
