@@ -145,6 +145,12 @@ def _report(name: str, profile: str, out, root: Path) -> str:
 def cmd_record(args) -> int:
     from repro import results, studies
 
+    if args.stale:
+        return record_stale(args)
+    if args.experiment is None:
+        raise UsageError("repro record needs an EXPERIMENT (or --stale)")
+    if args.claim or args.plan:
+        raise UsageError("--claim and --plan go with --stale")
     if args.experiment != "all":
         _check_experiment(args.experiment)
     profile = _profile(args.profile)
@@ -158,6 +164,69 @@ def cmd_record(args) -> int:
     (name, study, params), = plan
     print(_report(name, profile, _run(args, study, params, root, args.time_budget), root))
     return 0
+
+
+def record_stale(args) -> int:
+    """``repro record --stale``: the stale cells of this hardware (:mod:`repro.refresh`),
+    printed as a plan with its estimated device time, then recorded in that order, each
+    experiment with ``--only`` its cells, until ``--time-budget`` is spent."""
+    from repro import hardware, refresh, results, studies
+
+    if args.only or args.recipe or args.force:
+        raise UsageError("--stale chooses the cells itself: leave out --only, --recipe, "
+                         "--force")
+    if args.experiment not in (None, "all"):
+        _check_experiment(args.experiment)
+    profile = _profile(args.profile)
+    if profile != "full":
+        raise UsageError("repro record --stale refreshes the committed full-profile records: "
+                         "use --profile full (or leave it to params.yaml's full/auto)")
+    slug = results.slug(args.hardware) if args.hardware else hardware.detect().slug
+    steps = refresh.plan(results.stale_cells(), hardware=slug,
+                         experiment=None if args.experiment in (None, "all") else
+                         args.experiment, claims=split(args.claim) or ())
+    if not steps:
+        print(f"no stale cells on {slug} to record again")
+        return 0
+    print(f"repro record --stale on {slug}:", file=sys.stderr)
+    for line in refresh.describe(steps):
+        print(f"  {line}", file=sys.stderr)
+    if args.plan:
+        return 0
+    todo = [c for c in steps if c["recordable"]]
+    if todo:
+        check_cpu_full(argparse.Namespace(**{**vars(args), "experiment": "--stale"}), profile,
+                       [todo[0]["folder"]])
+    _check_numerics(profile)
+    root, start, lines = results.record_root(profile), time.monotonic(), []
+    for name in dict.fromkeys(c["folder"] for c in todo):
+        left = None if args.time_budget is None else \
+            args.time_budget - (time.monotonic() - start)
+        if left is not None and left <= 0:
+            lines.append(f"time budget spent before {name}")
+            break
+        only = [c["cell"] for c in todo if c["folder"] == name]
+        s, p = studies.study(name), studies.params(name, profile)
+        out = runner_run(s, p, root, only, left, args)
+        lines.append(_report(name, profile, out, root))
+    print("\n".join(lines))
+    return 0
+
+
+def runner_run(study, params, root: Path, only: list[str], budget: float | None, args):
+    from repro.studies import runner
+
+    known = {c.name for c in study.cells(params)}
+    missing = [c for c in only if c not in known]
+    if missing:
+        print(f"repro: {study.experiment}: {len(missing)} stale cell(s) are not among its "
+              f"cells in params.yaml now (left as they are): {', '.join(missing[:6])}",
+              file=sys.stderr)
+    only = [c for c in only if c in known]
+    if not only:
+        return runner.Outcome()
+    return runner.run(study, params, root, only=only, time_budget_s=budget,
+                      hardware=args.hardware, note=args.note)
 
 
 def _check_experiment(name: str) -> None:
@@ -367,7 +436,7 @@ def cmd_status(args) -> int:
         print(f"no stale records under {_rel(results.results_dir())}")
         return 0
     print(f"{sum(g['records'] for g in report)} stale record(s) in {len(cells)} cell(s) under "
-          f"{_rel(results.results_dir())}; `repro record EXPERIMENT` records them again")
+          f"{_rel(results.results_dir())}; `repro record --stale` records them again")
     for g in report:
         said = [f"{c}" + ("" if ok else " (does not say so)") for c, ok in g["verdicts"].items()]
         print(f"\n{g['experiment']} on {g['hardware']}: {g['cells']} cell(s), "
@@ -377,6 +446,12 @@ def cmd_status(args) -> int:
                                       if len(r["cells"]) > 8 else [])
             commits = r["commits"][:6] + (["..."] if len(r["commits"]) > 6 else [])
             print(f"  {r['reason']}\n    recorded at {', '.join(commits)}: {', '.join(names)}")
+    from repro import refresh
+
+    print("\nrefreshing all of it (`repro record --stale` on each hardware; estimated from "
+          "the records' own times):")
+    for line in refresh.describe(refresh.plan(cells)):
+        print(f"  {line}")
     return 0
 
 
@@ -464,8 +539,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     r = sub.add_parser("record", help="run an experiment and write its records")
-    r.add_argument("experiment", metavar="EXPERIMENT",
-                   help="one of: " + ", ".join(studies.EXPERIMENTS) + ", or all")
+    r.add_argument("experiment", metavar="EXPERIMENT", nargs="?",
+                   help="one of: " + ", ".join(studies.EXPERIMENTS) + ", or all (with "
+                   "--stale: only its stale cells)")
+    r.add_argument("--stale", action="store_true",
+                   help="record again every stale cell of this hardware, cells behind a "
+                   "verdict first, within --time-budget (repro status lists them)")
+    r.add_argument("--claim", action="append", metavar="C",
+                   help="--stale: only cells serving these claims (repeat or comma-separate)")
+    r.add_argument("--plan", action="store_true",
+                   help="--stale: print the plan and its estimated device time, run nothing")
     _recording_options(r)
     r.add_argument("--only", action="append", metavar="GLOB",
                    help="only the cells whose name matches (repeatable), e.g. 'mlp_w4096_*'")

@@ -196,12 +196,41 @@ def attention_implementation(dtype) -> str:
     return "cudnn" if on_gpu and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) else "xla"
 
 
+# The cuDNN version that cuDNN attention's checks are answered with where a program is traced
+# for a GPU on another device (:func:`_cudnn_attention`); the traced program does not depend on it.
+TRACED_CUDNN_VERSION = 91000
+
+
+def _cudnn_attention(q, k, v):
+    """cuDNN's flash attention. Traced for a GPU on a machine without one
+    (``repro.hardware.target``), JAX's cuDNN checks (library version, compute capability) are
+    answered as the target GPU would answer them, so the traced program is the GPU's."""
+    if jax.default_backend() == "gpu":
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+    from jax._src.cudnn import fused_attention_stablehlo as F
+
+    entry = hardware._registered_as(hardware.device_kind() or "-")
+    cc = hardware.lookup(entry).compute_capability if entry else None
+    have = tuple(int(c) for c in (cc or "0.0").split("."))
+    names = ("check_cudnn_version", "check_compute_capability",
+             "is_cuda_compute_capability_equal")
+    saved = [getattr(F, n) for n in names]
+    F.check_cudnn_version = lambda: TRACED_CUDNN_VERSION
+    F.check_compute_capability = lambda c: have >= tuple(int(x) for x in c.split("."))
+    F.is_cuda_compute_capability_equal = lambda c: have == tuple(int(x) for x in c.split("."))
+    try:
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+    finally:
+        for n, f in zip(names, saved):
+            setattr(F, n, f)
+
+
 def causal_attention(q, k, v):
     """softmax(q k^T / sqrt(d) + causal mask) v for ``[B, T, H, D]``; FP32 softmax."""
     impl = attention_implementation(q.dtype)
     if impl == "cudnn":
         try:
-            return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+            return _cudnn_attention(q, k, v)
         except Exception:  # noqa: BLE001 - an unsupported shape/version: XLA's is exact too
             pass
     return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from flax.linen import fp8_ops
 from jax import lax
 
+from repro import hardware
 from repro.precision.recipes import Recipe
 
 # (gemm, scaling) -> Transformer Engine recipe class in transformer_engine.common.recipe
@@ -104,10 +105,10 @@ def check_jax_nvfp4_available() -> None:
     """The JAX peer is a GPU reference: on another platform ``jax.nn.scaled_dot_general``
     either has no lowering or runs a decomposition that is neither JAX's GPU kernel nor this
     repository's recipe, so it is refused with a one-line error naming the platform needed."""
-    if jax.default_backend() != "gpu":
+    if hardware.platform() != "gpu":
         raise RuntimeError(
             f"recipe 'jax-nvfp4' needs a GPU (an NVIDIA GPU through jax[cuda]); this is a "
-            f"{jax.default_backend().upper()} backend (the repository's own NVFP4 recipe, "
+            f"{hardware.platform().upper()} backend (the repository's own NVFP4 recipe, "
             "'nvfp4', runs everywhere)")
 
 

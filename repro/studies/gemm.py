@@ -37,6 +37,7 @@ import numpy as np
 
 from repro.config import ConfigError, Section, from_cli, positive
 from repro.precision import formats
+from repro.program import Program
 from repro.studies.runner import Cell, Study
 from repro.studies.timing import FP8_GEMM_TARGET, compiled_gemm_info, time_fn
 
@@ -214,6 +215,41 @@ def gemm_error(dtypes=GEMM_DTYPES, shape=ERROR_SHAPE, *, seed: int = 0,
     return records
 
 
+def program(dtype: str, m: int, k: int, n: int, error: bool = False, seed: int = 0) -> Program:
+    """What a record of ``dtype`` measures. Throughput (``tflops``, ``time_ms``): the GEMM of
+    :func:`gemm_fn` on the operands :func:`gemm_operands` casts from float32 ``A[M,K]``,
+    ``B[N,K]`` (the cast makes the operands the timed GEMM reads; only the GEMM is timed), with
+    the timing kit; ``m``, ``k``, ``n``: the shape. ``error`` (``rel_error``): the same cast and
+    GEMM on the inputs
+    :func:`gemm_error` draws (``seed``), and the error kit."""
+    fn_of, cast = gemm_fn(dtype), gemm_operands
+    if error:
+        def gemm_of_inputs():
+            a, b = _random_inputs(jax.random.key(seed + 1), m, k, n)
+            return fn_of(*cast(dtype, a, b))
+
+        return Program(gemm_of_inputs, (),
+                       kit=(relative_error, dequantized_operands, compiled_gemm_info))
+
+    def gemm_of_operands(a, b):
+        return fn_of(*cast(dtype, a, b))
+
+    a = jax.ShapeDtypeStruct((m, k), jnp.float32)
+    b = jax.ShapeDtypeStruct((n, k), jnp.float32)
+    return Program(gemm_of_operands, (a, b),
+                   kit=(time_fn, _random_inputs, compiled_gemm_info))
+
+
+def program_settings(rec: dict) -> dict | None:
+    """:func:`program`'s settings of a record: its dtype (``recipe``), shape, and whether it
+    is the error cell's."""
+    sizes = rec.get("sizes") or {}
+    if rec.get("recipe") not in GEMM_DTYPES or not all(k in sizes for k in "MKN"):
+        return None
+    return {"dtype": rec["recipe"], "m": int(sizes["M"]), "k": int(sizes["K"]),
+            "n": int(sizes["N"]), "error": rec.get("metric") == "rel_error"}
+
+
 def shape_cell(shape, dtypes, all_dtypes=GEMM_DTYPES) -> str:
     m, k, n = shape
     cell = f"{m}x{k}x{n}"
@@ -251,11 +287,14 @@ def cells(p: Params) -> list[Cell]:
         return lambda _budget: gemm_sweep([shape], dtypes, p.repeats, input_sets=p.input_sets,
                                           profile=p.profile)
 
-    out = [Cell(shape_cell(s, dtypes, p.dtypes), sweep(tuple(s)), tuple(dtypes))
-           for s in p.shapes]
+    def programs(shape, error=False):
+        return lambda: {d: program(d, *shape, error=error) for d in dtypes}
+
+    out = [Cell(shape_cell(s, dtypes, p.dtypes), sweep(tuple(s)), tuple(dtypes),
+                programs=programs(tuple(s))) for s in p.shapes]
     out.append(Cell("rel_error_" + shape_cell(p.error_shape, dtypes, p.dtypes),
                     lambda _budget: gemm_error(dtypes, p.error_shape, profile=p.profile),
-                    tuple(dtypes)))
+                    tuple(dtypes), programs=programs(tuple(p.error_shape), error=True)))
     return out
 
 

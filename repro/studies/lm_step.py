@@ -24,9 +24,10 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from repro import results
+from repro import hardware, results
 from repro.config import ConfigError, Section, positive, recipe_names
 from repro.precision import resolve
+from repro.program import Program
 from repro.studies.runner import Cell, Study
 from repro.studies.timing import (
     compiled_facts,
@@ -141,7 +142,7 @@ def compile_step(cfg, recipe: str, x, y, tag: str = ""):
     seed, step_i = jnp.int32(0), jnp.int32(0)
     t0 = time.perf_counter()
     init_fn, step_fn, _ = T._functions(cfg, resolve(recipe), T._static_key(tc),
-                                       jax.default_backend() == "gpu")
+                                       hardware.platform() == "gpu")
     variables, opt_state = init_fn(seed, x[:1])  # parameter shapes do not depend on B
     jax.block_until_ready(variables)
     t1 = time.perf_counter()
@@ -157,6 +158,32 @@ def compile_step(cfg, recipe: str, x, y, tag: str = ""):
     times = {"init_s": round(t1 - t0, 3), "compile_s": round(t2 - t1, 3),
              "first_step_s": round(t3 - t2, 3)}
     return facts, times, run
+
+
+def program(recipe: str, size: str, batch: int) -> Program:
+    """What a record of ``recipe`` in cell ``<size>_b<batch>`` measures: the training step that
+    :func:`compile_step` compiles (``repro.models.lm_train``'s own), on abstract arguments of
+    the cell's shapes, and the kit that times it."""
+    from repro.models import lm as M
+    from repro.models import lm_train as T
+
+    cfg = M.get_config(size)
+    tc = T.TrainConfig(batch_size=int(batch))
+    init, step, _ = T._raw_functions(cfg, resolve(recipe), T._static_key(tc))
+    i32 = jax.ShapeDtypeStruct((), jnp.int32)
+    variables, opt_state = jax.eval_shape(init, i32,
+                                          jax.ShapeDtypeStruct((1, cfg.seq_len), jnp.int32))
+    tokens = jax.ShapeDtypeStruct((int(batch), cfg.seq_len), jnp.int32)
+    return Program(step, (variables, opt_state, tokens, tokens, i32, i32),
+                   kit=(stepper, time_interleaved, quartiles, compiled_facts, fixed_batch))
+
+
+def program_settings(rec: dict) -> dict | None:
+    """:func:`program`'s settings of a record: its recipe, model size and batch."""
+    sizes = rec.get("sizes") or {}
+    if not rec.get("recipe") or not sizes.get("model") or not sizes.get("batch"):
+        return None
+    return {"recipe": rec["recipe"], "size": str(sizes["model"]), "batch": int(sizes["batch"])}
 
 
 def bench_cell(size: str, batch: int, recipes: list[str], repeats: int,
@@ -229,8 +256,11 @@ def cells(p: Params) -> list[Cell]:
         return lambda _budget: bench_cell(size, batch, recipes, p.repeats, p.steps_per_sample,
                                           profile=p.profile)
 
-    return [Cell(cell_name(size, b), one(size, b)) for size in p.sizes
-            for b in batches_of(p, size)]
+    def programs(size, batch):
+        return lambda: {r: program(r, size, batch) for r in recipes}
+
+    return [Cell(cell_name(size, b), one(size, b), programs=programs(size, b))
+            for size in p.sizes for b in batches_of(p, size)]
 
 
 STUDY = Study(EXPERIMENT, CLAIMS, cells, check, about="the decoder LM's train step per recipe",

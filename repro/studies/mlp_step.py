@@ -106,6 +106,15 @@ def program(recipe: str, width: int, batch: int, depth: int, lr: float = 1e-4) -
                    kit=(stepper, time_interleaved, quartiles, compiled_facts, step_flops))
 
 
+def program_settings(rec: dict) -> dict | None:
+    """:func:`program`'s settings of a record: its recipe and sizes."""
+    sizes = rec.get("sizes") or {}
+    if not rec.get("recipe") or not all(k in sizes for k in ("width", "batch", "depth")):
+        return None
+    return {"recipe": rec["recipe"], "width": int(sizes["width"]),
+            "batch": int(sizes["batch"]), "depth": int(sizes["depth"])}
+
+
 def _compile(step, variables, opt_state, x, y):
     """Compile once; return the executable and what it says about itself."""
     compiled = step.lower(variables, opt_state, x, y).compile()

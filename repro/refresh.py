@@ -1,0 +1,124 @@
+"""Refreshing the ledger within a device budget: which stale cells to record again, in which
+order, and what that costs.
+
+A stale cell's cost is estimated from its own records: the time between the newest record of
+the cell recorded just before it in the same run (same experiment, hardware and commit) and
+its own newest record (compiles included), or, for the first cell of a run, the compile and
+wall-time fields its records hold; :data:`UNKNOWN_S` where neither says anything. Cells whose
+records serve a claim come first (a verdict rests on them), then the rest (figures only); in
+each group the experiments keep the order of :data:`repro.studies.EXPERIMENTS`.
+
+    repro status                                    # ... and the cost of refreshing it all
+    repro record --stale --plan                     # the plan, nothing run
+    repro record --stale --claim B6 --time-budget 1500
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+UNKNOWN_S = 120.0  # a cell whose records say nothing about its duration
+MAX_GAP_S = 2 * 3600.0  # a longer gap between two cells is another run
+_WALL_FIELDS = ("wall_s_all_seeds_with_compile", "wall_s_all_seeds", "time_s")
+_COMPILE_FIELDS = ("compile_s", "compile_e2e_s", "compile_update_s")
+
+
+def _when(rec: dict[str, Any]) -> float | None:
+    try:
+        return _dt.datetime.fromisoformat(str(rec["timestamp"])).timestamp()
+    except (KeyError, ValueError):
+        return None
+
+
+def _own_fields(recs: list[dict[str, Any]]) -> float | None:
+    """Seconds the records' own fields account for (the longest wall time, else the longest
+    compile: the records of one cell repeat their cell's fields), or None."""
+    extras = [r.get("extra") or {} for r in recs]
+    for fields in (_WALL_FIELDS, _COMPILE_FIELDS):
+        longest = max((float(e[f]) for e in extras for f in fields
+                       if isinstance(e.get(f), (int, float))), default=0.0)
+        if longest > 0:
+            return longest
+    return None
+
+
+def estimates(paths: Iterable[Path]) -> dict[str, float]:
+    """{cell file: estimated seconds to record it again} (see the module docstring)."""
+    cells = []
+    for path in paths:
+        try:
+            recs = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            continue
+        recs = [r for r in (recs if isinstance(recs, list) else [recs]) if isinstance(r, dict)]
+        times = [t for r in recs if (t := _when(r)) is not None]
+        commit = str((recs[0].get("git_commit") if recs else "") or "")
+        cells.append((Path(path).parent, commit, max(times) if times else None, str(path), recs))
+    out = {}
+    runs: dict[tuple, list] = {}
+    for folder, commit, t, path, recs in cells:
+        runs.setdefault((folder, commit), []).append((t, path, recs))
+    for group in runs.values():
+        group.sort(key=lambda c: (c[0] is None, c[0] or 0))
+        prev = None
+        for t, path, recs in group:
+            gap = t - prev if t is not None and prev is not None else None
+            own = _own_fields(recs)
+            if gap is not None and 0 < gap <= MAX_GAP_S:
+                out[path] = gap
+            else:
+                out[path] = own if own is not None else UNKNOWN_S
+            prev = t if t is not None else prev
+    return out
+
+
+def plan(cells: list[dict[str, Any]], *, hardware: str | None = None,
+         experiment: str | None = None, claims: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """The stale ``cells`` (:func:`repro.results.stale_cells`) to record again, ordered (see
+    the module docstring), each with ``estimate_s``; only those of ``hardware``,
+    ``experiment`` and serving one of ``claims`` where given."""
+    from repro import studies
+
+    order = {name: i for i, name in enumerate(studies.EXPERIMENTS)}
+    wanted = set(claims)
+    chosen = [c for c in cells
+              if (hardware is None or c["hardware"] == hardware)
+              and (experiment is None or c["folder"] == experiment)
+              and (not wanted or wanted & set(c["claims"]))]
+    cost = estimates(Path(c["path"]) for c in chosen)
+    out = [{**c, "estimate_s": cost.get(c["path"], UNKNOWN_S),
+            "recordable": c["folder"] in studies.EXPERIMENTS} for c in chosen]
+    out.sort(key=lambda c: (not c["claims"], order.get(c["folder"], len(order)), c["cell"]))
+    return out
+
+
+def human(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def describe(steps: list[dict[str, Any]]) -> list[str]:
+    """One line per experiment of a plan: cells, records, estimated time, claims served."""
+    lines, groups = [], {}
+    for c in steps:
+        g = groups.setdefault((c["folder"], c["hardware"]), {"cells": 0, "s": 0.0,
+                                                              "claims": set(), "ok": True})
+        g["cells"] += 1
+        g["s"] += c["estimate_s"]
+        g["claims"] |= set(c["claims"])
+        g["ok"] = c["recordable"]
+    for (folder, hw), g in groups.items():
+        claims = ", ".join(sorted(g["claims"])) or "figures only"
+        note = "" if g["ok"] else " (not recorded by `repro record`: see docs/RECORDING.md)"
+        lines.append(f"{folder} on {hw}: {g['cells']} cell(s), ~{human(g['s'])} ({claims})"
+                     f"{note}")
+    total = sum(c["estimate_s"] for c in steps)
+    lines.append(f"total: {len(steps)} cell(s), ~{human(total)} of device time "
+                 f"(~{max(1, -(-int(total) // 1500))} half-hour device call(s) of 25 min)")
+    return lines
