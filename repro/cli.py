@@ -389,11 +389,16 @@ def _verdicts_of(folder: str, claims: set[str]) -> dict[str, bool]:
     for path in sorted(verdicts_dir().glob("*.json")):
         v = json.loads(path.read_text())
         cited = re.search(rf"\b{re.escape(folder)}\b", str(v.get("source", "")))
-        if cited or path.stem in claims:
-            # says so: marked stale, names stale records, or rests on no records at all
-            out[path.stem] = bool(v.get("stale")) or v.get("verdict") == "not yet measured" \
-                or "stale" in " ".join(str(v.get(k, "")) for k in (
-                    "key_number", "note", "stale_note"))
+        # a verdict that names its records (``source``) is touched by those experiments only;
+        # one that names none, by the records that serve its claim
+        names_records = re.search(r"results/", str(v.get("source", "")))
+        if cited or (not names_records and path.stem in claims):
+            # says so: names this experiment's stale cells or records (repro.claims.staleness
+            # .describe), or rests on no records at all; another experiment's stale note, or
+            # the word "stale" elsewhere, does not count
+            said = " ".join(str(v.get(k, "")) for k in ("key_number", "note", "stale_note"))
+            out[path.stem] = v.get("verdict") == "not yet measured" or bool(re.search(
+                rf"\b\d+ {re.escape(folder)} (cell|record)\(s\)", said))
     return dict(sorted(out.items(), key=lambda kv: (kv[0][0], int(kv[0][1:] or 0))))
 
 

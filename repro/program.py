@@ -67,9 +67,11 @@ class Traced:
 
     def stamp(self) -> dict[str, Any]:
         """The record's ``program`` field."""
+        import jax
+
         return {"hash": self.hash, "kit": self.kit, "files": dict(sorted(self.files.items())),
                 "platform": self.platform, "device_kind": self.device_kind,
-                "python": python_minor()}
+                "python": python_minor(), "jax": jax.__version__}
 
 
 def python_minor() -> str:

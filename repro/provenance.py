@@ -1,25 +1,27 @@
-"""Code fingerprints: which source a record's numbers came from, and whether that source changed.
+"""Whether a record still describes this code: program fingerprints, file fingerprints,
+versions.
 
-A record made by a study carries ``code``: one hash per source file on the study's path and
-one digest of them all. The path is the study's module and every ``repro`` module in its
-static import closure: each ``import repro...`` / ``from repro... import`` statement anywhere
-in a file (lazy ones inside functions too) is followed; a package's ``__init__.py`` counts
-where a name is taken from it (``from repro.precision import resolve``), not where it is only
-the parent of an imported module (``from repro.studies import runner``). Imports by string
-(``importlib.import_module``) are not followed. Data files a study declares
-(``Study.data``, e.g. the LM corpus) are hashed byte for byte.
+A record made by a cell that names its programs (``Cell.programs``) carries ``program``
+(:mod:`repro.program`): the hash of the jaxpr of the computation it measured, traced for its
+platform, the hash of its measuring kit, and the hashes of the checkout files that ran while it
+was traced. It is *stale* (:class:`Checker`) when
 
-A source file's hash is the sha256 of its *normalized* source: its syntax tree (``ast.dump``)
-without docstrings or other bare string statements, so comments, docstrings and formatting
-do not count, while any change to what runs does. Hashes are computed from the files as they
-are when the record is written, so uncommitted edits show and nothing can assert them. The
-syntax tree's printed form belongs to the Python minor version: the lock pins it.
+* its program or kit at HEAD differs: checked without tracing while every file its trace ran
+  is unchanged (and the Python minor version is the same, whose syntax trees those hashes are),
+  else traced again here (cached in ``build/cache/programs.json``); the reason names the
+  recipe and the first line of the program text that differs (texts are kept in
+  ``results/programs/``); a program that cannot be traced here is stale with the reason why;
+* the versions that compile it differ from the lock of its platform (:data:`PLATFORM_LOCKS`,
+  else ``requirements.lock``): jax and jaxlib for speed records, every locked package it
+  recorded for quality records (:func:`version_reasons`).
 
-A record is *stale* (:func:`staleness`) when its digest differs from the digest of the same
-closure now (the reason names the changed files and ``since`` the first commit after the
-record's that touched one of them), when its jax/jaxlib/flax versions differ from those of
-``requirements.lock``, or when it has no fingerprint (records made before fingerprints
-existed). Nothing here imports JAX: ``repro status`` hashes the tree in well under a second.
+A record without a program fingerprint is judged as before programs existed: by ``code``, one
+hash per source file on the study's static import closure (:func:`fingerprint`; ``import
+repro...`` statements followed, lazy ones too; data files a study declares hashed byte for
+byte), stale when any of them changed, and by jax/jaxlib/flax against the lock. A source file's
+hash is the sha256 of its syntax tree without docstrings (comments, docstrings and layout do
+not count). ``since`` is the first commit after the record's that touched a changed file.
+Nothing here imports JAX unless a program must be traced.
 """
 
 from __future__ import annotations
@@ -362,14 +364,16 @@ def _norm(name: str) -> str:
 COMPILERS = ("jax", "jaxlib")
 
 
-def version_reasons(rec: dict[str, Any], lock: dict[str, str]) -> list[str]:
+def version_reasons(rec: dict[str, Any], lock: dict[str, str], lock_name: str = LOCK
+                    ) -> list[str]:
     """Why ``rec``'s package versions do not describe this environment (empty: they do).
 
     A record with a program fingerprint is compared on :data:`COMPILERS` where it is speed
     (flax and the rest shape the program, which the fingerprint already covers), and on every
     package of its ``versions`` that the lock pins where it is quality (a library's numerics
     can change a trained result without changing the traced program). A record without one
-    is compared on :data:`LOCKED`, as when it was made."""
+    is compared on :data:`LOCKED`, as when it was made. ``lock``: the versions of the lock
+    of the record's platform (:data:`PLATFORM_LOCKS`), named ``lock_name``."""
     if isinstance(rec.get("program"), dict) and is_quality(rec):
         have = {_norm(k): v for k, v in (rec.get("versions") or {}).items()}
         have.update({k: rec[k] for k in LOCKED if rec.get(k)})
@@ -381,8 +385,20 @@ def version_reasons(rec: dict[str, Any], lock: dict[str, str]) -> list[str]:
     for name in names:
         want, got = lock.get(name), have.get(name)
         if want and got and str(got) != want:
-            out.append(f"recorded with {name} {got}; {LOCK} pins {want}")
+            out.append(f"recorded with {name} {got}; {lock_name} pins {want}")
     return out
+
+
+#: Platforms that run their own image's JAX rather than the lock's (a TPU VM's JAX comes with
+#: its libtpu): their records are compared with this lock of that image's versions instead.
+PLATFORM_LOCKS = {"tpu": "requirements-tpu.lock"}
+
+
+def record_platform(rec: dict[str, Any]) -> str:
+    """The platform a record ran on: its program's, else its ``backend`` field."""
+    prog = rec.get("program") if isinstance(rec.get("program"), dict) else {}
+    plat = str(prog.get("platform") or rec.get("backend") or "")
+    return "gpu" if plat in ("cuda", "rocm") else plat
 
 
 PROGRAM_INDEX = ("results", "programs", "index.json")  # committed: HEAD's programs per cell
@@ -408,6 +424,8 @@ class Checker:
 
     def __init__(self, lock: Path | None = None, trace: bool = True):
         self.lock = locked_versions(lock)
+        self.platform_locks = {p: locked_versions(CHECKOUT / f) for p, f in
+                               PLATFORM_LOCKS.items()}
         self.trace = trace
         self._now: dict[tuple, dict[str, Any] | str] = {}
         self._since: dict[tuple, str | None] = {}
@@ -597,6 +615,13 @@ class Checker:
         if self.unchanged(files, prog.get("python")):
             return None, None, None, ()
         key = str(prog.get("key") or "")
+        traced_with = prog.get("jax")
+        if traced_with and self._env["jax"] and traced_with != self._env["jax"]:
+            why = (f"its program{' (' + key + ')' if key else ''} was traced with jax "
+                   f"{traced_with} (its platform's) and files it ran changed; this checkout "
+                   f"traces with jax {self._env['jax']}: verify it again under jax "
+                   f"{traced_with} (docs/RECORDING.md)")
+            return f"{why}; recorded at {commit}", why, None, ()
         now = self.program_now(str(rec.get("experiment")), str(prog.get("cell")), key,
                                str(prog.get("platform")), str(prog.get("device_kind") or ""),
                                str(rec.get("profile") or "full"))
@@ -624,7 +649,10 @@ class Checker:
         else:
             reason, summary, since, changed = self._code(rec)
         reasons, summaries = [reason] if reason else [], [summary] if summary else []
-        for r in version_reasons(rec, self.lock):
+        plat = record_platform(rec)
+        lock, name = (self.platform_locks[plat], PLATFORM_LOCKS[plat]) \
+            if plat in self.platform_locks else (self.lock, LOCK)
+        for r in version_reasons(rec, lock, name):
             reasons.append(r)
             summaries.append(r)
         if not reasons:

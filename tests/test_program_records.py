@@ -1,0 +1,54 @@
+"""The committed records' program fingerprints recompute on this CPU: the program a GPU traced
+when it recorded (or a backfill traced at the record's commit) is the program this checkout
+traces for that GPU now.
+
+A record whose traced files are all unchanged is trusted without a retrace
+(:meth:`repro.provenance.Checker.unchanged`); this test retraces a sample of them (a different
+sample each day, the same for every run of a day) and requires the stored hash.
+"""
+
+import datetime
+import json
+import random
+
+import pytest
+
+from repro import program as P
+from repro import provenance, results
+
+SAMPLE = 6  # distinct programs a run retraces (each takes a second or a few on 2 cores)
+
+
+def trusted_programs() -> list[tuple]:
+    """(experiment, cell, key, platform, device kind, hash, kit) of every committed record
+    whose program a Checker trusts without tracing."""
+    check = provenance.Checker(trace=False)
+    out = set()
+    for path in sorted(results.results_dir().glob("*/*/*.json")):
+        for rec in json.loads(path.read_text()):
+            prog = rec.get("program") if isinstance(rec, dict) else None
+            if not isinstance(prog, dict) or results.defect_of(rec):
+                continue
+            if check.unchanged(prog.get("files") or {}, prog.get("python")):
+                out.add((rec["experiment"], prog["cell"], prog.get("key") or "",
+                         prog["platform"], prog.get("device_kind") or "", prog["hash"],
+                         prog["kit"], rec.get("profile") or "full"))
+    return sorted(out)
+
+
+def test_committed_programs_recompute_on_this_cpu():
+    programs = trusted_programs()
+    if not programs:
+        pytest.skip("no committed record carries a program fingerprint")
+    day = datetime.datetime.now(datetime.timezone.utc).date().toordinal()
+    sample = random.Random(day).sample(programs, min(SAMPLE, len(programs)))
+    check = provenance.Checker()
+    wrong = []
+    for exp, cell, key, platform, kind, digest, kit, profile in sample:
+        progs = check.cell_programs(exp, cell, profile)
+        assert not isinstance(progs, str), f"{exp}/{cell}: {progs}"
+        traced = P.trace(progs.get(key, progs.get("")), platform, kind)
+        if (traced.hash, traced.kit) != (digest, kit):
+            wrong.append(f"{exp}/{cell} [{key}]: {traced.hash}/{traced.kit}, recorded "
+                         f"{digest}/{kit}")
+    assert not wrong, "; ".join(wrong)
