@@ -148,7 +148,7 @@ def cmd_record(args) -> int:
     if args.stale:
         return record_stale(args)
     if args.experiment is None:
-        raise UsageError("repro record needs an EXPERIMENT (or --stale)")
+        raise UsageError("repro record: the argument EXPERIMENT is required (or --stale)")
     if args.claim or args.plan:
         raise UsageError("--claim and --plan go with --stale")
     if args.experiment != "all":
@@ -432,6 +432,15 @@ def cmd_status(args) -> int:
 
     from repro import results
 
+    if args.write_index:
+        from repro import provenance
+
+        recs = [r for path in sorted(results.results_dir().glob("*/*/*.json"))
+                for r in (lambda d: d if isinstance(d, list) else [d])(results.read_json(path))
+                if isinstance(r, dict) and not results.defect_of(r)]
+        path, traced = provenance.write_index(recs)
+        print(f"wrote {_rel(path)} ({traced} program(s) traced)")
+        return 0
     cells = results.stale_cells()
     report = stale_report(cells)
     if args.json:
@@ -583,6 +592,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "this checkout's) and the verdicts they touch")
     st.add_argument("--json", action="store_true", help="a JSON list, one object per "
                     "experiment and hardware")
+    st.add_argument("--write-index", action="store_true",
+                    help="write results/programs/index.json, HEAD's program of every recorded "
+                    "cell, so that checking them needs no tracing until their code changes "
+                    "again (commit it)")
     st.set_defaults(func=cmd_status)
 
     pl = sub.add_parser("pipeline", help="write dvc.yaml: each notebook stage's deps from "

@@ -27,8 +27,10 @@ Nothing here imports JAX unless a program must be traced.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
+import io
 import json
 import re
 import subprocess
@@ -527,7 +529,8 @@ class Checker:
 
                 st = studies.study(experiment)
                 params = studies.params(experiment, profile) if st.params_section else None
-                found = [c for c in st.cells(params) if c.name == cell]
+                with contextlib.redirect_stdout(io.StringIO()):  # a study's notes on skipping
+                    found = [c for c in st.cells(params) if c.name == cell]
                 if not found:
                     self._cells[key] = (f"cell {cell} is not among {experiment}'s cells of "
                                         f"params.yaml's {profile} profile now")
@@ -658,6 +661,35 @@ class Checker:
         if not reasons:
             return Staleness(False)
         return Staleness(True, "; ".join(reasons), since, changed, "; ".join(summaries))
+
+
+def write_index(records: Iterable[dict[str, Any]], checker: Checker | None = None
+                ) -> tuple[Path, int]:
+    """Write ``results/programs/index.json``: HEAD's program of every (cell, key, platform)
+    the ``records`` name, with the files its trace ran, so that a checkout whose files changed
+    since the records were made (but not since the index) needs no tracing to tell they are
+    fresh. Returns (its path, the number of programs traced to make it)."""
+    checker = checker or Checker()
+    index: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        prog = rec.get("program")
+        if not isinstance(prog, dict) or not prog.get("hash"):
+            continue
+        args = (str(rec.get("experiment")), str(prog.get("cell")), str(prog.get("key") or ""),
+                str(prog.get("platform")), str(prog.get("device_kind") or ""))
+        if prog.get("jax") and prog["jax"] != checker._env["jax"]:
+            continue  # traced with its platform's JAX: not retraced here
+        profile = str(rec.get("profile") or "full")
+        name = program_key(*args) if profile == "full" else f"{profile}:{program_key(*args)}"
+        if name in index:
+            continue
+        now = checker.program_now(*args, profile=profile)
+        if isinstance(now, dict):
+            index[name] = {k: v for k, v in now.items() if k != "text"}
+    path = CHECKOUT.joinpath(*PROGRAM_INDEX)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    return path, checker.traced
 
 
 def staleness(rec: dict[str, Any], lock: Path | None = None) -> Staleness:

@@ -167,6 +167,7 @@ def make_record(
         "extra": dict(extra or {}),
         "versions": dict(_core_versions()),
         "code": None,
+        "program": None,
     }
 
 

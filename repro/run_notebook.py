@@ -91,12 +91,18 @@ def check_parameters(name: str, declared: dict[str, Any], given: dict[str, Any])
 
 def _empty_scratch(scratch: Path) -> None:
     """Empty a notebook's scratch folder, which holds only the records its last run wrote
-    (``HARDWARE/EXPERIMENT/CELL.json``); a folder holding anything else is left alone and
-    refused in one line: a command deletes only what it created."""
+    (``HARDWARE/EXPERIMENT/CELL.json``) and their programs' texts (``programs/HASH.txt.gz``);
+    a folder holding anything else is left alone and refused in one line: a command deletes
+    only what it created."""
     if not scratch.exists():
         return
-    foreign = [p for p in scratch.rglob("*") if p.is_file() and (
-        p.suffix != ".json" or len(p.relative_to(scratch).parts) != 3)]
+
+    def ours(p: Path) -> bool:
+        parts = p.relative_to(scratch).parts
+        return (p.suffix == ".json" and len(parts) == 3) or (
+            len(parts) == 2 and parts[0] == "programs" and p.name.endswith(".txt.gz"))
+
+    foreign = [p for p in scratch.rglob("*") if p.is_file() and not ours(p)]
     if foreign or not scratch.is_dir():
         what = foreign[0].relative_to(scratch) if foreign else "a file"
         raise NotebookError(f"{scratch}: holds {what}, which is not a record; the notebook's "
