@@ -129,3 +129,15 @@ def test_every_claim_has_a_rule_with_its_studies_statistic_and_combination():
         assert r, f"{cid} has no rule"
         assert r.get("studies") and r.get("statistic") and r.get("combine"), cid
         assert V.rule(cid) == r
+
+
+def test_best_of_only_where_the_claim_says_up_to_and_then_the_default_is_named():
+    """Taking the best of several recipes reads "up to" into a claim; a claim that does not
+    say it is judged on one recipe (the others shown beside it, not judged)."""
+    for cid, c in CLAIMS.items():
+        r = c["rule"]
+        if r["combine"] == "best-of":
+            assert "up to" in c["claim"], f"{cid} takes the best of several without 'up to'"
+            assert r.get("default"), f"{cid} takes the best of several without a default"
+        else:
+            assert r["combine"] in ("one", "all"), (cid, r["combine"])

@@ -46,12 +46,12 @@ def test_verdict_rejects_words_outside_the_vocabulary():
 
 @pytest.mark.parametrize("stores,verdict", [(4, "reproduced"), (3, "partly"), (2, "partly"),
                                             (1, "contradicted")])
-def test_a1_counts_the_fp8_stores_of_the_most_fp8_variant(stores, verdict):
-    t = pd.DataFrame({"variant": ["fp32", "x"], "stores": [0, stores],
-                      "hardware": ["h200", "h200"], "profile": ["full", "full"]})
-    v = V.a1(t)
+def test_a1_counts_the_fp8_stores_of_the_judged_variant(stores, verdict):
+    t = pd.DataFrame({"variant": ["fp32", "fp8-e2e", "x"], "stores": [0, stores, 4],
+                      "hardware": ["h200"] * 3, "profile": ["full"] * 3})
+    v = V.a1(t)  # A1's rule judges fp8-e2e: another variant's stores do not count
     assert v.verdict == verdict and f"at most {stores} of 4" in v.key_number
-    assert "variant x" in v.key_number and v.hardware == "h200"
+    assert "variant fp8-e2e" in v.key_number and v.hardware == "h200"
 
 
 def test_a1_without_records():
@@ -114,14 +114,21 @@ def test_a4_memory_ratio_at_the_widest_mlp(fp8, verdict):
     assert v.key_number == f"h200: update memory FP8/FP16 = {fp8 / 100:.2f} at width 4096"
 
 
-def test_a4_the_leaner_fp8_recipe_decides_and_both_are_named():
+def test_a4_the_default_recipe_decides_and_the_leaner_one_is_shown():
+    """A4 does not say "up to": fp8-delayed decides, fp8-lean is named beside it."""
     v = V.a4(mem_rows(102.0, lean=98.0))
-    assert v.verdict == "partly"
-    assert v.key_number == ("h200: update memory FP8/FP16 = 0.98 at width 4096 "
-                            "(fp8-lean; fp8-delayed 1.02)")
+    assert v.verdict == "contradicted"
+    assert v.key_number == ("h200: update memory FP8/FP16 = 1.02 at width 4096 "
+                            "(fp8-delayed; fp8-lean 0.98 not judged)")
     assert v.numbers == {"h200": {"update_memory_fp8-delayed_fp16": 1.02,
                                   "update_memory_fp8-lean_fp16": 0.98}}
-    v = V.a4(mem_rows(97.0, lean=99.0))  # the default recipe may be the leaner one
+    # a rule that takes the leaner of the two (A4's rule from its lean records on)
+    leanest = {**V.rule("A4"), "recipes": ["fp8-delayed", "fp8-lean"], "shown": [],
+               "combine": "leanest"}
+    v = V.a4(mem_rows(102.0, lean=98.0), rule=leanest)
+    assert v.verdict == "partly" and v.key_number == (
+        "h200: update memory FP8/FP16 = 0.98 at width 4096 (fp8-lean; fp8-delayed 1.02)")
+    v = V.a4(mem_rows(97.0, lean=99.0), rule=leanest)  # the default may be the leaner one
     assert v.verdict == "partly" and "= 0.97 at width 4096 (fp8-delayed; fp8-lean 0.99)" in \
         v.key_number
 
@@ -784,17 +791,30 @@ def _with_fp8_tensor(acc, spd, gap, prefill):
     return pd.concat([acc, pd.DataFrame([row])]), pd.concat([spd, pre])
 
 
-def test_b6_judges_the_fp8_format_that_passes_on_its_own_numbers():
-    # qwix's per-channel FP8 is accurate but slow; per-tensor FP8 is accurate and fast
+def test_b6_judges_fp8_and_shows_fp8_tensor_beside_it():
+    """B6 does not say "up to": its rule judges `fp8`; `fp8-tensor` is timed beside it."""
     acc, spd = _with_fp8_tensor(b6_acc(FP8_IN, INT8_IN), b6_spd(1.0), FP8_IN, 1.45)
     v = V.b6(acc, b6_mem(), spd)
+    assert v.verdict == "partly" and "judged as fp8 (the rule's one format" in v.note
+    assert "FAIL: FP8 prefill 1.00x" in v.note
+    assert "also timed: FP8-TENSOR prefill 1.45x BF16 at d_model 4096" in v.note
+
+
+FIRST_PASSING = {"fp8_formats": ["fp8", "fp8-tensor"], "shown": [], "combine": "first-passing"}
+
+
+def test_b6_under_a_first_passing_rule_judges_the_fp8_format_that_passes_on_its_own_numbers():
+    # qwix's per-channel FP8 is accurate but slow; per-tensor FP8 is accurate and fast
+    rule = {**V.rule("B6"), **FIRST_PASSING}
+    acc, spd = _with_fp8_tensor(b6_acc(FP8_IN, INT8_IN), b6_spd(1.0), FP8_IN, 1.45)
+    v = V.b6(acc, b6_mem(), spd, rule=rule)
     assert v.verdict == "reproduced", v.note
     assert v.key_number.startswith("FP8-TENSOR held-out loss +0.10% vs BF16")
     assert "FP8-TENSOR prefill 1.45x BF16 at d_model 4096 (target 1.3x)" in v.key_number
     assert "judged as fp8-tensor" in v.note and "also timed: FP8 prefill 1.00x" in v.note
     # fast per-tensor FP8 outside the margin does not lend its speed to the accurate one
     acc, spd = _with_fp8_tensor(b6_acc(FP8_IN, INT8_IN), b6_spd(1.0), FP8_OUT, 1.45)
-    v = V.b6(acc, b6_mem(), spd)
+    v = V.b6(acc, b6_mem(), spd, rule=rule)
     assert v.verdict == "partly" and "judged as fp8 " in v.note
     assert "FAIL: FP8 prefill 1.00x" in v.note and "pass: FP8 held-out loss" in v.note
 
