@@ -289,12 +289,33 @@ def cmd_claims(args) -> int:
         if not (args.json or args.markdown):
             return 0
     if args.json:
+        from repro.claims import registration
+
+        checks = registration.table(records_of=_records_used)
+        for r in rows:
+            r.update(checks.get(r["claim"], {}))
         print(json.dumps(rows, indent=1))
     else:
         from repro import tables
 
         print(claims.markdown_table(rows) if args.markdown else tables.ledger(rows))
     return 0
+
+
+def _records_used(studies: list[str]):
+    """The committed full-profile records of ``studies`` a verdict may use (stale speed
+    records left out, as the notebooks leave them out)."""
+    import pandas as pd
+
+    from repro import results
+    from repro.claims import staleness
+
+    parts = []
+    for s in studies:
+        df = results.load_records(s, roots=results.results_dir())
+        if len(df):
+            parts.append(staleness.split(df[df["profile"] == "full"])[0])
+    return pd.concat(parts, ignore_index=True) if parts else None
 
 
 def cmd_site(args) -> int:
