@@ -844,3 +844,34 @@ def test_b6_margins_come_from_the_definition_per_format():
     # a 0.1% margin, and INT8 is then not judged
     v = V.b6(b6_acc(FP8_IN, INT8_OUT), b6_mem(), b6_spd(), bounds={"fp8": (-0.001, 0.001)})
     assert v.verdict == "inconclusive" and "INT8" not in v.note
+
+
+# ------------------------------------------------------------------------------ boundaries
+# Each rule at the exact value of its threshold: a rule whose comparison is loosened or
+# tightened by one step (>= to >, the largest model to the smallest) fails one of these.
+
+
+def test_a2_exactly_the_target_reproduces():
+    target = V.rule("A2")["target"]
+    assert V.a2(sp_rows({"e2e": target, "update": target})).verdict == "reproduced"
+    assert V.a2(sp_rows({"e2e": target - 1e-9, "update": 1.0})).verdict == "partly"
+
+
+def test_a5_a_low_end_exactly_at_the_margin_keeps_quality():
+    low = V.margin("A5")[0]
+    v = V.a5(poi(fp8_delayed__fp32=(0.5, low, 0.6), fp8_delayed__fp8_noscale=BETTER), FULL)
+    assert v.verdict == "reproduced" and "kept" in v.key_number
+    v = V.a5(poi(fp8_delayed__fp32=(0.5, low - 1e-9, 0.6), fp8_delayed__fp8_noscale=BETTER),
+             FULL)
+    assert v.verdict == "inconclusive"
+
+
+def test_b4_judges_the_largest_model_with_enough_seeds():
+    both = pd.concat([gaps(0.0, -0.01, 0.01, model="20m"),         # kept
+                      gaps(0.02, 0.016, 0.03, model="120m")])      # lost
+    v = V.b4(both, pd.DataFrame())
+    assert v.verdict == "contradicted" and "120m model" in v.key_number
+    # a larger model with too few seeds is named in the note, not judged
+    v = V.b4(pd.concat([gaps(0.0, -0.01, 0.01, model="20m"),
+                        gaps(0.02, 0.016, 0.03, model="120m", n=2)]), pd.DataFrame())
+    assert v.verdict == "reproduced" and "20m model" in v.key_number
