@@ -66,6 +66,7 @@ def test_a_rule_changed_after_its_first_record_shows_the_verdict_under_both_rule
     assert "reproduced, 1.30x (target 1.2x)" in v.key_number  # the rule before the data
     assert v.numbers["registration"] == {"preregistered": 0,
                                         "first_rule_verdict": "reproduced"}
+    assert v.caveat == "rule changed after its data: reproduced under the rule first registered"
 
 
 def test_a_rule_registered_before_its_data_is_said_to_be(tmp_path):

@@ -202,8 +202,8 @@ def judged(fn: Callable[..., Any], claim: str, *args: Any, records: pd.DataFrame
            **kw: Any):
     """``fn(*args, **kw)`` (a verdict function, under the claim's current rule), its key
     number saying whether that rule was registered before the data and, where it changed
-    after them, the verdict under the rule as registered before (the same tables); its
-    ``numbers`` carry ``registration``."""
+    after them, the verdict under the rule as registered before (the same tables), which its
+    ``caveat`` then leads with; its ``numbers`` carry ``registration``."""
     from repro.claims.verdicts._base import definitions
 
     claims = definitions() if claims is None else claims
@@ -224,13 +224,16 @@ def judged(fn: Callable[..., Any], claim: str, *args: Any, records: pd.DataFrame
     before = rule_before(claim, first["date"], root, claims)
     if before is None:
         said += "; no rule was written down before it"
+        caveat = "rule changed after its data, none written down before"
     else:
         commit, when, rule = before
         old = fn(*args, rule=rule, **kw)
         said += (f"; under the rule as first registered ({commit}"
                  + (f", {_day(when)}" if when else "") + f"): {old.verdict}, {old.key_number}")
         numbers["registration"]["first_rule_verdict"] = old.verdict
-    return dataclasses.replace(v, key_number=f"{v.key_number}; {said}", numbers=numbers)
+        caveat = f"rule changed after its data: {old.verdict} under the rule first registered"
+    return dataclasses.replace(v, key_number=f"{v.key_number}; {said}", numbers=numbers,
+                               caveat="; ".join(c for c in (caveat, v.caveat) if c))
 
 
 def table(root: Path | str | None = None, records_of: Callable[[list[str]], pd.DataFrame]

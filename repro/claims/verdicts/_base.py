@@ -36,6 +36,9 @@ class Verdict:
     ``metrics/<notebook>.json`` and ``dvc metrics``. ``stale``: the verdict rests on quality
     records made by other code than this checkout's, ``stale_note`` says which and since when
     (``repro.claims.staleness``; stale speed records are left out instead, named in ``note``).
+    ``caveat``: the one caveat that most limits the verdict, short enough for the ledger's
+    one-line row (a rule changed after its data, a projection's validation, what a memory
+    number is).
     """
 
     claim: str
@@ -48,6 +51,7 @@ class Verdict:
     numbers: dict[str, Any] = field(default_factory=dict)
     stale: bool = False
     stale_note: str = ""
+    caveat: str = ""
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:

@@ -102,6 +102,32 @@ def _speed_parts(spd: pd.DataFrame, fp8: str, r, stale: int = 0) -> list[dict]:
     return parts
 
 
+def common_config_caveat(spd: pd.DataFrame, fp8: str, rule=None) -> str:
+    """Where the rule judges each format at the widest config it was timed at and those
+    differ: the speed parts at the widest d_model where every judged format was timed on
+    tensor cores (the ledger's caveat: what the formats give at one common config)."""
+    r = rule_of("B6", rule)
+    if r["config"] != "widest" or not len(spd):
+        return ""
+    real = spd[~spd["emulated"].astype(bool)]
+    fmts, batch = r["decode"]["formats"], r["decode"]["batch"]
+    want = [(fp8, "prefill")] + [(f, "decode") for f in fmts]
+
+    def timed(f, phase):
+        g = real[(real["format"] == f) & (real["phase"] == phase)]
+        return set(g[g["batch"] == batch]["d_model"]) if phase == "decode" else set(g["d_model"])
+
+    sets = [timed(f, ph) for f, ph in want]
+    common = set.intersection(*sets) if sets else set()
+    if not common or all(max(x) == max(common) for x in sets):
+        return ""
+    d = max(common)
+    parts = [p["text"].split(" BF16")[0] for p in _speed_parts(spd, fp8, {**r, "config":
+                                                                         {"d_model": d}})]
+    return (f"at d_model {int(d)}, the widest every format was timed at: " + ", ".join(parts)
+            + f" (targets {r['prefill']}x, {r['decode']['target']}x)")
+
+
 def decode_by_width(spd: pd.DataFrame, rule=None) -> str:
     """The weight-only formats' batch-1 decode speedups at every config timed on tensor
     cores, narrowest first: where the decode target holds and where it does not."""
@@ -189,4 +215,5 @@ def b6(acc: pd.DataFrame, mem: pd.DataFrame, spd: pd.DataFrame,
             + ("Smoke records only: a pipeline check, not evidence. " if smoke else "")
             + "; ".join(f"{LABEL[p['ok']]}: {p['text']}" for p in parts))
     return Verdict("B6", verdict, key, hw if speed_hw in ("", hw) else f"{hw}, {speed_hw}",
-                   SOURCE, note, bool(acc[acc["format"].isin(own)]["emulated"].any()))
+                   SOURCE, note, bool(acc[acc["format"].isin(own)]["emulated"].any()),
+                   caveat=common_config_caveat(spd, fp8, r))

@@ -91,6 +91,16 @@ def _b2_validation(val: pd.DataFrame | None, hw_slug: str, calibrated: bool, mod
     return "NOT validated: no GPU gemm/mlp_step/lm_step records yet (datasheet peaks only)"
 
 
+def _b2_caveat(val: pd.DataFrame | None, within: float) -> str:
+    """The projection's limit in one phrase: at how few measured shapes its step model is
+    within ``within`` of the measured FP8/BF16 speedup, and its largest error."""
+    if val is None or not len(val):
+        return "the projection's step model is not validated against measured steps"
+    err = val["error"].abs()
+    return (f"projection model within {within:.0%} of measured FP8 steps at "
+            f"{int((err <= within).sum())} of {len(err)} shapes (max error {err.max():.0%})")
+
+
 def _b2_key(projection: pd.DataFrame, r) -> str:
     """The projected speedups of the rule's ``projections``, each beside its published one."""
     def x(value) -> str:
@@ -135,7 +145,8 @@ def b2(projection: pd.DataFrame, measured_fp4: pd.DataFrame | None = None,
                    "perfmodel projection" + ("" if calibrated else " (not calibrated)"),
                    "no record from a chip with FP4 tensor cores yet; "
                    + _b2_validation(validation, hw_slug, calibrated, mode,
-                                    r["validation_within"]), numbers=numbers)
+                                    r["validation_within"]), numbers=numbers,
+                   caveat=_b2_caveat(validation, r["validation_within"]))
 
 
 def b3(ratios: pd.DataFrame, rule=None) -> Verdict:

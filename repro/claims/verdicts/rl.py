@@ -13,6 +13,8 @@ from repro.claims.verdicts._base import rule as rule_of
 RL_SPEED_SOURCE = "results/*/rl_throughput (env_steps_per_s, update_time_ms)"
 RL_MEMORY_SOURCE = "results/*/rl_throughput (fp8_stores, update_memory_bytes)"
 RL_NOTE = "notebook 03_rl_throughput"
+A4_CAVEAT = ("memory is XLA's compile-time estimate of the update (memory_analysis), not a "
+             "measured device peak")
 ORDER = ("reproduced", "partly", "contradicted")
 
 
@@ -171,7 +173,8 @@ def a4(memory: pd.DataFrame, rule: Mapping[str, Any] | None = None) -> Verdict:
     return Verdict("A4", v, "; ".join(key(*x) for x in real), ", ".join(x[0] for x in real),
                    RL_MEMORY_SOURCE, RL_NOTE,
                    numbers={h: {f"update_memory_{x}_{b}": round(float(y), 4)
-                                for x, y in ratios.items()} for h, b, ratios, _ in real})
+                                for x, y in ratios.items()} for h, b, ratios, _ in real},
+                   caveat=A4_CAVEAT)
 
 
 def a9(sp: pd.DataFrame, rule: Mapping[str, Any] | None = None) -> Verdict:
