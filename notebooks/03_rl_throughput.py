@@ -128,7 +128,7 @@ for i, (kind, what) in enumerate((("e2e", "whole loop"), ("update", "update only
 axes[0, 0].legend(fontsize=7)
 fig.suptitle("FP8 speedup (dashed: the claimed 1.6x; x: cells of different GPU calls)")
 nb.save(fig, "03_rl_speedup", df)
-a2 = verdicts.a2(sp)
+a2 = registration.judged(verdicts.a2, "A2", sp, records=df)
 print(f"A2: {a2.verdict} | {a2.key_number}")
 (sp.round(3) if len(sp) else sp)
 
@@ -142,7 +142,7 @@ print(f"A2: {a2.verdict} | {a2.key_number}")
 # natively in both directions.
 
 # %%
-a9 = verdicts.a9(sp)
+a9 = registration.judged(verdicts.a9, "A9", sp, records=df)
 print(f"A9 (speed): {a9.verdict} | {a9.key_number}")
 cnn = sp[sp.network != "mlp"] if len(sp) else sp
 (cnn.round(3) if len(cnn) else cnn)
@@ -159,7 +159,7 @@ cnn = sp[sp.network != "mlp"] if len(sp) else sp
 
 # %%
 stores = rl_analysis.fp8_stores(df)
-a1 = verdicts.a1(stores)
+a1 = registration.judged(verdicts.a1, "A1", stores, records=df)
 print(f"A1: {a1.verdict} | {a1.key_number}")
 pd.DataFrame(dict(zip(stores.variant, stores.policy)))
 
@@ -240,7 +240,7 @@ ax.set(xscale="log" if len(proj) else "linear", xlabel="MLP width (units per hid
        title="A3 projection (datasheet ratios x measured FP8/FP16), not a measurement")
 ax.legend(loc="upper left")
 nb.save(fig, "03_rl_projection", df)
-a3 = verdicts.a3(proj, bw, fl, ceiling)
+a3 = registration.judged(verdicts.a3, "A3", proj, bw, fl, ceiling, records=df)
 print(f"A3: {a3.verdict} | {a3.key_number}")
 
 # %% [markdown]
