@@ -59,23 +59,37 @@ def history_available(root: Path | str | None = None) -> bool:
     return shallow is not None and shallow.strip() == "false"
 
 
-def _function_source(sources: dict[str, str], name: str) -> str | None:
-    """The normalized source of function ``name`` in any of ``sources`` (path -> text): its
-    AST without the docstring, so comments, layout and docs do not count as a change."""
+def _normalized(node: ast.FunctionDef) -> str:
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(
+            getattr(body[0], "value", None), ast.Constant) and isinstance(
+            body[0].value.value, str):
+        body = body[1:]
+    return ast.dump(ast.Module(body=body, type_ignores=[]))
+
+
+def _functions(sources: dict[str, str], names: frozenset[str] | None = None
+               ) -> dict[str, str]:
+    """The top-level functions of ``sources`` (path -> text), those of ``names`` where
+    given: name -> its normalized source (the first definition of a name, in the order of
+    ``sources``)."""
+    out: dict[str, str] = {}
     for text in sources.values():
         try:
             tree = ast.parse(text)
         except SyntaxError:
             continue
         for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and node.name == name:
-                body = node.body
-                if body and isinstance(body[0], ast.Expr) and isinstance(
-                        getattr(body[0], "value", None), ast.Constant) and isinstance(
-                        body[0].value.value, str):
-                    body = body[1:]
-                return ast.dump(ast.Module(body=body, type_ignores=[]))
-    return None
+            if isinstance(node, ast.FunctionDef) and node.name not in out and (
+                    names is None or node.name in names):
+                out[node.name] = _normalized(node)
+    return out
+
+
+def _function_source(sources: dict[str, str], name: str) -> str | None:
+    """The normalized source of function ``name`` in any of ``sources`` (path -> text): its
+    AST without the docstring, so comments, layout and docs do not count as a change."""
+    return _functions(sources).get(name)
 
 
 @functools.lru_cache(maxsize=8)
@@ -96,12 +110,22 @@ def _state(root: Path, commit: str) -> tuple[dict[str, Any], dict[str, str]]:
     return claims, sources
 
 
-def fingerprint(claim: str, claims: dict[str, Any], sources: dict[str, str]) -> str:
+@functools.lru_cache(maxsize=4096)
+def _functions_at(root: Path, commit: str) -> dict[str, str]:
+    """:func:`_functions` of the verdict modules at ``commit`` named after a claim of its
+    claims.yaml, parsed once per commit."""
+    claims, sources = _state(root, commit)
+    return _functions(sources, frozenset(str(c).lower() for c in claims))
+
+
+def fingerprint(claim: str, claims: dict[str, Any], sources: dict[str, str],
+                functions: dict[str, str] | None = None) -> str:
     """What a change of ``claim``'s rule changes: its entry less :data:`NOT_RULE`, and its
-    verdict function's normalized source."""
+    verdict function's normalized source (``functions``: :func:`_functions` of ``sources``,
+    where already parsed)."""
     entry = {k: v for k, v in (claims.get(claim) or {}).items() if k not in NOT_RULE}
-    return json.dumps([entry, _function_source(sources, claim.lower())], sort_keys=True,
-                      default=str)
+    fns = _functions(sources) if functions is None else functions
+    return json.dumps([entry, fns.get(claim.lower())], sort_keys=True, default=str)
 
 
 def restatements(root: Path | str | None = None) -> dict[str, str]:
@@ -120,7 +144,7 @@ def registered(claim: str, root: Path | str | None = None) -> dict[str, str] | N
     skip = tuple(restatements(root))
     last, prev = None, None
     for commit, date in _commits(root):
-        fp = fingerprint(claim, *_state(root, commit))
+        fp = fingerprint(claim, *_state(root, commit), _functions_at(root, commit))
         restated = any(commit.startswith(s) or s.startswith(commit) for s in skip)
         if fp != prev and not restated:
             last = {"commit": commit[:7], "date": date}
