@@ -77,7 +77,7 @@ from IPython.display import display
 from repro import config, notebook
 from repro.analysis import rl as rl_analysis
 from repro.analysis import stats
-from repro.claims import verdicts
+from repro.claims import registration, verdicts
 from repro.studies import rl_quality as RQ
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # arch's RandomState deprecation
@@ -197,8 +197,11 @@ repeat if len(repeat) else "no cell recorded twice"
 # %%
 ev = verdicts.QualityEvidence(HWQ, "full", tuple(envs), n_seeds, len(FULL["envs"]))
 diverged = fr[fr.hardware == HWQ].groupby("variant")["diverged"].sum().to_dict()
-V = [verdicts.a5(poi, ev), verdicts.a6(poi, ev), verdicts.a7(poi, ev),
-     verdicts.a8(poi, ev, diverged), verdicts.a10(poi, ev, same_seed, repeat)]
+V = [registration.judged(verdicts.a5, "A5", poi, ev, records=df),
+     registration.judged(verdicts.a6, "A6", poi, ev, records=df),
+     registration.judged(verdicts.a7, "A7", poi, ev, records=df),
+     registration.judged(verdicts.a8, "A8", poi, ev, diverged, records=df),
+     registration.judged(verdicts.a10, "A10", poi, ev, same_seed, repeat, records=df)]
 for v in V:
     print(f"{v.claim}: {v.verdict} | {v.key_number}")
 

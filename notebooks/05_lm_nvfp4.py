@@ -68,7 +68,7 @@ from IPython.display import display
 
 from repro import notebook
 from repro.analysis import lm as lm_analysis
-from repro.claims import verdicts
+from repro.claims import registration, verdicts
 from repro.models import lm as M
 from repro.models import lm_data as D
 from repro.precision import resolve
@@ -244,4 +244,6 @@ if nb.profile == "smoke":
 # What the committed records say (filled in from the computed verdicts):
 
 # %%
-nb.conclusion(verdicts.b4(gaps, vs_fp8), verdicts.b3(lm_analysis.stored_ratios(df)))
+nb.conclusion(registration.judged(verdicts.b4, "B4", gaps, vs_fp8, records=df),
+              registration.judged(verdicts.b3, "B3", lm_analysis.stored_ratios(df),
+                                  records=df))

@@ -58,7 +58,7 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from repro import notebook, perfmodel
-from repro.claims import verdicts
+from repro.claims import registration, verdicts
 
 nb = notebook.start("06_perfmodel", "perfmodel", profile, scratch)
 setup, targets = perfmodel.projection_setup(nb.params)
@@ -219,4 +219,5 @@ display(measured_fp4.round(3) if len(measured_fp4) else "no NVFP4 record from a 
 if "stale" in measured:
     stale = measured[measured["stale"].fillna(False).astype(bool)]
     nb.stale_used.append(stale)  # their records serve B2 (their `claims`)
-nb.conclusion(verdicts.b2(proj, measured_fp4, val))
+nb.conclusion(registration.judged(verdicts.b2, "B2", proj, measured_fp4, val,
+                                 records=measured))

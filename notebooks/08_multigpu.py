@@ -61,7 +61,7 @@ import matplotlib.pyplot as plt
 
 from repro import config, notebook
 from repro.analysis import scaling
-from repro.claims import verdicts
+from repro.claims import registration, verdicts
 from repro.studies import multigpu
 
 nb = notebook.start("08_multigpu", "multigpu", profile, scratch)
@@ -150,5 +150,6 @@ if nb.profile == "smoke":
 # marks a ratio of two cells recorded in different GPU calls.
 
 # %%
-b5 = verdicts.b5(table, config.stage_params("multigpu", "full"))
+b5 = registration.judged(verdicts.b5, "B5", table, config.stage_params("multigpu", "full"),
+                        records=df)
 nb.conclusion(b5)

@@ -37,6 +37,14 @@
 # `update_unroll` unroll the rollout scan / the epoch and minibatch scans (the same
 # arithmetic), `prng` picks another JAX PRNG (other random streams).
 # `repro.studies.kernel_times ppo` traces the compiled update kernel by kernel.
+#
+# **PureJaxRL's imports.** `ppo.py` imports `distrax` and its `wrappers.py` imports `brax` and
+# `navix`; the lock installs none of them (distrax does not import under current JAX). The recorded
+# PureJaxRL ran with this repository's stand-ins for them (`repro.studies.purejaxrl`): a
+# `distrax.Categorical` written as distrax writes it (`jax.random.categorical`, `log_softmax`),
+# and for `brax` and `navix` empty modules (CartPole uses none of their wrappers); gymnax 1.0's
+# steps are seen as gymnax 0.x's. Each record lists its adapters (`extra.adapters`), printed
+# below.
 
 # %% tags=["parameters"]
 profile = "smoke"
@@ -60,6 +68,9 @@ table = rl_analysis.throughput_table(nb.records("rl_throughput"))
 kt = nb.records("kernel_times")
 kernels = traces.update_kernels(kt)
 print(f"{len(pj)} PureJaxRL cells, {len(kernels)} traced updates")
+adapters = sorted({a for e in (pj_records["extra"] if len(pj_records) else [])
+                   for a in (e.get("adapters") or [] if isinstance(e, dict) else [])})
+print("PureJaxRL ran with: " + ("; ".join(adapters) if adapters else "no adapter recorded"))
 
 # %% [markdown]
 # ## 1. Against PureJaxRL

@@ -74,7 +74,7 @@ from IPython.display import display
 
 from repro import notebook
 from repro.analysis import legged as A
-from repro.claims import verdicts
+from repro.claims import registration, verdicts
 
 nb = notebook.start("10_legged", "legged", profile, scratch)
 HAVE_PHYSICS = all(importlib.util.find_spec(m) for m in ("brax", "mujoco"))
@@ -299,5 +299,5 @@ if nb.profile == "smoke" and HAVE_PHYSICS:
 # numbers (speedups and `P(recipe > FP32)` per width) also go to `metrics/10_legged.json`.
 
 # %%
-v = verdicts.a11(ups, quality)
+v = registration.judged(verdicts.a11, "A11", ups, quality, records=df)
 nb.conclusion(dataclasses.replace(v, numbers=A.key_numbers(ups, quality)))

@@ -9,8 +9,10 @@ from typing import Any
 
 
 def ledger(rows: list[dict[str, Any]], width: int | None = None) -> str:
-    """The ledger for a terminal: one block per claim (verdict, hardware, key number, record)."""
-    from repro.claims.ledger import VERDICTS
+    """The ledger for a terminal: one block per claim (verdict, hardware, key number, caveat,
+    record), stale verdicts marked as in the README (" — stale", and the mark of the stale
+    note that follows the ledger, one per notebook)."""
+    from repro.claims.ledger import VERDICTS, caveat, stale_mark, stale_notes
 
     width = width or min(shutil.get_terminal_size((100, 24)).columns, 120)
     counts = Counter(r["verdict"] for r in rows)
@@ -25,14 +27,22 @@ def ledger(rows: list[dict[str, Any]], width: int | None = None) -> str:
     for r in rows:
         hw = f"  on {r['hardware']}" if r["hardware"] else ""
         emu = "  (emulated)" if r.get("emulated") else ""
-        out.append(f"{r['claim']:<4} {r['verdict']:<{vw}}{hw}{emu}")
+        out.append(f"{r['claim']:<4} {r['verdict']:<{vw}}{hw}{emu}{stale_mark(r)}")
         out += wrap("", r["statement"])
         if r["key_number"]:
             out += wrap("key number: ", r["key_number"])
+        if cav := caveat(r):
+            out += wrap("caveat: ", cav)
         if r["source"]:
             out += wrap("record: ", r["source"])
         out += wrap("notebook: ", f"notebooks/{r['notebook']}.py" if r["notebook"]
                     else "none (not tested in this repository)")
+    notes = stale_notes(rows)
+    if notes:
+        out += ["", "stale records:"]
+        for mark, text in notes.items():
+            out += textwrap.wrap(f"[{mark}] {text}", width=width, initial_indent="  ",
+                                 subsequent_indent="       ")
     return "\n".join(out)
 
 

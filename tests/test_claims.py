@@ -45,3 +45,54 @@ def test_update_readme_replaces_only_the_marked_table(vdir, tmp_path):
     assert text.startswith("intro\n") and text.endswith("outro\n") and "old" not in text
     assert "| A11 |" in text
     assert not claims.update_readme(readme)  # idempotent
+
+
+def test_every_readme_row_of_the_committed_verdicts_is_one_short_line():
+    """The README's rows, generated from the committed verdicts/*.json, each tell the story
+    in under 300 characters; what is stale goes to one footnote per notebook."""
+    from repro.results import repo_root
+
+    rows = claims.ledger()  # REPRO_VERDICTS unset: the committed verdicts
+    assert (repo_root() / "verdicts").is_dir()
+    table = claims.markdown_table(rows).splitlines()
+    lines = [x for x in table if x.startswith("| ") and not x.startswith("| claim ")]
+    assert len(lines) == len(rows) == len(claims.claims())
+    for line in lines:
+        assert len(line) < claims.ROW_LIMIT, line
+    notes = [x for x in table if x.startswith("[^")]
+    marks = {r["notebook"].split("_")[0] for r in rows if r["stale_note"]}
+    assert {x[2:x.index("]")] for x in notes} == marks  # one footnote per notebook
+    for r, line in zip(rows, lines):
+        assert (f"[^{r['notebook'].split('_')[0]}]" in line) == bool(r["stale_note"])
+        assert ("— stale" in line) == r["stale"]
+
+
+def test_a_long_row_keeps_its_verdict_headline_and_caveat_under_the_limit(vdir):
+    """A key number of many clauses shows its first; a long caveat and a long stale note
+    still leave the row under the limit, the stale note in its notebook's footnote, marked
+    alike in the README and the terminal."""
+    from repro import tables
+
+    claims.write_verdict(claims.Verdict(
+        "A11", "partly", "1.22x at width 4096 (update 1.23x); " + "detail; " * 200, "h200",
+        "results/h200/legged", stale=True, stale_note="left out as stale: " + "x " * 400,
+        caveat="rule changed after its data: contradicted under the rule first registered; "
+               + "and more " * 40))
+    rows = claims.ledger()
+    table = claims.markdown_table(rows)
+    line = next(x for x in table.splitlines() if x.startswith("| A11 |"))
+    assert len(line) < claims.ROW_LIMIT
+    assert "**partly** — stale [^10]" in line and "1.22x at width 4096 (update 1.23x)" in line
+    assert "detail" not in line and "rule changed after its data" in line and "…" in line
+    assert "x x x" not in line and "[^10]: 10_legged: A11: left out as stale: x x" in table
+    term = tables.ledger(rows, width=100)
+    assert "partly" in term and "— stale [10]" in term and "[10] 10_legged: A11:" in term
+    assert "caveat: rule changed after its data" in term
+
+
+def test_the_caveat_falls_back_on_the_registration_numbers():
+    row = {"caveat": "", "numbers": {"registration": {"preregistered": 0,
+                                                      "first_rule_verdict": "contradicted"}}}
+    assert claims.caveat(row) == ("rule changed after its data; contradicted under the first "
+                                  "rule")
+    assert claims.caveat({"numbers": {"registration": {"preregistered": 1}}}) == ""

@@ -76,7 +76,11 @@ def test_claims_markdown_is_the_readme_table(vdir, capsys):
     b4 = next(x for x in lines if x.startswith("| B4 "))
     # a '|' inside a key number is escaped, so every row keeps the header's columns
     assert b4.replace("\\|", "").count("|") == ncols and "(emulated)" in b4
-    assert "build/results/fake-gpu-x/lm/*.json" in b4  # the record it comes from
+    # the record it comes from: in the terminal ledger and the JSON (the README's row is
+    # one short line, its notebook linked)
+    assert "[05](notebooks/05_lm_nvfp4.py)" in b4
+    assert cli.main(["claims"]) == 0
+    assert "build/results/fake-gpu-x/lm/*.json" in capsys.readouterr().out
 
 
 def test_claims_update_readme(vdir, tmp_path, monkeypatch, capsys):

@@ -382,6 +382,61 @@ def test_a_policy_that_kept_every_gemm_in_bf16_is_native_not_emulated():
     assert steps.loc["fp8-auto", "speedup"] == 1.0 / 0.99
 
 
+
+def test_a_row_that_ran_no_fp8_gemm_is_labelled_and_meets_no_fp8_target():
+    """fp8-auto below its fp8_min_dim keeps every GEMM in BF16 (``no-f8``): its "speedup" is
+    BF16 against BF16. The tables label it, the targets and the crossover come from the
+    defaults, and the policy shows beside them without meeting a target or making FP8 pay."""
+    import pandas as pd
+
+    from repro.analysis import train_step as T
+
+    def rec(width, recipe, ms, lowering, emulated=False, calls=8):
+        return {"hardware": "h200", "metric": "step_time_ms", "recipe": recipe, "value": ms,
+                "size_width": width, "size_batch": 65536, "source": f"w{width}.json",
+                "emulated": emulated, "spread": 0.0,
+                "extra": {"fp8_lowering": lowering, "fp8_gemm_calls": calls}}
+
+    rows = []
+    for w, auto, delayed, current in ((256, 0.99, 1.2, 1.25), (1024, 0.8, 0.82, 0.9)):
+        rows += [rec(w, "bf16", 1.0, "no-f8", calls=0),
+                 rec(w, "fp8-delayed", delayed, "cublaslt-f8"),
+                 rec(w, "fp8-current", current, "cublaslt-f8")]
+        rows.append(rec(w, "fp8-auto", auto, *(("no-f8", True, 0) if w < 1024
+                                               else ("cublaslt-f8",))))
+    steps = T.step_table(pd.DataFrame(rows))
+    auto = steps[steps.recipe == "fp8-auto"].set_index("width")
+    assert auto.no_fp8.tolist() == [True, False]
+    assert auto.label[256] == f"fp8-auto ({T.NO_FP8})" and auto.label[1024] == "fp8-auto"
+    assert not auto.emulated[256]  # it ran BF16 natively: no format the GPU lacks
+    assert auto.kind.unique().tolist() == ["policy"]
+    assert not steps[steps.recipe != "fp8-auto"].no_fp8.any()  # bf16 is no FP8 recipe
+
+    t = T.targets_table(steps, pd.DataFrame(), {256: 1.0, 1024: 1.2}, 65536).set_index("width")
+    # at 256 only the policy's BF16 step beats the target: the defaults miss it
+    assert t.loc[256, "met by"] == "neither" and not t.loc[256, "met"]
+    assert t.loc[256, "fp8-auto ran"] == T.NO_FP8
+    assert t.loc[256, "fp8-auto (policy)"] == 1.0 / 0.99
+    assert t.loc[1024, "met by"] == "fp8-delayed" and t.loc[1024, "fp8-auto ran"] == "FP8"
+
+    c = T.crossover(steps, 65536).set_index("recipe")
+    assert c.loc["fp8-delayed", "FP8 pays from width"] == 1024
+    assert c.loc["fp8-auto", "FP8 pays from width"] == 1024  # not 256: BF16 there
+    assert c.loc["fp8-auto", "no FP8 GEMM at widths"] == "256"
+    assert c.loc["fp8-auto", "kind"] == "policy"
+
+
+def test_ran_no_fp8_reads_the_lowering_before_the_cublas_count():
+    from repro.analysis.train_step import ran_no_fp8
+
+    assert ran_no_fp8("fp8-auto", {"fp8_lowering": "no-f8", "fp8_gemm_calls": 0})
+    # XLA's Triton GEMM with f8 operands is an FP8 GEMM that the cuBLASLt count misses
+    assert not ran_no_fp8("fp8-delayed", {"fp8_lowering": "fused-f8-dot", "fp8_gemm_calls": 0})
+    assert ran_no_fp8("fp8-delayed", {"fp8_gemm_calls": 0})  # an older record: the count only
+    assert not ran_no_fp8("bf16", {"fp8_lowering": "no-f8"})
+    assert not ran_no_fp8("fp8-delayed", None)
+
+
 # ------------------------------------------------------------ where a step's memory goes
 
 _ASSIGNMENT = """\

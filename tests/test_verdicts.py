@@ -46,12 +46,12 @@ def test_verdict_rejects_words_outside_the_vocabulary():
 
 @pytest.mark.parametrize("stores,verdict", [(4, "reproduced"), (3, "partly"), (2, "partly"),
                                             (1, "contradicted")])
-def test_a1_counts_the_fp8_stores_of_the_most_fp8_variant(stores, verdict):
-    t = pd.DataFrame({"variant": ["fp32", "x"], "stores": [0, stores],
-                      "hardware": ["h200", "h200"], "profile": ["full", "full"]})
-    v = V.a1(t)
+def test_a1_counts_the_fp8_stores_of_the_judged_variant(stores, verdict):
+    t = pd.DataFrame({"variant": ["fp32", "fp8-e2e", "x"], "stores": [0, stores, 4],
+                      "hardware": ["h200"] * 3, "profile": ["full"] * 3})
+    v = V.a1(t)  # A1's rule judges fp8-e2e: another variant's stores do not count
     assert v.verdict == verdict and f"at most {stores} of 4" in v.key_number
-    assert "variant x" in v.key_number and v.hardware == "h200"
+    assert "variant fp8-e2e" in v.key_number and v.hardware == "h200"
 
 
 def test_a1_without_records():
@@ -114,14 +114,21 @@ def test_a4_memory_ratio_at_the_widest_mlp(fp8, verdict):
     assert v.key_number == f"h200: update memory FP8/FP16 = {fp8 / 100:.2f} at width 4096"
 
 
-def test_a4_the_leaner_fp8_recipe_decides_and_both_are_named():
+def test_a4_the_default_recipe_decides_and_the_leaner_one_is_shown():
+    """A4 does not say "up to": fp8-delayed decides, fp8-lean is named beside it."""
     v = V.a4(mem_rows(102.0, lean=98.0))
-    assert v.verdict == "partly"
-    assert v.key_number == ("h200: update memory FP8/FP16 = 0.98 at width 4096 "
-                            "(fp8-lean; fp8-delayed 1.02)")
+    assert v.verdict == "contradicted"
+    assert v.key_number == ("h200: update memory FP8/FP16 = 1.02 at width 4096 "
+                            "(fp8-delayed; fp8-lean 0.98 not judged)")
     assert v.numbers == {"h200": {"update_memory_fp8-delayed_fp16": 1.02,
                                   "update_memory_fp8-lean_fp16": 0.98}}
-    v = V.a4(mem_rows(97.0, lean=99.0))  # the default recipe may be the leaner one
+    # a rule that takes the leaner of the two (A4's rule from its lean records on)
+    leanest = {**V.rule("A4"), "recipes": ["fp8-delayed", "fp8-lean"], "shown": [],
+               "combine": "leanest"}
+    v = V.a4(mem_rows(102.0, lean=98.0), rule=leanest)
+    assert v.verdict == "partly" and v.key_number == (
+        "h200: update memory FP8/FP16 = 0.98 at width 4096 (fp8-lean; fp8-delayed 1.02)")
+    v = V.a4(mem_rows(97.0, lean=99.0), rule=leanest)  # the default may be the leaner one
     assert v.verdict == "partly" and "= 0.97 at width 4096 (fp8-delayed; fp8-lean 0.99)" in \
         v.key_number
 
@@ -784,17 +791,30 @@ def _with_fp8_tensor(acc, spd, gap, prefill):
     return pd.concat([acc, pd.DataFrame([row])]), pd.concat([spd, pre])
 
 
-def test_b6_judges_the_fp8_format_that_passes_on_its_own_numbers():
-    # qwix's per-channel FP8 is accurate but slow; per-tensor FP8 is accurate and fast
+def test_b6_judges_fp8_and_shows_fp8_tensor_beside_it():
+    """B6 does not say "up to": its rule judges `fp8`; `fp8-tensor` is timed beside it."""
     acc, spd = _with_fp8_tensor(b6_acc(FP8_IN, INT8_IN), b6_spd(1.0), FP8_IN, 1.45)
     v = V.b6(acc, b6_mem(), spd)
+    assert v.verdict == "partly" and "judged as fp8 (the rule's one format" in v.note
+    assert "FAIL: FP8 prefill 1.00x" in v.note
+    assert "also timed: FP8-TENSOR prefill 1.45x BF16 at d_model 4096" in v.note
+
+
+FIRST_PASSING = {"fp8_formats": ["fp8", "fp8-tensor"], "shown": [], "combine": "first-passing"}
+
+
+def test_b6_under_a_first_passing_rule_judges_the_fp8_format_that_passes_on_its_own_numbers():
+    # qwix's per-channel FP8 is accurate but slow; per-tensor FP8 is accurate and fast
+    rule = {**V.rule("B6"), **FIRST_PASSING}
+    acc, spd = _with_fp8_tensor(b6_acc(FP8_IN, INT8_IN), b6_spd(1.0), FP8_IN, 1.45)
+    v = V.b6(acc, b6_mem(), spd, rule=rule)
     assert v.verdict == "reproduced", v.note
     assert v.key_number.startswith("FP8-TENSOR held-out loss +0.10% vs BF16")
     assert "FP8-TENSOR prefill 1.45x BF16 at d_model 4096 (target 1.3x)" in v.key_number
     assert "judged as fp8-tensor" in v.note and "also timed: FP8 prefill 1.00x" in v.note
     # fast per-tensor FP8 outside the margin does not lend its speed to the accurate one
     acc, spd = _with_fp8_tensor(b6_acc(FP8_IN, INT8_IN), b6_spd(1.0), FP8_OUT, 1.45)
-    v = V.b6(acc, b6_mem(), spd)
+    v = V.b6(acc, b6_mem(), spd, rule=rule)
     assert v.verdict == "partly" and "judged as fp8 " in v.note
     assert "FAIL: FP8 prefill 1.00x" in v.note and "pass: FP8 held-out loss" in v.note
 
@@ -824,3 +844,34 @@ def test_b6_margins_come_from_the_definition_per_format():
     # a 0.1% margin, and INT8 is then not judged
     v = V.b6(b6_acc(FP8_IN, INT8_OUT), b6_mem(), b6_spd(), bounds={"fp8": (-0.001, 0.001)})
     assert v.verdict == "inconclusive" and "INT8" not in v.note
+
+
+# ------------------------------------------------------------------------------ boundaries
+# Each rule at the exact value of its threshold: a rule whose comparison is loosened or
+# tightened by one step (>= to >, the largest model to the smallest) fails one of these.
+
+
+def test_a2_exactly_the_target_reproduces():
+    target = V.rule("A2")["target"]
+    assert V.a2(sp_rows({"e2e": target, "update": target})).verdict == "reproduced"
+    assert V.a2(sp_rows({"e2e": target - 1e-9, "update": 1.0})).verdict == "partly"
+
+
+def test_a5_a_low_end_exactly_at_the_margin_keeps_quality():
+    low = V.margin("A5")[0]
+    v = V.a5(poi(fp8_delayed__fp32=(0.5, low, 0.6), fp8_delayed__fp8_noscale=BETTER), FULL)
+    assert v.verdict == "reproduced" and "kept" in v.key_number
+    v = V.a5(poi(fp8_delayed__fp32=(0.5, low - 1e-9, 0.6), fp8_delayed__fp8_noscale=BETTER),
+             FULL)
+    assert v.verdict == "inconclusive"
+
+
+def test_b4_judges_the_largest_model_with_enough_seeds():
+    both = pd.concat([gaps(0.0, -0.01, 0.01, model="20m"),         # kept
+                      gaps(0.02, 0.016, 0.03, model="120m")])      # lost
+    v = V.b4(both, pd.DataFrame())
+    assert v.verdict == "contradicted" and "120m model" in v.key_number
+    # a larger model with too few seeds is named in the note, not judged
+    v = V.b4(pd.concat([gaps(0.0, -0.01, 0.01, model="20m"),
+                        gaps(0.02, 0.016, 0.03, model="120m", n=2)]), pd.DataFrame())
+    assert v.verdict == "reproduced" and "20m model" in v.key_number

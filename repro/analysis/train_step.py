@@ -2,7 +2,8 @@
 
 Every ``mlp_step`` cell times all its recipes interleaved in one process, so a speedup is a
 ratio of two timings of one run. ``step_table`` adds the BF16 time of the same cell and the
-speedup; ``gemm_ceiling`` reads the FP8/16-bit rate ratio of the matching GEMM from the ``gemm``
+speedup, and says which FP8 rows ran no FP8 GEMM at all (``no_fp8``: a BF16 timing, never an
+FP8 speedup); ``gemm_ceiling`` reads the FP8/16-bit rate ratio of the matching GEMM from the ``gemm``
 records; ``lever_delta`` is what switching one lever back costs, timed in the lever's own cell.
 ``temp_timeline`` reads where a compiled step's temporary memory goes from XLA's dumps
 (``scripts/probe_step_memory.py``).
@@ -20,15 +21,35 @@ from repro.precision.recipes import resolve
 OURS = ("fp8-current", "fp8-delayed")  # this repository's FP8 defaults
 
 
+NO_FP8 = "no FP8 GEMM: ran BF16"  # the label of an FP8 row whose program had no FP8 GEMM
+
+
 def kind(recipe: str) -> str:
     """``baseline`` (no FP8 GEMM), ``peer`` (another library's FP8), ``ours`` (a default FP8
-    recipe) or ``ablation`` (a lever variant of one)."""
+    recipe), ``policy`` (a per-layer policy over a default: FP8 only in layers of at least
+    ``fp8_min_dim``, ``fp8-auto``) or ``ablation`` (a lever variant of a default)."""
     r = resolve(recipe)
     if r.backend != "repro":
         return "peer"
     if r.gemm != "fp8":
         return "baseline"
-    return "ours" if recipe in OURS else "ablation"
+    if recipe in OURS:
+        return "ours"
+    return "policy" if r.fp8_min_dim > 0 else "ablation"
+
+
+def ran_no_fp8(recipe: str, extra) -> bool:
+    """Whether a record of an FP8 ``recipe`` ran no FP8 GEMM at all: its compiled program has
+    no f8 value (``extra.fp8_lowering == "no-f8"``), or, in a record without the lowering, no
+    cuBLASLt FP8 call (``extra.fp8_gemm_calls == 0``; XLA's Triton GEMMs with f8 operands,
+    ``fused-f8-dot``, are FP8 GEMMs that this count misses). False for recipes that are not
+    FP8 and for records that say neither."""
+    if resolve(recipe).gemm != "fp8" or not isinstance(extra, dict):
+        return False
+    lowering = extra.get("fp8_lowering")
+    if lowering is not None:
+        return lowering == "no-f8"
+    return extra.get("fp8_gemm_calls") == 0
 
 
 def step_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -36,11 +57,18 @@ def step_table(df: pd.DataFrame) -> pd.DataFrame:
     same cell) and ``speedup`` (BF16 time / this time), and ``lever_cell``: the row comes from
     a lever cell (``..._levers``), which times an ablation beside BF16 and the defaults again.
     The defaults and BF16 of lever cells serve :func:`lever_delta` only: ``main`` marks the
-    rows that make one number per (hardware, width, recipe)."""
+    rows that make one number per (hardware, width, recipe).
+
+    ``no_fp8``: an FP8 recipe whose program ran no FP8 GEMM (:func:`ran_no_fp8`; a policy
+    such as ``fp8-auto`` below its ``fp8_min_dim``): its speedup is BF16 against BF16, and
+    ``label`` (the recipe, else) says so. ``emulated`` means the hardware lacks the format
+    the row ran: a policy that kept every GEMM in BF16 ran BF16, natively, although the
+    record calls it emulated (``studies.timing.recipe_emulated`` marks any FP8 recipe whose
+    program has no FP8 GEMM)."""
     steps = df[df.metric == "step_time_ms"].copy() if len(df) else pd.DataFrame()
     if not len(steps):
         return pd.DataFrame(columns=["hardware", "width", "batch", "recipe", "value", "kind",
-                                     "speedup", "main", "emulated"])
+                                     "speedup", "main", "emulated", "no_fp8", "label"])
     steps["width"] = steps.size_width.astype(int)
     steps["batch"] = steps.size_batch.astype(int)
     steps["kind"] = steps.recipe.map(kind)
@@ -49,12 +77,10 @@ def step_table(df: pd.DataFrame) -> pd.DataFrame:
     steps["speedup"] = steps.bf16_ms / steps.value
     steps["lever_cell"] = steps.source.astype(str).str.contains("_levers")
     steps["main"] = ~steps.lever_cell | ~steps.recipe.isin(["bf16", *OURS])
-    # A per-layer policy (fp8-auto) that kept every GEMM in BF16 ran no FP8 at all: its timing
-    # is native BF16, although `studies.timing.recipe_emulated` marks any FP8 recipe whose
-    # program has no FP8 GEMM as emulated.
-    lowering = steps["extra"].map(lambda e: e.get("fp8_lowering") if isinstance(e, dict) else None)
-    policy = steps.recipe.map(lambda r: resolve(r).fp8_min_dim > 0)
-    steps.loc[policy & (lowering == "no-f8"), "emulated"] = False
+    steps["no_fp8"] = [ran_no_fp8(r, e) for r, e in zip(steps.recipe, steps["extra"])]
+    steps["label"] = steps.recipe.where(~steps.no_fp8, steps.recipe + f" ({NO_FP8})")
+    policy = steps.kind == "policy"
+    steps.loc[policy & steps.no_fp8, "emulated"] = False
     return steps
 
 
@@ -93,49 +119,80 @@ def lever_delta(steps: pd.DataFrame, hardware: str, ablation: str, default: str,
     return float(a.value - d.value), float(np.hypot(a.spread or 0.0, d.spread or 0.0) / 1.35)
 
 
+def _main(steps: pd.DataFrame, batch: int) -> pd.DataFrame:
+    nat = native(steps)
+    return nat[nat.main & (nat.batch == batch)] if len(nat) else nat
+
+
 def targets_table(steps: pd.DataFrame, gemm: pd.DataFrame, targets: dict[int, float],
                   batch: int) -> pd.DataFrame:
-    """Per (native hardware, target width): this repository's best FP8 recipe (defaults and
-    lever variants) against the target, flax's peer and the GEMM ceiling."""
+    """Per (native hardware, target width): the step speedup of each default FP8 recipe
+    (:data:`OURS`) against the target, ``met by`` the defaults that reach it, and beside them
+    each per-layer policy (``fp8-auto``) with ``policy ran`` saying whether it ran FP8 there
+    (a row that ran no FP8 GEMM is BF16 against BF16: it meets no FP8 target), flax's peer
+    and the GEMM ceiling."""
+    nat = _main(steps, batch)
+    policies = sorted(set(nat[nat.kind == "policy"].recipe)) if len(nat) else []
+    cols = ["hardware", "width", "target", *OURS, "met by", "met"]
+    for p in policies:
+        cols += [f"{p} (policy)", f"{p} ran"]
+    cols += ["flax peer", "GEMM ceiling"]
     rows = []
-    nat = native(steps)
-    nat = nat[nat.main & (nat.batch == batch)] if len(nat) else nat
     for hw, g in (nat.groupby("hardware") if len(nat) else []):
         for w, target in sorted(targets.items()):
-            d = g[(g.width == w) & g.kind.isin(["ours", "ablation"])]
-            peer = g[(g.width == w) & (g.recipe == "flax-fp8")].speedup
-            best = d.loc[d.speedup.idxmax()] if len(d) else None
-            rows.append({"hardware": hw, "width": w, "target": target,
-                         "best recipe": None if best is None else best.recipe,
-                         "speedup": np.nan if best is None else float(best.speedup),
-                         "flax peer": float(peer.iloc[0]) if len(peer) else np.nan,
-                         "GEMM ceiling": gemm_ceiling(gemm, hw, batch, w),
-                         "met": None if best is None else bool(best.speedup >= target)})
-    return pd.DataFrame(rows, columns=["hardware", "width", "target", "best recipe", "speedup",
-                                       "flax peer", "GEMM ceiling", "met"])
+            at = g[g.width == w].drop_duplicates("recipe").set_index("recipe")
+            row = {"hardware": hw, "width": w, "target": target}
+            fp8 = at[~at.no_fp8]
+            for r in OURS:
+                row[r] = float(fp8.speedup[r]) if r in fp8.index else np.nan
+            have = [r for r in OURS if pd.notna(row[r])]
+            met = [r for r in have if row[r] >= target]
+            row["met by"] = ", ".join(met) if met else ("neither" if have else "not measured")
+            row["met"] = bool(met) if have else None
+            for p in policies:
+                row[f"{p} (policy)"] = float(at.speedup[p]) if p in at.index else np.nan
+                row[f"{p} ran"] = (None if p not in at.index else NO_FP8 if at.no_fp8[p]
+                                   else "FP8")
+            row["flax peer"] = (float(at.speedup["flax-fp8"]) if "flax-fp8" in at.index
+                                else np.nan)
+            row["GEMM ceiling"] = gemm_ceiling(gemm, hw, batch, w)
+            rows.append(row)
+    return pd.DataFrame(rows, columns=cols)
 
 
 def crossover(steps: pd.DataFrame, batch: int) -> pd.DataFrame:
-    """Per native hardware: the narrowest width at which the best FP8 recipe of ours beats
-    BF16, and at how many widths it beats flax's peer (and by how much at the widest)."""
+    """Per native hardware and FP8 recipe of ours (the defaults, then the policies): the
+    narrowest width from which it beats BF16 at every wider measured width, counting only
+    widths where it ran an FP8 GEMM (a policy's BF16 layers are no FP8 speedup); at how many
+    widths it beats flax's peer, and by how much at the widest."""
     rows = []
-    nat = native(steps)
-    nat = nat[nat.main & (nat.batch == batch)] if len(nat) else nat
+    nat = _main(steps, batch)
     for hw, g in (nat.groupby("hardware") if len(nat) else []):
-        best = (g[g.kind.isin(["ours", "ablation"])].sort_values("speedup").groupby("width")
-                .tail(1).set_index("width").sort_index())
-        peer = g[g.recipe == "flax-fp8"].set_index("width").speedup
-        pays = best[best.speedup > 1.0]
-        both = best.index.intersection(peer.index)
-        widest = max(both) if len(both) else None
-        rows.append({"hardware": hw,
-                     "FP8 pays from width": int(pays.index.min()) if len(pays) else None,
-                     "widths beating the peer": f"{sum(best.speedup[w] > peer[w] for w in both)}"
-                                                f"/{len(both)}",
-                     "vs peer at the widest": (best.speedup[widest] / peer[widest] - 1
-                                               if widest else np.nan),
-                     "widest": widest})
-    return pd.DataFrame(rows)
+        peer = g[g.recipe == "flax-fp8"].drop_duplicates("width").set_index("width").speedup
+        policies = sorted(set(g[g.kind == "policy"].recipe))
+        for recipe in [r for r in OURS if r in set(g.recipe)] + policies:
+            d = g[(g.recipe == recipe) & ~g.no_fp8].drop_duplicates("width")
+            s = d.set_index("width").speedup.sort_index()
+            pays = None
+            for w in s.index[::-1]:  # widest first: the crossover is where paying starts
+                if s[w] <= 1.0:
+                    break
+                pays = int(w)
+            both = s.index.intersection(peer.index)
+            widest = max(both) if len(both) else None
+            no_fp8 = sorted(int(w) for w in g[(g.recipe == recipe) & g.no_fp8].width)
+            rows.append({"hardware": hw, "recipe": recipe,
+                         "kind": "policy" if recipe in policies else "default",
+                         "FP8 pays from width": pays,
+                         "no FP8 GEMM at widths": ", ".join(map(str, no_fp8)),
+                         "widths beating the peer": f"{sum(s[w] > peer[w] for w in both)}"
+                                                    f"/{len(both)}",
+                         "vs peer at the widest": (s[widest] / peer[widest] - 1
+                                                   if widest else np.nan),
+                         "widest": widest})
+    return pd.DataFrame(rows, columns=["hardware", "recipe", "kind", "FP8 pays from width",
+                                       "no FP8 GEMM at widths", "widths beating the peer",
+                                       "vs peer at the widest", "widest"])
 
 
 _TEMP_VALUE = re.compile(r"value: <\d+ (\S+) @\d+> \(size=(\d+),offset=(\d+)\): (\S+)")

@@ -12,13 +12,13 @@ of it holds, or it holds in a narrower scope), **contradicted** (the data go aga
 measurement), **not yet measured**.
 """
 
-from repro.claims.verdicts._base import VERDICTS, Verdict, definitions, margin
+from repro.claims.verdicts._base import VERDICTS, Verdict, definitions, margin, rule
 from repro.claims.verdicts.inference import b6
 from repro.claims.verdicts.legged import a11
 from repro.claims.verdicts.nvfp4 import b1, b2, b3, b4, b5
 from repro.claims.verdicts.quality import QualityEvidence, a5, a6, a7, a8, a10
 from repro.claims.verdicts.rl import a1, a2, a3, a4, a9
 
-__all__ = ["VERDICTS", "QualityEvidence", "Verdict", "definitions", "margin",
+__all__ = ["VERDICTS", "QualityEvidence", "Verdict", "definitions", "margin", "rule",
            "a1", "a2", "a3", "a4", "a5", "a6", "a7", "a8", "a9", "a10", "a11",
            "b1", "b2", "b3", "b4", "b5", "b6"]

@@ -6,7 +6,7 @@ import functools
 import math
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 import yaml
@@ -36,6 +36,9 @@ class Verdict:
     ``metrics/<notebook>.json`` and ``dvc metrics``. ``stale``: the verdict rests on quality
     records made by other code than this checkout's, ``stale_note`` says which and since when
     (``repro.claims.staleness``; stale speed records are left out instead, named in ``note``).
+    ``caveat``: the one caveat that most limits the verdict, short enough for the ledger's
+    one-line row (a rule changed after its data, a projection's validation, what a memory
+    number is).
     """
 
     claim: str
@@ -48,6 +51,7 @@ class Verdict:
     numbers: dict[str, Any] = field(default_factory=dict)
     stale: bool = False
     stale_note: str = ""
+    caveat: str = ""
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:
@@ -73,6 +77,30 @@ def _hw(frame: pd.DataFrame, default: str = "none") -> str:
 def definitions() -> dict[str, dict[str, Any]]:
     """The claims as ``repro/data/claims.yaml`` defines them (statement, notebook, margin)."""
     return yaml.safe_load(resources.files("repro").joinpath("data/claims.yaml").read_text())
+
+
+def rule(claim: str, given: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
+    """The decision rule of ``claim`` as ``repro/data/claims.yaml`` writes it (its ``rule``):
+    the studies and cells it judges, the recipes or formats and how several combine, the
+    statistic and its thresholds. ``given`` replaces it (a rule as first registered, or one
+    read from an older commit: :mod:`repro.claims.registration`)."""
+    if given is not None:
+        return given
+    r = definitions().get(claim, {}).get("rule")
+    if not r:
+        raise ValueError(f"claim {claim!r} has no rule in repro/data/claims.yaml")
+    return r
+
+
+def recipes(r: Mapping[str, Any], have: Sequence[str] = ()) -> list[str]:
+    """The recipes (or formats) a rule names: its list, or where it names a family (``fp8``:
+    every FP8 recipe; ``every variant``) the recipes of ``have`` in that family."""
+    names = r.get("recipes", r.get("formats", []))
+    if isinstance(names, str):
+        if names == "every variant":
+            return list(have)
+        return [h for h in have if str(h).startswith(names)]
+    return list(names)
 
 
 def margin(claim: str, part: str | None = None) -> tuple[float, float]:

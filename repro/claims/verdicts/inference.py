@@ -14,33 +14,36 @@ import pandas as pd
 
 from repro.analysis.inference import best_evidence, widest_timed
 from repro.claims.verdicts._base import Verdict, margin
+from repro.claims.verdicts._base import rule as rule_of
 from repro.claims.verdicts.quality import UNSURE
 
-FORMATS = ("fp8", "int8")  # the formats whose accuracy B6 judges, each with its margin
-# FP8 weights and activations: scales per channel and token (qwix's), or one per tensor. B6
-# judges the first whose accuracy (FP8's margin) AND prefill both pass, else the first: a
-# recipe passes on its own numbers, never on the accuracy of one and the speed of another.
-FP8_FORMATS = ("fp8", "fp8-tensor")
-MIN_SEEDS = 3
-# each at the format's widest config timed (repro.analysis.inference.widest_timed)
-PREFILL_TARGET = 1.3                     # FP8 weights+activations, prefill
-DECODE_TARGET = (("fp8-w", "int8-w"), 1, 1.5)  # weight-only decode at batch 1
-BYTES_TARGETS = {"fp8-w": 0.52, "int8-w": 0.52, "nvfp4-w": 0.30}
 SOURCE = "results/*/inference/*.json (notebooks/11_inference.py)"
 LABEL = {True: "pass", False: "FAIL", None: "n/a", UNSURE: "inconclusive"}
 
 
-def b6_margins() -> dict[str, tuple[float, float]]:
-    """B6's margin per format, from its definition."""
-    return {f: margin("B6", f) for f in FORMATS}
+def b6_margins(rule=None) -> dict[str, tuple[float, float]]:
+    """B6's margin per format of its rule, from its definition."""
+    return {f: margin("B6", f) for f in rule_of("B6", rule)["formats"]}
+
+
+def at_config(spd: pd.DataFrame, config) -> pd.DataFrame:
+    """The speed rows a rule's ``config`` judges, of records that ran on tensor cores (not
+    emulated): ``widest`` (each format at the widest config it was timed at,
+    :func:`~repro.analysis.inference.widest_timed`) or ``{d_model: N}`` (every format there)."""
+    if config == "widest":
+        return widest_timed(spd)
+    real = spd[~spd["emulated"].astype(bool)] if len(spd) else spd
+    return real[real["d_model"] == config["d_model"]] if len(real) else real
 
 
 def _part(ok: bool | str | None, text: str) -> dict:
     return {"ok": ok, "text": text}
 
 
-def _accuracy_parts(acc: pd.DataFrame, bounds: Mapping[str, Sequence[float]]) -> list[dict]:
-    """One part per format of ``bounds`` (a format name -> its margin)."""
+def _accuracy_parts(acc: pd.DataFrame, bounds: Mapping[str, Sequence[float]],
+                    min_seeds: int) -> list[dict]:
+    """One part per format of ``bounds`` (a format name -> its margin), judged from
+    ``min_seeds`` seeds (a t-interval needs two to be shown at all)."""
     parts = []
     for fmt, (_, high) in bounds.items():
         r = acc[acc["format"] == fmt]
@@ -48,7 +51,7 @@ def _accuracy_parts(acc: pd.DataFrame, bounds: Mapping[str, Sequence[float]]) ->
             parts.append(_part(None, f"{fmt.upper()} accuracy not measured"))
             continue
         r = r.iloc[0]
-        ok = (None if r["n_seeds"] < MIN_SEEDS else True if r["rel_hi"] <= high
+        ok = (None if r["n_seeds"] < min_seeds else True if r["rel_hi"] <= high
               else False if r["rel_lo"] > high else UNSURE)
         parts.append(_part(ok, f"{fmt.upper()} held-out loss {100 * r['rel_gap']:+.2f}% vs "
                                f"BF16 (95% CI {100 * r['rel_lo']:+.2f}% .. "
@@ -57,30 +60,39 @@ def _accuracy_parts(acc: pd.DataFrame, bounds: Mapping[str, Sequence[float]]) ->
     return parts
 
 
-def _prefill_part(wide: pd.DataFrame, fmt: str) -> dict:
+def _prefill_part(wide: pd.DataFrame, fmt: str, target: float) -> dict:
     r = wide[(wide["format"] == fmt) & (wide["phase"] == "prefill")] if len(wide) else wide
     return _part(None, f"{fmt.upper()} prefill not measured") if r.empty else _part(
-        bool(r["speedup"].iloc[0] >= PREFILL_TARGET),
+        bool(r["speedup"].iloc[0] >= target),
         f"{fmt.upper()} prefill {r['speedup'].iloc[0]:.2f}x BF16 at d_model "
-        f"{int(r['d_model'].iloc[0])} (target {PREFILL_TARGET}x)")
+        f"{int(r['d_model'].iloc[0])} (target {target}x)")
 
 
-def judged_fp8(acc: pd.DataFrame, spd: pd.DataFrame, high: float) -> str:
-    """The FP8 weights+activations format B6 judges (see :data:`FP8_FORMATS`)."""
-    wide = widest_timed(spd)
-    for fmt in FP8_FORMATS:
-        a = _accuracy_parts(acc, {fmt: (-high, high)})[0]
-        if a["ok"] is True and _prefill_part(wide, fmt)["ok"] is True:
+def judged_fp8(acc: pd.DataFrame, spd: pd.DataFrame, high: float, rule=None) -> str:
+    """The FP8 weights+activations format B6 judges: its rule's ``fp8_formats``, the first
+    whose accuracy (FP8's margin) AND prefill both pass where it says ``first-passing``
+    (else the first of them), the first alone where it says ``one``: a recipe passes on its
+    own numbers, never on the accuracy of one and the speed of another."""
+    r = rule_of("B6", rule)
+    fmts = r["fp8_formats"]
+    if r["combine"] != "first-passing":
+        return fmts[0]
+    wide = at_config(spd, r["config"])
+    for fmt in fmts:
+        a = _accuracy_parts(acc, {fmt: (-high, high)}, r["min_seeds"])[0]
+        if a["ok"] is True and _prefill_part(wide, fmt, r["prefill"])["ok"] is True:
             return fmt
-    return FP8_FORMATS[0]
+    return fmts[0]
 
 
-def _speed_parts(spd: pd.DataFrame, fp8: str = FP8_FORMATS[0]) -> list[dict]:
-    wide = widest_timed(spd)
+def _speed_parts(spd: pd.DataFrame, fp8: str, r, stale: int = 0) -> list[dict]:
+    wide = at_config(spd, r["config"])
     if wide.empty:
-        return [_part(None, "speed not measured on tensor cores (emulated or no records)")]
-    parts = [_prefill_part(wide, fp8)]
-    fmts, batch, target = DECODE_TARGET
+        return [_part(None, f"speed stale: {stale} record(s) of older code left out, none fresh"
+                      if stale else
+                      "speed not measured on tensor cores (emulated or no records)")]
+    parts = [_prefill_part(wide, fp8, r["prefill"])]
+    fmts, batch, target = (r["decode"][k] for k in ("formats", "batch", "target"))
     for f in fmts:
         r = wide[(wide["format"] == f) & (wide["phase"] == "decode") & (wide["batch"] == batch)]
         parts.append(_part(None, f"{f} decode not measured") if r.empty else _part(
@@ -90,10 +102,36 @@ def _speed_parts(spd: pd.DataFrame, fp8: str = FP8_FORMATS[0]) -> list[dict]:
     return parts
 
 
-def decode_by_width(spd: pd.DataFrame) -> str:
+def common_config_caveat(spd: pd.DataFrame, fp8: str, rule=None) -> str:
+    """Where the rule judges each format at the widest config it was timed at and those
+    differ: the speed parts at the widest d_model where every judged format was timed on
+    tensor cores (the ledger's caveat: what the formats give at one common config)."""
+    r = rule_of("B6", rule)
+    if r["config"] != "widest" or not len(spd):
+        return ""
+    real = spd[~spd["emulated"].astype(bool)]
+    fmts, batch = r["decode"]["formats"], r["decode"]["batch"]
+    want = [(fp8, "prefill")] + [(f, "decode") for f in fmts]
+
+    def timed(f, phase):
+        g = real[(real["format"] == f) & (real["phase"] == phase)]
+        return set(g[g["batch"] == batch]["d_model"]) if phase == "decode" else set(g["d_model"])
+
+    sets = [timed(f, ph) for f, ph in want]
+    common = set.intersection(*sets) if sets else set()
+    if not common or all(max(x) == max(common) for x in sets):
+        return ""
+    d = max(common)
+    parts = [p["text"].split(" BF16")[0] for p in _speed_parts(spd, fp8, {**r, "config":
+                                                                         {"d_model": d}})]
+    return (f"at d_model {int(d)}, the widest every format was timed at: " + ", ".join(parts)
+            + f" (targets {r['prefill']}x, {r['decode']['target']}x)")
+
+
+def decode_by_width(spd: pd.DataFrame, rule=None) -> str:
     """The weight-only formats' batch-1 decode speedups at every config timed on tensor
     cores, narrowest first: where the decode target holds and where it does not."""
-    fmts, batch, _ = DECODE_TARGET
+    fmts, batch = (rule_of("B6", rule)["decode"][k] for k in ("formats", "batch"))
     real = spd[~spd["emulated"].astype(bool)] if len(spd) else spd
     out = []
     for f in fmts:
@@ -106,9 +144,9 @@ def decode_by_width(spd: pd.DataFrame) -> str:
     return f"batch-{batch} decode by d_model: " + "; ".join(out) if out else ""
 
 
-def _bytes_parts(mem: pd.DataFrame) -> list[dict]:
+def _bytes_parts(mem: pd.DataFrame, targets: Mapping[str, float]) -> list[dict]:
     parts = []
-    for fmt, limit in BYTES_TARGETS.items():
+    for fmt, limit in targets.items():
         r = mem[mem["format"] == fmt]
         parts.append(_part(None, f"{fmt} bytes not measured") if r.empty else _part(
             bool(r["ratio_to_bf16"].iloc[0] <= limit),
@@ -129,7 +167,8 @@ def _combine(oks: list[bool | str | None]) -> str:
 
 
 def b6(acc: pd.DataFrame, mem: pd.DataFrame, spd: pd.DataFrame,
-       bounds: Mapping[str, Sequence[float]] | None = None) -> Verdict:
+       bounds: Mapping[str, Sequence[float]] | None = None, rule=None,
+       stale_speed: int = 0) -> Verdict:
     """B6's inference half from ``repro.analysis.inference``'s ``accuracy_table``,
     ``bytes_table`` and ``speed_table`` (best evidence of each: full profile, a GPU).
 
@@ -140,16 +179,21 @@ def b6(acc: pd.DataFrame, mem: pd.DataFrame, spd: pd.DataFrame,
     of BF16 over the whole model. All parts pass: **reproduced**; all fail: **contradicted**;
     none fails but an accuracy interval is too wide to tell: **inconclusive**; otherwise (a
     part failed or was not measured): **partly**. No accuracy records, or smoke records only:
-    **not yet measured**.
+    **not yet measured**. The thresholds, formats and config are B6's ``rule``
+    (``repro/data/claims.yaml``); ``stale_speed``: how many speed records were left out as
+    stale (the speed part then says "stale", not "not measured").
     """
-    bounds = b6_margins() if bounds is None else bounds
+    r = rule_of("B6", rule)
+    bounds = b6_margins(r) if bounds is None else bounds
     acc, mem, spd = best_evidence(acc), best_evidence(mem), best_evidence(spd)
     if acc.empty:
         return Verdict("B6", "not yet measured", "no inference accuracy records", "", SOURCE)
-    fp8 = judged_fp8(acc, spd, bounds["fp8"][1])
-    own = {(fp8 if f == "fp8" else f): b for f, b in bounds.items()}
-    judged = _accuracy_parts(acc, own) + _speed_parts(spd, fp8)  # the key number's parts
-    parts = judged + _bytes_parts(mem)
+    slot = r["formats"][0]  # the margin of FP8 weights and activations
+    fp8 = judged_fp8(acc, spd, bounds[slot][1], r)
+    own = {(fp8 if f == slot else f): b for f, b in bounds.items()}
+    judged = (_accuracy_parts(acc, own, r["min_seeds"])
+              + _speed_parts(spd, fp8, r, stale_speed))  # the key number's parts
+    parts = judged + _bytes_parts(mem, r["bytes"])
     verdict = _combine([p["ok"] for p in parts])
     key = "; ".join(p["text"] for p in judged)
     smoke = acc["profile"].iloc[0] != "full"
@@ -158,14 +202,18 @@ def b6(acc: pd.DataFrame, mem: pd.DataFrame, spd: pd.DataFrame,
         verdict = "not yet measured"
     hw = str(acc["hardware"].iloc[0])
     speed_hw = "" if spd.empty else str(spd["hardware"].iloc[0])
-    others = [_prefill_part(widest_timed(spd), f)["text"] for f in FP8_FORMATS if f != fp8]
+    wide = at_config(spd, r["config"])
+    others = [_prefill_part(wide, f, r["prefill"])["text"]
+              for f in list(r["fp8_formats"]) + list(r.get("shown", [])) if f != fp8]
+    how = (f"the first of {', '.join(r['fp8_formats'])} whose accuracy and prefill both pass, "
+           "else the first" if r["combine"] == "first-passing" else "the rule's one format")
     note = ("inference half of B6 (FP4 training: B4). Accuracy: the same BF16-trained "
             "checkpoint per seed, exported with qwix, step picked by held-out loss. "
-            f"FP8 weights and activations judged as {fp8} (the first of "
-            f"{', '.join(FP8_FORMATS)} whose accuracy and prefill both pass, else the first; "
-            f"also timed: {'; '.join(others)}). "
-            + (f"{decode_by_width(spd)}. " if decode_by_width(spd) else "")
+            f"FP8 weights and activations judged as {fp8} ({how}"
+            + (f"; also timed: {'; '.join(others)}" if others else "") + "). "
+            + (f"{decode_by_width(spd, r)}. " if decode_by_width(spd, r) else "")
             + ("Smoke records only: a pipeline check, not evidence. " if smoke else "")
             + "; ".join(f"{LABEL[p['ok']]}: {p['text']}" for p in parts))
     return Verdict("B6", verdict, key, hw if speed_hw in ("", hw) else f"{hw}, {speed_hw}",
-                   SOURCE, note, bool(acc[acc["format"].isin(own)]["emulated"].any()))
+                   SOURCE, note, bool(acc[acc["format"].isin(own)]["emulated"].any()),
+                   caveat=common_config_caveat(spd, fp8, r))

@@ -14,14 +14,16 @@ from collections.abc import Sequence
 import pandas as pd
 
 from repro.claims.verdicts._base import Verdict, margin
+from repro.claims.verdicts._base import rule as rule_of
 from repro.claims.verdicts.quality import UNSURE, _kept
 
 EXPERIMENT = "legged"
-RECIPE = "fp8-delayed"
-REFERENCE = "fp32"
-BASELINE = "bf16"  # the speed baseline; quality is shown (not judged) against it too
-PAYS = 1.1  # FP8 "pays" where the whole loop is >= 1.1x BF16's (A2's "faster" threshold)
-MIN_SEEDS = 8
+_RULE = rule_of("A11")  # the names and thresholds below are A11's rule in claims.yaml
+RECIPE = _RULE["recipes"][0]
+REFERENCE = _RULE["reference"]
+BASELINE = _RULE["baseline"]  # the speed baseline; quality is shown (not judged) against it too
+PAYS = _RULE["pays"]  # FP8 "pays" where the whole loop is >= PAYS x BF16's
+MIN_SEEDS = _RULE["min_seeds"]
 NOTE = "notebook 10_legged"
 
 
@@ -61,8 +63,9 @@ def _label(key: tuple[str, int]) -> str:
     return f"{env} width {width}" if env else f"width {width}"
 
 
-def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
-                  ) -> dict[tuple[str, int], tuple[bool | str | None, str]]:
+def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float],
+                  min_seeds: int = MIN_SEEDS, reference: str = REFERENCE,
+                  baseline: str = BASELINE) -> dict[tuple[str, int], tuple[bool | str | None, str]]:
     """Per (env, width) with >= MIN_SEEDS seeds: (kept: True / False / UNSURE, its text), from
     the ``poi``, ``poi_lo``, ``poi_hi`` columns of ``repro.analysis.legged.quality_table``, at
     the longest training (:func:`longest_runs`), the text also giving both sides' seeds and
@@ -70,13 +73,13 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
     P(recipe > BF16) where the table has it (``poi_bf16``). Where FP32 did not beat the random
     policy (``learned`` false) nothing learned, so nothing is compared: (None, why); likewise
     where the environment has no random-policy record (``learned`` NaN)."""
-    q = longest_runs(quality[quality.recipe == recipe], MIN_SEEDS) if len(quality) else quality
+    q = longest_runs(quality[quality.recipe == recipe], min_seeds) if len(quality) else quality
     out = {}
     for r in q.itertuples():
         steps = getattr(r, "total_timesteps", 0)
         steps = int(steps) if pd.notna(steps) else 0
         ref = _rows_at(quality, r, steps)
-        ref = ref[ref.recipe == REFERENCE]
+        ref = ref[ref.recipe == reference]
         parts = [f"{steps / 1e6:.1f}M steps per seed"] if steps else []
         budget = f" ({parts[0]})" if parts else ""
         where = _where(getattr(r, "env", None), r.width)
@@ -99,17 +102,17 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float]
         theirs = ref.mean_return.iloc[0] if len(ref) and "mean_return" in ref else None
         if means := _means(getattr(r, "mean_return", None), theirs):
             parts.append(means)
-        poi = pd.DataFrame([{"x": recipe, "y": REFERENCE, "p": r.poi, "lo": r.poi_lo,
+        poi = pd.DataFrame([{"x": recipe, "y": reference, "p": r.poi, "lo": r.poi_lo,
                              "hi": r.poi_hi}])
-        state, text = _kept(poi, recipe, REFERENCE, bounds)
+        state, text = _kept(poi, recipe, reference, bounds)
         text += f" ({'; '.join(parts)})" if parts else ""
         vs16 = getattr(r, "poi_bf16", float("nan"))
         if pd.notna(vs16):  # shown beside the judged comparison: FP8 against 16-bit compute
-            text += (f"; P({recipe}>{BASELINE})={vs16:.2f} [{r.poi_bf16_lo:.2f},"
+            text += (f"; P({recipe}>{baseline})={vs16:.2f} [{r.poi_bf16_lo:.2f},"
                      f"{r.poi_bf16_hi:.2f}] (not judged)")
-        for c in _shown_beside(quality, recipe, r, steps).itertuples():
+        for c in _shown_beside(quality, recipe, r, steps, min_seeds, baseline).itertuples():
             means = _means(getattr(c, "mean_return", None), theirs)
-            text += (f"; P({c.recipe}>{REFERENCE})={c.poi:.2f} [{c.poi_lo:.2f},{c.poi_hi:.2f}]"
+            text += (f"; P({c.recipe}>{reference})={c.poi:.2f} [{c.poi_lo:.2f},{c.poi_hi:.2f}]"
                      f" over {int(c.n_seeds)} seeds" + (f", {means}" if means else "")
                      + " (not judged)")
         out[where] = (state, text)
@@ -136,7 +139,8 @@ def _rows_at(quality: pd.DataFrame, row, steps: int) -> pd.DataFrame:
     return q
 
 
-def _shown_beside(quality: pd.DataFrame, recipe: str, row, steps: int) -> pd.DataFrame:
+def _shown_beside(quality: pd.DataFrame, recipe: str, row, steps: int,
+                  min_seeds: int = MIN_SEEDS, baseline: str = BASELINE) -> pd.DataFrame:
     """The rows shown beside the judged ``recipe``, never judged, at ``row``'s environment and
     width, trained ``steps`` per seed, with >= MIN_SEEDS seeds: BF16 (the speed baseline:
     does 16-bit compute keep FP32's return?), then ``recipe`` with another critic recipe
@@ -145,8 +149,8 @@ def _shown_beside(quality: pd.DataFrame, recipe: str, row, steps: int) -> pd.Dat
     q = _rows_at(quality, row, steps)
     critic, variant = (q.recipe.str.startswith(f"{recipe}{s}") for s in ("+critic-", ":"))
     q = q.assign(_order=critic.astype(int) + 2 * variant.astype(int))
-    q = q[(q.recipe == BASELINE) | critic | variant]
-    q = q[q.n_seeds >= MIN_SEEDS] if "n_seeds" in q else q
+    q = q[(q.recipe == baseline) | critic | variant]
+    q = q[q.n_seeds >= min_seeds] if "n_seeds" in q else q
     return q.sort_values("_order", kind="stable")
 
 
@@ -168,8 +172,8 @@ def _held(kept: dict[tuple[str, int], tuple[bool | str | None, str]]) -> bool | 
     return False if False in states else UNSURE if UNSURE in states else True
 
 
-def a11(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str = RECIPE,
-        bounds: Sequence[float] | None = None) -> Verdict:
+def a11(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str | None = None,
+        bounds: Sequence[float] | None = None, rule=None) -> Verdict:
     """A11 ("FP8 matters for compute-heavy RL such as legged-robot training") from
     ``repro.analysis.legged.speedups`` and ``quality_table`` of the full-profile GPU records
     (``repro.analysis.legged.evidence``).
@@ -192,6 +196,9 @@ def a11(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str = RECIPE,
     at no measured size; **not yet measured**: no such records.
     """
     bounds = bounds or margin("A11")
+    rl = rule_of("A11", rule)
+    recipe = recipe or rl["recipes"][0]
+    pays_at, min_seeds = rl["pays"], rl["min_seeds"]
     u = ups[(ups.recipe == recipe) & ~ups.emulated.astype(bool)
             & ups.same_commit.astype(bool)] if len(ups) else ups
     if not len(u):
@@ -206,9 +213,9 @@ def a11(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str = RECIPE,
         e2e=("e2e", "median"), update=("update", "median"), size=("size", "first"),
         physics_share=("physics_share", "first"),
         env=("env", lambda x: "/".join(sorted(set(x))))).sort_values("width")
-    pays = {int(r.width): bool(r.e2e >= PAYS) for r in u.itertuples()}
+    pays = {int(r.width): bool(r.e2e >= pays_at) for r in u.itertuples()}
     kept = _quality_kept(quality[quality.hardware == hw] if len(quality) else quality, recipe,
-                         bounds)
+                         bounds, min_seeds, rl["reference"], rl["baseline"])
     held, cross, narrow = _held(kept), crossover(pays), int(u.width.min())
     if not any(pays.values()):
         verdict = "contradicted"
@@ -226,7 +233,7 @@ def a11(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str = RECIPE,
                 f"{r['update']:.2f}x{physics})")
 
     speed = ", ".join(part(r) for _, r in u.iterrows())
-    qual = (f"quality not measured with >= {MIN_SEEDS} seeds" if not kept else
+    qual = (f"quality not measured with >= {min_seeds} seeds" if not kept else
             "quality vs FP32 " + ", ".join(f"{_label(k)}: {t}" for k, (_, t) in
                                            sorted(kept.items(), key=lambda kv: kv[0][::-1])))
     where = (f"FP8 pays from width {cross} on" if cross is not None else

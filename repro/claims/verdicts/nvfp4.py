@@ -10,6 +10,19 @@ import pandas as pd
 
 from repro.analysis.lm import SIZE_ORDER
 from repro.claims.verdicts._base import Verdict, margin
+from repro.claims.verdicts._base import rule as rule_of
+
+
+def _pick(frame: pd.DataFrame, which: str, by: list[str]) -> pd.Series:
+    """The row of ``frame`` a rule's ``cells`` name: ``largest ...`` (the last sorted by
+    ``by``) or ``smallest ...`` (the first)."""
+    ordered = frame.sort_values(by, kind="stable")
+    if which.startswith("largest"):
+        return ordered.iloc[-1]
+    if which.startswith("smallest"):
+        return ordered.iloc[0]
+    raise ValueError(f"a rule's model must be 'largest ...' or 'smallest ...', got {which!r}")
+
 
 def b1(checks: Mapping[str, bool], mismatches: tuple[int, int], sizes: tuple[int, int],
        nvfp4_error: float, hardware: str, has_fp4: bool, native_fp4: bool = False) -> Verdict:
@@ -37,21 +50,20 @@ def b1(checks: Mapping[str, bool], mismatches: tuple[int, int], sizes: tuple[int
                             "nvfp4_rel_error": nvfp4_error, "native_fp4": int(native_fp4)})
 
 
-B2_TARGET = 1.5  # a measured NVFP4/BF16 step speedup at or above this reproduces "up to 1.6x"
-# The projections the key number quotes: (model, comparison, target chip, text), the text
-# with the projected speedup {x} and the published one {p}.
-B2_KEY = (
-    ("llama3-8b", "nvfp4_vs_bf16", "gb200", "{x} vs BF16 (Llama-3-8B, GB200; published {p})"),
-    ("llama3-8b", "nvfp4_mlp_vs_fp8", "gb200", "{x} vs FP8 MLP-only (GB200; published {p})"),
-    ("llama3-405b", "nvfp4_mlp_vs_fp8", "gb300", "405B GB300 {x} (published {p})"))
+def _b2_keys(r) -> list[tuple[str, str, str, str]]:
+    """The projections B2's key number quotes (its rule's ``projections``): (model,
+    comparison, target chip, text), the text with the projected speedup {x} and the published
+    one {p}."""
+    return [(p["model"], p["comparison"], p["target"], p["text"]) for p in r["projections"]]
 
 
-def _b2_measured(measured_fp4: pd.DataFrame) -> Verdict:
-    """B2 from NVFP4 speedups measured on a chip with FP4 tensor cores."""
+def _b2_measured(measured_fp4: pd.DataFrame, r) -> Verdict:
+    """B2 from NVFP4 speedups measured on a chip with FP4 tensor cores: reproduced at the
+    rule's ``target`` over BF16, partly above ``faster``."""
     best = measured_fp4.loc[measured_fp4["speedup"].idxmax()]
-    bf = measured_fp4[measured_fp4["baseline"] == "bf16"]
+    bf = measured_fp4[measured_fp4["baseline"] == r["baseline"]]
     top = float(bf["speedup"].max()) if len(bf) else float("nan")
-    v = ("reproduced" if top >= B2_TARGET else "partly" if top > 1.0 else
+    v = ("reproduced" if top >= r["target"] else "partly" if top > r["faster"] else
          "contradicted" if np.isfinite(top) else "partly")
     return Verdict("B2", v, f"measured NVFP4 {best['speedup']:.2f}x vs {best['baseline']} "
                    f"({best['model']}, {best['hardware']})", str(best["hardware"]),
@@ -60,13 +72,15 @@ def _b2_measured(measured_fp4: pd.DataFrame) -> Verdict:
                    numbers={"nvfp4_speedup_max": best["speedup"], "nvfp4_bf16_max": top})
 
 
-def _b2_validation(val: pd.DataFrame | None, hw_slug: str, calibrated: bool, mode: str) -> str:
-    """What the projection's validation says, from ``validation_table`` rows."""
+def _b2_validation(val: pd.DataFrame | None, hw_slug: str, calibrated: bool, mode: str,
+                   within: float) -> str:
+    """What the projection's validation says, from ``validation_table`` rows: at how many
+    shapes the model's FP8/BF16 speedup is ``within`` of the measured one."""
     if val is not None and len(val):
         err = val["error"].abs()  # MLP and LM shapes count alike
         n_lm = int((val["workload"] == "lm").sum())
-        return (f"validated on {hw_slug}: FP8/BF16 speedup predicted within 10% at "
-                f"{int((err <= 0.10).sum())}/{len(err)} measured shapes ({len(err) - n_lm} "
+        return (f"validated on {hw_slug}: FP8/BF16 speedup predicted within {within:.0%} at "
+                f"{int((err <= within).sum())}/{len(err)} measured shapes ({len(err) - n_lm} "
                 f"MLP, {n_lm} LM; max error {err.max():.0%})")
     if calibrated:
         return "not validated: no FP8 mlp_step/lm_step records beside the BF16 ones"
@@ -77,14 +91,24 @@ def _b2_validation(val: pd.DataFrame | None, hw_slug: str, calibrated: bool, mod
     return "NOT validated: no GPU gemm/mlp_step/lm_step records yet (datasheet peaks only)"
 
 
-def _b2_key(projection: pd.DataFrame) -> str:
-    """The projected speedups of :data:`B2_KEY`, each beside its published one."""
+def _b2_caveat(val: pd.DataFrame | None, within: float) -> str:
+    """The projection's limit in one phrase: at how few measured shapes its step model is
+    within ``within`` of the measured FP8/BF16 speedup, and its largest error."""
+    if val is None or not len(val):
+        return "the projection's step model is not validated against measured steps"
+    err = val["error"].abs()
+    return (f"projection model within {within:.0%} of measured FP8 steps at "
+            f"{int((err <= within).sum())} of {len(err)} shapes (max error {err.max():.0%})")
+
+
+def _b2_key(projection: pd.DataFrame, r) -> str:
+    """The projected speedups of the rule's ``projections``, each beside its published one."""
     def x(value) -> str:
         ok = value is not None and np.isfinite(float(value))
         return f"{float(value):.2f}x" if ok else "n/a"
 
     parts = []
-    for model, comparison, target, text in B2_KEY:
+    for model, comparison, target, text in _b2_keys(r):
         m = projection[(projection["model"] == model) & (projection["comparison"] == comparison)
                        & (projection["target"] == target)]
         got, pub = (m["speedup"].iloc[0], m["published_speedup"].iloc[0]) if len(m) else (
@@ -94,52 +118,57 @@ def _b2_key(projection: pd.DataFrame) -> str:
 
 
 def b2(projection: pd.DataFrame, measured_fp4: pd.DataFrame | None = None,
-       validation: pd.DataFrame | None = None) -> Verdict:
+       validation: pd.DataFrame | None = None, rule=None) -> Verdict:
     """B2: measured where a chip with FP4 tensor cores recorded NVFP4 steps (``measured_fp4``,
     ``repro.perfmodel.measured_fp4_speedups``: reproduced if NVFP4 is >= 1.5x BF16, partly if
     faster, contradicted otherwise); else ``projected`` from ``projection``
     (``repro.perfmodel.projections``: speedup and published speedup per model, comparison and
     target chip), its note saying how the FP8 speedups of ``validation``
     (``repro.perfmodel.validation_table``) were predicted."""
+    r = rule_of("B2", rule)
     if measured_fp4 is not None and len(measured_fp4):
-        return _b2_measured(measured_fp4)
+        return _b2_measured(measured_fp4, r)
     if projection is None or not len(projection):
         return Verdict("B2", "not yet measured", "", "", "perfmodel", "no projection")
     calibrated = bool(projection["calibrated"].any())
     mode, hw_slug = str(projection["mode"].iloc[0]), str(projection["hardware"].iloc[0])
     source = "datasheet" if mode == "datasheet" else hw_slug
     numbers = {}
-    for model, comparison, target, _ in B2_KEY:
+    for model, comparison, target, _ in _b2_keys(r):
         m = projection[(projection["model"] == model) & (projection["comparison"] == comparison)
                        & (projection["target"] == target)]
         if len(m):
             numbers[f"{model}_{comparison}_{target}"] = {
                 "projected": m["speedup"].iloc[0], "published": m["published_speedup"].iloc[0]}
-    return Verdict("B2", "projected", _b2_key(projection),
+    return Verdict("B2", "projected", _b2_key(projection, r),
                    f"{source} -> gb200/gb300 (projection)",
                    "perfmodel projection" + ("" if calibrated else " (not calibrated)"),
                    "no record from a chip with FP4 tensor cores yet; "
-                   + _b2_validation(validation, hw_slug, calibrated, mode), numbers=numbers)
+                   + _b2_validation(validation, hw_slug, calibrated, mode,
+                                    r["validation_within"]), numbers=numbers,
+                   caveat=_b2_caveat(validation, r["validation_within"]))
 
 
-B3_LIMIT = 0.30  # 1/4 of FP16's bytes plus at most 5 points of scale overhead
-
-
-def b3(ratios: pd.DataFrame) -> Verdict:
+def b3(ratios: pd.DataFrame, rule=None) -> Verdict:
     """B3 from ``repro.analysis.lm.stored_ratios`` (NVFP4 bytes / BF16 bytes per model: the
     quantized ``weights`` and ``activations``, and the ``whole`` model's GEMM operands under
-    the policy), largest model: reproduced if the format ratio (the larger of weights and
-    activations) and the whole-model ratio are <= 0.30; partly if the format ratio only."""
+    the policy), at the model B3's ``rule`` names (the largest): reproduced if the format
+    ratio (the larger of weights and activations) and the whole-model ratio are <= its
+    ``limit`` (1/4 of FP16's bytes plus at most 5 points of scale overhead); partly if the
+    format ratio only."""
+    rl = rule_of("B3", rule)
+    limit = rl["limit"]
     note = ("Computed from the quantizers' dtypes and scale shapes (device-independent). "
             "Training memory is dominated by FP32 master weights + AdamW moments (16 "
             "bytes/parameter with gradients), which the format does not change.")
     source = "lm records stored_*_bytes (notebooks/05_lm_nvfp4.py)"
     if not len(ratios):
         return Verdict("B3", "not yet measured", "no stored-bytes records", "", source, note)
-    r = ratios.loc[ratios["model"].map(lambda m: SIZE_ORDER.get(m, -1)).idxmax()]
+    r = _pick(ratios.assign(_size=ratios["model"].map(lambda m: SIZE_ORDER.get(m, -1))),
+              rl["cells"]["model"], ["_size"])
     fmt = max(r["weights"], r["activations"])
-    v = ("reproduced" if fmt <= B3_LIMIT and r["whole"] <= B3_LIMIT else
-         "partly" if fmt <= B3_LIMIT else "contradicted")
+    v = ("reproduced" if fmt <= limit and r["whole"] <= limit else
+         "partly" if fmt <= limit else "contradicted")
     key = (f"NVFP4 tensors take {r['weights']:.3f} (weights, 16x16 blocks) and "
            f"{r['activations']:.3f} (activations, 1x16) of their BF16/FP16 bytes; the "
            f"{r['model']} model's GEMM operands under NVIDIA's policy {r['whole']:.3f}")
@@ -147,46 +176,48 @@ def b3(ratios: pd.DataFrame) -> Verdict:
                    numbers={k: r[k] for k in ("weights", "activations", "whole")})
 
 
-B4_MIN_SEEDS = 3
-
-
-def _b4_row(gaps: pd.DataFrame) -> pd.Series | None:
-    """The evidence: the largest model with >= 3 paired NVFP4/BF16 seeds, full profile first."""
-    g = gaps[(gaps["recipe"] == "nvfp4") & (gaps["n_seeds"] >= B4_MIN_SEEDS)] if len(
+def _b4_row(gaps: pd.DataFrame, r) -> pd.Series | None:
+    """The evidence: the model B4's ``rule`` names (the largest) with >= ``min_seeds`` paired
+    NVFP4/BF16 seeds, full profile first."""
+    fmt = r["formats"][0]
+    g = gaps[(gaps["recipe"] == fmt) & (gaps["n_seeds"] >= r["min_seeds"])] if len(
         gaps) else gaps
     if not len(g):
         return None
     g = g.assign(_full=(g["profile"] == "full").astype(int),
                  _size=g["model"].map(SIZE_ORDER).fillna(-1))
-    return g.sort_values(["_full", "_size", "n_seeds"]).iloc[-1]
+    full = g[g["_full"] == g["_full"].max()]
+    size = _pick(full, r["cells"]["model"], ["_size"])["_size"]
+    return full[full["_size"] == size].sort_values("n_seeds").iloc[-1]
 
 
-def _b4_note(row: pd.Series, gaps: pd.DataFrame, vs_fp8: pd.DataFrame) -> str:
+def _b4_note(row: pd.Series, gaps: pd.DataFrame, vs_fp8: pd.DataFrame, r) -> str:
     note = ("quality only; NVFP4 GEMMs emulated (bit-faithful values), so no speed claim. "
             if row["emulated"] else "")
     if row["profile"] != "full":
         note += "Smoke profile only (tiny model, 100 steps): a pipeline check, not evidence. "
-    vs = vs_fp8[(vs_fp8["recipe"] == "nvfp4") & (vs_fp8["model"] == row["model"])
+    vs = vs_fp8[(vs_fp8["recipe"] == r["formats"][0]) & (vs_fp8["model"] == row["model"])
                 & (vs_fp8["profile"] == row["profile"])] if len(vs_fp8) else vs_fp8
     if len(vs):
-        r = vs.iloc[-1]
-        note += (f"NVFP4 - FP8(delayed): {r['gap_nats']:+.4f} nats "
-                 f"(95% CI {r['gap_lo']:+.4f} .. {r['gap_hi']:+.4f}) vs MaxText's +0.026. ")
-    more = gaps[(gaps["recipe"] == "nvfp4") & (gaps["profile"] == "full")
+        x = vs.iloc[-1]
+        note += (f"NVFP4 - FP8(delayed): {x['gap_nats']:+.4f} nats "
+                 f"(95% CI {x['gap_lo']:+.4f} .. {x['gap_hi']:+.4f}) vs MaxText's +0.026. ")
+    min_seeds, overfit = r["min_seeds"], r["overfit_note"]
+    more = gaps[(gaps["recipe"] == r["formats"][0]) & (gaps["profile"] == "full")
                 & (gaps["model"].map(SIZE_ORDER) > SIZE_ORDER.get(row["model"], -1))]
-    for _, r in more.iterrows():
-        note += (f"Full profile, larger model so far: {r['model']} on {r['hardware']}, "
-                 f"{int(r['n_seeds'])} paired seed(s) (the rule needs 3): NVFP4 vs BF16 "
-                 f"{100 * r['rel_gap']:+.2f}% best held-out loss. ")
-    if row["overfit"] > 0.05:
+    for _, m in more.iterrows():
+        note += (f"Full profile, larger model so far: {m['model']} on {m['hardware']}, "
+                 f"{int(m['n_seeds'])} paired seed(s) (the rule needs {min_seeds}): NVFP4 vs "
+                 f"BF16 {100 * m['rel_gap']:+.2f}% best held-out loss. ")
+    if row["overfit"] > overfit:
         note += (f"Multi-epoch regime: the runs' held-out loss ends up to "
                  f"{100 * row['overfit']:.0f}% above its best (memorisation), so the "
                  "verdict uses the best held-out loss; section 4 also gives the final ones.")
     return note.strip()
 
 
-def b4(gaps: pd.DataFrame, vs_fp8: pd.DataFrame, bounds: tuple[float, float] | None = None
-       ) -> Verdict:
+def b4(gaps: pd.DataFrame, vs_fp8: pd.DataFrame, bounds: tuple[float, float] | None = None,
+       rule=None) -> Verdict:
     """B4 from ``repro.analysis.lm.paired_gaps`` against BF16 (``gaps``) and FP8 delayed
     (``vs_fp8``, for the note), a parity claim with the equivalence margin [low, high] of its
     definition (``repro/data/claims.yaml``) on the relative gap (NVFP4 - BF16) / BF16 of the
@@ -195,7 +226,8 @@ def b4(gaps: pd.DataFrame, vs_fp8: pd.DataFrame, bounds: tuple[float, float] | N
     inconclusive if the interval straddles high. Smoke records give at most partly."""
     low, high = bounds or margin("B4")
     source = "results/*/lm (eval_loss: the best held-out loss of each run)"
-    row = _b4_row(gaps)
+    r = rule_of("B4", rule)
+    row = _b4_row(gaps, r)
     if row is None:
         return Verdict("B4", "not yet measured", "no NVFP4/BF16 pair with enough seeds", "",
                        source)
@@ -210,14 +242,14 @@ def b4(gaps: pd.DataFrame, vs_fp8: pd.DataFrame, bounds: tuple[float, float] | N
            f"{int(row['n_seeds'])} seeds, {row['model']} model, {row['profile']} profile"
            f"{', emulated NVFP4' if row['emulated'] else ''}) vs margin "
            f"[{100 * low:+.1f}%, {100 * high:+.1f}%]")
-    return Verdict("B4", v, key, str(row["hardware"]), source, _b4_note(row, gaps, vs_fp8),
+    return Verdict("B4", v, key, str(row["hardware"]), source, _b4_note(row, gaps, vs_fp8, r),
                    emulated=bool(row["emulated"]),
                    numbers={"rel_gap": row["rel_gap"], "rel_lo": row["rel_lo"],
                             "rel_hi": row["rel_hi"], "margin_low": low, "margin_high": high,
                             "n_seeds": int(row["n_seeds"])})
 
 
-B5_EFFICIENCY = 0.8  # weak-scaling efficiency at the largest device count
+B5_EFFICIENCY = rule_of("B5")["efficiency"]  # weak scaling at the largest count (claims.yaml)
 B5_CPU_CHECKS = ("CPU, 8 simulated devices (tests/test_distributed.py): data-parallel PPO "
                  "(FP32, FP8 delayed) and DP/FSDP LM training (BF16, NVFP4) equal "
                  "single-device runs; gradient all-reduce and global amax verified; sharded "
@@ -234,13 +266,16 @@ def _b5_part(r) -> str:
     return text
 
 
-def b5(table: pd.DataFrame, planned: Mapping[str, Sequence[str]] | None = None) -> Verdict:
+def b5(table: pd.DataFrame, planned: Mapping[str, Sequence[str]] | None = None,
+       rule=None) -> Verdict:
     """B5 from ``repro.analysis.scaling.throughput_table``. Only GPU records on real devices
     with >= 2 devices count; on the hardware with the largest count, the weak-scaling
     efficiency of every (workload, recipe) there: reproduced if all are >= 0.8 at >= 4 GPUs,
     partly if all are at 2 GPUs only or some are, contradicted if none is. ``planned``:
     ``{"workloads": [...], "recipes": [...]}`` of the full study, to name what is missing."""
     source = "multigpu records (notebooks/08_multigpu.py); tests/test_distributed.py"
+    r = rule_of("B5", rule)
+    efficiency, min_gpus = r["efficiency"], r["min_gpus"]
     real = table[(~table["simulated"].astype(bool)) & (table["backend"] == "gpu")
                  & (table["n_devices"] >= 2)] if len(table) else table
     real = real[np.isfinite(real["efficiency"].astype(float))] if len(real) else real
@@ -252,15 +287,15 @@ def b5(table: pd.DataFrame, planned: Mapping[str, Sequence[str]] | None = None) 
     hw = top[top == top.max()].index[0]  # first hardware (by name) with the largest count
     nmax = int(top[hw])
     last = real[(real["hardware"] == hw) & (real["n_devices"] == nmax)]
-    ok = last["efficiency"] >= B5_EFFICIENCY
-    v = ("reproduced" if nmax >= 4 else "partly") if ok.all() else (
+    ok = last["efficiency"] >= efficiency
+    v = ("reproduced" if nmax >= min_gpus else "partly") if ok.all() else (
         "partly" if ok.any() else "contradicted")
     key = (f"weak-scaling efficiency at {nmax} GPUs: "
            + "; ".join(_b5_part(r) for r in last.itertuples()))
     have = set(zip(last["workload"], last["recipe"]))
     missing = [f"{w} {r}" for w in (planned or {}).get("workloads", [])
                for r in (planned or {}).get("recipes", []) if (w, r) not in have]
-    note = (f"Target >= {B5_EFFICIENCY} at >= 4 GPUs."
+    note = (f"Target >= {efficiency} at >= {min_gpus} GPUs."
             + (f" Not recorded at {nmax} GPUs: {', '.join(missing)}." if missing else "")
             + f" {B5_CPU_CHECKS}.")
     numbers = {"n_gpus": nmax, **{f"{r.workload}_{r.recipe}": {

@@ -18,9 +18,9 @@ from typing import Mapping, Sequence
 import pandas as pd
 
 from repro.claims.verdicts._base import Verdict, margin
+from repro.claims.verdicts._base import rule as rule_of
 
 QUALITY_SOURCE = "results/*/rl_quality (final_return, random_return, same_seed_identical)"
-MIN_ENVS = 3  # fewer environments behind the statistics cap "reproduced" at "partly"
 UNSURE = "inconclusive"  # a part of a claim the data cannot decide
 FP8_PREFIX = "fp8"  # variants whose GEMMs run in FP8
 
@@ -111,77 +111,85 @@ def _numbers(poi: pd.DataFrame, *pairs: tuple[str, str]) -> dict:
 
 
 def _quality(claim: str, v: str, parts: list[str], ev: QualityEvidence,
-             numbers: dict | None = None) -> Verdict:
-    """Smoke records never decide; fewer than MIN_ENVS environments cap at partly."""
+             numbers: dict | None = None, rule: Mapping | None = None) -> Verdict:
+    """Smoke records never decide; fewer environments than the rule's ``min_envs`` cap at
+    partly."""
+    min_envs = rule_of(claim, rule)["min_envs"]
     if ev.profile != "full" and v != "not yet measured":
         parts = [f"smoke only ({v} on {ev.n_seeds} seeds, {', '.join(ev.envs)})"] + parts
         v = "not yet measured"
-    elif v == "reproduced" and len(ev.envs) < MIN_ENVS:
+    elif v == "reproduced" and len(ev.envs) < min_envs:
         v = "partly"
         parts = [(f"reproduced on {len(ev.envs)} of {ev.planned_envs} planned environments "
-                  f"(< {MIN_ENVS}: capped at partly)")] + parts
+                  f"(< {min_envs}: capped at partly)")] + parts
     note = (f"notebook 04_rl_quality; {ev.profile} profile; IQM/POI over "
             f"{', '.join(ev.envs)}")
     return Verdict(claim, v, "; ".join(parts), ev.hardware, QUALITY_SOURCE, note,
                    numbers=numbers or {})
 
 
-def a5(poi: pd.DataFrame, ev: QualityEvidence, bounds: Sequence[float] | None = None
-       ) -> Verdict:
-    """A5: scaled FP8 (fp8-delayed) keeps FP32's quality within the margin AND is better
-    than unscaled FP8 (fp8-noscale)."""
-    kept, text = _kept(poi, "fp8-delayed", "fp32", bounds or margin("A5"))
-    v = _combine([kept, _better(poi, "fp8-delayed", "fp8-noscale")])
-    return _quality("A5", v, [text, _compare(poi, "fp8-delayed", "fp8-noscale")[1],
-                              _compare(poi, "fp8-current", "fp8-noscale")[1]], ev,
-                    _numbers(poi, ("fp8-delayed", "fp32"), ("fp8-delayed", "fp8-noscale"),
-                             ("fp8-current", "fp8-noscale")))
+def a5(poi: pd.DataFrame, ev: QualityEvidence, bounds: Sequence[float] | None = None,
+       rule: Mapping | None = None) -> Verdict:
+    """A5 (its ``rule``): scaled FP8 (fp8-delayed) keeps the reference's (FP32's) quality
+    within the margin AND is better than the unscaled FP8 it ``beats`` (fp8-noscale); the
+    recipes ``shown`` against it too, not judged."""
+    r = rule_of("A5", rule)
+    x, ref, worse = r["recipes"][0], r["reference"], r["beats"]
+    kept, text = _kept(poi, x, ref, bounds or margin("A5"))
+    v = _combine([kept, _better(poi, x, worse)])
+    shown = [(s, worse) for s in r.get("shown", [])]
+    return _quality("A5", v, [text, _compare(poi, x, worse)[1]]
+                    + [_compare(poi, a, b)[1] for a, b in shown], ev,
+                    _numbers(poi, (x, ref), (x, worse), *shown), r)
 
 
-def a6(poi: pd.DataFrame, ev: QualityEvidence, bounds: Sequence[float] | None = None
-       ) -> Verdict:
-    """A6: FP8 compute with FP32 master weights (fp8-delayed) keeps FP32's quality within the
-    margin."""
-    kept, text = _kept(poi, "fp8-delayed", "fp32", bounds or margin("A6"))
-    return _quality("A6", _combine([kept]), [text], ev, _numbers(poi, ("fp8-delayed", "fp32")))
+def a6(poi: pd.DataFrame, ev: QualityEvidence, bounds: Sequence[float] | None = None,
+       rule: Mapping | None = None) -> Verdict:
+    """A6 (its ``rule``): FP8 compute with FP32 master weights (fp8-delayed) keeps the
+    reference's (FP32's) quality within the margin."""
+    r = rule_of("A6", rule)
+    x, ref = r["recipes"][0], r["reference"]
+    kept, text = _kept(poi, x, ref, bounds or margin("A6"))
+    return _quality("A6", _combine([kept]), [text], ev, _numbers(poi, (x, ref)), r)
 
 
-def a7(poi: pd.DataFrame, ev: QualityEvidence) -> Verdict:
-    """A7: the Kahan update beats the naive one (FP8- or BF16-stored weights); reproduced if
-    fp8-e2e is then also not worse than FP32, partly if it is."""
-    kahan = [_better(poi, "fp8-e2e", "fp8-e2e-nokahan"),
-             _better(poi, "bf16w-kahan", "bf16w-nokahan")]
+def a7(poi: pd.DataFrame, ev: QualityEvidence, rule: Mapping | None = None) -> Verdict:
+    """A7 (its ``rule``): the Kahan update beats the naive one in either of its ``pairs``
+    (FP8- or BF16-stored weights); reproduced if fp8-e2e is then also not worse than the
+    reference (FP32), partly if it is."""
+    r = rule_of("A7", rule)
+    x, ref, pairs = r["recipes"][0], r["reference"], [tuple(p) for p in r["pairs"]]
+    kahan = [_better(poi, a, b) for a, b in pairs]
     helps = None if all(k is None for k in kahan) else any(bool(k) for k in kahan)
     v = ("not yet measured" if helps is None else "contradicted" if not helps else
-         "reproduced" if _not_worse(poi, "fp8-e2e", "fp32") else "partly")
-    return _quality("A7", v, [_compare(poi, "fp8-e2e", "fp8-e2e-nokahan")[1],
-                              _compare(poi, "bf16w-kahan", "bf16w-nokahan")[1],
-                              _compare(poi, "fp8-e2e", "fp32")[1]], ev,
-                    _numbers(poi, ("fp8-e2e", "fp8-e2e-nokahan"), ("bf16w-kahan", "bf16w-nokahan"),
-                             ("fp8-e2e", "fp32")))
+         "reproduced" if _not_worse(poi, x, ref) else "partly")
+    return _quality("A7", v, [_compare(poi, a, b)[1] for a, b in pairs + [(x, ref)]], ev,
+                    _numbers(poi, *pairs, (x, ref)), r)
 
 
-def _prevents(poi, ablation: str, what: str, diverged: Mapping[str, int]):
-    """Does fp8-e2e beat its ablation without ``what``? Undecidable (UNSURE) when no seed
-    diverged in either arm: there was no divergence for the clipping to prevent."""
-    state, text = _better(poi, "fp8-e2e", ablation), _compare(poi, "fp8-e2e", ablation)[1]
-    if state is not None and not (diverged.get("fp8-e2e", 0) or diverged.get(ablation, 0)):
-        return UNSURE, (f"{text}, but no seed diverged in fp8-e2e or {ablation}: no divergence "
+def _prevents(poi, x: str, ablation: str, what: str, diverged: Mapping[str, int]):
+    """Does ``x`` (fp8-e2e) beat its ablation without ``what``? Undecidable (UNSURE) when no
+    seed diverged in either arm: there was no divergence for the clipping to prevent."""
+    state, text = _better(poi, x, ablation), _compare(poi, x, ablation)[1]
+    if state is not None and not (diverged.get(x, 0) or diverged.get(ablation, 0)):
+        return UNSURE, (f"{text}, but no seed diverged in {x} or {ablation}: no divergence "
                         f"for {what} to prevent")
     return state, text
 
 
-def a8(poi: pd.DataFrame, ev: QualityEvidence, diverged: Mapping[str, int]) -> Verdict:
+def a8(poi: pd.DataFrame, ev: QualityEvidence, diverged: Mapping[str, int],
+       rule: Mapping | None = None) -> Verdict:
     """A8: removing gradient clipping and removing weight clipping both make fp8-e2e worse.
     ``diverged``: diverged seeds per variant; without any divergence in either arm of a
     comparison, that part is inconclusive (clipping had nothing to prevent)."""
-    grad = _prevents(poi, "fp8-e2e-nogradclip", "gradient clipping", diverged)
-    weight = _prevents(poi, "fp8-e2e-noweightclip", "weight clipping", diverged)
+    r = rule_of("A8", rule)
+    x, ablations = r["recipes"][0], r["ablations"]
+    parts = [_prevents(poi, x, ab, what, diverged) for what, ab in ablations.items()]
     div = ", ".join(f"{k} {int(n)}" for k, n in diverged.items() if n) or "none"
-    numbers = _numbers(poi, ("fp8-e2e", "fp8-e2e-nogradclip"), ("fp8-e2e", "fp8-e2e-noweightclip"))
+    numbers = _numbers(poi, *[(x, ab) for ab in ablations.values()])
     numbers["diverged_seeds"] = {k: int(n) for k, n in diverged.items()}
-    return _quality("A8", _combine([grad[0], weight[0]]),
-                    [grad[1], weight[1], f"diverged seeds: {div}"], ev, numbers)
+    return _quality("A8", _combine([p[0] for p in parts]),
+                    [p[1] for p in parts] + [f"diverged seeds: {div}"], ev, numbers, r)
 
 
 def _determinism(same_seed: bool | None, repeats: pd.DataFrame) -> tuple[bool | None, str]:
@@ -201,17 +209,21 @@ def _determinism(same_seed: bool | None, repeats: pd.DataFrame) -> tuple[bool | 
 
 
 def a10(poi: pd.DataFrame, ev: QualityEvidence, same_seed: bool | None,
-        repeats: pd.DataFrame, bounds: Sequence[float] | None = None) -> Verdict:
+        repeats: pd.DataFrame, bounds: Sequence[float] | None = None,
+        rule: Mapping | None = None) -> Verdict:
     """A10: fp8-delayed keeps the quality of FP32 and of BF16 within the margin, AND the same
     seed gives bit-identical returns: within a process (``same_seed``, None if not measured)
     and across processes (``repro.analysis.rl.repeat_identical`` rows of this hardware)."""
     bounds = bounds or margin("A10")
-    k32, t32 = _kept(poi, "fp8-delayed", "fp32", bounds)
-    k16, t16 = _kept(poi, "fp8-delayed", "bf16", bounds)
-    quality = (None if k32 is None or k16 is None else True if k32 is True and k16 is True
-               else False if False in (k32, k16) else UNSURE)
+    r = rule_of("A10", rule)
+    x = r["recipes"][0]
+    kept = [_kept(poi, x, ref, bounds) for ref in r["references"]]
+    states = [k for k, _ in kept]
+    quality = (None if None in states else True if all(k is True for k in states)
+               else False if False in states else UNSURE)
     same, text = _determinism(same_seed, repeats)
-    numbers = _numbers(poi, ("fp8-delayed", "fp32"), ("fp8-delayed", "bf16"))
+    numbers = _numbers(poi, *[(x, ref) for ref in r["references"]])
     if same is not None:
         numbers["same_seed_identical"] = int(bool(same))
-    return _quality("A10", _combine([quality, same]), [t32, t16, text], ev, numbers)
+    return _quality("A10", _combine([quality, same]), [t for _, t in kept] + [text], ev,
+                    numbers, r)
