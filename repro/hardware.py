@@ -8,7 +8,6 @@ record --hardware NAME`` records under another name.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import re
 import warnings
@@ -102,9 +101,25 @@ def detect() -> HardwareInfo:
 # ------------------------------------------------------------------------ target switch
 
 # (platform, device_kind) that code paths are chosen for while a program is traced for another
-# device (:func:`target`); None: the device JAX runs on.
-_TARGET: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
-    "repro_target", default=None)
+# device (:func:`target`): a JAX configuration value that is part of the trace context, so a
+# jitted function traced for one target is not reused from JAX's caches for another. Made on
+# the first use of :func:`target` (importing this module imports no JAX).
+_STATE = None
+
+
+def _state():
+    global _STATE
+    if _STATE is None:
+        from jax._src import config as jax_config
+
+        _STATE = jax_config.string_or_object_state(
+            "repro_target", None, "(platform, device kind) repro chooses code paths for",
+            include_in_trace_context=True)
+    return _STATE
+
+
+def _target() -> tuple[str, str] | None:
+    return None if _STATE is None else _STATE.value
 
 
 def platform() -> str:
@@ -114,7 +129,7 @@ def platform() -> str:
     cuDNN flash attention, GEMV tile tables): JAX's default backend, unless a program is being
     traced for another device under :func:`target`. Code must ask this, not
     ``jax.default_backend()``, so that a CPU-only machine traces exactly what a GPU ran."""
-    if (t := _TARGET.get()) is not None:
+    if (t := _target()) is not None:
         return t[0]
     import jax
 
@@ -125,7 +140,7 @@ def platform() -> str:
 def device_kind() -> str:
     """The device kind (``jax.devices()[0].device_kind``, e.g. ``"NVIDIA H200"``) that code
     paths are chosen for; see :func:`platform`."""
-    if (t := _TARGET.get()) is not None:
+    if (t := _target()) is not None:
         return t[1]
     import jax
 
@@ -136,12 +151,10 @@ def device_kind() -> str:
 def target(platform_name: str, kind: str = ""):
     """Choose code paths for ``platform_name`` (``"gpu"``, ``"tpu"``, ``"cpu"``) and device
     ``kind`` inside the block, whatever device this process runs on: what tracing a
-    record's program for its own hardware needs."""
-    token = _TARGET.set((platform_name, kind))
-    try:
+    record's program for its own hardware needs. Functions jitted inside are traced (and
+    cached) for that target only."""
+    with _state()((platform_name, kind)):
         yield
-    finally:
-        _TARGET.reset(token)
 
 
 # ------------------------------------------------------------------- recording identity

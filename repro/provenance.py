@@ -518,33 +518,62 @@ class Checker:
                 self._env["jaxlib"] and self.unchanged(entry.get("files") or {},
                                                         entry.get("python")))
 
-    def cell_programs(self, experiment: str, cell: str, profile: str = "full"
+    def cell_programs(self, experiment: str, cell: str, profile: str = "full",
+                      platform: str = "gpu", kind: str = "", rec: dict[str, Any] | None = None
                       ) -> dict[str, Any] | str:
         """``{key: Program}`` of a cell of ``experiment`` as the study defines it now from
-        params.yaml's ``profile``, or why there is none (one line)."""
-        key = (experiment, cell, profile)
-        if key not in self._cells:
-            try:
-                from repro import studies
+        params.yaml's ``profile`` (its cells listed as on ``platform``: a study may offer
+        cells only where they run), or why there is none (one line). Where the cell is not
+        among them (a device count this machine lacks, a study without a params.yaml
+        section), ``rec``'s own settings make its program (the study's ``program`` and
+        ``program_settings``)."""
+        ckey = (experiment, cell, profile, platform, kind)
+        if ckey in self._cells:
+            return self._cells[ckey]
+        from repro import hardware, studies
 
-                st = studies.study(experiment)
-                params = studies.params(experiment, profile) if st.params_section else None
-                with contextlib.redirect_stdout(io.StringIO()):  # a study's notes on skipping
+        try:
+            st = studies.study(studies.of_records(experiment))
+            found = []
+            if st.params_section:
+                params = studies.params(st.experiment, profile)
+                with contextlib.redirect_stdout(io.StringIO()), \
+                        hardware.target(platform, kind):  # a study's notes on skipping
                     found = [c for c in st.cells(params) if c.name == cell]
-                if not found:
-                    self._cells[key] = (f"cell {cell} is not among {experiment}'s cells of "
-                                        f"params.yaml's {profile} profile now")
-                elif found[0].programs is None:
-                    self._cells[key] = f"{experiment} names no program for cell {cell}"
-                else:
-                    self._cells[key] = dict(found[0].programs())
-            except Exception as e:  # noqa: BLE001 - any failure is a reason, in one line
-                self._cells[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}" \
-                    if str(e) else type(e).__name__
-        return self._cells[key]
+            if found and found[0].programs is not None:
+                out: dict[str, Any] | str = dict(found[0].programs())
+            elif found:
+                out = f"{experiment} names no program for cell {cell}"
+            else:
+                out = self._from_record(st, experiment, cell, profile, rec)
+        except Exception as e:  # noqa: BLE001 - any failure is a reason, in one line
+            out = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}" if str(e) \
+                else type(e).__name__
+        if rec is None or not isinstance(out, str):
+            self._cells[ckey] = out
+        return out
+
+    @staticmethod
+    def _from_record(st, experiment: str, cell: str, profile: str,
+                     rec: dict[str, Any] | None) -> dict[str, Any] | str:
+        import importlib
+
+        missing = (f"cell {cell} is not among {experiment}'s cells of params.yaml's "
+                   f"{profile} profile here")
+        module = importlib.import_module(st.source_module)
+        program = getattr(module, "program", None)
+        settings_of = getattr(module, "program_settings", None)
+        if rec is None or program is None or settings_of is None:
+            return missing
+        settings = settings_of(rec)
+        if settings is None:
+            return f"{missing}, and its record's settings do not make its program"
+        key = str((rec.get("program") or {}).get("key") or "")
+        return {key: program(**settings)}
 
     def program_now(self, experiment: str, cell: str, key: str, platform: str,
-                    kind: str, profile: str = "full") -> dict[str, Any] | str:
+                    kind: str, profile: str = "full", rec: dict[str, Any] | None = None
+                    ) -> dict[str, Any] | str:
         """HEAD's program fingerprint (a record's ``program`` field, plus ``text`` where it
         was traced here) of one cell's program, from the index or cache while the files its
         trace ran are unchanged, else traced now; or why there is none (one line)."""
@@ -562,7 +591,7 @@ class Checker:
         if not self.trace:
             self._programs[name] = "not traced (tracing is off)"
             return self._programs[name]
-        progs = self.cell_programs(experiment, cell, profile)
+        progs = self.cell_programs(experiment, cell, profile, platform, kind, rec)
         if isinstance(progs, str):
             self._programs[name] = progs
             return progs
@@ -627,7 +656,7 @@ class Checker:
             return f"{why}; recorded at {commit}", why, None, ()
         now = self.program_now(str(rec.get("experiment")), str(prog.get("cell")), key,
                                str(prog.get("platform")), str(prog.get("device_kind") or ""),
-                               str(rec.get("profile") or "full"))
+                               str(rec.get("profile") or "full"), rec)
         what = f" ({key})" if key else ""
         if isinstance(now, str):
             why = f"its program{what} cannot be recomputed here: {now}"
@@ -683,7 +712,7 @@ def write_index(records: Iterable[dict[str, Any]], checker: Checker | None = Non
         name = program_key(*args) if profile == "full" else f"{profile}:{program_key(*args)}"
         if name in index:
             continue
-        now = checker.program_now(*args, profile=profile)
+        now = checker.program_now(*args, profile=profile, rec=rec)
         if isinstance(now, dict):
             index[name] = {k: v for k, v in now.items() if k != "text"}
     path = CHECKOUT.joinpath(*PROGRAM_INDEX)

@@ -83,7 +83,7 @@ json.dump(out, open(sys.argv[3], "w"))
 
 
 def module_of(experiment: str) -> str | None:
-    name = {"rl_quality_repeat": "rl_quality"}.get(experiment, experiment)
+    name = studies.of_records(experiment)
     return studies.EXPERIMENTS.get(name) or studies.TRACES.get(name)
 
 

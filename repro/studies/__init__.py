@@ -31,6 +31,15 @@ EXPERIMENTS: dict[str, str] = {
 TRACES: dict[str, str] = {"kernel_times": "repro.studies.kernel_times"}
 
 
+# record folders written by a study of another name (its determinism repeats)
+RECORDED_BY: dict[str, str] = {"rl_quality_repeat": "rl_quality"}
+
+
+def of_records(folder: str) -> str:
+    """The experiment whose study writes the records of ``folder`` (``results/HW/FOLDER``)."""
+    return RECORDED_BY.get(folder, folder)
+
+
 def study(name: str):
     """The :class:`~repro.studies.runner.Study` of experiment ``name``; a one-line
     ``ValueError`` naming the valid ones if there is none."""
