@@ -31,8 +31,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from repro.cli_checks import (UsageError, check_cpu_full, check_label, notebook_profile,
-                              number, parse_params, split, text)
+from repro.cli_checks import (UsageError, check_cpu_full, check_label, inside_repository,
+                              notebook_profile, number, parse_params, split, text)
 from repro.config import ConfigError
 
 EPILOG = """\
@@ -302,7 +302,8 @@ def cmd_site(args) -> int:
     from repro.results import repo_root
 
     root = repo_root()
-    out = Path(args.out) if args.out else root / "build" / "site"
+    out = inside_repository(f"--out {args.out}", args.out, root) if args.out else \
+        root / "build" / "site"
     index = site.build_site(root, out)
     print(f"wrote {_rel(index)} ({len(site.notebook_pages(root / 'build' / 'notebooks'))} "
           f"notebook page(s))", file=sys.stderr)

@@ -43,8 +43,14 @@ LOADED_FIELDS = ["source", "defect", "stale", "stale_reason", "stale_since", "st
 
 
 def repo_root() -> Path:
-    """The repository root (where dvc.yaml lives); ``REPRO_ROOT`` overrides."""
+    """The repository root (where dvc.yaml lives); ``REPRO_ROOT`` overrides, and must name an
+    existing folder (a one-line ``ValueError`` otherwise: a mistyped root must not read as a
+    repository with nothing measured)."""
     if env := os.environ.get("REPRO_ROOT"):
+        if not Path(env).is_dir():
+            what = "not a folder" if Path(env).exists() else "no such folder"
+            raise ValueError(f"REPRO_ROOT={env}: {what} (the repository root, where "
+                             "params.yaml, results/ and build/ are)")
         return Path(env)
     here = Path(__file__).resolve().parent.parent
     return here if (here / "dvc.yaml").exists() else Path.cwd()

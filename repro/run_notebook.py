@@ -4,7 +4,8 @@
 ``build/notebooks/NAME.out.ipynb``, with the repository root as working directory and the
 kernel's output in ``build/logs/NAME.log``. Parameters go to the notebook's parameters cell:
 ``profile``, ``scratch`` (where a notebook that declares it keeps its smoke records: a folder
-of its own, emptied first, so a figure never mixes in records older code wrote) and any
+of its own, emptied first, so a figure never mixes in records older code wrote; one given
+with ``-p scratch=DIR``, relative to the repository, must lie under ``build/``) and any
 ``-p KEY=VALUE``, each of which must be a parameter that cell declares. A failed run leaves the
 previous output alone and its partial output in ``NAME.failed.ipynb``; its error names the
 notebook's own file and line (``notebooks/NAME.py:LINE``). A syntax error is found before any
@@ -280,6 +281,13 @@ def run(name: str, profile: str, extra: dict[str, Any] | None = None) -> int:
     declared = declared_parameters(nb)
     check_parameters(name, declared, extra or {})
     params = {**(extra or {}), "profile": profile}
+    if "scratch" in params:  # smoke records: scratch, in the git-ignored build/
+        from repro.cli_checks import inside_repository
+
+        given = str(params["scratch"])
+        params["scratch"] = str(inside_repository(
+            f"-p scratch={given}", given.strip() or ".", root, under="build",
+            error=NotebookError, relative_to=root))
     if "scratch" in declared and "scratch" not in params:
         scratch = root / "build" / "results" / name
         _empty_scratch(scratch)
