@@ -219,10 +219,9 @@ def read_cell(experiment: str, cell: str, hardware: str | None = None,
               root: Path | None = None) -> list[dict[str, Any]] | None:
     """The records of one cell file, or None where it does not exist."""
     path = cell_path(experiment, cell, hardware, root)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return None
-    data = read_json(path)
-    return data if isinstance(data, list) else [data]
+    return read_cell_file(path, Path(root or results_dir()))
 
 
 def matches_stamp(rec: dict[str, Any], stamp: dict[str, Any]) -> bool:
@@ -352,8 +351,8 @@ def load_records(experiment: str | None = None,
     pattern = f"*/{_safe(experiment)}/*.json" if experiment else "*/*/*.json"
     for root in map(Path, roots):
         for path in sorted(root.glob(pattern)):
-            data = read_json(path)
-            for i, rec in enumerate(data if isinstance(data, list) else [data]):
+            data = read_cell_file(path, root)
+            for i, rec in enumerate(data):
                 _check_loaded(rec, path, i)
                 rec = dict(rec)
                 rec["source"] = str(path)
@@ -383,8 +382,7 @@ def stale_cells(roots: Path | Iterable[Path] | None = None) -> list[dict[str, An
     checker, out = Checker(), []
     for root in map(Path, roots):
         for path in sorted(root.glob("*/*/*.json")):
-            data = read_json(path)
-            recs = [r for r in (data if isinstance(data, list) else [data])
+            recs = [r for r in read_cell_file(path, root)
                     if isinstance(r, dict) and not defect_of(r)]
             verdicts = [checker(r) for r in recs]
             stale = [v for v in verdicts if v.stale]
@@ -479,3 +477,50 @@ def read_json(path: Path) -> Any:
                           "or record the cell again") from None
     except (OSError, UnicodeDecodeError) as e:
         raise RecordError(f"{path}: cannot be read: {e}") from None
+
+
+# Record folders named otherwise than the experiment of their records: a repeat of recorded
+# rl_quality cells (repro.studies.rl_quality.QUALITY_REPEAT), kept apart from the cells it
+# repeats.
+SHARED_FOLDERS = {"rl_quality_repeat": "rl_quality"}
+
+
+def read_cell_file(path: Path, root: Path) -> list[Any]:
+    """The records of the cell file ``path`` under the records folder ``root``
+    (``HARDWARE/EXPERIMENT/CELL.json``), checked against its place: a :class:`RecordError`
+    naming the file where it is a symbolic link or lies outside ``root`` (a record counts
+    where it is committed, not where a link points), cannot be read, holds no records
+    (``null``, ``[]``), or holds a record whose ``hardware`` or ``experiment`` is not the
+    folder it is in (a measurement of one machine filed under another)."""
+    path, root = Path(path), Path(root)
+    try:
+        rel = path.relative_to(root)
+        inside = path.resolve() == root.resolve() / rel
+    except (ValueError, OSError):
+        inside = False
+    if not inside:
+        to = os.path.realpath(path)
+        raise RecordError(f"{path}: a symbolic link to {to} or a file outside {root}: records "
+                          "are read only from files under it; put the file itself there")
+    data = read_json(path)
+    records = data if isinstance(data, list) else [data]
+    if data is None or not records:
+        raise RecordError(f"{path}: holds no records ({json.dumps(data)}): restore it from git, "
+                          "record the cell again or remove the file")
+    if len(rel.parts) == 3:
+        hardware, folder = rel.parts[0], rel.parts[1]
+        for i, rec in enumerate(records):
+            if not isinstance(rec, dict):
+                continue  # check_record says what is wrong with it
+            exp = rec.get("experiment")
+            if rec.get("hardware") != hardware:
+                raise RecordError(f"{path}: record {i}{_what(rec)} says hardware "
+                                  f"{rec.get('hardware')!r}, but the file is under "
+                                  f"{hardware}/: a record counts for the machine that made "
+                                  "it; move the file to its own folder")
+            if exp is not None and _safe(str(exp)) != folder and \
+                    SHARED_FOLDERS.get(folder) != exp:
+                raise RecordError(f"{path}: record {i}{_what(rec)} says experiment {exp!r}, "
+                                  f"but the file is under {hardware}/{folder}/: move it to "
+                                  f"{hardware}/{_safe(str(exp))}/")
+    return records

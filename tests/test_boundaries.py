@@ -119,3 +119,107 @@ def test_a_resolved_path_is_inside_and_out_of_committed_folders_or_refused(tmp_p
     base = (root / under if under else root).resolve()
     assert path.is_relative_to(base), (value, path)
     assert not any(path.is_relative_to(root.resolve() / c) for c in COMMITTED), (value, path)
+
+
+# ------------------------------------------------------------------ records and their place
+
+import json  # noqa: E402
+
+from repro import results  # noqa: E402
+from repro.results import RecordError  # noqa: E402
+
+GEMM_CELL = sorted((ROOT / "results" / "h200" / "gemm").glob("*.json"))[0]
+
+
+def committed_records() -> list[dict]:
+    return json.loads(GEMM_CELL.read_text())
+
+
+@pytest.fixture
+def records_root(repo):
+    return repo / "results"
+
+
+def put(root: Path, rel: str, data) -> Path:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def every_reader_names(path: Path, root: Path, says: str, capsys, monkeypatch):
+    """load_records, stale_cells (`repro status`) and read_cell (`repro record`'s resume)
+    each refuse the file in one line naming it."""
+    hw, exp, cell = path.relative_to(root).with_suffix("").parts
+    for read in (lambda: results.load_records(roots=root), lambda: results.stale_cells(root),
+                 lambda: results.read_cell(exp, cell, hw, root)):
+        with pytest.raises(RecordError) as e:
+            read()
+        assert str(e.value).startswith(f"{path}: ") and says in str(e.value), str(e.value)
+        assert "\n" not in str(e.value)
+    line = one_line(capsys, 2, ["status"])
+    assert str(path) in line and says in line
+
+
+def test_a_record_of_another_gpu_under_h200_is_refused(records_root, capsys, monkeypatch):
+    recs = committed_records()
+    recs[1]["hardware"] = "b200"
+    path = put(records_root, f"h200/gemm/{GEMM_CELL.name}", recs)
+    every_reader_names(path, records_root, "says hardware 'b200', but the file is under h200/",
+                       capsys, monkeypatch)
+
+
+def test_a_record_of_another_experiment_is_refused(records_root, capsys, monkeypatch):
+    path = put(records_root, "h200/mlp_step/x.json", committed_records())
+    every_reader_names(path, records_root, "says experiment 'gemm', but the file is under "
+                       "h200/mlp_step/", capsys, monkeypatch)
+
+
+@pytest.mark.parametrize("data, says", [(None, "holds no records (null)"),
+                                        ([], "holds no records ([])")])
+def test_an_empty_record_file_is_named(records_root, capsys, monkeypatch, data, says):
+    path = put(records_root, "h200/gemm/empty.json", data)
+    every_reader_names(path, records_root, says, capsys, monkeypatch)
+
+
+@pytest.mark.parametrize("target", ["outside", "inside"])
+def test_a_record_that_is_a_symbolic_link_is_refused(records_root, tmp_path, capsys,
+                                                     monkeypatch, target):
+    real = put(tmp_path if target == "outside" else records_root,
+               "h200/gemm/real.json" if target == "inside" else "elsewhere/real.json",
+               committed_records())
+    path = records_root / "h200" / "gemm" / "link.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(real)
+    every_reader_names(path, records_root, f"a symbolic link to {real}", capsys, monkeypatch)
+
+
+def test_a_folder_linked_out_of_the_records_is_refused(records_root, tmp_path):
+    put(tmp_path, "elsewhere/gemm/a.json", committed_records())
+    (records_root / "h200").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(RecordError, match="a symbolic link"):
+        results.load_records("gemm", roots=records_root)
+
+
+def test_the_committed_records_are_each_at_their_place():
+    from repro.studies.rl_quality import QUALITY_REPEAT
+
+    assert results.SHARED_FOLDERS == {QUALITY_REPEAT: "rl_quality"}
+    for path in (ROOT / "results").glob("*/*/*.json"):
+        results.read_cell_file(path, ROOT / "results")
+
+
+@PROPERTY
+@given(st.sampled_from(["h200", "b200", "cpu"]), st.sampled_from(["h200", "b200", "cpu", None]),
+       st.sampled_from(["gemm", "mlp_step", "rl_quality_repeat"]),
+       st.sampled_from(["gemm", "mlp_step", "rl_quality", None]))
+def test_a_record_file_is_read_only_at_its_place(tmp_path_factory, hw_dir, hw, exp_dir, exp):
+    root = tmp_path_factory.mktemp("place")
+    rec = {**committed_records()[0], "hardware": hw, "experiment": exp}
+    path = put(root, f"{hw_dir}/{exp_dir}/c.json", [rec])
+    fits = hw == hw_dir and (exp is None or exp == exp_dir or
+                             (exp_dir, exp) == ("rl_quality_repeat", "rl_quality"))
+    try:
+        assert results.read_cell_file(path, root) == [rec] and fits
+    except RecordError as e:
+        assert not fits and str(e).startswith(f"{path}: record 0"), str(e)
