@@ -223,3 +223,95 @@ def test_a_record_file_is_read_only_at_its_place(tmp_path_factory, hw_dir, hw, e
         assert results.read_cell_file(path, root) == [rec] and fits
     except RecordError as e:
         assert not fits and str(e).startswith(f"{path}: record 0"), str(e)
+
+
+# ------------------------------------------------------------------- params.yaml, strictly
+
+from repro import config, pipeline, studies  # noqa: E402
+from repro.config import ConfigError  # noqa: E402
+
+PARAMS = (ROOT / "params.yaml").read_text()
+
+
+def params_error(tmp_path, text: str) -> str:
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        raw = config.load_params(path)
+        for name in studies.EXPERIMENTS:
+            studies.check_params(name, raw)
+        for name in config.NOTEBOOK_SCHEMAS:
+            for profile in ("smoke", "full"):
+                config.stage_params(name, profile, raw)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_params_sections_are_those_of_the_studies_and_the_notebooks():
+    from_studies = {studies.study(n).params_section for n in studies.EXPERIMENTS} - {None}
+    from_notebooks = {s for _, sections in pipeline.STAGES.values() for s in sections}
+    assert set(config.SECTIONS) == from_studies | from_notebooks
+    assert set(config.NOTEBOOK_SCHEMAS) == from_notebooks - from_studies
+
+
+@pytest.mark.parametrize("text, says", [
+    (PARAMS.replace("seed: 0\n", "seed: 0\nseed: 1\n"),
+     "params.yaml: seed: duplicate key (lines 4 and 5)"),
+    (PARAMS.replace("    repeats: 3\n", "    repeats: 3\n    repeats: 4\n", 1),
+     "params.yaml: repeats: duplicate key"),
+    (PARAMS.replace("profile: smoke\n", "profile: smoke\nprofle: full\n"),
+     "params.yaml: profle: unknown key (did you mean 'profile'?)"),
+    (PARAMS + "gemm_extra: {smoke: {}}\n", "params.yaml: gemm_extra: unknown key"),
+    (PARAMS.replace("    repeats: 3\n", "    repeats: 100000000000000000000\n", 1),
+     "gemm.smoke.repeats: 100000000000000000000 is out of range: expected an integer in "
+     "[-2147483648, 2147483647]"),
+    (PARAMS.replace("common: {n_samples: 20000}", "common: {n_samples: -5}"),
+     "params.yaml: formats.common.n_samples: must be > 0, got -5 (an integer in [1, "),
+    (PARAMS.replace("common: {n_samples: 20000}", "common: {n_sample: 5}"),
+     "params.yaml: formats.common.n_sample: unknown key (did you mean 'n_samples'?)"),
+    (PARAMS.replace("perfmodel: {smoke: {}, full: {}}", "perfmodel: {smoke: {model: 1}, full: {}}"),
+     "params.yaml: perfmodel.smoke.model: unknown key"),
+    (__import__("yaml").safe_dump({**__import__("yaml").safe_load(PARAMS), "gemm": [1, 2]}),
+     "params.yaml: gemm: expected a mapping of common/smoke/full sub-sections, got list"),
+    (PARAMS.replace("seed: 0", "seed: 1.5"), "params.yaml: seed: expected an integer"),
+])
+def test_params_yaml_is_read_strictly(tmp_path, text, says):
+    assert says in params_error(tmp_path, text)
+
+
+def test_an_unknown_key_deep_in_a_section_is_refused_naming_it(tmp_path):
+    from repro.studies import runner
+
+    path = tmp_path / "params.yaml"
+    path.write_text(PARAMS.replace("ppo: {num_envs: 4,", "ppo: {num_env: 4, num_envs: 4,"))
+    p = studies.params("rl_quality", "smoke", config.load_params(path))
+    with pytest.raises(ValueError, match=r"the PPO config of ppo .*unknown PPO config key\(s\) "
+                       r"\['num_env'\]"):
+        runner.plan(studies.study("rl_quality"), p)
+
+
+def test_the_committed_params_yaml_passes():
+    raw = config.load_params(ROOT / "params.yaml")
+    for name in config.NOTEBOOK_SCHEMAS:
+        assert config.stage_params(name, "smoke", raw)["profile"] == "smoke"
+
+
+KEY = st.sampled_from(["profile", "seed", "gemm", "formats", "repeats", "smoke", "x"])
+
+
+@PROPERTY
+@given(st.lists(st.tuples(KEY, st.integers(0, 3)), min_size=1, max_size=6))
+def test_a_mapping_with_a_key_twice_is_refused_naming_it(tmp_path_factory, pairs):
+    path = tmp_path_factory.mktemp("dup") / "params.yaml"
+    path.write_text("".join(f"{k}: {v}\n" for k, v in pairs))
+    keys = [k for k, _ in pairs]
+    dup = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+    try:
+        config.load_params(path)
+    except ConfigError as e:
+        if dup is not None:
+            assert str(e).startswith(f"params.yaml: {dup}: duplicate key"), str(e)
+        else:
+            assert "duplicate" not in str(e)
+        return
+    assert dup is None and set(keys) <= set(config.TOP_LEVEL)
