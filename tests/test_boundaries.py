@@ -315,3 +315,24 @@ def test_a_mapping_with_a_key_twice_is_refused_naming_it(tmp_path_factory, pairs
             assert "duplicate" not in str(e)
         return
     assert dup is None and set(keys) <= set(config.TOP_LEVEL)
+
+
+# --------------------------------------------------------------- selections must select
+
+
+def test_a_recipe_no_cell_runs_is_refused_naming_the_recipes_that_would_match(repo, capsys):
+    line = one_line(capsys, 2, ["record", "rl_throughput", "--recipe", "jax-nvfp4",
+                                "--profile", "smoke"])
+    assert "--recipe jax-nvfp4 selects no cell that runs it (only cells that run no recipe: " \
+           "stores); recipes of its cells: bf16, fp16, fp8-current, fp8-delayed" in line, line
+    assert not (repo / "build").exists()
+
+
+def test_a_recipe_some_cell_runs_selects_it_and_the_recipe_free_cells():
+    from repro.studies import runner
+
+    p = studies.params("rl_throughput", "smoke")
+    chosen, _ = runner.plan(studies.study("rl_throughput"), p, recipes=["fp16"])
+    names = [c.name for c in chosen]
+    assert "stores" in names and any("fp16" in n for n in names)
+    assert not any("bf16" in n for n in names)

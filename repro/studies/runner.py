@@ -146,7 +146,23 @@ def plan(study: Study, params: Any, only: Sequence[str] | None = None,
         what = " and ".join(x for x, v in (("--only " + " ".join(only or []), only),
                                            ("--recipe " + ",".join(recipes or []), recipes)) if v)
         raise ValueError(f"{study.experiment}: {what} selects no cell; cells: {names or 'none'}")
+    if recipes and not study.narrow:
+        check_recipe_selection(study.experiment, chosen, every, recipes)
     return chosen, every
+
+
+def check_recipe_selection(experiment: str, chosen: Sequence[Cell], every: Sequence[Cell],
+                           recipes: Sequence[str]) -> None:
+    """A one-line ``ValueError`` where ``--recipe`` keeps only cells that run no recipe (a
+    study's recipe-independent cells): it selected nothing it names. The message lists the
+    recipes the (``--only``-selected) cells run."""
+    if any(set(c.recipes) & set(recipes) for c in chosen):
+        return
+    ran = sorted({r for c in every for r in c.recipes})
+    rest = ", ".join(c.name for c in chosen[:4])
+    raise ValueError(f"{experiment}: --recipe {','.join(recipes)} selects no cell that runs it"
+                     + (f" (only cells that run no recipe: {rest})" if rest else "")
+                     + f"; recipes of its cells: {', '.join(ran) or 'none'}")
 
 
 def _one_line(err: BaseException) -> str:
