@@ -47,8 +47,8 @@ errors: one line `repro: error: ...` naming the file, key or argument; --debug s
 traceback instead.
 
 exit status: 0 done, 1 a cell, notebook or check failed (or another error), 2 bad input
-(nothing written), 130 interrupted (finished cells are kept: rerun the same command to
-resume)"""
+(nothing written), 130 interrupted (record: finished cells are kept, rerun the same command
+to resume; notebook: the committed figures, verdicts and metrics are unchanged)"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -570,10 +570,22 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
+def interrupted_message(command: str | None) -> str:
+    """What an interrupt leaves: a study resumes from its finished cells; a notebook starts
+    again from its first cell and left the committed outputs as they were."""
+    if command == "notebook":
+        return ("repro: interrupted; the notebook's committed figures, verdicts and metrics "
+                "are unchanged (a notebook does not resume: the same command runs it again "
+                "from the start)")
+    if command in ("record", "trace"):
+        return "repro: interrupted; finished cells are kept: rerun the same command to resume"
+    return "repro: interrupted"
+
+
 def _main(argv: list[str]) -> int:
     from repro.studies.runner import CellsFailed
 
-    debug, parser = "--debug" in argv, build_parser()
+    debug, parser, args = "--debug" in argv, build_parser(), None
     try:
         args = parser.parse_args(argv)
         if args.command is None:
@@ -588,8 +600,7 @@ def _main(argv: list[str]) -> int:
             _interrupts.handled()
         if debug:
             raise
-        print("repro: interrupted; finished cells are kept: rerun the same command to resume",
-              file=sys.stderr)
+        print(interrupted_message(getattr(args, "command", None)), file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - every error reaching here is one line
         if debug:

@@ -301,6 +301,7 @@ def write_records(records: list[dict[str, Any]], experiment: str, cell: str,
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # as open() would: mkstemp makes it 0600
         with os.fdopen(fd, "w") as f:
             json.dump(records, f, indent=1, sort_keys=True, default=_json_default)
             f.write("\n")
@@ -524,3 +525,10 @@ def read_cell_file(path: Path, root: Path) -> list[Any]:
                                   f"but the file is under {hardware}/{folder}/: move it to "
                                   f"{hardware}/{_safe(str(exp))}/")
     return records
+
+
+def _umask() -> int:
+    """This process's umask (read by setting it, and set back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -336,3 +336,33 @@ def test_a_recipe_some_cell_runs_selects_it_and_the_recipe_free_cells():
     names = [c.name for c in chosen]
     assert "stores" in names and any("fp16" in n for n in names)
     assert not any("bf16" in n for n in names)
+
+
+# ------------------------------------------------------------------------------- faults
+
+
+def test_an_interrupted_notebook_does_not_claim_to_resume(repo, capsys, monkeypatch):
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_notebook, "_execute", interrupted)
+    assert cli.main(["notebook", "02_gemm_roofline", "--profile", "smoke"]) == 130
+    err = capsys.readouterr().err
+    assert "resume" not in err.replace("does not resume", "") and "unchanged" in err, err
+    assert not (repo / "build" / "notebooks" / "02_gemm_roofline.staged").exists()
+    assert "rerun the same command to resume" in cli.interrupted_message("record")
+
+
+def test_records_are_written_with_the_users_umask(tmp_path):
+    import os
+
+    rec = committed_records()[0]
+    old = os.umask(0o022)
+    try:
+        path = results.write_records([rec], "gemm", "a", root=tmp_path)
+        assert path.stat().st_mode & 0o777 == 0o644
+        os.umask(0o077)
+        path = results.write_records([rec], "gemm", "b", root=tmp_path)
+        assert path.stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old)
