@@ -116,19 +116,27 @@ def load_params(path: str | Path | None = None) -> dict[str, Any]:
         resolve_profile(data.get("profile", "smoke"))  # validate early
     except ConfigError as e:
         raise ConfigError(f"{path.name}: profile: {e}") from None
-    _check_keys(data, TOP_LEVEL, path.name)
+    _check_keys(data, top_level(), path.name)
     if "seed" in data and (type(data["seed"]) is not int or not
                            INT_RANGE[0] <= data["seed"] <= INT_RANGE[1]):
         _fail(f"{path.name}: seed", f"expected an integer in [{INT_RANGE[0]}, {INT_RANGE[1]}], "
               f"got {data['seed']!r}")
-    for name in SECTIONS:
-        if name not in data:
+    for name in data:
+        if name in ("profile", "seed"):
             continue
         if not isinstance(data[name], dict):
             _fail(f"{path.name}: {name}", "expected a mapping of common/smoke/full "
                   f"sub-sections, got {type(data[name]).__name__} {data[name]!r:.60}")
         _check_keys(data[name], SUBSECTIONS, f"{path.name}: {name}")
     return data
+
+
+def top_level() -> tuple[str, ...]:
+    """The keys params.yaml may have at its top: :data:`TOP_LEVEL`, and the section of every
+    experiment :data:`repro.studies.EXPERIMENTS` registers (named as the experiment)."""
+    from repro import studies
+
+    return tuple(dict.fromkeys([*TOP_LEVEL, *studies.EXPERIMENTS]))
 
 
 def resolve_profile(profile: str) -> str:

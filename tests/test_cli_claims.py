@@ -183,7 +183,8 @@ def repo(tmp_path, monkeypatch):
     """A throwaway repository root: its own params.yaml, results/, build/ and a toy experiment."""
     from repro import studies
 
-    (tmp_path / "params.yaml").write_text(PARAMS)
+    # a section of an experiment no study registers is refused: `broken` only where it is
+    (tmp_path / "params.yaml").write_text(PARAMS.replace("broken: {smoke: {}, full: {}}\n", ""))
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     calls = []
     monkeypatch.setitem(sys.modules, "repro_toy_experiment", _toy_module(calls))
@@ -281,6 +282,7 @@ def test_record_all_keeps_going_past_a_failure(repo, monkeypatch, capsys):
 
     monkeypatch.setattr(studies, "EXPERIMENTS", {"broken": "repro_broken_experiment",
                                                  "toy": "repro_toy_experiment"})
+    (repo.root / "params.yaml").write_text(PARAMS)
     assert cli.main(["record", "all", "--hardware", "fake-gpu-x"]) == 1
     cap = capsys.readouterr()
     assert "repro: broken failed: broken: 3 cell(s) failed" in cap.err
@@ -306,11 +308,13 @@ def test_record_all_bad_input_is_one_line(repo, argv, expected, capsys):
 
 
 def test_record_all_validates_every_section_before_writing(repo, capsys):
-    (repo.root / "params.yaml").write_text(PARAMS.replace("toy: {smoke: {}, full: {}}\n", ""))
+    (repo.root / "params.yaml").write_text(PARAMS.replace("toy: {smoke: {}, full: {}}\n", "")
+                                           .replace("broken: {smoke: {}, full: {}}\n", ""))
     assert cli.main(["record", "all"]) == 2
     assert "no section 'toy'" in one_error_line(capsys)
     assert not (repo.root / "build").exists()  # gemm, first in order, did not run
-    (repo.root / "params.yaml").write_text(PARAMS.replace("repeats: 1", "repeats: 0"))
+    (repo.root / "params.yaml").write_text(PARAMS.replace("repeats: 1", "repeats: 0")
+                                           .replace("broken: {smoke: {}, full: {}}\n", ""))
     assert cli.main(["record", "all"]) == 2
     assert "params.yaml: gemm.common.repeats: must be > 0, got 0" in one_error_line(capsys)
     assert not (repo.root / "build").exists()
