@@ -127,11 +127,14 @@ def _check_numerics(profile: str) -> None:
 
 
 def _run(args, study, params, root: Path, budget: float | None):
+    from repro import hardware, results
     from repro.studies import runner
 
-    return runner.run(study, params, root, force=args.force, only=args.only,
-                      recipes=split(args.recipe), time_budget_s=budget,
-                      hardware=args.hardware, note=args.note)
+    slug = results.slug(args.hardware) if args.hardware else hardware.detect().slug
+    with results.record_lock(root, slug, study.experiment):  # one run per results folder
+        return runner.run(study, params, root, force=args.force, only=args.only,
+                          recipes=split(args.recipe), time_budget_s=budget,
+                          hardware=args.hardware, note=args.note)
 
 
 def _report(name: str, profile: str, out, root: Path) -> str:
@@ -527,10 +530,15 @@ class Interrupts:
     """SIGINT as ``KeyboardInterrupt``, raised again every ``every`` seconds until
     :meth:`handled`: Python swallows an exception raised inside a garbage-collection callback
     or a ``__del__`` ("Exception ignored in ..."), and a Ctrl-C often lands in JAX's
-    collection callback, so one interrupt alone may be lost."""
+    collection callback, so one interrupt alone may be lost. A Python handler runs only
+    between bytecodes, so none runs while the main thread waits in a long XLA compilation or
+    device call: if the interrupt is still not handled ``grace`` seconds after the first
+    Ctrl-C, the process says so and exits with 130 at once (finished cells are on disk, the
+    record file being written, if any, is removed: the interrupted cell is discarded)."""
 
-    def __init__(self, every: float = 1.0):
-        self.every, self.done, self.pending = every, threading.Event(), False
+    def __init__(self, every: float = 1.0, grace: float = 5.0):
+        self.every, self.grace, self.done, self.pending = every, grace, threading.Event(), False
+        self.command: str | None = None
 
     def install(self) -> Interrupts:
         signal.signal(signal.SIGINT, self._handler)
@@ -546,8 +554,24 @@ class Interrupts:
         raise KeyboardInterrupt
 
     def _again(self) -> None:
+        start = time.monotonic()
         while not self.done.wait(self.every):
+            if time.monotonic() - start >= self.grace:
+                self._exit()
             os.kill(os.getpid(), signal.SIGINT)
+
+    def _exit(self) -> None:
+        from repro import results
+
+        for tmp in list(results.IN_FLIGHT):
+            with suppress(OSError):
+                os.unlink(tmp)
+        with suppress(OSError, ValueError):
+            print(f"{interrupted_message(self.command)} (exited {self.grace:g} s after "
+                  "Ctrl-C: the main thread was busy in a compiled call)", file=sys.stderr,
+                  flush=True)
+            sys.stdout.flush()
+        os._exit(130)
 
 
 _interrupts: Interrupts | None = None
@@ -583,11 +607,14 @@ def interrupted_message(command: str | None) -> str:
 
 
 def _main(argv: list[str]) -> int:
-    from repro.studies.runner import CellsFailed
+    from repro.results import Busy, WriteError
+    from repro.studies.runner import CellsFailed, WriteFailed
 
     debug, parser, args = "--debug" in argv, build_parser(), None
     try:
         args = parser.parse_args(argv)
+        if _interrupts is not None:
+            _interrupts.command = args.command
         if args.command is None:
             parser.print_help()
             return 0
@@ -606,7 +633,8 @@ def _main(argv: list[str]) -> int:
         if debug:
             raise
         usage = isinstance(e, (UsageError, ConfigError, ValueError))
-        line = _one_line(e) if usage or isinstance(e, CellsFailed) else \
+        line = _one_line(e) if usage or isinstance(
+            e, (CellsFailed, WriteFailed, WriteError, Busy)) else \
             f"{type(e).__name__}: {_one_line(e)} (--debug shows the traceback)"
         print(f"repro: error: {line}", file=sys.stderr)
         return 2 if usage else 1

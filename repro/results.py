@@ -28,6 +28,7 @@ import os
 import re
 import subprocess
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -298,18 +299,89 @@ def write_records(records: list[dict[str, Any]], experiment: str, cell: str,
             raise RecordError(f"{experiment}/{cell}: record {i}{_what(rec)}: {problem}; "
                               "nothing was written")
     path = cell_path(experiment, cell, records[0]["hardware"], root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    except OSError as e:
+        raise write_error(f"{experiment}/{cell}", path, e) from None
+    IN_FLIGHT.add(tmp)
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # as open() would: mkstemp makes it 0600
         with os.fdopen(fd, "w") as f:
             json.dump(records, f, indent=1, sort_keys=True, default=_json_default)
             f.write("\n")
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise write_error(f"{experiment}/{cell}", path, e) from None
         raise
+    finally:
+        IN_FLIGHT.discard(tmp)
     return path
+
+
+# Temporary record files being written now: an exit that cannot wait for the write to end
+# (``repro.cli.Interrupts``) removes them, so no partial file is left beside the records.
+IN_FLIGHT: set[str] = set()
+
+
+class WriteError(OSError):
+    """A file that could not be written (disk full, no permission...): one line naming what
+    it was for and the file; nothing of it was written (the previous file, if any, is kept)."""
+
+
+def write_error(what: str, path: Path, err: OSError) -> WriteError:
+    """``err`` as a one-line :class:`WriteError` naming ``what`` and ``path`` (and the folder
+    or file the system refused, where that is another one). Its ``errno`` is ``err``'s."""
+    import errno as _errno
+
+    code = _errno.errorcode.get(err.errno or 0)
+    why = f"{err.strerror or err or type(err).__name__}" + (f" ({code})" if code else "")
+    where = err.filename
+    at = f" at {where}" if where and Path(where) != path and \
+        not Path(where).name.startswith(".tmp-") else ""
+    out = WriteError(f"{what}: cannot write {path}: {why}{at}; nothing of it was written")
+    out.errno = err.errno
+    return out
+
+
+class Busy(RuntimeError):
+    """Another process holds the lock of a results folder (see :func:`record_lock`)."""
+
+
+@contextmanager
+def record_lock(root: Path, hardware: str, experiment: str):
+    """Held while one run records ``<root>/<hardware>/<experiment>/``: a second run of the
+    same study into the same folder is refused with :class:`Busy` naming the holder's pid (two
+    runs at once would each time the other's load on the device). The lock is an ``flock`` on
+    a file under ``build/locks/`` (the results folders themselves stay as committed); the
+    system releases it when the holder exits, however it exits."""
+    import fcntl
+    import hashlib
+
+    folder = (Path(root) / _safe(hardware) / _safe(experiment)).resolve()
+    locks = repo_root() / "build" / "locks"
+    key = hashlib.sha256(str(folder).encode()).hexdigest()[:12]
+    lock = locks / f"{_safe(hardware)}-{_safe(experiment)}-{key}.lock"
+    try:
+        locks.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise write_error(f"the lock of {folder}", lock, e) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise Busy(f"{folder} is being recorded by another run (pid {holder}, lock "
+                       f"{lock}): wait for it to end; two runs at once would time each "
+                       "other's load") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield lock
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def _json_default(o):

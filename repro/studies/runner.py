@@ -15,7 +15,8 @@ records, and the runner writes them atomically to
   a study whose cells time several recipes together narrows its parameters instead);
 * failures: a cell that raises is reported in one line and the study goes on; the run ends
   with :class:`CellsFailed` naming every failed cell (a cell the device cannot compile must
-  not cost the rest of an unattended GPU call);
+  not cost the rest of an unattended GPU call); a cell whose records cannot be written (a
+  full disk, no permission) stops the run with :class:`WriteFailed`, finished cells kept;
 * a time budget: no new cell starts once it is spent (cells that checkpoint get what is left);
 * Ctrl-C: finished cells are kept; the interrupt propagates to the caller;
 * cross-call ratios: a note when a run would record some cells of a ``group`` (cells that are
@@ -165,6 +166,22 @@ def check_recipe_selection(experiment: str, chosen: Sequence[Cell], every: Seque
                      + f"; recipes of its cells: {', '.join(ran) or 'none'}")
 
 
+class WriteFailed(RuntimeError):
+    """A cell's records could not be written (a full disk, a folder without permission): the
+    run stops at that cell; the cells written before it are kept (a rerun resumes)."""
+
+
+def write_cell(recs: Records, experiment: str, cell: str, root: Path, out: "Outcome") -> Path:
+    """:func:`repro.results.write_records`, or :class:`WriteFailed` in one line naming the
+    cell, the file and what was kept: the next cells would fail alike, so the run stops."""
+    try:
+        return results.write_records(recs, experiment, cell, root=root)
+    except OSError as e:
+        failed = f"; {len(out.failed)} cell(s) failed before it" if out.failed else ""
+        raise WriteFailed(f"{e}; the run stopped there: the {len(out.written)} cell(s) "
+                          f"written before it are kept{failed} (rerun to resume)") from None
+
+
 def _one_line(err: BaseException) -> str:
     first = (str(err).strip().splitlines() or [""])[0]
     return f"{type(err).__name__}: {first[:300]}"
@@ -259,7 +276,7 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
             out.empty.append(cell.name)
             continue
         recs = results.restamp(recs, hardware=hardware, note=note, stamp=stamp)
-        out.written.append(results.write_records(recs, study.experiment, cell.name, root=root))
+        out.written.append(write_cell(recs, study.experiment, cell.name, root, out))
     bar.close()
     if out.failed:
         raise CellsFailed(study.experiment, out.failed)
