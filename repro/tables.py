@@ -10,13 +10,15 @@ from typing import Any
 
 def ledger(rows: list[dict[str, Any]], width: int | None = None) -> str:
     """The ledger for a terminal: one block per claim (verdict, hardware, key number, record)."""
-    from repro.claims.ledger import VERDICTS
+    from repro.claims.ledger import STALE_MARK, VERDICTS, key_text, stale_mark
 
     width = width or min(shutil.get_terminal_size((100, 24)).columns, 120)
     counts = Counter(r["verdict"] for r in rows)
     head = ", ".join(f"{counts[v]} {v}" for v in VERDICTS if counts[v])
+    stale = sum(bool(stale_mark(r)) for r in rows)
+    head += f"; {stale} stale" if stale else ""
     out = [f"claims ledger: {len(rows)} claims ({head})", ""]
-    vw = max(len(v) for v in VERDICTS)
+    vw = max(len(v) for v in VERDICTS) + (len(STALE_MARK) if stale else 0)
 
     def wrap(label: str, text: str) -> list[str]:
         return textwrap.wrap(f"{label}{text}", width=width, initial_indent="     ",
@@ -25,10 +27,10 @@ def ledger(rows: list[dict[str, Any]], width: int | None = None) -> str:
     for r in rows:
         hw = f"  on {r['hardware']}" if r["hardware"] else ""
         emu = "  (emulated)" if r.get("emulated") else ""
-        out.append(f"{r['claim']:<4} {r['verdict']:<{vw}}{hw}{emu}")
+        out.append(f"{r['claim']:<4} {r['verdict'] + stale_mark(r):<{vw}}{hw}{emu}")
         out += wrap("", r["statement"])
-        if r["key_number"]:
-            out += wrap("key number: ", r["key_number"])
+        if r["key_number"] or r.get("stale_note"):  # the README's key number column
+            out += wrap("key number: ", key_text(r, emulated=False))
         if r["source"]:
             out += wrap("record: ", r["source"])
         out += wrap("notebook: ", f"notebooks/{r['notebook']}.py" if r["notebook"]

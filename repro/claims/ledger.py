@@ -103,6 +103,26 @@ def ledger() -> list[dict[str, Any]]:
     return rows
 
 
+STALE_MARK = " — stale"
+
+
+def stale_mark(row: dict[str, Any]) -> str:
+    """What follows the verdict of a row whose verdict rests on stale records, in the README's
+    table and in the terminal alike (" — stale"; "" otherwise)."""
+    return STALE_MARK if row.get("stale") else ""
+
+
+def key_text(row: dict[str, Any], emulated: bool = True) -> str:
+    """The key number as both renderings show it: with "(emulated)" where it was (unless
+    ``emulated`` is False: the terminal says it beside the verdict), and with the verdict's
+    staleness note in parentheses where there is one."""
+    key = " ".join(str(row["key_number"]).split())
+    key += " (emulated)" if emulated and row.get("emulated") else ""
+    if row.get("stale_note"):
+        key += f" ({' '.join(str(row['stale_note']).split())})"
+    return key
+
+
 def markdown_table(rows: list[dict[str, Any]] | None = None) -> str:
     rows = ledger() if rows is None else rows
     out = ["| claim | statement | verdict | key number | hardware | record | notebook |",
@@ -113,10 +133,8 @@ def markdown_table(rows: list[dict[str, Any]] | None = None) -> str:
 
     for r in rows:
         nb = f"[{r['notebook']}](notebooks/{r['notebook']}.py)" if r["notebook"] else ""
-        key = cell(r["key_number"]) + (" (emulated)" if r.get("emulated") else "")
-        verdict = f"**{r['verdict']}**" + (" — stale" if r.get("stale") else "")
-        if r.get("stale_note"):
-            key += f" ({cell(r['stale_note'])})"
+        key = cell(key_text(r))
+        verdict = f"**{r['verdict']}**{stale_mark(r)}"
         out.append(f"| {r['claim']} | {cell(r['statement'])} | {verdict} | "
                    f"{key} | {cell(r['hardware'])} | {cell(r['source'])} | {nb} |")
     return "\n".join(out)
