@@ -348,4 +348,5 @@ def test_a_string_field_of_a_variant_is_one_the_ops_run_or_refused(field, value)
     if value in _FIELD_VALUES[field]:
         assert getattr(resolve(spec), field) == value
     else:
-        one_line_error(ValueError, lambda: resolve(spec), f"recipe {spec!r}: {field} must be one of")
+        one_line_error(ValueError, lambda: resolve(spec),
+                       f"recipe {spec!r}: {field} must be one of")
