@@ -94,24 +94,7 @@ pd.concat([perfmodel.fit_table(c) for c in cals], ignore_index=True).round(3)
 # %%
 val = perfmodel.validation_table(pd.concat([perfmodel.validate(measured, c) for c in cals]))
 fig, ax = plt.subplots(figsize=(6.2, 5.4))
-if len(val):
-    lo = 0.8 * min(val["measured"].min(), val["predicted"].min())
-    hi = 1.2 * max(val["measured"].max(), val["predicted"].max())
-    xs = np.geomspace(lo, hi, 50)
-    ax.fill_between(xs, xs * 0.9, xs * 1.1, color="0.85", label="+-10%")
-    ax.plot(xs, xs, color="0.4", lw=1)
-    for (c, workload, recipe), g in val.groupby(["hardware", "workload", "recipe"]):
-        ax.scatter(g["measured"], g["predicted"], label=f"{recipe}, {workload.upper()} ({c})",
-                   s=40, marker="s" if workload == "lm" else "o")
-        for r in g.itertuples():
-            ax.annotate(r.shape, (r.measured, r.predicted), fontsize=6, xytext=(3, -3),
-                        textcoords="offset points")
-    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi))
-    n_ok = int((val["error"].abs() <= 0.10).sum())
-    ax.set_title(f"FP8/BF16 step speedup: {n_ok} of {len(val)} within +-10%\n"
-                 "(fit on BF16 steps only)")
-    ax.legend(fontsize=7)
-ax.set(xlabel="measured FP8/BF16 speedup (x)", ylabel="predicted FP8/BF16 speedup (x)")
+perfmodel.draw_validation(ax, val)
 nb.save(fig, "06_perfmodel_validation", SOURCE)
 val[["hardware", "workload", "shape", "recipe", "predicted", "measured", "error",
      "fp8_minus_bf16_measured_ms", "fp8_minus_bf16_predicted_ms", "traffic_from"]].round(3)
@@ -184,7 +167,7 @@ for ax, (comp, base, pol, title) in zip(axes, panels):
     for i, model in enumerate(models):
         ys = [sub[(sub["model"] == model) & (sub["target"] == t)]["speedup"]
               for t in perfmodel.TARGETS]
-        ys = [float(y.iloc[0]) if len(y) else np.nan for y in ys]
+        ys = [perfmodel.significant(y.iloc[0]) if len(y) else np.nan for y in ys]  # as shown
         xs = np.arange(len(perfmodel.TARGETS)) + (i - (len(models) - 1) / 2) * width
         ax.bar(xs, ys, width * 0.95, label=f"{model} (projected)")
         for p in perfmodel.PUBLISHED:

@@ -31,8 +31,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from repro.cli_checks import (UsageError, check_cpu_full, check_label, notebook_profile,
-                              number, parse_params, split, text)
+from repro.cli_checks import (UsageError, check_cpu_full, check_label, inside_repository,
+                              notebook_profile, number, parse_params, split, text)
 from repro.config import ConfigError
 
 EPILOG = """\
@@ -47,8 +47,8 @@ errors: one line `repro: error: ...` naming the file, key or argument; --debug s
 traceback instead.
 
 exit status: 0 done, 1 a cell, notebook or check failed (or another error), 2 bad input
-(nothing written), 130 interrupted (finished cells are kept: rerun the same command to
-resume)"""
+(nothing written), 130 interrupted (record: finished cells are kept, rerun the same command
+to resume; notebook: the committed figures, verdicts and metrics are unchanged)"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -127,11 +127,14 @@ def _check_numerics(profile: str) -> None:
 
 
 def _run(args, study, params, root: Path, budget: float | None):
+    from repro import hardware, results
     from repro.studies import runner
 
-    return runner.run(study, params, root, force=args.force, only=args.only,
-                      recipes=split(args.recipe), time_budget_s=budget,
-                      hardware=args.hardware, note=args.note)
+    slug = results.slug(args.hardware) if args.hardware else hardware.detect().slug
+    with results.record_lock(root, slug, study.experiment):  # one run per results folder
+        return runner.run(study, params, root, force=args.force, only=args.only,
+                          recipes=split(args.recipe), time_budget_s=budget,
+                          hardware=args.hardware, note=args.note)
 
 
 def _report(name: str, profile: str, out, root: Path) -> str:
@@ -397,7 +400,8 @@ def cmd_site(args) -> int:
     from repro.results import repo_root
 
     root = repo_root()
-    out = Path(args.out) if args.out else root / "build" / "site"
+    out = inside_repository(f"--out {args.out}", args.out, root) if args.out else \
+        root / "build" / "site"
     index = site.build_site(root, out)
     print(f"wrote {_rel(index)} ({len(site.notebook_pages(root / 'build' / 'notebooks'))} "
           f"notebook page(s))", file=sys.stderr)
@@ -653,10 +657,15 @@ class Interrupts:
     """SIGINT as ``KeyboardInterrupt``, raised again every ``every`` seconds until
     :meth:`handled`: Python swallows an exception raised inside a garbage-collection callback
     or a ``__del__`` ("Exception ignored in ..."), and a Ctrl-C often lands in JAX's
-    collection callback, so one interrupt alone may be lost."""
+    collection callback, so one interrupt alone may be lost. A Python handler runs only
+    between bytecodes, so none runs while the main thread waits in a long XLA compilation or
+    device call: if the interrupt is still not handled ``grace`` seconds after the first
+    Ctrl-C, the process says so and exits with 130 at once (finished cells are on disk, the
+    record file being written, if any, is removed: the interrupted cell is discarded)."""
 
-    def __init__(self, every: float = 1.0):
-        self.every, self.done, self.pending = every, threading.Event(), False
+    def __init__(self, every: float = 1.0, grace: float = 5.0):
+        self.every, self.grace, self.done, self.pending = every, grace, threading.Event(), False
+        self.command: str | None = None
 
     def install(self) -> Interrupts:
         signal.signal(signal.SIGINT, self._handler)
@@ -672,8 +681,24 @@ class Interrupts:
         raise KeyboardInterrupt
 
     def _again(self) -> None:
+        start = time.monotonic()
         while not self.done.wait(self.every):
+            if time.monotonic() - start >= self.grace:
+                self._exit()
             os.kill(os.getpid(), signal.SIGINT)
+
+    def _exit(self) -> None:
+        from repro import results
+
+        for tmp in list(results.IN_FLIGHT):
+            with suppress(OSError):
+                os.unlink(tmp)
+        with suppress(OSError, ValueError):
+            print(f"{interrupted_message(self.command)} (exited {self.grace:g} s after "
+                  "Ctrl-C: the main thread was busy in a compiled call)", file=sys.stderr,
+                  flush=True)
+            sys.stdout.flush()
+        os._exit(130)
 
 
 _interrupts: Interrupts | None = None
@@ -696,12 +721,27 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
-def _main(argv: list[str]) -> int:
-    from repro.studies.runner import CellsFailed
+def interrupted_message(command: str | None) -> str:
+    """What an interrupt leaves: a study resumes from its finished cells; a notebook starts
+    again from its first cell and left the committed outputs as they were."""
+    if command == "notebook":
+        return ("repro: interrupted; the notebook's committed figures, verdicts and metrics "
+                "are unchanged (a notebook does not resume: the same command runs it again "
+                "from the start)")
+    if command in ("record", "trace"):
+        return "repro: interrupted; finished cells are kept: rerun the same command to resume"
+    return "repro: interrupted"
 
-    debug, parser = "--debug" in argv, build_parser()
+
+def _main(argv: list[str]) -> int:
+    from repro.results import Busy, WriteError
+    from repro.studies.runner import CellsFailed, WriteFailed
+
+    debug, parser, args = "--debug" in argv, build_parser(), None
     try:
         args = parser.parse_args(argv)
+        if _interrupts is not None:
+            _interrupts.command = args.command
         if args.command is None:
             parser.print_help()
             return 0
@@ -714,14 +754,14 @@ def _main(argv: list[str]) -> int:
             _interrupts.handled()
         if debug:
             raise
-        print("repro: interrupted; finished cells are kept: rerun the same command to resume",
-              file=sys.stderr)
+        print(interrupted_message(getattr(args, "command", None)), file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - every error reaching here is one line
         if debug:
             raise
         usage = isinstance(e, (UsageError, ConfigError, ValueError))
-        line = _one_line(e) if usage or isinstance(e, CellsFailed) else \
+        line = _one_line(e) if usage or isinstance(
+            e, (CellsFailed, WriteFailed, WriteError, Busy)) else \
             f"{type(e).__name__}: {_one_line(e)} (--debug shows the traceback)"
         print(f"repro: error: {line}", file=sys.stderr)
         return 2 if usage else 1

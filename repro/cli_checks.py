@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 from typing import Any
 
 
@@ -98,3 +99,29 @@ def check_cpu_full(args, profile: str, experiments: list[str]) -> None:
                      f"is sized for a GPU; {name}: "
                      f"{hardware.cpu_estimate(name, results.results_dir())}{also}; use "
                      "--profile smoke, or add --yes to run it here anyway")
+
+
+# Committed folders: evidence (results/, written only by `repro record --profile full`) and the
+# outputs the notebooks regenerate from it. No path a user sets may point into them.
+COMMITTED = ("results", "figures", "verdicts", "metrics")
+
+
+def inside_repository(what: str, value: str | Path, root: Path, under: str | None = None,
+                      error: type[Exception] = UsageError, relative_to: Path | None = None
+                      ) -> Path:
+    """``value`` resolved (relative to ``relative_to``, default the working directory;
+    symbolic links followed), or one line starting with ``what`` (the option as given): it
+    must lie inside the repository ``root`` (under its folder ``under`` where given) and
+    outside its committed folders (:data:`COMMITTED`)."""
+    root = Path(root).resolve()
+    path = Path(value).expanduser()
+    path = (Path(relative_to or Path.cwd()) / path).resolve()
+    for folder in COMMITTED:
+        if path.is_relative_to(root / folder):
+            raise error(f"{what}: resolves into {folder}/, which holds committed files (only "
+                        "`repro record --profile full` writes under results/)")
+    base = root / under if under else root
+    if not path.is_relative_to(base):
+        where = f"the repository's {under}/ ({base})" if under else f"the repository ({root})"
+        raise error(f"{what}: resolves to {path}, outside {where}")
+    return path

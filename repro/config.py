@@ -32,6 +32,29 @@ import yaml
 
 PROFILES = ("smoke", "full", "auto")
 SUBSECTIONS = ("common", "smoke", "full")
+# The sections of params.yaml: each study's (repro.studies, Study.params_section) and each
+# notebook's (repro.pipeline.STAGES); tests/test_boundaries.py checks the list is complete.
+SECTIONS = ("formats", "gemm", "mlp_step", "lm_step", "rl_throughput", "rl_purejaxrl",
+            "rl_quality", "lm", "perfmodel", "multigpu", "inference", "legged")
+TOP_LEVEL = ("profile", "seed", *SECTIONS)
+# Integers in params.yaml are sizes, counts and seeds: beyond JAX's default integer they
+# overflow or run for ever.
+INT_RANGE = (-(2**31), 2**31 - 1)
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML whose mappings refuse a key given twice (YAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(f"{Path(self.name).name}: {key}: duplicate key (lines "
+                                  f"{seen[key]} and {line}); give each key once")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 class ConfigError(ValueError):
@@ -79,7 +102,8 @@ def load_params(path: str | Path | None = None) -> dict[str, Any]:
     """The whole of params.yaml as plain data; a one-line ConfigError if it is malformed."""
     path = Path(path or params_path())
     try:
-        data = yaml.safe_load(path.read_text())
+        with open(path) as f:
+            data = yaml.load(f, Loader=_UniqueKeys)  # noqa: S506 - a SafeLoader
     except FileNotFoundError:
         raise ConfigError(f"{path}: not found") from None
     except yaml.YAMLError as e:
@@ -92,10 +116,27 @@ def load_params(path: str | Path | None = None) -> dict[str, Any]:
         resolve_profile(data.get("profile", "smoke"))  # validate early
     except ConfigError as e:
         raise ConfigError(f"{path.name}: profile: {e}") from None
-    for name, sec in data.items():
-        if isinstance(sec, dict):
-            _check_keys(sec, SUBSECTIONS, f"{path.name}: {name}")
+    _check_keys(data, top_level(), path.name)
+    if "seed" in data and (type(data["seed"]) is not int or not
+                           INT_RANGE[0] <= data["seed"] <= INT_RANGE[1]):
+        _fail(f"{path.name}: seed", f"expected an integer in [{INT_RANGE[0]}, {INT_RANGE[1]}], "
+              f"got {data['seed']!r}")
+    for name in data:
+        if name in ("profile", "seed"):
+            continue
+        if not isinstance(data[name], dict):
+            _fail(f"{path.name}: {name}", "expected a mapping of common/smoke/full "
+                  f"sub-sections, got {type(data[name]).__name__} {data[name]!r:.60}")
+        _check_keys(data[name], SUBSECTIONS, f"{path.name}: {name}")
     return data
+
+
+def top_level() -> tuple[str, ...]:
+    """The keys params.yaml may have at its top: :data:`TOP_LEVEL`, and the section of every
+    experiment :data:`repro.studies.EXPERIMENTS` registers (named as the experiment)."""
+    from repro import studies
+
+    return tuple(dict.fromkeys([*TOP_LEVEL, *studies.EXPERIMENTS]))
 
 
 def resolve_profile(profile: str) -> str:
@@ -131,11 +172,34 @@ def _merged(name: str, profile: str | None, params: dict[str, Any] | None
     return values, where, profile
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FormatsParams(Section):
+    """``formats`` (notebook 01): samples drawn per format."""
+
+    n_samples: int = positive(20000)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PerfmodelParams(Section):
+    """``perfmodel`` (notebook 06; :func:`repro.perfmodel.project.projection_setup`)."""
+
+    models: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    model_names: list[str] | None = None
+    targets: list[str] | None = None
+
+
+# The sections only a notebook reads (no study checks them): checked by stage_params.
+NOTEBOOK_SCHEMAS: dict[str, type] = {"formats": FormatsParams, "perfmodel": PerfmodelParams}
+
+
 def stage_params(name: str, profile: str | None = None,
                  params: dict[str, Any] | None = None) -> dict[str, Any]:
     """One section for one profile as a plain mapping (``common`` merged under it, and
-    ``profile``): what notebooks read. Studies take :func:`section` instead."""
+    ``profile``): what notebooks read; a section only a notebook reads is checked against its
+    schema (:data:`NOTEBOOK_SCHEMAS`). Studies take :func:`section` instead."""
     values, _, profile = _merged(name, profile, params)
+    if name in NOTEBOOK_SCHEMAS:
+        section(name, NOTEBOOK_SCHEMAS[name], profile, params)
     return {**values, "profile": profile}
 
 
@@ -172,7 +236,8 @@ def _check_keys(values: dict, valid, prefix: str, where: dict[str, str] | None =
         if key not in valid:
             near = difflib.get_close_matches(str(key), list(valid), n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
-            at = f"params.yaml: {where[key]}" if where and key in where else f"{prefix}.{key}"
+            at = f"params.yaml: {where[key]}" if where and key in where else \
+                f"{prefix}{'.' if ': ' in prefix else ': '}{key}"
             _fail(at, f"unknown key{hint}; valid keys: {', '.join(valid)}")
 
 
@@ -247,6 +312,9 @@ def _convert(v: Any, tp: Any, at: str) -> Any:
         if not math.isfinite(v):
             _fail(at, f"expected a finite number, got {v!r}")
         return float(v)
+    if tp is int and type(v) is int and not INT_RANGE[0] <= v <= INT_RANGE[1]:
+        _fail(at, f"{v} is out of range: expected an integer in [{INT_RANGE[0]}, "
+              f"{INT_RANGE[1]}]")
     if tp in (int, str, bool) and type(v) is tp:
         return v
     _fail(at, f"expected {_type_name(tp)}, got {v!r}")
@@ -256,7 +324,8 @@ def _check_positive(v: Any, at: str) -> None:
     if isinstance(v, bool) or v is None:
         return
     if isinstance(v, (int, float)) and not v > 0:
-        _fail(at, f"must be > 0, got {v!r}")
+        _fail(at, f"must be > 0, got {v!r}" + (f" (an integer in [1, {INT_RANGE[1]}])"
+                                                 if isinstance(v, int) else ""))
     items = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else ()
     for x in items:
         _check_positive(x, at)

@@ -55,7 +55,7 @@ class Notebook:
 
     @property
     def figures(self) -> Path:
-        return self.root / "figures"
+        return ledger.outputs_root() / "figures"
 
     @property
     def scratch_figures(self) -> Path:
@@ -148,7 +148,7 @@ class Notebook:
         """Add ``numbers`` (nested mappings of numbers) to ``metrics/<notebook>.json``, which
         DVC shows (``dvc metrics show``); the file is rewritten whole, keys sorted."""
         self.numbers.update(numbers)
-        path = self.root / "metrics" / f"{self.name}.json"
+        path = ledger.outputs_root() / "metrics" / f"{self.name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(tidy(self.numbers), indent=1, sort_keys=True) + "\n")
         return path

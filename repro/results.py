@@ -28,6 +28,7 @@ import os
 import re
 import subprocess
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -44,8 +45,14 @@ LOADED_FIELDS = ["source", "defect", "stale", "stale_reason", "stale_since", "st
 
 
 def repo_root() -> Path:
-    """The repository root (where dvc.yaml lives); ``REPRO_ROOT`` overrides."""
+    """The repository root (where dvc.yaml lives); ``REPRO_ROOT`` overrides, and must name an
+    existing folder (a one-line ``ValueError`` otherwise: a mistyped root must not read as a
+    repository with nothing measured)."""
     if env := os.environ.get("REPRO_ROOT"):
+        if not Path(env).is_dir():
+            what = "not a folder" if Path(env).exists() else "no such folder"
+            raise ValueError(f"REPRO_ROOT={env}: {what} (the repository root, where "
+                             "params.yaml, results/ and build/ are)")
         return Path(env)
     here = Path(__file__).resolve().parent.parent
     return here if (here / "dvc.yaml").exists() else Path.cwd()
@@ -215,10 +222,9 @@ def read_cell(experiment: str, cell: str, hardware: str | None = None,
               root: Path | None = None) -> list[dict[str, Any]] | None:
     """The records of one cell file, or None where it does not exist."""
     path = cell_path(experiment, cell, hardware, root)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return None
-    data = read_json(path)
-    return data if isinstance(data, list) else [data]
+    return read_cell_file(path, Path(root or results_dir()))
 
 
 def matches_stamp(rec: dict[str, Any], stamp: dict[str, Any]) -> bool:
@@ -295,17 +301,89 @@ def write_records(records: list[dict[str, Any]], experiment: str, cell: str,
             raise RecordError(f"{experiment}/{cell}: record {i}{_what(rec)}: {problem}; "
                               "nothing was written")
     path = cell_path(experiment, cell, records[0]["hardware"], root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    except OSError as e:
+        raise write_error(f"{experiment}/{cell}", path, e) from None
+    IN_FLIGHT.add(tmp)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # as open() would: mkstemp makes it 0600
         with os.fdopen(fd, "w") as f:
             json.dump(records, f, indent=1, sort_keys=True, default=_json_default)
             f.write("\n")
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise write_error(f"{experiment}/{cell}", path, e) from None
         raise
+    finally:
+        IN_FLIGHT.discard(tmp)
     return path
+
+
+# Temporary record files being written now: an exit that cannot wait for the write to end
+# (``repro.cli.Interrupts``) removes them, so no partial file is left beside the records.
+IN_FLIGHT: set[str] = set()
+
+
+class WriteError(OSError):
+    """A file that could not be written (disk full, no permission...): one line naming what
+    it was for and the file; nothing of it was written (the previous file, if any, is kept)."""
+
+
+def write_error(what: str, path: Path, err: OSError) -> WriteError:
+    """``err`` as a one-line :class:`WriteError` naming ``what`` and ``path`` (and the folder
+    or file the system refused, where that is another one). Its ``errno`` is ``err``'s."""
+    import errno as _errno
+
+    code = _errno.errorcode.get(err.errno or 0)
+    why = f"{err.strerror or err or type(err).__name__}" + (f" ({code})" if code else "")
+    where = err.filename
+    at = f" at {where}" if where and Path(where) != path and \
+        not Path(where).name.startswith(".tmp-") else ""
+    out = WriteError(f"{what}: cannot write {path}: {why}{at}; nothing of it was written")
+    out.errno = err.errno
+    return out
+
+
+class Busy(RuntimeError):
+    """Another process holds the lock of a results folder (see :func:`record_lock`)."""
+
+
+@contextmanager
+def record_lock(root: Path, hardware: str, experiment: str):
+    """Held while one run records ``<root>/<hardware>/<experiment>/``: a second run of the
+    same study into the same folder is refused with :class:`Busy` naming the holder's pid (two
+    runs at once would each time the other's load on the device). The lock is an ``flock`` on
+    a file under ``build/locks/`` (the results folders themselves stay as committed); the
+    system releases it when the holder exits, however it exits."""
+    import fcntl
+    import hashlib
+
+    folder = (Path(root) / _safe(hardware) / _safe(experiment)).resolve()
+    locks = repo_root() / "build" / "locks"
+    key = hashlib.sha256(str(folder).encode()).hexdigest()[:12]
+    lock = locks / f"{_safe(hardware)}-{_safe(experiment)}-{key}.lock"
+    try:
+        locks.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise write_error(f"the lock of {folder}", lock, e) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise Busy(f"{folder} is being recorded by another run (pid {holder}, lock "
+                       f"{lock}): wait for it to end; two runs at once would time each "
+                       "other's load") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield lock
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def _json_default(o):
@@ -348,8 +426,8 @@ def load_records(experiment: str | None = None,
     pattern = f"*/{_safe(experiment)}/*.json" if experiment else "*/*/*.json"
     for root in map(Path, roots):
         for path in sorted(root.glob(pattern)):
-            data = read_json(path)
-            for i, rec in enumerate(data if isinstance(data, list) else [data]):
+            data = read_cell_file(path, root)
+            for i, rec in enumerate(data):
                 _check_loaded(rec, path, i)
                 rec = dict(rec)
                 rec["source"] = str(path)
@@ -379,8 +457,7 @@ def stale_cells(roots: Path | Iterable[Path] | None = None) -> list[dict[str, An
     checker, out = Checker(), []
     for root in map(Path, roots):
         for path in sorted(root.glob("*/*/*.json")):
-            data = read_json(path)
-            recs = [r for r in (data if isinstance(data, list) else [data])
+            recs = [r for r in read_cell_file(path, root)
                     if isinstance(r, dict) and not defect_of(r)]
             verdicts = [checker(r) for r in recs]
             stale = [v for v in verdicts if v.stale]
@@ -475,3 +552,57 @@ def read_json(path: Path) -> Any:
                           "or record the cell again") from None
     except (OSError, UnicodeDecodeError) as e:
         raise RecordError(f"{path}: cannot be read: {e}") from None
+
+
+# Record folders named otherwise than the experiment of their records: a repeat of recorded
+# rl_quality cells (repro.studies.rl_quality.QUALITY_REPEAT), kept apart from the cells it
+# repeats.
+SHARED_FOLDERS = {"rl_quality_repeat": "rl_quality"}
+
+
+def read_cell_file(path: Path, root: Path) -> list[Any]:
+    """The records of the cell file ``path`` under the records folder ``root``
+    (``HARDWARE/EXPERIMENT/CELL.json``), checked against its place: a :class:`RecordError`
+    naming the file where it is a symbolic link or lies outside ``root`` (a record counts
+    where it is committed, not where a link points), cannot be read, holds no records
+    (``null``, ``[]``), or holds a record whose ``hardware`` or ``experiment`` is not the
+    folder it is in (a measurement of one machine filed under another)."""
+    path, root = Path(path), Path(root)
+    try:
+        rel = path.relative_to(root)
+        inside = path.resolve() == root.resolve() / rel
+    except (ValueError, OSError):
+        inside = False
+    if not inside:
+        to = os.path.realpath(path)
+        raise RecordError(f"{path}: a symbolic link to {to} or a file outside {root}: records "
+                          "are read only from files under it; put the file itself there")
+    data = read_json(path)
+    records = data if isinstance(data, list) else [data]
+    if data is None or not records:
+        raise RecordError(f"{path}: holds no records ({json.dumps(data)}): restore it from git, "
+                          "record the cell again or remove the file")
+    if len(rel.parts) == 3:
+        hardware, folder = rel.parts[0], rel.parts[1]
+        for i, rec in enumerate(records):
+            if not isinstance(rec, dict):
+                continue  # check_record says what is wrong with it
+            exp = rec.get("experiment")
+            if rec.get("hardware") != hardware:
+                raise RecordError(f"{path}: record {i}{_what(rec)} says hardware "
+                                  f"{rec.get('hardware')!r}, but the file is under "
+                                  f"{hardware}/: a record counts for the machine that made "
+                                  "it; move the file to its own folder")
+            if exp is not None and _safe(str(exp)) != folder and \
+                    SHARED_FOLDERS.get(folder) != exp:
+                raise RecordError(f"{path}: record {i}{_what(rec)} says experiment {exp!r}, "
+                                  f"but the file is under {hardware}/{folder}/: move it to "
+                                  f"{hardware}/{_safe(str(exp))}/")
+    return records
+
+
+def _umask() -> int:
+    """This process's umask (read by setting it, and set back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -4,9 +4,18 @@
 ``build/notebooks/NAME.out.ipynb``, with the repository root as working directory and the
 kernel's output in ``build/logs/NAME.log``. Parameters go to the notebook's parameters cell:
 ``profile``, ``scratch`` (where a notebook that declares it keeps its smoke records: a folder
-of its own, emptied first, so a figure never mixes in records older code wrote) and any
+of its own, emptied first, so a figure never mixes in records older code wrote; one given
+with ``-p scratch=DIR``, relative to the repository, must lie under ``build/``) and any
 ``-p KEY=VALUE``, each of which must be a parameter that cell declares. A failed run leaves the
-previous output alone and its partial output in ``NAME.failed.ipynb``.
+previous output alone and its partial output in ``NAME.failed.ipynb``; its error names the
+notebook's own file and line (``notebooks/NAME.py:LINE``). A syntax error is found before any
+cell runs.
+
+**Committed outputs change only when the whole notebook succeeded.** While it runs, the
+notebook writes its figures, verdicts and metrics into ``build/notebooks/NAME.staged/``
+(``REPRO_STAGING``: :func:`repro.claims.ledger.outputs_root`); a complete run moves them into
+``figures/``, ``verdicts/`` and ``metrics/``, a failed or interrupted one leaves the last good
+ones where they are (DVC keeps them too: they are ``persist`` outputs of the stage).
 
 A complete run also writes ``build/notebooks/NAME.outputs.json``: the committed outputs the run
 wrote (figures, verdicts, metrics) with their hashes. It is the notebook's DVC output in
@@ -24,6 +33,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -130,7 +140,72 @@ def _write_ipynb(nb, source: Path, root: Path, ipynb: Path) -> None:
     os.replace(tmp, ipynb)
 
 
-def _execute(name: str, ipynb: Path, params: dict[str, Any], root: Path, log_path: Path) -> int:
+def cell_lines(text: str, sources: list[str]) -> list[int | None]:
+    """The line of ``text`` (a py:percent notebook) where each code cell source of
+    ``sources`` starts (None where it is not found verbatim), cells searched in order."""
+    out, cursor = [], 0
+    for src in sources:
+        at = text.find(src, cursor) if src.strip() else -1
+        out.append(None if at < 0 else text.count("\n", 0, at) + 1)
+        cursor = at + len(src) if at >= 0 else cursor
+    return out
+
+
+def _code(nb) -> list[str]:
+    return [c.source for c in nb.cells if c.cell_type == "code"]
+
+
+def check_syntax(nb, source: Path, root: Path) -> None:
+    """Refuse a notebook any of whose code cells does not parse, naming its own file and
+    line, before a kernel starts (an IPython magic or shell line counts as blank)."""
+    text, sources = source.read_text(), _code(nb)
+    for src, start in zip(sources, cell_lines(text, sources)):
+        code = "\n".join("" if line.lstrip().startswith(("%", "!")) else line
+                         for line in src.splitlines())
+        try:
+            ast.parse(code)
+        except SyntaxError as e:
+            line = (start or 1) + (e.lineno or 1) - 1
+            raise NotebookFailed(f"notebook {source.stem} does not parse: "
+                                 f"{source.relative_to(root)}:{line}: SyntaxError: {e.msg}; "
+                                 "nothing was run") from None
+
+
+class NotebookFailed(RuntimeError):
+    """A notebook whose run failed (exit status 1)."""
+
+
+_CELL_LINE = re.compile(r"Cell In\[(\d+)\], line (\d+)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def where_failed(executed: Path | None, error, source: Path, root: Path) -> str:
+    """``notebooks/NAME.py:LINE`` of the innermost notebook line in a failed cell's
+    traceback (IPython's ``Cell In[N], line L``), the cell's first line where the traceback
+    names none; '' where the cell is not found in the source."""
+    import nbformat
+
+    text = source.read_text()
+    rel = source.relative_to(root)
+    cells = nbformat.read(executed, as_version=4).cells if executed and executed.exists() \
+        else []
+    code = [c for c in cells if c.cell_type == "code"]
+    starts = dict(zip(map(id, code), cell_lines(text, [c.source for c in code])))
+    by_count = {c.get("execution_count"): c for c in code}
+    hits = _CELL_LINE.findall(_ANSI.sub("", "\n".join(error.traceback or [])))
+    for count, line in reversed(hits):
+        cell = by_count.get(int(count))
+        if cell is not None and starts.get(id(cell)) is not None:
+            return f"{rel}:{starts[id(cell)] + int(line) - 1}"
+    if 0 <= (error.cell_index or 0) < len(cells) and cells[error.cell_index].cell_type == "code":
+        start = starts.get(id(cells[error.cell_index]))
+        if start is not None:
+            return f"{rel}:{start}"
+    return ""
+
+
+def _execute(name: str, ipynb: Path, params: dict[str, Any], root: Path, log_path: Path,
+             source: Path) -> int:
     """Run ``ipynb`` into ``NAME.out.ipynb``; 1 and a one-line error if a cell fails."""
     import papermill
 
@@ -151,9 +226,12 @@ def _execute(name: str, ipynb: Path, params: dict[str, Any], root: Path, log_pat
     except papermill.PapermillExecutionError as e:
         if tmp_out.exists():
             os.replace(tmp_out, failed)
-        print(f"repro: error: notebook {name} failed in cell {e.exec_count}: {e.ename}: "
+        at = where_failed(failed, e, source, root)
+        print(f"repro: error: notebook {name} failed in cell {e.exec_count}"
+              f"{f' ({at})' if at else ''}: {e.ename}: "
               f"{' '.join(str(e.evalue).split())[:300]} (see {failed.relative_to(root)} and "
-              f"{log_path.relative_to(root)})", file=sys.stderr)
+              f"{log_path.relative_to(root)}; the committed figures, verdicts and metrics "
+              "are unchanged)", file=sys.stderr)
         return 1
     finally:
         pm_log.removeHandler(handler)
@@ -164,22 +242,32 @@ def _execute(name: str, ipynb: Path, params: dict[str, Any], root: Path, log_pat
     return 0
 
 
-def _snapshot(root: Path) -> dict[str, int]:
-    return {p.relative_to(root).as_posix(): p.stat().st_mtime_ns
-            for pattern in OUTPUTS for p in root.glob(pattern)}
+def staged(staging: Path) -> list[str]:
+    """The committed outputs a run wrote into ``staging`` (paths relative to it, sorted)."""
+    return sorted(p.relative_to(staging).as_posix() for pattern in OUTPUTS
+                  for p in staging.glob(pattern) if p.is_file())
 
 
-def write_receipt(root: Path, name: str, profile: str, before: dict[str, int]) -> Path:
-    """``build/notebooks/NAME.outputs.json``: the outputs written since ``before`` (a
-    :func:`_snapshot`), each with the first 16 hex digits of its sha256."""
-    after = _snapshot(root)
-    wrote = sorted(p for p, mtime in after.items() if before.get(p) != mtime)
+def write_receipt(root: Path, name: str, profile: str, staging: Path) -> Path:
+    """``build/notebooks/NAME.outputs.json``: the outputs the run wrote (in ``staging``),
+    each with the first 16 hex digits of its sha256."""
     data = {"notebook": name, "profile": profile,
-            "outputs": {p: hashlib.sha256((root / p).read_bytes()).hexdigest()[:16]
-                        for p in wrote}}
+            "outputs": {p: hashlib.sha256((staging / p).read_bytes()).hexdigest()[:16]
+                        for p in staged(staging)}}
     path = root / "build" / "notebooks" / f"{name}.outputs.json"
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     return path
+
+
+def commit_outputs(root: Path, staging: Path) -> list[str]:
+    """Move the staged outputs into place (each file atomically); the paths moved."""
+    moved = staged(staging)
+    for rel in moved:
+        target = root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging / rel, target)
+    shutil.rmtree(staging, ignore_errors=True)
+    return moved
 
 
 def run(name: str, profile: str, extra: dict[str, Any] | None = None) -> int:
@@ -191,9 +279,21 @@ def run(name: str, profile: str, extra: dict[str, Any] | None = None) -> int:
     root = repo_root().resolve()
     source = source_of(root, name)
     name, nb = source.stem, jupytext.read(source)
+    try:
+        check_syntax(nb, source, root)
+    except NotebookFailed as e:
+        print(f"repro: error: {e}", file=sys.stderr)
+        return 1
     declared = declared_parameters(nb)
     check_parameters(name, declared, extra or {})
     params = {**(extra or {}), "profile": profile}
+    if "scratch" in params:  # smoke records: scratch, in the git-ignored build/
+        from repro.cli_checks import inside_repository
+
+        given = str(params["scratch"])
+        params["scratch"] = str(inside_repository(
+            f"-p scratch={given}", given.strip() or ".", root, under="build",
+            error=NotebookError, relative_to=root))
     if "scratch" in declared and "scratch" not in params:
         scratch = root / "build" / "results" / name
         _empty_scratch(scratch)
@@ -210,8 +310,23 @@ def run(name: str, profile: str, extra: dict[str, Any] | None = None) -> int:
     log_path = log_dir / f"{name}.log"
     print(f"repro notebook {name}: {source.relative_to(root)} -> build/notebooks/{name}.out"
           f".ipynb (profile={profile}, log {log_path.relative_to(root)})", file=sys.stderr)
-    before = _snapshot(root)
-    status = _execute(name, nb_dir / f"{name}.ipynb", params, root, log_path)
-    if status == 0:
-        write_receipt(root, name, profile, before)
-    return status
+    staging = nb_dir / f"{name}.staged"
+    shutil.rmtree(staging, ignore_errors=True)  # what an interrupted run left
+    staging.mkdir()
+    saved = os.environ.get("REPRO_STAGING")
+    os.environ["REPRO_STAGING"] = str(staging)
+    status = 1
+    try:
+        status = _execute(name, nb_dir / f"{name}.ipynb", params, root, log_path, source)
+    finally:
+        if status != 0:  # failed or interrupted: the committed outputs stay as they were
+            shutil.rmtree(staging, ignore_errors=True)
+        if saved is None:
+            os.environ.pop("REPRO_STAGING", None)
+        else:
+            os.environ["REPRO_STAGING"] = saved
+    if status != 0:
+        return status
+    write_receipt(root, name, profile, staging)
+    commit_outputs(root, staging)
+    return 0

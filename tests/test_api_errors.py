@@ -182,3 +182,171 @@ def test_an_inf_block_saturates_to_the_tensors_amax():
     clean[0, 16] = 0.0
     dc = np.asarray(F.nvfp4_dequantize(F.nvfp4_quantize(jnp.asarray(clean))))
     np.testing.assert_array_equal(d[0, 32:], dc[0, 32:])
+
+
+# ------------------------------------------------- axes, block sizes, dtypes and ranks
+# Each is checked in Python on static values (ints, shapes, dtypes) before anything is
+# traced, so the programs of valid calls are unchanged.
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from repro.precision import layers as L  # noqa: E402
+from repro.precision.recipes import resolve  # noqa: E402
+
+PROPERTY = settings(deadline=None, derandomize=True, database=None, max_examples=60)
+
+
+def one_line_error(exc, fn, want):
+    with pytest.raises(exc) as e:
+        fn()
+    msg = str(e.value)
+    assert msg.startswith(want) and "\n" not in msg, msg
+    return msg
+
+
+@pytest.mark.parametrize("fn, exc, want", [
+    # an axis out of range wrapped silently (axis=5 of a 2-D input became axis 1)
+    (lambda: F.mxfp8_quantize(X, axis=5), ValueError,
+     "mxfp8_quantize: axis=5 is out of range for an input of rank 2 (valid: -2 to 1)"),
+    (lambda: F.mxfp8_quantize(X, axis=-3), ValueError, "mxfp8_quantize: axis=-3 is out of range"),
+    (lambda: F.mxfp8_quantize(X, axis=1.0), TypeError, "mxfp8_quantize: axis must be an int"),
+    (lambda: F.mxfp8_quantize(X, axis=None), TypeError, "mxfp8_quantize: axis must be an int"),
+    (lambda: F.random_hadamard_transform(X, KEY, axis=2), ValueError,
+     "random_hadamard_transform: axis=2 is out of range"),
+    (lambda: F.inverse_random_hadamard_transform(X, KEY, axis=-3), ValueError,
+     "inverse_random_hadamard_transform: axis=-3 is out of range"),
+    # a block size that is not an int was truncated ((16.5, 16) ran as (16, 16))
+    (lambda: F.nvfp4_quantize(jnp.ones((32, 32)), block=(16.5, 16)), ValueError,
+     "nvfp4_quantize: block must be one of ((1, 16), (16, 16)) (ints), got (16.5, 16)"),
+    (lambda: F.nvfp4_quantize(X, block=(1.0, 16.0)), ValueError, "nvfp4_quantize: block must"),
+    (lambda: F.nvfp4_quantize(X, block=(True, 16)), ValueError, "nvfp4_quantize: block must"),
+    (lambda: F.nvfp4_quantize(X, block=16), ValueError, "nvfp4_quantize: block must be one of"),
+    (lambda: F.nvfp4_quantize(X, block=(1, 16, 1)), ValueError, "nvfp4_quantize: block must"),
+    (lambda: F.random_hadamard_transform(X, KEY, n=16.0), ValueError,
+     "random_hadamard_transform: n (the group size) must be a power-of-two int, got 16.0"),
+    (lambda: F.random_hadamard_transform(jnp.ones((4, 48)), KEY, n=12), ValueError,
+     "random_hadamard_transform: n (the group size) must be a power-of-two int"),
+    (lambda: F.hadamard_matrix(4.0), ValueError, "hadamard_matrix: n must be a power of two"),
+    # dtypes: a target the arithmetic cannot round to, an output that is not a float
+    (lambda: F.stochastic_round_to(X, jnp.bfloat16, KEY), ValueError,
+     "stochastic_round_to: dtype must be an 8-bit or 4-bit float format"),
+    (lambda: F.stochastic_round_to(X, jnp.int8, KEY), ValueError,
+     "stochastic_round_to: dtype must be an 8-bit or 4-bit float format"),
+    (lambda: F.round_to(X, jnp.int8), ValueError,
+     "round_to: dtype must be a float dtype of at most 32 bits"),
+    (lambda: F.cast(X, "float64"), ValueError, "round_to: dtype must be a float dtype of at most"),
+    (lambda: F.fp8_dequantize(F.fp8_quantize(X, F.E4M3, 1.0), 1.0, jnp.int8), ValueError,
+     "fp8_dequantize: dtype must be a float dtype"),
+    (lambda: F.mxfp8_dequantize(F.mxfp8_quantize(X), jnp.int32), ValueError,
+     "mxfp8_dequantize: dtype must be a float dtype"),
+    (lambda: F.nvfp4_dequantize(F.nvfp4_quantize(X), "float64"), ValueError,
+     "nvfp4_dequantize: dtype must be a float dtype (float32, bfloat16, float16; float64 only"),
+    # arguments that were silently ignored or truncated
+    (lambda: F.fake_quantize(X, "e4m3", axis=0), TypeError,
+     "fake_quantize: fmt 'e4m3' takes margin, got axis"),
+    (lambda: F.fake_quantize(X, "e5m2", margin=1.5), TypeError,
+     "compute_scale: margin must be an int, got float 1.5"),
+    (lambda: F.compute_scale(3.0, 448.0, 0.5), TypeError, "compute_scale: margin must be an int"),
+])
+def test_formats_check_axes_blocks_and_dtypes(fn, exc, want):
+    one_line_error(exc, fn, want)
+
+
+@pytest.mark.parametrize("spec, want", [
+    # accepted, then failed inside numpy
+    ("fp8-current:fwd_dtype=int8", "fwd_dtype must be one of ['float8_e4m3fn', 'float8_e5m2'], "
+                                   "got 'int8'"),
+    ("fp8-current:bwd_dtype=bfloat16", "bwd_dtype must be one of"),
+    # quietly ran float32
+    ("bf16:compute_dtype=float64", "compute_dtype must be one of ['float32', 'bfloat16', "
+                                   "'float16'], got 'float64'"),
+    ("bf16:compute_dtype=int8", "compute_dtype must be one of"),
+    ("bf16:param_dtype=float16", "param_dtype must be one of ['float32'], got 'float16'"),
+    ("bf16:matmul_precision=fastest", "matmul_precision must be one of ['default', 'high', "
+                                      "'highest']"),
+    ("fp8-delayed:margin=-3", "margin must be in [0, 32], got -3"),
+    ("fp8-delayed:margin=200", "margin must be in [0, 32], got 200"),
+    ("fp8-auto:fp8_min_dim=-1", "fp8_min_dim must be >= 0, got -1"),
+    ("fp8-e2e:weight_clip=inf", "weight_clip must be a finite number > 0 or None"),
+])
+def test_a_recipe_variant_the_ops_cannot_run_is_refused_naming_the_field(spec, want):
+    one_line_error(ValueError, lambda: resolve(spec), f"recipe {spec!r}: {want}")
+
+
+@pytest.mark.parametrize("overrides, want", [
+    (dict(amax_history_len=16.5), "amax_history_len must be an int, got float 16.5"),
+    (dict(amax_history_len=True), "amax_history_len must be an int, got bool True"),
+    (dict(kahan="no"), "kahan must be a bool, got str 'no'"),  # "no" was truthy: Kahan ran
+    (dict(weight_clip="1"), "weight_clip must be a number or None, got str '1'"),
+    (dict(compute_dtype=jnp.float32), "compute_dtype must be a string"),
+])
+def test_recipe_fields_of_the_wrong_type_are_refused(overrides, want):
+    one_line_error(ValueError, lambda: resolve("fp8-delayed", **overrides),
+                   f"recipe 'fp8-delayed': {want}")
+
+
+@pytest.mark.parametrize("module, x, exc, want", [
+    (L.Dense(4, recipe="fp8-current"), jnp.float32(1.0), ValueError,  # was a bare IndexError
+     "Dense: x needs at least 1 axis, got shape ()"),
+    (L.Dense(4), jnp.float32(1.0), ValueError, "Dense: x needs at least 1 axis"),
+    (L.Dense(0), X, ValueError, "Dense: features must be a positive int, got 0"),
+    (L.Dense(2.5), X, ValueError, "Dense: features must be a positive int, got 2.5"),
+    (L.DenseGeneral(4, axis=5), X, ValueError,  # wrapped silently to axis 1
+     "DenseGeneral: axis=5 is out of range for an input of rank 2 (valid: -2 to 1)"),
+    (L.DenseGeneral(4), jnp.float32(1.0), ValueError, "DenseGeneral: x needs at least 1 axis"),
+    (L.DenseGeneral(4, axis=(-1, 2)), jnp.ones((2, 4, 32)), ValueError,
+     "DenseGeneral: axis (-1, 2) must be the trailing axes"),
+    (L.DenseGeneral((4, 0)), X, ValueError, "DenseGeneral: features must be positive"),
+    (L.DenseGeneral(4, axis=-1.0), X, TypeError, "DenseGeneral: axis must be an int or a"),
+    (L.Conv(4, kernel_size=0), jnp.ones((1, 8, 8, 3)), ValueError,
+     "Conv: kernel_size must be positive, got 0"),
+    (L.Conv(4, kernel_size=2.5), jnp.ones((1, 8, 3)), TypeError, "Conv: kernel_size must be an"),
+    (L.Conv(4, (3, 3), strides=0), jnp.ones((1, 8, 8, 3)), ValueError,
+     "Conv: strides must be 1 or 2 positive ints, got 0"),
+    (L.Conv(4, (3, 3), strides=(1, 1, 1)), jnp.ones((1, 8, 8, 3)), ValueError,
+     "Conv: strides must be 1 or 2 positive ints"),
+])
+def test_layers_check_ranks_axes_and_sizes(module, x, exc, want):
+    one_line_error(exc, lambda: module.init(KEY, x), want)
+
+
+@PROPERTY
+@given(ndim=st.integers(1, 3), axis=st.integers(-6, 6))
+def test_an_axis_is_used_as_given_or_refused(ndim, axis):
+    x = jnp.arange(32 ** ndim, dtype=jnp.float32).reshape((32,) * ndim) / 7
+    if not -ndim <= axis < ndim:
+        one_line_error(ValueError, lambda: F.mxfp8_quantize(x, axis=axis),
+                       f"mxfp8_quantize: axis={axis} is out of range for an input of rank {ndim}")
+        return
+    t = F.mxfp8_quantize(x, axis=axis)
+    assert t.scale.shape[axis] == 1 and t.axis == axis % ndim
+
+
+@PROPERTY
+@given(block=st.tuples(st.one_of(st.integers(-2, 20), st.floats(0, 20), st.booleans()),
+                       st.one_of(st.integers(-2, 20), st.floats(0, 20), st.booleans())))
+def test_an_nvfp4_block_is_a_pair_of_ints_of_the_recipe_or_refused(block):
+    exact = all(type(b) is int for b in block) and block in F.NVFP4_BLOCKS
+    if exact:
+        assert F.nvfp4_quantize(jnp.ones((16, 16)), block=block).block == block
+    else:
+        one_line_error(ValueError, lambda: F.nvfp4_quantize(jnp.ones((16, 16)), block=block),
+                       "nvfp4_quantize: block must be one of")
+
+
+@PROPERTY
+@given(field=st.sampled_from(["compute_dtype", "fwd_dtype", "bwd_dtype", "matmul_precision",
+                              "param_dtype"]),
+       value=st.sampled_from(["float64", "int8", "uint8", "float8_e4m3fn", "float8_e5m2",
+                              "bfloat16", "float16", "float32", "bool", "complex64",
+                              "float4_e2m1fn", "highest", "default", "tf32"]))
+def test_a_string_field_of_a_variant_is_one_the_ops_run_or_refused(field, value):
+    from repro.precision.recipes import _FIELD_VALUES
+
+    spec = f"fp8-delayed:{field}={value}"
+    if value in _FIELD_VALUES[field]:
+        assert getattr(resolve(spec), field) == value
+    else:
+        one_line_error(ValueError, lambda: resolve(spec),
+                       f"recipe {spec!r}: {field} must be one of")

@@ -175,9 +175,16 @@ scratch = "unset"
 
 # %%
 from pathlib import Path
+from repro.claims import ledger
 Path(scratch).mkdir(parents=True)  # a fresh folder: fails if it exists
 Path("build/answer.txt").write_text(f"{profile} {answer} {scratch}")
-assert answer != 13, "unlucky"
+(ledger.outputs_root() / "figures").mkdir(parents=True, exist_ok=True)
+(ledger.outputs_root() / "figures" / "00_tiny.png").write_text(f"figure {answer}")
+
+# %%
+def check(answer):
+    assert answer != 13, "unlucky"
+check(answer)
 '''
 
 
@@ -194,17 +201,35 @@ def test_notebook_converts_and_executes(tmp_path):
     assert out["metadata"]["papermill"]["parameters"] == {"answer": 42, "profile": "smoke",
                                                           "scratch": str(scratch)}
     assert (nb_dir / "00_tiny.ipynb").exists() and (tmp_path / "build/logs/00_tiny.log").exists()
+    # the committed output, moved in after the whole run, and the receipt naming it
+    figure = tmp_path / "figures" / "00_tiny.png"
+    assert figure.read_text() == "figure 42" and not (nb_dir / "00_tiny.staged").exists()
+    assert list(json.loads((nb_dir / "00_tiny.outputs.json").read_text())["outputs"]) == [
+        "figures/00_tiny.png"]
 
-    # A failing run leaves the previous output alone and says where to look, in one line; the
-    # scratch folder of the first run was emptied for it.
+    # A failing run leaves the previous output and the committed figure alone and says where
+    # to look, in one line: the notebook's own line; the scratch folder of the first run was
+    # emptied for it.
     before = (nb_dir / "00_tiny.out.ipynb").read_bytes()
     bad = run("notebook", "00_tiny", "-p", "answer=13", REPRO_ROOT=tmp_path)
     assert bad.returncode == 1
     last = bad.stderr.strip().splitlines()[-1]
     assert last.startswith("repro: error: notebook 00_tiny failed") and "unlucky" in last
+    line = TINY_NOTEBOOK.splitlines().index('    assert answer != 13, "unlucky"') + 1
+    assert f"(notebooks/00_tiny.py:{line})" in last, last
     assert (nb_dir / "00_tiny.out.ipynb").read_bytes() == before
     assert (nb_dir / "00_tiny.failed.ipynb").exists()
+    assert figure.read_text() == "figure 42" and not (nb_dir / "00_tiny.staged").exists()
     assert not list(nb_dir.glob(".*"))  # no temp files left
+
+    # A notebook that does not parse is refused before a kernel starts, naming its line.
+    (tmp_path / "notebooks" / "00_tiny.py").write_text(TINY_NOTEBOOK.replace(
+        "\ncheck(answer)", "\ncheck(answer +"))
+    broken = run("notebook", "00_tiny", "-p", "answer=1", REPRO_ROOT=tmp_path)
+    assert broken.returncode == 1 and figure.read_text() == "figure 42"
+    line = TINY_NOTEBOOK.splitlines().index("check(answer)") + 1  # the line, not its cell's
+    assert f"notebooks/00_tiny.py:{line}: SyntaxError" in broken.stderr, broken.stderr
+    (tmp_path / "notebooks" / "00_tiny.py").write_text(TINY_NOTEBOOK)
 
     unknown = run("notebook", "00_tiny", "-p", "answr=1", REPRO_ROOT=tmp_path)
     assert "has no parameter 'answr' (did you mean 'answer'?); its parameters: profile, " \

@@ -51,6 +51,25 @@ def test_claims_prints_every_claim_with_verdict_number_hardware_record(vdir, cap
     assert "not yet measured" in a2 and "notebooks/03_rl_throughput.py" in a2
 
 
+def test_the_terminal_ledger_marks_stale_verdicts_as_the_readme_does(vdir, capsys):
+    claims.write_verdict("A5", "reproduced", "P=0.49", "h200", "results/*/rl_quality",
+                         stale=True, stale_note="measured with other code: 81 cells")
+    claims.write_verdict("A7", "partly", "", "h200", "results/*/rl_quality", stale=True)
+    assert cli.main(["claims"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith("not yet measured; 2 stale)")
+    table = claims.markdown_table()
+    for row in claims.ledger():
+        md = next(x for x in table.splitlines() if x.startswith(f"| {row['claim']} |"))
+        term = out[out.index(f"\n{row['claim']} "):].split("\n", 2)[1]
+        marked = md.split(" | ")[2].endswith(" — stale")
+        assert term[5:].split("  ")[0].endswith(" — stale") == marked == row["stale"], (md, term)
+    a5 = out[out.index("\nA5 "):out.index("\nA6 ")]
+    assert a5.splitlines()[1].startswith("A5   reproduced — stale  ")
+    assert "key number: P=0.49 (measured with other code: 81 cells)" in a5
+    assert "| **reproduced** — stale | P=0.49 (measured with other code: 81 cells) |" in table
+
+
 def test_claims_json_is_the_ledger(vdir, capsys):
     assert cli.main(["claims", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -187,7 +206,8 @@ def repo(tmp_path, monkeypatch):
     """A throwaway repository root: its own params.yaml, results/, build/ and a toy experiment."""
     from repro import studies
 
-    (tmp_path / "params.yaml").write_text(PARAMS)
+    # a section of an experiment no study registers is refused: `broken` only where it is
+    (tmp_path / "params.yaml").write_text(PARAMS.replace("broken: {smoke: {}, full: {}}\n", ""))
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     calls = []
     monkeypatch.setitem(sys.modules, "repro_toy_experiment", _toy_module(calls))
@@ -285,6 +305,7 @@ def test_record_all_keeps_going_past_a_failure(repo, monkeypatch, capsys):
 
     monkeypatch.setattr(studies, "EXPERIMENTS", {"broken": "repro_broken_experiment",
                                                  "toy": "repro_toy_experiment"})
+    (repo.root / "params.yaml").write_text(PARAMS)
     assert cli.main(["record", "all", "--hardware", "fake-gpu-x"]) == 1
     cap = capsys.readouterr()
     assert "repro: broken failed: broken: 3 cell(s) failed" in cap.err
@@ -310,11 +331,13 @@ def test_record_all_bad_input_is_one_line(repo, argv, expected, capsys):
 
 
 def test_record_all_validates_every_section_before_writing(repo, capsys):
-    (repo.root / "params.yaml").write_text(PARAMS.replace("toy: {smoke: {}, full: {}}\n", ""))
+    (repo.root / "params.yaml").write_text(PARAMS.replace("toy: {smoke: {}, full: {}}\n", "")
+                                           .replace("broken: {smoke: {}, full: {}}\n", ""))
     assert cli.main(["record", "all"]) == 2
     assert "no section 'toy'" in one_error_line(capsys)
     assert not (repo.root / "build").exists()  # gemm, first in order, did not run
-    (repo.root / "params.yaml").write_text(PARAMS.replace("repeats: 1", "repeats: 0"))
+    (repo.root / "params.yaml").write_text(PARAMS.replace("repeats: 1", "repeats: 0")
+                                           .replace("broken: {smoke: {}, full: {}}\n", ""))
     assert cli.main(["record", "all"]) == 2
     assert "params.yaml: gemm.common.repeats: must be > 0, got 0" in one_error_line(capsys)
     assert not (repo.root / "build").exists()

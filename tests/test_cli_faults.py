@@ -261,3 +261,161 @@ def test_ctrl_c_during_record_exits_130_keeps_cells_and_the_rerun_resumes(tmp_pa
     assert again.returncode == 0, again.stderr
     assert f"{len(kept)} already recorded" in again.stdout
     assert len(list(cells.glob("*.json"))) == 9
+
+
+# ------------------------------------------------------------------- full disk, permissions
+
+import errno  # noqa: E402
+
+from repro import results  # noqa: E402
+from repro.studies import runner  # noqa: E402
+
+GEMM_RECORD = json.loads(sorted((ROOT / "results" / "h200" / "gemm").glob("*.json"))[0]
+                         .read_text())[0]
+
+
+def fake_study(names=("a", "b", "c")):
+    def cell(name):
+        return runner.Cell(name, lambda left: [dict(GEMM_RECORD)])
+    return runner.Study("gemm", claims=(), cells=lambda p: [cell(n) for n in names],
+                        section=None, module="repro.results")
+
+
+def written(root: Path) -> list[str]:
+    return sorted(p.name for p in root.rglob("*") if p.is_file())
+
+
+def failing_on(calls: int, exc: OSError, real):
+    """``real``, raising ``exc`` from its ``calls``-th call on."""
+    count = {"n": 0}
+
+    def fn(*a, **k):
+        count["n"] += 1
+        if count["n"] >= calls:
+            raise exc
+        return real(*a, **k)
+    return fn
+
+
+@pytest.mark.parametrize("target", ["os.replace", "json.dump"])
+def test_a_full_disk_names_the_cell_and_the_file_and_keeps_finished_cells(tmp_path,
+                                                                         monkeypatch, target):
+    mod, name = target.split(".")
+    full = OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(getattr(results, mod), name,
+                        failing_on(2, full, getattr(getattr(results, mod), name)))
+    with pytest.raises(runner.WriteFailed) as e:
+        runner.run(fake_study(), None, tmp_path, hardware="test-box", progress=False)
+    msg = str(e.value)
+    path = tmp_path / "test-box" / "gemm" / "b.json"
+    assert msg == (f"gemm/b: cannot write {path}: No space left on device (ENOSPC); nothing "
+                   "of it was written; the run stopped there: the 1 cell(s) written before "
+                   "it are kept (rerun to resume)")
+    assert written(tmp_path) == ["a.json"]  # no partial b.json, no temporary file
+    monkeypatch.undo()
+    out = runner.run(fake_study(), None, tmp_path, hardware="test-box", progress=False)
+    assert out.skipped == ["a"] and [p.name for p in out.written] == ["b.json", "c.json"]
+
+
+def test_a_folder_without_permission_is_named(tmp_path, monkeypatch):
+    folder = tmp_path / "test-box" / "gemm"
+    denied = PermissionError(errno.EACCES, "Permission denied", str(folder))
+    monkeypatch.setattr(results.tempfile, "mkstemp", failing_on(1, denied, None))
+    with pytest.raises(runner.WriteFailed) as e:
+        runner.run(fake_study(), None, tmp_path, hardware="test-box", progress=False)
+    assert str(e.value).startswith(f"gemm/a: cannot write {folder / 'a.json'}: Permission "
+                                   f"denied (EACCES) at {folder}; nothing of it was written; "
+                                   "the run stopped there: the 0 cell(s) written before")
+    assert written(tmp_path) == []
+
+
+def test_record_on_a_full_disk_is_one_line_with_status_1(repo, capsys, monkeypatch):
+    full = OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(results.os, "replace", failing_on(1, full, None))
+    assert cli.main(["record", "gemm", "--hardware", "test-box"]) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bar
+    assert line.startswith("repro: error: gemm/") and "cannot write " in line, line
+    assert "No space left on device (ENOSPC)" in line and "the 0 cell(s) written" in line
+    assert not [p for p in (repo / "build" / "results").rglob("*") if p.is_file()]
+
+
+# ---------------------------------------------------------------- one run per results folder
+
+
+def test_a_second_record_of_the_same_study_is_refused_naming_the_holder(repo, capsys):
+    root = results.record_root("smoke")
+    with results.record_lock(root, "test-box", "gemm"):
+        line = one_line(capsys, 1, ["record", "gemm", "--hardware", "test-box"])
+        # another study, or the same study on another hardware's folder, is not held
+        with results.record_lock(root, "test-box", "mlp_step"), \
+                results.record_lock(root, "other-box", "gemm"):
+            pass
+    folder = (root / "test-box" / "gemm").resolve()
+    assert line.startswith(f"repro: error: {folder} is being recorded by another run "
+                           f"(pid {os.getpid()}, lock "), line
+    assert not (root / "test-box").exists()
+    with results.record_lock(root, "test-box", "gemm"):  # released: free again
+        pass
+
+
+def test_the_lock_is_released_when_its_holder_dies(tmp_path, monkeypatch):
+    monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
+    code = ("import sys, time; from repro import results\n"
+            "with results.record_lock(sys.argv[1], 'box', 'gemm'):\n"
+            "    print('held', flush=True); time.sleep(60)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        with pytest.raises(results.Busy, match=rf"\(pid {p.pid}, lock "):
+            with results.record_lock(tmp_path, "box", "gemm"):
+                pass
+    finally:
+        p.kill()
+        p.wait()
+    with results.record_lock(tmp_path, "box", "gemm"):
+        pass
+
+
+# ------------------------------------------------------------ Ctrl-C in a busy main thread
+
+STUCK = """
+import os, signal, sys, time
+from repro import results
+from repro.cli import Interrupts
+it = Interrupts(every=0.2, grace=1.0).install()
+it.command = "record"
+tmp = sys.argv[1]
+open(tmp, "w").write("{")  # a record file being written
+results.IN_FLIGHT.add(tmp)
+print("ready", flush=True)
+t0 = time.monotonic()
+while True:  # every KeyboardInterrupt is lost, as in a long compiled call
+    try:
+        time.sleep(0.01)
+        if time.monotonic() - t0 > 30:
+            break
+    except KeyboardInterrupt:
+        pass
+print("not interrupted", flush=True)
+"""
+
+
+def test_a_ctrl_c_the_main_thread_cannot_handle_ends_the_process_within_the_grace(tmp_path):
+    tmp = tmp_path / ".tmp-x.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-c", STUCK, str(tmp)], env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert p.stdout.readline().strip() == "ready"
+    time.sleep(0.5)  # into the loop
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130 and time.monotonic() - t0 < 10, (out, err)
+    assert "not interrupted" not in out
+    assert err.strip().splitlines()[-1] == (
+        "repro: interrupted; finished cells are kept: rerun the same command to resume "
+        "(exited 1 s after Ctrl-C: the main thread was busy in a compiled call)")
+    assert not tmp.exists()  # the cell being written is discarded

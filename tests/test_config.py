@@ -136,8 +136,8 @@ def test_bad_values_are_one_line_naming_file_and_key_path(smoke, expected):
 
 def test_unknown_sub_section_and_missing_key(tmp_path):
     path = tmp_path / "params.yaml"
-    path.write_text("profile: smoke\ntoy: {common: {}, smoke: {}, ful: {}}\n")
-    with pytest.raises(ConfigError, match=r"params.yaml: toy.ful: unknown key \(did you mean "
+    path.write_text("profile: smoke\ngemm: {common: {}, smoke: {}, ful: {}}\n")
+    with pytest.raises(ConfigError, match=r"params.yaml: gemm.ful: unknown key \(did you mean "
                                           r"'full'\?\); valid keys: common, smoke, full"):
         config.load_params(path)
     with pytest.raises(ConfigError, match="params.yaml: toy.smoke: missing key 'shapes'"):

@@ -86,25 +86,78 @@ def test_studies_run_by_name_are_followed(tmp_path):
 
 def test_a_notebook_receipt_lists_what_the_run_wrote_and_is_the_same_for_the_same_bytes(
         tmp_path):
-    import os
-
     from repro import run_notebook
 
     (tmp_path / "figures").mkdir()
-    (tmp_path / "verdicts").mkdir()
     (tmp_path / "build" / "notebooks").mkdir(parents=True)
     (tmp_path / "figures" / "02_old.png").write_bytes(b"old")
     receipts = []
-    for run in range(2):
-        before = run_notebook._snapshot(tmp_path)
+    for _ in range(2):
+        staging = tmp_path / "build" / "notebooks" / "01_x.staged"
         for rel, data in (("figures/01_a.png", b"png"), ("verdicts/B1.json", b"{}")):
-            path = tmp_path / rel
-            path.write_bytes(data)
-            os.utime(path, ns=(run + 10**18, run + 10**18))  # as a later run would
-        path = run_notebook.write_receipt(tmp_path, "01_x", "smoke", before)
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            (staging / rel).write_bytes(data)
+        path = run_notebook.write_receipt(tmp_path, "01_x", "smoke", staging)
         receipts.append(path.read_bytes())
+        assert run_notebook.commit_outputs(tmp_path, staging) == ["figures/01_a.png",
+                                                                  "verdicts/B1.json"]
+        assert not staging.exists() and (tmp_path / "verdicts" / "B1.json").read_bytes() == b"{}"
     assert receipts[0] == receipts[1]
     data = __import__("json").loads(receipts[0])
     assert sorted(data["outputs"]) == ["figures/01_a.png", "verdicts/B1.json"]  # not 02_old
     assert data["outputs"]["verdicts/B1.json"] == \
         "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"[:16]  # sha256("{}")
+    assert (tmp_path / "figures" / "02_old.png").read_bytes() == b"old"
+
+
+def test_committed_outputs_are_persist_outputs():
+    for name, notebook in notebook_stages().items():
+        stage = stages()[name]
+        kept = [o for key in ("outs", "metrics", "plots") for o in stage.get(key, [])
+                if not next(iter(o)).startswith("build/")]
+        assert kept and all(next(iter(o.values())) == {"cache": False, "persist": True}
+                            for o in kept), name
+
+
+def test_a_broken_notebook_leaves_its_stages_committed_outputs_in_place(tmp_path):
+    """`dvc repro -s formats` of a copy of the tree with a syntax error in its notebook: the
+    stage fails naming the notebook's own line, and figures, verdict and metrics are the
+    committed bytes (DVC deletes a stage's outputs before running it unless they persist)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import pytest
+
+    bin_dir = Path(sys.executable).parent
+    if not (bin_dir / "dvc").exists() or not (bin_dir / "repro").exists():
+        pytest.skip("dvc or the repro command is not installed beside this Python")
+    shutil.copytree(ROOT / "repro", tmp_path / "repro",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for rel in ("dvc.yaml", "params.yaml", ".dvcignore"):
+        shutil.copy(ROOT / rel, tmp_path / rel)
+    outputs = [p.relative_to(ROOT) for p in (*(ROOT / "figures").glob("01_*.png"),
+                                             ROOT / "verdicts" / "B1.json",
+                                             ROOT / "metrics" / "01_formats.json")]
+    for rel in outputs:
+        (tmp_path / rel).parent.mkdir(exist_ok=True)
+        shutil.copy(ROOT / rel, tmp_path / rel)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "README").write_text("no records\n")
+    lines = (ROOT / "notebooks" / "01_formats.py").read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("import "))
+    lines.insert(at, "x = (1,\n")  # the notebook's line at + 1 no longer parses
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "notebooks" / "01_formats.py").write_text("".join(lines))
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(tmp_path), "JAX_PLATFORMS": "cpu"}
+    env.pop("REPRO_ROOT", None)
+    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=tmp_path, env=env, check=True)
+    r = subprocess.run(["dvc", "repro", "-s", "formats"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert f"notebooks/01_formats.py:{at + 1}: SyntaxError" in r.stdout + r.stderr, r.stderr
+    for rel in outputs:
+        assert (tmp_path / rel).read_bytes() == (ROOT / rel).read_bytes(), rel
+    assert not (tmp_path / "build" / "notebooks" / "01_formats.staged").exists()

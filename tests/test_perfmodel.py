@@ -621,3 +621,65 @@ def test_component_table_sets_traced_parts_beside_predicted_ones():
         assert r.gemm_pred + r.other_pred + r.gaps_pred == pytest.approx(
             r.measured_ms, rel=0.05)  # hand-made steps are TRUE's predictions, TRUE refitted
     assert cb.component_table(_frame(_gemm_records() + steps), cal).empty
+
+
+# -------------------------------------------------- the validation figure on any machine
+
+DRAW = """
+import hashlib, io, json
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from repro import perfmodel
+
+measured = perfmodel.measured_records()  # the committed records: fixed inputs
+mode, cals = perfmodel.calibrations(measured)
+val = perfmodel.validation_table(pd.concat([perfmodel.validate(measured, c) for c in cals]))
+fig, ax = plt.subplots(figsize=(6.2, 5.4))
+perfmodel.draw_validation(ax, val)
+drawn = [np.asarray(a.get_offsets()).tolist() for a in ax.collections[1:]]
+drawn += [ax.collections[0].get_paths()[0].vertices.tolist()]  # the +-10% band
+drawn += [line.get_xydata().tolist() for line in ax.lines]
+drawn += [list(t.xy) for t in ax.texts] + [list(ax.get_xlim()), list(ax.get_ylim())]
+png = io.BytesIO()
+fig.savefig(png, format="png", dpi=60, metadata={"Software": None})
+print(json.dumps({"rows": len(val), "drawn": drawn, "title": ax.get_title(),
+                  "png": hashlib.sha256(png.getvalue()).hexdigest()}))
+"""
+
+
+def test_the_validation_figure_draws_the_same_numbers_under_other_thread_settings():
+    """The fit behind notebook 06's validation figure is least squares, whose last bits
+    depend on the BLAS and its threads (a PNG that differed between two CPUs by 1/255 along
+    its diagonal); every number the figure draws is rounded to what is shown (the table's 4
+    decimals, or 4 significant digits), so two BLAS/XLA thread settings give the same
+    numbers and the same PNG bytes."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    runs = []
+    for threads, eigen in (("1", "false"), ("2", "true")):
+        env = {**os.environ, "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu",
+               "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads,
+               "MKL_NUM_THREADS": threads,
+               "XLA_FLAGS": f"--xla_cpu_multi_thread_eigen={eigen}"}
+        p = subprocess.run([sys.executable, "-c", DRAW], env=env, capture_output=True,
+                           text=True, timeout=300, cwd=root)
+        assert p.returncode == 0, p.stderr
+        runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    assert runs[0]["rows"] > 0  # the committed records have FP8 steps to validate
+    assert runs[0] == runs[1]
+    numbers = [v for item in runs[0]["drawn"] for v in pd.core.common.flatten(item)]
+    assert numbers and all(v == round(v, 4) or v == cb.significant(v) for v in numbers)
+
+
+def test_significant_rounds_through_the_decimal_text():
+    assert cb.significant(0.8 * 1.2345) == 0.9876
+    assert cb.significant(123456.0) == 123500.0
+    assert cb.significant([1.23456, 2.0]).tolist() == [1.235, 2.0]

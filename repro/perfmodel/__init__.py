@@ -15,13 +15,15 @@ Notebook 06 computes every table from the measured records; the model writes no 
 (``perfmodel.calibrate`` is the module; its function is ``perfmodel.calibrate.calibrate``.)
 """
 
-from repro.perfmodel.calibrate import (ModelParams, component_table, fit_table, parameter_table,
-                                       validate, validation_table)
+from repro.perfmodel.calibrate import (ModelParams, component_table, draw_validation, fit_table,
+                                       parameter_table, significant, validate,
+                                       validation_table)
 from repro.perfmodel.cost import GAP_PER
 from repro.perfmodel.measured import measured_records
 from repro.perfmodel.project import (ASSUMPTIONS, PUBLISHED, TARGETS, calibrations,
                                      measured_fp4_speedups, projection_setup, projections)
 
 __all__ = ["ASSUMPTIONS", "GAP_PER", "PUBLISHED", "TARGETS", "ModelParams", "calibrations",
-           "component_table", "fit_table", "measured_fp4_speedups", "measured_records",
-           "parameter_table", "projection_setup", "projections", "validate", "validation_table"]
+           "component_table", "draw_validation", "fit_table", "measured_fp4_speedups",
+           "measured_records", "parameter_table", "projection_setup", "projections", "significant",
+           "validate", "validation_table"]

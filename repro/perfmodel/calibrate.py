@@ -333,6 +333,45 @@ def validation_table(val: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["hardware", "workload", "recipe", "shape"]).reset_index(drop=True)
 
 
+def significant(x, digits: int = 4):
+    """``x`` (a number or an array) rounded to ``digits`` significant digits, through its
+    decimal text, so the same on every machine."""
+    if np.ndim(x):
+        return np.array([significant(v, digits) for v in np.ravel(x)]).reshape(np.shape(x))
+    return float(f"{float(x):.{digits}g}")
+
+
+def draw_validation(ax, val: pd.DataFrame) -> None:
+    """Notebook 06's validation figure on ``ax``: predicted against measured FP8/BF16 speedup
+    (:func:`validation_table` rows), the diagonal and a +-10% band, log axes.
+
+    Every number handed to matplotlib is the table's (rounded to 4 decimals) or rounded here to
+    4 significant digits, and the diagonal and the band, straight on log axes, are drawn from
+    their two ends: nothing drawn comes from arithmetic whose last bits depend on the CPU (the
+    fit's least squares; ``np.geomspace``'s logarithms), so the PNG is the same on every
+    machine."""
+    if len(val):
+        lo = significant(0.8 * min(val["measured"].min(), val["predicted"].min()))
+        hi = significant(1.2 * max(val["measured"].max(), val["predicted"].max()))
+        xs = np.array([lo, hi])
+        ax.fill_between(xs, significant(xs * 0.9), significant(xs * 1.1), color="0.85",
+                        label="+-10%")
+        ax.plot(xs, xs, color="0.4", lw=1)
+        for (c, workload, recipe), g in val.groupby(["hardware", "workload", "recipe"]):
+            ax.scatter(g["measured"], g["predicted"],
+                       label=f"{recipe}, {workload.upper()} ({c})", s=40,
+                       marker="s" if workload == "lm" else "o")
+            for r in g.itertuples():
+                ax.annotate(r.shape, (r.measured, r.predicted), fontsize=6, xytext=(3, -3),
+                            textcoords="offset points")
+        ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi))
+        n_ok = int((val["error"].abs() <= 0.10).sum())
+        ax.set_title(f"FP8/BF16 step speedup: {n_ok} of {len(val)} within +-10%\n"
+                     "(fit on BF16 steps only)")
+        ax.legend(fontsize=7)
+    ax.set(xlabel="measured FP8/BF16 speedup (x)", ylabel="predicted FP8/BF16 speedup (x)")
+
+
 def component_table(records: pd.DataFrame | None, cal: Calibration,
                     recipes: Sequence[str] = ("bf16", *VALIDATED)) -> pd.DataFrame:
     """Where a step's time goes, predicted (:func:`predict` under ``cal``) against traced

@@ -63,8 +63,8 @@ def round_to(x, dtype):
     job (every quantizer here clips first); NaN stays NaN. Exact against ml_dtypes' casts for
     bfloat16, float16, E4M3, E5M2 and E2M1 (``tests/test_fold_converts.py``).
     """
+    info = ml_dtypes.finfo(validate.float_dtype(dtype, "round_to"))
     x = jnp.asarray(x).astype(jnp.float32)
-    info = ml_dtypes.finfo(dtype)
     if info.nexp >= 8:  # bfloat16: float32's exponent range, only the mantissa shrinks
         return jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=int(info.nmant))
     normal = jax.lax.reduce_precision(x, exponent_bits=int(info.nexp) + 1,
@@ -129,6 +129,7 @@ def fp8_cast(x, dtype, scale):
 
 def fp8_dequantize(q, scale, dtype=jnp.float32):
     """Inverse of :func:`fp8_quantize` (up to rounding): ``q * scale``."""
+    validate.out_dtype(dtype, "fp8_dequantize")
     return (q.astype(jnp.float32) * jnp.asarray(scale, jnp.float32)).astype(dtype)
 
 
@@ -140,6 +141,7 @@ def compute_scale(amax, fmax, margin=0):
     If amax is 0 or not finite (or the scale would underflow to 0) the scale is
     1.0: there is nothing sensible to adapt to, and 1.0 never produces inf/NaN.
     """
+    validate.int_value(margin, "compute_scale", "margin")
     amax = jnp.asarray(amax, jnp.float32)
     # ldexp, not exp2: XLA's exp2 is not exact for integer arguments on CPU.
     scale = jnp.ldexp(amax / jnp.float32(fmax), jnp.asarray(margin, jnp.int32))
@@ -174,8 +176,8 @@ def stochastic_round_to(x, dtype, key):
     """
     _check_floating(x, "stochastic_round_to")
     validate.key(key, "stochastic_round_to")
+    info = ml_dtypes.finfo(validate.float_dtype(dtype, "stochastic_round_to", max_bits=8))
     x = jnp.asarray(x).astype(jnp.float32)
-    info = ml_dtypes.finfo(dtype)
     fmax = float(info.max)
     ax = jnp.minimum(jnp.abs(x), fmax)  # saturate; NaN handled at the end
     bits = jax.lax.bitcast_convert_type(ax, jnp.uint32)
@@ -220,10 +222,8 @@ def mxfp8_quantize(x, axis=-1, block=32) -> MXTensor:
     """
     _check_floating(x, "mxfp8_quantize")
     x = validate.operand(x, "mxfp8_quantize")
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-        raise ValueError(f"mxfp8_quantize: block must be a positive int (32 in the spec), "
-                         f"got {block!r}")
-    axis = axis % x.ndim
+    block = validate.positive_int(block, "mxfp8_quantize", "block", " (32 in the spec)")
+    axis = validate.axis(axis, x.ndim, "mxfp8_quantize")
     xb = _blocked(x.astype(jnp.float32), axis, block, "mxfp8_quantize")
     bmax = jnp.max(jnp.abs(xb), axis=-1, keepdims=True)  # NaN propagates
     # frexp: bmax = m * 2**e with m in [0.5, 1), so floor(log2(bmax)) = e - 1, exactly.
@@ -244,6 +244,7 @@ def mxfp8_quantize(x, axis=-1, block=32) -> MXTensor:
 
 def mxfp8_dequantize(t: MXTensor, dtype=jnp.float32):
     """``q * scale`` with each scale broadcast over its block."""
+    validate.out_dtype(dtype, "mxfp8_dequantize")
     q, scale = t.q, t.scale
     diff = [i for i, (a, b) in enumerate(zip(q.shape, scale.shape)) if a != b]
     if len(diff) != 1 or q.ndim != scale.ndim:
@@ -309,6 +310,10 @@ def nvfp4_quantize(x, block=(1, 16), rounding="nearest", key=None) -> NVFP4Tenso
     (all zero, or < ~2e-6 of the tensor amax) dequantize to exact zeros.
     """
     _check_floating(x, "nvfp4_quantize")
+    if not (isinstance(block, (tuple, list)) and tuple(block) in NVFP4_BLOCKS
+            and all(validate._is_int(b) for b in block)):
+        raise ValueError(f"nvfp4_quantize: block must be one of {NVFP4_BLOCKS} (ints), "
+                         f"got {block!r}")
     block = tuple(int(b) for b in block)
     if rounding not in ("nearest", "stochastic"):
         raise ValueError(f"nvfp4_quantize: rounding must be 'nearest' or 'stochastic', got {rounding!r}")
@@ -352,6 +357,7 @@ def nvfp4_quantize(x, block=(1, 16), rounding="nearest", key=None) -> NVFP4Tenso
 
 def nvfp4_dequantize(t: NVFP4Tensor, dtype=jnp.float32):
     """``q * block_scale * global_scale`` with block scales broadcast over blocks."""
+    validate.out_dtype(dtype, "nvfp4_dequantize")
     q, bs = t.q, t.block_scale.astype(jnp.float32)
     bc = q.shape[-1] // bs.shape[-1]
     br = q.shape[-2] // bs.shape[-2] if q.ndim >= 2 else 1
@@ -366,7 +372,7 @@ def nvfp4_dequantize(t: NVFP4Tensor, dtype=jnp.float32):
 
 def hadamard_matrix(n=16):
     """Orthonormal Sylvester Hadamard matrix (entries +-1/sqrt(n)), float32."""
-    if n < 1 or n & (n - 1):
+    if not validate._is_int(n) or n < 1 or n & (n - 1):
         raise ValueError(f"hadamard_matrix: n must be a power of two, got {n}")
     h = np.ones((1, 1))
     while h.shape[0] < n:
@@ -384,12 +390,17 @@ def _apply_groups(x, m, axis, n, what):
     """Multiply each consecutive length-n group along `axis` (a column vector g) by m."""
     _check_floating(x, what)
     x = validate.operand(x, what)
-    axis = axis % x.ndim
+    axis = validate.axis(axis, x.ndim, what)
     g = _blocked(x.astype(jnp.float32), axis, n, what)
     # HIGHEST: on GPU the default f32 matmul may use TF32, which breaks orthogonality.
     y = jnp.einsum("...kj,ij->...ki", g, m, precision=jax.lax.Precision.HIGHEST)
     y = y.reshape(*y.shape[:-2], -1)
     return jnp.moveaxis(y, -1, axis).astype(x.dtype)
+
+
+def _check_group(n, what):
+    if not validate._is_int(n) or n < 1 or n & (n - 1):
+        raise ValueError(f"{what}: n (the group size) must be a power-of-two int, got {n!r}")
 
 
 def random_hadamard_transform(x, key, axis=-1, n=16):
@@ -401,12 +412,14 @@ def random_hadamard_transform(x, key, axis=-1, n=16):
     across the group, which shrinks block amaxes before NVFP4 quantization.
     """
     validate.key(key, "random_hadamard_transform")
+    _check_group(n, "random_hadamard_transform")
     return _apply_groups(x, _rht_matrix(key, n), axis, n, "random_hadamard_transform")
 
 
 def inverse_random_hadamard_transform(x, key, axis=-1, n=16):
     """Inverse of :func:`random_hadamard_transform` with the same key: g -> M^T g."""
     validate.key(key, "inverse_random_hadamard_transform")
+    _check_group(n, "inverse_random_hadamard_transform")
     return _apply_groups(x, _rht_matrix(key, n).T, axis, n, "inverse_random_hadamard_transform")
 
 
@@ -424,6 +437,10 @@ def _straight_through_jvp(primals, tangents):
     return primals[1], tangents[0]
 
 
+_FAKE_QUANTIZE_KW = {"e4m3": ("margin",), "e5m2": ("margin",), "mxfp8": ("axis", "block"),
+                     "nvfp4": ("block", "rounding", "key")}
+
+
 def fake_quantize(x, fmt, **kw):
     """Quantize then dequantize ``x`` in format `fmt`; returns ``x.dtype``.
 
@@ -433,6 +450,10 @@ def fake_quantize(x, fmt, **kw):
     through the casts would quantize the cotangents themselves to the format.
     """
     _check_floating(x, "fake_quantize")
+    takes = _FAKE_QUANTIZE_KW.get(fmt)
+    if takes is not None and set(kw) - set(takes):
+        raise TypeError(f"fake_quantize: fmt {fmt!r} takes {', '.join(takes)}, got "
+                        f"{', '.join(sorted(set(kw) - set(takes)))}")
     x = jnp.asarray(x)
     if fmt in ("e4m3", "e5m2"):
         dtype = E4M3 if fmt == "e4m3" else E5M2

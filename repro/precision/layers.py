@@ -40,11 +40,12 @@ from typing import Any, Callable, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax.linen import fp8_ops
 from jax import lax
 
-from repro.precision import ops
+from repro.precision import ops, validate
 from repro.precision.recipes import Recipe, resolve
 from repro.precision.scaling import DelayedScalingState
 
@@ -101,6 +102,8 @@ class Dense(nn.Module):
     @nn.compact
     def __call__(self, x):
         r = resolve(self.recipe)
+        _check_input(x, 1, "Dense")
+        validate.positive_int(self.features, "Dense", "features")
         kernel = self.param("kernel", self.kernel_init, (jnp.shape(x)[-1], self.features),
                             self.param_dtype)
         r = layer_recipe(r, kernel.shape)
@@ -157,8 +160,30 @@ class _Activated(nn.Module):
         return activate(self.layer(x), self.activation)
 
 
-def _tuple(v) -> tuple[int, ...]:
-    return (int(v),) if isinstance(v, int) else tuple(int(a) for a in v)
+def _ints(v, what: str, name: str) -> tuple[int, ...]:
+    """An int or a sequence of ints as a tuple; a float, a bool or a string is refused (not
+    truncated). Python only: the traced program does not change."""
+    items = (v,) if isinstance(v, (int, np.integer)) else v
+    if not isinstance(items, (tuple, list)) or not items or not all(
+            isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in items):
+        raise TypeError(f"{what}: {name} must be an int or a non-empty sequence of ints, "
+                        f"got {v!r}")
+    return tuple(int(a) for a in items)
+
+
+def _features(v, what: str) -> tuple[int, ...]:
+    out = _ints(v, what, "features")
+    if min(out) < 1:
+        raise ValueError(f"{what}: features must be positive, got {v!r}")
+    return out
+
+
+def _check_input(x, min_ndim: int, what: str) -> None:
+    """The input's rank, checked on its static shape before anything is traced."""
+    ndim = np.ndim(x)
+    if ndim < min_ndim:
+        raise ValueError(f"{what}: x needs at least {min_ndim} "
+                         f"{'axis' if min_ndim == 1 else 'axes'}, got shape {np.shape(x)}")
 
 
 class DenseGeneral(nn.Module):
@@ -185,10 +210,12 @@ class DenseGeneral(nn.Module):
     @nn.compact
     def __call__(self, x):
         r = resolve(self.recipe)
-        features = _tuple(self.features)
-        axes = tuple(sorted(a % x.ndim for a in _tuple(self.axis)))
+        features = _features(self.features, "DenseGeneral")
+        _check_input(x, 1, "DenseGeneral")
+        axes = tuple(sorted(validate.axis(a, x.ndim, "DenseGeneral")
+                            for a in _ints(self.axis, "DenseGeneral", "axis")))
         n_in = len(axes)
-        if axes != tuple(range(x.ndim - n_in, x.ndim)):
+        if len(set(axes)) != n_in or axes != tuple(range(x.ndim - n_in, x.ndim)):
             raise ValueError(f"DenseGeneral: axis {self.axis} must be the trailing axes of an "
                              f"input of rank {x.ndim}")
         in_dims = x.shape[x.ndim - n_in:]
@@ -236,15 +263,21 @@ class Conv(nn.Module):
     @nn.compact
     def __call__(self, x):
         r = resolve(self.recipe)
-        ks = _tuple(self.kernel_size)
+        _features(self.features, "Conv")
+        ks = _ints(self.kernel_size, "Conv", "kernel_size")
+        if min(ks) < 1:
+            raise ValueError(f"Conv: kernel_size must be positive, got {self.kernel_size!r}")
         nsp = len(ks)
         unbatched = x.ndim == nsp + 1
         if unbatched:
             x = x[None]
         if x.ndim != nsp + 2:
             raise ValueError(f"Conv: input rank {x.ndim} does not fit kernel_size {ks}")
-        strides = _tuple(self.strides)
+        strides = _ints(self.strides, "Conv", "strides")
         strides = strides * nsp if len(strides) == 1 else strides
+        if len(strides) != nsp or min(strides) < 1:
+            raise ValueError(f"Conv: strides must be 1 or {nsp} positive ints, "
+                             f"got {self.strides!r}")
         padding = self.padding
         if isinstance(padding, int):
             padding = [(padding, padding)] * nsp

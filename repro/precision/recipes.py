@@ -156,16 +156,30 @@ class Recipe:
     about: str = ""
 
     def __post_init__(self):
+        # Python checks of the fields' values: a recipe the ops cannot run as written is
+        # refused here, once, not inside a traced program (nor silently run otherwise).
         for f, kind in _field_types().items():
-            if typing.get_origin(kind) is Literal and getattr(self, f) not in typing.get_args(kind):
+            v = getattr(self, f)
+            if typing.get_origin(kind) is Literal and v not in typing.get_args(kind):
                 raise ValueError(f"recipe {self.name!r}: {f} must be one of "
-                                 f"{list(typing.get_args(kind))}, got {getattr(self, f)!r}")
-        if self.weight_clip is not None and not self.weight_clip > 0:
-            raise ValueError(f"recipe {self.name!r}: weight_clip must be > 0 or None, "
-                             f"got {self.weight_clip!r}")
-        if self.amax_history_len < 1:
-            raise ValueError(f"recipe {self.name!r}: amax_history_len must be >= 1, "
-                             f"got {self.amax_history_len}")
+                                 f"{list(typing.get_args(kind))}, got {v!r}")
+            want = _FIELD_KIND.get(kind)
+            if want is not None and not _is_kind(v, want):
+                raise ValueError(f"recipe {self.name!r}: {f} must be {want[1]}, got "
+                                 f"{type(v).__name__} {v!r}")
+        for f, valid in _FIELD_VALUES.items():
+            if getattr(self, f) not in valid:
+                raise ValueError(f"recipe {self.name!r}: {f} must be one of {list(valid)}, "
+                                 f"got {getattr(self, f)!r}{_FIELD_WHY.get(f, '')}")
+        if self.weight_clip is not None and not 0 < self.weight_clip < float("inf"):
+            raise ValueError(f"recipe {self.name!r}: weight_clip must be a finite number > 0 "
+                             f"or None (no clipping), got {self.weight_clip!r}")
+        for f, lo, hi in (("amax_history_len", 1, None), ("margin", 0, 32),
+                          ("fp8_min_dim", 0, None)):
+            v = getattr(self, f)
+            if v < lo or (hi is not None and v > hi):
+                shown = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+                raise ValueError(f"recipe {self.name!r}: {f} must be {shown}, got {v}")
 
     @property
     def dtype(self) -> jnp.dtype:
@@ -210,6 +224,35 @@ class Recipe:
 @functools.cache
 def _field_types() -> dict[str, object]:
     return typing.get_type_hints(Recipe)
+
+
+# Recipe fields of a plain type: the Python type each must have (a bool is not an int here, and
+# a string such as "no" is not a bool).
+_FIELD_KIND = {str: (str, "a string"), int: (int, "an int"), bool: (bool, "a bool"),
+               float | None: ((int, float, type(None)), "a number or None"),
+               str | None: ((str, type(None)), "a string or None")}
+
+
+def _is_kind(v, want) -> bool:
+    types, _ = want
+    if isinstance(v, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        return False
+    return isinstance(v, types)
+
+
+# String fields with a closed set of values (what jnp.dtype / lax.Precision accept is wider
+# than what the ops run: float64 would silently run as float32, int8 fail inside a GEMM).
+_FIELD_VALUES = {
+    "compute_dtype": ("float32", "bfloat16", "float16"),
+    "param_dtype": ("float32",),
+    "matmul_precision": ("default", "high", "highest"),
+    "fwd_dtype": ("float8_e4m3fn", "float8_e5m2"),
+    "bwd_dtype": ("float8_e4m3fn", "float8_e5m2"),
+}
+_FIELD_WHY = {
+    "compute_dtype": " (the dtypes the ops compute in; JAX would run float64 as float32)",
+    "param_dtype": " (the layers keep FP32 master weights; master_weights sets their storage)",
+}
 
 
 _BF16 = dict(compute_dtype="bfloat16", matmul_precision="default")

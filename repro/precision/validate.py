@@ -104,3 +104,71 @@ def recipe_for(recipe, gemms: Sequence[str], what: str):
                          f"{' or '.join(map(repr, gemms))}; valid recipes: {', '.join(fits)} "
                          "(repro.precision.ops.dot runs any recipe)")
     return r
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def axis(a, ndim: int, what: str, name: str = "axis") -> int:
+    """An axis of an array of rank ``ndim``, in ``[-ndim, ndim)``; returned in ``[0, ndim)``.
+    (Python arithmetic only: nothing is traced.)"""
+    if not _is_int(a):
+        raise TypeError(f"{what}: {name} must be an int, got {type(a).__name__} {a!r}")
+    if not -ndim <= a < ndim:
+        raise ValueError(f"{what}: {name}={int(a)} is out of range for an input of rank {ndim} "
+                         f"(valid: {-ndim} to {ndim - 1})")
+    return int(a) % ndim
+
+
+def positive_int(v, what: str, name: str, hint: str = "") -> int:
+    """``v`` as a Python int >= 1 (a float, a bool or a string is refused, not truncated)."""
+    if not _is_int(v) or v < 1:
+        raise ValueError(f"{what}: {name} must be a positive int{hint}, got {v!r}")
+    return int(v)
+
+
+def float_dtype(dtype, what: str, name: str = "dtype", max_bits: int = 32):
+    """A floating dtype of at most ``max_bits`` bits. Wider ones are refused: the arithmetic
+    here is float32 (and without ``jax_enable_x64`` a float64 array is silently float32)."""
+    try:
+        dt = jnp.dtype(dtype)
+    except (TypeError, ValueError):
+        dt = None
+    if dt is None or not jnp.issubdtype(dt, jnp.floating) or dt.itemsize * 8 > max_bits:
+        kinds = "an 8-bit or 4-bit float format (jnp.float8_e4m3fn, jnp.float8_e5m2, " \
+                "jnp.float4_e2m1fn)" if max_bits == 8 else \
+                f"a float dtype of at most {max_bits} bits (float32, bfloat16, float16, FP8, FP4)"
+        raise ValueError(f"{what}: {name} must be {kinds}, got {_shown(dtype)}")
+    return dt
+
+
+def _shown(dtype) -> str:
+    try:
+        return jnp.dtype(dtype).name
+    except (TypeError, ValueError):
+        return repr(dtype)
+
+
+def out_dtype(dtype, what: str, name: str = "dtype"):
+    """The dtype of a dequantized result: floating; float64 only with ``jax_enable_x64`` (else
+    JAX would silently return float32)."""
+    try:
+        dt = jnp.dtype(dtype)
+    except (TypeError, ValueError):
+        dt = None
+    if dt is None or not jnp.issubdtype(dt, jnp.floating) or (
+            dt.itemsize > 4 and not jax.config.jax_enable_x64):
+        raise ValueError(f"{what}: {name} must be a float dtype (float32, bfloat16, float16; "
+                         f"float64 only with jax_enable_x64), got {_shown(dtype)}")
+    return dt
+
+
+def int_value(v, what: str, name: str) -> None:
+    """A concrete integer (a Python or NumPy int, or an integer array); a tracer passes."""
+    if isinstance(v, jax.core.Tracer):
+        return
+    dt = getattr(v, "dtype", None)
+    if _is_int(v) or (dt is not None and jnp.issubdtype(dt, jnp.integer)):
+        return
+    raise TypeError(f"{what}: {name} must be an int, got {type(v).__name__} {v!r}")

@@ -15,7 +15,8 @@ records, and the runner writes them atomically to
   a study whose cells time several recipes together narrows its parameters instead);
 * failures: a cell that raises is reported in one line and the study goes on; the run ends
   with :class:`CellsFailed` naming every failed cell (a cell the device cannot compile must
-  not cost the rest of an unattended GPU call);
+  not cost the rest of an unattended GPU call); a cell whose records cannot be written (a
+  full disk, no permission) stops the run with :class:`WriteFailed`, finished cells kept;
 * a time budget: no new cell starts once it is spent (cells that checkpoint get what is left);
 * Ctrl-C: finished cells are kept; the interrupt propagates to the caller;
 * cross-call ratios: a note when a run would record some cells of a ``group`` (cells that are
@@ -151,7 +152,39 @@ def plan(study: Study, params: Any, only: Sequence[str] | None = None,
         what = " and ".join(x for x, v in (("--only " + " ".join(only or []), only),
                                            ("--recipe " + ",".join(recipes or []), recipes)) if v)
         raise ValueError(f"{study.experiment}: {what} selects no cell; cells: {names or 'none'}")
+    if recipes and not study.narrow:
+        check_recipe_selection(study.experiment, chosen, every, recipes)
     return chosen, every
+
+
+def check_recipe_selection(experiment: str, chosen: Sequence[Cell], every: Sequence[Cell],
+                           recipes: Sequence[str]) -> None:
+    """A one-line ``ValueError`` where ``--recipe`` keeps only cells that run no recipe (a
+    study's recipe-independent cells): it selected nothing it names. The message lists the
+    recipes the (``--only``-selected) cells run."""
+    if any(set(c.recipes) & set(recipes) for c in chosen):
+        return
+    ran = sorted({r for c in every for r in c.recipes})
+    rest = ", ".join(c.name for c in chosen[:4])
+    raise ValueError(f"{experiment}: --recipe {','.join(recipes)} selects no cell that runs it"
+                     + (f" (only cells that run no recipe: {rest})" if rest else "")
+                     + f"; recipes of its cells: {', '.join(ran) or 'none'}")
+
+
+class WriteFailed(RuntimeError):
+    """A cell's records could not be written (a full disk, a folder without permission): the
+    run stops at that cell; the cells written before it are kept (a rerun resumes)."""
+
+
+def write_cell(recs: Records, experiment: str, cell: str, root: Path, out: "Outcome") -> Path:
+    """:func:`repro.results.write_records`, or :class:`WriteFailed` in one line naming the
+    cell, the file and what was kept: the next cells would fail alike, so the run stops."""
+    try:
+        return results.write_records(recs, experiment, cell, root=root)
+    except OSError as e:
+        failed = f"; {len(out.failed)} cell(s) failed before it" if out.failed else ""
+        raise WriteFailed(f"{e}; the run stopped there: the {len(out.written)} cell(s) "
+                          f"written before it are kept{failed} (rerun to resume)") from None
 
 
 def _one_line(err: BaseException) -> str:
@@ -277,7 +310,7 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
         recs = results.restamp(recs, hardware=hardware, note=note, stamp=stamp)
         if cell.programs is not None:
             recs = stamp_programs(recs, cell, root)
-        out.written.append(results.write_records(recs, study.experiment, cell.name, root=root))
+        out.written.append(write_cell(recs, study.experiment, cell.name, root, out))
     bar.close()
     if out.failed:
         raise CellsFailed(study.experiment, out.failed)
