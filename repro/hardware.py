@@ -153,6 +153,26 @@ def device_kind() -> str:
     return jax.devices()[0].device_kind
 
 
+@functools.cache
+def _registered(platform_name: str, kind: str) -> HardwareInfo:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an unknown device: no peaks, no narrow formats
+        return from_device_name(kind, platform_name, None)
+
+
+def fp8_pays() -> bool:
+    """Whether a per-layer FP8 policy (``fp8-auto``) may choose FP8 on the device code paths
+    are chosen for (:func:`platform`, :func:`device_kind`). On a GPU, and on the CPU, which
+    traces and tests what a GPU runs, always: the policy's width rule was measured on a GPU,
+    and a GPU's traced program must not depend on how its kind is spelled. Elsewhere (a TPU),
+    only where the registry gives the device FP8 arithmetic: none of v5e, v5p, v6e has it, so
+    there every layer stays in BF16 (FP8 would be computed by converting to BF16)."""
+    p = platform()
+    if p in ("gpu", "cpu"):
+        return True
+    return _registered(p, device_kind()).has_fp8
+
+
 @contextlib.contextmanager
 def target(platform_name: str, kind: str = ""):
     """Choose code paths for ``platform_name`` (``"gpu"``, ``"tpu"``, ``"cpu"``) and device
