@@ -21,9 +21,10 @@ Two questions, kept apart because a verdict needs them apart:
 
 The GPU readings are those the records have always carried (the same functions); the CPU
 keeps them too. ``repro.studies.timing.fp8_lowering`` (hence ``compiled_facts`` and
-``compiled_gemm_info``) reads a TPU's program as a TPU's on its own. Both HLO spellings of an operand are read: ``dot(%a, %b)`` (types from the
-operands' definitions) and ``dot(s8[128,512]{1,0} %a, ...)`` (types inline), with TPU
-layouts such as ``{1,0:T(8,128)(4,1)}``.
+``compiled_gemm_info``) reads a TPU's program as a TPU's on its own. Both HLO spellings of
+an operand are read: ``dot(%a, %b)`` (types from the operands' definitions) and
+``dot(s8[128,512]{1,0} %a, ...)`` (types inline), with TPU layouts such as
+``{1,0:T(8,128)(4,1)}``.
 """
 
 from __future__ import annotations
