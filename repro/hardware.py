@@ -1,8 +1,9 @@
 """Which device runs, and what its datasheet says it can do.
 
 ``detect()`` looks at JAX's first device; ``registry()`` reads ``repro/data/hardware.yaml``
-(datasheet dense peaks and bandwidth). Unknown GPUs run with a warning and no peaks; ``repro
-record --hardware NAME`` records under another name.
+(datasheet dense peaks and bandwidth of NVIDIA GPUs and Google TPUs, matched by JAX's
+``device_kind``). Unknown devices run with a warning and no peaks; ``repro record --hardware
+NAME`` records under another name.
 """
 
 from __future__ import annotations
@@ -34,12 +35,32 @@ class HardwareInfo:
 
     @property
     def has_fp8(self) -> bool:
+        """FP8 arithmetic: tensor cores of compute capability >= 8.9 on a GPU; on a TPU, an
+        ``fp8`` peak in the registry (none of v5e, v5p, v6e has one)."""
+        if self.backend == "tpu":
+            return bool(self.peak_tflops.get("fp8"))
         return self.backend == "gpu" and (self.cc_major, self.cc_minor) >= (8, 9)
 
     @property
     def has_fp4(self) -> bool:
         """Native block-scaled FP4/MXFP8 tensor cores (Blackwell, compute capability >= 10)."""
+        if self.backend == "tpu":
+            return bool(self.peak_tflops.get("fp4"))
         return self.backend == "gpu" and self.cc_major >= 10
+
+    @property
+    def has_int8(self) -> bool:
+        """INT8 products on the matrix units (``s8 x s8 -> s32``): tensor cores of compute
+        capability >= 7.5 on a GPU; on a TPU, an ``int8`` peak in the registry."""
+        if self.backend == "tpu":
+            return bool(self.peak_tflops.get("int8"))
+        return self.backend == "gpu" and (self.cc_major, self.cc_minor) >= (7, 5)
+
+    @property
+    def native_formats(self) -> tuple[str, ...]:
+        """The narrow formats this device multiplies natively, of fp8, fp4 and int8."""
+        return tuple(f for f, ok in (("fp8", self.has_fp8), ("fp4", self.has_fp4),
+                                     ("int8", self.has_int8)) if ok)
 
     @property
     def cc_minor(self) -> int:
@@ -58,7 +79,7 @@ def lookup(slug: str) -> HardwareInfo:
     if slug not in reg:
         raise ValueError(f"unknown hardware {slug!r}; registry has: {', '.join(reg)}")
     e = reg[slug]
-    return HardwareInfo(slug=slug, name=e["name"], backend="cpu" if slug == "cpu" else "gpu",
+    return HardwareInfo(slug=slug, name=e["name"], backend=e["backend"],
                         compute_capability=e["compute_capability"],
                         peak_tflops=dict(e["peak_tflops"]),
                         memory_bandwidth_tbs=e["memory_bandwidth_tbs"],
@@ -73,7 +94,7 @@ def from_device_name(name: str, backend: str, compute_capability: str | None) ->
     if backend == "cpu":
         return lookup("cpu")
     matches = [(len(m), slug) for slug, e in registry().items() for m in e["match"]
-               if m.lower() in name.lower()]
+               if m.lower() in name.lower() and e["backend"] == backend]
     if matches:  # the longest match wins: "GB200" also contains "B200"
         info = lookup(max(matches)[1])
         return HardwareInfo(**{**info.__dict__, "name": name,
@@ -145,6 +166,26 @@ def device_kind() -> str:
     import jax
 
     return jax.devices()[0].device_kind
+
+
+@functools.cache
+def _registered(platform_name: str, kind: str) -> HardwareInfo:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an unknown device: no peaks, no narrow formats
+        return from_device_name(kind, platform_name, None)
+
+
+def fp8_pays() -> bool:
+    """Whether a per-layer FP8 policy (``fp8-auto``) may choose FP8 on the device code paths
+    are chosen for (:func:`platform`, :func:`device_kind`). On a GPU, and on the CPU, which
+    traces and tests what a GPU runs, always: the policy's width rule was measured on a GPU,
+    and a GPU's traced program must not depend on how its kind is spelled. Elsewhere (a TPU),
+    only where the registry gives the device FP8 arithmetic: none of v5e, v5p, v6e has it, so
+    there every layer stays in BF16 (FP8 would be computed by converting to BF16)."""
+    p = platform()
+    if p in ("gpu", "cpu"):
+        return True
+    return _registered(p, device_kind()).has_fp8
 
 
 @contextlib.contextmanager

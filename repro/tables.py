@@ -51,22 +51,25 @@ def hardware() -> str:
     from repro import hardware as hw
 
     info = hw.detect()
+    yes = {True: "yes", False: "no"}
     out = [f"detected: {info.slug} ({info.name}), backend {info.backend}, compute capability "
-           f"{info.compute_capability or '-'}, native FP8 {'yes' if info.has_fp8 else 'no'}, "
-           f"native FP4 {'yes' if info.has_fp4 else 'no'}", "",
-           "registry (repro/data/hardware.yaml): datasheet dense TFLOP/s, TB/s"]
-    kinds = ["fp4", "fp8", "bf16", "fp16", "tf32", "fp32"]
-    out.append(f"{'slug':<10} {'cc':>5} " + " ".join(f"{k:>7}" for k in kinds)
-               + f" {'TB/s':>6}  name")
+           f"{info.compute_capability or '-'}, native FP8 {yes[info.has_fp8]}, "
+           f"native FP4 {yes[info.has_fp4]}, native INT8 {yes[info.has_int8]}", "",
+           "registry (repro/data/hardware.yaml): datasheet dense TFLOP/s (int8: TOP/s), TB/s; "
+           "-: no tensor-core / matrix-unit support, blank: not listed"]
+    kinds = ["fp4", "fp8", "int8", "bf16", "fp16", "tf32", "fp32"]
+    out.append(f"{'slug':<10} {'backend':>7} {'cc':>5} " + " ".join(f"{k:>7}" for k in kinds)
+               + f" {'TB/s':>6} {'GiB':>5}  name")
 
     def fmt(v):
         return "-" if v is None else f"{v:g}"
 
     for slug in hw.registry():
         e = hw.lookup(slug)
-        out.append(f"{slug:<10} {e.compute_capability or '-':>5} "
-                   + " ".join(f"{fmt(e.peak_tflops.get(k)):>7}" for k in kinds)
-                   + f" {fmt(e.memory_bandwidth_tbs):>6}  {e.name}")
+        peaks = e.peak_tflops
+        out.append(f"{slug:<10} {e.backend:>7} {e.compute_capability or '-':>5} "
+                   + " ".join(f"{fmt(peaks[k]) if k in peaks else '':>7}" for k in kinds)
+                   + f" {fmt(e.memory_bandwidth_tbs):>6} {fmt(e.memory_gib):>5}  {e.name}")
     return "\n".join(out)
 
 

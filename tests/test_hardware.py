@@ -92,3 +92,78 @@ def test_lookup_unknown_lists_registry():
 def test_detect_cpu():
     info = hardware.detect()
     assert (info.slug, info.backend, info.has_fp8) == ("cpu", "cpu", False)
+
+
+# ------------------------------------------------------------------------------ TPUs
+
+TPUS = {  # slug: (device_kind JAX reports, bf16 TFLOP/s, int8 TOP/s, HBM TB/s, GiB)
+    "tpu-v5e": ("TPU v5 lite", 197, 393, 0.819, 16),
+    "tpu-v5p": ("TPU v5", 459, 918, 2.765, 95),
+    "tpu-v6e": ("TPU v6 lite", 918, 1836, 1.638, 32),
+}
+
+
+@pytest.mark.parametrize("slug", TPUS)
+def test_tpu_entries_carry_published_peaks_and_their_source(slug):
+    _, bf16, int8, tbs, gib = TPUS[slug]
+    info, e = hardware.lookup(slug), hardware.registry()[slug]
+    assert info.backend == "tpu" and info.compute_capability is None
+    assert (info.peak_tflops["bf16"], info.peak_tflops["int8"]) == (bf16, int8)
+    assert (info.memory_bandwidth_tbs, info.memory_gib) == (tbs, gib)
+    assert e["source"].startswith("https://cloud.google.com/tpu/docs/")
+    # no FP8 / FP4 arithmetic on these TPUs; INT8 on the matrix units
+    assert not info.has_fp8 and not info.has_fp4 and info.has_int8
+    assert info.native_formats == ("int8",)
+
+
+@pytest.mark.parametrize("slug", TPUS)
+def test_tpu_detected_from_device_kind(slug):
+    kind = TPUS[slug][0]
+    info = hardware.from_device_name(kind, "tpu", None)
+    assert (info.slug, info.backend, info.name) == (slug, "tpu", kind)
+    assert info.peak_tflops["bf16"] == TPUS[slug][1]
+
+
+def test_v5_lite_is_not_v5p():
+    # "TPU v5 lite" contains "TPU v5" (v5p's kind): the longest match wins.
+    assert hardware.from_device_name("TPU v5 lite", "tpu", None).slug == "tpu-v5e"
+    assert hardware.from_device_name("TPU v5p", "tpu", None).slug == "tpu-v5p"
+
+
+def test_unknown_tpu_runs_without_peaks_and_without_fp8():
+    with pytest.warns(UserWarning, match="not in repro/data/hardware.yaml"):
+        info = hardware.from_device_name("TPU v9 turbo", "tpu", None)
+    assert info.backend == "tpu" and not info.has_fp8 and not info.has_int8
+
+
+def test_backend_comes_from_the_entry():
+    backends = {s: hardware.lookup(s).backend for s in hardware.registry()}
+    assert backends["cpu"] == "cpu" and backends["tpu-v5e"] == "tpu"
+    assert all(backends[s] == "gpu" for s in GPUS)
+    assert all(e["backend"] in ("gpu", "tpu", "cpu") for e in hardware.registry().values())
+
+
+def test_gpu_int8_from_compute_capability():
+    assert hardware.lookup("a100-sxm").has_int8 and hardware.lookup("h200").has_int8
+    assert hardware.lookup("h200").native_formats == ("fp8", "int8")
+    assert not hardware.lookup("cpu").has_int8
+
+
+def test_tpu_label_agrees_with_a_tpu_and_not_with_a_gpu():
+    v5e = hardware.from_device_name("TPU v5 lite", "tpu", None)
+    assert hardware.check_label("tpu-v5e", v5e) == "tpu-v5e"
+    assert hardware.check_label("TPU v5e", v5e) == "tpu-v5e"
+    with pytest.raises(ValueError, match="TPU"):
+        hardware.check_label("tpu-v5e", hardware.lookup("h200"))
+    with pytest.raises(ValueError, match="contradicts"):
+        hardware.check_label("tpu-v6e", v5e)
+
+
+def test_repro_hardware_lists_the_tpus():
+    from repro import tables
+
+    text = tables.hardware()
+    rows = {line.split()[0]: line.split() for line in text.splitlines()[4:]}
+    assert {"tpu-v5e", "tpu-v5p", "tpu-v6e", "h200"} <= set(rows)
+    assert rows["tpu-v5e"][1] == "tpu" and "393" in rows["tpu-v5e"] and "0.819" in rows["tpu-v5e"]
+    assert "native INT8" in text.splitlines()[0]

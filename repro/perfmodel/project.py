@@ -89,7 +89,7 @@ def calibrating_hardware(records: pd.DataFrame | None, need_steps: bool = True) 
                   & (ok["recipe"] == "bf16")]["hardware"])
     reg = hw.registry()
     chips = gemm & step if need_steps else gemm
-    return sorted(s for s in chips if s in reg and s != "cpu")
+    return sorted(s for s in chips if s in reg and reg[s]["backend"] == "gpu")
 
 
 def calibrations(measured: pd.DataFrame | None, gap_per: str = "gemm"

@@ -45,6 +45,7 @@ import optax
 from flax.linen import fp8_ops
 from jax import lax
 
+from repro import hardware
 from repro.precision import ops, validate
 from repro.precision.recipes import Recipe, resolve
 from repro.precision.scaling import DelayedScalingState
@@ -121,9 +122,12 @@ class Dense(nn.Module):
 def layer_recipe(recipe: Recipe, kernel_shape) -> Recipe:
     """The recipe a layer of weight ``kernel_shape`` [K, N] runs under: ``recipe`` itself, or
     for a GEMM smaller than ``recipe.fp8_min_dim`` in K or N a dense GEMM in its compute dtype
-    (the per-layer policy of ``fp8-auto``). The decision depends on the weight alone, so
-    ``init`` and ``apply`` agree (and only FP8 layers carry FP8 state)."""
-    if recipe.gemm == "fp8" and min(kernel_shape) < recipe.fp8_min_dim:
+    (the per-layer policy of ``fp8-auto``); a policy on a device without FP8 arithmetic (a
+    TPU v5e: :func:`repro.hardware.fp8_pays`) keeps every layer dense. The decision depends
+    on the weight and the device alone, so ``init`` and ``apply`` agree (and only FP8 layers
+    carry FP8 state)."""
+    if recipe.gemm == "fp8" and recipe.fp8_min_dim > 0 and (
+            min(kernel_shape) < recipe.fp8_min_dim or not hardware.fp8_pays()):
         return recipe.replace(name=f"{recipe.name}/dense", gemm="dense", scaling="none")
     return recipe
 

@@ -11,11 +11,16 @@ exports it as BF16 and as the format (``repro.models.lm_quantize``), compiles
 
 and times the two formats in rounds (BF16, format, BF16, format, ...) in one process, so a
 speedup is a ratio of timings from the same run. Every record names how its compiled program
-computes the quantized products (:func:`lowering`) and is ``emulated=True`` unless the format
-ran on its own tensor cores (:func:`speed_emulated`): FP8 as cuBLASLt's FP8 GEMM or an f8 x f8
-dot in a fusion, INT8 as an ``s8 x s8 -> s32`` product (INT8 tensor cores accumulate in
-32-bit integers; any other form of the product is not their GEMM), never on a CPU, never NVFP4
-on a GPU without FP4 tensor cores.
+computes the quantized products (:func:`lowering`, read for the platform that compiled it:
+``repro.studies.lowering``) and is ``emulated=True`` unless the format ran on its own tensor
+cores or matrix units (:func:`speed_emulated`): FP8 as cuBLASLt's FP8 GEMM or an f8 x f8 dot
+in a fusion, INT8 as an ``s8 x s8 -> s32`` product (INT8 tensor cores and the TPU's MXU
+accumulate in 32-bit integers; any other form of the product is not their GEMM), never on a
+CPU, never NVFP4 on a GPU without FP4 tensor cores, never FP8 on a TPU without FP8 arithmetic
+(v5e, v5p, v6e). Apart from the compute, ``extra.weight_storage`` says whether the product's
+kernels read the 1-byte (4-bit) weights from memory themselves ("native": fewer bytes moved
+than BF16, a bandwidth gain whatever the compute), or another kernel widens them first
+("widened").
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from repro.models import lm_decode as G
 from repro.models import lm_quantize as Q
 from repro.precision import export as X
 from repro.studies import timing
+from repro.studies.lowering import weight_storage
 
 EXPERIMENT = "inference"
 CLAIMS = ("B6",)
@@ -142,13 +148,19 @@ def dequant_lowering(hlo_text: str) -> str:
     return "separate"
 
 
-def lowering(fmt: X.ExportFormat, hlo_text: str) -> str:
+def lowering(fmt: X.ExportFormat, hlo_text: str, platform: str | None = None) -> str:
+    """How ``fmt``'s products run in a program compiled for ``platform`` (by default
+    :func:`repro.hardware.platform`): the GPU readings above on a GPU or CPU, a TPU's own
+    (``repro.studies.lowering``) on a TPU."""
+    from repro.studies import lowering as L
+
+    platform = platform or hardware.platform()
     if fmt.gemm == "fp8":
-        return timing.fp8_lowering(hlo_text)
+        return L.fp8_lowering(hlo_text, platform)
     if fmt.gemm == "int8":
-        return int8_lowering(hlo_text)
+        return L.int8_lowering(hlo_text, platform)
     if fmt.gemm == "dequant-bf16":
-        return dequant_lowering(hlo_text)
+        return L.dequant_lowering(hlo_text, platform)
     return "bf16"
 
 
@@ -156,16 +168,37 @@ def speed_emulated(fmt: X.ExportFormat, low: str, hw=None) -> bool:
     """Whether a timing of ``fmt`` measures something other than the format on its tensor
     cores (see the module docstring); weight-only FP8/INT8 on a GPU is never emulated (its
     GEMM is BF16 by design; ``lowering`` says whether the dequantization was fused)."""
+    from repro.studies.lowering import NATIVE_FP8
+
     hw = hw or hardware.detect()
+    if hw.backend == "tpu":
+        return _tpu_emulated(fmt, low, hw)
     if hw.backend != "gpu":
         return fmt.name != "bf16"
     if not fmt.hopper and not hw.has_fp4:
         return True
     if fmt.gemm == "fp8":
-        return not hw.has_fp8 or low not in ("cublaslt-f8", "fused-f8-dot")
+        return not hw.has_fp8 or low not in NATIVE_FP8
     if fmt.gemm == "int8":
         return low != "s8-gemm"
     return False
+
+
+def _tpu_emulated(fmt: X.ExportFormat, low: str, hw) -> bool:
+    """:func:`speed_emulated` on a TPU: INT8 is native where the MXU multiplied ``s8 x s8 ->
+    s32``, FP8 only on a chip with FP8 arithmetic that ran an f8 x f8 dot, weight-only
+    FP8/INT8 never emulated (its GEMM is BF16 by design, as on a GPU), NVFP4 without FP4."""
+    from repro.studies.lowering import NATIVE_FP8
+
+    if fmt.name == "bf16":
+        return False
+    if fmt.gemm == "dequant-bf16":
+        return not fmt.hopper and not hw.has_fp4
+    if fmt.gemm == "int8":
+        return not hw.has_int8 or low != "s8-gemm"
+    if fmt.gemm == "fp8":
+        return not hw.has_fp8 or low not in NATIVE_FP8
+    return True
 
 
 def quality_emulated(fmt: X.ExportFormat, hw=None) -> bool:
@@ -176,6 +209,8 @@ def quality_emulated(fmt: X.ExportFormat, hw=None) -> bool:
         return False
     if fmt.gemm == "dequant-bf16":
         return not fmt.hopper and not hw.has_fp4
+    if hw.backend == "tpu":
+        return not (hw.has_int8 if fmt.gemm == "int8" else hw.has_fp8)
     return hw.backend != "gpu" or (fmt.gemm == "fp8" and not hw.has_fp8)
 
 
@@ -215,7 +250,9 @@ def _program(cfg: M.LMConfig, fmt: str, phase: str, batch: int, length: int, ste
     compiled = fn.lower(*args).compile()
     facts = timing.compiled_facts(compiled)
     facts["compile_s"] = round(time.perf_counter() - t0, 3)
-    facts["lowering"] = lowering(ex.fmt, compiled.as_text() or "")
+    text = compiled.as_text() or ""
+    facts["lowering"] = lowering(ex.fmt, text)
+    facts["weight_storage"] = weight_storage(text)
     return compiled, args, tokens, facts
 
 
@@ -246,7 +283,8 @@ def _phase_record(fmt: X.ExportFormat, cfg, phase, batch, progs, samples, p, wb)
                  {"prompt_len": sp["prompt_len"], "steps": sp["decode_steps"]})
     extra = {"bf16_tokens_per_s": bf16_med, "speedup": med / bf16_med,
              "speedup_samples": (tps[fmt.name] / tps["bf16"]).round(4).tolist(),
-             "lowering": f_fmt["lowering"], "gemm": fmt.gemm, "maxtext": fmt.maxtext,
+             "lowering": f_fmt["lowering"], "weight_storage": f_fmt["weight_storage"],
+             "gemm": fmt.gemm, "maxtext": fmt.maxtext,
              "granularity": fmt.granularity, "kernel": fmt.kernel,
              "program_bytes": f_fmt["memory_bytes"], "bf16_program_bytes": f_bf16["memory_bytes"],
              "compile_s": f_fmt["compile_s"], "fp8_gemm_calls": f_fmt["fp8_gemm_calls"],

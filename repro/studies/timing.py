@@ -89,8 +89,10 @@ def quartiles(samples: np.ndarray) -> tuple[float, float, float]:
     return float(q1), float(med), float(q3)
 
 
-def fp8_lowering(hlo_text: str) -> str:
-    """How a compiled GEMM with f8 operands runs, read from its HLO.
+def fp8_lowering(hlo_text: str, platform: str | None = None) -> str:
+    """How a compiled GEMM with f8 operands runs, read from its HLO for ``platform`` (by
+    default :func:`repro.hardware.platform`; a TPU's program is read by
+    :func:`repro.studies.lowering.fp8_lowering_tpu`: "f8-dot", "upcast" or "no-f8").
 
     ``"cublaslt-f8"``: a call to cuBLASLt's FP8 GEMM. ``"fused-f8-dot"``: a ``dot`` whose two
     operands are f8 inside a fusion (XLA's Triton GEMM, which it prefers for small GEMMs: seen
@@ -98,6 +100,12 @@ def fp8_lowering(hlo_text: str) -> str:
     ``"upcast"``: the operands are converted to a wider type before the dot (CPU; or a GPU
     path that lost the FP8 GEMM). ``"no-f8"``: no f8 value anywhere (the other dtypes).
     """
+    from repro import hardware
+
+    if (platform or hardware.platform()) == "tpu":
+        from repro.studies.lowering import fp8_lowering_tpu
+
+        return fp8_lowering_tpu(hlo_text)
     if "f8e" not in hlo_text:
         return "no-f8"
     if FP8_GEMM_TARGET in hlo_text:
@@ -166,7 +174,7 @@ def recipe_emulated(recipe, lowering: str, hardware=None) -> bool:
     ``repro.precision.ops.is_emulated`` (no tensor cores for the format on this hardware), and
     also an FP8 recipe whose compiled program on a GPU ran no FP8 GEMM at all (``lowering`` is
     neither cuBLASLt's FP8 call nor XLA's Triton GEMM with f8 operands, which small GEMMs
-    get).
+    get; nor, on a TPU with FP8 matrix units, an f8 x f8 dot: ``repro.studies.lowering``).
     """
     from repro.hardware import detect
     from repro.precision import ops
@@ -176,7 +184,9 @@ def recipe_emulated(recipe, lowering: str, hardware=None) -> bool:
     hardware = hardware or detect()
     if ops.is_emulated(r, hardware):
         return True
-    return r.gemm == "fp8" and lowering not in ("cublaslt-f8", "fused-f8-dot")
+    from repro.studies.lowering import NATIVE_FP8
+
+    return r.gemm == "fp8" and lowering not in NATIVE_FP8
 
 
 def compiled_gemm_info(fn: Callable, *args) -> dict[str, Any]:

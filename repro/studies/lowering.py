@@ -1,0 +1,220 @@
+"""What a compiled program computes its narrow-format products in, read from its optimized
+HLO text, per platform: the ground for a record's ``emulated`` and ``weight_storage``.
+
+Two questions, kept apart because a verdict needs them apart:
+
+* **compute**: do the products run in the format on the device's matrix units? On a GPU,
+  FP8 as cuBLASLt's FP8 GEMM (``__cublas$lt$matmul$f8``) or XLA's Triton GEMM with f8
+  operands (:func:`repro.studies.timing.fp8_lowering`), INT8 as an ``s8 x s8 -> s32`` dot or
+  GEMM call (:func:`repro.studies.inference_speed.int8_lowering`). On a TPU, XLA's compiler
+  makes no library calls: a product is a ``dot`` or ``convolution`` instruction (usually
+  inside a fusion); ``s8 x s8 -> s32`` is the MXU's INT8 mode (native), and an f8 operand
+  converted to bf16/f32 before the product is upcast compute (TPU v5e, v5p and v6e have no
+  FP8 arithmetic). A record whose products did not run in its format is ``emulated``: no
+  speed claim about the format's arithmetic may rest on it.
+* **storage** (:func:`weight_storage`): do the kernels that compute the products read the
+  1-byte (or 4-bit) arrays from memory themselves? Then a narrow format moves fewer bytes
+  than BF16 whatever it computes in: a real bandwidth gain (decode is bound by reading the
+  weights), labelled ``weight_storage: native`` even where the compute is emulated.
+  ``widened``: another kernel widens the narrow arrays first (the product reads 2-byte
+  values). ``none``: no narrow array.
+
+The GPU readings are those the records have always carried (the same functions); the CPU
+keeps them too. ``repro.studies.timing.fp8_lowering`` (hence ``compiled_facts`` and
+``compiled_gemm_info``) reads a TPU's program as a TPU's on its own. Both HLO spellings of
+an operand are read: ``dot(%a, %b)`` (types from the operands' definitions) and
+``dot(s8[128,512]{1,0} %a, ...)`` (types inline), with TPU layouts such as
+``{1,0:T(8,128)(4,1)}``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# FP8 lowerings that are FP8 arithmetic: cuBLASLt's FP8 GEMM and XLA's Triton GEMM with f8
+# operands (GPU), an f8 x f8 dot or convolution (TPU, on a chip with FP8 matrix units).
+NATIVE_FP8 = ("cublaslt-f8", "fused-f8-dot", "f8-dot")
+
+NARROW = ("s8", "u8", "s4", "u4", "f8e4m3fn", "f8e5m2", "f8e4m3", "f8e4m3fnuz", "f8e5m2fnuz",
+          "f4e2m1fn", "f8e8m0fnu")
+
+# Pallas kernels' calls (Triton on a GPU, Mosaic on a TPU): the repository's weight-only
+# kernels (repro.precision.dequant_gemm)
+_PALLAS_CALLS = ("__gpu$xla.gpu.triton", "tpu_custom_call")
+
+_HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
+_INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*?) ([a-z][\w\-]*)\(")
+_OPERAND = re.compile(r"(?:([a-z][a-z0-9]*)\[[^\]]*\](?:\{[^}]*\})?\s+)?%([\w.\-]+)")
+
+
+@dataclass(frozen=True)
+class Instr:
+    name: str
+    dtype: str  # element type of the result (of its first element for a tuple)
+    opcode: str
+    operands: tuple[tuple[str | None, str], ...]  # (inline element type or None, name)
+    line: str
+
+
+def _operand_text(line: str, start: int) -> str:
+    """The text between the parenthesis at ``start`` and the one closing it."""
+    depth = 0
+    for i in range(start, len(line)):
+        depth += {"(": 1, ")": -1}.get(line[i], 0)
+        if depth == 0:
+            return line[start + 1:i]
+    return line[start + 1:]
+
+
+def computations(hlo_text: str) -> dict[str, list[Instr]]:
+    """The instructions of each computation of an HLO module's text, by its name."""
+    comps: dict[str, list[Instr]] = {}
+    current: list[Instr] | None = None
+    for line in hlo_text.splitlines():
+        if current is None:
+            if h := _HEADER.match(line):
+                current = comps.setdefault(h.group(1), [])
+            continue
+        if line.startswith("}"):
+            current = None
+            continue
+        m = _INSTR.match(line)
+        if not m:
+            continue
+        name, rtype, opcode = m.groups()
+        dtype = re.match(r"\(?([a-z][a-z0-9]*)", rtype)
+        ops = _OPERAND.findall(_operand_text(line, m.end() - 1))
+        current.append(Instr(name, dtype.group(1) if dtype else "", opcode,
+                             tuple((t or None, n) for t, n in ops), line))
+    return comps
+
+
+def _types(comps: dict[str, list[Instr]]) -> dict[str, str]:
+    return {i.name: i.dtype for c in comps.values() for i in c}
+
+
+def _fused(comps: dict[str, list[Instr]]) -> set[str]:
+    """Names of the computations that ``fusion`` instructions call: each one kernel."""
+    return {m for c in comps.values() for i in c if i.opcode == "fusion"
+            for m in re.findall(r"calls=%?([\w.\-]+)", i.line)}
+
+
+def products(hlo_text: str) -> list[tuple[str, str, str, str]]:
+    """``(opcode, result type, lhs type, rhs type)`` of every ``dot`` and ``convolution``."""
+    comps = computations(hlo_text)
+    types = _types(comps)
+    out = []
+    for c in comps.values():
+        for i in c:
+            if i.opcode in ("dot", "convolution") and len(i.operands) >= 2:
+                a, b = ((t or types.get(n, "")) for t, n in i.operands[:2])
+                out.append((i.opcode, i.dtype, a, b))
+    return out
+
+
+# ------------------------------------------------------------------------------ compute
+
+
+def fp8_lowering_tpu(hlo_text: str) -> str:
+    """How a TPU program's f8 products run: "f8-dot" (a dot or convolution of two f8
+    operands: FP8 matrix units), "upcast" (f8 values converted before the product), "no-f8"."""
+    if "f8e" not in hlo_text:
+        return "no-f8"
+    if any(a.startswith("f8") and b.startswith("f8") for _, _, a, b in products(hlo_text)):
+        return "f8-dot"
+    return "upcast"
+
+
+def int8_lowering_tpu(hlo_text: str) -> str:
+    """How a TPU program's INT8 products run: "s8-gemm" (a dot or convolution of two ``s8``
+    operands with an ``s32`` result: the MXU's INT8 mode), "s8-other" (``s8`` values
+    converted before the product, or another result type), "no-s8"."""
+    if "s8[" not in hlo_text:
+        return "no-s8"
+    if any(a == b == "s8" and out == "s32" for _, out, a, b in products(hlo_text)):
+        return "s8-gemm"
+    return "s8-other"
+
+
+def fp8_lowering(hlo_text: str, platform: str) -> str:
+    """:func:`repro.studies.timing.fp8_lowering` (which reads a TPU's program with
+    :func:`fp8_lowering_tpu`)."""
+    from repro.studies import timing
+
+    return timing.fp8_lowering(hlo_text, platform)
+
+
+def int8_lowering(hlo_text: str, platform: str) -> str:
+    """:func:`repro.studies.inference_speed.int8_lowering` on a GPU or CPU,
+    :func:`int8_lowering_tpu` on a TPU."""
+    if platform == "tpu":
+        return int8_lowering_tpu(hlo_text)
+    from repro.studies import inference_speed
+
+    return inference_speed.int8_lowering(hlo_text)
+
+
+# ------------------------------------------------------------------------------ storage
+
+
+def _narrow_reads(hlo_text: str) -> str:
+    """Which kernel reads the narrow arrays first: "product" (a dot, convolution or GEMM call
+    has a narrow operand), "fused" (a fused computation holding a dot or convolution reads
+    a narrow parameter: the widening is part of the product's kernel), "reduce" (the same
+    with a reduce: a matrix-vector product as a reduction), "pallas" (a Pallas kernel reads a
+    narrow array), "separate" (other kernels widen them), "none" (no narrow array; a cuBLAS
+    call's ``s8`` workspace, an element of its tuple result, is not one)."""
+    comps = computations(hlo_text)
+    types, fused = _types(comps), _fused(comps)
+    if not any(i.dtype in NARROW for c in comps.values() for i in c):
+        return "none"
+
+    def narrow(operands):
+        return any((t or types.get(n)) in NARROW for t, n in operands)
+
+    for name, c in comps.items():
+        for i in c:
+            if i.opcode in ("dot", "convolution") and narrow(i.operands[:2]):
+                return "product"
+            if (i.opcode == "custom-call" and "__cublas$" in i.line
+                    and narrow(i.operands[:2])):
+                return "product"
+    for op, label in ((("dot", "convolution"), "fused"), (("reduce",), "reduce")):
+        for name, c in comps.items():
+            if name in fused and any(i.opcode in op for i in c) and any(
+                    i.opcode == "parameter" and i.dtype in NARROW for i in c):
+                return label
+    for c in comps.values():
+        for i in c:
+            if (i.opcode == "custom-call" and any(t in i.line for t in _PALLAS_CALLS)
+                    and narrow(i.operands)):
+                return "pallas"
+    return "separate"
+
+
+def dequant_lowering_tpu(hlo_text: str) -> str:
+    """Where a TPU program's weight-only dequantization runs, in the labels of
+    :func:`repro.studies.inference_speed.dequant_lowering`: "fused", "reduce", "pallas",
+    "separate" or "none" (a product of narrow operands counts as "fused")."""
+    how = _narrow_reads(hlo_text)
+    return "fused" if how == "product" else how
+
+
+def dequant_lowering(hlo_text: str, platform: str) -> str:
+    """:func:`repro.studies.inference_speed.dequant_lowering` on a GPU or CPU,
+    :func:`dequant_lowering_tpu` on a TPU."""
+    if platform == "tpu":
+        return dequant_lowering_tpu(hlo_text)
+    from repro.studies import inference_speed
+
+    return inference_speed.dequant_lowering(hlo_text)
+
+
+def weight_storage(hlo_text: str) -> str:
+    """Whether the kernels computing the products read the narrow arrays from memory
+    themselves (the same reading on every platform): "native" (a product of narrow operands,
+    or the widening fused into the product's kernel, a reduction's or a Pallas kernel's),
+    "widened" (other kernels widen them first), "none" (no narrow array)."""
+    how = _narrow_reads(hlo_text)
+    return {"none": "none", "separate": "widened"}.get(how, "native")

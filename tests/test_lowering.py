@@ -1,0 +1,137 @@
+"""What compiled programs compute their narrow products in, per platform, from stored HLO
+texts (tests/data/hlo: post-optimization HLO of a GPU and of a TPU, both spellings of an
+operand): compute emulated or native, weights read narrow or widened."""
+
+from pathlib import Path
+
+import pytest
+
+from repro import hardware
+from repro.studies import lowering as L
+from repro.studies import timing
+
+HLO = Path(__file__).parent / "data" / "hlo"
+
+
+def hlo(name: str) -> str:
+    return (HLO / f"{name}.hlo").read_text()
+
+
+# (file, fp8 lowering, int8 lowering, dequantization, weight storage), read as its platform
+TPU = [
+    ("tpu_int8_prefill", "no-f8", "s8-gemm", "fused", "native"),
+    ("tpu_fp8_upcast_prefill", "upcast", "no-s8", "fused", "native"),
+    ("tpu_int8_weight_only_decode", "no-f8", "s8-other", "fused", "native"),
+    ("tpu_int8_weight_only_widened", "no-f8", "s8-other", "separate", "widened"),
+    ("tpu_bf16_prefill", "no-f8", "no-s8", "none", "none"),
+]
+GPU = [
+    ("gpu_fp8_cublaslt", "cublaslt-f8", "native"),
+    ("gpu_int8_cublas", "no-f8", "native"),
+    ("gpu_bf16_cublas", "no-f8", "none"),  # cuBLAS's s8 workspace is no narrow weight
+]
+
+
+@pytest.mark.parametrize("name,fp8,int8,dequant,storage", TPU)
+def test_tpu_programs(name, fp8, int8, dequant, storage):
+    text = hlo(name)
+    assert L.fp8_lowering(text, "tpu") == timing.fp8_lowering(text, "tpu") == fp8
+    assert L.int8_lowering(text, "tpu") == int8
+    assert L.dequant_lowering(text, "tpu") == dequant
+    assert L.weight_storage(text) == storage
+
+
+def test_tpu_products_read_inline_operand_types_and_tpu_layouts():
+    assert L.products(hlo("tpu_int8_prefill")) == [("convolution", "s32", "s8", "s8")]
+    assert L.products(hlo("tpu_fp8_upcast_prefill")) == [("convolution", "f32", "bf16", "bf16")]
+    # the same product spelled without inline types, as a dot
+    plain = ("%fused (p0: s8[128,512], p1: s8[512,256]) -> s32[128,256] {\n"
+             "  %p0 = s8[128,512]{1,0} parameter(0)\n  %p1 = s8[512,256]{1,0} parameter(1)\n"
+             "  ROOT %dot.1 = s32[128,256]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, "
+             "rhs_contracting_dims={0}\n}\n")
+    inline = plain.replace("dot(%p0, %p1)", "dot(s8[128,512]{1,0} %p0, s8[512,256]{1,0} %p1)")
+    for text in (plain, inline):
+        assert L.products(text) == [("dot", "s32", "s8", "s8")]
+        assert L.int8_lowering_tpu(text) == "s8-gemm"
+    # an s8 x s8 product with an s8 result is not the MXU's INT8 mode
+    assert L.int8_lowering_tpu(inline.replace("ROOT %dot.1 = s32", "ROOT %dot.1 = s8")) \
+        == "s8-other"
+
+
+def test_tpu_f8_dot_is_native_fp8_reading():
+    text = hlo("tpu_int8_prefill").replace("s8[", "f8e4m3fn[").replace("s32[", "f32[")
+    assert L.fp8_lowering_tpu(text) == "f8-dot" and "f8-dot" in L.NATIVE_FP8
+
+
+@pytest.mark.parametrize("name,fp8,storage", GPU)
+def test_gpu_programs_read_as_before(name, fp8, storage):
+    from repro.studies import inference_speed as S
+
+    text = hlo(name)
+    assert L.fp8_lowering(text, "gpu") == timing.fp8_lowering(text, "gpu") == fp8
+    assert L.weight_storage(text) == storage
+    # the GPU (and CPU) readings are the functions the records have always used
+    for platform in ("gpu", "cpu"):
+        assert L.int8_lowering(text, platform) == S.int8_lowering(text)
+        assert L.dequant_lowering(text, platform) == S.dequant_lowering(text)
+
+
+def test_gpu_int8_gemm_call():
+    assert L.int8_lowering(hlo("gpu_int8_cublas"), "gpu") == "s8-gemm"
+
+
+def test_every_stored_program_read_on_gpu_unchanged():
+    """On every stored text, the GPU reading is exactly the one before TPUs were read."""
+    from repro.studies import inference_speed as S
+
+    for path in sorted(HLO.glob("*.hlo")):
+        text = path.read_text()
+        assert timing.fp8_lowering(text, "gpu") == timing.fp8_lowering(text, "cpu")
+        assert L.int8_lowering(text, "gpu") == S.int8_lowering(text)
+
+
+def test_default_platform_is_this_process():
+    text = ("%gemm (p0: f8e4m3fn[4,4], p1: f8e4m3fn[4,4]) -> bf16[4,4] {\n"
+            "  %p0 = f8e4m3fn[4,4]{1,0} parameter(0)\n  %p1 = f8e4m3fn[4,4]{1,0} parameter(1)\n"
+            "  ROOT %d = bf16[4,4]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}\n}\n")
+    with hardware.target("tpu", "TPU v5 lite"):
+        assert timing.fp8_lowering(text) == "f8-dot"
+    with hardware.target("gpu", "NVIDIA H200"):
+        assert timing.fp8_lowering(text) == "fused-f8-dot"  # the GPU's reading of it
+    assert timing.fp8_lowering(hlo("tpu_fp8_upcast_prefill")) == "upcast"  # this CPU
+
+
+# ------------------------------------------------------------------------ record labels
+
+
+def test_tpu_speed_records_split_compute_from_storage():
+    pytest.importorskip("qwix")
+    from repro.precision import export as X
+    from repro.studies import inference_speed as S
+
+    v5e, h200 = hardware.lookup("tpu-v5e"), hardware.lookup("h200")
+    fmt = {n: X.resolve_format(n) for n in ("bf16", "int8", "fp8", "int8-w", "fp8-w",
+                                            "nvfp4-w")}
+
+    def label(name, program):
+        text = hlo(program)
+        low = S.lowering(fmt[name], text, "tpu")
+        return S.speed_emulated(fmt[name], low, v5e), L.weight_storage(text)
+
+    # INT8 weights and activations on the MXU: native compute, 1-byte weights
+    assert label("int8", "tpu_int8_prefill") == (False, "native")
+    # FP8 upcast to BF16: emulated compute, but the 1-byte weights are read (bandwidth)
+    assert label("fp8", "tpu_fp8_upcast_prefill") == (True, "native")
+    # weight-only: a BF16 GEMM by design (as on a GPU), the widening fused or not
+    assert label("int8-w", "tpu_int8_weight_only_decode") == (False, "native")
+    assert label("int8-w", "tpu_int8_weight_only_widened") == (False, "widened")
+    assert S.speed_emulated(fmt["fp8-w"], "fused", v5e) is False
+    assert S.speed_emulated(fmt["nvfp4-w"], "fused", v5e) is True
+    assert S.speed_emulated(fmt["bf16"], "bf16", v5e) is False
+    # an INT8 product that did not run s8 x s8 -> s32 is not the MXU's
+    assert S.speed_emulated(fmt["int8"], "s8-other", v5e) is True
+    # accuracy labels: INT8 has the TPU's matrix units, FP8 has not
+    assert not S.quality_emulated(fmt["int8"], v5e) and S.quality_emulated(fmt["fp8"], v5e)
+    # the GPU's labels as before
+    assert not S.speed_emulated(fmt["int8"], "s8-gemm", h200)
+    assert S.speed_emulated(fmt["fp8"], "upcast", h200)
