@@ -42,6 +42,7 @@ from repro.models import lm_data as D
 from repro.models import lm_quantize as Q
 from repro.models import lm_train as T
 from repro.precision import export as X
+from repro.program import Program
 from repro.studies import inference_speed as S
 from repro.studies.runner import Cell, Study
 
@@ -220,6 +221,185 @@ def quality(p: dict[str, Any], seed: int, budget: float | None) -> list[dict] | 
     return recs
 
 
+# ----------------------------------------------------------------------------- programs
+
+
+def program(fmt: str, kind: str, *, model: str | None = None, train: dict | None = None,
+            seed: int = 0, eval_windows: int = 4, calib_batches: int = 2,
+            config: str | None = None, spec: dict | None = None,
+            phases: list | None = None, decode_steps: int = 1,
+            reference: bool = True) -> Program:
+    """What a record of format ``fmt`` measures, traced on abstract arguments.
+
+    ``kind`` "quality" (cell ``quality_s<seed>``): the BF16 LM of ``model`` trained by
+    ``train`` (TrainConfig fields but the seed): initialisation, training step and held-out
+    evaluation; its parameters exported as ``fmt`` (calibrated on ``calib_batches`` batches)
+    and as BF16, and the metrics of ``fmt`` against BF16 on one held-out window; as
+    constants, the settings and a digest of the data (corpus file, first training batch,
+    held-out windows, calibration batches); the kit: the training loop, the selection of the
+    best step, the export's round trip and bytes, the evaluation loop.
+
+    ``kind`` "speed" (cell ``speed_<config>_<fmt>``): for each ``(phase, batch, length)`` of
+    ``phases`` ("prefill": ``length`` tokens; "decode": ``decode_steps`` tokens after a
+    ``length``-token prefix), BF16's and ``fmt``'s export of the untrained ``config`` (speed
+    config ``spec``) and the prefill or decode loop as :mod:`repro.studies.inference_speed`
+    compiles and times it (``reference=False``: ``fmt``'s alone, as ``repro trace inference``
+    times it)."""
+    import functools
+    import hashlib
+    import json
+
+    from repro.models import lm as M
+    from repro.models import lm_data as D
+    from repro.models import lm_decode as G
+    from repro.models import lm_quantize as Q
+    from repro.models import lm_train as T
+    from repro.precision import export as X
+    from repro.precision.recipes import resolve
+    from repro.studies import inference_speed as S
+
+    def exported(cfg, params, f, calib=None):
+        """``Q.export_lm``, its cached helpers filled first outside this trace (their
+        arguments would be traced into the program on a cache miss only)."""
+        abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (params, calib))
+        jax.eval_shape(lambda p, c: Q.export_lm(cfg, p, f, calib_batches=c).variables, *abstract)
+        return Q.export_lm(cfg, params, f, calib_batches=calib)
+
+    if kind == "speed":
+        cfg = S.model_config(config, dict(spec or {}))
+        model = M.Decoder(cfg, "bf16")
+        params = jax.eval_shape(model.init, jax.random.key(0),
+                                jax.ShapeDtypeStruct((1, 16), jnp.int32))["params"]
+
+        def timed(params):
+            calib = [jax.random.randint(jax.random.key(i), (2, cfg.seq_len), 0, cfg.vocab_size)
+                     for i in range(2)]
+            out = []
+            for f in dict.fromkeys(("bf16", fmt) if reference else (fmt,)):
+                ex = exported(cfg, params, f, calib)
+                for phase, batch, length in phases:
+                    if phase == "prefill":
+                        fn = jax.jit(functools.partial(G.prefill, ex.model))
+                        out.append(fn(ex.variables, jnp.zeros((batch, length), jnp.int32),
+                                      G.init_cache(ex.model, batch, length)))
+                    else:
+                        fn = G.decode_loop(ex.model, decode_steps)
+                        out.append(fn(ex.variables, G.init_cache(ex.model, batch,
+                                                                 length + decode_steps),
+                                      jnp.zeros((batch,), jnp.int32), jnp.int32(length),
+                                      jax.random.key(0)))
+            return out
+
+        return Program(timed, (params,), kit=(S.interleaved, S._program, S._export, S._params,
+                                              S.lowering, X.weight_bytes))
+
+    cfg = M.get_config(model)
+    t = dict(train or {})
+    fields = T.TrainConfig.__dataclass_fields__
+    tc = T.TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in t.items()
+                          if k in fields and k != "seed"})
+    init, step, evaluate_ = T._raw_functions(cfg, resolve("bf16"), T._static_key(tc))
+    setup = json.dumps({"train": t, "seed": seed, "eval_windows": eval_windows,
+                        "calib_batches": calib_batches}, sort_keys=True)
+
+    def trained_and_exported(seed_, x, y, step_i, ex, ey, calib, wx, wy):
+        variables, opt_state = init(seed_, x)
+        variables, opt_state, loss = step(variables, opt_state, x, y, seed_, step_i)
+        params = variables["params"]
+        base = exported(cfg, params, "bf16")
+        out = exported(cfg, params, fmt, list(calib))
+        metrics = _metrics(out.model)(out.variables, wx, wy,
+                                      _log_probs(base.model)(base.variables, wx))
+        data = hashlib.sha256()
+        with open(D.corpus_path(), "rb") as f:  # opened here: a trace's files name it
+            data.update(f.read())
+        splits = D.load_splits()
+        arrays = [*D.train_batch(splits.train, 0, tc.batch_size, cfg.seq_len, seed)]
+        for n in (max(1, tc.eval_batches), eval_windows):
+            arrays += [w for xy in D.heldout_batches(splits.heldout, cfg.seq_len,
+                                                     tc.batch_size, n) for w in xy]
+        arrays += [D.train_batch(splits.train, i, tc.batch_size, cfg.seq_len, seed)[0]
+                   for i in range(calib_batches)]
+        for a in arrays:
+            data.update(np.ascontiguousarray(a).tobytes())
+        digests = [np.frombuffer(b, np.uint8) for b in (data.digest(), setup.encode())]
+        return (loss, evaluate_(variables, ex, ey), out.variables, metrics,
+                *map(jnp.asarray, digests))
+
+    i32 = jax.ShapeDtypeStruct((), jnp.int32)
+    batch = jax.ShapeDtypeStruct((tc.batch_size, cfg.seq_len), jnp.int32)
+    return Program(trained_and_exported, (i32, batch, batch, i32, batch, batch,
+                                          (batch,) * calib_batches, batch, batch),
+                   kit=(T.train, T.TrainConfig.eval_steps, D.train_batch, D.heldout_batches,
+                        train_best, best_step, Q.load_trained, X.save, X.load, X.weight_bytes,
+                        evaluate))
+
+
+def _speed_phases(p: dict[str, Any], config: str) -> list[list]:
+    """``[phase, batch, length]`` of a speed cell, in the order it times them."""
+    spec, sp = S.speed_configs(p)[config], p["speed"]
+    cfg = S.model_config(config, spec)
+    return ([["prefill", int(spec.get("prefill_batch", 1)), cfg.seq_len]]
+            + [["decode", int(b), int(sp["prompt_len"])] for b in sp["decode_batches"]])
+
+
+def _quality_settings(p: dict[str, Any], seed: int) -> dict[str, Any]:
+    tc = train_config(p)
+    t = {k: getattr(tc, k) for k in T.TrainConfig.__dataclass_fields__ if k != "seed"}
+    t["eval_extra"] = [int(s) for s in tc.eval_extra]
+    return {"kind": "quality", "model": p["model"], "train": t, "seed": int(seed),
+            "eval_windows": int(p.get("eval_windows", 4)),
+            "calib_batches": int(p.get("calib_batches", 2))}
+
+
+def _speed_settings(p: dict[str, Any], config: str) -> dict[str, Any]:
+    return {"kind": "speed", "config": config, "spec": dict(S.speed_configs(p)[config]),
+            "phases": _speed_phases(p, config), "decode_steps": int(p["speed"]["decode_steps"])}
+
+
+def program_settings(rec: dict) -> dict | None:
+    """:func:`program`'s settings of a record: the format (``recipe``) and what the record
+    says of its cell (quality: model, seed, steps, held-out windows; speed: config, phase,
+    batch, shapes), the rest (training config, calibration batches, the cell's other phases)
+    from params.yaml's inference settings of the record's profile; None where those
+    disagree with the record or are missing."""
+    from repro import studies
+
+    sizes, fmt = rec.get("sizes") or {}, rec.get("recipe")
+    if fmt not in X.FORMATS:
+        return None
+    try:
+        p = studies.params(EXPERIMENT, str(rec.get("profile") or "full"))
+    except Exception:  # noqa: BLE001 - no such profile: not derivable
+        return None
+    if "phase" in sizes:
+        config = sizes.get("config")
+        if config not in S.speed_configs(p):
+            return None
+        out = _speed_settings(p, config)
+        cfg = S.model_config(config, out["spec"])
+        want = {"d_model": cfg.d_model, "n_layers": cfg.n_layers, "params": M.param_count(cfg)}
+        if any(k in sizes and sizes[k] != v for k, v in want.items()):
+            return None
+        length = sizes.get("seq_len") if sizes["phase"] == "prefill" else sizes.get(
+            "prompt_len")
+        if [sizes["phase"], sizes.get("batch"), length] not in out["phases"]:
+            return None
+        if sizes["phase"] == "decode" and sizes.get("steps") != out["decode_steps"]:
+            return None
+        return {"fmt": fmt, **out}
+    if "seed" not in sizes or sizes.get("model") != p.get("model"):
+        return None
+    out = _quality_settings(p, int(sizes["seed"]))
+    if "steps" in sizes:
+        out["train"]["steps"] = int(sizes["steps"])
+    cfg = M.get_config(out["model"])
+    if sizes.get("eval_tokens"):
+        out["eval_windows"] = int(sizes["eval_tokens"]) // (out["train"]["batch_size"]
+                                                            * cfg.seq_len)
+    return {"fmt": fmt, **out}
+
+
 # ------------------------------------------------------------------------------- study
 
 
@@ -234,10 +414,13 @@ def cells(p: dict[str, Any]) -> list[Cell]:
     prio = [f for f in p.get("priority", fmts) if first and f in timed[first]]
 
     def q(seed):
-        return Cell(f"quality_s{seed}", lambda left: quality(p, seed, left), tuple(formats(p)))
+        return Cell(f"quality_s{seed}", lambda left: quality(p, seed, left), tuple(formats(p)),
+                    programs=lambda: {f: program(f, **_quality_settings(p, seed))
+                                      for f in formats(p)})
 
     def s(config, fmt):
-        return Cell(f"speed_{config}_{fmt}", lambda left: S.speed(p, config, fmt), (fmt,))
+        return Cell(f"speed_{config}_{fmt}", lambda left: S.speed(p, config, fmt), (fmt,),
+                    programs=lambda: {fmt: program(fmt, **_speed_settings(p, config))})
 
     out = [q(seeds[0])] + [s(first, f) for f in prio]
     out += [q(seed) for seed in seeds[1:]]

@@ -43,6 +43,7 @@ import jax
 from repro import results
 from repro.analysis.traces import kernel_events, load_trace, summarize
 from repro.config import Section
+from repro.program import Program
 from repro.studies.runner import Cell, Study
 
 EXPERIMENT = "kernel_times"  # repro.perfmodel reads these records by this name
@@ -241,7 +242,123 @@ def check(p: Params) -> None:
         check_size(p.size)
 
 
+def program(workload: str, recipe: str, **settings) -> Program:
+    """What a record of ``recipe`` (gemm: a dtype; inference: a format) in a cell of
+    ``workload`` measures: the step the cell traces, as its own study names it (``gemm``:
+    :func:`repro.studies.gemm.program` of ``m``, ``k``, ``n``; ``mlp``:
+    :func:`repro.studies.mlp_step.program` of ``width``, ``batch``, ``depth``; ``lm``:
+    :func:`repro.studies.lm_step.program` of ``size``, ``batch``; ``inference``: the
+    format's prefill or decode loop, :func:`repro.studies.inference.program` of one
+    ``phase``, ``batch``, ``length`` of speed config ``config`` (``spec``) without BF16 beside
+    it; ``ppo``: the update step of the ``rl_throughput`` cell of ``network``, ``width``,
+    ``num_envs`` and that study's loop sizes, ``repro.models.ppo.make_update_step`` on a
+    rollout-shaped batch, as ``repro.studies.rl_throughput.update_step`` builds it), with
+    this study's kit: the traced steps and the kernel statistics."""
+    from repro.analysis import traces
+
+    kit = (trace_steps, traces.kernel_events, traces.kernel_class, traces.load_trace,
+           traces.summarize)
+    s = settings
+    if workload == "gemm":
+        from repro.studies import gemm as bench
+
+        prog = bench.program(recipe, int(s["m"]), int(s["k"]), int(s["n"]))
+    elif workload == "mlp":
+        from repro.studies import mlp_step as mlpbench
+
+        prog = mlpbench.program(recipe, int(s["width"]), int(s["batch"]), int(s["depth"]))
+    elif workload == "lm":
+        from repro.studies import lm_step as lmbench
+
+        prog = lmbench.program(recipe, str(s["size"]), int(s["batch"]))
+    elif workload == "inference":
+        from repro.studies import inference as infer
+
+        prog = infer.program(recipe, "speed", config=s["config"], spec=dict(s["spec"]),
+                             phases=[[s["phase"], int(s["batch"]), int(s["length"])]],
+                             decode_steps=int(s["decode_steps"]), reference=False)
+    elif workload == "ppo":
+        import types
+
+        from repro.models import ppo
+        from repro.studies import rl_throughput as X
+
+        p = types.SimpleNamespace(networks={s["network"]: s["env"]}, depth=int(s["depth"]),
+                                  num_steps=int(s["num_steps"]), updates=int(s["updates"]),
+                                  update_epochs=int(s["update_epochs"]),
+                                  num_minibatches=int(s["num_minibatches"]))
+        c = X.throughput_config(s["network"], int(s["width"]), recipe, int(s["num_envs"]), p)
+        env, env_params = ppo.make_env(c.env)
+        net = ppo.build_network(c, env, env_params)
+        tx = ppo.make_optimizer(c)
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        variables, opt_state = jax.eval_shape(
+            lambda k: ppo.init_state(c, net, env, env_params, tx, k), key)
+        traj, adv, tgt = jax.eval_shape(lambda k: X.synthetic_rollout(c, env, env_params, k),
+                                        key)
+        prog = Program(ppo.make_update_step(c, net, tx),
+                       (variables, opt_state, traj, adv, tgt, key))
+    else:
+        raise ValueError(f"unknown workload {workload!r}; valid: {', '.join(WORKLOADS)}")
+    return Program(prog.fn, prog.args, kit=kit)
+
+
+def _ppo_settings(width: int, num_envs: int, profile: str) -> dict[str, Any]:
+    """The ``rl_throughput`` settings of ``profile`` the PPO update of width ``width`` and
+    ``num_envs`` environments is built with (``_ppo_runner``)."""
+    from repro import studies
+    from repro.studies import rl_throughput as X
+
+    p = studies.params(X.THROUGHPUT, profile)
+    return {"network": "mlp", "width": int(width), "num_envs": int(num_envs),
+            "env": p.networks["mlp"], "num_steps": p.num_steps, "updates": p.updates,
+            "depth": p.depth, "update_epochs": p.update_epochs,
+            "num_minibatches": p.num_minibatches}
+
+
+def _inference_settings(config: str, phase: str, batch: int, profile: str) -> dict[str, Any]:
+    """The settings of one phase of speed config ``config`` (``params.yaml``'s inference
+    settings of ``profile``, as ``_inference_runner`` reads them)."""
+    from repro import studies
+    from repro.studies.inference_speed import model_config, speed_configs
+
+    p = studies.params("inference", profile)
+    spec, sp = dict(speed_configs(p)[config]), p["speed"]
+    length = model_config(config, spec).seq_len if phase == "prefill" else sp["prompt_len"]
+    return {"config": config, "spec": spec, "phase": phase, "batch": int(batch),
+            "length": int(length), "decode_steps": int(sp["decode_steps"])}
+
+
+def program_settings(rec: dict) -> dict | None:
+    """:func:`program`'s settings of a record: its workload, recipe and sizes; for ``ppo``
+    and ``inference`` also the settings of the cell they trace, from params.yaml's
+    ``rl_throughput`` / ``inference`` section of the record's profile (the settings a
+    ``repro trace`` of that profile reads)."""
+    sizes, recipe = rec.get("sizes") or {}, rec.get("recipe")
+    workload, profile = sizes.get("workload"), str(rec.get("profile") or "full")
+    if not recipe or workload not in WORKLOADS:
+        return None
+    try:
+        if workload == "gemm":
+            more = {"m": int(sizes["M"]), "k": int(sizes["K"]), "n": int(sizes["N"])}
+        elif workload == "mlp":
+            more = {k: int(sizes[k]) for k in ("width", "batch", "depth")}
+        elif workload == "lm":
+            more = {"size": str(sizes["model"]), "batch": int(sizes["batch"])}
+        elif workload == "ppo":
+            if sizes.get("network", "mlp") != "mlp":
+                return None
+            more = _ppo_settings(sizes["width"], sizes["num_envs"], profile)
+        else:
+            more = _inference_settings(sizes["config"], sizes["phase"], sizes["batch"],
+                                       profile)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return {"workload": workload, "recipe": recipe, **more}
+
+
 def cells(p: Params) -> list[Cell]:
+
     """One cell per shape for gemm, one for mlp / lm / ppo; all recipes traced in each."""
     recipes = list(p.recipes)
     if p.workload == "gemm":
@@ -273,8 +390,14 @@ def cells(p: Params) -> list[Cell]:
     def one(sizes, make):
         return lambda _budget: profile_cell(p.workload, recipes, p.steps, sizes, make, p.profile)
 
-    return [Cell(f"{name}_{'_'.join(recipes)}", one(sizes, make), tuple(recipes))
-            for name, sizes, make in plan]
+    def programs(sizes):
+        def build():
+            rec = {"sizes": {"workload": p.workload, **sizes}, "profile": p.profile}
+            return {r: program(**program_settings({**rec, "recipe": r})) for r in recipes}
+        return build
+
+    return [Cell(f"{name}_{'_'.join(recipes)}", one(sizes, make), tuple(recipes),
+                 programs=programs(sizes)) for name, sizes, make in plan]
 
 
 STUDY = Study(EXPERIMENT, tuple(CLAIMS), cells, check, about="kernel times of traced steps",

@@ -41,6 +41,7 @@ from repro.models import lm_train as T
 from repro.precision import formats as F
 from repro.precision import ops
 from repro.precision.recipes import Recipe, resolve
+from repro.program import Program
 from repro.studies.runner import Cell, Study
 
 EXPERIMENT = "lm"
@@ -342,6 +343,99 @@ def restart(ckpt: Path) -> None:
         _forced(ckpt).touch()
 
 
+def program(size: str, recipe: str, kind: str = "train", seed: int = 0,
+            train: dict | None = None, stop_at: int | None = None,
+            tokens: int | None = None) -> Program:
+    """What a record of cell ``<size>_<recipe>_s<seed>`` (``kind`` "train") or
+    ``<size>_<recipe>_memory`` ("memory") measures.
+
+    train: the trained function, traced on abstract arguments of the run's shapes: the
+    initialisation, the training step (``repro.models.lm_train``'s own, with the run's
+    schedule and optimizer: ``train``, the TrainConfig's fields but the seed) and the held-out
+    evaluation; plus, as constants, the run's settings (``train``, ``seed``, ``stop_at``) and a
+    digest of its data (the corpus file, the first training batch, the held-out windows); the
+    kit: the training loop and the data pipeline. memory: the stored bytes
+    (:func:`stored_bytes` for ``tokens`` tokens, from the quantizers' output shapes), as a
+    constant of the program."""
+    import hashlib
+    import json
+
+    from repro.models import lm_data as D
+
+    cfg = M.get_config(size)
+    if kind == "memory":
+        def stored():
+            b = stored_bytes(cfg, resolve(recipe), int(tokens))
+            return jnp.asarray(np.frombuffer(json.dumps(b, sort_keys=True).encode(), np.uint8))
+
+        return Program(stored, ())
+    t = dict(train or {})
+    fields = T.TrainConfig.__dataclass_fields__
+    tc = T.TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in t.items()
+                          if k in fields and k != "seed"})
+    init, step, evaluate = T._raw_functions(cfg, resolve(recipe), T._static_key(tc))
+    setup = json.dumps({"train": t, "seed": seed, "stop_at": stop_at}, sort_keys=True)
+
+    def trained(seed_, x, y, step_i, ex, ey):
+        variables, opt_state = init(seed_, x)
+        variables, opt_state, loss = step(variables, opt_state, x, y, seed_, step_i)
+        data = hashlib.sha256()
+        with open(D.corpus_path(), "rb") as f:  # opened here: a trace's files name it
+            data.update(f.read())
+        splits = D.load_splits()
+        windows = D.heldout_batches(splits.heldout, cfg.seq_len, tc.batch_size,
+                                    max(1, tc.eval_batches))
+        for a in [*D.train_batch(splits.train, 0, tc.batch_size, cfg.seq_len, seed),
+                  *(w for xy in windows for w in xy)]:
+            data.update(np.ascontiguousarray(a).tobytes())
+        digests = [np.frombuffer(b, np.uint8) for b in (data.digest(), setup.encode())]
+        return (loss, evaluate(variables, ex, ey), *map(jnp.asarray, digests))
+
+    i32 = jax.ShapeDtypeStruct((), jnp.int32)
+    batch = jax.ShapeDtypeStruct((tc.batch_size, cfg.seq_len), jnp.int32)
+    return Program(trained, (i32, batch, batch, i32, batch, batch),
+                   kit=(T.train, T.TrainConfig.eval_steps, D.train_batch, D.heldout_batches))
+
+
+def _train_settings(tc: T.TrainConfig) -> dict:
+    """:func:`program`'s ``train`` of a run's TrainConfig (its fields but the seed)."""
+    out = {k: getattr(tc, k) for k in T.TrainConfig.__dataclass_fields__ if k != "seed"}
+    out["eval_extra"] = [int(s) for s in tc.eval_extra]
+    return out
+
+
+def program_settings(rec: dict) -> dict | None:
+    """:func:`program`'s settings of a record. A memory record: its size, recipe and tokens.
+    A training record: its size, recipe, seed, steps, batch size, learning rate, warmup and
+    truncation (``extra.truncated_at``) from the record; the TrainConfig's other fields (decay,
+    evaluation schedule) from params.yaml's run of that size in the record's profile (None
+    where it has none)."""
+    sizes, extra = rec.get("sizes") or {}, rec.get("extra") or {}
+    recipe, size = rec.get("recipe"), sizes.get("model")
+    if not recipe or not size:
+        return None
+    if str(rec.get("metric", "")).startswith("stored_"):
+        if not sizes.get("tokens"):
+            return None
+        return {"size": size, "recipe": recipe, "kind": "memory", "tokens": int(sizes["tokens"])}
+    if not all(k in sizes for k in ("seed", "steps", "batch_size")) or "lr" not in extra:
+        return None
+    try:
+        runs = [r for r in plan(str(rec.get("profile") or "full")) if r.size == size]
+    except Exception:  # noqa: BLE001 - no such profile or section: not derivable
+        return None
+    runs = [r for r in runs if recipe in {v.name for v in r.variants}] or runs
+    if not runs:
+        return None
+    tc = runs[0].train.replace(steps=int(sizes["steps"]), batch_size=int(sizes["batch_size"]),
+                               lr=float(extra["lr"]),
+                               warmup_steps=int(extra.get("warmup_steps",
+                                                          runs[0].train.warmup_steps)))
+    stop = extra.get("truncated_at")
+    return {"size": size, "recipe": recipe, "kind": "train", "seed": int(sizes["seed"]),
+            "train": _train_settings(tc), "stop_at": None if stop is None else int(stop)}
+
+
 def check(p: Params) -> None:
     plan(p)
 
@@ -350,24 +444,34 @@ def cells(p: Params) -> list[Cell]:
     """The memory cell of every (size, variant), then the training cells in
     :func:`cell_order`. ``jax.nn.scaled_dot_general`` entries (jax-nvfp4) are GPU only."""
     runs = plan(p)
-    on_gpu = jax.default_backend() == "gpu"
+    on_gpu = hardware.platform() == "gpu"
 
     def usable(run):
         return [v for v in run.variants if on_gpu or v.backend != "jax"]
 
+    def memory_programs(run, v):
+        tokens = run.train.batch_size * M.get_config(run.size).seq_len
+        return lambda: {v.name: program(run.size, v.name, "memory", tokens=tokens)}
+
+    def train_programs(run, v, seed):
+        return lambda: {v.name: program(run.size, v.name, "train", seed, _train_settings(
+            run.train), run.stop_at.get(v.name))}
+
     out = [Cell(f"{run.size}_{v.name}_memory",
-                lambda _b, run=run, v=v: _memory_records(run, v, p.profile), (v.name, v.family))
+                lambda _b, run=run, v=v: _memory_records(run, v, p.profile), (v.name, v.family),
+                programs=memory_programs(run, v))
            for run in runs for v in usable(run)]
     for run in runs:
         if skipped := [v.name for v in run.variants if v not in usable(run)]:
-            print(f"lm: skipping {', '.join(skipped)} on {jax.default_backend().upper()}: "
+            print(f"lm: skipping {', '.join(skipped)} on {hardware.platform().upper()}: "
                   "jax.nn.scaled_dot_general (nvfp4) has no CPU lowering; GPU only")
         for seed, v in cell_order(run, p.priority):
             if v in usable(run):
                 name = cell_name(run.size, v.name, seed)
                 out.append(Cell(name, lambda b, run=run, v=v, s=seed: train_cell(run, v, s, p, b),
                                 (v.name, v.family),
-                                restart=lambda n=name: restart(_ckpt_dir(p, n))))
+                                restart=lambda n=name: restart(_ckpt_dir(p, n)),
+                                programs=train_programs(run, v, seed)))
     return out
 
 

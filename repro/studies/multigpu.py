@@ -43,10 +43,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from repro import results
+from repro import hardware, results
 from repro.config import ConfigError, Section, positive, recipe_names
 from repro.models import sharding as distributed
 from repro.precision import resolve
+from repro.program import Program
 from repro.studies.runner import Cell, Study
 from repro.studies.timing import FP8_GEMM_TARGET, fp8_lowering, recipe_emulated
 
@@ -127,7 +128,7 @@ def lm_cell(workload: str, recipe: str, n: int, p: Params) -> dict[str, Any]:
     steps = int(q.get("steps", 5))
     tc = T.TrainConfig(steps=1000, batch_size=batch, warmup_steps=10)
     mesh = distributed.make_mesh(n, fsdp=fsdp)
-    on_gpu = jax.default_backend() == "gpu"
+    on_gpu = hardware.platform() == "gpu"
     init, step, _ = T._sharded_functions(cfg, resolve(recipe), T._static_key(tc),
                                          on_gpu, mesh, fsdp)
     variables, opt_state = init(jnp.int32(0), jnp.zeros((1, cfg.seq_len), jnp.int32))
@@ -178,6 +179,82 @@ def run_cell(workload: str, recipe: str, n: int, p: Params) -> list[dict[str, An
         emulated=_emulated(recipe, out["text"]), profile=p.profile, extra=extra)]
 
 
+def program(workload: str, recipe: str, n: int, ppo: dict | None = None,
+            lm: dict | None = None) -> Program:
+    """What the record of cell ``<workload>_<recipe>_n<n>`` measures, traced on abstract
+    arguments over an abstract mesh of ``n`` devices (``jax.sharding.AbstractMesh``, the axes
+    and shape :func:`repro.models.sharding.make_mesh` gives ``n`` devices, no device needed):
+    ``ppo`` (params.yaml's ``ppo`` settings): the data-parallel PPO loop ``ppo_cell`` times,
+    on its PRNG key; ``lm_dp`` / ``lm_fsdp`` (``lm`` settings): the sharded LM training step
+    ``lm_cell`` times, on abstract state, batch, seed and step; the kit: the timing loop
+    (``_time``, and the cell's function that drives it)."""
+    from jax.sharding import AbstractMesh, AxisType
+
+    from repro.models import sharding as Sh
+    from repro.studies.timing import time_fn
+
+    fsdp = workload == "lm_fsdp"
+    names = (Sh.DATA, Sh.FSDP) if fsdp else (Sh.DATA,)
+    mesh = AbstractMesh((1, n) if fsdp else (n,), names,
+                        axis_types=(AxisType.Auto,) * len(names))
+    kit = (_time, time_fn)
+    if workload == "ppo":
+        from repro.models import ppo as PPO
+
+        q = dict(ppo or {})
+        num_envs = int(q.pop("envs_per_device")) * n
+        updates = int(q.pop("updates", 1))
+        cfg = PPO.validate(dict(q, recipe=recipe, num_envs=num_envs,
+                                total_timesteps=num_envs * int(q["num_steps"]) * updates,
+                                anneal_lr=False))
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        return Program(PPO.make_train(cfg, mesh), (key,), kit=kit + (ppo_cell,))
+    from repro.models import lm as M
+    from repro.models import lm_train as T
+
+    q = dict(lm or {})
+    cfg = M.get_config(q["size"], **dict(q.get("model", {})))
+    batch = int(q["batch_per_device"]) * n
+    tc = T.TrainConfig(steps=1000, batch_size=batch, warmup_steps=10)
+    init, step, _ = T._sharded_functions.__wrapped__(cfg, resolve(recipe), T._static_key(tc),
+                                                     False, mesh, fsdp)
+    i32 = jax.ShapeDtypeStruct((), jnp.int32)
+    variables, opt_state = jax.eval_shape(init, i32,
+                                          jax.ShapeDtypeStruct((1, cfg.seq_len), jnp.int32))
+    tokens = jax.ShapeDtypeStruct((batch, cfg.seq_len), jnp.int32)
+    return Program(step, (variables, opt_state, tokens, tokens, i32, i32),
+                   kit=kit + (lm_cell,))
+
+
+def program_settings(rec: dict) -> dict | None:
+    """:func:`program`'s settings of a record: workload, recipe and device count from the
+    record; the workload's settings from params.yaml's ``multigpu`` section of the record's
+    profile, where they agree with the record's sizes (None otherwise)."""
+    from repro import studies
+
+    sizes = rec.get("sizes") or {}
+    workload, recipe, n = sizes.get("workload"), rec.get("recipe"), sizes.get("n_devices")
+    if workload not in WORKLOADS or not recipe or not n:
+        return None
+    try:
+        p = studies.params(EXPERIMENT, str(rec.get("profile") or "full"))
+    except Exception:  # noqa: BLE001 - no such profile: not derivable
+        return None
+    n = int(n)
+    if workload == "ppo":
+        q = dict(p.ppo)
+        want = {"env": q.get("env"), "network": q.get("network"), "width": q.get("width"),
+                "num_steps": q.get("num_steps"), "envs_per_device": q.get("envs_per_device")}
+        if any(k in sizes and sizes[k] != v for k, v in want.items()):
+            return None
+        return {"workload": workload, "recipe": recipe, "n": n, "ppo": q}
+    q = dict(p.lm)
+    if sizes.get("model") != q.get("size") or sizes.get("batch_per_device") != q.get(
+            "batch_per_device"):
+        return None
+    return {"workload": workload, "recipe": recipe, "n": n, "lm": q}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Params(Section):
     """``params.yaml``'s ``multigpu`` section. ``ppo``: PPOConfig fields plus
@@ -204,7 +281,10 @@ def cells(p: Params, n_available: int | None = None) -> list[Cell]:
     def one(w, r, n):
         return lambda _budget: run_cell(w, r, n, p)
 
-    return [Cell(f"{w}_{r}_n{n}", one(w, r, n), (r,))
+    def programs(w, r, n):
+        return lambda: {r: program(w, r, n, dict(p.ppo), dict(p.lm))}
+
+    return [Cell(f"{w}_{r}_n{n}", one(w, r, n), (r,), programs=programs(w, r, n))
             for n in device_counts(p.device_counts, n_available)
             for w in p.workloads for r in p.recipes]
 
