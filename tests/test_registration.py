@@ -100,3 +100,18 @@ def test_without_history_registration_is_not_checked(tmp_path):
     assert check["preregistered"] == "unknown" and check["rule_registered"] is None
     v = R.judged(x1, "X1", TABLE, records=RECORDS, root=shallow, claims=c)
     assert v.key_number.endswith("; registration not checked (no git history)")
+
+
+def test_a_rule_changed_on_a_merged_branch_is_registered_when_the_branch_changed_it(tmp_path):
+    root = repo(tmp_path, change_after_record=False)
+    git(root, "checkout", "-qb", "side")
+    (root / "repro/data/claims.yaml").write_text(yaml.safe_dump(claims(1.5)))
+    git(root, "commit", "-qam", "rule changed on a branch", date="2026-01-03T00:00:00+00:00")
+    changed = git(root, "rev-parse", "--short=7", "HEAD").strip()
+    git(root, "checkout", "-q", "-")
+    (root / "notes.txt").write_text("unrelated\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "unrelated", date="2026-01-04T00:00:00+00:00")
+    git(root, "merge", "-q", "--no-ff", "--no-edit", "side", date="2026-01-05T00:00:00+00:00")
+    reg = R.registered("X1", root)
+    assert reg == {"commit": changed, "date": "2026-01-03T00:00:00+00:00"}

@@ -142,11 +142,43 @@ def registered(claim: str, root: Path | str | None = None) -> dict[str, str] | N
     if not history_available(root):
         return None
     skip = tuple(restatements(root))
+
+    def fp_at(commit: str) -> str:
+        return fingerprint(claim, *_state(root, commit), _functions_at(root, commit))
+
+    def restated(commit: str) -> bool:
+        return any(commit.startswith(s) or s.startswith(commit) for s in skip)
+
     last, prev = None, None
     for commit, date in _commits(root):
-        fp = fingerprint(claim, *_state(root, commit), _functions_at(root, commit))
-        restated = any(commit.startswith(s) or s.startswith(commit) for s in skip)
-        if fp != prev and not restated:
+        fp = fp_at(commit)
+        if fp != prev and not restated(commit):
+            # a merge brings the change of the branch it merges: the branch's own commit
+            # that last changed the rule to what the merge holds is when it was written
+            branch = _in_merged_branch(root, commit, prev, fp, fp_at, restated)
+            if branch is None:
+                last = {"commit": commit[:7], "date": date}
+            elif branch:  # else: the branch only restated the rule
+                last = branch
+        prev = fp
+    return last
+
+
+def _in_merged_branch(root: Path, merge: str, before: str | None, after: str, fp_at,
+                      restated) -> dict[str, str] | None:
+    """Where ``merge`` is a merge commit whose rule is its merged branch's: the commit of
+    that branch that last changed the rule ({} if the branch only restated it); None
+    otherwise."""
+    parents = (_git(root, "rev-list", "--parents", "-n", "1", merge) or "").split()[1:]
+    if len(parents) < 2 or fp_at(parents[1]) != after:
+        return None
+    out = _git(root, "log", "--reverse", "--format=%H %cI", f"{parents[0]}..{parents[1]}",
+               "--", CLAIMS_PATH, *VERDICT_PATHS) or ""
+    last, prev = {}, before
+    for line in out.splitlines():
+        commit, date = line.split(" ", 1)
+        fp = fp_at(commit)
+        if fp != prev and not restated(commit):
             last = {"commit": commit[:7], "date": date}
         prev = fp
     return last
