@@ -210,6 +210,11 @@ def record_stale(args) -> int:
             break
         only = [c["cell"] for c in todo if c["folder"] == name]
         s, p = studies.study(name), studies.params(name, profile)
+        if missing := [r for r in s.requires if getattr(p, r, None) is None]:
+            lines.append(f"{name}: {len(only)} stale cell(s) left: it needs --"
+                         f"{missing[0].replace('_', '-')} (repro record {name} --"
+                         f"{missing[0].replace('_', '-')} DIR records them)")
+            continue
         out = runner_run(s, p, root, only, left, args)
         lines.append(_report(name, profile, out, root))
     print("\n".join(lines))

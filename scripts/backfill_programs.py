@@ -62,6 +62,13 @@ for job in jobs:
             platform = job["platform"]; device_kind = job["kind"]
         jax.default_backend = lambda: job["platform"]
         jax.devices = lambda *a, **k: [Dev()]
+        if job["platform"] == "gpu":  # JAX's cuDNN checks answered as the GPU answers them
+            from jax._src.cudnn import fused_attention_stablehlo as F
+            have = tuple(int(c) for c in (job.get("cc") or "9.0").split("."))
+            F.check_cudnn_version = lambda: 91000
+            F.check_compute_capability = lambda c: have >= tuple(int(x) for x in c.split("."))
+            F.is_cuda_compute_capability_equal = lambda c: have == tuple(
+                int(x) for x in c.split("."))
         try:
             with H._Files(H.Path(job["root"])) as files:
                 closed = jax.make_jaxpr(prog.fn)(*prog.args)
@@ -98,13 +105,15 @@ def head_program(module):
     return prog, settings, sources + [textwrap.dedent(inspect.getsource(prog))]
 
 
-def pending() -> dict[str, list[tuple[Path, int, dict]]]:
-    """{experiment: [(file, index, record)]} of records without a program fingerprint."""
+def pending(redo: bool = False) -> dict[str, list[tuple[Path, int, dict]]]:
+    """{experiment: [(file, index, record)]} of records without a program fingerprint (and,
+    with ``redo``, those an earlier backfill gave one)."""
     out = collections.defaultdict(list)
     for path in sorted(results.results_dir().glob("*/*/*.json")):
         data = results.read_json(path)
         for i, rec in enumerate(data if isinstance(data, list) else [data]):
-            if isinstance(rec, dict) and not isinstance(rec.get("program"), dict) \
+            again = redo and rec.get("program_backfilled") if isinstance(rec, dict) else False
+            if isinstance(rec, dict) and (again or not isinstance(rec.get("program"), dict)) \
                     and not results.defect_of(rec):
                 out[rec.get("experiment") or path.parent.name].append((path, i, rec))
     return out
@@ -146,10 +155,12 @@ def main(argv=None) -> int:
     ap.add_argument("--experiment", action="append", help="only these experiments")
     ap.add_argument("--dry-run", action="store_true", help="report, write nothing")
     ap.add_argument("--verbose", action="store_true", help="name each record that differs")
+    ap.add_argument("--redo", action="store_true",
+                    help="also the records an earlier backfill gave a program")
     args = ap.parse_args(argv)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                           capture_output=True).stdout.strip()
-    todo = pending()
+    todo = pending(args.redo)
     report = collections.Counter()
     reasons = collections.defaultdict(collections.Counter)
     changed_files: set[Path] = set()
@@ -167,7 +178,8 @@ def main(argv=None) -> int:
         per_rec = []
         for path, i, rec in items:
             plat, kind = platform_of(rec)
-            probe = {**rec, "program": {"cell": path.stem}}
+            probe = {**{k: v for k, v in rec.items() if k != "program_backfilled"},
+                     "program": {"cell": path.stem}}
             try:
                 settings = settings_of(probe)
             except Exception as e:  # noqa: BLE001
@@ -185,7 +197,8 @@ def main(argv=None) -> int:
                     heads[key] = f"HEAD trace failed: {type(e).__name__}: {str(e)[:150]}"
             commit = str(rec.get("git_commit") or "").removesuffix("-dirty")
             jobs[commit][key] = {"id": key, "module": modname, "settings": settings,
-                                 "platform": plat, "kind": kind, "sources": sources}
+                                 "platform": plat, "kind": kind, "sources": sources,
+                                 "cc": rec.get("compute_capability")}
             per_rec.append((path, i, rec, key, commit))
         olds = {}
         for commit, js in tqdm(sorted(jobs.items()), desc=f"{exp}: commits", file=sys.stderr):
