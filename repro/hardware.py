@@ -131,12 +131,45 @@ _STATE = None
 def _state():
     global _STATE
     if _STATE is None:
+        import inspect
+
         from jax._src import config as jax_config
 
-        _STATE = jax_config.string_or_object_state(
+        make = jax_config.string_or_object_state
+        if "include_in_trace_context" not in inspect.signature(make).parameters:
+            _STATE = _contextvar_state()
+            return _STATE
+        _STATE = make(
             "repro_target", None, "(platform, device kind) repro chooses code paths for",
             include_in_trace_context=True)
     return _STATE
+
+
+def _contextvar_state():
+    """The same for a JAX whose configuration values cannot join the trace context: a plain
+    context variable, with JAX's caches cleared around each use of :func:`target`."""
+    import contextvars
+
+    import jax
+
+    var = contextvars.ContextVar("repro_target", default=None)
+
+    class State:
+        @property
+        def value(self):
+            return var.get()
+
+        @contextlib.contextmanager
+        def __call__(self, value):
+            jax.clear_caches()
+            token = var.set(value)
+            try:
+                yield
+            finally:
+                var.reset(token)
+                jax.clear_caches()
+
+    return State()
 
 
 def _target() -> tuple[str, str] | None:

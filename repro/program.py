@@ -11,7 +11,10 @@ functions. :func:`trace` turns it into a :class:`Traced`:
   (:func:`repro.hardware.target`, so a CPU traces the code paths a GPU ran), printed
   canonically (no addresses; jaxprs carry no source locations), with the values of the
   constants the program captures (code tables, literals) hashed too;
-* ``kit``: sha256 of the kit functions' syntax trees, docstrings left out;
+* ``kit``: sha256 of the kit functions' syntax trees, docstrings left out. The kit is what
+  shapes the number outside the traced program (the timing loop, the statistic, a size the
+  record reports), not how the program is built (its trace holds that) nor how the record
+  is labelled;
 * ``files``: the hash of every checkout file whose code ran (or that was opened) while the
   program was traced. While these hashes are unchanged, so is the program: the cheap check
   that spares a retrace (:mod:`repro.provenance`).
