@@ -208,6 +208,15 @@ def _registered(platform_name: str, kind: str) -> HardwareInfo:
         return from_device_name(kind, platform_name, None)
 
 
+def current() -> HardwareInfo:
+    """The hardware code paths are chosen for: the registry's entry of the :func:`target`
+    where one is set (what tracing a record's program for its GPU needs), else
+    :func:`detect`."""
+    if (t := _target()) is not None:
+        return lookup("cpu") if t[0] == "cpu" else _registered(*t)
+    return detect()
+
+
 def fp8_pays() -> bool:
     """Whether a per-layer FP8 policy (``fp8-auto``) may choose FP8 on the device code paths
     are chosen for (:func:`platform`, :func:`device_kind`). On a GPU, and on the CPU, which

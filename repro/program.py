@@ -50,11 +50,15 @@ TEXTS = "programs"  # under the results root: <hash>.txt.gz, the canonical progr
 class Program:
     """What one record measured: ``fn(*args)`` (``args``: pytrees of
     ``jax.ShapeDtypeStruct`` or arrays) and the measuring ``kit`` (functions whose code
-    shapes the number: the timing loop, the statistic)."""
+    shapes the number: the timing loop, the statistic). ``settings``: ``{name: hash}`` of
+    inputs the program was built from that no traced file holds (the runner adds the
+    hash of the study's params.yaml section, :func:`params_entry`): kept with the files, so
+    that a change there is seen without a trace."""
 
     fn: Callable
     args: tuple = ()
     kit: tuple[Callable, ...] = ()
+    settings: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -190,12 +194,32 @@ def trace(program: Program, platform: str, device_kind: str = "") -> Traced:
     with hardware.target(platform, device_kind), _Files(provenance.CHECKOUT) as files:
         closed = jax.make_jaxpr(program.fn)(*program.args)
     text = canonical(closed)
+    for f in program.kit:  # the kit's own files: an edit there must be seen without a trace
+        try:
+            files.seen.add(str(Path(inspect.getsourcefile(inspect.unwrap(f))).resolve()))
+        except (TypeError, OSError):
+            continue
     hashes = {}
     for f in sorted(files.seen):
         p = Path(f)
-        if p.is_file():
+        if p.is_file() and files.ours(str(p)):
             hashes[provenance.rel(p)] = file_hash(p)
+    hashes.update(program.settings)
     return Traced(text_hash(text), kit_hash(program.kit), hashes, platform, device_kind, text)
+
+
+PARAMS_PREFIX = "params.yaml#"
+
+
+def params_entry(section: str, raw: dict | None = None) -> dict[str, str]:
+    """``{"params.yaml#SECTION": hash}``: the hash of a params.yaml section as data (its
+    every profile; comments and layout do not count), for a program's ``settings``."""
+    import json
+
+    from repro import config
+
+    data = (raw if raw is not None else config.load_params()).get(section)
+    return {PARAMS_PREFIX + section: text_hash(json.dumps(data, sort_keys=True, default=str))}
 
 
 # -------------------------------------------------------------------------- the texts

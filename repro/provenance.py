@@ -351,6 +351,23 @@ def first_change(commit: str, paths: Iterable[str]) -> str | None:
     return first[0] if first else "uncommitted"
 
 
+def with_settings(prog, experiment: str):
+    """``prog`` with the hash of its study's params.yaml section among its ``settings``
+    (:func:`repro.program.params_entry`), which cells read their settings from."""
+    import dataclasses
+
+    from repro import program as P
+    from repro import studies
+
+    try:
+        section = studies.study(studies.of_records(experiment)).params_section
+    except ValueError:
+        section = None
+    if not section:
+        return prog
+    return dataclasses.replace(prog, settings={**prog.settings, **P.params_entry(section)})
+
+
 def is_quality(rec: dict[str, Any]) -> bool:
     """Whether a record is training quality (returns, losses, agreement, bitwise repeats)
     rather than speed or size."""
@@ -457,7 +474,15 @@ class Checker:
         return self._since[key]
 
     def file_hash(self, rel_path: str) -> str | None:
-        """The hash :func:`repro.program.trace` keeps for a checkout file now (None: gone)."""
+        """The hash :func:`repro.program.trace` keeps for a checkout file now (None: gone),
+        or for a params.yaml section (``params.yaml#SECTION``)."""
+        if rel_path not in self._files and rel_path.startswith("params.yaml#"):
+            from repro import program as P
+
+            try:
+                self._files[rel_path] = P.params_entry(rel_path.split("#", 1)[1])[rel_path]
+            except Exception:  # noqa: BLE001 - no params.yaml: the program cannot be checked
+                self._files[rel_path] = None
         if rel_path not in self._files:
             path = CHECKOUT / rel_path
             try:
@@ -600,7 +625,7 @@ class Checker:
             self._programs[name] = f"cell {cell} has no program {key!r} now"
             return self._programs[name]
         try:
-            traced = P.trace(prog, platform, kind)
+            traced = P.trace(with_settings(prog, experiment), platform, kind)
         except Exception as e:  # noqa: BLE001 - any failure is a reason, in one line
             self._programs[name] = f"tracing it failed: {type(e).__name__}: " \
                 f"{(str(e).splitlines() or [''])[0][:200]}"

@@ -192,7 +192,8 @@ def main(argv=None) -> int:
             key = json.dumps([settings, plat, kind], sort_keys=True, default=str)
             if key not in heads:
                 try:
-                    heads[key] = P.trace(program(**settings), plat, kind)
+                    heads[key] = P.trace(provenance.with_settings(program(**settings), exp),
+                                         plat, kind)
                 except Exception as e:  # noqa: BLE001
                     heads[key] = f"HEAD trace failed: {type(e).__name__}: {str(e)[:150]}"
             commit = str(rec.get("git_commit") or "").removesuffix("-dirty")

@@ -90,9 +90,9 @@ _DN_TN = (((1,), (1,)), ((), ()))  # a[M,K] . b[N,K] -> [M,N]
 def block_scaled_backend(hardware=None) -> Literal["native", "emulated"]:
     """"native" where block-scaled FP4/MXFP8 tensor cores exist (compute capability >= 10)."""
     if hardware is None:
-        from repro.hardware import detect
+        from repro.hardware import current
 
-        hardware = detect()
+        hardware = current()
     return "native" if hardware.has_fp4 else "emulated"
 
 
@@ -104,9 +104,9 @@ def is_emulated(recipe, hardware=None) -> bool:
     """
     recipe = resolve(recipe)
     if hardware is None:
-        from repro.hardware import detect
+        from repro.hardware import current
 
-        hardware = detect()
+        hardware = current()
     if recipe.gemm in ("mxfp8", "nvfp4"):
         return not hardware.has_fp4
     if recipe.gemm == "fp8":

@@ -450,6 +450,73 @@ def _records(p: Params, notes: list[str], seeds: int, name: str, samples, facts,
     return out
 
 
+def program(seeds: int, total_timesteps: int, recipe: str = "tf32",
+            options: Mapping[str, Any] | None = None):
+    """What a cell's records measure (:mod:`repro.program`), from the cell's settings alone:
+    OUR program of the cell, ``jax.vmap(ppo.make_train(...))`` over ``seeds`` keys for
+    PureJaxRL's CartPole config (``total_timesteps``) in ``recipe`` with the option set
+    ``options``. PureJaxRL's own program lives in its checkout and is not traced; its records
+    (the same recipe, so the same key) carry this program too: the cell is re-recorded as a
+    whole when ours changes. The kit: the timing and the statistics, and the adapters through
+    which PureJaxRL's ``ppo.py`` runs here (:func:`load`, :class:`FiveTupleStep`,
+    :func:`distrax_stand_in`): an edit to them changes what PureJaxRL's records measured."""
+    from repro.program import Program
+
+    c = ours_config({**CARTPOLE, "TOTAL_TIMESTEPS": total_timesteps}, recipe, options)
+    keys = jax.eval_shape(lambda: _keys(seeds))
+    return Program(jax.vmap(ppo.make_train(c)), (keys,),
+                   kit=(compare, _warm, compile_theirs, env_steps, final_returns, returns_digest,
+                        first_result, _first_result_main, fresh_env, load, FiveTupleStep,
+                        distrax_stand_in))
+
+
+_OPTION = re.compile(r"_(update_unroll|unroll|prng)-(unsafe_rbg|rbg|threefry|philox4x32|\d+)")
+
+
+def _options_of(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """The option set of a record's cell: its ``extra.options`` (ours), the one label of ours
+    in ``extra.timed_with``, else its cell's name (``rec["program"]["cell"]``); None if none
+    says it. Records made before option sets existed hold none: the defaults, ``{}``."""
+    extra = rec.get("extra") or {}
+    if isinstance(extra.get("options"), dict):
+        return dict(extra["options"])
+    ours = [t for t in extra.get("timed_with") or [] if t != "purejaxrl"]
+    if len(ours) == 1:
+        m = re.fullmatch(r"repro(?:\[(.*)\])?", ours[0])
+        if m:
+            pairs = [kv.split("=", 1) for kv in (m.group(1) or "").split(",") if kv]
+            return {k: int(v) if v.isdigit() else v for k, v in pairs}
+    cell = (rec.get("program") or {}).get("cell") if isinstance(rec.get("program"),
+                                                                   dict) else None
+    if isinstance(cell, str):
+        rest = re.sub(r"_run\d+$", "", cell)
+        m = re.fullmatch(r".+?_s\d+((?:_.+)?)", rest)
+        if m:
+            found = list(_OPTION.finditer(m.group(1)))
+            if "".join(f.group(0) for f in found) == m.group(1):
+                return {f.group(1): int(f.group(2)) if f.group(2).isdigit() else f.group(2)
+                        for f in found}
+    return None
+
+
+def program_settings(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """:func:`program`'s settings for a record of this study (None: not derivable): its seed
+    count, recipe, PureJaxRL config (only CartPole's with another TOTAL_TIMESTEPS is ours to
+    trace) and option set (:func:`_options_of`)."""
+    sizes, extra = rec.get("sizes") or {}, rec.get("extra") or {}
+    cfg = extra.get("config")
+    if not isinstance(cfg, dict) or not isinstance(sizes.get("seeds"), int):
+        return None
+    if {k: v for k, v in cfg.items() if k != "TOTAL_TIMESTEPS"} != \
+            {k: v for k, v in CARTPOLE.items() if k != "TOTAL_TIMESTEPS"}:
+        return None
+    options = _options_of(rec)
+    if options is None:
+        return None
+    return {"seeds": sizes["seeds"], "total_timesteps": int(cfg["TOTAL_TIMESTEPS"]),
+            "recipe": rec.get("recipe") or "tf32", "options": options}
+
+
 def cells(p: Params) -> list[Cell]:
     """One cell per (seed count, option set, run), seed counts in params order. PureJaxRL is
     loaded at the first cell and compiled once per seed count, then timed again beside
@@ -481,9 +548,12 @@ def cells(p: Params) -> list[Cell]:
             return _records(p, cache["notes"], seeds, name, samples, facts, o, run, first)
         return go
 
+    def programs(seeds, o):
+        return lambda: {"": program(seeds, p.total_timesteps, p.recipe, o)}
+
     sets = [dict(o or {}) for o in p.ours]
     return [Cell(cell_name(_config(p), seeds, o) + (f"_run{k}" if k > 1 else ""),
-                 one(seeds, o, k), (p.recipe,))
+                 one(seeds, o, k), (p.recipe,), programs=programs(seeds, o))
             for seeds in p.seeds for o in sets for k in range(1, p.runs + 1)]
 
 

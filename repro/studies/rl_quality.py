@@ -50,10 +50,17 @@ class Params(Section):
 def random_return(env_name: str, num_envs: int = 64, num_steps: int = 2000,
                   seed: int = 0) -> float:
     """Mean return of the episodes a uniform random policy completes (normalisation floor)."""
+    run = jax.jit(random_rollout(env_name, num_envs, num_steps))
+    tot, n = jax.device_get(run(jax.random.key(seed)))
+    return float(tot / n) if n > 0 else float("nan")
+
+
+def random_rollout(env_name: str, num_envs: int = 64, num_steps: int = 2000):
+    """``run(key) -> (sum of the returns of the episodes completed, their count)``: a uniform
+    random policy for ``num_steps`` steps of ``num_envs`` environments (:func:`random_return`)."""
     env, env_params = ppo.make_env(env_name)
     n_act = env.action_space(env_params).n
 
-    @jax.jit
     def run(key):
         k0, key = jax.random.split(key)
         obs, state = jax.vmap(env.reset, in_axes=(0, None))(
@@ -73,8 +80,7 @@ def random_return(env_name: str, num_envs: int = 64, num_steps: int = 2000,
         _, (tot, n) = jax.lax.scan(step, (state, jnp.zeros(num_envs), key), None, num_steps)
         return tot.sum(), n.sum()
 
-    tot, n = jax.device_get(run(jax.random.key(seed)))
-    return float(tot / n) if n > 0 else float("nan")
+    return run
 
 
 def quality_config(env_name: str, variant: str, p: Params) -> ppo.PPOConfig:
@@ -167,6 +173,73 @@ def random_cell(env_name: str, p: Params) -> list[dict[str, Any]]:
         extra={"policy": "uniform random", "num_envs": 64, "num_steps": 2000})]
 
 
+def program(env: str, variant: str, seeds: int = 1, ppo_config: dict[str, Any] | None = None,
+            determinism: bool = False, num_envs: int = 64, num_steps: int = 2000):
+    """What a cell's records measure (:mod:`repro.program`), from the cell's settings alone.
+
+    ``variant="random"``: the random policy's rollout of :func:`random_return` (``num_envs``,
+    ``num_steps``). Otherwise the whole trained function of the cell: ``jax.vmap`` of
+    ``ppo.make_train`` over ``seeds`` keys for the PPO config ``ppo_config`` (the section's
+    ``ppo`` merged with the env's overrides) with ``env`` and ``recipe=variant``; its kit, the
+    statistics of the records: the final return and curve, or with ``determinism`` (A10's
+    cell: seeds (0, 1, 0), run twice) the comparison of the two runs."""
+    from repro.program import Program
+
+    key_of = lambda n: jax.eval_shape(  # noqa: E731
+        lambda: jax.vmap(jax.random.key)(jnp.zeros((n,), jnp.uint32)))
+    if variant == "random":
+        return Program(random_rollout(env, num_envs, num_steps),
+                       (jax.eval_shape(lambda: jax.random.key(0)),), kit=(random_return,))
+    c = ppo.validate({**dict(ppo_config or {}), "env": env, "recipe": variant})
+    kit = (seeds_runner, determinism_cell) if determinism else \
+        (seeds_runner, run_seeds, ppo.final_return, _curve)
+    return Program(jax.vmap(ppo.make_train(c)), (key_of(seeds),), kit=kit)
+
+
+def _ppo_overrides(p: Params, env_name: str) -> dict[str, Any]:
+    """The PPO settings of ``env_name``'s cells but env and recipe (:func:`quality_config`)."""
+    return {**dict(p.ppo or {}), **dict(p.envs[env_name] or {})}
+
+
+def program_settings(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """:func:`program`'s settings for a record of this study (``rl_quality`` and the
+    ``rl_quality_repeat`` copies of its cells; None: not derivable).
+
+    A record holds its env, variant, seed count, network, width, num_envs and
+    total_timesteps, not the rest of its PPO config (lr, num_steps, epochs, minibatches):
+    those come from params.yaml's section for the record's profile, and only where everything
+    the record holds agrees with it (params.yaml's rl_quality section has not changed since
+    the committed records were made)."""
+    from repro import studies
+
+    sizes, extra = rec.get("sizes") or {}, rec.get("extra") or {}
+    env, variant = sizes.get("env"), sizes.get("variant") or extra.get("variant")
+    if not env or not variant:
+        return None
+    if rec.get("metric") == "random_return":
+        return {"env": env, "variant": "random", "num_envs": int(extra.get("num_envs", 64)),
+                "num_steps": int(extra.get("num_steps", 2000))}
+    try:
+        p = studies.params(QUALITY, rec.get("profile") or "full")
+        if env not in p.envs:
+            return None
+        over = _ppo_overrides(p, env)
+        c = ppo.validate({**over, "env": env, "recipe": variant})
+    except (ValueError, KeyError, TypeError):
+        return None
+    determinism = rec.get("metric") in ("same_seed_identical", "different_seeds_differ")
+    held = {"total_timesteps": c.total_timesteps}
+    if not determinism:
+        held.update(network=c.network, width=c.width, num_envs=c.num_envs)
+    if any(k in sizes and sizes[k] != v for k, v in held.items()):
+        return None  # made with other settings than params.yaml's now: not derivable
+    seeds = 3 if determinism else sizes.get("seeds")
+    if not isinstance(seeds, int):
+        return None
+    return {"env": env, "variant": variant, "seeds": seeds, "ppo_config": over,
+            "determinism": determinism}
+
+
 def check(p: Params) -> None:
     for env_name in p.envs:
         for v in p.variants:
@@ -185,13 +258,20 @@ def cells(p: Params) -> list[Cell]:
     def tags(v):
         return tuple(dict.fromkeys([v, resolve(v).family]))
 
+    def programs(env_name, variant, **kw):
+        return lambda: {"": program(env_name, variant, ppo_config=_ppo_overrides(p, env_name),
+                                    **kw)}
+
     for env_name in p.envs:
-        out.append(Cell(f"{env_name}_random", lambda _b, e=env_name: random_cell(e, p)))
+        out.append(Cell(f"{env_name}_random", lambda _b, e=env_name: random_cell(e, p),
+                        programs=lambda e=env_name: {"": program(e, "random")}))
         out += [Cell(f"{env_name}_{v}", lambda _b, e=env_name, v=v: quality_cell(e, v, p),
-                     tags(v)) for v in p.variants]
+                     tags(v), programs=programs(env_name, v, seeds=p.seeds))
+                for v in p.variants]
         if det and det in p.variants:
             out.append(Cell(f"{env_name}_determinism_{det}",
-                            lambda _b, e=env_name: determinism_cell(e, det, p), tags(det)))
+                            lambda _b, e=env_name: determinism_cell(e, det, p), tags(det),
+                            programs=programs(env_name, det, seeds=3, determinism=True)))
     return out
 
 

@@ -218,6 +218,79 @@ def throughput_cell(network: str, width: int, recipe: str, num_envs: int,
     return recs
 
 
+def program(network: str | None = None, width: int = 0, recipe: str | None = None,
+            num_envs: int = 0, env: str = "", num_steps: int = 0, updates: int = 0,
+            depth: int = 2, update_epochs: int = 4, num_minibatches: int = 4,
+            stores: str | None = None, variants: Sequence[str] = ()):
+    """What a cell's records measure (:mod:`repro.program`), from the cell's settings alone.
+
+    A throughput cell (``network``, ``width``, ``recipe``, ``num_envs`` and the loop's sizes):
+    its two timed programs traced together, the whole PPO loop (``ppo.make_train``, one seed;
+    ``env_steps_per_s``) and the update alone on a rollout-shaped batch
+    (``ppo.make_update_step``; ``update_time_ms`` and ``update_memory_bytes``), on abstract
+    arguments of the cell's shapes. ``stores`` (a recipe family): the ``stores`` cell's records
+    of that family are no computation but registry facts, so their program is a constant: the
+    facts each record is made of (value formats, bytes per weight) for every registry entry of
+    the family and ``variants``, computed while it is traced; ``stores_records`` is the kit."""
+    import json
+    import types
+
+    from repro.program import Program
+
+    if stores is not None:
+        def facts():
+            names = sorted({n for n, r in REGISTRY.items() if r.family == stores}
+                           | {v for v in variants if resolve(v).family == stores})
+            rows = []
+            for name in names:
+                r = resolve(name)
+                rows.append([name, r.family, value_formats(r),
+                             optim.storage_bytes(r.master_weights),
+                             int(np.dtype(optim.container_dtype(r.master_weights)).itemsize)])
+            data = json.dumps([list(A1_STORES), rows], sort_keys=True).encode()
+            return jnp.asarray(np.frombuffer(data, np.uint8))
+
+        return Program(facts, (), kit=(stores_records,))
+
+    p = types.SimpleNamespace(networks={network: env}, depth=depth, num_steps=num_steps,
+                              updates=updates, update_epochs=update_epochs,
+                              num_minibatches=num_minibatches)
+    c = throughput_config(network, width, recipe, num_envs, p)
+    env_, env_params = ppo.make_env(c.env)
+    net = ppo.build_network(c, env_, env_params)
+    tx = ppo.make_optimizer(c)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    variables, opt_state = jax.eval_shape(
+        lambda k: ppo.init_state(c, net, env_, env_params, tx, k), key)
+    traj, adv, tgt = jax.eval_shape(lambda k: synthetic_rollout(c, env_, env_params, k), key)
+
+    def measured(train_key, variables, opt_state, traj, adv, tgt, update_key):
+        loop = ppo.make_train(c)(train_key)  # env_steps_per_s
+        update = ppo.make_update_step(c, net, tx)(variables, opt_state, traj, adv, tgt,
+                                                  update_key)  # update_time_ms, memory
+        return loop, update
+
+    return Program(measured, (key, variables, opt_state, traj, adv, tgt, key),
+                   kit=(time_fn, _time_fn, compiled_facts))
+
+
+def program_settings(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """:func:`program`'s settings for a record of this study (None: not derivable)."""
+    sizes, extra = rec.get("sizes") or {}, rec.get("extra") or {}
+    try:
+        if rec.get("metric") == "fp8_stores":
+            return {"stores": rec["recipe"], "variants": (sizes.get("variant") or
+                                                          extra["variant"],)}
+        return {"network": sizes["network"], "width": int(sizes["width"]),
+                "recipe": rec["recipe"], "num_envs": int(sizes["num_envs"]),
+                "env": sizes["env"], "num_steps": int(sizes["num_steps"]),
+                "updates": int(extra["updates_per_call"]), "depth": int(sizes["depth"]),
+                "update_epochs": int(sizes["update_epochs"]),
+                "num_minibatches": int(sizes["batch"]) // int(sizes["minibatch"])}
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+
+
 def check(p: Params) -> None:
     for network, env in p.networks.items():
         ppo.validate(dict(env=env, network=network))
@@ -226,16 +299,33 @@ def check(p: Params) -> None:
 def cells(p: Params) -> list[Cell]:
     """The ``stores`` cell, then one per (network, width, recipe, num_envs) in params order;
     cells of one (network, width, num_envs) are compared with each other (a ``group``)."""
-    out = [Cell("stores", lambda _budget: stores_records(p.profile, stores_names(p.recipes)))]
+    names = stores_names(p.recipes)
+
+    def stores_programs():
+        families = dict.fromkeys(resolve(n).family for n in names)
+        return {f: program(stores=f, variants=tuple(n for n in names
+                                                    if resolve(n).family == f))
+                for f in families}
+
+    out = [Cell("stores", lambda _budget: stores_records(p.profile, names),
+                programs=stores_programs)]
 
     def one(network, width, recipe, n):
         return lambda _budget: throughput_cell(network, width, recipe, n, p)
+
+    def programs(network, width, recipe, n):
+        return lambda: {recipe: program(
+            network=network, width=width, recipe=recipe, num_envs=n, env=p.networks[network],
+            num_steps=p.num_steps, updates=p.updates, depth=p.depth,
+            update_epochs=p.update_epochs, num_minibatches=p.num_minibatches)}
 
     for network in p.networks:
         for width in (p.widths if network == "mlp" else [p.cnn_width]):
             for recipe in p.recipes:
                 out += [Cell(f"{network}_w{width}_{recipe}_e{n}", one(network, width, recipe, n),
-                             (recipe,), group=f"{network}_w{width}_e{n}") for n in p.num_envs]
+                             (recipe,), group=f"{network}_w{width}_e{n}",
+                             programs=programs(network, width, recipe, n))
+                        for n in p.num_envs]
     return out
 
 

@@ -221,12 +221,14 @@ def cross_call_note(experiment: str, todo: Sequence[Cell], every: Sequence[Cell]
             "to time them together, select both and add --force")
 
 
-def stamp_programs(recs: Records, cell: Cell, root: Path) -> Records:
+def stamp_programs(recs: Records, cell: Cell, root: Path, experiment: str = "") -> Records:
     """``recs`` with each record's ``program`` (:mod:`repro.program`): the program of its
-    recipe (or the cell's one keyed ``""``), traced for this device; the programs' texts are
-    kept under ``root/programs``. A record whose program the cell does not name gets none."""
+    recipe (or the cell's one keyed ``""``), traced for this device, with the hash of the
+    study's params.yaml section among its settings; the programs' texts are kept under
+    ``root/programs``. A record whose program the cell does not name gets none."""
     from repro import hardware as hw
     from repro import program as P
+    from repro.provenance import with_settings
 
     progs, stamped = cell.programs(), {}
     out = []
@@ -236,7 +238,8 @@ def stamp_programs(recs: Records, cell: Cell, root: Path) -> Records:
             out.append(rec)
             continue
         if key not in stamped:
-            traced = P.trace(progs[key], hw.platform(), hw.device_kind())
+            traced = P.trace(with_settings(progs[key], experiment or recs[0].get(
+                "experiment", "")), hw.platform(), hw.device_kind())
             P.save_text(root, traced)
             stamped[key] = {**traced.stamp(), "cell": cell.name, "key": key}
         out.append({**rec, "program": stamped[key]})
@@ -309,7 +312,7 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
             continue
         recs = results.restamp(recs, hardware=hardware, note=note, stamp=stamp)
         if cell.programs is not None:
-            recs = stamp_programs(recs, cell, root)
+            recs = stamp_programs(recs, cell, root, study.experiment)
         out.written.append(write_cell(recs, study.experiment, cell.name, root, out))
     bar.close()
     if out.failed:
