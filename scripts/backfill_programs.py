@@ -150,6 +150,41 @@ def trace_old(commit: str, jobs: list[dict]) -> dict[str, dict]:
                            capture_output=True)
 
 
+def restamp(dry_run: bool = False) -> int:
+    """For every record whose program is HEAD's (traced here where its files changed), keep
+    HEAD's file hashes in its ``program.files``: the check without a trace then covers the
+    files as they are now (and the kit's files and params.yaml section, for records stamped
+    before those were kept). The program's hash and kit are unchanged."""
+    checker, changed = provenance.Checker(), 0
+    for path in sorted(results.results_dir().glob("*/*/*.json")):
+        data = results.read_json(path)
+        recs = data if isinstance(data, list) else [data]
+        dirty = False
+        for i, rec in enumerate(recs):
+            prog = rec.get("program") if isinstance(rec, dict) else None
+            if not isinstance(prog, dict) or results.defect_of(rec) or checker(rec).stale:
+                continue
+            if prog.get("jax") and prog["jax"] != checker._env["jax"]:
+                continue  # traced with its platform's JAX: verified there
+            now = checker.program_now(rec["experiment"], prog["cell"], prog.get("key") or "",
+                                      prog["platform"], prog.get("device_kind") or "",
+                                      rec.get("profile") or "full", rec)
+            if isinstance(now, str) or (now["hash"], now["kit"]) != (prog["hash"],
+                                                                      prog["kit"]):
+                continue
+            if now["files"] != prog.get("files") or now.get("python") != prog.get("python"):
+                recs[i] = {**rec, "program": {**prog, "files": now["files"],
+                                              "python": now["python"], "jax": now["jax"]}}
+                dirty = True
+                changed += 1
+        if dirty and not dry_run:
+            path.write_text(json.dumps(recs if isinstance(data, list) else recs[0], indent=1,
+                                       sort_keys=True, default=results._json_default) + "\n")
+    print(f"{changed} record(s) {'would get' if dry_run else 'got'} HEAD's file hashes "
+          f"({checker.traced} program(s) traced)")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--experiment", action="append", help="only these experiments")
@@ -157,7 +192,11 @@ def main(argv=None) -> int:
     ap.add_argument("--verbose", action="store_true", help="name each record that differs")
     ap.add_argument("--redo", action="store_true",
                     help="also the records an earlier backfill gave a program")
+    ap.add_argument("--restamp", action="store_true",
+                    help="only keep HEAD's file hashes in the programs of fresh records")
     args = ap.parse_args(argv)
+    if args.restamp:
+        return restamp(args.dry_run)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                           capture_output=True).stdout.strip()
     todo = pending(args.redo)
