@@ -82,8 +82,9 @@ class Traced:
 
 
 def python_minor() -> str:
-    """The Python minor version that ``files``' syntax-tree hashes belong to."""
-    return "%d.%d" % sys.version_info[:2]
+    """What ``files``' syntax-tree hashes depend on of Python: nothing ("3.x": they are
+    printed without the fields a minor version adds, :func:`repro.provenance.dump`)."""
+    return "3.x"
 
 
 # ------------------------------------------------------------------------ canonical text

@@ -189,15 +189,37 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
+def dump(node: Any) -> str:
+    """A syntax tree printed without the fields a Python version adds empty (3.12's
+    ``type_params=[]``) or leaves unset: the same text under Python 3.11, 3.12 and 3.13 for
+    code that any of them parses."""
+    if isinstance(node, ast.JoinedStr):  # 3.12 adds empty parts to format specs
+        node = ast.JoinedStr(values=[v for v in node.values if not (
+            isinstance(v, ast.Constant) and v.value == "")])
+    if isinstance(node, ast.AST):
+        fields = [f"{name}={dump(value)}" for name, value in ast.iter_fields(node)
+                  if value is not None and value != []]
+        return f"{type(node).__name__}({', '.join(fields)})"
+    if isinstance(node, list):
+        return "[" + ", ".join(dump(v) for v in node) + "]"
+    return repr(node)
+
+
+def source_text_hash(source: bytes | str, filename: str = "<source>") -> str:
+    """:func:`source_hash` of a source text."""
+    tree = _strip_docstrings(ast.parse(source, filename=filename))
+    return hashlib.sha256(dump(tree).encode()).hexdigest()[:HASH_CHARS]
+
+
 @functools.lru_cache(maxsize=512)
 def _source_hash(path: str, mtime_ns: int, size: int) -> str:
-    tree = _strip_docstrings(ast.parse(Path(path).read_bytes(), filename=path))
-    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()[:HASH_CHARS]
+    return source_text_hash(Path(path).read_bytes(), path)
 
 
 def source_hash(path: Path) -> str:
     """sha256 (first :data:`HASH_CHARS` hex digits) of the file's syntax tree without
-    docstrings: comments, docstrings and layout do not change it."""
+    docstrings (:func:`dump`): comments, docstrings, layout and the Python minor version do
+    not change it."""
     st = path.stat()
     return _source_hash(str(path), st.st_mtime_ns, st.st_size)
 
@@ -368,6 +390,11 @@ def with_settings(prog, experiment: str):
     return dataclasses.replace(prog, settings={**prog.settings, **P.params_entry(section)})
 
 
+#: ``program.python`` values whose file hashes are :func:`dump`'s, the same under every Python
+#: minor version ("3.x"); older stamps hashed one minor version's own syntax-tree print.
+PORTABLE_HASHES = ("3.x",)
+
+
 def is_quality(rec: dict[str, Any]) -> bool:
     """Whether a record is training quality (returns, losses, agreement, bitwise repeats)
     rather than speed or size."""
@@ -495,9 +522,7 @@ class Checker:
     def unchanged(self, files: dict[str, str], python: str | None) -> bool:
         """Whether every file of a program's trace still hashes as it did (the syntax-tree
         hashes belong to one Python minor version: another one retraces)."""
-        from repro.program import python_minor
-
-        return bool(files) and python == python_minor() and all(
+        return bool(files) and python in PORTABLE_HASHES and all(
             self.file_hash(f) == h for f, h in files.items())
 
     def _code(self, rec: dict[str, Any]) -> tuple[str | None, str | None, str | None,

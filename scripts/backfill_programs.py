@@ -150,6 +150,27 @@ def trace_old(commit: str, jobs: list[dict]) -> dict[str, dict]:
                            capture_output=True)
 
 
+def rehashed(prog: dict, commit: str) -> dict | None:
+    """``prog``'s file hashes computed again from the files at ``commit`` (git), with this
+    checkout's :func:`repro.provenance.source_hash`; None where a file is not there."""
+    import yaml
+
+    out = {}
+    for name, old in (prog.get("files") or {}).items():
+        path, _, section = name.partition("#")
+        blob = subprocess.run(["git", "show", f"{commit.removesuffix('-dirty')}:{path}"],
+                              cwd=ROOT, capture_output=True)
+        if blob.returncode != 0:
+            return None
+        if section:
+            out[name] = P.params_entry(section, yaml.safe_load(blob.stdout))[name]
+        elif path.endswith(".py"):
+            out[name] = provenance.source_text_hash(blob.stdout, path)
+        else:
+            out[name] = old
+    return out
+
+
 def restamp(dry_run: bool = False) -> int:
     """For every record whose program is HEAD's (traced here where its files changed), keep
     HEAD's file hashes in its ``program.files``: the check without a trace then covers the
@@ -165,7 +186,15 @@ def restamp(dry_run: bool = False) -> int:
             if not isinstance(prog, dict) or results.defect_of(rec) or checker(rec).stale:
                 continue
             if prog.get("jax") and prog["jax"] != checker._env["jax"]:
-                continue  # traced with its platform's JAX: verified there
+                # traced with its platform's JAX (verified there): only its file hashes are
+                # printed again as they are now, from the files at the record's own commit
+                files = rehashed(prog, str(rec.get("git_commit") or ""))
+                if files is not None and (files, "3.x") != (prog.get("files"),
+                                                            prog.get("python")):
+                    recs[i] = {**rec, "program": {**prog, "files": files, "python": "3.x"}}
+                    dirty = True
+                    changed += 1
+                continue
             now = checker.program_now(rec["experiment"], prog["cell"], prog.get("key") or "",
                                       prog["platform"], prog.get("device_kind") or "",
                                       rec.get("profile") or "full", rec)
