@@ -135,3 +135,13 @@ def test_tpu_speed_records_split_compute_from_storage():
     # the GPU's labels as before
     assert not S.speed_emulated(fmt["int8"], "s8-gemm", h200)
     assert S.speed_emulated(fmt["fp8"], "upcast", h200)
+
+
+def test_programs_a_tpu_v5e_compiled_are_read_as_its_matrix_unit_ran_them():
+    """Texts a TPU v5e compiled (JAX 0.10.2): an s8 x s8 -> s32 product is the MXU's INT8
+    mode; f8 operands (no FP8 arithmetic on a v5e) are read as an f8 product, which the
+    registry's has_fp8 (False) turns into "emulated"."""
+    int8, fp8 = hlo("tpu_v5e_int8_dot_compiled"), hlo("tpu_v5e_fp8_dot_compiled")
+    assert L.int8_lowering(int8, "tpu") == "s8-gemm"
+    assert L.int8_lowering(fp8, "tpu") == "no-s8"
+    assert L.fp8_lowering(fp8, "tpu") == "f8-dot"
