@@ -195,6 +195,7 @@ def trace(program: Program, platform: str, device_kind: str = "") -> Traced:
     with hardware.target(platform, device_kind), _Files(provenance.CHECKOUT) as files:
         closed = jax.make_jaxpr(program.fn)(*program.args)
     text = canonical(closed)
+    files.seen.discard(str(Path(__file__).resolve()))  # the harness that traced it
     for f in program.kit:  # the kit's own files: an edit there must be seen without a trace
         try:
             files.seen.add(str(Path(inspect.getsourcefile(inspect.unwrap(f))).resolve()))

@@ -157,6 +157,8 @@ def rehashed(prog: dict, commit: str) -> dict | None:
 
     out = {}
     for name, old in (prog.get("files") or {}).items():
+        if name in provenance.HARNESS:
+            continue
         path, _, section = name.partition("#")
         blob = subprocess.run(["git", "show", f"{commit.removesuffix('-dirty')}:{path}"],
                               cwd=ROOT, capture_output=True)
@@ -183,7 +185,7 @@ def restamp(dry_run: bool = False) -> int:
         dirty = False
         for i, rec in enumerate(recs):
             prog = rec.get("program") if isinstance(rec, dict) else None
-            if not isinstance(prog, dict) or results.defect_of(rec) or checker(rec).stale:
+            if not isinstance(prog, dict) or results.defect_of(rec):
                 continue
             if prog.get("jax") and prog["jax"] != checker._env["jax"]:
                 # traced with its platform's JAX (verified there): only its file hashes are
@@ -194,6 +196,8 @@ def restamp(dry_run: bool = False) -> int:
                     recs[i] = {**rec, "program": {**prog, "files": files, "python": "3.x"}}
                     dirty = True
                     changed += 1
+                continue
+            if checker(rec).stale:
                 continue
             now = checker.program_now(rec["experiment"], prog["cell"], prog.get("key") or "",
                                       prog["platform"], prog.get("device_kind") or "",

@@ -51,25 +51,6 @@ def test_claims_prints_every_claim_with_verdict_number_hardware_record(vdir, cap
     assert "not yet measured" in a2 and "notebooks/03_rl_throughput.py" in a2
 
 
-def test_the_terminal_ledger_marks_stale_verdicts_as_the_readme_does(vdir, capsys):
-    claims.write_verdict("A5", "reproduced", "P=0.49", "h200", "results/*/rl_quality",
-                         stale=True, stale_note="measured with other code: 81 cells")
-    claims.write_verdict("A7", "partly", "", "h200", "results/*/rl_quality", stale=True)
-    assert cli.main(["claims"]) == 0
-    out = capsys.readouterr().out
-    assert out.splitlines()[0].endswith("not yet measured; 2 stale)")
-    table = claims.markdown_table()
-    for row in claims.ledger():
-        md = next(x for x in table.splitlines() if x.startswith(f"| {row['claim']} |"))
-        term = out[out.index(f"\n{row['claim']} "):].split("\n", 2)[1]
-        marked = md.split(" | ")[2].endswith(" — stale")
-        assert term[5:].split("  ")[0].endswith(" — stale") == marked == row["stale"], (md, term)
-    a5 = out[out.index("\nA5 "):out.index("\nA6 ")]
-    assert a5.splitlines()[1].startswith("A5   reproduced — stale  ")
-    assert "key number: P=0.49 (measured with other code: 81 cells)" in a5
-    assert "| **reproduced** — stale | P=0.49 (measured with other code: 81 cells) |" in table
-
-
 def test_claims_json_is_the_ledger(vdir, capsys):
     assert cli.main(["claims", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)

@@ -229,18 +229,23 @@ def test_repro_status_lists_stale_cells_and_the_verdicts_they_touch(tmp_path, mo
     monkeypatch.delenv("REPRO_VERDICTS", raising=False)
     fresh = _record(code=provenance.fingerprint("repro.studies.gemm"), claims=["A2"])
     results.write_records([fresh], "gemm", "new", root=tmp_path / "results")
-    results.write_records([_record(claims=["B2"])] * 2, "gemm", "old",
+    results.write_records([_record(claims=["B2", "B3"])] * 2, "gemm", "old",
                           root=tmp_path / "results")
     write(tmp_path / "verdicts" / "A2.json", '{"verdict": "reproduced", "source": "x"}')
     write(tmp_path / "verdicts" / "B2.json", '{"verdict": "partly", "source": "y", '
-          '"stale": true}')
+          '"stale": true, "stale_note": "left out as stale: 1 gemm cell(s) (old code)"}')
+    # marked stale, but naming another experiment's cells: it does not say so for gemm
+    write(tmp_path / "verdicts" / "B3.json", '{"verdict": "partly", "source": "z", '
+          '"stale": true, "stale_note": "left out as stale: 3 lm cell(s) (old code)"}')
     write(tmp_path / "verdicts" / "A9.json", '{"verdict": "partly", "source": '
           '"results/*/gemm (tflops)"}')
     assert cli.main(["status", "--json"]) == 0
     (group,) = json.loads(capsys.readouterr().out)
     assert (group["experiment"], group["hardware"], group["cells"], group["records"]) == \
         ("gemm", "h200", 1, 2)
-    assert group["verdicts"] == {"A9": False, "B2": True}  # cites gemm / serves B2; not A2
+    # A9 cites gemm and says nothing; B2 and B3 name no records and serve the records'
+    # claims: B2 names gemm's stale cells, B3 only lm's; A2 is not touched
+    assert group["verdicts"] == {"A9": False, "B2": True, "B3": False}
     (reason,) = group["reasons"]
     assert reason["cells"] == ["old"] and reason["commits"] == ["abc1234"]
     assert cli.main(["status"]) == 0
