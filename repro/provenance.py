@@ -410,6 +410,9 @@ def _norm(name: str) -> str:
 #: Packages that compile a program: a speed record made with other versions timed another
 #: executable, even where the program is the same.
 COMPILERS = ("jax", "jaxlib")
+#: Packages whose code shapes a trained result outside its traced program (MuJoCo's models
+#: and its C engine behind MJX, brax's and Playground's environment assets).
+OUTSIDE = ("mujoco", "mujoco-mjx", "brax", "playground")
 
 
 def version_reasons(rec: dict[str, Any], lock: dict[str, str], lock_name: str = LOCK
@@ -417,15 +420,16 @@ def version_reasons(rec: dict[str, Any], lock: dict[str, str], lock_name: str = 
     """Why ``rec``'s package versions do not describe this environment (empty: they do).
 
     A record with a program fingerprint is compared on :data:`COMPILERS` where it is speed
-    (flax and the rest shape the program, which the fingerprint already covers), and on every
-    package of its ``versions`` that the lock pins where it is quality (a library's numerics
-    can change a trained result without changing the traced program). A record without one
+    (flax and the rest shape the program, which the fingerprint already covers: their code is
+    traced into it, and what numpy computes lands in it as constants), and also on
+    :data:`OUTSIDE` where it is quality (packages whose code shapes a trained result outside
+    the traced program: a physics engine's compiled kernels and models). A record without one
     is compared on :data:`LOCKED`, as when it was made. ``lock``: the versions of the lock
     of the record's platform (:data:`PLATFORM_LOCKS`), named ``lock_name``."""
     if isinstance(rec.get("program"), dict) and is_quality(rec):
         have = {_norm(k): v for k, v in (rec.get("versions") or {}).items()}
         have.update({k: rec[k] for k in LOCKED if rec.get(k)})
-        names = sorted(set(have) & set(lock))
+        names = [n for n in (*COMPILERS, *OUTSIDE) if n in have]
     else:
         have = {k: rec.get(k) for k in LOCKED}
         names = list(COMPILERS if isinstance(rec.get("program"), dict) else LOCKED)

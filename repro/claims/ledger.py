@@ -38,10 +38,18 @@ def claims() -> dict[str, dict[str, Any]]:
     return yaml.safe_load(resources.files("repro").joinpath("data/claims.yaml").read_text())
 
 
-def verdicts_dir() -> Path:
+def outputs_root() -> Path:
+    """Where a notebook writes its committed outputs (``figures/``, ``verdicts/``,
+    ``metrics/``): the repository root, or while ``repro notebook`` runs it, its staging
+    folder (``REPRO_STAGING``), whose files are moved into place only when the whole notebook
+    succeeded (:mod:`repro.run_notebook`)."""
     from repro.results import repo_root
 
-    return Path(os.environ.get("REPRO_VERDICTS", repo_root() / "verdicts"))
+    return Path(os.environ["REPRO_STAGING"]) if os.environ.get("REPRO_STAGING") else repo_root()
+
+
+def verdicts_dir() -> Path:
+    return Path(os.environ.get("REPRO_VERDICTS", outputs_root() / "verdicts"))
 
 
 def write_verdict(verdict: Verdict | str, *fields: Any, **kw: Any) -> Path:
