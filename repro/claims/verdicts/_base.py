@@ -22,7 +22,7 @@ def tidy(numbers: Any) -> Any:
     if isinstance(numbers, dict):
         out = {str(k): tidy(v) for k, v in numbers.items()}
         return {k: v for k, v in out.items() if v is not None and v != {}}
-    if isinstance(numbers, (bool, int)) or numbers is None:
+    if isinstance(numbers, (bool, int, str)) or numbers is None:  # a verdict's word stays one
         return numbers
     x = float(numbers)
     return float(f"{x:.4g}") if math.isfinite(x) else None
