@@ -29,6 +29,8 @@ def trusted_programs() -> list[tuple]:
             prog = rec.get("program") if isinstance(rec, dict) else None
             if not isinstance(prog, dict) or results.defect_of(rec):
                 continue
+            if prog.get("jax") and prog["jax"] != check._env["jax"]:
+                continue  # traced with its platform's JAX: verified there, not here
             if check.unchanged(prog.get("files") or {}, prog.get("python")):
                 out.add((rec["experiment"], prog["cell"], prog.get("key") or "",
                          prog["platform"], prog.get("device_kind") or "", prog["hash"],
