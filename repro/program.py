@@ -121,14 +121,17 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
 
 
 def kit_hash(kit: Iterable[Callable]) -> str:
-    """sha256 of the kit functions' syntax trees (docstrings and comments left out), in the
-    order given; a function without source (a builtin) counts by its qualified name."""
+    """sha256 of the kit functions' syntax trees (docstrings and comments left out, printed
+    alike by every Python version: :func:`repro.provenance.dump`), in the order given; a
+    function without source (a builtin) counts by its qualified name."""
+    from repro.provenance import dump
+
     parts = []
     for f in kit:
         f = inspect.unwrap(f)
         try:
             src = textwrap.dedent(inspect.getsource(f))
-            parts.append(ast.dump(_strip_docstrings(ast.parse(src))))
+            parts.append(dump(_strip_docstrings(ast.parse(src))))
         except (OSError, TypeError):
             parts.append(f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', f)}")
     return text_hash("\n".join(parts))
@@ -229,14 +232,21 @@ def params_entry(section: str, raw: dict | None = None) -> dict[str, str]:
 
 def save_text(root: Path, traced: Traced) -> Path:
     """Keep the canonical text of ``traced`` as ``<root>/programs/<hash>.txt.gz`` (once)."""
+    from repro.results import write_error
+
     path = Path(root) / TEXTS / f"{traced.hash}.txt.gz"
-    if not path.exists():
+    if path.exists():
+        return path
+    tmp = path.with_suffix(".tmp")
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
         # mtime 0: the same text always gives the same bytes
         with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
             f.write(traced.text.encode())
         tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise write_error(f"the text of program {traced.hash[:12]}", path, e) from None
     return path
 
 

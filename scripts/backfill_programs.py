@@ -173,13 +173,15 @@ def rehashed(prog: dict, commit: str) -> dict | None:
     return out
 
 
-def restamp(dry_run: bool = False) -> int:
+def restamp(dry_run: bool = False, hardware: list[str] | None = None) -> int:
     """For every record whose program is HEAD's (traced here where its files changed), keep
     HEAD's file hashes in its ``program.files``: the check without a trace then covers the
     files as they are now (and the kit's files and params.yaml section, for records stamped
     before those were kept). The program's hash and kit are unchanged."""
     checker, changed = provenance.Checker(), 0
     for path in sorted(results.results_dir().glob("*/*/*.json")):
+        if hardware and path.parent.parent.name not in hardware:
+            continue
         data = results.read_json(path)
         recs = data if isinstance(data, list) else [data]
         dirty = False
@@ -218,6 +220,112 @@ def restamp(dry_run: bool = False) -> int:
     return 0
 
 
+# The kit hash of records made before repro.program.kit_hash printed syntax trees alike under
+# every Python: ``ast.dump``'s text, which differs between versions (run under each Python
+# that made records: 3.12 on the GPU host, 3.11 on a TPU host).
+LEGACY_DUMP = r'''
+import ast, hashlib, json, sys
+def strip(tree):  # as repro.program._strip_docstrings
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            node.body = [s for s in body if not (
+                isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+                and isinstance(s.value.value, str))] or [ast.Pass()]
+    return tree
+out = {}
+for key, srcs in json.load(sys.stdin).items():
+    parts = [ast.dump(strip(ast.parse(s))) if s is not None else n for s, n in srcs]
+    out[key] = hashlib.sha256("\n".join(parts).encode()).hexdigest()
+print(json.dumps(out))
+'''
+
+
+def _kit_sources(kit) -> list[tuple[str | None, str]]:
+    out = []
+    for f in kit:
+        f = inspect.unwrap(f)
+        name = f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', f)}"
+        try:
+            out.append((textwrap.dedent(inspect.getsource(f)), name))
+        except (OSError, TypeError):
+            out.append((None, name))
+    return out
+
+
+def legacy_kit_hashes(kits: dict[str, list], pythons=("python3.11", sys.executable)
+                      ) -> dict[str, set[str]]:
+    """Per kit (name -> its functions), the hashes ``ast.dump`` gave it under each Python of
+    ``pythons`` (the kit's syntax tree as that version printed it)."""
+    srcs = {k: _kit_sources(v) for k, v in kits.items()}
+    out: dict[str, set[str]] = {k: set() for k in kits}
+    for py in pythons:
+        run = subprocess.run([py, "-c", LEGACY_DUMP], input=json.dumps(srcs), text=True,
+                             capture_output=True)
+        if run.returncode:
+            print(f"{py}: {run.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+            continue
+        for k, h in json.loads(run.stdout).items():
+            out[k].add(h[:len(P.text_hash(""))])
+    return out
+
+
+def portable_kits(dry_run: bool = False) -> int:
+    """Records whose kit hash is HEAD's kit as one Python version printed it get the hash
+    that every version prints alike (:func:`repro.program.kit_hash`); other kits are left
+    (they differ from HEAD's anyway)."""
+    checker = provenance.Checker()
+    paths = sorted(results.results_dir().glob("*/*/*.json"))
+    kits, where = {}, collections.defaultdict(list)
+    for path in paths:
+        data = results.read_json(path)
+        for i, rec in enumerate(data if isinstance(data, list) else [data]):
+            prog = rec.get("program") if isinstance(rec, dict) else None
+            if not isinstance(prog, dict) or not prog.get("kit"):
+                continue
+            cell = (str(rec.get("experiment")), str(prog.get("cell")),
+                    str(rec.get("profile") or "full"), str(prog.get("platform")),
+                    str(prog.get("device_kind") or ""))
+            progs = checker.cell_programs(*cell, rec)
+            key = str(prog.get("key") or "")
+            if isinstance(progs, str) or progs.get(key, progs.get("")) is None:
+                continue
+            kit = progs.get(key, progs.get("")).kit
+            name = repr(tuple(f"{f.__module__}.{f.__qualname__}" for f in map(inspect.unwrap, kit)))
+            kits[name] = kit
+            where[name].append((path, i))
+    legacy = legacy_kit_hashes(kits)
+    changed, edits = 0, collections.defaultdict(dict)
+    for name, kit in kits.items():
+        new = P.kit_hash(kit)
+        for path, i in where[name]:
+            edits[path][i] = (legacy[name], new)
+    for path, todo in edits.items():
+        data = results.read_json(path)
+        recs = data if isinstance(data, list) else [data]
+        dirty = False
+        for i, (old, new) in todo.items():
+            prog = recs[i]["program"]
+            if prog["kit"] in old and prog["kit"] != new:
+                recs[i] = {**recs[i], "program": {**prog, "kit": new}}
+                dirty, changed = True, changed + 1
+        if dirty and not dry_run:
+            path.write_text(json.dumps(recs if isinstance(data, list) else recs[0], indent=1,
+                                       sort_keys=True) + "\n")
+    renamed = {old: P.kit_hash(kits[name]) for name in kits for old in legacy[name]}
+    for store in (provenance.CHECKOUT / "results" / "programs" / "index.json",
+                  provenance.CHECKOUT.joinpath(*provenance.PROGRAM_CACHE)):
+        if store.is_file() and not dry_run:  # HEAD's programs, kept to spare a trace
+            entries = json.loads(store.read_text())
+            for entry in entries.values():
+                if isinstance(entry, dict) and entry.get("kit") in renamed:
+                    entry["kit"] = renamed[entry["kit"]]
+            store.write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
+    print(f"{changed} record(s) given their kit's portable hash")
+    return 0
+
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--experiment", action="append", help="only these experiments")
@@ -225,11 +333,18 @@ def main(argv=None) -> int:
     ap.add_argument("--verbose", action="store_true", help="name each record that differs")
     ap.add_argument("--redo", action="store_true",
                     help="also the records an earlier backfill gave a program")
+    ap.add_argument("--portable-kits", action="store_true",
+                    help="only give records their kit's hash as every Python prints it")
+    ap.add_argument("--hardware", action="append",
+                    help="--restamp: only the records of this hardware (e.g. those traced with "
+                         "its platform's JAX, run under that JAX)")
     ap.add_argument("--restamp", action="store_true",
                     help="only keep HEAD's file hashes in the programs of fresh records")
     args = ap.parse_args(argv)
+    if args.portable_kits:
+        return portable_kits(args.dry_run)
     if args.restamp:
-        return restamp(args.dry_run)
+        return restamp(args.dry_run, args.hardware)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                           capture_output=True).stdout.strip()
     todo = pending(args.redo)

@@ -37,7 +37,7 @@ and prints one line per case: milliseconds per GEMM, the ratio of BF16's time to
 faster than BF16; the median of 3 timed calls), the relative error against the FP32 product
 of x and the dequantized weight (WRONG above 2e-2; 1e-1 for fp8-tensor's E4M3 activations),
 and where the optimized HLO widens the weight, as the inference study's records say it
-(``repro.studies.inference_speed.dequant_lowering``): "fused" (the GEMM's kernel loads the
+(``repro.studies.lowering.dequant_lowering_gpu``): "fused" (the GEMM's kernel loads the
 1-byte weight), "pallas" (the Pallas kernel does), "separate" (another kernel widens it
 first), "none" (no narrow array: BF16).
 
@@ -105,7 +105,7 @@ from jax.experimental import pallas as pl
 
 from repro.precision import dequant_gemm as D
 from repro.studies import timing
-from repro.studies.inference_speed import dequant_lowering
+from repro.studies.lowering import dequant_lowering_gpu as dequant_lowering
 
 try:
     import qwix

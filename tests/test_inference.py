@@ -25,6 +25,7 @@ from repro.precision import ops
 from repro.precision.recipes import resolve
 from repro.studies import inference as I
 from repro.studies import inference_speed as S
+from repro.studies import lowering as L
 
 qwix = pytest.importorskip("qwix")
 
@@ -434,20 +435,20 @@ _REDUCE_DEQUANT = """
 
 
 def test_lowering_checks_on_hand_written_hlo():
-    assert S.int8_lowering(_CUBLAS_S8) == "s8-gemm"
-    assert S.int8_lowering(_S8_TO_S8) == "s8-other"
-    assert S.int8_lowering("ROOT %d = bf16[2,2]{1,0} dot(%a, %b)") == "no-s8"
-    assert S.dequant_lowering(_FUSED_DEQUANT) == "fused"
-    assert S.dequant_lowering(_SEPARATE_DEQUANT) == "separate"
-    assert S.dequant_lowering(_PALLAS_DEQUANT) == "pallas"
-    assert S.dequant_lowering(_REDUCE_DEQUANT) == "reduce"
+    assert L.int8_lowering_gpu(_CUBLAS_S8) == "s8-gemm"
+    assert L.int8_lowering_gpu(_S8_TO_S8) == "s8-other"
+    assert L.int8_lowering_gpu("ROOT %d = bf16[2,2]{1,0} dot(%a, %b)") == "no-s8"
+    assert L.dequant_lowering_gpu(_FUSED_DEQUANT) == "fused"
+    assert L.dequant_lowering_gpu(_SEPARATE_DEQUANT) == "separate"
+    assert L.dequant_lowering_gpu(_PALLAS_DEQUANT) == "pallas"
+    assert L.dequant_lowering_gpu(_REDUCE_DEQUANT) == "reduce"
     # a reduce of widened weights written by another kernel is not the fused reduction
-    assert S.dequant_lowering(_REDUCE_DEQUANT.replace("f8e4m3fn[256,512]{1,0} parameter",
+    assert L.dequant_lowering_gpu(_REDUCE_DEQUANT.replace("f8e4m3fn[256,512]{1,0} parameter",
                                                       "f32[256,512]{1,0} parameter")
                               + _SEPARATE_DEQUANT) == "separate"
     # a Pallas kernel that reads only wide arrays leaves a separate widening
-    assert S.dequant_lowering(_PALLAS_DEQUANT.replace(", %w, %s)", ", %s)")) == "separate"
-    assert S.dequant_lowering("ROOT %d = bf16[2,2]{1,0} dot(%a, %b)") == "none"
+    assert L.dequant_lowering_gpu(_PALLAS_DEQUANT.replace(", %w, %s)", ", %s)")) == "separate"
+    assert L.dequant_lowering_gpu("ROOT %d = bf16[2,2]{1,0} dot(%a, %b)") == "none"
 
 
 def test_speed_is_emulated_off_tensor_cores():

@@ -72,8 +72,8 @@ def test_gpu_programs_read_as_before(name, fp8, storage):
     assert L.weight_storage(text) == storage
     # the GPU (and CPU) readings are the functions the records have always used
     for platform in ("gpu", "cpu"):
-        assert L.int8_lowering(text, platform) == S.int8_lowering(text)
-        assert L.dequant_lowering(text, platform) == S.dequant_lowering(text)
+        assert L.int8_lowering(text, platform) == L.int8_lowering_gpu(text)
+        assert L.dequant_lowering(text, platform) == L.dequant_lowering_gpu(text)
 
 
 def test_gpu_int8_gemm_call():
@@ -87,7 +87,7 @@ def test_every_stored_program_read_on_gpu_unchanged():
     for path in sorted(HLO.glob("*.hlo")):
         text = path.read_text()
         assert timing.fp8_lowering(text, "gpu") == timing.fp8_lowering(text, "cpu")
-        assert L.int8_lowering(text, "gpu") == S.int8_lowering(text)
+        assert L.int8_lowering(text, "gpu") == L.int8_lowering_gpu(text)
 
 
 def test_default_platform_is_this_process():

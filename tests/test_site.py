@@ -173,9 +173,11 @@ def test_notebook_conclusion_writes_the_ledger_and_quotes_the_verdict(tmp_path, 
     from repro.claims.verdicts import Verdict
 
     monkeypatch.setenv("REPRO_VERDICTS", str(tmp_path / "verdicts"))
+    monkeypatch.setenv("REPRO_STAGING", str(tmp_path / "staged"))  # its metrics file
     nb = notebook.Notebook("05_x", "full", {}, None, tmp_path)
     md = nb.conclusion(Verdict("B3", "partly", "0.252 of BF16's bytes", "h200",
                                "results/*/lm", "scales cost extra."))
     assert md.data.startswith(f"**B3 ({claims.claims()['B3']['claim']}): partly.** 0.252 of")
     assert "scales cost extra. Evidence: h200, `results/*/lm`." in md.data
     assert claims.ledger()[list(claims.claims()).index("B3")]["verdict"] == "partly"
+    assert (tmp_path / "staged" / "metrics" / "05_x.json").is_file()

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from repro.analysis import inference as A
 from repro.claims import verdicts as V
 
 # ------------------------------------------------------------------------------ helpers
@@ -762,6 +763,19 @@ def test_b6_key_number_and_note_name_every_part():
                                  "int8-w decode 0.70x BF16 at batch 1, d_model 4096 (target "
                                  "1.5x)")
     assert not v.emulated
+
+
+def test_b6_judges_speed_on_the_machine_its_accuracy_ran_on():
+    """Speed records of another machine (faster, listed after) never decide B6 where the
+    accuracy's machine has its own; the bytes likewise."""
+    for order in (1, -1):
+        spd = pd.concat([b6_spd(1.2, 1.4), b6_spd(2.0, 2.0, hw="tpu-v5e")][::order])
+        mem = pd.concat([b6_mem(0.6), b6_mem(hw="tpu-v5e")][::order])
+        v = V.b6(b6_acc(FP8_IN, INT8_IN), mem, spd)
+        assert (v.verdict, v.hardware) == ("partly", "h200"), order
+        assert "FAIL: FP8 prefill 1.20x" in v.note and "FAIL: fp8-w weights 0.600x" in v.note
+        nums = A.key_numbers(b6_acc(FP8_IN, INT8_IN), mem, spd)
+        assert nums["fp8"]["prefill_b8_speedup"] == 1.2 and nums["fp8-w"]["ratio_to_bf16"] == 0.6
 
 
 def test_b6_judges_each_format_at_the_widest_config_it_was_timed_at():

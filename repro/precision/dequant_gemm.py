@@ -18,7 +18,7 @@ and a row reduction streams) with ``scale`` of shape ``[N]`` or ``[1, N]``:
 * ``"xla"`` (:func:`dot_xla`): ``dot(x, convert(q))`` then the scale, for XLA to fuse: its
   GPU compiler's GEMM fusion can put the convert into a Triton GEMM that loads the 1-byte
   weight tile and widens it in registers. Whether it did is for the compiled program to say
-  (``repro.studies.inference_speed.dequant_lowering``).
+  (``repro.studies.lowering.dequant_lowering_gpu``).
 * ``"reduce"`` (:func:`dot_reduce`): for one row (:func:`dot` uses it for no more), the
   product as a multiply and a sum over the contraction, ``sum_k x[m, k] * convert(q[k, n])`` in FP32, with no GEMM at
   all: XLA fuses the convert and the multiply into one reduction kernel that streams the

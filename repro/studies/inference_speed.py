@@ -41,6 +41,7 @@ from repro.models import lm_decode as G
 from repro.models import lm_quantize as Q
 from repro.precision import export as X
 from repro.studies import timing
+from repro.studies import lowering as L
 from repro.studies.lowering import weight_storage
 
 EXPERIMENT = "inference"
@@ -93,67 +94,9 @@ def check_speed(p: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------- lowering
 
 
-def _types(block: str) -> dict[str, str]:
-    return dict(re.findall(r"%([\w.\-]+) = \(?([a-z0-9]+)\[", block))
-
-
-def int8_lowering(hlo_text: str) -> str:
-    """How a compiled program's INT8 products run: "s8-gemm" (a dot or GEMM call with two
-    ``s8`` operands and an ``s32`` result: IMMA tensor cores on a GPU), "s8-other" (``s8``
-    operands with another result type, or converted before the product), "no-s8"."""
-    if "s8[" not in hlo_text:
-        return "no-s8"
-    pat = r"= \(?([a-z0-9]+)\[[^\n]*? (?:dot|custom-call)\(%([\w.\-]+), %([\w.\-]+)"
-    for block in re.split(r"\n\s*\n", hlo_text):
-        types = _types(block)
-        for out, a, b in re.findall(pat, block):
-            if types.get(a) == types.get(b) == "s8" and out == "s32":
-                return "s8-gemm"
-    return "s8-other"
-
-
-_NARROW = ("s8", "f8e4m3fn", "f8e5m2", "f4e2m1fn", "s4", "u8")
-
-
-PALLAS_TRITON_TARGET = "__gpu$xla.gpu.triton"  # a Pallas (Triton backend) kernel's call
-
-
-def dequant_lowering(hlo_text: str) -> str:
-    """Where a weight-only format's dequantization runs: "fused" (a computation holding a dot
-    reads a 1-byte or 4-bit parameter: the GEMM kernel loads the narrow weights), "reduce" (no
-    such dot, but a computation holding a reduce does: ``repro.precision.dequant_gemm``'s
-    matrix-vector product as a reduction), "pallas" (a Pallas kernel's call reads a narrow
-    array: ``dequant_gemm``'s kernel), "separate" (the weights are widened by another kernel
-    before the GEMM), "none" (no narrow array)."""
-    if not any(f"{t}[" in hlo_text for t in _NARROW):
-        return "none"
-    blocks = re.split(r"\n\s*\n", hlo_text)
-
-    def reads_narrow(block):
-        params = re.findall(r"= ([a-z0-9]+)\[[^\n]*? parameter\(", block)
-        return any(t in _NARROW for t in params)
-
-    for op, label in ((" dot(", "fused"), (" reduce(", "reduce")):
-        if any(op in block and reads_narrow(block) for block in blocks):
-            return label
-    for block in blocks:
-        types = _types(block)
-        for line in block.splitlines():
-            if PALLAS_TRITON_TARGET not in line:
-                continue
-            call = re.search(r" custom-call\(([^)]*)\)", line)
-            operands = re.findall(r"%([\w.\-]+)", call.group(1)) if call else []
-            if any(types.get(o) in _NARROW for o in operands):
-                return "pallas"
-    return "separate"
-
-
 def lowering(fmt: X.ExportFormat, hlo_text: str, platform: str | None = None) -> str:
     """How ``fmt``'s products run in a program compiled for ``platform`` (by default
-    :func:`repro.hardware.platform`): the GPU readings above on a GPU or CPU, a TPU's own
-    (``repro.studies.lowering``) on a TPU."""
-    from repro.studies import lowering as L
-
+    :func:`repro.hardware.platform`), read by :mod:`repro.studies.lowering`."""
     platform = platform or hardware.platform()
     if fmt.gemm == "fp8":
         return L.fp8_lowering(hlo_text, platform)
@@ -168,8 +111,6 @@ def speed_emulated(fmt: X.ExportFormat, low: str, hw=None) -> bool:
     """Whether a timing of ``fmt`` measures something other than the format on its tensor
     cores (see the module docstring); weight-only FP8/INT8 on a GPU is never emulated (its
     GEMM is BF16 by design; ``lowering`` says whether the dequantization was fused)."""
-    from repro.studies.lowering import NATIVE_FP8
-
     hw = hw or hardware.detect()
     if hw.backend == "tpu":
         return _tpu_emulated(fmt, low, hw)
@@ -178,7 +119,7 @@ def speed_emulated(fmt: X.ExportFormat, low: str, hw=None) -> bool:
     if not fmt.hopper and not hw.has_fp4:
         return True
     if fmt.gemm == "fp8":
-        return not hw.has_fp8 or low not in NATIVE_FP8
+        return not hw.has_fp8 or low not in L.NATIVE_FP8
     if fmt.gemm == "int8":
         return low != "s8-gemm"
     return False
@@ -188,8 +129,6 @@ def _tpu_emulated(fmt: X.ExportFormat, low: str, hw) -> bool:
     """:func:`speed_emulated` on a TPU: INT8 is native where the MXU multiplied ``s8 x s8 ->
     s32``, FP8 only on a chip with FP8 arithmetic that ran an f8 x f8 dot, weight-only
     FP8/INT8 never emulated (its GEMM is BF16 by design, as on a GPU), NVFP4 without FP4."""
-    from repro.studies.lowering import NATIVE_FP8
-
     if fmt.name == "bf16":
         return False
     if fmt.gemm == "dequant-bf16":
@@ -197,7 +136,7 @@ def _tpu_emulated(fmt: X.ExportFormat, low: str, hw) -> bool:
     if fmt.gemm == "int8":
         return not hw.has_int8 or low != "s8-gemm"
     if fmt.gemm == "fp8":
-        return not hw.has_fp8 or low not in NATIVE_FP8
+        return not hw.has_fp8 or low not in L.NATIVE_FP8
     return True
 
 

@@ -6,7 +6,7 @@ Two questions, kept apart because a verdict needs them apart:
 * **compute**: do the products run in the format on the device's matrix units? On a GPU,
   FP8 as cuBLASLt's FP8 GEMM (``__cublas$lt$matmul$f8``) or XLA's Triton GEMM with f8
   operands (:func:`repro.studies.timing.fp8_lowering`), INT8 as an ``s8 x s8 -> s32`` dot or
-  GEMM call (:func:`repro.studies.inference_speed.int8_lowering`). On a TPU, XLA's compiler
+  GEMM call (:func:`int8_lowering_gpu`). On a TPU, XLA's compiler
   makes no library calls: a product is a ``dot`` or ``convolution`` instruction (usually
   inside a fusion); ``s8 x s8 -> s32`` is the MXU's INT8 mode (native), and an f8 operand
   converted to bf16/f32 before the product is upcast compute (TPU v5e, v5p and v6e have no
@@ -137,6 +137,64 @@ def int8_lowering_tpu(hlo_text: str) -> str:
     return "s8-other"
 
 
+# ---------------------------------------------------------------------------- GPU
+
+
+def _block_types(block: str) -> dict[str, str]:
+    return dict(re.findall(r"%([\w.\-]+) = \(?([a-z0-9]+)\[", block))
+
+
+def int8_lowering_gpu(hlo_text: str) -> str:
+    """How a compiled program's INT8 products run: "s8-gemm" (a dot or GEMM call with two
+    ``s8`` operands and an ``s32`` result: IMMA tensor cores on a GPU), "s8-other" (``s8``
+    operands with another result type, or converted before the product), "no-s8"."""
+    if "s8[" not in hlo_text:
+        return "no-s8"
+    pat = r"= \(?([a-z0-9]+)\[[^\n]*? (?:dot|custom-call)\(%([\w.\-]+), %([\w.\-]+)"
+    for block in re.split(r"\n\s*\n", hlo_text):
+        types = _block_types(block)
+        for out, a, b in re.findall(pat, block):
+            if types.get(a) == types.get(b) == "s8" and out == "s32":
+                return "s8-gemm"
+    return "s8-other"
+
+
+_GPU_NARROW = ("s8", "f8e4m3fn", "f8e5m2", "f4e2m1fn", "s4", "u8")
+
+
+PALLAS_TRITON_TARGET = "__gpu$xla.gpu.triton"  # a Pallas (Triton backend) kernel's call
+
+
+def dequant_lowering_gpu(hlo_text: str) -> str:
+    """Where a weight-only format's dequantization runs: "fused" (a computation holding a dot
+    reads a 1-byte or 4-bit parameter: the GEMM kernel loads the narrow weights), "reduce" (no
+    such dot, but a computation holding a reduce does: ``repro.precision.dequant_gemm``'s
+    matrix-vector product as a reduction), "pallas" (a Pallas kernel's call reads a narrow
+    array: ``dequant_gemm``'s kernel), "separate" (the weights are widened by another kernel
+    before the GEMM), "none" (no narrow array)."""
+    if not any(f"{t}[" in hlo_text for t in _GPU_NARROW):
+        return "none"
+    blocks = re.split(r"\n\s*\n", hlo_text)
+
+    def reads_narrow(block):
+        params = re.findall(r"= ([a-z0-9]+)\[[^\n]*? parameter\(", block)
+        return any(t in _GPU_NARROW for t in params)
+
+    for op, label in ((" dot(", "fused"), (" reduce(", "reduce")):
+        if any(op in block and reads_narrow(block) for block in blocks):
+            return label
+    for block in blocks:
+        types = _block_types(block)
+        for line in block.splitlines():
+            if PALLAS_TRITON_TARGET not in line:
+                continue
+            call = re.search(r" custom-call\(([^)]*)\)", line)
+            operands = re.findall(r"%([\w.\-]+)", call.group(1)) if call else []
+            if any(types.get(o) in _GPU_NARROW for o in operands):
+                return "pallas"
+    return "separate"
+
+
 def fp8_lowering(hlo_text: str, platform: str) -> str:
     """:func:`repro.studies.timing.fp8_lowering` (which reads a TPU's program with
     :func:`fp8_lowering_tpu`)."""
@@ -146,13 +204,9 @@ def fp8_lowering(hlo_text: str, platform: str) -> str:
 
 
 def int8_lowering(hlo_text: str, platform: str) -> str:
-    """:func:`repro.studies.inference_speed.int8_lowering` on a GPU or CPU,
+    """:func:`int8_lowering_gpu` on a GPU or CPU,
     :func:`int8_lowering_tpu` on a TPU."""
-    if platform == "tpu":
-        return int8_lowering_tpu(hlo_text)
-    from repro.studies import inference_speed
-
-    return inference_speed.int8_lowering(hlo_text)
+    return int8_lowering_tpu(hlo_text) if platform == "tpu" else int8_lowering_gpu(hlo_text)
 
 
 # ------------------------------------------------------------------------------ storage
@@ -195,20 +249,17 @@ def _narrow_reads(hlo_text: str) -> str:
 
 def dequant_lowering_tpu(hlo_text: str) -> str:
     """Where a TPU program's weight-only dequantization runs, in the labels of
-    :func:`repro.studies.inference_speed.dequant_lowering`: "fused", "reduce", "pallas",
+    :func:`dequant_lowering_gpu`: "fused", "reduce", "pallas",
     "separate" or "none" (a product of narrow operands counts as "fused")."""
     how = _narrow_reads(hlo_text)
     return "fused" if how == "product" else how
 
 
 def dequant_lowering(hlo_text: str, platform: str) -> str:
-    """:func:`repro.studies.inference_speed.dequant_lowering` on a GPU or CPU,
+    """:func:`dequant_lowering_gpu` on a GPU or CPU,
     :func:`dequant_lowering_tpu` on a TPU."""
-    if platform == "tpu":
-        return dequant_lowering_tpu(hlo_text)
-    from repro.studies import inference_speed
-
-    return inference_speed.dequant_lowering(hlo_text)
+    return (dequant_lowering_tpu(hlo_text) if platform == "tpu"
+            else dequant_lowering_gpu(hlo_text))
 
 
 def weight_storage(hlo_text: str) -> str:

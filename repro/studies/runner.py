@@ -176,14 +176,20 @@ class WriteFailed(RuntimeError):
     run stops at that cell; the cells written before it are kept (a rerun resumes)."""
 
 
-def write_cell(recs: Records, experiment: str, cell: str, root: Path, out: "Outcome") -> Path:
-    """:func:`repro.results.write_records`, or :class:`WriteFailed` in one line naming the
-    cell, the file and what was kept: the next cells would fail alike, so the run stops."""
+def write_cell(recs: Records, experiment: str, cell: Any, root: Path, out: "Outcome") -> Path:
+    """Stamp the programs ``cell`` measured on its records (:func:`stamp_programs`) and
+    write them (:func:`repro.results.write_records`), or :class:`WriteFailed` in one line
+    naming the cell, the file and what was kept: the next cells would fail alike, so the run
+    stops."""
     try:
-        return results.write_records(recs, experiment, cell, root=root)
+        if cell.programs is not None:
+            recs = stamp_programs(recs, cell, root, experiment)
+        return results.write_records(recs, experiment, cell.name, root=root)
     except OSError as e:
         failed = f"; {len(out.failed)} cell(s) failed before it" if out.failed else ""
-        raise WriteFailed(f"{e}; the run stopped there: the {len(out.written)} cell(s) "
+        what = "" if str(e).startswith(f"{experiment}/{cell.name}:") else \
+            f"{experiment}/{cell.name}: "
+        raise WriteFailed(f"{what}{e}; the run stopped there: the {len(out.written)} cell(s) "
                           f"written before it are kept{failed} (rerun to resume)") from None
 
 
@@ -311,9 +317,7 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
             out.empty.append(cell.name)
             continue
         recs = results.restamp(recs, hardware=hardware, note=note, stamp=stamp)
-        if cell.programs is not None:
-            recs = stamp_programs(recs, cell, root, study.experiment)
-        out.written.append(write_cell(recs, study.experiment, cell.name, root, out))
+        out.written.append(write_cell(recs, study.experiment, cell, root, out))
     bar.close()
     if out.failed:
         raise CellsFailed(study.experiment, out.failed)

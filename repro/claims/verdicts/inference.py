@@ -170,7 +170,8 @@ def b6(acc: pd.DataFrame, mem: pd.DataFrame, spd: pd.DataFrame,
        bounds: Mapping[str, Sequence[float]] | None = None, rule=None,
        stale_speed: int = 0) -> Verdict:
     """B6's inference half from ``repro.analysis.inference``'s ``accuracy_table``,
-    ``bytes_table`` and ``speed_table`` (best evidence of each: full profile, a GPU).
+    ``bytes_table`` and ``speed_table`` (best evidence of each: full profile, a GPU; memory
+    and speed on the hardware of the accuracy records, so that one machine decides the claim).
 
     Parts: FP8 and INT8 held-out loss within their margins of BF16 (``bounds`` per format,
     else B6's; >= 3 seeds); FP8 prefill >= 1.3x BF16 and weight-only FP8 / INT8 decode at
@@ -185,7 +186,9 @@ def b6(acc: pd.DataFrame, mem: pd.DataFrame, spd: pd.DataFrame,
     """
     r = rule_of("B6", rule)
     bounds = b6_margins(r) if bounds is None else bounds
-    acc, mem, spd = best_evidence(acc), best_evidence(mem), best_evidence(spd)
+    acc = best_evidence(acc)
+    hw = str(acc["hardware"].iloc[0]) if len(acc) else None
+    mem, spd = best_evidence(mem, hw), best_evidence(spd, hw)  # one claim, one machine
     if acc.empty:
         return Verdict("B6", "not yet measured", "no inference accuracy records", "", SOURCE)
     slot = r["formats"][0]  # the margin of FP8 weights and activations
@@ -200,7 +203,6 @@ def b6(acc: pd.DataFrame, mem: pd.DataFrame, spd: pd.DataFrame,
     if smoke:
         key = f"smoke records only ({verdict} as a pipeline check, not evidence): {key}"
         verdict = "not yet measured"
-    hw = str(acc["hardware"].iloc[0])
     speed_hw = "" if spd.empty else str(spd["hardware"].iloc[0])
     wide = at_config(spd, r["config"])
     others = [_prefill_part(wide, f, r["prefill"])["text"]
