@@ -262,7 +262,7 @@ BLOCKFP8_BLOCKS = ((1, 128), (128, 128))
 
 class BlockFP8Tensor(NamedTuple):
     q: jax.Array  # E4M3 elements, same shape as the input
-    scale: jax.Array  # float32, [..., ceil(N / 128)] (1x128) or [..., ceil(M / 128), ceil(N / 128)]
+    scale: jax.Array  # float32, [..., ceil(N/128)] (1x128) or [..., ceil(M/128), ceil(N/128)]
     block: Any  # (1, 128) or (128, 128); informational, dequantize infers it from shapes
 
 
@@ -280,7 +280,7 @@ def _blockfp8_tiles(x, block):
 
 def blockfp8_quantize(x, block=(1, 128)) -> BlockFP8Tensor:
     """DeepSeek-V3's block-scaled FP8 (as NeMo RL's FP8 rollouts): E4M3 elements, one FP32
-    dequantize scale per block, ``scale = block_amax / 448``.
+    dequantize scale per block, ``scale = block_amax * fl32(1 / 448)``.
 
     ``block=(1, 128)``: 128 consecutive elements of the last axis (activations and gradients,
     per token); ``(128, 128)``: tiles of the last two axes (weights). Elements are
@@ -291,8 +291,8 @@ def blockfp8_quantize(x, block=(1, 128)) -> BlockFP8Tensor:
     the amax of the elements it really holds (zeros never raise an amax), the output has the
     input's shape and the scale ``ceil(size / 128)`` entries along each blocked axis.
 
-    Edge cases. The scale comes from :func:`compute_scale` per block: an all-zero block (or
-    one whose scale would underflow FP32's normal range) gets scale 1.0. Amaxes ignore NaN and
+    Edge cases. An all-zero block (or one whose scale would underflow FP32's normal range, as
+    in :func:`compute_scale`) gets scale 1.0. Amaxes ignore NaN and
     +-inf, so one bad value cannot change its neighbours' scale; +-inf saturates to +-448
     (times the block's scale) and NaN stays NaN (E4M3's NaN encoding).
     """
@@ -305,7 +305,10 @@ def blockfp8_quantize(x, block=(1, 128)) -> BlockFP8Tensor:
     x = validate.operand(x, "blockfp8_quantize", min_ndim=2 if block[0] > 1 else 1)
     t = _blockfp8_tiles(x.astype(jnp.float32), block)  # [..., M'/br, br, N'/bc, bc]
     amax = jnp.max(jnp.where(jnp.isfinite(t), jnp.abs(t), 0.0), axis=(-3, -1), keepdims=True)
-    scale = compute_scale(amax, 448.0)
+    # amax * fl(1/448): what XLA makes of amax / 448 (it rewrites a division by a constant),
+    # written out so that every backend rounds the scale alike.
+    scale = amax * jnp.float32(1.0 / 448.0)
+    scale = jnp.where((amax > 0) & (scale >= jnp.finfo(jnp.float32).tiny), scale, 1.0)
     y = t * (jnp.float32(1.0) / scale)
     q = cast(jnp.clip(y, -448.0, 448.0), E4M3)  # clip turns +-inf into +-448; NaN stays
     q = q.reshape(*q.shape[:-4], q.shape[-4] * q.shape[-3], q.shape[-2] * q.shape[-1])
