@@ -17,7 +17,7 @@ from repro.config import ConfigError
 from repro.models import grpo as R
 from repro.models import lm as M
 from repro.models import lm_data as D
-from repro.precision import formats as F
+from repro.precision import blockfp8 as B
 
 E4M3 = ml_dtypes.float8_e4m3fn
 TINY = M.LMConfig("grpo-test", d_model=32, n_layers=1, n_heads=2, d_ff=64, seq_len=8,
@@ -371,13 +371,13 @@ def test_blockfp8_bitwise_against_ml_dtypes(shape, block):
     x = rng.normal(size=shape) * np.exp2(rng.integers(-30, 30, shape[:-1] + (1,)))
     x = x * np.where(rng.random(shape) < 0.1, 1e-4, 1.0)
     x = x.astype(np.float32)
-    t = jax.jit(F.blockfp8_quantize, static_argnums=1)(jnp.asarray(x), block)
+    t = jax.jit(B.quantize, static_argnums=1)(jnp.asarray(x), block)
     q, s = ref_blockfp8(x, block)
     assert t.q.shape == x.shape and t.q.dtype == jnp.float8_e4m3fn
     assert t.scale.shape == s.shape and t.scale.dtype == jnp.float32
     assert_same_bits(t.q, q)
     np.testing.assert_array_equal(np.asarray(t.scale), s)
-    d = np.asarray(F.blockfp8_dequantize(t))
+    d = np.asarray(B.dequantize(t))
     np.testing.assert_array_equal(d, (q.astype(np.float64) * expand(s, x.shape, block))
                                   .astype(np.float32))
     assert np.any(np.abs(q.astype(np.float32)) < 2.0 ** -6) and np.any(q.astype(np.float32) != 0)
@@ -390,12 +390,12 @@ def test_blockfp8_hand_computed_block():
     x = np.zeros((1, 128), np.float32)
     vals = [896, -896, 3, 1, 35, 17, 0.00390625, 0.0029296875, 0.001953125, -0.5]
     x[0, : len(vals)] = vals
-    t = F.blockfp8_quantize(jnp.asarray(x))
+    t = B.quantize(jnp.asarray(x))
     want = np.zeros(128)
     want[: len(vals)] = [448, -448, 1.5, 0.5, 18, 8, 2.0 ** -9, 2.0 ** -9, 0, -0.25]
     np.testing.assert_array_equal(np.asarray(t.q, np.float64), want[None])
     np.testing.assert_array_equal(np.asarray(t.scale), [[2.0]])
-    np.testing.assert_array_equal(np.asarray(F.blockfp8_dequantize(t)), 2 * want[None])
+    np.testing.assert_array_equal(np.asarray(B.dequantize(t)), 2 * want[None])
 
 
 def test_blockfp8_zeros_nonfinite_and_saturation():
@@ -404,7 +404,7 @@ def test_blockfp8_zeros_nonfinite_and_saturation():
     x[2, :2] = [np.nan, 448.0 * 4]  # NaN stays NaN, neighbours keep their scale
     x[3, :2] = [np.inf, np.nan]  # no finite non-zero value: scale 1
     x[3, 128:130] = [1e-40, 3.0]  # float32 subnormal beside a normal value
-    t = F.blockfp8_quantize(jnp.asarray(x))
+    t = B.quantize(jnp.asarray(x))
     q = np.asarray(t.q, np.float32)
     s = np.asarray(t.scale)
     np.testing.assert_array_equal(s[0], [1.0, 1.0])  # all-zero blocks
@@ -415,27 +415,26 @@ def test_blockfp8_zeros_nonfinite_and_saturation():
     assert q[3, 0] == 448 and np.isnan(q[3, 1]) and s[3, 0] == 1.0
     assert q[3, 128] == 0 and q[3, 129] == 448
     assert_same_bits(t.q, ref_blockfp8(x, (1, 128))[0])
-    d = np.asarray(F.blockfp8_dequantize(t))
+    d = np.asarray(B.dequantize(t))
     assert d[1, 0] == np.float32(448 * s[1, 0]) and np.isnan(d[2, 0])
     # finite values near FP32's max: no overflow on the way to E4M3
     big = jnp.full((1, 128), 3e38, jnp.float32).at[0, 0].set(-3.4e38)
-    tb = F.blockfp8_quantize(big)
+    tb = B.quantize(big)
     assert float(tb.q[0, 0].astype(jnp.float32)) == -448.0
 
 
 def test_blockfp8_errors_and_fake_quantize():
-    with pytest.raises(ValueError, match=r"blockfp8_quantize: block must be one of"):
-        F.blockfp8_quantize(jnp.ones((4, 128)), (1, 32))
-    with pytest.raises(ValueError, match="blockfp8_quantize: x needs at least 2 axes"):
-        F.blockfp8_quantize(jnp.ones((128,)), (128, 128))
-    with pytest.raises(TypeError, match="blockfp8_quantize: input must be floating"):
-        F.blockfp8_quantize(jnp.ones((4, 128), jnp.int32))
-    t = F.blockfp8_quantize(jnp.ones((4, 200)))
-    with pytest.raises(ValueError, match="blockfp8_dequantize: inconsistent shapes"):
-        F.blockfp8_dequantize(t._replace(scale=t.scale[:, :1]))
+    with pytest.raises(ValueError, match=r"blockfp8.quantize: block must be one of"):
+        B.quantize(jnp.ones((4, 128)), (1, 32))
+    with pytest.raises(ValueError, match="blockfp8.quantize: x needs at least 2 axes"):
+        B.quantize(jnp.ones((128,)), (128, 128))
+    with pytest.raises(TypeError, match="blockfp8.quantize: input must be floating"):
+        B.quantize(jnp.ones((4, 128), jnp.int32))
+    t = B.quantize(jnp.ones((4, 200)))
+    with pytest.raises(ValueError, match="blockfp8.dequantize: inconsistent shapes"):
+        B.dequantize(t._replace(scale=t.scale[:, :1]))
     x = jnp.asarray(np.random.default_rng(0).normal(size=(3, 130)), jnp.float32)
-    y, g = jax.value_and_grad(lambda v: jnp.sum(F.fake_quantize(v, "blockfp8",
-                                                               block=(128, 128))))(x)
+    y, g = jax.value_and_grad(lambda v: jnp.sum(B.fake_quantize(v, block=(128, 128))))(x)
     q, s = ref_blockfp8(np.asarray(x), (128, 128))
     want = np.sum(q.astype(np.float64) * expand(s, x.shape, (128, 128)))
     np.testing.assert_allclose(float(y), want, rtol=1e-6)

@@ -20,7 +20,7 @@ of ``repro.models.lm_decode``), rewards, group-normalized advantages, then
 
 FP8 rollouts (NVIDIA's NeMo RL end-to-end FP8 RL): with ``rollout_fp8`` the rollout engine
 runs the block linear layers (``repro.models.lm.BLOCK_LINEAR_PATH``) in DeepSeek-V3's
-block-scaled FP8 (``repro.precision.formats.blockfp8_quantize``): the weights the trainer
+block-scaled FP8 (``repro.precision.blockfp8``): the weights the trainer
 hands it in 128x128 blocks, each layer's input activations in 1x128 blocks, FP32 scales. This
 is emulated: quantize-dequantize, then the GEMM in ``rollout_recipe``'s compute dtype (FP32:
 the FP8 products exactly, up to FP32 accumulation). Embedding, head, attention and norms stay
@@ -52,7 +52,7 @@ from repro.config import ConfigError
 from repro.models import lm as M
 from repro.models import lm_data as D
 from repro.models import lm_decode as G
-from repro.precision import formats as F
+from repro.precision import blockfp8 as B
 from repro.precision import layers
 from repro.precision.recipes import resolve
 
@@ -323,7 +323,7 @@ def fp8_rollout_params(params):
     def q(path, x):
         name = "/".join(getattr(k, "key", str(k)) for k in path)
         if name.endswith("kernel") and re.search(M.BLOCK_LINEAR_PATH, name):
-            return F.blockfp8_dequantize(F.blockfp8_quantize(x, (128, 128)), x.dtype)
+            return B.dequantize(B.quantize(x, (128, 128)), x.dtype)
         return x
 
     return jax.tree_util.tree_map_with_path(q, params)
@@ -334,7 +334,7 @@ def _quantize_block_inputs(next_fun, args, kwargs, context):
     if (context.method_name == "__call__" and isinstance(module, layers.Dense)
             and re.search(M.BLOCK_LINEAR_PATH, "/".join(module.path))):
         x = args[0]
-        args = (F.blockfp8_dequantize(F.blockfp8_quantize(x, (1, 128)), x.dtype), *args[1:])
+        args = (B.dequantize(B.quantize(x, (1, 128)), x.dtype), *args[1:])
     return next_fun(*args, **kwargs)
 
 
