@@ -67,6 +67,7 @@ def ok(checks, name):
     return checks[name]
 
 
+@pytest.mark.slow
 def test_subprocess_has_eight_devices(checks):
     assert checks["device_count"] == 8
 
@@ -74,6 +75,7 @@ def test_subprocess_has_eight_devices(checks):
 # ------------------------------------------------------------------------------- PPO
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["ppo_fp32", "ppo_fp8"])
 def test_sharded_ppo_equals_single_device(checks, name):
     """Same key, 16 environments over 8 devices: the same per-update metrics."""
@@ -87,6 +89,7 @@ def test_sharded_ppo_equals_single_device(checks, name):
     assert c["all_reduce"] > 0
 
 
+@pytest.mark.slow
 def test_sharded_ppo_update_all_reduces_gradients(checks):
     """Two FP8 (delayed scaling) updates: parameters, Adam state and amax histories equal
     the single-device ones; parameters stay replicated; the HLO all-reduces."""
@@ -98,6 +101,7 @@ def test_sharded_ppo_update_all_reduces_gradients(checks):
     assert c["meta_rel"] < 1e-5  # same global amaxes, same scales
 
 
+@pytest.mark.slow
 def test_amax_over_shards_is_global(checks):
     c = ok(checks, "amax")
     for mesh in ("8x1", "2x4"):
@@ -111,6 +115,7 @@ def test_amax_over_shards_is_global(checks):
 # -------------------------------------------------------------------------------- LM
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["bf16", "nvfp4"])
 def test_lm_dp_and_fsdp_match_single_device(checks, recipe):
     c = ok(checks, f"lm_{recipe}")
@@ -127,6 +132,7 @@ def test_lm_dp_and_fsdp_match_single_device(checks, recipe):
         assert c["fsdp2x4"]["meta_specs"] == ["P()"]  # FP8_META state replicated
 
 
+@pytest.mark.slow
 def test_fsdp_step_gathers_weights_and_never_reshuffles_activations(checks):
     """FSDP is data parallelism on all-gathered weights: the compiled step all-gathers the
     split weights and moves no activations between devices (no all-to-all: on the H200, a
@@ -139,6 +145,7 @@ def test_fsdp_step_gathers_weights_and_never_reshuffles_activations(checks):
     assert coll["dp2"].get("all-reduce", 0) > 0
 
 
+@pytest.mark.slow
 def test_sharded_checkpoint_round_trip(checks):
     """An FSDP run stopped at step 2 restores sharded (parameters and Adam moments) and
     resumes to the uninterrupted run's losses, on the same mesh and on a data-parallel one."""

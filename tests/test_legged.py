@@ -234,6 +234,7 @@ def _rollout_step_text(env, recipe, start):
     return jax.jit(f).lower(variables, obs, state, jax.random.key(1)).as_text(debug_info=True)
 
 
+@pytest.mark.slow
 def test_network_recipes_leave_the_physics_precision_alone(ant):
     start = jax.eval_shape(lambda k: ant.reset(k, 2), jax.random.key(1))
     fp32 = envs.dot_precisions(_rollout_step_text(ant, "fp32", start))
@@ -295,6 +296,7 @@ def _inertial_masses(xml_path):
             for b in tree.iter("body") if b.find("inertial") is not None}
 
 
+@pytest.mark.slow
 def test_go1_placeholder_meshes_leave_the_physics_unchanged(monkeypatch, tmp_path):
     mujoco = pytest.importorskip("mujoco")
     pytest.importorskip("mujoco_playground")

@@ -344,6 +344,7 @@ def test_stored_ratios_match_hand_counted_bytes_and_name_the_hardware():
     assert out["hardware"] == "h200" and out["model"] == "20m"
 
 
+@pytest.mark.slow
 def test_force_rerecord_cut_short_resumes(tmp_path, monkeypatch):
     """--force re-records from step 0, and a forced re-record cut short resumes on the next
     --force (a 20m re-record on the GPU may span two calls); a checkpoint left by a run that

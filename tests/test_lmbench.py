@@ -17,6 +17,7 @@ RECIPES = ["bf16", "fp8-current", "mxfp8"]  # 16-bit, emulated FP8 (CPU), emulat
 SMOKE = {"sizes": ["tiny"], "batch": 2, "repeats": 2, "steps_per_sample": 1, "recipes": RECIPES}
 
 
+@pytest.mark.slow
 def test_smoke_cell_records_every_recipe(tmp_path):
     p = lmbench.Params(profile="smoke", sizes=("tiny",), batch=2, repeats=2, steps_per_sample=1,
                        recipes=tuple(RECIPES))

@@ -650,6 +650,7 @@ print(json.dumps({"rows": len(val), "drawn": drawn, "title": ax.get_title(),
 """
 
 
+@pytest.mark.slow
 def test_the_validation_figure_draws_the_same_numbers_under_other_thread_settings():
     """The fit behind notebook 06's validation figure is least squares, whose last bits
     depend on the BLAS and its threads (a PNG that differed between two CPUs by 1/255 along

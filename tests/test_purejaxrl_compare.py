@@ -138,6 +138,7 @@ def checkout(tmp_path):
     return pkg.parent
 
 
+@pytest.mark.slow
 def test_load_and_record_a_stand_in_checkout(checkout, tmp_path, clean_modules, capsys):
     p = params(repeats=2, seeds=(2,), ours=({}, {"unroll": 2}),
                purejaxrl=str(checkout / "purejaxrl"))
@@ -168,6 +169,7 @@ def test_load_and_record_a_stand_in_checkout(checkout, tmp_path, clean_modules, 
     assert (table["min"] <= table["max"]).all()
 
 
+@pytest.mark.slow
 def test_first_result_is_timed_in_fresh_processes_without_compile_caches(
         checkout, tmp_path, clean_modules, monkeypatch):
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "cache"))
@@ -212,6 +214,7 @@ def _fake_compare(calls, rates, monkeypatch):
     monkeypatch.setattr(purejaxrl, "compile_theirs", lambda module, cfg, seeds: None)
 
 
+@pytest.mark.slow
 def test_cells_per_option_set_resume_and_pair_within_one_process(checkout, tmp_path,
                                                                  clean_modules, monkeypatch):
     rates = {"purejaxrl": [100.0, 100.0, 100.0], "repro": [90.0, 110.0, 120.0],

@@ -99,6 +99,7 @@ def _scan_unrolls(jaxpr, out=None):
     return out
 
 
+@pytest.mark.slow
 def test_unrolled_scans_compute_the_same_run():
     # unroll=5 does not divide the 16 rollout steps (3 unrolled trips + a remainder step)
     fast = dict(TINY, unroll=5, update_unroll=2)
@@ -125,6 +126,7 @@ def test_run_key_keeps_threefry_and_derives_the_others():
                                   jax.random.key_data(ppo.run_key(jax.random.key(8), name)))
 
 
+@pytest.mark.slow
 def test_rbg_runs_are_deterministic_and_differ_from_threefry():
     keys = jax.random.split(jax.random.key(0), 2)
     train = jax.jit(jax.vmap(ppo.make_train(dict(TINY, prng="rbg"))))
