@@ -203,6 +203,7 @@ def _snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*.json"))}
 
 
+@pytest.mark.slow
 def test_record_all_on_a_new_hardware_then_side_by_side(repo, capsys):
     rc = cli.main(["record", "all", "--profile", "full", "--yes", "--hardware", "fake-gpu-x"])
     cap = capsys.readouterr()

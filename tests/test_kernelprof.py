@@ -122,6 +122,7 @@ def test_gemm_workload_traces_the_sweep_gemm_and_checks_its_arguments(repo, monk
     assert recs and all(r["emulated"] for r in recs)
 
 
+@pytest.mark.slow
 def test_ppo_workload_traces_the_throughput_cells_update(repo, monkeypatch, capsys):
     """``repro trace ppo`` traces the PPO update of an rl_throughput MLP cell (an RL variant
     name included): the runner its cell hands to ``profile_cell`` runs that update, and on a

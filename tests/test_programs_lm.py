@@ -270,6 +270,7 @@ def inference_params():
     return p
 
 
+@pytest.mark.slow
 def test_inference_fp8_tensor_quantizer_stales_only_fp8_tensor():
     from repro.precision import export
     from repro.studies import inference

@@ -328,6 +328,7 @@ def test_legged_programs_leave_the_physics_out_but_track_its_adapter():
 # ------------------------------------------------------------- the PPO loss, everywhere
 
 
+@pytest.mark.slow
 def test_a_change_to_the_ppo_loss_stales_every_ppo_program_and_nothing_else(monkeypatch):
     from repro.studies import mlp_step
 

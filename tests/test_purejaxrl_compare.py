@@ -340,6 +340,7 @@ def test_speedups_report_final_returns_and_their_gap(tmp_path):
     assert (row.gap_lo, row.gap_hi) == pytest.approx((10 - 31.82, 10 + 31.82), abs=0.01)
 
 
+@pytest.mark.slow
 def test_only_and_confirming_runs_keep_earlier_runs_as_separate_cells(checkout, tmp_path,
                                                                        clean_modules,
                                                                        monkeypatch):

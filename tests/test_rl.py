@@ -163,6 +163,7 @@ def test_validation_is_one_line_and_before_compilation(monkeypatch, change, matc
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_networks_first_last_layers_stay_wide_and_fp8_elsewhere():
     from repro.precision.layers import FP8_META
 
@@ -414,6 +415,7 @@ def test_repeat_identical_compares_returns_and_curves_bitwise(tmp_path):
     assert rl_analysis.repeat_identical(a, later).empty
 
 
+@pytest.mark.slow
 def test_a_failing_cell_does_not_stop_the_study(tmp_path, monkeypatch, capsys):
     """A cell that raises (a convolution the device cannot compile) is logged and named at the
     end; the cells after it still run and are written."""
