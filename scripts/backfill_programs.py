@@ -190,8 +190,11 @@ def restamp(dry_run: bool = False, hardware: list[str] | None = None) -> int:
             if not isinstance(prog, dict) or results.defect_of(rec):
                 continue
             if prog.get("jax") and prog["jax"] != checker._env["jax"]:
-                # traced with its platform's JAX (verified there): only its file hashes are
-                # printed again as they are now, from the files at the record's own commit
+                # traced with its platform's JAX (verified there): only hashes printed before
+                # they were alike under every Python ("3.x") are printed again, from the files
+                # at the record's own commit (later ones may be a later verification's)
+                if prog.get("python") == "3.x":
+                    continue
                 files = rehashed(prog, str(rec.get("git_commit") or ""))
                 if files is not None and (files, "3.x") != (prog.get("files"),
                                                             prog.get("python")):
@@ -225,14 +228,8 @@ def restamp(dry_run: bool = False, hardware: list[str] | None = None) -> int:
 # that made records: 3.12 on the GPU host, 3.11 on a TPU host).
 LEGACY_DUMP = r'''
 import ast, hashlib, json, sys
-def strip(tree):  # as repro.program._strip_docstrings
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list):
-            node.body = [s for s in body if not (
-                isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
-                and isinstance(s.value.value, str))] or [ast.Pass()]
-    return tree
+sys.path.insert(0, sys.argv[1])
+from repro.program import _strip_docstrings as strip  # standard library only
 out = {}
 for key, srcs in json.load(sys.stdin).items():
     parts = [ast.dump(strip(ast.parse(s))) if s is not None else n for s, n in srcs]
@@ -260,8 +257,8 @@ def legacy_kit_hashes(kits: dict[str, list], pythons=("python3.11", sys.executab
     srcs = {k: _kit_sources(v) for k, v in kits.items()}
     out: dict[str, set[str]] = {k: set() for k in kits}
     for py in pythons:
-        run = subprocess.run([py, "-c", LEGACY_DUMP], input=json.dumps(srcs), text=True,
-                             capture_output=True)
+        run = subprocess.run([py, "-c", LEGACY_DUMP, str(ROOT)], input=json.dumps(srcs),
+                             text=True, capture_output=True)
         if run.returncode:
             print(f"{py}: {run.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
             continue

@@ -278,26 +278,12 @@ def program(workload: str, recipe: str, **settings) -> Program:
                              phases=[[s["phase"], int(s["batch"]), int(s["length"])]],
                              decode_steps=int(s["decode_steps"]), reference=False)
     elif workload == "ppo":
-        import types
+        from repro.studies import rl_throughput
 
-        from repro.models import ppo
-        from repro.studies import rl_throughput as X
-
-        p = types.SimpleNamespace(networks={s["network"]: s["env"]}, depth=int(s["depth"]),
-                                  num_steps=int(s["num_steps"]), updates=int(s["updates"]),
-                                  update_epochs=int(s["update_epochs"]),
-                                  num_minibatches=int(s["num_minibatches"]))
-        c = X.throughput_config(s["network"], int(s["width"]), recipe, int(s["num_envs"]), p)
-        env, env_params = ppo.make_env(c.env)
-        net = ppo.build_network(c, env, env_params)
-        tx = ppo.make_optimizer(c)
-        key = jax.eval_shape(lambda: jax.random.key(0))
-        variables, opt_state = jax.eval_shape(
-            lambda k: ppo.init_state(c, net, env, env_params, tx, k), key)
-        traj, adv, tgt = jax.eval_shape(lambda k: X.synthetic_rollout(c, env, env_params, k),
-                                        key)
-        prog = Program(ppo.make_update_step(c, net, tx),
-                       (variables, opt_state, traj, adv, tgt, key))
+        _, prog = rl_throughput.update_program(
+            s["network"], int(s["width"]), recipe, int(s["num_envs"]), s["env"],
+            int(s["num_steps"]), int(s["updates"]), int(s["depth"]), int(s["update_epochs"]),
+            int(s["num_minibatches"]))
     else:
         raise ValueError(f"unknown workload {workload!r}; valid: {', '.join(WORKLOADS)}")
     return Program(prog.fn, prog.args, kit=kit)

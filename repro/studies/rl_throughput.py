@@ -233,7 +233,6 @@ def program(network: str | None = None, width: int = 0, recipe: str | None = Non
     facts each record is made of (value formats, bytes per weight) for every registry entry of
     the family and ``variants``, computed while it is traced; ``stores_records`` is the kit."""
     import json
-    import types
 
     from repro.program import Program
 
@@ -252,6 +251,27 @@ def program(network: str | None = None, width: int = 0, recipe: str | None = Non
 
         return Program(facts, (), kit=(stores_records,))
 
+    c, update = update_program(network, width, recipe, num_envs, env, num_steps, updates,
+                               depth, update_epochs, num_minibatches)
+
+    def measured(train_key, *update_args):
+        loop = ppo.make_train(c)(train_key)  # env_steps_per_s
+        return loop, update.fn(*update_args)  # update_time_ms, memory
+
+    return Program(measured, (update.args[-1], *update.args),
+                   kit=(time_fn, _time_fn, compiled_facts))
+
+
+def update_program(network: str, width: int, recipe: str, num_envs: int, env: str,
+                   num_steps: int, updates: int, depth: int, update_epochs: int,
+                   num_minibatches: int):
+    """A throughput cell's PPO config and its update step alone (``ppo.make_update_step``)
+    as a :class:`repro.program.Program` on abstract arguments of the cell's shapes: the
+    variables, optimizer state, a rollout-shaped batch (:func:`synthetic_rollout`) and a key."""
+    import types
+
+    from repro.program import Program
+
     p = types.SimpleNamespace(networks={network: env}, depth=depth, num_steps=num_steps,
                               updates=updates, update_epochs=update_epochs,
                               num_minibatches=num_minibatches)
@@ -263,15 +283,8 @@ def program(network: str | None = None, width: int = 0, recipe: str | None = Non
     variables, opt_state = jax.eval_shape(
         lambda k: ppo.init_state(c, net, env_, env_params, tx, k), key)
     traj, adv, tgt = jax.eval_shape(lambda k: synthetic_rollout(c, env_, env_params, k), key)
-
-    def measured(train_key, variables, opt_state, traj, adv, tgt, update_key):
-        loop = ppo.make_train(c)(train_key)  # env_steps_per_s
-        update = ppo.make_update_step(c, net, tx)(variables, opt_state, traj, adv, tgt,
-                                                  update_key)  # update_time_ms, memory
-        return loop, update
-
-    return Program(measured, (key, variables, opt_state, traj, adv, tgt, key),
-                   kit=(time_fn, _time_fn, compiled_facts))
+    return c, Program(ppo.make_update_step(c, net, tx),
+                      (variables, opt_state, traj, adv, tgt, key))
 
 
 def program_settings(rec: dict[str, Any]) -> dict[str, Any] | None:
