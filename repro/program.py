@@ -230,8 +230,9 @@ def params_entry(section: str, raw: dict | None = None) -> dict[str, str]:
 # -------------------------------------------------------------------------- the texts
 
 
-def save_text(root: Path, traced: Traced) -> Path:
-    """Keep the canonical text of ``traced`` as ``<root>/programs/<hash>.txt.gz`` (once)."""
+def save_text(root: Path, traced: Traced, what: str = "") -> Path:
+    """Keep the canonical text of ``traced`` as ``<root>/programs/<hash>.txt.gz`` (once); a
+    failed write raises :func:`repro.results.write_error` naming ``what`` it was for."""
     from repro.results import write_error
 
     path = Path(root) / TEXTS / f"{traced.hash}.txt.gz"
@@ -246,7 +247,7 @@ def save_text(root: Path, traced: Traced) -> Path:
         tmp.replace(path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise write_error(f"the text of program {traced.hash[:12]}", path, e) from None
+        raise write_error(what or f"the text of program {traced.hash[:12]}", path, e) from None
     return path
 
 

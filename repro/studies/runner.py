@@ -187,9 +187,7 @@ def write_cell(recs: Records, experiment: str, cell: Any, root: Path, out: "Outc
         return results.write_records(recs, experiment, cell.name, root=root)
     except OSError as e:
         failed = f"; {len(out.failed)} cell(s) failed before it" if out.failed else ""
-        what = "" if str(e).startswith(f"{experiment}/{cell.name}:") else \
-            f"{experiment}/{cell.name}: "
-        raise WriteFailed(f"{what}{e}; the run stopped there: the {len(out.written)} cell(s) "
+        raise WriteFailed(f"{e}; the run stopped there: the {len(out.written)} cell(s) "
                           f"written before it are kept{failed} (rerun to resume)") from None
 
 
@@ -237,6 +235,7 @@ def stamp_programs(recs: Records, cell: Cell, root: Path, experiment: str = "") 
     from repro.provenance import with_settings
 
     progs, stamped = cell.programs(), {}
+    experiment = experiment or recs[0].get("experiment", "")
     out = []
     for rec in recs:
         key = rec.get("recipe") if rec.get("recipe") in progs else ""
@@ -244,9 +243,10 @@ def stamp_programs(recs: Records, cell: Cell, root: Path, experiment: str = "") 
             out.append(rec)
             continue
         if key not in stamped:
-            traced = P.trace(with_settings(progs[key], experiment or recs[0].get(
-                "experiment", "")), hw.platform(), hw.device_kind())
-            P.save_text(root, traced)
+            traced = P.trace(with_settings(progs[key], experiment), hw.platform(),
+                             hw.device_kind())
+            P.save_text(root, traced,
+                        f"{experiment}/{cell.name}: the text of program {traced.hash[:12]}")
             stamped[key] = {**traced.stamp(), "cell": cell.name, "key": key}
         out.append({**rec, "program": stamped[key]})
     return out
