@@ -280,7 +280,7 @@ def program(workload: str, recipe: str, **settings) -> Program:
     elif workload == "ppo":
         from repro.studies import rl_throughput
 
-        _, prog = rl_throughput.update_program(
+        _, prog = rl_throughput.update_step_program(
             s["network"], int(s["width"]), recipe, int(s["num_envs"]), s["env"],
             int(s["num_steps"]), int(s["updates"]), int(s["depth"]), int(s["update_epochs"]),
             int(s["num_minibatches"]))

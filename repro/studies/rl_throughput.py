@@ -251,8 +251,8 @@ def program(network: str | None = None, width: int = 0, recipe: str | None = Non
 
         return Program(facts, (), kit=(stores_records,))
 
-    c, update = update_program(network, width, recipe, num_envs, env, num_steps, updates,
-                               depth, update_epochs, num_minibatches)
+    c, update = update_step_program(network, width, recipe, num_envs, env, num_steps,
+                                    updates, depth, update_epochs, num_minibatches)
 
     def measured(train_key, *update_args):
         loop = ppo.make_train(c)(train_key)  # env_steps_per_s
@@ -262,9 +262,9 @@ def program(network: str | None = None, width: int = 0, recipe: str | None = Non
                    kit=(time_fn, _time_fn, compiled_facts))
 
 
-def update_program(network: str, width: int, recipe: str, num_envs: int, env: str,
-                   num_steps: int, updates: int, depth: int, update_epochs: int,
-                   num_minibatches: int):
+def update_step_program(network: str, width: int, recipe: str, num_envs: int, env: str,
+                        num_steps: int, updates: int, depth: int, update_epochs: int,
+                        num_minibatches: int):
     """A throughput cell's PPO config and its update step alone (``ppo.make_update_step``)
     as a :class:`repro.program.Program` on abstract arguments of the cell's shapes: the
     variables, optimizer state, a rollout-shaped batch (:func:`synthetic_rollout`) and a key."""
