@@ -54,3 +54,19 @@ def test_committed_programs_recompute_on_this_cpu():
             wrong.append(f"{exp}/{cell} [{key}]: {traced.hash}/{traced.kit}, recorded "
                          f"{digest}/{kit}")
     assert not wrong, "; ".join(wrong)
+
+
+def test_the_committed_program_index_is_current():
+    """Every entry of ``results/programs/index.json`` made with this JAX still matches the
+    files its trace ran: otherwise each fresh clone retraces those programs in every notebook
+    (minutes on 2 cores). After an edit to a file a recorded program ran, refresh it with
+    ``repro status --write-index``."""
+    path = provenance.CHECKOUT.joinpath(*provenance.PROGRAM_INDEX)
+    if not path.is_file():
+        pytest.skip("no committed program index")
+    check = provenance.Checker(trace=False)
+    index = json.loads(path.read_text())
+    outdated = sorted(name for name, entry in index.items()
+                      if entry.get("jax") == check._env["jax"] and not check._valid(entry))
+    assert not outdated, (f"{len(outdated)} index entr(ies) outdated, e.g. {outdated[:3]}: "
+                          "run `repro status --write-index`")
