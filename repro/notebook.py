@@ -20,9 +20,10 @@ from the computed verdicts, so no number in it is typed by hand.
 silently. ``nb.records`` leaves stale speed records out (a verdict and a figure are computed
 without them; the figure's caption counts them) and keeps stale quality records;
 ``nb.conclusion`` says in each verdict which were left out or relied on, and since which commit
-(:mod:`repro.claims.staleness`). **Metrics**: ``nb.conclusion`` also writes the verdicts' key
-numbers as numbers to ``metrics/<notebook>.json`` (``dvc metrics show``); ``nb.metrics(...)``
-adds numbers of a notebook that decides no claim.
+(:mod:`repro.claims.staleness`), and which speed records it rests on were made beside another
+process on their GPU (their ``conditions``). **Metrics**: ``nb.conclusion`` also writes the
+verdicts' key numbers as numbers to ``metrics/<notebook>.json`` (``dvc metrics show``);
+``nb.metrics(...)`` adds numbers of a notebook that decides no claim.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Notebook:
     root: Path
     left_out: list[pd.DataFrame] = field(default_factory=list)  # stale speed records
     stale_used: list[pd.DataFrame] = field(default_factory=list)  # stale quality records
+    beside: list[pd.DataFrame] = field(default_factory=list)  # speed records not made alone
     numbers: dict[str, Any] = field(default_factory=dict)  # metrics/<notebook>.json
 
     @property
@@ -65,7 +67,8 @@ class Notebook:
         """The committed full-profile records of ``experiment`` (``results/``): evidence.
         Stale speed records are left out (kept in ``left_out`` for the verdicts and
         captions to name); stale quality records stay (``stale`` column), noted in
-        ``stale_used``."""
+        ``stale_used``; speed records made beside another process on their GPU stay, noted
+        in ``beside`` for the verdicts to name (:func:`repro.claims.staleness.beside`)."""
         df = results.load_records(experiment, roots=results.results_dir(),
                                   keep_defective=keep_defective)
         df = df[df["profile"] == "full"].reset_index(drop=True) if len(df) else df
@@ -74,6 +77,8 @@ class Notebook:
             self.left_out.append(left)
         if len(fresh) and "stale" in fresh and fresh["stale"].fillna(False).any():
             self.stale_used.append(fresh[fresh["stale"].fillna(False).astype(bool)])
+        if len(shared := staleness.beside(fresh)):
+            self.beside.append(shared)
         return fresh
 
     def record_smoke(self, experiment: str) -> list[Path]:
@@ -161,7 +166,9 @@ class Notebook:
         statements = ledger.claims()
         paras = []
         verdicts = tuple(staleness.mark(v, left_out=self._stale(self.left_out, v),
-                                        used=self._stale(self.stale_used, v)) for v in verdicts)
+                                        used=self._stale(self.stale_used, v),
+                                        beside_rows=self._stale(self.beside, v))
+                         for v in verdicts)
         for v in verdicts:
             if write:
                 ledger.write_verdict(v)

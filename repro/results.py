@@ -14,8 +14,10 @@ resumable cell (a recipe, a size, an environment), so a long study accumulates o
 and a finished cell is skipped (``have_cell``). Writes are atomic (temp file + rename).
 
 Records are checked when written and when read (:func:`check_record`): a throughput or a
-duration must be a finite number > 0, a size or a count finite and >= 0; a record that is not
-is refused at write and named, with its file, at load (:class:`RecordError`), never dropped.
+duration must be a finite number > 0, a size or a count finite and >= 0, the optional
+``conditions`` (what ``nvidia-smi`` saw beside the run) an object whose ``alone`` is true, false
+or null; a record that is not is refused at write and named, with its file, at load
+(:class:`RecordError`), never dropped.
 """
 
 from __future__ import annotations
@@ -179,12 +181,14 @@ def make_record(
 
 
 def restamp(records: list[dict[str, Any]], hardware: str | None = None,
-            note: str | None = None, stamp: dict[str, Any] | None = None
-            ) -> list[dict[str, Any]]:
+            note: str | None = None, stamp: dict[str, Any] | None = None,
+            conditions: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The records as a run writes them: under the hardware name ``hardware`` (``repro record
     --hardware``; None keeps the detected one), with ``run_note`` (``--note``: what else
-    ran on the machine, e.g. a job on the other GPU) where one is given, and with the study's
-    ``stamp`` (:func:`repro.provenance.study_stamp`: ``code`` and ``versions``)."""
+    ran on the machine, e.g. a job on the other GPU) where one is given, with ``conditions``
+    (what ``nvidia-smi`` saw beside the cell: :func:`repro.provenance.merge_conditions`) where
+    they are given, and with the study's ``stamp`` (:func:`repro.provenance.study_stamp`:
+    ``code`` and ``versions``)."""
     out = []
     for rec in records:
         rec = dict(rec)
@@ -192,6 +196,8 @@ def restamp(records: list[dict[str, Any]], hardware: str | None = None,
             rec["hardware"] = slug(hardware)
         if note:
             rec["run_note"] = note
+        if conditions is not None:
+            rec["conditions"] = conditions
         if stamp:
             rec["code"] = stamp["code"]
             rec["versions"] = {**(rec.get("versions") or {}), **stamp["versions"]}
@@ -508,6 +514,8 @@ def check_record(rec: Any) -> str | None:
         return f"expected an object, got {type(rec).__name__}"
     if missing := [k for k in REQUIRED if k not in rec]:
         return f"missing field(s) {', '.join(missing)}"
+    if "conditions" in rec and (problem := _check_conditions(rec["conditions"])):
+        return problem
     metric, unit, v = rec["metric"], rec["unit"], rec["value"]
     if not isinstance(metric, str) or not isinstance(unit, str):
         return f"metric and unit must be strings, got {metric!r}, {unit!r}"
@@ -522,6 +530,16 @@ def check_record(rec: Any) -> str | None:
         return f"value {v!r} is not > 0; a {kind} ({unit}) must be > 0"
     if v < 0:
         return f"value {v!r} is negative; a {kind} ({unit}) must be >= 0"
+    return None
+
+
+def _check_conditions(c: Any) -> str | None:
+    """What is wrong with a record's optional ``conditions`` (an object whose ``alone`` is
+    true, false or null: :func:`repro.provenance.merge_conditions`), or None."""
+    if not isinstance(c, dict):
+        return f"conditions must be an object, got {type(c).__name__}"
+    if "alone" not in c or not (c["alone"] is None or isinstance(c["alone"], bool)):
+        return f"conditions.alone must be true, false or null, got {c.get('alone', 'nothing')!r}"
     return None
 
 

@@ -10,7 +10,9 @@ records, and the runner writes them atomically to
   its records are stale: made by other code than the study's closure now, or by other
   jax/jaxlib/flax versions (:mod:`repro.provenance`); a stale cell is recorded again;
 * provenance: every record is stamped with the fingerprint of the study's code (``code``) and
-  the versions of the packages on its path (``versions``), hashed when the run starts;
+  the versions of the packages on its path (``versions``), hashed when the run starts, and
+  with what ``nvidia-smi`` saw on its GPUs before and after its cell ran (``conditions``:
+  whether it ran alone, :func:`repro.provenance.run_conditions`);
 * selection: ``only`` (glob patterns on cell names) and ``recipes`` (the recipes a cell uses;
   a study whose cells time several recipes together narrows its parameters instead);
 * failures: a cell that raises is reported in one line and the study goes on; the run ends
@@ -303,6 +305,7 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
         bar.set_postfix_str(cell.name)
         if force and cell.restart is not None:
             cell.restart()
+        before = provenance.run_conditions()
         try:
             recs = cell.run(left)
         except Exception as e:  # noqa: BLE001 - reported, the study goes on, raised at the end
@@ -316,7 +319,9 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
         if not recs:
             out.empty.append(cell.name)
             continue
-        recs = results.restamp(recs, hardware=hardware, note=note, stamp=stamp)
+        recs = results.restamp(recs, hardware=hardware, note=note, stamp=stamp,
+                               conditions=provenance.merge_conditions(
+                                   before, provenance.run_conditions()))
         out.written.append(write_cell(recs, study.experiment, cell, root, out))
     bar.close()
     if out.failed:
