@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 import builtins
 import difflib
+import functools
 import gzip
 import hashlib
 import inspect
@@ -259,6 +260,7 @@ def load_text(root: Path, digest: str) -> str | None:
         return None
 
 
+@functools.lru_cache(maxsize=1024)  # many records of one cell share both texts
 def first_difference(old: str | None, new: str) -> str:
     """The first line of ``new`` that differs from ``old``, shortened (or why none can be
     named)."""

@@ -592,6 +592,7 @@ class Checker:
         self._now: dict[tuple, dict[str, Any] | str] = {}
         self._since: dict[tuple, str | None] = {}
         self._files: dict[str, str | None] = {}
+        self._params: dict[str, Any] | None = None  # params.yaml, read once
         self._programs: dict[str, dict[str, Any] | str] = {}
         self._cells: dict[tuple, dict[str, Any] | str] = {}
         self._stored: dict[str, dict[str, Any]] | None = None
@@ -622,8 +623,13 @@ class Checker:
         if rel_path not in self._files and rel_path.startswith("params.yaml#"):
             from repro import program as P
 
+            from repro import config
+
             try:
-                self._files[rel_path] = P.params_entry(rel_path.split("#", 1)[1])[rel_path]
+                if self._params is None:  # read once: every section hashes the same file
+                    self._params = config.load_params()
+                self._files[rel_path] = P.params_entry(rel_path.split("#", 1)[1],
+                                                       self._params)[rel_path]
             except Exception:  # noqa: BLE001 - no params.yaml: the program cannot be checked
                 self._files[rel_path] = None
         if rel_path not in self._files:
