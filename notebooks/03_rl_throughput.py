@@ -62,7 +62,7 @@ if nb.profile == "smoke":  # a pipeline check on this machine: scratch records, 
     nb.record_smoke("rl_throughput")
 df = nb.records("rl_throughput")
 table = rl_analysis.throughput_table(df)
-sp = rl_analysis.fp8_speedups(table)
+sp = rl_analysis.fp8_speedups(table, records=df)  # with the paired cells' ratios
 print(f"committed records from: {sorted(table.hardware.unique()) if len(table) else 'none'}")
 
 # %% [markdown]
@@ -103,7 +103,9 @@ nb.save(plot_throughput(table), "03_rl_throughput", df)
 #
 # Ratios of two timings of one hardware and configuration: the whole loop (env-steps/s) and the
 # update alone (time). Dashed: the seed's 1.6x. A cross marks a ratio whose two cells come from
-# different GPU calls: shown, not counted.
+# different GPU calls: shown, not counted. A diamond is a paired cell: the recipes compiled
+# together and timed in rounds (A, B, A, B, ...), the median of the per-round ratios with their
+# range; where a hardware has paired cells, A2 is judged from them alone.
 
 # %%
 fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex=True)
@@ -111,6 +113,13 @@ for i, (kind, what) in enumerate((("e2e", "whole loop"), ("update", "update only
     for j, base in enumerate(("fp16", "bf16")):
         ax = axes[i, j]
         g = sp[(sp.baseline == base) & (sp.network == "mlp")] if len(sp) else sp
+        for (h, n, r), gg in (g[g.timing == "paired"].groupby(["hardware", "num_envs", "recipe"])
+                              if len(g) and "timing" in g else []):
+            ax.errorbar(gg.width, gg[kind], yerr=[gg[kind] - gg[f"{kind}_lo"],
+                                                  gg[f"{kind}_hi"] - gg[kind]],
+                        fmt="D", ms=6, capsize=3, zorder=4,
+                        label=f"{r}, {h}, {n} envs, paired ({int(gg.rounds.max())} rounds)")
+        g = rl_analysis.separate(g)
         for (h, n, r), gg in (g.groupby(["hardware", "num_envs", "recipe"]) if len(g) else []):
             gg = gg.sort_values("width")
             line, = ax.plot(gg.width, gg[kind], "-", label=f"{r}, {h}, {n} envs")
@@ -229,7 +238,7 @@ a100, h100 = hardware.lookup("a100-sxm"), hardware.lookup("h100-sxm")
 bw = h100.memory_bandwidth_tbs / a100.memory_bandwidth_tbs
 fl = h100.peak_tflops["fp16"] / a100.peak_tflops["fp16"]
 ceiling = h100.peak_tflops["fp8"] / a100.peak_tflops["fp16"]
-proj = rl_analysis.a3_projection(sp, bw, fl)
+proj = rl_analysis.a3_projection(rl_analysis.separate(sp), bw, fl)
 fig, ax = plt.subplots(figsize=(7, 4))
 for (h, n, r), g in (proj.groupby(["hardware", "num_envs", "recipe"]) if len(proj) else []):
     g = g.sort_values("width")

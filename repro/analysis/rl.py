@@ -129,8 +129,10 @@ def a3_projection(sp: pd.DataFrame, bandwidth_ratio: float, fp16_ratio: float) -
 
 def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (hardware, network, width, num_envs, recipe) with the three metrics, and
-    ``git_commit``: the commit(s) its records were made at, comma-separated."""
-    d = df[df.metric.isin(["env_steps_per_s", "update_time_ms", "update_memory_bytes"])].copy()
+    ``git_commit``: the commit(s) its records were made at, comma-separated. Records of paired
+    cells are left out: their ratios are :func:`paired_speedups`'."""
+    d = df[df.metric.isin(["env_steps_per_s", "update_time_ms", "update_memory_bytes"])]
+    d = d[~d["extra"].map(_is_paired)].copy() if len(d) else d.copy()
     if d.empty:
         return pd.DataFrame()
     for k in ("network", "width", "num_envs", "env", "batch"):
@@ -213,11 +215,80 @@ def speedups(table: pd.DataFrame, recipe: str, baselines: Sequence[str] = ("fp16
 FP8_RECIPES = ("fp8-current", "fp8-delayed")  # the RL study's FP8 recipes (claims A2-A4, A9)
 
 
-def fp8_speedups(table: pd.DataFrame, recipes: Sequence[str] = FP8_RECIPES) -> pd.DataFrame:
-    """:func:`speedups` of every FP8 recipe of ``recipes`` recorded in ``table``, stacked."""
+def fp8_speedups(table: pd.DataFrame, recipes: Sequence[str] = FP8_RECIPES,
+                 records: pd.DataFrame | None = None) -> pd.DataFrame:
+    """:func:`speedups` of every FP8 recipe of ``recipes`` recorded in ``table``, stacked;
+    with ``records``, also the :func:`paired_speedups` of their paired cells (then a
+    ``timing`` column says which rows are "paired" and which "separate")."""
     have = set(table.recipe) if len(table) else set()
     parts = [speedups(table, r) for r in recipes if r in have]
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    paired = paired_speedups(records, recipes) if records is not None else pd.DataFrame()
+    if not len(paired):
+        return out
+    return pd.concat([out.assign(timing="separate"), paired], ignore_index=True) if len(out) \
+        else paired
+
+
+def separate(sp: pd.DataFrame) -> pd.DataFrame:
+    """The ratios of ``sp`` from separately timed cells (its paired rows left out)."""
+    return sp[sp.timing != "paired"] if len(sp) and "timing" in sp else sp
+
+
+def paired_first(sp: pd.DataFrame) -> pd.DataFrame:
+    """Per hardware, the ratios of ``sp`` from paired cells where it has any, else those of
+    separately timed cells."""
+    if not len(sp) or "timing" not in sp:
+        return sp
+    has = sp[sp.timing == "paired"].hardware.unique()
+    return sp[(sp.timing == "paired") == sp.hardware.isin(has)]
+
+
+def _is_paired(extra) -> bool:
+    return isinstance(extra, Mapping) and extra.get("timing") == "paired"
+
+
+def paired_speedups(df: pd.DataFrame, recipes: Sequence[str] = FP8_RECIPES,
+                    baselines: Sequence[str] = ("fp16", "bf16")) -> pd.DataFrame:
+    """Each of ``recipes`` over each baseline timed beside it in one paired cell (records with
+    ``extra.timing == "paired"``; ``repro.studies.rl_throughput.paired_cell``), per run: the
+    per-round ratios of the whole loop's times (``e2e``: their median, ``e2e_lo``/``e2e_hi``:
+    their range) and of the update's (``update``, ``update_lo``/``update_hi``); > 1: the recipe
+    is faster. ``memory`` is the compiled updates' ratio; ``same_commit`` is True (one run),
+    ``rounds`` the number of rounds, ``timing`` "paired". The columns of :func:`speedups`."""
+    cols = ["hardware", "network", "width", "num_envs", "recipe", "baseline", "e2e", "update",
+            "memory", "emulated", "same_commit", "e2e_lo", "e2e_hi", "update_lo",
+            "update_hi", "rounds", "run_id", "timing"]
+    d = df[df["extra"].map(_is_paired)] if df is not None and len(df) else pd.DataFrame()
+    rows = []
+    for (h, run), g in (d.groupby(["hardware", d["extra"].map(lambda e: e["run_id"])])
+                        if len(d) else []):
+        by = {(r.recipe, r.metric): r for r in g.itertuples()}
+        for x in recipes:
+            for b in baselines:
+                if (x, "env_steps_per_s") not in by or (b, "env_steps_per_s") not in by:
+                    continue
+                loop_x = np.asarray(by[x, "env_steps_per_s"].extra["samples_s"], float)
+                loop_b = np.asarray(by[b, "env_steps_per_s"].extra["samples_s"], float)
+                upd_x = np.asarray(by[x, "update_time_ms"].extra["samples_ms"], float)
+                upd_b = np.asarray(by[b, "update_time_ms"].extra["samples_ms"], float)
+                if not (len(loop_x) == len(loop_b) == len(upd_x) == len(upd_b) > 0):
+                    raise ValueError(f"paired cell {run} on {h}: {x} and {b} have different "
+                                     "numbers of rounds")
+                e2e, upd = loop_b / loop_x, upd_b / upd_x
+                mem_x, mem_b = by.get((x, "update_memory_bytes")), by.get((b, "update_memory_bytes"))
+                sizes = by[x, "env_steps_per_s"].sizes
+                rows.append({
+                    "hardware": h, "network": sizes["network"], "width": sizes["width"],
+                    "num_envs": sizes["num_envs"], "recipe": x, "baseline": b,
+                    "e2e": float(np.median(e2e)), "update": float(np.median(upd)),
+                    "memory": (mem_x.value / mem_b.value) if mem_x and mem_b else np.nan,
+                    "emulated": bool(by[x, "env_steps_per_s"].emulated
+                                     or by[b, "env_steps_per_s"].emulated),
+                    "same_commit": True, "e2e_lo": float(e2e.min()), "e2e_hi": float(e2e.max()),
+                    "update_lo": float(upd.min()), "update_hi": float(upd.max()),
+                    "rounds": len(e2e), "run_id": run, "timing": "paired"})
+    return pd.DataFrame(rows, columns=cols)
 
 
 def _final_columns(ours: Mapping | None, theirs: Mapping | None) -> dict[str, float]:

@@ -28,11 +28,20 @@ fit a time limit, and a stopped run resumes at the first missing cell. Per cell:
 Cells of one (network, width, num_envs) are compared with each other: the runner notes when
 a call would time some of them beside cells an earlier call recorded (a cross-call ratio,
 which notebook 03 leaves out of A2/A9).
+
+A *paired* cell (``paired_widths`` x ``num_envs``, the MLP, ``paired_recipes``) compiles every
+recipe first and then times them in rounds (``repro.studies.timing.time_rounds``: each
+recipe's whole loop, then each one's update, ``repeats`` rounds): its records carry the samples
+in round order, one ``run_id`` and ``timing: "paired"``, so a ratio of two recipes is the median
+of per-round ratios with its range (``repro.analysis.rl.paired_speedups``), not a ratio of
+medians of separate runs.
 """
 
 from __future__ import annotations
 
+import functools
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -46,7 +55,7 @@ from repro.models import ppo
 from repro.precision import optim
 from repro.precision.recipes import REGISTRY, resolve, value_formats
 from repro.studies.runner import Cell, Study
-from repro.studies.timing import compiled_facts, recipe_emulated, time_fn
+from repro.studies.timing import compiled_facts, recipe_emulated, time_fn, time_rounds
 
 THROUGHPUT = "rl_throughput"
 
@@ -115,7 +124,9 @@ def synthetic_rollout(c: ppo.PPOConfig, env, env_params, key):
 class Params(Section):
     """``params.yaml``'s ``rl_throughput`` section. ``networks``: network -> the gymnax env that
     drives it; ``widths`` apply to the MLP (CNNs have ``cnn_width``); ``updates`` PPO updates
-    per timed call of the whole loop, median of ``repeats`` calls."""
+    per timed call of the whole loop, median of ``repeats`` calls. ``paired_recipes`` are
+    timed together in rounds in one cell per MLP width of ``paired_widths`` and ``num_envs``
+    (``repeats`` rounds)."""
 
     recipes: tuple[str, ...] = recipe_names()
     networks: dict[str, str]
@@ -128,6 +139,8 @@ class Params(Section):
     update_epochs: int = positive(4)
     num_minibatches: int = positive(4)
     cnn_width: int = 0
+    paired_recipes: tuple[str, ...] = recipe_names(())
+    paired_widths: tuple[int, ...] = ()
 
 
 def throughput_config(network: str, width: int, recipe: str, num_envs: int,
@@ -161,54 +174,58 @@ def update_program(c: ppo.PPOConfig) -> tuple[Any, tuple, float]:
     return compiled, args, time.perf_counter() - t0
 
 
-def throughput_cell(network: str, width: int, recipe: str, num_envs: int,
-                    p: Params) -> list[dict[str, Any]]:
-    """Time the whole PPO loop and the update alone for one configuration."""
-    from repro import hardware
-
+def _compiled(network: str, width: int, recipe: str, num_envs: int, p: Params):
+    """A cell's two timed programs compiled: (config, whole loop, its key, update, its
+    arguments, the compile seconds of each)."""
     c = throughput_config(network, width, recipe, num_envs, p)
-    base = c.recipe
-    repeats, profile = p.repeats, p.profile
-    info = hardware.detect()
-
-    # The whole loop, one seed.
     train = jax.jit(ppo.make_train(c))
     key = jax.random.key(0)
     t0 = time.perf_counter()
     compiled_train = train.lower(key).compile()
     compile_e2e = time.perf_counter() - t0
-    med, iqr, samples = _time_fn(compiled_train, key, repeats=repeats)
-    steps = c.num_updates * c.batch_size
-
-    # The update alone.
     compiled_update, args, compile_upd = update_program(c)
-    umed, uiqr, usamples = _time_fn(compiled_update, *args, repeats=repeats)
+    return c, compiled_train, key, compiled_update, args, compile_e2e, compile_upd
+
+
+def _records(c: ppo.PPOConfig, network: str, width: int, recipe: str, p: Params,
+             compiled_update,
+             samples: Sequence[float], usamples: Sequence[float], compile_e2e: float,
+             compile_upd: float, more: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """A cell's records of one recipe from its timed samples (seconds; the whole loop's and
+    the update's), in the order they were taken."""
+    from repro import hardware
+
+    info = hardware.detect()
+    steps = c.num_updates * c.batch_size
+    med, (uq1, umed, uq3) = float(np.median(samples)), np.percentile(usamples, [25, 50, 75])
     facts = compiled_facts(compiled_update)
     fp8_calls, mem = facts["fp8_gemm_calls"], facts["memory_bytes"]
-    r = resolve(base)
+    r = resolve(c.recipe)
     # an FP8 CNN's backward convolutions are emulated through BF16 (repro.precision.ops.
     # fp8_conv): the cell's speed is not FP8's even where its GEMMs and forward convolutions
     # are native
     conv_emulated = network != "mlp" and r.gemm == "fp8"
     emulated = recipe_emulated(r, facts["fp8_lowering"], info) or conv_emulated
-    sizes = {"network": network, "width": width, "depth": c.depth, "num_envs": num_envs,
+    sizes = {"network": network, "width": width, "depth": c.depth, "num_envs": c.num_envs,
              "num_steps": c.num_steps, "env": c.env, "batch": c.batch_size,
              "minibatch": c.minibatch_size, "update_epochs": c.update_epochs}
     extra = {"fp8_gemm_calls": fp8_calls, "fp8_lowering": facts["fp8_lowering"],
              "compile_e2e_s": compile_e2e,
              "compile_update_s": compile_upd, "updates_per_call": c.num_updates,
-             "scope": resolve(c.recipe).scope, "device_peak_bytes": _device_peak_bytes(),
+             "scope": r.scope, "device_peak_bytes": _device_peak_bytes(),
              "device_peak_note": "cumulative over the process, not per recipe",
-             "conv_backward": "bf16 emulation of FP8" if conv_emulated else None}
-    common = dict(claims=["A2", "A9"], recipe=recipe, sizes=sizes, repeats=repeats,
-                  emulated=emulated, profile=profile)
+             "conv_backward": "bf16 emulation of FP8" if conv_emulated else None, **(more or {})}
+    common = dict(claims=["A2", "A9"], recipe=recipe, sizes=sizes, repeats=len(samples),
+                  emulated=emulated, profile=p.profile)
     s = steps / np.asarray(samples)
     q1, q3 = np.percentile(s, [25, 75])
     recs = [
         results.make_record(THROUGHPUT, "env_steps_per_s", steps / med, "steps/s",
                             spread=float(q3 - q1),
-                            extra={**extra, "samples_s": samples, "time_s": med}, **common),
-        results.make_record(THROUGHPUT, "update_time_ms", umed * 1e3, "ms", spread=uiqr * 1e3,
+                            extra={**extra, "samples_s": list(map(float, samples)),
+                                   "time_s": med}, **common),
+        results.make_record(THROUGHPUT, "update_time_ms", umed * 1e3, "ms",
+                            spread=float(uq3 - uq1) * 1e3,
                             extra={**extra, "samples_ms": [x * 1e3 for x in usamples]},
                             **common),
     ]
@@ -218,10 +235,40 @@ def throughput_cell(network: str, width: int, recipe: str, num_envs: int,
     return recs
 
 
+def throughput_cell(network: str, width: int, recipe: str, num_envs: int,
+                    p: Params) -> list[dict[str, Any]]:
+    """Time the whole PPO loop and the update alone for one configuration."""
+    c, train, key, update, args, compile_e2e, compile_upd = _compiled(network, width, recipe,
+                                                                      num_envs, p)
+    _, _, samples = _time_fn(train, key, repeats=p.repeats)  # the whole loop, one seed
+    _, _, usamples = _time_fn(update, *args, repeats=p.repeats)  # the update alone
+    return _records(c, network, width, recipe, p, update, samples, usamples, compile_e2e,
+                    compile_upd)
+
+
+def paired_cell(network: str, width: int, recipes: Sequence[str], num_envs: int,
+                p: Params) -> list[dict[str, Any]]:
+    """Every recipe of ``recipes`` at one configuration, compiled first, then timed in
+    ``p.repeats`` rounds (:func:`repro.studies.timing.time_rounds`; per round each recipe's
+    whole loop, then each one's update): :func:`throughput_cell`'s records per recipe, with
+    the samples in round order, ``timing: "paired"``, the recipes timed together and the
+    cell's ``run_id``."""
+    built = {r: _compiled(network, width, r, num_envs, p) for r in recipes}
+    calls = {f"{r}/loop": functools.partial(b[1], b[2]) for r, b in built.items()}
+    calls.update({f"{r}/update": functools.partial(b[3], *b[4]) for r, b in built.items()})
+    samples = time_rounds(calls, p.repeats)
+    more = {"timing": "paired", "run_id": uuid.uuid4().hex[:12], "paired_with": list(recipes)}
+    recs = []
+    for r, (c, _, _, update, _, compile_e2e, compile_upd) in built.items():
+        recs += _records(c, network, width, r, p, update, samples[f"{r}/loop"],
+                         samples[f"{r}/update"], compile_e2e, compile_upd, more)
+    return recs
+
+
 def program(network: str | None = None, width: int = 0, recipe: str | None = None,
             num_envs: int = 0, env: str = "", num_steps: int = 0, updates: int = 0,
             depth: int = 2, update_epochs: int = 4, num_minibatches: int = 4,
-            stores: str | None = None, variants: Sequence[str] = ()):
+            stores: str | None = None, variants: Sequence[str] = (), paired: bool = False):
     """What a cell's records measure (:mod:`repro.program`), from the cell's settings alone.
 
     A throughput cell (``network``, ``width``, ``recipe``, ``num_envs`` and the loop's sizes):
@@ -231,7 +278,8 @@ def program(network: str | None = None, width: int = 0, recipe: str | None = Non
     arguments of the cell's shapes. ``stores`` (a recipe family): the ``stores`` cell's records
     of that family are no computation but registry facts, so their program is a constant: the
     facts each record is made of (value formats, bytes per weight) for every registry entry of
-    the family and ``variants``, computed while it is traced; ``stores_records`` is the kit."""
+    the family and ``variants``, computed while it is traced; ``stores_records`` is the kit.
+    ``paired``: the same programs timed in rounds beside other recipes (a paired cell's kit)."""
     import json
 
     from repro.program import Program
@@ -258,8 +306,8 @@ def program(network: str | None = None, width: int = 0, recipe: str | None = Non
         loop = ppo.make_train(c)(train_key)  # env_steps_per_s
         return loop, update.fn(*update_args)  # update_time_ms, memory
 
-    return Program(measured, (update.args[-1], *update.args),
-                   kit=(time_fn, _time_fn, compiled_facts))
+    kit = (time_rounds, compiled_facts) if paired else (time_fn, _time_fn, compiled_facts)
+    return Program(measured, (update.args[-1], *update.args), kit=kit)
 
 
 def update_step_program(network: str, width: int, recipe: str, num_envs: int, env: str,
@@ -299,7 +347,8 @@ def program_settings(rec: dict[str, Any]) -> dict[str, Any] | None:
                 "env": sizes["env"], "num_steps": int(sizes["num_steps"]),
                 "updates": int(extra["updates_per_call"]), "depth": int(sizes["depth"]),
                 "update_epochs": int(sizes["update_epochs"]),
-                "num_minibatches": int(sizes["batch"]) // int(sizes["minibatch"])}
+                "num_minibatches": int(sizes["batch"]) // int(sizes["minibatch"]),
+                **({"paired": True} if extra.get("timing") == "paired" else {})}
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
 
@@ -310,8 +359,9 @@ def check(p: Params) -> None:
 
 
 def cells(p: Params) -> list[Cell]:
-    """The ``stores`` cell, then one per (network, width, recipe, num_envs) in params order;
-    cells of one (network, width, num_envs) are compared with each other (a ``group``)."""
+    """The ``stores`` cell, the paired cells, then one per (network, width, recipe, num_envs)
+    in params order; cells of one (network, width, num_envs) are compared with each other (a
+    ``group``; a paired cell is a group of its own)."""
     names = stores_names(p.recipes)
 
     def stores_programs():
@@ -332,6 +382,19 @@ def cells(p: Params) -> list[Cell]:
             num_steps=p.num_steps, updates=p.updates, depth=p.depth,
             update_epochs=p.update_epochs, num_minibatches=p.num_minibatches)}
 
+    def paired(width, n):
+        recipes = p.paired_recipes
+        return Cell(f"mlp_w{width}_e{n}_paired",
+                    lambda _budget: paired_cell("mlp", width, recipes, n, p), recipes,
+                    group=f"mlp_w{width}_e{n}_paired",
+                    programs=lambda: {r: program(
+                        network="mlp", width=width, recipe=r, num_envs=n,
+                        env=p.networks["mlp"], num_steps=p.num_steps, updates=p.updates,
+                        depth=p.depth, update_epochs=p.update_epochs,
+                        num_minibatches=p.num_minibatches, paired=True) for r in recipes})
+
+    if p.paired_recipes and "mlp" in p.networks:  # first: the cells A2 is judged from
+        out += [paired(w, n) for w in p.paired_widths for n in p.num_envs]
     for network in p.networks:
         for width in (p.widths if network == "mlp" else [p.cnn_width]):
             for recipe in p.recipes:

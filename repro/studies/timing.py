@@ -83,6 +83,27 @@ def time_interleaved(runners: dict[str, Any], repeats: int, steps_per_sample: in
     return {r: np.asarray(s) for r, s in samples.items()}
 
 
+def time_rounds(calls: dict[str, Callable[[], Any]], rounds: int, warmup: int = 1
+                ) -> dict[str, np.ndarray]:
+    """Seconds of each zero-argument call (compiled by the caller), timed in rounds (A, B, C,
+    A, B, C, ...) after ``warmup`` untimed calls of each, every call ended by
+    ``jax.block_until_ready``. Sample k of every call comes from round k, so two calls' k-th
+    samples saw the same machine state: their ratio is a paired ratio, and its spread over the
+    rounds is the ratio's own."""
+    if rounds < 1:
+        raise ValueError(f"time_rounds: rounds must be >= 1, got {rounds}")
+    for _ in range(max(warmup, 0)):
+        for fn in calls.values():
+            jax.block_until_ready(fn())
+    samples: dict[str, list[float]] = {k: [] for k in calls}
+    for _ in range(rounds):
+        for k, fn in calls.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            samples[k].append(time.perf_counter() - t0)
+    return {k: np.asarray(v) for k, v in samples.items()}
+
+
 def quartiles(samples: np.ndarray) -> tuple[float, float, float]:
     """(first quartile, median, third quartile) of the samples."""
     q1, med, q3 = np.percentile(samples, [25, 50, 75])

@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 
+from repro.analysis import rl as rl_analysis
 from repro.claims.verdicts._base import Verdict, _hw, recipes
 from repro.claims.verdicts._base import rule as rule_of
 
@@ -21,9 +22,13 @@ ORDER = ("reproduced", "partly", "contradicted")
 def _native(sp: pd.DataFrame, cells: Mapping[str, Any]) -> pd.DataFrame:
     """The ratios of the cells a rule judges (``cells`` of its ``rule``): its baseline, its
     network where it names one, native only where it says ``native``, two cells of one GPU
-    call (``same_commit``) where it says ``one_call``."""
+    call (``same_commit``) where it says ``one_call``. Ratios of paired cells (``timing``
+    "paired", :func:`repro.analysis.rl.paired_speedups`) count only where the rule says
+    ``timing: paired-first``, and then alone on each hardware that has them."""
     if not len(sp):
         return sp
+    sp = rl_analysis.paired_first(sp) if cells.get("timing") == "paired-first" else \
+        rl_analysis.separate(sp)
     keep = sp.baseline == cells["baseline"]
     if cells.get("native"):
         keep &= ~sp.emulated
@@ -89,8 +94,12 @@ def a2(sp: pd.DataFrame, rule: Mapping[str, Any] | None = None) -> Verdict:
             verdicts.append("contradicted")
         top = g.loc[g.e2e.idxmax()]
         numbers[h] = {"fp8_fp16_e2e_max": e2e_max, "fp8_fp16_update_max": upd_max}
+        paired = ("timing" in g and top.get("timing") == "paired")
         line = (f"{h}: FP8/FP16 whole loop up to {e2e_max:.2f}x (width {int(top.width)},"
-                f" {int(top.num_envs)} envs), update alone up to {upd_max:.2f}x; "
+                f" {int(top.num_envs)} envs"
+                + (f"; paired, median of {int(top.rounds)} rounds, range {top.e2e_lo:.2f}-"
+                   f"{top.e2e_hi:.2f}x" if paired else "")
+                + f"), update alone up to {upd_max:.2f}x; "
                 f">= {target}x end to end at widths {widths_ok or 'none'}")
         d = g[g.recipe == r["default"]] if r.get("combine") == "best-of" else g.iloc[:0]
         if len(d):
