@@ -132,3 +132,14 @@ def test_a_paired_cell_times_its_recipes_in_one_run_on_cpu():
     assert settings["paired"] is True
     unpaired = {k: v for k, v in settings.items() if k != "paired"}
     assert X.program(**settings).kit != X.program(**unpaired).kit
+
+
+def test_a_speed_verdict_names_the_hardware_it_could_not_judge_and_why():
+    h200 = sp_rows({"e2e": 1.7, "update": 1.7})
+    tpu = sp_rows({"hardware": "tpu-v5e", "e2e": 0.94, "emulated": True})
+    b200 = sp_rows({"hardware": "b200", "e2e": 1.9, "same_commit": False})
+    v = V.a2(pd.concat([h200, tpu, b200], ignore_index=True))
+    assert v.verdict == "reproduced"
+    assert v.hardware == ("h200; b200: not judged (no ratio under the rule); tpu-v5e: not "
+                          "judged (emulated there)")
+    assert V.a2(h200).hardware == "h200"

@@ -73,6 +73,19 @@ def _hw(frame: pd.DataFrame, default: str = "none") -> str:
     return ", ".join(sorted(frame["hardware"].unique())) if len(frame) else default
 
 
+def _hw_judged(judged: pd.DataFrame, measured: pd.DataFrame) -> str:
+    """The hardware column of a speed verdict: the hardware it was judged on, then each
+    hardware with ``measured`` ratios (an ``emulated`` column) of which none was judged, and
+    why: its low-precision format is emulated there (no such arithmetic), or no ratio of it
+    passed the rule's other conditions."""
+    if not len(measured) or "hardware" not in measured:
+        return _hw(judged)
+    left = sorted(set(measured["hardware"]) - set(judged["hardware"] if len(judged) else ()))
+    why = {h: "emulated there" if measured[measured.hardware == h].emulated.all()
+           else "no ratio under the rule" for h in left}
+    return _hw(judged) + "".join(f"; {h}: not judged ({w})" for h, w in why.items())
+
+
 @functools.cache
 def definitions() -> dict[str, dict[str, Any]]:
     """The claims as ``repro/data/claims.yaml`` defines them (statement, notebook, margin)."""

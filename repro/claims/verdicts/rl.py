@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from repro.analysis import rl as rl_analysis
-from repro.claims.verdicts._base import Verdict, _hw, recipes
+from repro.claims.verdicts._base import Verdict, _hw, _hw_judged, recipes
 from repro.claims.verdicts._base import rule as rule_of
 
 RL_SPEED_SOURCE = "results/*/rl_throughput (env_steps_per_s, update_time_ms)"
@@ -106,7 +106,8 @@ def a2(sp: pd.DataFrame, rule: Mapping[str, Any] | None = None) -> Verdict:
             line += f"; default {r['default']} up to {d.e2e.max():.2f}x"
             numbers[h]["default_e2e_max"] = d.e2e.max()
         lines.append(line)
-    return Verdict("A2", min(verdicts, key=ORDER.index), "; ".join(lines), _hw(real),
+    return Verdict("A2", min(verdicts, key=ORDER.index), "; ".join(lines),
+                   _hw_judged(real, sp),
                    RL_SPEED_SOURCE, RL_NOTE, numbers=numbers)
 
 
@@ -205,6 +206,6 @@ def a9(sp: pd.DataFrame, rule: Mapping[str, Any] | None = None) -> Verdict:
     if cnn not in best:
         key += ("; CNN speed not measured: every FP8 CNN cell is emulated (the FP8 convolution's "
                 "backward runs through BF16)")
-    return Verdict("A9", v, key + " (speed; quality in notebook 04)", _hw(real),
+    return Verdict("A9", v, key + " (speed; quality in notebook 04)", _hw_judged(real, sp),
                    "results/*/rl_throughput", RL_NOTE,
                    numbers={f"{k}_fp8_bf16_e2e_max": x for k, x in best.items()})
