@@ -225,7 +225,7 @@ def test_stored_bytes_follow_the_formats():
 
 def test_smoke_profile_plan():
     runs = E.plan("smoke")
-    assert runs[0].size == "tiny" and len(runs[0].seeds) >= 3
+    assert runs[0].size == "tiny" and len(runs[0].seeds) >= 2  # a paired gap needs two
     names = {v.name for v in runs[0].variants}
     assert {"bf16", "fp8-delayed", "nvfp4"} <= names
     full = E.plan("full")
