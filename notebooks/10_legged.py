@@ -74,6 +74,7 @@ from IPython.display import display
 
 from repro import notebook
 from repro.analysis import legged as A
+from repro.analysis import rl as rl_analysis
 from repro.claims import registration, verdicts
 
 nb = notebook.start("10_legged", "legged", profile, scratch)
@@ -109,7 +110,10 @@ physics if len(physics) else "no physics records in the committed records"
 # Per update (ms): physics (the physics cell's rate at the same number of environments), the
 # policy's rollout work, the update (its epochs of minibatches), and the rest. FP8/BF16: ratio
 # of env-steps/s for the whole loop (`e2e`) and of times for the update alone (`update`); only
-# cells recorded in one call (`same_commit`) and not emulated count for the verdict.
+# cells recorded in one call (`same_commit`) and not emulated count for the verdict. A diamond
+# is a paired cell (`timing` "paired"): the recipes compiled together and timed in rounds, the
+# median of the per-round ratios with their range; where a hardware has paired cells, A11's
+# speed is judged from them alone.
 
 # %%
 COLS = ["hardware", "size", "width", "recipe", "env_steps_per_s", "loop_ms_per_update",
@@ -130,8 +134,16 @@ def plot_speed(speed, ups):
         ax[0].plot(lab, speed.loop_ms_per_update, "k_", ms=18, label="whole loop (measured)")
         ax[0].tick_params(axis="x", labelsize=7, labelrotation=45)
         ax[0].legend()
+    # paired cells: diamonds with the range of their per-round ratios
+    for (r, env), g in (ups[ups.timing == "paired"].groupby(["recipe", "env"])
+                        if len(ups) and "timing" in ups else []):
+        ax[1].errorbar(g.width.to_numpy(), g.e2e.to_numpy(),
+                       yerr=np.vstack([g.e2e - g.e2e_lo, g.e2e_hi - g.e2e]), fmt="D", ms=6,
+                       capsize=3, zorder=4,
+                       label=f"{r}, {env}: whole loop, paired ({int(g.rounds.max())} rounds)")
+    sep = rl_analysis.separate(ups)
     # one line per recipe and environment (never joined across environments)
-    for i, ((r, env), g) in enumerate(ups.groupby(["recipe", "env"]) if len(ups) else []):
+    for i, ((r, env), g) in enumerate(sep.groupby(["recipe", "env"]) if len(sep) else []):
         g = g.sort_values("width")
         ax[1].plot(g.width, g.e2e, "o-", color=f"C{i}", label=f"{r}, {env}: whole loop")
         ax[1].plot(g.width, g["update"], "s--", color=f"C{i}", label=f"{r}, {env}: update alone")
@@ -148,8 +160,8 @@ def plot_speed(speed, ups):
     return fig
 
 
-speed = A.speed_table(df)
-ups = A.speedups(speed)
+speed = A.speed_table(df)  # separately timed cells; the paired cells' ratios join `ups`
+ups = A.speedups(speed, records=df)
 # (saved also when no fresh record is left: the caption then says which were left out)
 nb.save(plot_speed(speed, ups), "10_legged_speed", df)
 if len(speed):

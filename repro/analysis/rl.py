@@ -132,7 +132,7 @@ def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
     ``git_commit``: the commit(s) its records were made at, comma-separated. Records of paired
     cells are left out: their ratios are :func:`paired_speedups`'."""
     d = df[df.metric.isin(["env_steps_per_s", "update_time_ms", "update_memory_bytes"])]
-    d = d[~d["extra"].map(_is_paired)].copy() if len(d) else d.copy()
+    d = d[~d["extra"].map(is_paired)].copy() if len(d) else d.copy()
     if d.empty:
         return pd.DataFrame()
     for k in ("network", "width", "num_envs", "env", "batch"):
@@ -244,8 +244,29 @@ def paired_first(sp: pd.DataFrame) -> pd.DataFrame:
     return sp[(sp.timing == "paired") == sp.hardware.isin(has)]
 
 
-def _is_paired(extra) -> bool:
+def is_paired(extra) -> bool:
+    """Whether a record's ``extra`` is a paired cell's (``timing: "paired"``)."""
     return isinstance(extra, Mapping) and extra.get("timing") == "paired"
+
+
+
+def paired_runs(df: pd.DataFrame | None):
+    """``((hardware, run_id), records)`` of each paired cell's run among ``df``'s records
+    (those with ``extra.timing == "paired"``)."""
+    d = df[df["extra"].map(is_paired)] if df is not None and len(df) else pd.DataFrame()
+    return d.groupby(["hardware", d["extra"].map(lambda e: e["run_id"])]) if len(d) else []
+
+
+def round_ratios(*pairs: tuple[Sequence[float], Sequence[float]], where: str = ""
+                 ) -> list[np.ndarray]:
+    """Per-round ratios ``a / b`` of each ``(a, b)`` pair of one paired cell's samples (sample
+    k of each taken in round k); a ValueError naming ``where`` where the samples are not all
+    of one (nonzero) number of rounds."""
+    arrays = [(np.asarray(a, float), np.asarray(b, float)) for a, b in pairs]
+    lengths = {len(x) for ab in arrays for x in ab}
+    if len(lengths) != 1 or 0 in lengths:
+        raise ValueError(f"{where} have different numbers of rounds")
+    return [a / b for a, b in arrays]
 
 
 def paired_speedups(df: pd.DataFrame, recipes: Sequence[str] = FP8_RECIPES,
@@ -259,23 +280,19 @@ def paired_speedups(df: pd.DataFrame, recipes: Sequence[str] = FP8_RECIPES,
     cols = ["hardware", "network", "width", "num_envs", "recipe", "baseline", "e2e", "update",
             "memory", "emulated", "same_commit", "e2e_lo", "e2e_hi", "update_lo",
             "update_hi", "rounds", "run_id", "timing"]
-    d = df[df["extra"].map(_is_paired)] if df is not None and len(df) else pd.DataFrame()
     rows = []
-    for (h, run), g in (d.groupby(["hardware", d["extra"].map(lambda e: e["run_id"])])
-                        if len(d) else []):
+    for (h, run), g in paired_runs(df):
         by = {(r.recipe, r.metric): r for r in g.itertuples()}
         for x in recipes:
             for b in baselines:
                 if (x, "env_steps_per_s") not in by or (b, "env_steps_per_s") not in by:
                     continue
-                loop_x = np.asarray(by[x, "env_steps_per_s"].extra["samples_s"], float)
-                loop_b = np.asarray(by[b, "env_steps_per_s"].extra["samples_s"], float)
-                upd_x = np.asarray(by[x, "update_time_ms"].extra["samples_ms"], float)
-                upd_b = np.asarray(by[b, "update_time_ms"].extra["samples_ms"], float)
-                if not (len(loop_x) == len(loop_b) == len(upd_x) == len(upd_b) > 0):
-                    raise ValueError(f"paired cell {run} on {h}: {x} and {b} have different "
-                                     "numbers of rounds")
-                e2e, upd = loop_b / loop_x, upd_b / upd_x
+                e2e, upd = round_ratios(
+                    (by[b, "env_steps_per_s"].extra["samples_s"],
+                     by[x, "env_steps_per_s"].extra["samples_s"]),
+                    (by[b, "update_time_ms"].extra["samples_ms"],
+                     by[x, "update_time_ms"].extra["samples_ms"]),
+                    where=f"paired cell {run} on {h}: {x} and {b}")
                 mem_x, mem_b = by.get((x, "update_memory_bytes")), by.get((b, "update_memory_bytes"))
                 sizes = by[x, "env_steps_per_s"].sizes
                 rows.append({

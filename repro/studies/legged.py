@@ -27,6 +27,13 @@ other keys are PPO overrides (:func:`for_env`):
   batch) and ``loop_ms_per_update``; the physics' share comes from the physics cell at the same
   number of environments. FP8 lowering facts mark an FP8 recipe that ran no FP8 GEMM as
   emulated.
+* ``{env}_speed_{size}_paired`` -- with the speed part's ``paired``, before the separate cells:
+  every recipe of the part at that size, its whole loop and both parts compiled first, then
+  timed in ``repeats`` rounds (``repro.studies.timing.time_rounds``: per round each recipe's
+  whole loop, then each one's policy part, then each one's update). The same metrics per
+  recipe, with the samples in round order, one ``run_id`` and ``timing: "paired"``, so a
+  ratio of two recipes is the median of per-round ratios with its range
+  (``repro.analysis.legged.paired_speedups``), not a ratio of medians of separate cells.
 * ``{env}_quality_{size}_{recipe}`` -- ``final_return`` per seed (mean return of the episodes
   completed over the last ``last_fraction`` of updates), seeds under ``jax.vmap`` (or one after
   the other with ``vmap_seeds: false``); ``extra`` has the cell's wall time and, within it,
@@ -54,8 +61,10 @@ brax 0.14.2's trainer calls ``jax.device_put_replicated``, which JAX has removed
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
-from typing import Any, Mapping
+import uuid
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -68,7 +77,8 @@ from repro.models import brax_peer, envs, ppo
 from repro.models import ppo_continuous as pc
 from repro.precision.recipes import resolve
 from repro.studies import runner
-from repro.studies.timing import compiled_facts, recipe_emulated, time_fn
+from repro.studies.timing import (Timing, compiled_facts, quartiles, recipe_emulated, time_fn,
+                                  time_rounds)
 
 EXPERIMENT = "legged"
 CLAIMS = ("A11",)
@@ -249,27 +259,31 @@ def speed_parts(p, c: pc.ContinuousPPOConfig, env: envs.Adapter, repeats: int):
     return t_pol.median_s, t_upd, compiled
 
 
-def speed_cell(p, env_name: str, size: str, recipe: str, profile: str):
+def speed_config(p, env_name: str, size: str, recipe: str) -> pc.ContinuousPPOConfig:
+    """A speed cell's PPO configuration: the speed part's ``num_envs``, ``updates`` updates."""
     q = p["speed"]
-    n, updates, repeats = int(q["num_envs"]), int(q["updates"]), int(q["repeats"])
-    c = config(p, env_name, "speed", size, recipe, num_envs=n)
-    c = dataclasses.replace(c, total_timesteps=c.batch_size * updates)
-    env = pc.make_env(c)
-    key = jax.random.key(0)
-    compiled, compile_s = compile_(p, pc.make_train(c, env), key)
-    t = time_fn(compiled, key, repeats=repeats, warmup=1)
-    policy_s, t_upd, upd = speed_parts(p, c, env, repeats)
+    c = config(p, env_name, "speed", size, recipe, num_envs=int(q["num_envs"]))
+    return dataclasses.replace(c, total_timesteps=c.batch_size * int(q["updates"]))
+
+
+def speed_records(p, env_name: str, size: str, recipe: str, profile: str,
+                  c: pc.ContinuousPPOConfig, compile_s: float, t: Timing, policy_s: float,
+                  t_upd: Timing, upd, more: Mapping[str, Any] | None = None):
+    """A speed cell's records of one recipe: ``t`` the whole loop's timing, ``policy_s`` the
+    policy part's median seconds, ``t_upd`` the update's timing and ``upd`` its compiled
+    program (its facts: FP8 lowering, memory); ``more``: further ``extra`` keys."""
     emulated, facts = _emulated(recipe, upd)
     steps = c.num_updates * c.batch_size
-    sizes = {"env": env_name, "size": size, "num_envs": n, "num_steps": c.num_steps,
+    sizes = {"env": env_name, "size": size, "num_envs": c.num_envs, "num_steps": c.num_steps,
              "updates": c.num_updates, "policy_sizes": list(c.policy_sizes),
              "value_sizes": list(c.value_sizes), "width": max(c.policy_sizes + c.value_sizes)}
     extra = {"compile_s": compile_s, "samples_s": list(t.samples),
              "fp8_lowering": facts["fp8_lowering"], "fp8_gemm_calls": facts["fp8_gemm_calls"],
              "update_memory_bytes": facts["memory_bytes"],
              "update_samples_ms": [x * 1e3 for x in t_upd.samples],
-             "jax_default_matmul_precision": jax.config.jax_default_matmul_precision}
-    common = dict(claims=list(CLAIMS), recipe=recipe, sizes=sizes, repeats=repeats,
+             "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
+             **dict(more or {})}
+    common = dict(claims=list(CLAIMS), recipe=recipe, sizes=sizes, repeats=len(t.samples),
                   emulated=emulated, profile=profile, extra=extra)
     rate = steps / np.asarray(t.samples)
     q1, q3 = np.percentile(rate, [25, 75])
@@ -279,6 +293,82 @@ def speed_cell(p, env_name: str, size: str, recipe: str, profile: str):
                                  spread=float(q3 - q1), **common)]
             + [results.make_record(EXPERIMENT, m, v, "ms", **common)
                for m, v in per_update.items()])
+
+
+def speed_cell(p, env_name: str, size: str, recipe: str, profile: str):
+    repeats = int(p["speed"]["repeats"])
+    c = speed_config(p, env_name, size, recipe)
+    env = pc.make_env(c)
+    key = jax.random.key(0)
+    compiled, compile_s = compile_(p, pc.make_train(c, env), key)
+    t = time_fn(compiled, key, repeats=repeats, warmup=1)
+    policy_s, t_upd, upd = speed_parts(p, c, env, repeats)
+    return speed_records(p, env_name, size, recipe, profile, c, compile_s, t, policy_s, t_upd,
+                         upd)
+
+
+def speed_programs(p, c: pc.ContinuousPPOConfig, env: envs.Adapter):
+    """:func:`speed_parts`' two programs compiled, not timed: ``(policy, its arguments,
+    update, its arguments)`` (the same programs on the same arguments)."""
+    network = pc.build_network(c, env.action_size)
+    tx = ppo.make_optimizer(c)
+    variables, opt_state = pc.init_state(c, network, env.obs_size, tx, jax.random.key(1))
+    obs = jax.random.normal(jax.random.key(2), (c.num_envs, env.obs_size))
+    act = pc.make_act(c, network)
+
+    def policy(variables, obs, key):
+        def body(key, _):
+            key, k = jax.random.split(key)
+            return key, act(variables, obs, k)
+        return jax.lax.scan(body, key, None, c.num_steps)[1]
+
+    pol_args = (variables, obs, jax.random.key(3))
+    pol, _ = compile_(p, policy, *pol_args)
+    shape = (c.num_steps, c.num_envs)
+    ks = jax.random.split(jax.random.key(4), 4)
+    traj = ppo.Transition(
+        jax.random.normal(ks[0], shape + (env.obs_size,)),
+        jax.random.normal(ks[1], shape + (env.action_size,)),
+        jnp.zeros(shape), jax.random.normal(ks[2], shape), jnp.zeros(shape),
+        jnp.zeros(shape, bool))
+    args = (variables, opt_state, traj, jax.random.normal(ks[3], shape),
+            jax.random.normal(ks[3], shape), jax.random.key(5))
+    compiled, _ = compile_(p, ppo.make_update_step(c, network, tx, policy=pc.GAUSSIAN), *args)
+    return pol, pol_args, compiled, args
+
+
+def _timing(samples) -> Timing:
+    """:class:`~repro.studies.timing.Timing` of samples (seconds), as ``time_fn`` gives it."""
+    q1, med, q3 = quartiles(samples)
+    return Timing(med, q3 - q1, tuple(float(x) for x in samples))
+
+
+def paired_speed_cell(p, env_name: str, size: str, recipes: Sequence[str], profile: str):
+    """Every recipe of ``recipes`` at one size: each one's whole loop and its two parts
+    (:func:`speed_programs`) compiled first, then timed in ``repeats`` rounds
+    (:func:`repro.studies.timing.time_rounds`; per round each recipe's whole loop, then each
+    one's policy part, then each one's update): :func:`speed_cell`'s records per recipe, with
+    the samples in round order (``policy_samples_ms`` too), ``timing: "paired"``, the recipes
+    timed together (``paired_with``) and the cell's ``run_id``."""
+    repeats, key, built = int(p["speed"]["repeats"]), jax.random.key(0), {}
+    for r in recipes:
+        c = speed_config(p, env_name, size, r)
+        env = pc.make_env(c)
+        loop, compile_s = compile_(p, pc.make_train(c, env), key)
+        built[r] = (c, compile_s, loop, *speed_programs(p, c, env))
+    calls = {f"{r}/loop": functools.partial(b[2], key) for r, b in built.items()}
+    calls.update({f"{r}/policy": functools.partial(b[3], *b[4]) for r, b in built.items()})
+    calls.update({f"{r}/update": functools.partial(b[5], *b[6]) for r, b in built.items()})
+    samples = time_rounds(calls, repeats)
+    more = {"timing": "paired", "run_id": uuid.uuid4().hex[:12], "paired_with": list(recipes)}
+    recs = []
+    for r, (c, compile_s, _, _, _, upd, _) in built.items():
+        pol = _timing(samples[f"{r}/policy"])
+        recs += speed_records(p, env_name, size, r, profile, c, compile_s,
+                              _timing(samples[f"{r}/loop"]), pol.median_s,
+                              _timing(samples[f"{r}/update"]), upd,
+                              {**more, "policy_samples_ms": [x * 1e3 for x in pol.samples]})
+    return recs
 
 
 def quality_cell(p, env_name: str, size: str, recipe: str, profile: str,
@@ -360,7 +450,8 @@ def peer_cell(p, env_name: str, profile: str):
 
 
 def program(kind: str, config: Mapping[str, Any], num_envs: int = 0, steps: int = 0,
-            seeds: int = 1, vmap_seeds: bool = True, eval_envs: int = 128):
+            seeds: int = 1, vmap_seeds: bool = True, eval_envs: int = 128,
+            paired: bool = False):
     """What a cell's records measure (:mod:`repro.program`), from the cell's settings alone,
     WITHOUT the physics: importing brax and MJX, building an environment and tracing its step
     takes tens of seconds on a CPU, so the environment is a stand-in with the real one's
@@ -371,7 +462,8 @@ def program(kind: str, config: Mapping[str, Any], num_envs: int = 0, steps: int 
     ``kind`` and what it traces (``config``: the cell's ContinuousPPOConfig as a mapping):
     ``physics``: :func:`physics_rollout` (``num_envs``, ``steps``); ``random``: the same
     over one episode; ``speed``: the whole PPO loop (``pc.make_train``), the policy's rollout
-    work and the PPO update of :func:`speed_parts`, together; ``quality``: the trained
+    work and the PPO update of :func:`speed_parts`, together (``paired``: the same, timed in
+    rounds beside other recipes by :func:`paired_speed_cell`, its kit); ``quality``: the trained
     function over ``seeds`` keys (``jax.vmap`` unless ``vmap_seeds`` is false); ``peer``:
     our training run and its evaluation (:func:`run_ours`; brax's trainer is not traced, its
     adapter :mod:`repro.models.brax_peer` is in the kit)."""
@@ -444,9 +536,10 @@ def program(kind: str, config: Mapping[str, Any], num_envs: int = 0, steps: int 
                 variables, opt_state, traj, adv, tgt, update_key)  # update_ms
             return loop, policy, update
 
+        kit = (time_rounds, compile_, speed_programs, paired_speed_cell, compiled_facts) \
+            if paired else (time_fn, compile_, speed_parts, compiled_facts)
         return Program(measured, (key, variables, obs, key, opt_state, traj, f32(*shape),
-                                  f32(*shape), key),
-                       kit=(time_fn, compile_, speed_parts, compiled_facts) + env_kit)
+                                  f32(*shape), key), kit=kit + env_kit)
     if kind == "quality":
         from repro.studies.rl_quality import _curve
 
@@ -552,6 +645,8 @@ def program_settings(rec: dict[str, Any]) -> dict[str, Any] | None:
                        policy_sizes=tuple(int(w) for w in sizes["policy_sizes"]),
                        value_sizes=tuple(int(w) for w in sizes["value_sizes"]))
             cfg["total_timesteps"] = cfg["num_envs"] * cfg["num_steps"] * int(sizes["updates"])
+            if extra.get("timing") == "paired":  # a paired cell's record: its kit
+                st["paired"] = True
             return st
         if metric == "final_return":
             variant = sizes.get("variant") or extra["variant"]
@@ -590,6 +685,7 @@ class _Speed:
     repeats: int = positive()
     sizes: tuple[str, ...] = ()
     recipes: tuple[str, ...] = recipe_field(())
+    paired: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -703,6 +799,16 @@ def cells(p: Mapping[str, Any]) -> list[runner.Cell]:
         if pe.get("random"):
             out.append(cell(pe, f"{e}_random", random_cell, e, settings=((e, "random"), {})))
         s = pe.get("speed") or {}
+        if s.get("paired") and s.get("recipes"):  # first: the cells A11's speed is judged from
+            rs = tuple(s["recipes"])
+            for size in s.get("sizes", []):
+                out.append(runner.Cell(
+                    f"{e}_speed_{size}_paired",
+                    lambda _budget, pe=pe, e=e, size=size, rs=rs: paired_speed_cell(
+                        pe, e, size, rs, prof), rs,
+                    programs=lambda pe=pe, e=e, size=size, rs=rs: {
+                        r: program(**cell_settings(pe, e, "speed", size, r), paired=True)
+                        for r in rs}))
         for size in s.get("sizes", []):
             for r in s.get("recipes", []):
                 out.append(cell(pe, f"{e}_speed_{size}_{r}", speed_cell, e, size, r,

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from repro.analysis import rl as rl_analysis
 from repro.claims.verdicts._base import Verdict, margin
 from repro.claims.verdicts._base import rule as rule_of
 from repro.claims.verdicts.quality import UNSURE, _kept
@@ -179,15 +180,19 @@ def a11(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str | None = None,
     (``repro.analysis.legged.evidence``).
 
     Speed counts only for non-emulated ratios of two cells recorded in one call
-    (``same_commit``). FP8 *pays* at a policy size when ``recipe``'s whole PPO loop reaches
-    >= 1.1x BF16's env-steps/s; its quality is *kept* at a size when P(``recipe`` > FP32)'s 95%
-    interval over >= 8 seeds lies at or above the margin's low bound (``bounds``, else A11's
-    margin), judged per environment at the longest training recorded for that width with
-    enough seeds; where FP32 did not beat the random policy, nothing is judged. The
-    crossover is the smallest measured width from which FP8 pays at every wider one. BF16
-    against FP32, the same policy recipe with another critic (``{recipe}+critic-fp32``) and
-    variants of ``recipe`` (``{recipe}:field=value``) are shown beside it with their own
-    intervals, not judged (:func:`_shown_beside`).
+    (``same_commit``). Ratios of paired cells (``timing`` "paired":
+    ``repro.analysis.legged.paired_speedups``, the median of per-round ratios) count only
+    where the rule's ``cells`` say ``timing: paired-first``, and then alone on each hardware
+    that has them (a width's key number then names the rounds and the per-round ratios'
+    range); a rule without it never reads them. FP8 *pays* at a policy size when
+    ``recipe``'s whole PPO loop reaches >= 1.1x BF16's env-steps/s; its quality is *kept* at a
+    size when P(``recipe`` > FP32)'s 95% interval over >= 8 seeds lies at or above the
+    margin's low bound (``bounds``, else A11's margin), judged per environment at the longest
+    training recorded for that width with enough seeds; where FP32 did not beat the random
+    policy, nothing is judged. The crossover is the smallest measured width from which FP8
+    pays at every wider one. BF16 against FP32, the same policy recipe with another critic
+    (``{recipe}+critic-fp32``) and variants of ``recipe`` (``{recipe}:field=value``) are shown
+    beside it with their own intervals, not judged (:func:`_shown_beside`).
 
     **reproduced**: FP8 pays at the narrowest measured size (the standard legged policy) and
     its quality is kept wherever measured; **inconclusive**: it pays there, no size lost
@@ -199,6 +204,8 @@ def a11(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str | None = None,
     rl = rule_of("A11", rule)
     recipe = recipe or rl["recipes"][0]
     pays_at, min_seeds = rl["pays"], rl["min_seeds"]
+    ups = rl_analysis.paired_first(ups) if (rl.get("cells") or {}).get("timing") == \
+        "paired-first" else rl_analysis.separate(ups)
     u = ups[(ups.recipe == recipe) & ~ups.emulated.astype(bool)
             & ups.same_commit.astype(bool)] if len(ups) else ups
     if not len(u):
@@ -208,11 +215,15 @@ def a11(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str | None = None,
     hw = u.groupby("hardware").size().idxmax()
     u = u[u.hardware == hw]
     envs = sorted(set(u.env))
-    # per width, the median over the environments measured at it
+    # per width, the median over the environments measured at it (paired: with the range of
+    # their per-round ratios and the fewest rounds)
+    paired = "timing" in u and bool((u.timing == "paired").all())
+    more = dict(rounds=("rounds", "min"), e2e_lo=("e2e_lo", "min"),
+                e2e_hi=("e2e_hi", "max")) if paired else {}
     u = u.groupby("width", as_index=False).agg(
         e2e=("e2e", "median"), update=("update", "median"), size=("size", "first"),
         physics_share=("physics_share", "first"),
-        env=("env", lambda x: "/".join(sorted(set(x))))).sort_values("width")
+        env=("env", lambda x: "/".join(sorted(set(x)))), **more).sort_values("width")
     pays = {int(r.width): bool(r.e2e >= pays_at) for r in u.itertuples()}
     kept = _quality_kept(quality[quality.hardware == hw] if len(quality) else quality, recipe,
                          bounds, min_seeds, rl["reference"], rl["baseline"])
@@ -229,7 +240,9 @@ def a11(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str | None = None,
     def part(r):  # the physics share needs a fresh physics record of the speed cell's envs
         physics = (f"; physics {r['physics_share']:.0%} of the BF16 loop"
                    if pd.notna(r["physics_share"]) else "; physics share not measured")
-        return (f"{r['e2e']:.2f}x at {at(r)} (width {int(r['width'])}; update alone "
+        rounds = (f"; paired, median of {int(r['rounds'])} rounds, range {r['e2e_lo']:.2f}-"
+                  f"{r['e2e_hi']:.2f}x" if paired else "")
+        return (f"{r['e2e']:.2f}x at {at(r)} (width {int(r['width'])}{rounds}; update alone "
                 f"{r['update']:.2f}x{physics})")
 
     speed = ", ".join(part(r) for _, r in u.iterrows())
