@@ -38,6 +38,7 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "ppo_speed": ("09_ppo_speed", ()),
     "legged": ("10_legged", ("legged",)),
     "inference": ("11_inference", ("inference",)),
+    "grpo": ("12_grpo", ("grpo",)),
 }
 RUNNER = "repro.run_notebook"  # what `repro notebook` runs, besides the CLI's own file
 HEADER = """\

@@ -68,6 +68,7 @@ QUALITY_METRICS = frozenset({
     "final_return", "eval_return", "random_return",  # RL returns
     "eval_loss", "final_eval_loss", "heldout_loss", "bits_per_byte",  # LM losses
     "kl_to_bf16", "top1_agreement",  # agreement with the BF16 model
+    "heldout_accuracy", "base_accuracy",  # GRPO's held-out exact match
     "same_seed_identical", "different_seeds_differ",  # bitwise repeats
 })
 

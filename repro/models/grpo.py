@@ -136,6 +136,17 @@ def prompt_tokens(a, b, n_digits: int):
     return jnp.concatenate([digits(a), plus, digits(b), eq], axis=1).astype(jnp.int32)
 
 
+def answer_tokens(a, b, length: int):
+    """The right completion of each problem ``a + b`` as tokens, int32 ``[n, length]``: the
+    sum's canonical digits, then end markers to ``length`` (the first one ends the answer;
+    ``length`` must exceed the longest sum's digits). What the supervised warm-up teaches."""
+    s = (jnp.asarray(a) + jnp.asarray(b)).astype(jnp.int32)[:, None]
+    n_digits = 1 + jnp.sum(s >= 10 ** jnp.arange(1, MAX_DIGITS + 1), axis=1, keepdims=True)
+    pos = jnp.arange(length)[None, :]
+    pw = 10 ** jnp.clip(n_digits - 1 - pos, 0, MAX_DIGITS)
+    return jnp.where(pos < n_digits, (s // pw) % 10 + ZERO_TOKEN, END_TOKEN).astype(jnp.int32)
+
+
 def reward(prompt: str, completion: str) -> float:
     """Exact match: 1.0 if the completion, up to its first end marker and with spaces around
     it stripped, is the sum in canonical decimal ("52"; not "052" nor "+52"), else 0.0. A
@@ -380,8 +391,17 @@ class GRPOConfig:
     b2: float = 0.99
     grad_clip: float = 1.0
     # greedy accuracy of the rollout engine on held-out problems, before and after training
-    # (0: no evaluation)
+    # (0: no evaluation), and every ``eval_every`` steps (0: before and after only)
     eval_problems: int = 64
+    eval_every: int = 0
+    # supervised warm-up before GRPO (0: none): ``sft_steps`` Adam steps at ``sft_lr`` of
+    # teacher-forced cross-entropy on ``sft_batch`` training problems' answers each, in
+    # ``sft_recipe``; it depends on the key and these fields only, so every arm of a seed
+    # starts GRPO from the same base model
+    sft_steps: int = 0
+    sft_batch: int = 64
+    sft_lr: float = 1e-3
+    sft_recipe: str = "bf16"
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | "GRPOConfig") -> "GRPOConfig":
@@ -410,9 +430,9 @@ class GRPOConfig:
 
 
 _COUNTS = ("d_model", "n_layers", "n_heads", "d_ff", "steps", "prompts_per_step",
-           "group_size", "updates_per_step")
-_POSITIVE = ("lr", "grad_clip", "adv_eps", "clip_eps", "is_cap")
-_NONNEGATIVE = ("temperature", "kl_coef", "eval_problems")
+           "group_size", "updates_per_step", "sft_batch")
+_POSITIVE = ("lr", "grad_clip", "adv_eps", "clip_eps", "is_cap", "sft_lr")
+_NONNEGATIVE = ("temperature", "kl_coef", "eval_problems", "eval_every", "sft_steps")
 _UNIT = ("b1", "b2")  # in [0, 1)
 
 
@@ -438,8 +458,10 @@ def validate(config: Mapping[str, Any] | GRPOConfig) -> GRPOConfig:
     if c.group_size < 2:
         raise ConfigError(f"GRPO config group_size={c.group_size}: must be >= 2 (advantages "
                           "are relative to the group)")
+    if c.eval_every and c.steps % c.eval_every:
+        raise ConfigError(f"GRPO config eval_every={c.eval_every}: must divide steps={c.steps}")
     check_task(c.n_digits, c.heldout_every)
-    for name in ("recipe", "rollout_recipe"):
+    for name in ("recipe", "rollout_recipe", "sft_recipe"):
         try:
             r = resolve(getattr(c, name))
         except ValueError as e:
@@ -447,6 +469,9 @@ def validate(config: Mapping[str, Any] | GRPOConfig) -> GRPOConfig:
         if name == "rollout_recipe" and r.quantized:
             raise ConfigError(f"GRPO config rollout_recipe={c.rollout_recipe!r}: must be "
                               "unquantized (dense GEMMs); FP8 rollouts are rollout_fp8=True")
+        if name == "sft_recipe" and r.quantized:
+            raise ConfigError(f"GRPO config sft_recipe={c.sft_recipe!r}: must be unquantized "
+                              "(the warm-up makes one base model for every arm)")
     try:
         c.model_config
     except ValueError as e:
@@ -467,7 +492,11 @@ def make_train(config: Mapping[str, Any] | GRPOConfig):
     """Validate ``config`` (one-line ConfigError) and return the pure ``train(rng)``.
 
     ``train(rng)`` returns ``{"metrics": {name: [steps]}, "heldout_reward": [2],
-    "variables": ...}`` (no ``heldout_reward`` when ``eval_problems`` is 0). Metrics per
+    "variables": ...}`` (no ``heldout_reward`` when ``eval_problems`` is 0), with
+    ``eval_every`` also ``heldout_curve`` (``[steps // eval_every + 1]``: before training,
+    then after every ``eval_every`` steps) and with ``sft_steps`` ``sft_loss``
+    (``[sft_steps]``, the warm-up's cross-entropy per answer token; the "before" accuracy is
+    then the warmed-up base model's). Metrics per
     step: ``reward`` (mean over the step's rollouts),
     ``length`` (mean completion tokens, end marker included), ``loss`` and the diagnostics of
     :func:`grpo_loss` (``mismatch_kl``, ``is_capped_frac``, ``clip_frac``, ``kl_ref``) of the
@@ -482,6 +511,37 @@ def make_train(config: Mapping[str, Any] | GRPOConfig):
     allowed = None
     if c.constrained:
         allowed = jnp.zeros((cfg.vocab_size,), bool).at[D.encode(ALPHABET)].set(True)
+    tokens0 = jnp.zeros((1, cfg.seq_len), jnp.int32)
+    if c.sft_steps:
+        tutor = M.Decoder(cfg, c.sft_recipe)
+        shapes = [jax.tree.map(lambda x: (x.shape, x.dtype),
+                               jax.eval_shape(m.init, jax.random.key(0), tokens0)["params"])
+                  for m in (tutor, trainer)]
+        if shapes[0] != shapes[1]:
+            raise ConfigError(f"GRPO config sft_recipe={c.sft_recipe!r}: its parameters differ "
+                              f"from recipe={c.recipe!r}'s; the warm-up cannot hand them over")
+        sft_tx = optax.adam(c.sft_lr, b1=c.b1, b2=c.b2)
+
+    def warm_up(params, key):
+        """``sft_steps`` of teacher-forced cross-entropy on training problems' answers."""
+        def sft_step(carry, k):
+            params, o = carry
+            a, b = sample_problems(k, c.sft_batch, c.n_digits, c.heldout_every)
+            prompts, toks = prompt_tokens(a, b, c.n_digits), answer_tokens(a, b, c.max_new)
+            mask = completion_mask(toks)
+
+            def loss_fn(p):
+                lp = sequence_logprobs(tutor, {"params": p}, prompts, toks, 1.0, allowed,
+                                       rngs={"quant": k})
+                return -jnp.sum(jnp.where(mask, lp, 0.0)) / jnp.sum(mask)
+
+            loss, g = jax.value_and_grad(loss_fn)(params)
+            u, o = sft_tx.update(g, o, params)
+            return (optax.apply_updates(params, u), o), loss
+
+        (params, _), losses = jax.lax.scan(sft_step, (params, sft_tx.init(params)),
+                                           jax.random.split(key, c.sft_steps))
+        return params, losses
 
     def rollout(params, prompts, group_size, key, temperature):
         if not c.rollout_fp8:
@@ -501,7 +561,12 @@ def make_train(config: Mapping[str, Any] | GRPOConfig):
 
     def train(rng):
         k_init, k_eval, k_steps = jax.random.split(rng, 3)
-        variables = trainer.init(k_init, jnp.zeros((1, cfg.seq_len), jnp.int32))
+        variables = trainer.init(k_init, tokens0)
+        extra = {}
+        if c.sft_steps:
+            warm, extra["sft_loss"] = warm_up(tutor.init(k_init, tokens0)["params"],
+                                              jax.random.fold_in(k_init, 1))
+            variables = {**variables, "params": warm}
         opt_state = tx.init(variables["params"])
         reference = variables
         if c.eval_problems:
@@ -539,11 +604,22 @@ def make_train(config: Mapping[str, Any] | GRPOConfig):
             metrics["length"] = jnp.mean(jnp.sum(roll.mask, axis=1).astype(jnp.float32))
             return (variables, opt_state), metrics
 
-        (variables, _), metrics = jax.lax.scan(step, (variables, opt_state),
-                                               jax.random.split(k_steps, c.steps))
-        out = {"metrics": metrics, "variables": variables}
+        keys = jax.random.split(k_steps, c.steps)
+        if c.eval_every and c.eval_problems:
+            def chunk(carry, ks):
+                carry, m = jax.lax.scan(step, carry, ks)
+                return carry, (m, heldout_reward(carry[0]["params"], ea, eb, k_eval))
+
+            (variables, _), (metrics, curve) = jax.lax.scan(
+                chunk, (variables, opt_state), keys.reshape(-1, c.eval_every))
+            metrics = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), metrics)
+            extra["heldout_curve"] = jnp.concatenate([before[None], curve])
+        else:
+            (variables, _), metrics = jax.lax.scan(step, (variables, opt_state), keys)
+        out = {"metrics": metrics, "variables": variables, **extra}
         if c.eval_problems:
-            after = heldout_reward(variables["params"], ea, eb, k_eval)
+            after = (extra["heldout_curve"][-1] if "heldout_curve" in extra else
+                     heldout_reward(variables["params"], ea, eb, k_eval))
             out["heldout_reward"] = jnp.stack([before, after])
         return out
 

@@ -26,6 +26,7 @@ EXPERIMENTS: dict[str, str] = {
     "rl_purejaxrl": "repro.studies.purejaxrl",
     "inference": "repro.studies.inference",
     "legged": "repro.studies.legged",
+    "grpo": "repro.studies.grpo",
 }
 # `repro trace`: studies whose parameters come from the command line.
 TRACES: dict[str, str] = {"kernel_times": "repro.studies.kernel_times"}

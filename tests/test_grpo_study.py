@@ -1,0 +1,187 @@
+"""The grpo study (claim A12): its params sections, cells and tables on hand-made records;
+A12's rule on hand-made accuracy tables (thresholds read from repro/data/claims.yaml); the
+supervised warm-up's answers and the held-out curve of repro.models.grpo."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pandas as pd
+import pytest
+
+from repro import studies
+from repro.analysis import grpo as A
+from repro.claims import verdicts as V
+from repro.config import ConfigError
+from repro.models import grpo as R
+from repro.studies import grpo as S
+
+RULE = V.rule("A12")
+ARM, REF = RULE["recipes"][0], RULE["reference"]
+SHOWN = RULE["shown"]
+NEED, WORKS, TARGET = RULE["min_seeds"], RULE["rl_works"], RULE["speed"]["target"]
+LOW = V.margin("A12")[0]
+
+
+def table(gaps, gain=0.3, base=0.2, hw="h200", shown_gap=None, emulated=True):
+    """Per seed: the reference gains ``gain`` over ``base``; the judged arm ``gaps[i]``."""
+    rows = []
+    for s, g in enumerate(gaps):
+        ref = base + gain
+        rows.append({"hardware": hw, "arm": REF, "seed": s, "base": base, "final": ref,
+                     "emulated": False})
+        rows.append({"hardware": hw, "arm": ARM, "seed": s, "base": base, "final": ref + g,
+                     "emulated": emulated})
+        if shown_gap is not None:
+            rows.append({"hardware": hw, "arm": SHOWN[0], "seed": s, "base": base,
+                         "final": ref + shown_gap, "emulated": emulated})
+    return pd.DataFrame(rows, columns=A.COLUMNS)
+
+
+def spread(center, n=None, width=0.002):
+    n = n or NEED
+    return [center + width * (i - (n - 1) / 2) for i in range(n)]
+
+
+def test_a12_not_yet_measured_without_records():
+    v = V.a12(pd.DataFrame(columns=A.COLUMNS))
+    assert v.verdict == "not yet measured" and "no full-profile" in v.key_number
+
+
+def test_a12_reproduced_when_kept_and_fast():
+    v = V.a12(table(spread(0.0)), speed=TARGET + 0.05)
+    assert v.verdict == "reproduced", v.key_number
+    assert v.numbers["n_seeds"] == NEED and v.emulated
+    assert v.numbers["gap_lo"] >= LOW
+
+
+def test_a12_partly_when_kept_but_speed_short_or_unmeasured():
+    assert V.a12(table(spread(0.0)), speed=TARGET - 0.1).verdict == "partly"
+    v = V.a12(table(spread(0.0)))
+    assert v.verdict == "partly" and "speedup not measured" in v.key_number
+
+
+def test_a12_contradicted_when_the_interval_lies_below_the_margin():
+    v = V.a12(table(spread(LOW - 0.05)), speed=TARGET + 1)
+    assert v.verdict == "contradicted" and v.numbers["gap_hi"] < LOW
+
+
+def test_a12_inconclusive_when_the_interval_straddles_the_margin():
+    v = V.a12(table(spread(LOW, width=0.05)), speed=TARGET + 1)
+    assert v.verdict == "inconclusive"
+
+
+def test_a12_no_verdict_on_precision_when_rl_did_not_work():
+    v = V.a12(table(spread(0.0), gain=WORKS / 2), speed=TARGET + 1)
+    assert v.verdict == "not yet measured" and "RL did not work" in v.key_number
+    assert V.a12(table(spread(0.0), gain=WORKS + 0.01), speed=TARGET + 1).verdict == \
+        "reproduced"
+
+
+def test_a12_needs_min_seeds_paired_seeds():
+    v = V.a12(table(spread(0.0, n=NEED - 1)), speed=TARGET + 1)
+    assert v.verdict == "not yet measured" and f"{NEED} needed" in v.key_number
+    t = table(spread(0.0))  # the reference missing one seed: one pair fewer
+    t = t[~((t.arm == REF) & (t.seed == 0))]
+    assert V.a12(t, speed=TARGET + 1).verdict == "not yet measured"
+
+
+def test_a12_shows_the_other_arms_without_judging_them():
+    v = V.a12(table(spread(0.0), shown_gap=-0.5), speed=TARGET + 1)
+    assert v.verdict == "reproduced" and f"{SHOWN[0]} -50.0 pts" in v.note
+    assert "not judged" in v.note
+
+
+def test_a12_reads_its_thresholds_from_the_rule():
+    stricter = {**RULE, "min_seeds": NEED + 5}
+    assert V.a12(table(spread(0.0)), TARGET + 1, rule=stricter).verdict == "not yet measured"
+    lax = {**RULE, "rl_works": 0.0}
+    assert V.a12(table(spread(0.0), gain=0.0), TARGET + 1, rule=lax).verdict == "reproduced"
+
+
+# -------------------------------------------------------------------------- the study
+
+
+def test_params_sections_hold_every_arm_of_the_rule_in_full():
+    full = studies.params("grpo", "full")
+    assert set(full.arms) == {ARM, REF, *SHOWN}
+    assert full.seeds >= NEED
+    c = {a: S.arm_config(full, a) for a in full.arms}
+    assert (c[REF].d_model, c[REF].n_layers) == (512, 6)  # the 20m preset
+    assert not c[REF].rollout_fp8 and c[ARM].rollout_fp8 and c[ARM].recipe != c[REF].recipe
+    assert c["fp8-e2e-no-is"].is_cap is None and c[ARM].is_cap is not None
+    assert all(x.sft_steps > 0 and x.eval_every for x in c.values())
+    smoke = studies.params("grpo", "smoke")
+    names = [cell.name for cell in S.cells(smoke)]
+    assert names and all(n.endswith("_s0") for n in names)
+    assert [cell.name for cell in S.cells(full)][:len(full.arms)] == \
+        [S.cell_name(a, 0) for a in full.arms]
+
+
+def test_check_names_the_arm_in_one_line():
+    p = studies.params("grpo", "smoke")
+    import dataclasses
+
+    bad = dataclasses.replace(p, arms={"x": {"recipe": "fp9"}})
+    with pytest.raises(ValueError, match=r"grpo\.smoke\.arms\.x: GRPO config recipe") as e:
+        S.check(bad)
+    assert "\n" not in str(e.value)
+
+
+def _record(arm, seed, base, final, hw="h200", backend="gpu", profile="full"):
+    extra = {"arm": arm, "curve": [base, final], "curve_steps": [0, 4],
+             "reward": [0.1, 0.2, None, 0.3], "mismatch_kl": [1e-3] * 4,
+             "is_capped_frac": [0.0, 0.01, 0.0, 0.0]}
+    common = {"hardware": hw, "backend": backend, "profile": profile, "emulated": True,
+              "sizes": {"arm": arm, "seed": seed}, "extra": extra}
+    return [{**common, "metric": "heldout_accuracy", "value": final},
+            {**common, "metric": "base_accuracy", "value": base}]
+
+
+def test_tables_from_hand_made_records():
+    recs = pd.DataFrame(_record(REF, 0, 0.1, 0.5) + _record(ARM, 0, 0.1, 0.45)
+                        + _record(ARM, 1, 0.1, 0.4, backend="cpu", profile="smoke"))
+    ev = A.evidence(recs)
+    acc = A.accuracy_table(ev)
+    assert list(acc.columns) == A.COLUMNS and len(acc) == 2
+    assert acc.set_index("arm").loc[ARM, "final"] == 0.45
+    assert acc.set_index("arm").loc[REF, "base"] == 0.1
+    cur = A.curves(ev)
+    assert np.isnan(cur.reward.iloc[0][2]) and list(cur.curve_steps.iloc[0]) == [0, 4]
+    s = A.arm_summary(ev).set_index("arm")
+    assert s.loc[REF, "gain"] == pytest.approx(0.4)
+    assert s.loc[ARM, "capped_frac"] == pytest.approx(0.0025)
+    assert len(A.accuracy_table(pd.DataFrame())) == 0
+
+
+# ------------------------------------------------------------- model additions
+
+
+def test_answer_tokens_are_what_the_verifier_accepts():
+    a, b = np.array([7, 95, 0, 999]), np.array([5, 4, 0, 1])
+    toks = np.asarray(R.answer_tokens(a, b, 5))
+    assert bytes(toks[0].astype(np.uint8)) == b"12\n\n\n"
+    assert bytes(toks[3].astype(np.uint8)) == b"1000\n"
+    np.testing.assert_array_equal(np.asarray(R.reward_tokens(toks, a, b)), 1.0)
+
+
+def test_config_errors_of_the_new_fields_are_one_line():
+    with pytest.raises(ConfigError, match="eval_every=3: must divide steps=8"):
+        R.make_train({"steps": 8, "eval_every": 3})
+    with pytest.raises(ConfigError, match="sft_recipe='fp8-current': must be unquantized"):
+        R.make_train({"sft_steps": 2, "sft_recipe": "fp8-current"})
+    with pytest.raises(ConfigError, match="sft_lr=0"):
+        R.make_train({"sft_lr": 0})
+
+
+def test_warm_up_lowers_its_loss_and_the_curve_has_a_point_per_eval():
+    cfg = dict(n_digits=1, d_model=32, n_layers=1, n_heads=2, d_ff=64, steps=4,
+               prompts_per_step=4, group_size=4, eval_problems=8, eval_every=2,
+               sft_steps=40, sft_batch=32, sft_lr=1e-2, recipe="fp32", rollout_recipe="fp32",
+               sft_recipe="fp32")
+    out = jax.jit(R.make_train(cfg))(jax.random.key(0))
+    loss = np.asarray(out["sft_loss"])
+    assert loss.shape == (40,) and loss[-5:].mean() < 0.7 * loss[:5].mean()
+    curve, hr = np.asarray(out["heldout_curve"]), np.asarray(out["heldout_reward"])
+    assert curve.shape == (3,) and hr[0] == curve[0] and hr[1] == curve[-1]
+    assert np.asarray(out["metrics"]["reward"]).shape == (4,)
