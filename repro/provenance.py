@@ -708,17 +708,18 @@ class Checker:
         try:
             st = studies.study(studies.of_records(experiment))
             found = []
-            if st.params_section:
-                params = studies.params(st.experiment, profile)
-                with contextlib.redirect_stdout(io.StringIO()), \
-                        hardware.target(platform, kind):  # a study's notes on skipping
+            # built for the record's device: a program may choose its path as it is built
+            # (fp8-auto keeps BF16 on a device without FP8 arithmetic)
+            with contextlib.redirect_stdout(io.StringIO()), hardware.target(platform, kind):
+                if st.params_section:  # (redirected: a study's notes on skipping)
+                    params = studies.params(st.experiment, profile)
                     found = [c for c in st.cells(params) if c.name == cell]
-            if found and found[0].programs is not None:
-                out: dict[str, Any] | str = dict(found[0].programs())
-            elif found:
-                out = f"{experiment} names no program for cell {cell}"
-            else:
-                out = self._from_record(st, experiment, cell, profile, rec)
+                if found and found[0].programs is not None:
+                    out: dict[str, Any] | str = dict(found[0].programs())
+                elif found:
+                    out = f"{experiment} names no program for cell {cell}"
+                else:
+                    out = self._from_record(st, experiment, cell, profile, rec)
         except Exception as e:  # noqa: BLE001 - any failure is a reason, in one line
             out = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}" if str(e) \
                 else type(e).__name__

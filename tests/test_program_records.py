@@ -70,3 +70,20 @@ def test_the_committed_program_index_is_current():
                       if entry.get("jax") == check._env["jax"] and not check._valid(entry))
     assert not outdated, (f"{len(outdated)} index entr(ies) outdated, e.g. {outdated[:3]}: "
                           "run `repro status --write-index`")
+
+
+def test_a_cell_program_is_built_for_the_records_device():
+    """fp8-auto chooses its layers' formats as its program is built: for a TPU (no FP8
+    arithmetic) every layer stays BF16, so its program is bf16's; for a GPU it is not."""
+    check = provenance.Checker()
+    tpu = check.cell_programs("mlp_step", "w1024_b65536_d3", "full", "tpu", "TPU v5 lite")
+    gpu = check.cell_programs("mlp_step", "w1024_b65536_d3", "full", "gpu", "NVIDIA H200")
+    assert not isinstance(tpu, str) and not isinstance(gpu, str), (tpu, gpu)
+
+    def digest(progs, key, platform, kind):
+        return P.trace(progs[key], platform, kind).hash
+
+    assert digest(tpu, "fp8-auto", "tpu", "TPU v5 lite") == \
+        digest(tpu, "bf16", "tpu", "TPU v5 lite")
+    assert digest(gpu, "fp8-auto", "gpu", "NVIDIA H200") != \
+        digest(gpu, "bf16", "gpu", "NVIDIA H200")
