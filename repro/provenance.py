@@ -801,6 +801,13 @@ class Checker:
         except OSError:
             pass
 
+    @staticmethod
+    def committed_text(digest: str) -> str | None:
+        """A program's committed text (``results/programs``)."""
+        from repro import program as P
+
+        return P.load_text(CHECKOUT / "results", digest)
+
     def text(self, digest: str) -> str | None:
         """A program's kept text: committed (``results/programs``) or cached here."""
         from repro import program as P
@@ -841,9 +848,12 @@ class Checker:
                                if files.get(f) != self.file_hash(f)))
         since = self.since(commit, changed) if changed else None
         if now["hash"] != prog.get("hash"):
-            new = now.get("text") or self.text(now["hash"]) or ""
-            why = (f"its program{what} changed: first difference at "
-                   f"{first_difference(self.text(str(prog.get('hash'))), new)}")
+            # from the committed texts only: the note reads alike on every machine
+            old, new = self.committed_text(str(prog.get("hash"))), \
+                self.committed_text(now["hash"])
+            why = f"its program{what} changed" + (
+                f": first difference at {first_difference(old, new)}" if new is not None
+                else "")
         else:
             why = f"its measuring kit{what} changed"
         when = {None: "", "uncommitted": " (uncommitted edits)"}.get(since, f" (since {since})")
@@ -866,12 +876,30 @@ class Checker:
         return Staleness(True, "; ".join(reasons), since, changed, "; ".join(summaries))
 
 
+def _traced_text(checker: Checker, args: tuple[str, ...], profile: str, rec: dict[str, Any],
+                 digest: str) -> str | None:
+    """HEAD's text of a cell's program traced now, where its hash is ``digest``."""
+    from repro import program as P
+
+    experiment, cell, key, platform, kind = args
+    progs = checker.cell_programs(experiment, cell, profile, platform, kind, rec)
+    prog = None if isinstance(progs, str) else progs.get(key, progs.get(""))
+    if prog is None:
+        return None
+    traced = P.trace(with_settings(prog, experiment), platform, kind)
+    return traced.text if traced.hash == digest else None
+
+
 def write_index(records: Iterable[dict[str, Any]], checker: Checker | None = None
                 ) -> tuple[Path, int]:
     """Write ``results/programs/index.json``: HEAD's program of every (cell, key, platform)
     the ``records`` name, with the files its trace ran, so that a checkout whose files changed
     since the records were made (but not since the index) needs no tracing to tell they are
-    fresh. Returns (its path, the number of programs traced to make it)."""
+    fresh; HEAD's text of every program that changed since a record is committed beside it
+    (``results/programs``), so that a stale note names its first differing line on every
+    machine. Returns (its path, the number of programs traced to make it)."""
+    from repro import program as P
+
     checker = checker or Checker()
     index: dict[str, dict[str, Any]] = {}
     for rec in records:
@@ -889,6 +917,13 @@ def write_index(records: Iterable[dict[str, Any]], checker: Checker | None = Non
         now = checker.program_now(*args, profile=profile, rec=rec)
         if isinstance(now, dict):
             index[name] = {k: v for k, v in now.items() if k != "text"}
+            if now["hash"] != prog["hash"] and checker.committed_text(now["hash"]) is None:
+                text = now.get("text") or checker.text(now["hash"]) or \
+                    _traced_text(checker, args, profile, rec, now["hash"])
+                if text:  # committed: a stale note names the first line that differs
+                    P.save_text(CHECKOUT / "results", P.Traced(
+                        now["hash"], now["kit"], {}, args[3], args[4], text),
+                        f"the text of {name}")
     path = CHECKOUT.joinpath(*PROGRAM_INDEX)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
