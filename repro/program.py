@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import difflib
 import functools
 import gzip
 import hashlib
@@ -262,13 +261,13 @@ def load_text(root: Path, digest: str) -> str | None:
 
 @functools.lru_cache(maxsize=1024)  # many records of one cell share both texts
 def first_difference(old: str | None, new: str) -> str:
-    """The first line of ``new`` that differs from ``old``, shortened (or why none can be
-    named)."""
+    """The first line of ``new`` that differs from ``old`` (the end of their common prefix of
+    lines), shortened (or why none can be named)."""
     if old is None:
         return "the recorded program's text is not kept"
     a, b = old.splitlines(), new.splitlines()
-    for tag, i1, _, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
-        if tag != "equal":
-            line = (b[j1] if j1 < j2 else a[i1] if i1 < len(a) else "").strip()
-            return f"line {j1 + 1}: {line[:160]}"
-    return "texts equal"
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    if i == len(a) == len(b):
+        return "texts equal"
+    line = (b[i] if i < len(b) else a[i]).strip()
+    return f"line {i + 1}: {line[:160]}"

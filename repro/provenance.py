@@ -802,6 +802,7 @@ class Checker:
             pass
 
     @staticmethod
+    @functools.lru_cache(maxsize=512)  # many stale records share one program
     def committed_text(digest: str) -> str | None:
         """A program's committed text (``results/programs``)."""
         from repro import program as P
