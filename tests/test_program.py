@@ -150,8 +150,10 @@ def test_a_stale_record_says_which_program_and_the_first_differing_line(base, tm
         print(json.dumps(Checker()(r).reason))
         """)
     reason = json.loads(out)
-    assert "its program (fp8-delayed) changed: first difference at line" in reason
-    assert "1e-30" in reason or "gt" in reason
+    # the first differing line is named from committed texts only (the note must read alike
+    # on every machine); HEAD's text of this edit is not committed
+    assert "its program (fp8-delayed) changed" in reason
+    assert "first difference" not in reason
 
 
 def test_canonical_text_has_no_addresses_and_hashes_constants():

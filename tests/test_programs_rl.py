@@ -145,15 +145,15 @@ def test_throughput_records_find_their_cells_program(monkeypatch):
     monkeypatch.setattr(T, "_time_fn", lambda fn, *a, repeats, warmup=1: (0.1, 0.01, [0.1]))
     monkeypatch.setattr(T, "compiled_facts", lambda c: {
         "fp8_gemm_calls": 0, "fp8_lowering": "none", "memory_bytes": 1024})
-    recs = T.throughput_cell("mlp", 64, "bf16", 8, p)
+    recs = T.throughput_cell("mlp", 64, "fp16", 8, p)
     monkeypatch.undo()
     assert {r["metric"] for r in recs} == {"env_steps_per_s", "update_time_ms",
                                            "update_memory_bytes"}
-    assert set(cells("rl_throughput")["mlp_w64_bf16_e8"].programs()) == {"bf16"}
-    assert {r["recipe"] for r in recs} == {"bf16"}  # each record finds its recipe's key
+    assert set(cells("rl_throughput")["mlp_w64_fp16_e8"].programs()) == {"fp16"}
+    assert {r["recipe"] for r in recs} == {"fp16"}  # each record finds its recipe's key
     (rec,) = distinct(recs, T.program_settings)  # all three: one program
     assert fingerprint(T.program(**T.program_settings(rec))) == \
-        base("rl_throughput", "mlp_w64_bf16_e8", "bf16")
+        base("rl_throughput", "mlp_w64_fp16_e8", "fp16")
 
 
 def test_throughput_stores_programs_follow_the_registry_facts_of_their_family(monkeypatch):
@@ -179,7 +179,7 @@ def test_throughput_stores_programs_follow_the_registry_facts_of_their_family(mo
 
 
 def test_one_recipes_change_stales_only_its_throughput_cells(monkeypatch):
-    names = {"mlp_w64_bf16_e8": "bf16", "mlp_w64_fp8-delayed_e8": "fp8-delayed"}
+    names = {"mlp_w64_fp16_e8": "fp16", "mlp_w64_fp8-delayed_e8": "fp8-delayed"}
     before = {n: base("rl_throughput", n, k) for n, k in names.items()}
     monkeypatch.setitem(R.REGISTRY, "fp8-delayed",
                         R.REGISTRY["fp8-delayed"].replace(amax_history_len=7))
@@ -199,7 +199,7 @@ def test_quality_records_and_their_repeat_copies_find_their_cells_programs(monke
         len(seeds), c.num_updates))
     env = "CartPole-v1"
     made = {f"{env}_fp32": Q.quality_cell(env, "fp32", p),
-            f"{env}_fp8-e2e-nokahan": Q.quality_cell(env, "fp8-e2e-nokahan", p),
+            f"{env}_fp8-delayed": Q.quality_cell(env, "fp8-delayed", p),
             f"{env}_random": Q.random_cell(env, p),
             f"{env}_determinism_fp8-e2e": Q.determinism_cell(env, "fp8-e2e", p)}
     monkeypatch.undo()
@@ -217,10 +217,10 @@ def test_quality_records_and_their_repeat_copies_find_their_cells_programs(monke
     assert P.kit_hash(det.kit) != P.kit_hash(e2e.kit)
     # rl_quality_repeat holds copies of rl_quality records (their experiment: rl_quality):
     # a copy's settings are its cell's, whatever folder holds it
-    rec = made[f"{env}_fp8-e2e-nokahan"][1]
+    rec = made[f"{env}_fp8-delayed"][1]
     assert rec["experiment"] == "rl_quality"
     assert Q.program_settings(dict(rec)) == \
-        Q.program_settings(made[f"{env}_fp8-e2e-nokahan"][0])
+        Q.program_settings(made[f"{env}_fp8-delayed"][0])
     # a record made with other PPO settings than params.yaml's has no derivable program
     assert Q.program_settings({**rec, "sizes": {**rec["sizes"], "num_envs": 5}}) is None
 
