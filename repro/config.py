@@ -7,7 +7,7 @@ each with ``smoke`` and ``full`` sub-sections and optionally ``common``, shared 
 A study declares its parameters as a frozen dataclass derived from :class:`Section`;
 :func:`section` merges ``common`` under the profile's sub-section and builds that dataclass:
 types checked (floats finite), sizes positive (fields made with :func:`positive`), fractions in
-(0, 1] (:func:`fraction`), recipe names checked against
+(0, 1] (:func:`fraction`), numbers in [lo, hi] (:func:`within`), recipe names checked against
 the registry (:func:`recipe_names`), unknown keys rejected with the nearest valid key
 suggested. Every error is one line naming the file and the key path::
 
@@ -77,6 +77,12 @@ def positive(default: Any = dataclasses.MISSING, **kw) -> Any:
 def fraction(default: Any = dataclasses.MISSING, **kw) -> Any:
     """A dataclass field holding a fraction: a number in (0, 1]."""
     return dataclasses.field(default=default, metadata={"fraction": True}, **kw)
+
+
+def within(default: Any = dataclasses.MISSING, lo: float = 0.0, hi: float = math.inf, **kw
+           ) -> Any:
+    """A dataclass field holding a number in ``[lo, hi]`` (a rate that may be 0, a ratio)."""
+    return dataclasses.field(default=default, metadata={"within": (lo, hi)}, **kw)
 
 
 def recipe_names(default: Any = dataclasses.MISSING, **kw) -> Any:
@@ -265,6 +271,10 @@ def _build(schema: type, values: dict, path: str, where: dict[str, str] | None =
             _check_positive(v, at)
         if f.metadata.get("fraction") and v is not None and not 0 < v <= 1:
             _fail(at, f"must be a fraction in (0, 1], got {v!r}")
+        if "within" in f.metadata and v is not None and not (
+                f.metadata["within"][0] <= v <= f.metadata["within"][1]):
+            lo, hi = f.metadata["within"]
+            _fail(at, f"must be in [{lo:g}, {hi:g}], got {v!r}")
         if f.metadata.get("recipe"):
             _check_recipes(v, at)
         kwargs[f.name] = v

@@ -109,10 +109,6 @@ def _validate(name: str, raw: dict):
     return p
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known gaps this fuzzer found, to fix in the studies' params: lm.common.min_lr_ratio and "
-    "weight_decay accept negative numbers; a bad key under legged's ppo names the key but not "
-    "its path"))
 @FUZZ
 @given(st.sampled_from(KEYS), st.sampled_from(ANY_VALUES))
 def test_fuzz_params_values(case, value):
@@ -448,3 +444,18 @@ def test_fuzz_verdict_files(tmp_path_factory, monkeypatch, key, value, cut):
     assert good, (key, value, cut)
     row = next(r for r in rows if r["claim"] == "A2")
     assert {k: row[k] for k in data if k in row} == {k: data[k] for k in data if k in row}
+
+
+@pytest.mark.parametrize("section,sub,key,value", [
+    ("lm", "common", "min_lr_ratio", -0.1),
+    ("lm", "common", "min_lr_ratio", 1.5),
+    ("lm", "common", "weight_decay", -0.01),
+    ("legged", "smoke", "ppo", {"learning_rat": 0.001}),
+])
+def test_the_fuzzers_findings_are_rejected_naming_their_key(section, sub, key, value):
+    name = next(n for n, s in SECTIONS.items() if s == section)
+    raw = copy.deepcopy(RAW)
+    raw[section].setdefault(sub, {})[key] = value
+    with pytest.raises(ValueError) as e:
+        _validate(name, raw)
+    assert key in _one_line(e.value), str(e.value)

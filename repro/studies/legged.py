@@ -735,17 +735,24 @@ def check(p: Mapping[str, Any]) -> None:
     """Every cell's configuration, before the first cell runs (one-line ValueError)."""
     where = f"params.yaml: legged.{p.get('profile')}"
     check_mapping(dict(p), Schema, where)
+    def checked(env_name, part, *args):
+        try:
+            config(p, env_name, part, *args)
+        except ValueError as e:  # the PPO config of a cell: name where its keys come from
+            raise ValueError(f"{where}: the PPO config of env {env_name}, part {part} (keys of "
+                             f"ppo, envs.{env_name} and {part}.ppo): {e}") from None
+
     for env_name in p["envs"]:
         pe = for_env(p, env_name)
         check_mapping(pe, Schema, f"{where}.envs.{env_name}")
-        config(p, env_name, "physics")
+        checked(env_name, "physics")
         for part in ("speed", "quality"):
             for size in (pe.get(part) or {}).get("sizes", []):
                 if size not in p["sizes"]:
                     raise ValueError(f"legged.{part}.sizes: unknown size {size!r}; valid: "
                                      f"{', '.join(p['sizes'])}")
                 for recipe in pe[part]["recipes"]:
-                    config(p, env_name, part, size, recipe)
+                    checked(env_name, part, size, recipe)
         q = pe.get("quality") or {}
         known = set(quality_variants(q))
         for v, n in dict(q.get("more_seeds") or {}).items():
@@ -756,8 +763,8 @@ def check(p: Mapping[str, Any]) -> None:
                 raise ValueError(f"legged.quality.more_seeds ({env_name}): {v}: {n} seeds is not "
                                  f"a multiple of quality.seeds ({q['seeds']})")
         if pe.get("peer"):
-            config(p, env_name, "peer", pe["peer"].get("size", "brax"),
-                   pe["peer"].get("recipe", "tf32"))
+            checked(env_name, "peer", pe["peer"].get("size", "brax"),
+                    pe["peer"].get("recipe", "tf32"))
 
 
 def physics_runs(q: Mapping[str, Any]) -> list[tuple[int, str]]:

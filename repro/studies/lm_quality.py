@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from repro import hardware, results
-from repro.config import Section, from_cli, positive, recipe_names
+from repro.config import Section, from_cli, positive, recipe_names, within
 from repro.models import lm as M
 from repro.models import lm_train as T
 from repro.precision import formats as F
@@ -154,8 +154,8 @@ class Params(Section):
     eval_points: int = positive(5)
     eval_log_points: int = 0
     eval_batches: int = positive(4)
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
+    min_lr_ratio: float = within(0.1, 0.0, 1.0)
+    weight_decay: float = within(0.1)
     priority: tuple[str, ...] = ()
     checkpoints: str | None = from_cli()
 
