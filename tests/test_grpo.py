@@ -18,6 +18,8 @@ from repro.models import grpo as R
 from repro.models import lm as M
 from repro.models import lm_data as D
 from repro.precision import blockfp8 as B
+from repro.precision import ops
+from repro.precision.recipes import resolve
 
 E4M3 = ml_dtypes.float8_e4m3fn
 TINY = M.LMConfig("grpo-test", d_model=32, n_layers=1, n_heads=2, d_ff=64, seq_len=8,
@@ -462,3 +464,62 @@ def test_grpo_reward_rises():
     assert np.abs(np.asarray(m["mismatch_kl"])).max() < 1e-5
     assert np.asarray(m["is_capped_frac"]).max() == 0
     assert "heldout_reward" not in out
+
+
+# ------------------------------------------------- block FP8 training GEMMs (recipe fp8-block)
+
+
+def deq_bf16(a, block):
+    """``a`` through the float64 reference quantizer, dequantized to float32, then BF16."""
+    q, s = ref_blockfp8(a, block)
+    d = (q.astype(np.float64) * expand(s, a.shape, block)).astype(np.float32)
+    return d.astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def scaled_rows(rng, shape):
+    """Rows whose 128-blocks differ by up to 2**40 in magnitude: per-tensor FP8 flushes the
+    small ones to zero, block scales keep them."""
+    x = rng.normal(size=shape) * np.exp2(rng.integers(-20, 20, (shape[0], -(-shape[1] // 128))
+                                               ).repeat(128, 1)[:, : shape[1]])
+    return x.astype(np.float32)
+
+
+def close(got, want, a, b):
+    """BF16 output rounding (2**-8 relative) plus FP32 accumulation (relative 2**-20 of the
+    sum of |products|)."""
+    bound = 2.0 ** -8 * np.abs(want) + 2.0 ** -20 * (np.abs(a) @ np.abs(b))
+    return np.abs(np.asarray(got, np.float64) - want) <= bound
+
+
+def test_fp8block_dot_forward_and_gradients_against_float64():
+    rng = np.random.default_rng(7)
+    M, K, N = 130, 200, 260
+    x = scaled_rows(rng, (M, K))
+    w = (rng.normal(size=(K, N)) * np.exp2(rng.integers(-8, 8, (K, N)) // 128)).astype(np.float32)
+    g = rng.normal(size=(M, N)).astype(ml_dtypes.bfloat16)
+    r = resolve("fp8-block")
+    y, vjp = jax.vjp(lambda a, b: ops.dot(a, b, r), jnp.asarray(x), jnp.asarray(w))
+    dx, dw = vjp(jnp.asarray(g))
+    assert y.dtype == jnp.bfloat16 and dx.dtype == jnp.float32 and dw.dtype == jnp.float32
+    xd, wd = deq_bf16(x, (1, 128)), deq_bf16(w, (128, 128))
+    assert np.all(close(y, xd @ wd, xd, wd))
+    gd = deq_bf16(np.asarray(g, np.float32), (1, 128))  # dgrad: g in blocks along N
+    assert np.all(close(dx, gd @ wd.T, gd, wd.T))
+    xtd = deq_bf16(x.T.copy(), (1, 128))  # wgrad: x^T and g^T in blocks along M
+    gtd = deq_bf16(np.asarray(g, np.float32).T.copy(), (1, 128))
+    assert np.all(close(dw, xtd @ gtd.T, xtd, gtd.T))
+    # the bound tells block scales from one scale per tensor: rows of small blocks vanish
+    amax = np.abs(x).max()
+    s = np.float32(amax / 448)
+    xt = (np.clip(x / s, -448, 448).astype(E4M3).astype(np.float64) * s)
+    assert not np.all(close(y, xt @ wd, xt, wd))
+
+
+def test_fp8block_recipe_is_block_fp8_everywhere_and_emulated():
+    r = resolve("fp8-block")
+    assert (r.number_format, r.quantizer, r.fwd_dtype, r.bwd_dtype) == (
+        "fp8", "fp8block", "float8_e4m3fn", "float8_e4m3fn")
+    assert ops.is_emulated(r)
+    x = jnp.zeros((4, 128), jnp.float32).at[0, 0].set(jnp.nan)
+    y = ops.dot(x, jnp.ones((128, 8), jnp.float32), r)
+    assert bool(jnp.all(jnp.isnan(y[0]))) and bool(jnp.all(y[1:] == 0))

@@ -23,6 +23,8 @@ here is a ``jax.custom_vjp`` that runs all three in the recipe's format:
   dequantized to BF16 (exact: element x block scale fits BF16's significand) and an ordinary
   dot with FP32 accumulation; the NVFP4 per-tensor global scales multiply the output. The
   numbers are those of the block-scaled format; only the speed is not.
+* :func:`fp8block_dot`: DeepSeek-V3's block FP8 (128x128 weight tiles, 1x128 activation and
+  gradient blocks, FP32 scales), always emulated the same way (no device here has its GEMM).
 
 Layout (``recipe.fp8_layout``; "auto", the default, picks "tn" where the cast-transpose kernel
 of ``repro.precision.kernels`` runs, else "natural"). "natural": every GEMM is written as
@@ -64,6 +66,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
+from repro.precision import blockfp8 as B
 from repro.precision import formats as F
 from repro.precision import kernels
 from repro.precision import scaling as S
@@ -71,7 +74,8 @@ from repro.precision import validate
 from repro.precision.recipes import resolve
 
 __all__ = [
-    "META_KEYS", "init_meta", "fp8_dot", "fp8_dense", "fp8_conv", "mxfp8_dot", "nvfp4_dot", "dot",
+    "META_KEYS", "init_meta", "fp8_dot", "fp8_dense", "fp8_conv", "fp8block_dot", "mxfp8_dot",
+    "nvfp4_dot", "dot",
     "block_scaled_backend", "is_emulated",
 ]
 
@@ -107,6 +111,8 @@ def is_emulated(recipe, hardware=None) -> bool:
         from repro.hardware import current
 
         hardware = current()
+    if recipe.gemm == "fp8block":  # no block-scaled FP8 GEMM here on any device
+        return True
     if recipe.gemm in ("mxfp8", "nvfp4"):
         return not hardware.has_fp4
     if recipe.gemm == "fp8":
@@ -673,6 +679,59 @@ def mxfp8_dot(x, w, recipe, backend=None):
     return y.reshape(*x.shape[:-1], w.shape[1])
 
 
+# ---------------------------------------------------------------------- block FP8 (1x128)
+
+
+def _b8(a, block):
+    """``a`` through block FP8 (``repro.precision.blockfp8``: E4M3, FP32 scales), back in BF16."""
+    return B.dequantize(B.quantize(a, block), jnp.bfloat16)
+
+
+def _b8_fwd(x, w, recipe):
+    # forward: x[M,K] in 1x128 blocks along K, w[K,N] in 128x128 tiles (transpose-symmetric:
+    # the dgrad reuses the same quantized weight); wgrad operand x^T[K,M] in 1x128 blocks along M.
+    wd = _b8(w, (128, 128))
+    y = lax.dot_general(_b8(x, (1, 128)), wd, (((1,), (0,)), ((), ())),
+                        preferred_element_type=jnp.float32)
+    return y.astype(recipe.dtype), (wd, _b8(x.T, (1, 128)), _token(x), _token(w))
+
+
+def _b8_bwd(recipe, res, g):
+    # every GEMM's operands in blocks along its contraction axis: g[M,N] along N for the dgrad,
+    # g^T[N,M] along M for the wgrad
+    wd, xt_d, xt, wt = res
+    dx = lax.dot_general(_b8(g, (1, 128)), wd, (((1,), (1,)), ((), ())),
+                         preferred_element_type=jnp.float32)
+    dw = lax.dot_general(xt_d, _b8(g.T, (1, 128)), (((1,), (1,)), ((), ())),
+                         preferred_element_type=jnp.float32)
+    return dx.astype(xt.dtype), dw.astype(wt.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _b8_core(x, w, recipe):
+    return _b8_fwd(x, w, recipe)[0]
+
+
+_b8_core.defvjp(_b8_fwd, _b8_bwd)
+
+
+def fp8block_dot(x, w, recipe):
+    """``x[..., K] @ w[K, N]`` with DeepSeek-V3's block-scaled FP8 in all three GEMMs
+    (Transformer Engine's Float8BlockScaling): E4M3 everywhere, one FP32 scale per 128x128
+    weight tile and per 1x128 block of activations and gradients, each block along its
+    GEMM's contraction axis.
+
+    Emulated on every device this repository runs (Hopper has no block-scaled FP8 GEMM): each
+    operand is quantized, dequantized to BF16 (the block product exact to BF16's rounding,
+    relative 2**-9) and multiplied with FP32 accumulation. It measures accuracy, never speed.
+    """
+    recipe = validate.recipe_for(recipe, ("fp8block",), "fp8block_dot")
+    w = _check_2d_weight(w, "fp8block_dot")
+    x2 = _flatten_lhs(x, w, "fp8block_dot")
+    y = _b8_core(x2, w, recipe)
+    return y.reshape(*x.shape[:-1], w.shape[1])
+
+
 # ------------------------------------------------------------------------------- NVFP4
 
 
@@ -787,12 +846,14 @@ def dense_dot(x, w, recipe):
 def dot(x, w, recipe, meta=None, key=None):
     """The one entry point layers call: ``x[..., K] @ w[K, N]`` as ``recipe`` says (a recipe of
     this repository; a peer library's runs in ``repro.precision.peers``)."""
-    recipe = validate.recipe_for(recipe, ("dense", "fp8", "mxfp8", "nvfp4"), "dot")
+    recipe = validate.recipe_for(recipe, ("dense", "fp8", "fp8block", "mxfp8", "nvfp4"), "dot")
     if recipe.gemm == "dense":
         _flatten_lhs(x, _check_2d_weight(w, "dot"), "dot")
         return dense_dot(x, w, recipe)
     if recipe.gemm == "fp8":
         return fp8_dot(x, w, recipe, meta)
+    if recipe.gemm == "fp8block":
+        return fp8block_dot(x, w, recipe)
     if recipe.gemm == "mxfp8":
         return mxfp8_dot(x, w, recipe)
     if recipe.gemm == "nvfp4":

@@ -39,7 +39,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-Gemm = Literal["dense", "fp8", "mxfp8", "nvfp4"]
+Gemm = Literal["dense", "fp8", "fp8block", "mxfp8", "nvfp4"]
 Scaling = Literal["none", "current", "delayed", "block"]
 GemmOut = Literal["float32", "compute"]
 Fp8Layout = Literal["auto", "natural", "tn"]
@@ -60,7 +60,9 @@ class Recipe:
       base: for an entry that varies another (a training-time ablation such as ``fp8-e2e``),
         that entry's name; records keep it as their ``recipe`` and ``name`` as the variant.
       gemm: "dense" (an ordinary dot in ``compute_dtype``), "fp8" (per-tensor scaled FP8 with
-        all three GEMMs of a layer in FP8), "mxfp8" or "nvfp4" (block-scaled).
+        all three GEMMs of a layer in FP8), "fp8block" (DeepSeek-V3's block FP8: E4M3 with
+        FP32 scales per 128x128 weight tile and 1x128 activation/gradient block, TE's
+        Float8BlockScaling), "mxfp8" or "nvfp4" (block-scaled).
       backend: who computes the quantized GEMMs: "repro" (``repro.precision.ops``), "flax"
         (``flax.linen.fp8_ops.Fp8DirectDotGeneralOp``), "te" (Transformer Engine's flax
         ``dot_general``), "jax" (``jax.nn.scaled_dot_general``). Peers are benchmark
@@ -71,7 +73,7 @@ class Recipe:
         "default" on an NVIDIA GPU with FP32 operands is TF32.
       scaling: "none" (cast without scaling: the ablation that shows why scaling matters),
         "current" (this tensor's amax now), "delayed" (amax history, TE DelayedScaling), or
-        "block" (MXFP8/NVFP4 block scales).
+        "block" (block FP8, MXFP8 or NVFP4 block scales).
       fwd_dtype / bwd_dtype: FP8 formats of forward operands and gradients (TE's HYBRID).
       amax_history_len, amax_compute_algo, margin: TE DelayedScaling fields.
       loss_scaling: dynamic loss scaling (FP16).
@@ -201,7 +203,7 @@ class Recipe:
     @property
     def number_format(self) -> str:
         """The GEMM operands' format: fp32, tf32, bf16, fp16, fp8 (per-tensor or MXFP8) or fp4."""
-        if self.gemm in ("fp8", "mxfp8"):
+        if self.gemm in ("fp8", "fp8block", "mxfp8"):
             return "fp8"
         if self.gemm == "nvfp4":
             return "fp4"
@@ -212,7 +214,7 @@ class Recipe:
     @property
     def quantizer(self) -> str | None:
         """What quantizes the GEMM operands: None (dense), "none"/"current"/"delayed"
-        (per-tensor FP8), "mxfp8" or "nvfp4" (block scales)."""
+        (per-tensor FP8), "fp8block", "mxfp8" or "nvfp4" (block scales)."""
         if not self.quantized:
             return None
         return self.gemm if self.scaling == "block" else self.scaling
@@ -277,6 +279,9 @@ REGISTRY: dict[str, Recipe] = {r.name: r for r in [
            about="FP8 casts without any scaling: the ablation of A5"),
     Recipe("mxfp8", gemm="mxfp8", scaling="block", **_BF16,
            about="OCP MXFP8: E4M3 elements, one E8M0 scale per 32"),
+    Recipe("fp8-block", gemm="fp8block", scaling="block", **_BF16, bwd_dtype="float8_e4m3fn",
+           claims=("A12",), about="DeepSeek-V3 block FP8 (E4M3; FP32 scales per 128x128 weight "
+           "tile, 1x128 activation and gradient block); emulated"),
     Recipe("nvfp4", **_NVFP4, claims=("B3", "B4"),
            about="NVIDIA's NVFP4 training recipe: E2M1, E4M3 scale per 16, FP32 per tensor"),
     Recipe("fp8-auto", base="fp8-delayed", gemm="fp8", scaling="delayed", **_BF16,
@@ -419,7 +424,7 @@ def resolve(name: str | Recipe, **overrides) -> Recipe:
 def value_formats(recipe: str | Recipe) -> dict[str, str]:
     """Where each value lives under a recipe: the format of every store of a training step."""
     r = resolve(recipe)
-    q = r.gemm == "fp8"
+    q = r.gemm in ("fp8", "fp8block")
     fwd = {"float8_e4m3fn": "fp8-e4m3", "float8_e5m2": "fp8-e5m2"}
     dt = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[r.compute_dtype]
     dt_gemm = "tf32" if r.number_format == "tf32" else dt

@@ -38,6 +38,7 @@ from repro import hardware, results
 from repro.config import Section, from_cli, positive, recipe_names, within
 from repro.models import lm as M
 from repro.models import lm_train as T
+from repro.precision import blockfp8 as B
 from repro.precision import formats as F
 from repro.precision import ops
 from repro.precision.recipes import Recipe, resolve
@@ -75,6 +76,10 @@ def tensor_bytes(shape: tuple[int, ...], recipe, role: str) -> float:
     if recipe.gemm == "mxfp8":
         axis = 0 if role == "weight" else -1
         t = jax.eval_shape(lambda a: F.mxfp8_quantize(a, axis=axis), spec)
+        return _nbytes(t.q, t.scale)
+    if recipe.gemm == "fp8block":
+        block = (128, 128) if role == "weight" else (1, 128)
+        t = jax.eval_shape(lambda a: B.quantize(a, block), spec)
         return _nbytes(t.q, t.scale)
     if recipe.gemm == "fp8":
         return _nbytes(jax.ShapeDtypeStruct(shape, jnp.dtype(recipe.fwd_dtype))) + 4
