@@ -20,6 +20,7 @@ GEMM in this code, and on a CPU every FP8 product is emulated; such records say
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -97,6 +98,22 @@ def train_cell(arm: str, seed: int, p: Params) -> list[dict[str, Any]]:
             results.make_record(EXPERIMENT, "base_accuracy", before, "share", **common)]
 
 
+def program(config: dict[str, Any]):
+    """What a cell's records measure (:mod:`repro.program`): the whole trained function,
+    ``make_train`` of the arm's GRPO ``config`` (warm-up, GRPO and held-out evaluations), and
+    its kit, :func:`train_cell` (the statistics the records hold)."""
+    from repro.program import Program
+
+    return Program(R.make_train(config), (jax.eval_shape(lambda: jax.random.key(0)),),
+                   kit=(train_cell,))
+
+
+def program_settings(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """:func:`program`'s settings from a record: the whole GRPO config it keeps in ``extra``."""
+    config = (rec.get("extra") or {}).get("config")
+    return {"config": dict(config)} if isinstance(config, dict) else None
+
+
 def check(p: Params) -> None:
     """Every arm's configuration, before the first cell runs (one-line ValueError)."""
     if not p.arms:
@@ -118,8 +135,11 @@ def cell_name(arm: str, seed: int) -> str:
 def cells(p: Params) -> list[Cell]:
     """Seed by seed, every arm (a partial run holds whole seeds of paired arms). A cell's
     recipe tag is its trainer's recipe (``--recipe fp8-current`` keeps the FP8-trained arms)."""
+    def programs(arm):
+        return lambda: {"": program(dataclasses.asdict(arm_config(p, arm)))}
+
     return [Cell(cell_name(arm, s), lambda _b, a=arm, s=s: train_cell(a, s, p),
-                 (arm_config(p, arm).recipe,))
+                 (arm_config(p, arm).recipe,), programs=programs(arm))
             for s in range(p.seeds) for arm in p.arms]
 
 
