@@ -28,14 +28,18 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Collection
-
-import nbformat
+from pathlib import Path
 
 PIPELINE_CHECK = "pipeline-check"  # a cell tag: its output is not kept
 FIGURES = "../../figures"  # committed figures, from docs/notebooks/
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _ABSOLUTE = re.compile(r"(?:^|[\s'\"(=:])/[\w.-]+/[\w.-]+")
 _STYLE = re.compile(r"<style[^>]*>.*?</style>\s*", re.DOTALL)
+
+
+def page(notebook: str) -> str:
+    """Where the notebook's page is, relative to the repository (committed)."""
+    return f"docs/notebooks/{notebook}.md"
 
 
 def saved_stems(source: str) -> list[str]:
@@ -148,10 +152,10 @@ def to_markdown(nb, name: str, figures: Collection[str] = ()) -> str:
     return "\n\n".join(b for b in blocks if b) + "\n"
 
 
-def write(executed, name: str, figures: Collection[str], path) -> None:
-    """Read the executed notebook ``executed`` (a path) and write its page to ``path``."""
-    from pathlib import Path
+def write(executed: Path, name: str, figures: Collection[str], path: Path) -> None:
+    """Read the executed notebook ``executed`` and write its page to ``path``."""
+    import nbformat
 
     nb = nbformat.read(executed, as_version=4)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(to_markdown(nb, name, figures))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(to_markdown(nb, name, figures))

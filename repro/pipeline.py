@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from repro import provenance
+from repro import markdown, provenance
 
 # stage -> (notebook, params.yaml sections it reads besides `profile`)
 STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -127,11 +127,6 @@ def receipt(notebook: str) -> str:
     return f"build/notebooks/{notebook}.outputs.json"
 
 
-def page(notebook: str) -> str:
-    """The executed notebook as Markdown (:mod:`repro.markdown`), committed."""
-    return f"docs/notebooks/{notebook}.md"
-
-
 def notebook_stage(notebook: str, sections: tuple[str, ...]) -> dict[str, Any]:
     from repro.claims import ledger
 
@@ -145,7 +140,7 @@ def notebook_stage(notebook: str, sections: tuple[str, ...]) -> dict[str, Any]:
         "cmd": f"repro notebook {notebook} --profile ${{profile}}",
         "deps": deps + ["results"],
         "params": ["profile", *sections],
-        "outs": _kept([f"verdicts/{c}.json" for c in claims] + [page(notebook)])
+        "outs": _kept([f"verdicts/{c}.json" for c in claims] + [markdown.page(notebook)])
         + _nocache([receipt(notebook)]),
         "metrics": _kept([f"metrics/{notebook}.json"]),
         "plots": _kept(figures),

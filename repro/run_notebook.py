@@ -333,7 +333,7 @@ def run(name: str, profile: str, extra: dict[str, Any] | None = None) -> int:
     from repro import markdown
 
     markdown.write(nb_dir / f"{name}.out.ipynb", name, staged(staging),
-                   staging / "docs" / "notebooks" / f"{name}.md")
+                   staging / markdown.page(name))
     write_receipt(root, name, profile, staging)
     commit_outputs(root, staging)
     return 0

@@ -127,3 +127,17 @@ def test_notebook_sources_are_what_jupytext_writes():
         for cell in nb.cells:
             cell.metadata["editable"] = True
         assert jupytext.writes(nb, fmt="py:percent", config=config) == path.read_text(), path.name
+
+
+def test_the_readme_links_every_notebooks_page():
+    """The README's notebook table: one row per notebook, its name a link to its page."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    names = sorted(p.stem for p in (root / "notebooks").glob("[0-9]*.py"))
+    text = (root / "README.md").read_text()
+    table = text[text.index("| notebook | question |"):]
+    table = table[:table.index("\n\n")]
+    linked = re.findall(r"^\| \[(\w+)\]\((docs/notebooks/\w+\.md)\) \|", table, re.M)
+    assert linked == [(n, markdown.page(n)) for n in names]
