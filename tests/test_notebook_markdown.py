@@ -141,3 +141,19 @@ def test_the_readme_links_every_notebooks_page():
     table = table[:table.index("\n\n")]
     linked = re.findall(r"^\| \[(\w+)\]\((docs/notebooks/\w+\.md)\) \|", table, re.M)
     assert linked == [(n, markdown.page(n)) for n in names]
+
+
+def test_each_stage_keeps_its_page_like_its_figures():
+    """The page is a committed output of its notebook's stage that DVC never deletes before
+    a run (a failed run leaves the last good page, as it leaves the figures); dvc.yaml, which
+    tests/test_dvc.py holds to what repro/pipeline.py generates."""
+    from pathlib import Path
+
+    import yaml
+
+    from repro import pipeline
+
+    dvc = yaml.safe_load((Path(__file__).resolve().parent.parent / "dvc.yaml").read_text())
+    for stage, (notebook, _) in pipeline.STAGES.items():
+        assert {markdown.page(notebook): {"cache": False, "persist": True}} in \
+            dvc["stages"][stage]["outs"], stage
