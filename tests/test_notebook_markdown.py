@@ -5,11 +5,12 @@ that differ only in those give the same bytes."""
 import copy
 
 import nbformat
-from nbformat.v4 import (new_code_cell, new_markdown_cell, new_notebook, new_output)
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from repro import markdown
 
-PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+PNG = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJ"
+       "RU5ErkJggg==")
 TABLE = ('<div>\n<style scoped>\n    .dataframe tbody tr th { vertical-align: top; }\n</style>\n'
          '<table border="1" class="dataframe">\n  <tr><td>0.25</td></tr>\n</table>\n</div>')
 
@@ -103,7 +104,8 @@ def test_a_tagged_cell_keeps_no_output(tmp_path):
 
 
 def test_saved_stems_reads_literal_stems_in_order():
-    src = 'nb.save(a, "b_two", x)\nif y:\n    nb.save(f(\n        z), "a_one")\nplt.save(q)\n%time x'
+    src = ('nb.save(a, "b_two", x)\nif y:\n    nb.save(f(\n        z), "a_one")\n'
+           'plt.save(q)\n%time x')
     assert markdown.saved_stems(src) == ["b_two", "a_one"]
     assert markdown.saved_stems("nb.save(fig, name)") == []
 
@@ -114,8 +116,7 @@ def test_notebook_sources_are_what_jupytext_writes():
     from pathlib import Path
 
     import jupytext
-    from jupytext.config import (find_jupytext_configuration_file,
-                                 load_jupytext_configuration_file)
+    from jupytext.config import find_jupytext_configuration_file, load_jupytext_configuration_file
 
     folder = Path(__file__).resolve().parent.parent / "notebooks"
     config = load_jupytext_configuration_file(find_jupytext_configuration_file(str(folder)))
@@ -139,7 +140,7 @@ def test_the_readme_links_every_notebooks_page():
     text = (root / "README.md").read_text()
     table = text[text.index("| notebook | question |"):]
     table = table[:table.index("\n\n")]
-    linked = re.findall(r"^\| \[(\w+)\]\((docs/notebooks/\w+\.md)\) \|", table, re.M)
+    linked = re.findall(r"^\| \[(\w+)\]\((docs/notebooks/\w+\.md)\) \|", table, re.MULTILINE)
     assert linked == [(n, markdown.page(n)) for n in names]
 
 
