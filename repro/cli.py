@@ -38,7 +38,8 @@ from repro.config import ConfigError
 EPILOG = """\
 environment:
   REPRO_ROOT        the repository root: params.yaml, notebooks/, results/ and build/ are
-                    read and written there (default: this checkout)
+                    read and written there (default: the checkout at or above the working
+                    directory, else the one this package was imported from)
   REPRO_GIT_COMMIT  the commit records name, for a copy of the tree without .git
   REPRO_MEMORY_LIMIT_BYTES, REPRO_DISTRIBUTED: see repro.models.lm_data and
                     repro.models.sharding (a shared machine's memory; multi-host detection)

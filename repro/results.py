@@ -46,18 +46,29 @@ RECORD_FIELDS = [
 LOADED_FIELDS = ["source", "defect", "stale", "stale_reason", "stale_since", "stale_summary"]
 
 
+def is_root(folder: Path) -> bool:
+    """A checkout of this repository: ``params.yaml`` beside the ``repro`` package."""
+    return (folder / "params.yaml").is_file() and (folder / "repro" / "__init__.py").is_file()
+
+
 def repo_root() -> Path:
-    """The repository root (where dvc.yaml lives); ``REPRO_ROOT`` overrides, and must name an
-    existing folder (a one-line ``ValueError`` otherwise: a mistyped root must not read as a
-    repository with nothing measured)."""
+    """The repository root, where params.yaml, results/ and build/ are: ``REPRO_ROOT`` where set
+    (an existing folder, or a one-line ``ValueError``: a mistyped root must not read as a
+    repository with nothing measured); else the nearest checkout (:func:`is_root`) at or above
+    the working directory, so each checkout that shares a virtual environment reads and writes
+    its own records; else the checkout this package was imported from; else the working
+    directory."""
     if env := os.environ.get("REPRO_ROOT"):
         if not Path(env).is_dir():
             what = "not a folder" if Path(env).exists() else "no such folder"
             raise ValueError(f"REPRO_ROOT={env}: {what} (the repository root, where "
                              "params.yaml, results/ and build/ are)")
         return Path(env)
+    cwd = Path.cwd()
+    if found := next((d for d in (cwd, *cwd.parents) if is_root(d)), None):
+        return found
     here = Path(__file__).resolve().parent.parent
-    return here if (here / "dvc.yaml").exists() else Path.cwd()
+    return here if (here / "dvc.yaml").exists() else cwd
 
 
 def results_dir() -> Path:

@@ -13,12 +13,14 @@ cell runs.
 
 **Committed outputs change only when the whole notebook succeeded.** While it runs, the
 notebook writes its figures, verdicts and metrics into ``build/notebooks/NAME.staged/``
-(``REPRO_STAGING``: :func:`repro.claims.ledger.outputs_root`); a complete run moves them into
-``figures/``, ``verdicts/`` and ``metrics/``, a failed or interrupted one leaves the last good
-ones where they are (DVC keeps them too: they are ``persist`` outputs of the stage).
+(``REPRO_STAGING``: :func:`repro.claims.ledger.outputs_root`); a complete run adds the executed
+notebook as Markdown (``docs/notebooks/NAME.md``, :mod:`repro.markdown`: the same bytes on
+every run with the same committed records) and moves them all into ``figures/``,
+``verdicts/``, ``metrics/`` and ``docs/notebooks/``; a failed or interrupted one leaves the
+last good ones where they are (DVC keeps them too: they are ``persist`` outputs of the stage).
 
 A complete run also writes ``build/notebooks/NAME.outputs.json``: the committed outputs the run
-wrote (figures, verdicts, metrics) with their hashes. It is the notebook's DVC output in
+wrote (figures, verdicts, metrics, its page) with their hashes. It is the notebook's DVC output in
 ``build/``: absent from a fresh clone (so ``dvc repro`` runs the notebook there), and the same
 bytes on every run that regenerates the same figures, verdicts and metrics (so ``dvc.lock``
 does not change when nothing did).
@@ -40,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 KERNEL = "python3"
-OUTPUTS = ("figures/*.png", "verdicts/*.json", "metrics/*.json")  # committed, regenerated
+# committed, regenerated
+OUTPUTS = ("figures/*.png", "verdicts/*.json", "metrics/*.json", "docs/notebooks/*.md")
 
 
 class NotebookError(ValueError):
@@ -327,6 +330,10 @@ def run(name: str, profile: str, extra: dict[str, Any] | None = None) -> int:
             os.environ["REPRO_STAGING"] = saved
     if status != 0:
         return status
+    from repro import markdown
+
+    markdown.write(nb_dir / f"{name}.out.ipynb", name, staged(staging),
+                   staging / markdown.page(name))
     write_receipt(root, name, profile, staging)
     commit_outputs(root, staging)
     return 0

@@ -205,7 +205,10 @@ def test_notebook_converts_and_executes(tmp_path):
     figure = tmp_path / "figures" / "00_tiny.png"
     assert figure.read_text() == "figure 42" and not (nb_dir / "00_tiny.staged").exists()
     assert list(json.loads((nb_dir / "00_tiny.outputs.json").read_text())["outputs"]) == [
-        "figures/00_tiny.png"]
+        "docs/notebooks/00_tiny.md", "figures/00_tiny.png"]
+    page = (tmp_path / "docs" / "notebooks" / "00_tiny.md").read_text()  # the executed notebook
+    assert "A notebook for the CLI test." in page and "check(answer)" in page
+    assert str(tmp_path) not in page
 
     # A failing run leaves the previous output and the committed figure alone and says where
     # to look, in one line: the notebook's own line; the scratch folder of the first run was
@@ -220,6 +223,7 @@ def test_notebook_converts_and_executes(tmp_path):
     assert (nb_dir / "00_tiny.out.ipynb").read_bytes() == before
     assert (nb_dir / "00_tiny.failed.ipynb").exists()
     assert figure.read_text() == "figure 42" and not (nb_dir / "00_tiny.staged").exists()
+    assert (tmp_path / "docs" / "notebooks" / "00_tiny.md").read_text() == page
     assert not list(nb_dir.glob(".*"))  # no temp files left
 
     # A notebook that does not parse is refused before a kernel starts, naming its line.

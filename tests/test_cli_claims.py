@@ -78,7 +78,7 @@ def test_claims_markdown_is_the_readme_table(vdir, capsys):
     assert b4.replace("\\|", "").count("|") == ncols and "(emulated)" in b4
     # the record it comes from: in the terminal ledger and the JSON (the README's row is
     # one short line, its notebook linked)
-    assert "[05](notebooks/05_lm_nvfp4.py)" in b4
+    assert "[05](docs/notebooks/05_lm_nvfp4.md)" in b4
     assert cli.main(["claims"]) == 0
     assert "build/results/fake-gpu-x/lm/*.json" in capsys.readouterr().out
 

@@ -7,10 +7,11 @@ them with the claim list in ``repro/data/claims.yaml``; ``repro claims`` prints 
 ``repro claims --markdown`` renders the README's table.
 
 The README's table tells each claim's story in one row of at most :data:`ROW_LIMIT`
-characters: the verdict, the key number's first clause (the number at the rule's config) and
-the one caveat that most limits it (the verdict's ``caveat``). What is stale goes to one
-footnote per notebook under the table (:func:`stale_notes`), marked in the row; the terminal
-ledger marks and lists them the same way.
+characters: the verdict, the key number's first clause (the number at the rule's config), the
+one caveat that most limits it (the verdict's ``caveat``) and a link to its executed notebook
+(``docs/notebooks/``, :func:`repro.markdown.page`). What is stale goes to one footnote per
+notebook under the table (:func:`stale_notes`), marked in the row; the terminal ledger marks
+and lists them the same way.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import yaml
 
 from repro.claims.verdicts import VERDICTS, Verdict
+from repro.markdown import page
 
 __all__ = ["ROW_LIMIT", "VERDICTS", "Verdict", "claims", "headline", "ledger",
            "markdown_table", "read_verdict", "stale_notes", "update_readme", "verdicts_dir",
@@ -195,7 +197,7 @@ def _cell(text: str) -> str:  # a pipe or a newline would break the table row
 def markdown_row(r: dict[str, Any], limit: int = ROW_LIMIT) -> str:
     """One claim's row, at most ``limit`` characters: the key number's headline and the
     caveat share what the claim, statement, verdict, hardware and notebook leave."""
-    nb = f"[{_mark(r['notebook'])}](notebooks/{r['notebook']}.py)" if r["notebook"] else ""
+    nb = f"[{_mark(r['notebook'])}]({page(r['notebook'])})" if r["notebook"] else ""
     mark = stale_mark(r)
     if "[" in mark:  # a footnote reference
         mark = mark.replace(" [", " [^")
