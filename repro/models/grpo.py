@@ -40,7 +40,7 @@ import math
 import re
 import typing
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -559,6 +559,45 @@ def make_train(config: Mapping[str, Any] | GRPOConfig):
         roll = rollout(params, prompt_tokens(a, b, c.n_digits), 1, key, 0.0)
         return jnp.mean(reward_tokens(roll.tokens, a, b))
 
+    def collect(params, key):
+        """A GRPO step's rollout phase: the step's problems and their groups of completions."""
+        k_prob, k_roll, k_quant = jax.random.split(key, 3)
+        a, b = sample_problems(k_prob, c.prompts_per_step, c.n_digits, c.heldout_every)
+        roll = rollout(params, prompt_tokens(a, b, c.n_digits), c.group_size, k_roll,
+                       c.temperature)
+        return roll, a, b, k_quant
+
+    def learn(variables, opt_state, reference, roll, a, b, k_quant):
+        """A GRPO step's training phase: rewards, advantages, ``updates_per_step`` updates."""
+        rewards = reward_tokens(roll.tokens, jnp.repeat(a, c.group_size),
+                                jnp.repeat(b, c.group_size))
+        adv = group_advantages(rewards.reshape(-1, c.group_size), c.adv_eps).reshape(-1)
+        old = jax.lax.stop_gradient(logprobs(variables, roll, k_quant))
+        ref = (jax.lax.stop_gradient(logprobs(reference, roll, k_quant))
+               if c.kl_coef else None)
+
+        def loss_fn(v):
+            return grpo_loss(logprobs(v, roll, k_quant), old, roll.logp, adv, roll.mask,
+                             c.clip_eps, c.is_cap, c.kl_coef, ref)
+
+        def update(carry, _):
+            v, o = carry
+            (loss, diag), grads = jax.value_and_grad(loss_fn, has_aux=True)(v)
+            v, o = layers.apply_gradients(v, grads, tx, o)
+            return (v, o), {"loss": loss, **diag}
+
+        (variables, opt_state), out = jax.lax.scan(update, (variables, opt_state), None,
+                                                   c.updates_per_step)
+        metrics = {k: v[-1] for k, v in out.items()}
+        metrics["reward"] = jnp.mean(rewards)
+        metrics["length"] = jnp.mean(jnp.sum(roll.mask, axis=1).astype(jnp.float32))
+        return (variables, opt_state), metrics
+
+    def init(key):
+        """Fresh trainer variables and optimizer state (no warm-up): what the phases take."""
+        variables = trainer.init(key, tokens0)
+        return variables, tx.init(variables["params"])
+
     def train(rng):
         k_init, k_eval, k_steps = jax.random.split(rng, 3)
         variables = trainer.init(k_init, tokens0)
@@ -576,33 +615,7 @@ def make_train(config: Mapping[str, Any] | GRPOConfig):
 
         def step(carry, key):
             variables, opt_state = carry
-            k_prob, k_roll, k_quant = jax.random.split(key, 3)
-            a, b = sample_problems(k_prob, c.prompts_per_step, c.n_digits, c.heldout_every)
-            roll = rollout(variables["params"], prompt_tokens(a, b, c.n_digits),
-                           c.group_size, k_roll, c.temperature)
-            rewards = reward_tokens(roll.tokens, jnp.repeat(a, c.group_size),
-                                    jnp.repeat(b, c.group_size))
-            adv = group_advantages(rewards.reshape(-1, c.group_size), c.adv_eps).reshape(-1)
-            old = jax.lax.stop_gradient(logprobs(variables, roll, k_quant))
-            ref = (jax.lax.stop_gradient(logprobs(reference, roll, k_quant))
-                   if c.kl_coef else None)
-
-            def loss_fn(v):
-                return grpo_loss(logprobs(v, roll, k_quant), old, roll.logp, adv, roll.mask,
-                                 c.clip_eps, c.is_cap, c.kl_coef, ref)
-
-            def update(carry, _):
-                v, o = carry
-                (loss, diag), grads = jax.value_and_grad(loss_fn, has_aux=True)(v)
-                v, o = layers.apply_gradients(v, grads, tx, o)
-                return (v, o), {"loss": loss, **diag}
-
-            (variables, opt_state), out = jax.lax.scan(update, (variables, opt_state), None,
-                                                       c.updates_per_step)
-            metrics = {k: v[-1] for k, v in out.items()}
-            metrics["reward"] = jnp.mean(rewards)
-            metrics["length"] = jnp.mean(jnp.sum(roll.mask, axis=1).astype(jnp.float32))
-            return (variables, opt_state), metrics
+            return learn(variables, opt_state, reference, *collect(variables["params"], key))
 
         keys = jax.random.split(k_steps, c.steps)
         if c.eval_every and c.eval_problems:
@@ -624,4 +637,16 @@ def make_train(config: Mapping[str, Any] | GRPOConfig):
         return out
 
     train.config = c
+    train.phases = Phases(init, collect, learn)
     return train
+
+
+class Phases(NamedTuple):
+    """One GRPO step in its two phases, for timing them apart (``make_train(c).phases``):
+    ``init(key) -> (variables, opt_state)``; ``collect(params, key) -> (roll, a, b, k_quant)``
+    (the rollout engine); ``learn(variables, opt_state, reference, roll, a, b, k_quant) ->
+    ((variables, opt_state), metrics)`` (the trainer). A step is ``learn(..., *collect(...))``."""
+
+    init: Callable
+    collect: Callable
+    learn: Callable
