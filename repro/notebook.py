@@ -18,7 +18,8 @@ from the computed verdicts, so no number in it is typed by hand.
 
 **Stale records** (:mod:`repro.provenance`: made by code that has changed since) never count
 silently. ``nb.records`` leaves stale speed records out (a verdict and a figure are computed
-without them; the figure's caption counts them and the notebook's text names them) and keeps stale quality records;
+without them; the figure's caption counts them, the notebook's text names them) and keeps
+stale quality records;
 ``nb.conclusion`` says in each verdict which were left out or relied on, and since which commit
 (:mod:`repro.claims.staleness`), and which speed records it rests on were made beside another
 process on their GPU (their ``conditions``). **Metrics**: ``nb.conclusion`` also writes the
@@ -54,6 +55,7 @@ class Notebook:
     stale_used: list[pd.DataFrame] = field(default_factory=list)  # stale quality records
     beside: list[pd.DataFrame] = field(default_factory=list)  # speed records not made alone
     numbers: dict[str, Any] = field(default_factory=dict)  # metrics/<notebook>.json
+    said: set[str] = field(default_factory=set)  # stale notes printed above a figure
 
     @property
     def figures(self) -> Path:
@@ -104,14 +106,17 @@ class Notebook:
         import matplotlib.pyplot as plt
 
         text, smoke = self.caption(records)
-        notes = [] if smoke else self.stale_notes(records)
-        for note in notes:
-            print(f"{stem}: {note} (`repro status`)")
+        for note in [] if smoke else self.stale_notes(records):
+            # each note in full once per notebook; a later figure's names it in a few words
+            said = note in self.said
+            self.said.add(note)
+            print(f"{stem}: {note.split(' (')[0] + ' (as above)' if said else note}"
+                  + ("" if said else " (`repro status`)"))
         if not draws_data(fig):
             title = fig._suptitle.get_text() if fig._suptitle else next(
                 (a.get_title() for a in fig.axes if a.get_title()), stem)
             plt.close(fig)
-            fig = empty_figure(title, self.why_empty(records))
+            fig = empty_figure(title.split(" (")[0], self.why_empty(records))
         fig.canvas.draw()  # lays the figure out, so the caption goes below all it shows
         box = fig.get_tightbbox(fig.canvas.get_renderer())  # inches
         fig.text(box.x0 / fig.get_figwidth(), (box.y0 - 0.08) / fig.get_figheight(), text,
@@ -131,6 +136,8 @@ class Notebook:
         text, smoke = caption(records)
         if smoke:
             return text, smoke
+        if text == "No records yet." and len(self._left_out_rows(records)):
+            text = "No fresh records."
         said = []
         drawn = self._drawn_stale(records)
         if len(drawn):
@@ -157,9 +164,11 @@ class Notebook:
         if not len(left):
             return "no records yet"
         since = staleness._commits(left, "stale_since")
-        return (f"no fresh records: {_cells(left)} stale"
-                + (f", their code changed since {since}" if since else "")
-                + " (`repro status`; `repro record` makes them anew)")
+        what = " and ".join(sorted(left["experiment"].unique())) if "experiment" in left else ""
+        return (f"no fresh records: {_cells(left)} of {what or 'its experiment'} stale, "
+                + (f"their code changed since {since}" if since else
+                   "made by code that has changed since")
+                + " (the notebook's text lists them; `repro record` makes them anew)")
 
     @staticmethod
     def _drawn_stale(records) -> pd.DataFrame:

@@ -26,7 +26,7 @@ _CB = dict(zip(["blue", "orange", "green", "vermillion", "pink", "brown", "rose"
                 "yellow", "sky"], sns.color_palette("colorblind").as_hex()))
 
 
-def _shade(hex_colour: str, t: float) -> str:
+def shade(hex_colour: str, t: float) -> str:
     """``hex_colour`` mixed toward white (``t`` > 0) or black (``t`` < 0) by ``|t|``."""
     rgb = [int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
     rgb = [c + (1 - c) * t if t > 0 else c * (1 + t) for c in rgb]
@@ -88,16 +88,16 @@ def _entry(name: str) -> tuple[str, str, str]:
     key = str(name).strip().lower()
     if key in _TABLE:
         hue, t, marker, ls = _TABLE[key]
-        return _shade(_CB[hue], t), marker, ls
+        return shade(_CB[hue], t), marker, ls
     h = zlib.crc32(key.encode())
     t = ((h >> 8) % 5 - 2) * 0.2  # one of -0.4 .. 0.4
     known = [k for k in _TABLE if key.startswith(k) and not key[len(k):len(k) + 1].isalnum()]
     if known:  # a variant of a known recipe: a shade of its colour, its line style
         hue, base_t, _, ls = _TABLE[max(known, key=len)]
-        return (_shade(_CB[hue], max(-0.8, min(0.8, base_t + (t or 0.2)))),
+        return (shade(_CB[hue], max(-0.8, min(0.8, base_t + (t or 0.2)))),
                 _FALLBACK_MARKERS[h % len(_FALLBACK_MARKERS)], ls)
     hue = list(_CB)[h % len(_CB)]
-    return _shade(_CB[hue], t), _FALLBACK_MARKERS[(h >> 4) % len(_FALLBACK_MARKERS)], "-"
+    return shade(_CB[hue], t), _FALLBACK_MARKERS[(h >> 4) % len(_FALLBACK_MARKERS)], "-"
 
 
 def color(name: str) -> str:
@@ -119,6 +119,29 @@ def palette(names) -> dict[str, str]:
 def markers(names) -> dict[str, str]:
     """``{name: marker}`` for the distinct ``names``: a seaborn ``markers=`` argument."""
     return {n: _entry(n)[1] for n in dict.fromkeys(names)}
+
+
+def seed_band(ax, x, runs, color: str, **line):
+    """Draw the mean over seeds of ``runs`` (one row per seed, NaN where a seed has no value)
+    against ``x`` as a line in ``color`` (``line``: more ``ax.plot`` arguments) and the 95%
+    t-interval of that mean as a band around it; one seed draws the line alone. Returns the
+    line."""
+    import warnings
+
+    import numpy as np
+    from scipy.stats import t as student_t
+
+    runs = np.atleast_2d(np.asarray(runs, float))
+    n = np.sum(~np.isnan(runs), axis=0)
+    with warnings.catch_warnings():  # a step no seed reached stays NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(runs, axis=0)
+        half = (student_t.ppf(0.975, np.maximum(n - 1, 1)) * np.nanstd(runs, axis=0, ddof=1)
+                / np.sqrt(n))
+    out, = ax.plot(x, mean, color=color, **line)
+    if len(runs) > 1:
+        ax.fill_between(x, mean - half, mean + half, color=color, alpha=0.2, lw=0)
+    return out
 
 
 def use() -> None:

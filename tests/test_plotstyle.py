@@ -48,3 +48,41 @@ def test_same_name_same_style_and_unknown_names_are_deterministic():
     assert plotstyle.color("bf16:margin=1") != plotstyle.color("bf16")
     assert plotstyle.palette(["bf16", "fp16", "bf16"]) == {
         "bf16": plotstyle.color("bf16"), "fp16": plotstyle.color("fp16")}
+
+
+def test_round_range_spans_the_rounds_of_a_rate_and_of_a_time():
+    import pandas as pd
+
+    from repro.analysis import stats
+
+    df = pd.DataFrame([
+        {"value": 100.0, "unit": "steps/s", "spread": 5.0, "extra": {"samples_s": [1, 2, 4]}},
+        {"value": 10.0, "unit": "ms", "spread": 1.0, "extra": {"samples_ms": [8, 10, 12]}},
+        {"value": 7.0, "unit": "bytes", "spread": None, "extra": {"samples_ms": [8, 10]}}])
+    r = stats.round_range(df)
+    assert list(r.lo) == [50.0, 8.0, 7.0] and list(r.hi) == [200.0, 12.0, 7.0]
+
+
+def test_round_ratio_range_pairs_rounds():
+    import math
+
+    from repro.analysis import stats
+
+    assert stats.round_ratio_range([2, 3, 4], [1, 2, 2]) == (1.5, 2.0)
+    assert all(math.isnan(x) for x in stats.round_ratio_range([1, 2], [1]))
+
+
+def test_seed_band_draws_the_mean_and_a_band_only_over_several_seeds():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots()
+    line = plotstyle.seed_band(ax, [0, 1, 2], [[1, 2, np.nan], [3, 4, 5]], "#000000")
+    assert list(line.get_ydata()) == [2, 3, 5] and len(ax.collections) == 1
+    fig, ax = plt.subplots()
+    plotstyle.seed_band(ax, [0, 1], [[1, 2]], "#000000")
+    assert not ax.collections
+    plt.close("all")

@@ -174,7 +174,7 @@ def test_a_figure_caption_counts_the_stale_records_and_the_text_names_them(tmp_p
     assert "stale" not in nb.caption(smoke)[0]
 
 
-def test_a_figure_without_data_says_why_in_words(tmp_path, monkeypatch):
+def test_a_figure_without_data_says_why_in_words(tmp_path, monkeypatch, capsys):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -196,15 +196,19 @@ def test_a_figure_without_data_says_why_in_words(tmp_path, monkeypatch):
     nb = notebook.Notebook("03_x", "full", {}, None, tmp_path)
     row = {"hardware": "h200", "profile": "full", "experiment": "rl_throughput",
            "source": "a.json", "stale": True, "stale_since": "4ae7449aaa",
-           "stale_reason": "its code changed"}
+           "stale_reason": "older code"}
     nb.left_out.append(pd.DataFrame([row, {**row, "source": "b.json"}]))
     assert nb.why_empty(pd.DataFrame()).startswith(
-        "no fresh records: 2 cells stale, their code changed since 4ae7449")
+        "no fresh records: 2 cells of rl_throughput stale, their code changed since 4ae7449")
+    assert nb.caption(pd.DataFrame())[0].startswith("No fresh records.\n2 cells left out")
     seen = []
     monkeypatch.setattr(notebook, "empty_figure",
                         lambda title, why: seen.append((title, why)) or plt.figure())
     nb.save(fig, "03_empty", pd.DataFrame())
     assert seen == [("speedup", nb.why_empty(pd.DataFrame()))]
+    nb.save(plt.figure(), "03_again", pd.DataFrame())  # the same stale list, printed once
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 2 and "(as above)" in printed[1] and "older" not in printed[1]
 
 
 def test_notebook_conclusion_writes_the_ledger_and_quotes_the_verdict(tmp_path, monkeypatch):
