@@ -122,8 +122,8 @@ def plot_throughput(table, ranges):
         for r, gr in g.groupby("recipe"):
             gr = gr.sort_values("width")
             st = plotstyle.style(r)
-            ax.errorbar(gr.width, gr.env_steps_per_s, yerr=[gr.env_steps_per_s - gr.lo,
-                                                            gr.hi - gr.env_steps_per_s],
+            ax.errorbar(gr.width, gr.env_steps_per_s, yerr=np.vstack([gr.env_steps_per_s - gr.lo,
+                                                                      gr.hi - gr.env_steps_per_s]),
                         color=st["color"], ls=st["ls"], capsize=3, label=r)
             ax.scatter(gr.width, gr.env_steps_per_s, edgecolors=st["color"], zorder=3,
                        marker=st["marker"],
@@ -164,8 +164,8 @@ for i, (kind, what) in enumerate((("e2e", "whole loop"), ("update", "update only
         for (h, n, r), gg in (g.groupby(["hardware", "num_envs", "recipe"]) if len(g) else []):
             gg = gg.sort_values("width")
             ax.errorbar(gg.width, gg[kind], fmt="none", ecolor=plotstyle.color(r), capsize=3,
-                        yerr=[(gg[kind] - gg[f"{kind}_lo"]).fillna(0),
-                              (gg[f"{kind}_hi"] - gg[kind]).fillna(0)])
+                        yerr=np.vstack([(gg[kind] - gg[f"{kind}_lo"]).fillna(0),
+                                        (gg[f"{kind}_hi"] - gg[kind]).fillna(0)]))
             st = plotstyle.style(r)
             ax.plot(gg.width, gg[kind], ls=st["ls"], color=st["color"],
                     label=f"{r}, {h}, {n} envs")
@@ -290,14 +290,21 @@ fl = h100.peak_tflops["fp16"] / a100.peak_tflops["fp16"]
 ceiling = h100.peak_tflops["fp8"] / a100.peak_tflops["fp16"]
 proj = rl_analysis.a3_projection(rl_analysis.separate(sp), bw, fl)
 fig, ax = plt.subplots(figsize=(7, 4))
-for (h, n, r), g in (proj.groupby(["hardware", "num_envs", "recipe"]) if len(proj) else []):
+for k, ((h, n, r), g) in enumerate(proj.groupby(["hardware", "num_envs", "recipe"])
+                                  if len(proj) else []):
     g = g.sort_values("width")
-    ax.fill_between(g.width, g.lo, g.hi, alpha=0.3, color=plotstyle.color(r),
-                    label=f"{r}, from {h}, {n} envs")
+    c = plotstyle.color(r)
+    if len(g) > 1:
+        ax.fill_between(g.width, g.lo, g.hi, alpha=0.2, color=c)
+    # the range at each measured width, side by side (a band of one width has no area)
+    ax.vlines(g.width * 1.04 ** k, g.lo, g.hi, lw=8, alpha=0.6, color=c,
+              label=f"{r}, from {h}, {n} envs")
 ax.axhline(2.8, ls="--", color="k", lw=1, label="claimed 2.8x")
 ax.set(xscale="log" if len(proj) else "linear", xlabel="MLP width (units per hidden layer)",
        ylabel="H100 FP8 / A100 FP16 (projected, x)",
        title="A3 projection (datasheet ratios x measured FP8/FP16), not a measurement")
+if len(proj):
+    ax.set_xlim(proj.width.min() / 2 ** 1.5, proj.width.max() * 2 ** 1.5)
 ax.legend(loc="upper left")
 nb.save(fig, "03_rl_projection", df)
 a3 = registration.judged(verdicts.a3, "A3", proj, bw, fl, ceiling, records=df)

@@ -132,6 +132,10 @@ def plot_steps(df, gemm):
             bf16 = ", ".join(str(w) for w in d[d.no_fp8].width)
             emu += f"; no FP8 GEMM at width {bf16}: not drawn" if bf16 else ""
             d = d[~d.no_fp8]
+            if d.emulated.any():  # pale, no band: not a speed
+                ax.plot(d.width, d.speedup, label=f"{recipe} ({hw}{emu})",
+                        **{**style(recipe), "lw": 1, "alpha": 0.4})
+                continue
             ax.plot(d.width, d.speedup, label=f"{recipe} ({hw}{emu})", **style(recipe))
             ax.fill_between(d.width, d.lo, d.hi, color=style(recipe)["color"], alpha=0.2, lw=0)
         pts = [(w, c) for w in sorted(g.width.unique())

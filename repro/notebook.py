@@ -113,7 +113,7 @@ class Notebook:
             print(f"{stem}: {note.split(' (')[0] + ' (as above)' if said else note}"
                   + ("" if said else " (`repro status`)"))
         if not draws_data(fig):
-            title = fig._suptitle.get_text() if fig._suptitle else next(
+            title = fig.get_suptitle() or next(
                 (a.get_title() for a in fig.axes if a.get_title()), stem)
             plt.close(fig)
             fig = empty_figure(title.split(" (")[0], self.why_empty(records))
@@ -145,8 +145,8 @@ class Notebook:
                         "checkout's")
         if len(left := self._left_out_rows(records)):
             said.append(f"{_cells(left)} left out as stale")
-        if said:
-            text += "\n" + textwrap.shorten(
+        if said:  # the caption's two lines: where the records come from, what is stale
+            text = textwrap.shorten(text, 140) + "\n" + textwrap.shorten(
                 "; ".join(said) + " (listed above the figure; `repro status`).", 140)
         return text, smoke
 
@@ -163,12 +163,14 @@ class Notebook:
         left = self._left_out_rows(records)
         if not len(left):
             return "no records yet"
-        since = staleness._commits(left, "stale_since")
+        since = sorted({str(c)[:7] for c in left.get("stale_since", pd.Series()).dropna()
+                        if str(c)})
+        since = ", ".join(since[:3]) + (f" and {len(since) - 3} more" if len(since) > 3 else "")
         what = " and ".join(sorted(left["experiment"].unique())) if "experiment" in left else ""
-        return (f"no fresh records: {_cells(left)} of {what or 'its experiment'} stale, "
+        return (f"No fresh records: {_cells(left)} of {what or 'its experiment'} are stale, "
                 + (f"their code changed since {since}" if since else
-                   "made by code that has changed since")
-                + " (the notebook's text lists them; `repro record` makes them anew)")
+                   "the code that made them has changed")
+                + ". The notebook's text lists them; `repro record` makes them anew.")
 
     @staticmethod
     def _drawn_stale(records) -> pd.DataFrame:

@@ -199,7 +199,7 @@ def test_a_figure_without_data_says_why_in_words(tmp_path, monkeypatch, capsys):
            "stale_reason": "older code"}
     nb.left_out.append(pd.DataFrame([row, {**row, "source": "b.json"}]))
     assert nb.why_empty(pd.DataFrame()).startswith(
-        "no fresh records: 2 cells of rl_throughput stale, their code changed since 4ae7449")
+        "No fresh records: 2 cells of rl_throughput are stale, their code changed since 4ae7449")
     assert nb.caption(pd.DataFrame())[0].startswith("No fresh records.\n2 cells left out")
     seen = []
     monkeypatch.setattr(notebook, "empty_figure",
