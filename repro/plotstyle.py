@@ -4,7 +4,7 @@ Every notebook draws the same recipe in the same colour, so a reader who learned
 fp8-delayed is vermillion in one figure can read it in the next without its legend. Colours
 come from seaborn's colour-blind-safe palette (``sns.color_palette("colorblind")``); a
 recipe family shares a hue and its variants are lighter or darker shades of it with their
-own marker. The references (fp32, tf32, bf16, fp16) are drawn dashed or dotted, the FP8 and
+own marker (all filled: seaborn refuses to mix filled and line markers in one plot). The references (fp32, tf32, bf16, fp16) are drawn dashed or dotted, the FP8 and
 FP4 recipes solid.
 
 Names cover the recipe registry (:data:`repro.precision.recipes.REGISTRY`), the inference
@@ -41,7 +41,7 @@ _TABLE: dict[str, tuple[str, float, str, str]] = {
     "bf16": ("blue", 0.0, "o", "--"),
     "fp16": ("sky", 0.0, "^", "--"),
     "bf16w-kahan": ("blue", -0.45, "s", "--"),
-    "bf16w-nokahan": ("blue", 0.45, "x", "--"),
+    "bf16w-nokahan": ("blue", 0.45, "X", "--"),
     # FP8 recipes: current scaling green, delayed scaling vermillion, end to end pink
     "fp8-current": ("green", 0.0, "o", "-"),
     "fp8-auto": ("green", -0.35, "P", "-"),
@@ -49,9 +49,9 @@ _TABLE: dict[str, tuple[str, float, str, str]] = {
     "te-fp8-current": ("green", -0.6, "^", "-."),
     "fp8-delayed": ("vermillion", 0.0, "o", "-"),
     "fp8-all-layers": ("vermillion", -0.4, "v", "-"),
-    "fp8-noscale": ("vermillion", 0.45, "x", "-"),
+    "fp8-noscale": ("vermillion", 0.45, "X", "-"),
     "fp8-e2e": ("pink", 0.0, "o", "-"),
-    "fp8-e2e-nokahan": ("pink", -0.4, "x", "-"),
+    "fp8-e2e-nokahan": ("pink", -0.4, "X", "-"),
     "fp8-e2e-nogradclip": ("pink", 0.35, "v", "-"),
     "fp8-e2e-noweightclip": ("pink", -0.2, "D", "-"),
     "flax-fp8": ("yellow", -0.45, "s", "-."),
@@ -59,19 +59,19 @@ _TABLE: dict[str, tuple[str, float, str, str]] = {
     "te-mxfp8": ("brown", -0.45, "^", "-."),
     # FP4 recipes: orange
     "nvfp4": ("orange", 0.0, "o", "-"),
-    "nvfp4-no-rht": ("orange", -0.55, "x", "-"),
+    "nvfp4-no-rht": ("orange", -0.55, "X", "-"),
     "nvfp4-no-sr": ("orange", -0.3, "v", "-"),
     "nvfp4-1d-weights": ("orange", 0.3, "D", "-"),
     "nvfp4-all-layers": ("orange", 0.55, "s", "-"),
     "nvfp4-mlp-only": ("rose", -0.2, "P", "-"),
     "jax-nvfp4": ("orange", -0.75, "^", "-."),
     # GEMM dtypes and inference formats (those not named above)
-    "fp8": ("green", -0.2, "o", "-"),
-    "fp8-tensor": ("green", 0.3, "s", "-"),
-    "fp8-w": ("green", -0.5, "x", "-"),
+    "fp8": ("green", -0.45, "o", "-"),
+    "fp8-tensor": ("green", 0.4, "s", "-"),
+    "fp8-w": ("brown", 0.35, "X", "-"),
     "int8": ("rose", -0.45, "o", "-"),
-    "int8-w": ("rose", 0.0, "x", "-"),
-    "nvfp4-w": ("orange", -0.15, "x", "-"),
+    "int8-w": ("rose", 0.0, "X", "-"),
+    "nvfp4-w": ("orange", -0.15, "X", "-"),
     # element formats
     "e4m3": ("green", 0.0, "o", "-"),
     "e5m2": ("sky", -0.3, "s", "-"),
@@ -79,7 +79,7 @@ _TABLE: dict[str, tuple[str, float, str, str]] = {
     # GRPO arms
     "bf16-e2e": ("blue", 0.0, "o", "--"),
     "fp8-rollout": ("vermillion", 0.0, "s", "-"),
-    "fp8-e2e-no-is": ("pink", 0.4, "x", "-"),
+    "fp8-e2e-no-is": ("pink", 0.4, "X", "-"),
 }
 _FALLBACK_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
 

@@ -86,3 +86,10 @@ def test_seed_band_draws_the_mean_and_a_band_only_over_several_seeds():
     plotstyle.seed_band(ax, [0, 1], [[1, 2]], "#000000")
     assert not ax.collections
     plt.close("all")
+
+
+def test_markers_are_filled_so_seaborn_can_mix_them():
+    from matplotlib.markers import MarkerStyle
+
+    names = list(plotstyle._TABLE) + ["unknown-a", "unknown-b", "bf16:x=1"]
+    assert all(MarkerStyle(m).is_filled() for m in plotstyle.markers(names).values())
