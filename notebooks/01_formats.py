@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from repro import hardware, notebook
+from repro import hardware, notebook, plotstyle
 from repro.claims import verdicts
 from repro.precision import formats
 from repro.precision.formats import E2M1, E4M3, E5M2
@@ -63,6 +63,7 @@ rows = [{"format": name, "value": x} for name, v in values.items() for x in v if
 df_values = pd.DataFrame(rows)
 fig, axes = plt.subplots(2, 1, figsize=(10, 5.5), gridspec_kw={"height_ratios": [3, 2]})
 sns.stripplot(data=df_values, x="value", y="format", hue="format", jitter=False, size=4,
+              palette={n: plotstyle.color(n.split()[0]) for n in FORMATS},
               marker="|", linewidth=1.2, legend=False, ax=axes[0], native_scale=True)
 axes[0].set(xscale="log", xlabel="representable value (log2 axis)", ylabel="",
             title="Positive representable values")
@@ -211,7 +212,7 @@ for key in ONE_TENSOR:
 df_drift = pd.DataFrame(rows)
 
 # %%
-palette = dict(zip(["E4M3", "E5M2", "E2M1", "MXFP8", "NVFP4"], sns.color_palette("tab10", 5)))
+palette = plotstyle.palette(["E4M3", "E5M2", "E2M1", "MXFP8", "NVFP4"])
 dashes = {"none": (2, 2), "per tensor": "", "per block (32, E8M0)": "",
           "per block (16, E4M3) + FP32 tensor": ""}
 fig, axes = plt.subplots(1, 2, figsize=(15, 5.2), sharey=True)

@@ -31,7 +31,7 @@ import seaborn as sns
 from IPython.display import Markdown
 from matplotlib.lines import Line2D
 
-from repro import hardware, notebook
+from repro import hardware, notebook, plotstyle
 from repro.studies import gemm as bench
 
 nb = notebook.start("02_gemm_roofline", "gemm", profile, scratch)
@@ -107,11 +107,12 @@ real = tf[~tf.emulated & tf.peak.notna()] if len(tf) else tf
 # ## Roofline per hardware, and the FP8 speedup per shape
 #
 # Top: measured TFLOP/s against arithmetic intensity, with the datasheet roof min(peak,
-# intensity x bandwidth) per dtype (dashed). Bottom: FP8 over BF16 and FP16 at the same shape
+# intensity x bandwidth) per dtype (dashed); error bars span the interquartile range of the timed
+# repeats. Bottom: FP8 over BF16 and FP16 at the same shape
 # (native FP8 only), the ceiling for a training step built from such GEMMs.
 
 # %%
-COLORS = dict(zip(bench.GEMM_DTYPES, sns.color_palette("tab10", len(bench.GEMM_DTYPES))))
+COLORS = plotstyle.palette(bench.GEMM_DTYPES)
 
 
 def plot_roofline(tf, sp):
@@ -125,14 +126,19 @@ def plot_roofline(tf, sp):
                          np.log10(d.intensity.max() * 2), 100)
         for r in bench.GEMM_DTYPES:
             dr = d[d.recipe == r]
+            half = dr.spread.fillna(0).astype(float) / 2  # the repeats' interquartile range
+            ax.errorbar(dr.intensity, dr.value, yerr=[half, half], fmt="none",
+                        ecolor=COLORS[r], elinewidth=1, capsize=2, zorder=2)
             ax.scatter(dr.intensity, dr.value, edgecolors=COLORS[r], s=36, zorder=3,
+                       marker=plotstyle.style(r)["marker"],
                        facecolors=["none" if x else COLORS[r] for x in dr.emulated])
             if (p := peak(h, r)) is not None and e.memory_bandwidth_tbs:
                 ax.plot(xs, np.minimum(p, xs * e.memory_bandwidth_tbs), color=COLORS[r], lw=1,
                         ls="--", alpha=0.8)
         ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)",
                ylabel="throughput (TFLOP/s)", title=h if e is None else e.name)
-    handles = [Line2D([], [], marker="o", ls="", color=COLORS[r], label=r)
+    handles = [Line2D([], [], marker=plotstyle.style(r)["marker"], ls="", color=COLORS[r],
+                      label=r)
                for r in bench.GEMM_DTYPES]
     handles += [Line2D([], [], ls="--", color="grey", label="datasheet roof"),
                 Line2D([], [], marker="o", ls="", mfc="none", color="grey",
@@ -144,7 +150,10 @@ def plot_roofline(tf, sp):
         long = sp.melt(id_vars=["hardware", "mkn", "flops"], value_vars=["fp8/bf16", "fp8/fp16"],
                        var_name="ratio", value_name="speedup")
         long["label"] = long.hardware + ", " + long.ratio.str.upper()
-        sns.barplot(data=long, x="mkn", y="speedup", hue="label", ax=ax, palette="Paired",
+        hws = list(dict.fromkeys(long.hardware))  # a baseline's colour, lighter per hardware
+        colours = {lab: plotstyle.shade(plotstyle.color(r.split("/")[1]), 0.45 * hws.index(h))
+                   for lab, h, r in zip(long.label, long.hardware, long.ratio)}
+        sns.barplot(data=long, x="mkn", y="speedup", hue="label", ax=ax, palette=colours,
                     order=list(dict.fromkeys(sp.sort_values("flops").mkn)))
         for h in sp.hardware.unique():
             if peak(h, "fp8") and peak(h, "bf16"):

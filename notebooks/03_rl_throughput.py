@@ -38,10 +38,12 @@ scratch = "build/results"  # smoke records (`repro notebook` gives each notebook
 
 # %%
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 
-from repro import hardware, notebook
+from repro import hardware, notebook, plotstyle
 from repro.analysis import rl as rl_analysis
+from repro.analysis import stats
 from repro.claims import registration, verdicts
 
 nb = notebook.start("03_rl_throughput", "rl_throughput", profile, scratch)
@@ -59,12 +61,46 @@ print(f"committed records from: {sorted(table.hardware.unique()) if len(table) e
 # hardware and number of parallel environments.
 
 # %%
-COLORS = dict(zip(["fp32", "tf32", "bf16", "fp16", "fp8-current", "fp8-delayed",
-                   "fp8-all-layers", "fp8-lean"], plt.cm.tab10.colors))
+ORDER = ["fp32", "tf32", "bf16", "fp16", "fp8-current", "fp8-delayed", "fp8-all-layers",
+         "fp8-lean"]
+KEYS = ["hardware", "network", "width", "num_envs", "recipe"]
 
 
-def plot_throughput(table):
+def round_ranges(df, metric="env_steps_per_s"):
+    """Per (hardware, network, width, num_envs, recipe): the range of ``metric`` over the
+    timed rounds of its records (error bars)."""
+    d = df[df.metric == metric] if len(df) else df
+    d = d[~d["extra"].map(rl_analysis.is_paired)] if len(d) else d
+    if not len(d):
+        return pd.DataFrame(columns=KEYS + ["lo", "hi"])
+    d = stats.round_range(d)
+    for k in ("network", "width", "num_envs"):
+        d[k] = d["sizes"].map(lambda s, k=k: s.get(k))
+    return d.groupby(KEYS, as_index=False).agg(lo=("lo", "min"), hi=("hi", "max"))
+
+
+def ratio_ranges(sep, df):
+    """``sep`` (separately timed FP8/baseline ratios) with ``{e2e,update}_{lo,hi}``: the
+    ratio's range when the two cells' timed rounds are paired worst with best."""
+    out = sep.copy()
+    cells = list(zip(sep.hardware, sep.network, sep.width, sep.num_envs))
+    for kind, metric, rate in (("e2e", "env_steps_per_s", True),
+                               ("update", "update_time_ms", False)):
+        r = round_ranges(df, metric).set_index(KEYS)
+
+        def get(recipes, col, r=r):
+            return np.array([r[col].get((*c, x), np.nan) for c, x in zip(cells, recipes)], float)
+
+        lo, hi = get(sep.recipe, "lo"), get(sep.recipe, "hi")
+        blo, bhi = get(sep.baseline, "lo"), get(sep.baseline, "hi")
+        out[f"{kind}_lo"], out[f"{kind}_hi"] = ((lo / bhi, hi / blo) if rate
+                                                else (blo / hi, bhi / lo))
+    return out
+
+
+def plot_throughput(table, ranges):
     mlp = table[table.network == "mlp"] if len(table) else table
+    mlp = mlp.merge(ranges, on=KEYS, how="left") if len(mlp) else mlp
     panels = sorted({(h, n) for h, n in zip(mlp.hardware, mlp.num_envs)}) if len(mlp) else []
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5 * max(len(panels), 1), 4),
                              squeeze=False)
@@ -72,27 +108,32 @@ def plot_throughput(table):
         g = mlp[(mlp.hardware == h) & (mlp.num_envs == n)]
         for r, gr in g.groupby("recipe"):
             gr = gr.sort_values("width")
-            c = COLORS.get(r)
-            ax.plot(gr.width, gr.env_steps_per_s, "-", color=c, label=r)
-            ax.scatter(gr.width, gr.env_steps_per_s, edgecolors=c, zorder=3,
-                       facecolors=["none" if e else c for e in gr.emulated])
+            st = plotstyle.style(r)
+            ax.errorbar(gr.width, gr.env_steps_per_s, yerr=np.vstack([gr.env_steps_per_s - gr.lo,
+                                                                      gr.hi - gr.env_steps_per_s]),
+                        color=st["color"], ls=st["ls"], capsize=3, label=r)
+            ax.scatter(gr.width, gr.env_steps_per_s, edgecolors=st["color"], zorder=3,
+                       marker=st["marker"],
+                       facecolors=["none" if e else st["color"] for e in gr.emulated])
         ax.set(xscale="log", yscale="log", xlabel="MLP width (units per hidden layer)",
                ylabel="throughput (env-steps/s)", title=f"{h}, {n} parallel environments")
         ax.legend(ncol=2)
-    fig.suptitle("Whole PPO loop throughput (hollow: emulated FP8, not a speed)")
+    fig.suptitle("Whole PPO loop throughput (bars: range over timed rounds; hollow: emulated "
+                 "FP8, not a speed)")
     return fig
 
 
-nb.save(plot_throughput(table), "03_rl_throughput", df)
+nb.save(plot_throughput(table, round_ranges(df)), "03_rl_throughput", df)
 
 # %% [markdown]
 # ## A2: FP8 over FP16 and BF16
 #
 # Ratios of two timings of one hardware and configuration: the whole loop (env-steps/s) and the
 # update alone (time). Dashed: the seed's 1.6x. A cross marks a ratio whose two cells come from
-# different GPU calls: shown, not counted. A diamond is a paired cell: the recipes compiled
-# together and timed in rounds (A, B, A, B, ...), the median of the per-round ratios with their
-# range; where a hardware has paired cells, A2 is judged from them alone.
+# different GPU calls: shown, not counted. The bars of a separately timed ratio pair the slowest
+# round of one cell with the fastest of the other (its widest range). A diamond is a paired cell:
+# the recipes compiled together and timed in rounds (A, B, A, B, ...), the median of the per-round
+# ratios with their range; where a hardware has paired cells, A2 is judged from them alone.
 
 # %%
 fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex=True)
@@ -104,13 +145,18 @@ for i, (kind, what) in enumerate((("e2e", "whole loop"), ("update", "update only
                               if len(g) and "timing" in g else []):
             ax.errorbar(gg.width, gg[kind], yerr=[gg[kind] - gg[f"{kind}_lo"],
                                                   gg[f"{kind}_hi"] - gg[kind]],
-                        fmt="D", ms=6, capsize=3, zorder=4,
+                        fmt="D", ms=6, capsize=3, zorder=4, color=plotstyle.color(r),
                         label=f"{r}, {h}, {n} envs, paired ({int(gg.rounds.max())} rounds)")
-        g = rl_analysis.separate(g)
+        g = ratio_ranges(rl_analysis.separate(g), df) if len(g) else g
         for (h, n, r), gg in (g.groupby(["hardware", "num_envs", "recipe"]) if len(g) else []):
             gg = gg.sort_values("width")
-            line, = ax.plot(gg.width, gg[kind], "-", label=f"{r}, {h}, {n} envs")
-            c = line.get_color()
+            ax.errorbar(gg.width, gg[kind], fmt="none", ecolor=plotstyle.color(r), capsize=3,
+                        yerr=np.vstack([(gg[kind] - gg[f"{kind}_lo"]).fillna(0),
+                                        (gg[f"{kind}_hi"] - gg[kind]).fillna(0)]))
+            st = plotstyle.style(r)
+            ax.plot(gg.width, gg[kind], ls=st["ls"], color=st["color"],
+                    label=f"{r}, {h}, {n} envs")
+            c = st["color"]
             for mask, style in ((gg.same_commit & ~gg.emulated, dict(marker="o", color=c)),
                                 (~gg.same_commit & ~gg.emulated, dict(marker="x", s=50, color=c)),
                                 (gg.emulated, dict(marker="o", facecolors="none", edgecolors=c))):
@@ -119,10 +165,14 @@ for i, (kind, what) in enumerate((("e2e", "whole loop"), ("update", "update only
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set(xscale="log", ylabel=f"FP8 / {base.upper()} speedup (x)",
                title=f"{what}, FP8 over {base.upper()}")
+        if len(w := sp.width[sp.network == "mlp"] if len(sp) else []):
+            # a decade around the widths (error bars at one width collapse the autoscale)
+            ax.set_xlim(w.min() / 2 ** 1.5, w.max() * 2 ** 1.5)
         if i == 1:
             ax.set_xlabel("MLP width (units per hidden layer)")
 axes[0, 0].legend(fontsize=7)
-fig.suptitle("FP8 speedup (dashed: the claimed 1.6x; x: cells of different GPU calls)")
+fig.suptitle("FP8 speedup (dashed: the claimed 1.6x; x: cells of different GPU calls; bars: "
+             "range over timed rounds)")
 nb.save(fig, "03_rl_speedup", df)
 a2 = registration.judged(verdicts.a2, "A2", sp, records=df)
 print(f"A2: {a2.verdict} | {a2.key_number}")
@@ -175,7 +225,7 @@ mem = table.dropna(subset=["update_memory_bytes"]) if "update_memory_bytes" in t
 
 
 def plot_memory(mem):
-    order = list(COLORS)
+    order = ORDER
     big = mem[mem.network == "mlp"] if len(mem) else mem
     if len(big):
         top = big.sort_values(["width", "num_envs"]).groupby("hardware")[["width", "num_envs"]]
@@ -185,7 +235,7 @@ def plot_memory(mem):
     fig, ax = plt.subplots(figsize=(8, 3.8))
     if len(big):
         ax.bar(range(len(big)), big.update_memory_bytes / 2**20,
-               color=[COLORS.get(r) for r in big.recipe],
+               color=[plotstyle.color(r) for r in big.recipe],
                hatch=["//" if e else "" for e in big.emulated])
         ax.set_xticks(range(len(big)), [f"{r.hardware}\n{r.recipe}" for r in big.itertuples()],
                       rotation=60, fontsize=7)
@@ -227,13 +277,21 @@ fl = h100.peak_tflops["fp16"] / a100.peak_tflops["fp16"]
 ceiling = h100.peak_tflops["fp8"] / a100.peak_tflops["fp16"]
 proj = rl_analysis.a3_projection(rl_analysis.separate(sp), bw, fl)
 fig, ax = plt.subplots(figsize=(7, 4))
-for (h, n, r), g in (proj.groupby(["hardware", "num_envs", "recipe"]) if len(proj) else []):
+for k, ((h, n, r), g) in enumerate(proj.groupby(["hardware", "num_envs", "recipe"])
+                                  if len(proj) else []):
     g = g.sort_values("width")
-    ax.fill_between(g.width, g.lo, g.hi, alpha=0.3, label=f"{r}, from {h}, {n} envs")
+    c = plotstyle.color(r)
+    if len(g) > 1:
+        ax.fill_between(g.width, g.lo, g.hi, alpha=0.2, color=c)
+    # the range at each measured width, side by side (a band of one width has no area)
+    ax.vlines(g.width * 1.04 ** k, g.lo, g.hi, lw=8, alpha=0.6, color=c,
+              label=f"{r}, from {h}, {n} envs")
 ax.axhline(2.8, ls="--", color="k", lw=1, label="claimed 2.8x")
 ax.set(xscale="log" if len(proj) else "linear", xlabel="MLP width (units per hidden layer)",
        ylabel="H100 FP8 / A100 FP16 (projected, x)",
        title="A3 projection (datasheet ratios x measured FP8/FP16), not a measurement")
+if len(proj):
+    ax.set_xlim(proj.width.min() / 2 ** 1.5, proj.width.max() * 2 ** 1.5)
 ax.legend(loc="upper left")
 nb.save(fig, "03_rl_projection", df)
 a3 = registration.judged(verdicts.a3, "A3", proj, bw, fl, ceiling, records=df)
@@ -248,7 +306,8 @@ print(f"A3: {a3.verdict} | {a3.key_number}")
 # %%
 if nb.profile == "smoke":
     smoke = nb.smoke_records("rl_throughput")
-    nb.save(plot_throughput(rl_analysis.throughput_table(smoke)), "03_rl_throughput", smoke)
+    nb.save(plot_throughput(rl_analysis.throughput_table(smoke), round_ranges(smoke)),
+            "03_rl_throughput", smoke)
 
 # %% [markdown]
 # ## Conclusion

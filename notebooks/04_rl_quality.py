@@ -61,7 +61,7 @@ import numpy as np
 import pandas as pd
 from IPython.display import display
 
-from repro import config, notebook
+from repro import config, notebook, plotstyle
 from repro.analysis import rl as rl_analysis
 from repro.analysis import stats
 from repro.claims import registration, verdicts
@@ -93,7 +93,8 @@ bad = bad[bad.defect.notna()] if len(bad) else bad
 # %% [markdown]
 # ## Learning curves
 #
-# Mean over seeds of the per-update mean episode return; dashed: ablations.
+# Mean over seeds of the per-update mean episode return, the band its 95% confidence
+# interval; dashed: ablations.
 
 # %%
 SHOW = ("fp32", "bf16", "fp16", "fp8-delayed", "fp8-e2e", "fp8-e2e-nokahan", "fp8-noscale",
@@ -109,14 +110,14 @@ def plot_curves(df, hw):
     for ax, env in zip(axes[0], envs):
         for v in [v for v in SHOW if v in set(c.variant)]:
             g = c[(c.env == env) & (c.variant == v)]
-            arr = np.array([[np.nan if x is None else x for x in e["curve"]] for e in g.extra])
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                ax.plot(np.linspace(0, 100, arr.shape[1]), np.nanmean(arr, 0), label=v,
-                        ls="--" if v.startswith("fp8-e2e-no") or v == "fp8-noscale" else "-")
+            arr = np.array([[np.nan if x is None else x for x in e["curve"]] for e in g.extra],
+                           float)
+            plotstyle.seed_band(ax, np.linspace(0, 100, arr.shape[1]), arr, plotstyle.color(v),
+                                label=v, ls="--" if v.startswith("fp8-e2e-no") or
+                                v == "fp8-noscale" else "-")
         ax.set(title=env, xlabel="training progress (%)", ylabel="episode return")
     axes[0, 0].legend(fontsize=7)
-    fig.suptitle("Learning curves, mean over seeds")
+    fig.suptitle("Learning curves, mean over seeds (band: 95% CI of the mean)")
     return fig
 
 
@@ -137,10 +138,10 @@ poi = (stats.probability_of_improvement(scores, PAIRS, reps=1000) if scores
        else pd.DataFrame(columns=["x", "y", "p", "lo", "hi"]))
 
 
-def plot_intervals(names, mid, lo, hi, ref, xlabel, title, color="tab:blue"):
+def plot_intervals(names, mid, lo, hi, ref, xlabel, title, colours):
     fig, ax = plt.subplots(figsize=(7, 0.42 * max(len(names), 2) + 1.2))
     y = np.arange(len(names))[::-1]
-    ax.hlines(y, lo, hi, lw=6, alpha=0.5, color=color)
+    ax.hlines(y, lo, hi, lw=6, alpha=0.6, color=[plotstyle.color(c) for c in colours])
     ax.plot(mid, y, "k|", ms=14)
     ax.set_yticks(y, names)
     ax.axvline(ref, color="grey", lw=0.8)
@@ -152,11 +153,11 @@ n_seeds = int(fr[fr.hardware == HWQ].groupby(["env", "variant"]).size().min()) i
 where = f"{HWQ}, {len(envs)} environments, {n_seeds} seeds per cell"
 nb.save(plot_intervals(agg.variant, agg.iqm, agg.iqm_lo, agg.iqm_hi, 1.0,
                        "IQM of normalised score (random = 0, fp32 mean = 1), 95% CI",
-                       f"Aggregate quality per variant\n{where}")
+                       f"Aggregate quality per variant\n{where}", agg.variant)
         if len(agg) else plt.figure(), "04_rl_iqm", df[df.hardware == HWQ])
 nb.save(plot_intervals([f"P({a} > {b})" for a, b in zip(poi.x, poi.y)], poi.p, poi.lo, poi.hi,
                        0.5, "probability of improvement, 95% CI",
-                       f"Probability of improvement\n{where}", "tab:purple")
+                       f"Probability of improvement\n{where}", poi.x)
         if len(poi) else plt.figure(), "04_rl_poi", df[df.hardware == HWQ])
 display(agg.round(3))
 poi.round(3)

@@ -53,7 +53,7 @@ import pandas as pd
 import seaborn as sns
 from IPython.display import display
 
-from repro import notebook
+from repro import notebook, plotstyle
 from repro.analysis import lm as lm_analysis
 from repro.claims import registration, verdicts
 from repro.models import lm as M
@@ -84,7 +84,7 @@ policy.unstack()
 # ## Loss curves
 #
 # Held-out (top) and training loss (bottom) in nats per byte against training tokens, mean over
-# seeds, one column per (hardware, model).
+# seeds (the band: its 95% confidence interval), one column per (hardware, model).
 
 # %%
 def plot_curves(df):
@@ -93,13 +93,17 @@ def plot_curves(df):
         return plt.figure()
     c = c.assign(tokens=c["size_tokens_seen"], train=c["extra"].map(lambda e: e.get("train_loss")),
                  label=c["recipe"] + np.where(c["emulated"], " (emulated)", ""))
+    palette = {lab: plotstyle.color(r) for lab, r in zip(c.label, c.recipe)}
+    markers = {lab: plotstyle.style(r)["marker"] for lab, r in zip(c.label, c.recipe)}
     panels = c.groupby(["hardware", "size_model"])
     fig, axes = plt.subplots(2, len(panels), figsize=(6.5 * len(panels), 8.5), squeeze=False,
                              sharex="col")
     for j, ((hw, size), g) in enumerate(panels):
         for i, (col, what) in enumerate((("value", "held-out"), ("train", "training"))):
+            # the band: the 95% confidence interval of the mean over seeds
             sns.lineplot(data=g, x="tokens", y=col, hue="label", style="label", ax=axes[i, j],
-                         errorbar=None, markers=True, dashes=False)
+                         errorbar=("ci", 95), seed=0, markers=markers, dashes=False,
+                         palette=palette)
             axes[i, j].set(title=f"{size} model on {hw}: {what} loss",
                            xlabel="training tokens (bytes)", ylabel=f"{what} loss (nats/byte)")
             axes[i, j].legend(fontsize=7, ncol=2)
@@ -130,7 +134,9 @@ def plot_gaps(gaps):
         g = g.sort_values("rel_gap")
         y = np.arange(len(g))
         err = np.vstack([g["rel_gap"] - g["rel_lo"], g["rel_hi"] - g["rel_gap"]]) * 100
-        ax.errorbar(100 * g["rel_gap"], y, xerr=np.nan_to_num(err), fmt="o", capsize=3)
+        for k, r in enumerate(g["recipe"]):
+            ax.errorbar(100 * g["rel_gap"].iloc[k], y[k], xerr=np.nan_to_num(err[:, k:k + 1]),
+                        fmt=plotstyle.style(r)["marker"], color=plotstyle.color(r), capsize=3)
         ax.set_yticks(y, g["recipe"] + np.where(g["emulated"], " (emulated)", "")
                       + np.where(g["truncated_at"].notna(), " (stopped early)", ""))
         for x in (-1.5, 1.5):

@@ -57,7 +57,8 @@ import pandas as pd
 from IPython.display import Markdown, display
 from matplotlib.ticker import ScalarFormatter
 
-from repro import hardware, notebook
+from repro import hardware, notebook, plotstyle
+from repro.analysis import stats
 from repro.analysis import train_step as T
 
 nb = notebook.start("07_fp8_train_step", "mlp_step", profile, scratch)
@@ -82,32 +83,48 @@ main = steps[steps.main] if len(steps) else steps
 # %% [markdown]
 # ## Speedup against width
 #
-# Left: FP8/BF16 step speedup per recipe (this repository's defaults solid, lever ablations
-# and the fp8-auto policy thin dashed, flax's peer black dashed), the GEMM ceiling (grey) and
-# the targets (stars). Widths where a recipe ran no FP8 GEMM are not drawn (the legend names
-# them).
+# Left: FP8/BF16 step speedup per recipe (this repository's defaults thick, lever ablations, the
+# fp8-auto policy and flax's peer thin; bands: the range of the per-round ratios), the GEMM
+# ceiling (grey) and the targets (stars). Widths where a recipe ran no FP8 GEMM are not drawn (the
+# legend names them).
 # Right: device memory of the compiled step at the widest width, relative to BF16.
 
 # %%
-STYLE = {"fp8-current": dict(color="tab:blue", lw=2.2, marker="o"),
-         "fp8-delayed": dict(color="tab:red", lw=2.2, marker="o"),
-         "flax-fp8": dict(color="black", lw=1.8, ls="--", marker="s"),
-         "fp16": dict(color="tab:green", lw=1.2, ls=":", marker=".")}
+OURS_STYLE = {"fp8-current", "fp8-delayed"}  # this repository's defaults: thick lines
+
+
+def style(recipe):
+    st = plotstyle.style(recipe)
+    return {**st, "lw": 2.2 if recipe in OURS_STYLE else 1.2, "ms": 5}
+
+
+def round_ranges(steps):
+    """Per step row: the range over timed rounds of BF16's time / this recipe's, the rounds
+    taken beside each other (the cell times its recipes interleaved)."""
+    samples = steps["extra"].map(lambda e: (e or {}).get("samples_ms"))
+    bf16 = samples[steps.recipe == "bf16"].set_axis(steps.source[steps.recipe == "bf16"])
+    lohi = [stats.round_ratio_range(bf16.get(src), s) for src, s in zip(steps.source, samples)]
+    return steps.assign(lo=[a for a, _ in lohi], hi=[b for _, b in lohi])
 
 
 def plot_steps(df, gemm):
     steps = T.step_table(df)
+    steps = round_ranges(steps) if len(steps) else steps
     main = steps[steps.main & (steps.recipe != "bf16")] if len(steps) else steps
     fig, (ax, axm) = plt.subplots(1, 2, figsize=(14, 5.6), gridspec_kw={"width_ratios": [1.6, 1]})
     for (hw, batch), g in (main.groupby(["hardware", "batch"]) if len(main) else []):
         for recipe, d in g.groupby("recipe", sort=False):
             d = d.sort_values("width")
-            style = STYLE.get(recipe, dict(lw=1.1, ls="--", marker="^", ms=4))
             emu = ", emulated FP8: not a speed" if d.emulated.any() else ""
             bf16 = ", ".join(str(w) for w in d[d.no_fp8].width)
             emu += f"; no FP8 GEMM at width {bf16}: not drawn" if bf16 else ""
             d = d[~d.no_fp8]
-            ax.plot(d.width, d.speedup, label=f"{recipe} ({hw}{emu})", **style)
+            if d.emulated.any():  # pale, no band: not a speed
+                ax.plot(d.width, d.speedup, label=f"{recipe} ({hw}{emu})",
+                        **{**style(recipe), "lw": 1, "alpha": 0.4})
+                continue
+            ax.plot(d.width, d.speedup, label=f"{recipe} ({hw}{emu})", **style(recipe))
+            ax.fill_between(d.width, d.lo, d.hi, color=style(recipe)["color"], alpha=0.2, lw=0)
         pts = [(w, c) for w in sorted(g.width.unique())
                if (c := T.gemm_ceiling(gemm, hw, batch, w)) is not None]
         if pts:
@@ -128,7 +145,7 @@ def plot_steps(df, gemm):
         mem = mem[mem.size_width == mem.groupby("hardware").size_width.transform("max")]
         rel = mem.value / mem.source.map(mem[mem.recipe == "bf16"].set_index("source").value)
         labels = [f"{r.recipe} ({r.hardware}, W={int(r.size_width)})" for r in mem.itertuples()]
-        axm.barh(labels, rel, color=[STYLE.get(r, {}).get("color", "0.6") for r in mem.recipe])
+        axm.barh(labels, rel, color=[plotstyle.color(r) for r in mem.recipe])
         axm.invert_yaxis()
         axm.axvline(1.0, color="grey", lw=0.8)
         axm.tick_params(axis="y", labelsize=7)

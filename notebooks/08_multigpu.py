@@ -45,9 +45,10 @@ scratch = "build/results"  # smoke records (`repro notebook` gives each notebook
 # %%
 import jax
 import matplotlib.pyplot as plt
+import pandas as pd
 
-from repro import config, notebook
-from repro.analysis import scaling
+from repro import config, notebook, plotstyle
+from repro.analysis import scaling, stats
 from repro.claims import registration, verdicts
 from repro.studies import multigpu
 
@@ -77,12 +78,26 @@ bad = bad[bad.defect.notna() & bad.metric.isin([m for m, _ in multigpu.METRIC.va
 # One line per (hardware, recipe); dashed with hollow markers: simulated CPU devices.
 
 # %%
-COLORS = {"bf16": "tab:blue", "fp8-delayed": "tab:orange"}
+KEYS = ["hardware", "workload", "recipe", "n_devices"]
+
+
+def round_ranges(df):
+    """Per (hardware, workload, recipe, devices): the range of the throughput over the timed
+    rounds of the record the table keeps (the latest)."""
+    d = df[df.metric.isin({m for m, _ in multigpu.METRIC.values()})] if len(df) else df
+    if not len(d):
+        return pd.DataFrame(columns=KEYS + ["lo", "hi"])
+    d = stats.round_range(d).assign(
+        workload=[s.get("workload") for s in d["sizes"]],
+        n_devices=[int(e.get("n_devices", s.get("n_devices", 1)))
+                   for e, s in zip(d["extra"], d["sizes"])])
+    return d.sort_values("timestamp").drop_duplicates(KEYS, keep="last")[KEYS + ["lo", "hi"]]
 TITLES = {"ppo": "PPO, data parallel", "lm_dp": "LM step, data parallel",
           "lm_fsdp": "LM step, fully sharded (FSDP)"}
 
 
-def plot_scaling(table):
+def plot_scaling(table, ranges):
+    table = table.merge(ranges, on=KEYS, how="left") if len(table) else table
     workloads = [w for w in multigpu.WORKLOADS if len(table) and (table.workload == w).any()]
     fig, axes = plt.subplots(2, max(len(workloads), 1), figsize=(4.8 * max(len(workloads), 1),
                                                                  7.2), squeeze=False)
@@ -91,10 +106,13 @@ def plot_scaling(table):
         for (hw, recipe), g in d.groupby(["hardware", "recipe"]):
             g = g.sort_values("n_devices")
             sim = bool(g.simulated.any())
-            style = dict(color=COLORS.get(recipe), ls="--" if sim else "-", marker="o",
-                         mfc="none" if sim else COLORS.get(recipe))
+            c = plotstyle.color(recipe)
+            style = dict(color=c, ls="--" if sim else "-", marker=plotstyle.style(recipe)["marker"],
+                         mfc="none" if sim else c)
             label = f"{recipe}, {hw}" + (" (simulated devices)" if sim else "")
-            axes[0, j].plot(g.n_devices, g.throughput, label=label, **style)
+            axes[0, j].errorbar(g.n_devices, g.throughput, capsize=3, label=label,
+                                yerr=[g.throughput - g.lo.fillna(g.throughput),
+                                      g.hi.fillna(g.throughput) - g.throughput], **style)
             axes[1, j].plot(g.n_devices, g.efficiency, label=label, **style)
         axes[0, j].set(title=TITLES.get(w, w), ylabel=f"throughput ({multigpu.METRIC[w][1]})", ylim=(0, None))
         axes[1, j].axhline(verdicts.nvfp4.B5_EFFICIENCY, color="grey", lw=0.8, ls=":")
@@ -104,11 +122,12 @@ def plot_scaling(table):
             ax.set_xticks([1, 2, 4, 8], labels=["1", "2", "4", "8"], minor=False)
             ax.minorticks_off()
         axes[0, j].legend(fontsize=7)
-    fig.suptitle("Weak scaling: fixed work per device (dotted: the 0.8 efficiency target)")
+    fig.suptitle("Weak scaling: fixed work per device (bars: range over timed rounds; dotted: "
+                 "the 0.8 efficiency target)")
     return fig
 
 
-nb.save(plot_scaling(table), "08_multigpu", df)
+nb.save(plot_scaling(table, round_ranges(df)), "08_multigpu", df)
 
 # %% [markdown]
 # FP8/BF16 speedup at each device count:
@@ -128,7 +147,8 @@ nb.save(plot_scaling(table), "08_multigpu", df)
 # %%
 if nb.profile == "smoke":
     smoke = nb.smoke_records("multigpu")
-    nb.save(plot_scaling(scaling.throughput_table(smoke)), "08_multigpu", smoke)
+    nb.save(plot_scaling(scaling.throughput_table(smoke), round_ranges(smoke)), "08_multigpu",
+            smoke)
 
 # %% [markdown]
 # ## Conclusion

@@ -58,9 +58,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import display
 
-from repro import notebook
+from repro import notebook, plotstyle
 from repro.analysis import legged as A
 from repro.analysis import rl as rl_analysis
+from repro.analysis import stats
 from repro.claims import registration, verdicts
 
 nb = notebook.start("10_legged", "legged", profile, scratch)
@@ -107,9 +108,30 @@ COLS = ["hardware", "size", "width", "recipe", "env_steps_per_s", "loop_ms_per_u
         "emulated"]
 
 
-def plot_speed(speed, ups):
+KEYS = ["hardware", "env", "size", "width", "num_envs", "num_steps", "recipe"]
+
+
+def loop_ranges(df, speed):
+    """Per speed row: the range of the whole loop's time per update over the timed calls,
+    from the env-steps/s record of its cell (a rate: its slowest call is the longest loop)."""
+    d = df[(df.metric == "env_steps_per_s") & df["sizes"].map(lambda s: "size" in s)
+           & ~df["extra"].map(rl_analysis.is_paired)] if len(df) and len(speed) else df.iloc[:0]
+    if not len(d):
+        return speed.assign(loop_lo=np.nan, loop_hi=np.nan)
+    d = stats.round_range(d)
+    for k in KEYS[1:-1]:
+        d[k] = d["sizes"].map(lambda s, k=k: s.get(k))
+    d = d.groupby(KEYS, as_index=False).agg(value=("value", "last"), lo=("lo", "last"),
+                                            hi=("hi", "last"))
+    m = speed.merge(d, on=KEYS, how="left")
+    return speed.assign(loop_lo=(m.loop_ms_per_update * m.value / m.hi).to_numpy(),
+                        loop_hi=(m.loop_ms_per_update * m.value / m.lo).to_numpy())
+
+
+def plot_speed(speed, ups, df):
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     if len(speed):
+        speed = loop_ranges(df, speed)
         lab = [f"{r.env[:3]} {r.size}\n{r.recipe}" for r in speed.itertuples()]
         bottom = np.zeros(len(speed))
         for col, name in (("physics_ms", "physics"), ("policy_ms_per_update", "policy (rollout)"),
@@ -117,7 +139,10 @@ def plot_speed(speed, ups):
             v = speed[col].fillna(0).to_numpy()
             ax[0].bar(lab, v, bottom=bottom, label=name)
             bottom += v
-        ax[0].plot(lab, speed.loop_ms_per_update, "k_", ms=18, label="whole loop (measured)")
+        loop = speed.loop_ms_per_update
+        ax[0].errorbar(lab, loop, fmt="k_", ms=18, capsize=3, elinewidth=1,
+                       yerr=[(loop - speed.loop_lo).fillna(0), (speed.loop_hi - loop).fillna(0)],
+                       label="whole loop (measured; bar: range over timed calls)")
         ax[0].tick_params(axis="x", labelsize=7, labelrotation=45)
         ax[0].legend()
     # paired cells: diamonds with the range of their per-round ratios
@@ -125,14 +150,16 @@ def plot_speed(speed, ups):
                         if len(ups) and "timing" in ups else []):
         ax[1].errorbar(g.width.to_numpy(), g.e2e.to_numpy(),
                        yerr=np.vstack([g.e2e - g.e2e_lo, g.e2e_hi - g.e2e]), fmt="D", ms=6,
-                       capsize=3, zorder=4,
+                       capsize=3, zorder=4, color=plotstyle.color(r),
                        label=f"{r}, {env}: whole loop, paired ({int(g.rounds.max())} rounds)")
     sep = rl_analysis.separate(ups)
     # one line per recipe and environment (never joined across environments)
-    for i, ((r, env), g) in enumerate(sep.groupby(["recipe", "env"]) if len(sep) else []):
+    envs = sorted(set(sep.env)) if len(sep) else []
+    for (r, env), g in sep.groupby(["recipe", "env"]) if len(sep) else []:
         g = g.sort_values("width")
-        ax[1].plot(g.width, g.e2e, "o-", color=f"C{i}", label=f"{r}, {env}: whole loop")
-        ax[1].plot(g.width, g["update"], "s--", color=f"C{i}", label=f"{r}, {env}: update alone")
+        c = plotstyle.shade(plotstyle.color(r), -0.4 * envs.index(env))  # darker per env
+        ax[1].plot(g.width, g.e2e, "o-", color=c, label=f"{r}, {env}: whole loop")
+        ax[1].plot(g.width, g["update"], "s--", color=c, label=f"{r}, {env}: update alone")
     if len(ups):
         ax[1].set_xscale("log", base=2)
         ax[1].legend()
@@ -148,8 +175,8 @@ def plot_speed(speed, ups):
 
 speed = A.speed_table(df)  # separately timed cells; the paired cells' ratios join `ups`
 ups = A.speedups(speed, records=df)
-# (saved also when no fresh record is left: the caption then says which were left out)
-nb.save(plot_speed(speed, ups), "10_legged_speed", df)
+# (saved also when no fresh record is left: the figure then says why in words)
+nb.save(plot_speed(speed, ups, df), "10_legged_speed", df)
 if len(speed):
     display(speed.reindex(columns=COLS).round(2))
 ups.round(3) if len(ups) else "no FP8/BF16 pairs in the committed records"
@@ -206,21 +233,19 @@ def plot_curves(df):
     panels = sorted(set(panel))
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5.5 * max(len(panels), 1), 4),
                              squeeze=False)
-    recipes = sorted(set(c.extra.map(lambda e: e["variant"]))) if len(c) else []
-    colour = {v: f"C{i}" for i, v in enumerate(recipes)}
     # one panel per environment and size; one curve per training budget and recipe (a recipe
     # keeps its colour, a budget its line style; budgets are never averaged together), against
-    # env steps per seed
+    # env steps per seed: the mean over seeds, the band its 95% confidence interval
     keys = [panel, c.sizes.map(lambda s: int(s.get("total_timesteps") or 0)),
             c.extra.map(lambda e: e["variant"])]
     budgets = sorted(set(keys[1])) if len(c) else []
     for (where, steps, v), g in c.groupby(keys) if len(c) else []:
-        curve = np.nanmean(np.array([[np.nan if x is None else x for x in e["curve"]]
-                                     for e in g.extra], float), axis=0)
+        seeds = np.array([[np.nan if x is None else x for x in e["curve"]] for e in g.extra],
+                         float)
         ax = axes[0, panels.index(where)]
-        ax.plot(steps / 1e6 * np.linspace(0, 1, len(curve)), curve, color=colour[v],
-                ls=["-", "--", ":", "-."][budgets.index(steps) % 4],
-                label=f"{v}, {steps / 1e6:.1f}M ({len(g)} seeds)")
+        plotstyle.seed_band(ax, steps / 1e6 * np.linspace(0, 1, seeds.shape[1]), seeds,
+                            plotstyle.color(v), ls=["-", "--", ":", "-."][budgets.index(steps) % 4],
+                            label=f"{v}, {steps / 1e6:.1f}M ({len(g)} seeds)")
     for ax, (env, size) in zip(axes[0], panels or [("", "")]):
         ax.set(xlabel="env steps per seed (millions)", ylabel="mean episode return",
                title=f"{env} (MJX physics), size {size}")

@@ -73,11 +73,12 @@ scratch = "build/results"  # smoke records (`repro notebook` gives each notebook
 import dataclasses
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import seaborn as sns
 from IPython.display import display
 
-from repro import notebook
+from repro import notebook, plotstyle
 from repro.analysis import inference as A
 from repro.claims import registration, verdicts
 from repro.precision import export as X
@@ -155,9 +156,11 @@ def plot_accuracy(acc):
     model = acc["model"].iloc[0]
     acc = acc[acc["format"] != "bf16"].reset_index(drop=True)
     fig, ax = plt.subplots(figsize=(7, 0.4 * len(acc) + 1.6))
-    ax.errorbar(100 * acc["rel_gap"], acc.index,
-                xerr=[100 * (acc["rel_gap"] - acc["rel_lo"]).fillna(0),
-                      100 * (acc["rel_hi"] - acc["rel_gap"]).fillna(0)], fmt="o", capsize=3)
+    for i, r in acc.iterrows():
+        ax.errorbar(100 * r["rel_gap"], i, xerr=[[100 * np.nan_to_num(r["rel_gap"] - r["rel_lo"])],
+                                                 [100 * np.nan_to_num(r["rel_hi"] - r["rel_gap"])]],
+                    fmt=plotstyle.style(r["format"])["marker"], color=plotstyle.color(r["format"]),
+                    capsize=3)
     for fmt, (_, high) in MARGINS.items():
         ax.axvline(100 * high, ls="--", lw=1, color="grey")
         ax.text(100 * high, 0.02, f"{fmt} margin ", fontsize=8, ha="right", va="bottom",
@@ -170,7 +173,8 @@ def plot_accuracy(acc):
 
 
 acc = A.accuracy_table(df)
-fig = plot_accuracy(acc) if len(acc) else notebook.empty_figure("Post-training quantization")
+fig = plot_accuracy(acc) if len(acc) else notebook.empty_figure("Post-training quantization",
+                                                                nb.why_empty(df))
 nb.save(fig, "11_inference_accuracy", df)
 if len(acc):
     display(checkpoints(df))
@@ -210,7 +214,8 @@ def plot_speed(spd):
     spd = spd.assign(where=spd["phase"] + ", batch " + spd["batch"].astype(str))
     with plt.rc_context({"figure.constrained_layout.use": False}):  # seaborn lays out itself
         g = sns.catplot(data=spd, x="where", y="speedup", hue="format", col="config",
-                        row="hardware", kind="bar", height=3.2, aspect=1.5, sharex=False)
+                        row="hardware", kind="bar", height=3.2, aspect=1.5, sharex=False,
+                        palette=plotstyle.palette(spd["format"]))
     for ax in g.axes.flat:
         ax.axhline(1.0, color="black", lw=0.8)
         ax.set(xlabel="phase, batch (sequences)", ylabel="tokens/s vs BF16 (x)")
@@ -227,7 +232,7 @@ def rounded(spd):
 
 
 spd = A.speed_table(df)
-fig = plot_speed(spd) if len(spd) else notebook.empty_figure("Tokens/s vs BF16")
+fig = plot_speed(spd) if len(spd) else notebook.empty_figure("Tokens/s vs BF16", nb.why_empty(df))
 nb.save(fig, "11_inference_speed", df)
 rounded(spd) if len(spd) else "no speed records in the committed records"
 

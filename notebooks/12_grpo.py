@@ -54,7 +54,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import display
 
-from repro import notebook
+from repro import notebook, plotstyle
 from repro.analysis import grpo as A
 from repro.claims import registration, verdicts
 
@@ -70,23 +70,26 @@ print(f"{len(df)} committed full-profile GPU records" if len(df) else
 # %% [markdown]
 # ## Held-out accuracy over GRPO steps, and the rollout/trainer mismatch
 #
-# Left: held-out accuracy per arm (mean over seeds) at the steps it was evaluated, from the
-# base model at step 0. Right: the token KL between the rollout engine's and the trainer's
-# probabilities of the sampled tokens per step (the k3 estimate; what importance sampling
-# corrects) and, dashed, the share of tokens whose importance weight hit the cap.
+# Left: held-out accuracy per arm (mean over seeds, the band its 95% confidence interval) at the
+# steps it was evaluated, from the base model at step 0. Right: the token KL between the rollout
+# engine's and the trainer's probabilities of the sampled tokens per step (the k3 estimate; what
+# importance sampling corrects) and, dashed, the share of tokens whose importance weight hit the
+# cap.
 
 # %%
 def plot_curves(records):
     cur = A.curves(records)
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
-    for i, (arm, g) in enumerate(cur.groupby("arm", sort=False)):
+    for arm, g in cur.groupby("arm", sort=False):
+        c = plotstyle.color(arm)
         steps = g.curve_steps.iloc[0]
-        acc = np.nanmean(np.stack(g.curve.to_list()), axis=0)
-        ax[0].plot(steps, acc, "o-", color=f"C{i}", label=f"{arm} ({len(g)} seeds)")
-        kl = np.nanmean(np.stack(g.mismatch_kl.to_list()), axis=0)
+        plotstyle.seed_band(ax[0], steps, np.stack(g.curve.to_list()), c, marker="o",
+                            label=f"{arm} ({len(g)} seeds)")
+        kl = np.stack(g.mismatch_kl.to_list())
         capped = np.nanmean(np.stack(g.is_capped_frac.to_list()), axis=0)
-        ax[1].plot(np.arange(1, len(kl) + 1), kl, color=f"C{i}", label=f"{arm}: token KL")
-        ax[1].plot(np.arange(1, len(capped) + 1), capped, "--", color=f"C{i}",
+        plotstyle.seed_band(ax[1], np.arange(1, kl.shape[1] + 1), kl, c,
+                            label=f"{arm}: token KL")
+        ax[1].plot(np.arange(1, len(capped) + 1), capped, "--", color=c,
                    label=f"{arm}: capped share")
     ax[0].set(xlabel="GRPO step", ylabel="held-out exact match", title="Held-out accuracy")
     ax[1].set(xlabel="GRPO step", ylabel="KL (nats/token), share",

@@ -18,7 +18,8 @@ from the computed verdicts, so no number in it is typed by hand.
 
 **Stale records** (:mod:`repro.provenance`: made by code that has changed since) never count
 silently. ``nb.records`` leaves stale speed records out (a verdict and a figure are computed
-without them; the figure's caption counts them) and keeps stale quality records;
+without them; the figure's caption counts them, the notebook's text names them) and keeps
+stale quality records;
 ``nb.conclusion`` says in each verdict which were left out or relied on, and since which commit
 (:mod:`repro.claims.staleness`), and which speed records it rests on were made beside another
 process on their GPU (their ``conditions``). **Metrics**: ``nb.conclusion`` also writes the
@@ -54,6 +55,7 @@ class Notebook:
     stale_used: list[pd.DataFrame] = field(default_factory=list)  # stale quality records
     beside: list[pd.DataFrame] = field(default_factory=list)  # speed records not made alone
     numbers: dict[str, Any] = field(default_factory=dict)  # metrics/<notebook>.json
+    said: set[str] = field(default_factory=set)  # stale notes printed above a figure
 
     @property
     def figures(self) -> Path:
@@ -97,8 +99,24 @@ class Notebook:
     def save(self, fig, stem: str, records: pd.DataFrame | str | None = None) -> Path:
         """Caption ``fig`` with the hardware and profile of ``records`` (or a text) and save
         it as ``stem.png``: under ``figures/`` for committed records, ``build/figures/`` when
-        any of them is a smoke record. The canvas grows to fit titles, legends and caption."""
+        any of them is a smoke record. The canvas grows to fit titles, legends and caption.
+        The caption holds two lines at most; what is stale is printed in full above the
+        figure. A figure that draws no data is replaced by one saying in words why
+        (:func:`empty_figure`): no committed figure is a blank axis."""
+        import matplotlib.pyplot as plt
+
         text, smoke = self.caption(records)
+        for note in [] if smoke else self.stale_notes(records):
+            # each note in full once per notebook; a later figure's names it in a few words
+            said = note in self.said
+            self.said.add(note)
+            print(f"{stem}: {note.split(' (')[0] + ' (as above)' if said else note}"
+                  + ("" if said else " (`repro status`)"))
+        if not draws_data(fig):
+            title = fig.get_suptitle() or next(
+                (a.get_title() for a in fig.axes if a.get_title()), stem)
+            plt.close(fig)
+            fig = empty_figure(title.split(" (")[0], self.why_empty(records))
         fig.canvas.draw()  # lays the figure out, so the caption goes below all it shows
         box = fig.get_tightbbox(fig.canvas.get_renderer())  # inches
         fig.text(box.x0 / fig.get_figwidth(), (box.y0 - 0.08) / fig.get_figheight(), text,
@@ -112,22 +130,63 @@ class Notebook:
         return path
 
     def caption(self, records: pd.DataFrame | str | None) -> tuple[str, bool]:
-        """:func:`caption`, plus what is stale for a figure of committed records: those it
-        draws that other code made, and those of its experiments left out."""
+        """:func:`caption`, plus one line counting what is stale for a figure of committed
+        records (those it draws that other code made, those of its experiments left out);
+        :meth:`stale_notes` says which, in the notebook's text."""
         text, smoke = caption(records)
         if smoke:
             return text, smoke
+        if text == "No records yet." and len(self._left_out_rows(records)):
+            text = "No fresh records."
         said = []
-        if isinstance(records, pd.DataFrame) and "stale" in records:
-            drawn = records[records["stale"].fillna(False).astype(bool)]
-            if len(drawn):
-                said.append("Drawn from records of other code than this checkout's: "
-                            + "; ".join(staleness.describe(drawn)))
-        if left := self._left_out_of(records):
-            said.append(f"Left out as stale: {left}")
-        if said:
-            text = textwrap.fill(f"{text.rstrip('.')}. {'. '.join(said)} (`repro status`)", 140)
+        drawn = self._drawn_stale(records)
+        if len(drawn):
+            said.append(f"{_cells(drawn)} drawn from records of other code than this "
+                        "checkout's")
+        if len(left := self._left_out_rows(records)):
+            said.append(f"{_cells(left)} left out as stale")
+        if said:  # the caption's two lines: where the records come from, what is stale
+            text = textwrap.shorten(text, 140) + "\n" + textwrap.shorten(
+                "; ".join(said) + " (listed above the figure; `repro status`).", 140)
         return text, smoke
+
+    def stale_notes(self, records) -> list[str]:
+        """What is stale for a figure of ``records``, in full: one phrase per experiment of the
+        stale records it draws and of those left out (:func:`repro.claims.staleness.describe`)."""
+        drawn, left = self._drawn_stale(records), self._left_out_rows(records)
+        return ([f"drawn from records of other code than this checkout's: {d}"
+                 for d in staleness.describe(drawn)] if len(drawn) else []) + \
+            ([f"left out as stale: {d}" for d in staleness.describe(left)] if len(left) else [])
+
+    def why_empty(self, records) -> str:
+        """Why a figure of ``records`` has nothing to draw, in a few words."""
+        left = self._left_out_rows(records)
+        if not len(left):
+            return "no records yet"
+        since = sorted({str(c)[:7] for c in left.get("stale_since", pd.Series()).dropna()
+                        if str(c)})
+        since = ", ".join(since[:3]) + (f" and {len(since) - 3} more" if len(since) > 3 else "")
+        what = " and ".join(sorted(left["experiment"].unique())) if "experiment" in left else ""
+        return (f"No fresh records: {_cells(left)} of {what or 'its experiment'} are stale, "
+                + (f"their code changed since {since}" if since else
+                   "the code that made them has changed")
+                + ". The notebook's text lists them; `repro record` makes them anew.")
+
+    @staticmethod
+    def _drawn_stale(records) -> pd.DataFrame:
+        if isinstance(records, pd.DataFrame) and len(records) and "stale" in records:
+            return records[records["stale"].fillna(False).astype(bool)]
+        return pd.DataFrame()
+
+    def _left_out_rows(self, records) -> pd.DataFrame:
+        """The left-out stale records of ``records``' experiments (all of them when
+        ``records`` names no experiment)."""
+        if not self.left_out:
+            return pd.DataFrame()
+        rows = pd.concat(self.left_out, ignore_index=True).drop_duplicates("source")
+        if isinstance(records, pd.DataFrame) and len(records) and "experiment" in records:
+            rows = rows[rows["experiment"].isin(records["experiment"].unique())]
+        return rows
 
     def _stale(self, kept: list[pd.DataFrame], v: Verdict) -> pd.DataFrame:
         """The rows of ``kept`` a verdict rests on: records of its claim, or of an
@@ -140,14 +199,6 @@ class Notebook:
         ours = rows["claims"].map(lambda cs: v.claim in (cs or [])) | rows["experiment"].isin(
             named)
         return rows[ours].drop_duplicates("source" if "source" in rows else None)
-
-    def _left_out_of(self, records) -> str:
-        if not self.left_out:
-            return ""
-        rows = pd.concat(self.left_out, ignore_index=True).drop_duplicates("source")
-        if isinstance(records, pd.DataFrame) and len(records) and "experiment" in records:
-            rows = rows[rows["experiment"].isin(records["experiment"].unique())]
-        return "; ".join(staleness.describe(rows)) if len(rows) else ""
 
     def metrics(self, **numbers: Any) -> Path:
         """Add ``numbers`` (nested mappings of numbers) to ``metrics/<notebook>.json``, which
@@ -187,15 +238,38 @@ class Notebook:
         return Markdown("\n\n".join(paras))
 
 
-def empty_figure(title: str):
-    """A figure that says it has nothing to show: saved where a notebook's figure has no
-    fresh record to draw (``Notebook.save``'s caption says which records were left out), so a
-    figure the pipeline declares always exists and never shows numbers of older code."""
+def _cells(rows: pd.DataFrame) -> str:
+    n = rows["source"].nunique() if "source" in rows else len(rows)
+    return f"{n} cell{'s' if n != 1 else ''}" if "source" in rows else \
+        f"{n} record{'s' if n != 1 else ''}"
+
+
+def draws_data(fig) -> bool:
+    """Whether ``fig`` draws any data: a line or marker, points, bars, a band or an image
+    placed in data coordinates (reference lines, spans and text do not count)."""
+    for ax in fig.axes:
+        if ax.images or any(len(getattr(c, "get_offsets", lambda: [])()) or
+                            len(getattr(c, "get_paths", lambda: [])())
+                            for c in ax.collections):
+            return True
+        if any(ln.get_transform() is ax.transData and len(ln.get_xdata())
+               for ln in ax.lines):
+            return True
+        if any(p.get_data_transform() is ax.transData for p in ax.patches):
+            return True
+    return False
+
+
+def empty_figure(title: str, why: str = "no records yet"):
+    """A figure that says in words why it has nothing to show (``why``): saved where a
+    notebook's figure has no fresh record to draw, so a figure the pipeline declares always
+    exists and never shows numbers of older code."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 1.8))
     ax.axis("off")
-    ax.text(0.5, 0.5, "no fresh records to show", ha="center", va="center", color="0.4")
+    ax.text(0.5, 0.5, textwrap.fill(why, 80), ha="center", va="center", color="0.3",
+            fontsize=10)
     ax.set_title(title)
     return fig
 
@@ -222,18 +296,15 @@ def start(name: str, section: str | None, profile: str = "smoke",
           scratch: str | None = None) -> Notebook:
     """Open notebook ``name``: resolve ``profile``, read ``params.yaml``'s ``section``, point
     smoke records at ``scratch`` (``repro notebook`` gives each notebook a fresh folder), detect
-    this machine, set the plotting style; print one line saying so."""
-    import matplotlib.pyplot as plt
+    this machine, set the plotting style (:func:`repro.plotstyle.use`); print one line saying so."""
+    from repro import plotstyle
 
     profile = config.resolve_profile(profile)
     if scratch:
         results.use_scratch(scratch)
     params = config.stage_params(section, profile) if section else {"profile": profile}
     machine = hardware.detect()
-    plt.rcParams.update({"figure.dpi": 100, "figure.constrained_layout.use": True,
-                         "axes.grid": True, "grid.alpha": 0.3,
-                         "axes.titlesize": 10, "legend.fontsize": 8,
-                         "axes.spines.top": False, "axes.spines.right": False})
+    plotstyle.use()
     pd.set_option("display.width", 160)
     print(f"{name}: profile {profile}; this machine {machine.slug} ({machine.name})")
     return Notebook(name, profile, params, machine, results.repo_root())

@@ -143,7 +143,7 @@ def test_notebook_figures_of_smoke_records_stay_out_of_figures(tmp_path, monkeyp
     assert "cpu; smoke profile" in text and "not evidence" in text and is_smoke
 
 
-def test_a_figure_caption_names_the_stale_records_it_draws_and_those_left_out(tmp_path):
+def test_a_figure_caption_counts_the_stale_records_and_the_text_names_them(tmp_path):
     import pandas as pd
 
     from repro import notebook
@@ -154,18 +154,61 @@ def test_a_figure_caption_names_the_stale_records_it_draws_and_those_left_out(tm
            "stale": False, "stale_reason": None}
     fresh = pd.DataFrame([row])
     assert "other code" not in nb.caption(fresh)[0] and "stale" not in nb.caption(fresh)[0]
+    assert nb.stale_notes(fresh) == []
     drawn = pd.DataFrame([row, {**row, "source": "b.json", "stale": True,
                                 "stale_reason": "its code changed"}])
-    text = nb.caption(drawn)[0].replace("\n", " ")
-    assert "Drawn from records of other code than this checkout's: 1 rl_quality cell(s) " \
-        "(its code changed; recorded at abc1234)" in text and "Left out" not in text
-    nb.left_out.append(pd.DataFrame([{**row, "source": "c.json", "stale": True,
-                                      "stale_reason": "older jax"}]))
-    text = nb.caption(fresh)[0].replace("\n", " ")
-    assert "Left out as stale: 1 rl_quality cell(s) (older jax; recorded at abc1234)" in text
-    assert "Drawn from" not in text
+    text = nb.caption(drawn)[0]
+    assert "1 cell drawn from records of other code" in text and "left out" not in text
+    assert nb.stale_notes(drawn) == ["drawn from records of other code than this checkout's: "
+                                     "1 rl_quality cell(s) (its code changed; recorded at "
+                                     "abc1234)"]
+    nb.left_out.extend([pd.DataFrame([{**row, "source": f"{c}.json", "stale": True,
+                                       "stale_reason": "older jax " + "x" * 300}])
+                        for c in "cdefg"])
+    text = nb.caption(fresh)[0]
+    assert "5 cells left out as stale" in text and "drawn" not in text
+    assert len(text.splitlines()) <= 2 and all(len(t) <= 140 for t in text.splitlines())
+    assert nb.stale_notes(fresh)[0].startswith("left out as stale: 5 rl_quality cell(s) "
+                                               "(older jax xxx")
     smoke = pd.DataFrame([{**row, "profile": "smoke", "stale": True}])
     assert "stale" not in nb.caption(smoke)[0]
+
+
+def test_a_figure_without_data_says_why_in_words(tmp_path, monkeypatch, capsys):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from repro import notebook
+
+    monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
+    fig, ax = plt.subplots()
+    ax.axhline(1.0)
+    ax.set_title("speedup")
+    assert not notebook.draws_data(fig)
+    for draw in (lambda a: a.plot([1, 2], [3, 4]), lambda a: a.scatter([1], [2]),
+                 lambda a: a.bar(["a"], [1]), lambda a: a.fill_between([1, 2], [0, 0], [1, 1])):
+        f, a = plt.subplots()
+        draw(a)
+        assert notebook.draws_data(f)
+    nb = notebook.Notebook("03_x", "full", {}, None, tmp_path)
+    row = {"hardware": "h200", "profile": "full", "experiment": "rl_throughput",
+           "source": "a.json", "stale": True, "stale_since": "4ae7449aaa",
+           "stale_reason": "older code"}
+    nb.left_out.append(pd.DataFrame([row, {**row, "source": "b.json"}]))
+    assert nb.why_empty(pd.DataFrame()).startswith(
+        "No fresh records: 2 cells of rl_throughput are stale, their code changed since 4ae7449")
+    assert nb.caption(pd.DataFrame())[0].startswith("No fresh records.\n2 cells left out")
+    seen = []
+    monkeypatch.setattr(notebook, "empty_figure",
+                        lambda title, why: seen.append((title, why)) or plt.figure())
+    nb.save(fig, "03_empty", pd.DataFrame())
+    assert seen == [("speedup", nb.why_empty(pd.DataFrame()))]
+    nb.save(plt.figure(), "03_again", pd.DataFrame())  # the same stale list, printed once
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 2 and "(as above)" in printed[1] and "older" not in printed[1]
 
 
 def test_notebook_conclusion_writes_the_ledger_and_quotes_the_verdict(tmp_path, monkeypatch):

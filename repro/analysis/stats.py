@@ -163,3 +163,36 @@ def welch_interval(m1: float, s1: float, n1: int, m2: float, s2: float, n2: int,
     dof = (v1 + v2) ** 2 / (v1 * v1 / (n1 - 1) + v2 * v2 / (n2 - 1))
     half = float(stats.t.ppf(0.5 + confidence / 2, dof) * se)
     return m1 - m2, m1 - m2 - half, m1 - m2 + half
+
+
+def round_range(records: pd.DataFrame) -> pd.DataFrame:
+    """``records`` with ``lo`` and ``hi``: the range of each record's ``value`` over its timed
+    rounds (``extra.samples_s`` or ``extra.samples_ms``), for error bars. A time (unit ``s`` or
+    ``ms``) scales with its round's time, a rate (anything else) inversely, both relative to
+    the rounds' median; a record without rounds or without a ``spread`` (memory, compile
+    time) gets its value for both."""
+    def one(r) -> tuple[float, float]:
+        extra = r.get("extra") if isinstance(r.get("extra"), dict) else {}
+        s = np.asarray(extra.get("samples_s") or extra.get("samples_ms") or [], float)
+        spread = r.get("spread")
+        if len(s) < 2 or spread is None or (isinstance(spread, float) and math.isnan(spread)):
+            return r["value"], r["value"]
+        rel = s / np.median(s) if r.get("unit") in ("s", "ms") else np.median(s) / s
+        return float(r["value"] * rel.min()), float(r["value"] * rel.max())
+
+    out = records.copy()
+    lohi = [one(r) for r in records.to_dict("records")]
+    out["lo"] = [a for a, _ in lohi]
+    out["hi"] = [b for _, b in lohi]
+    return out
+
+
+def round_ratio_range(num_samples, den_samples) -> tuple[float, float]:
+    """(min, max) over rounds of ``num_samples[k] / den_samples[k]``: the range of a ratio of
+    two timings taken in the same rounds (A, B, A, B, ...), where round k of one is beside
+    round k of the other; NaNs when either has no rounds or they differ in number."""
+    a, b = np.asarray(num_samples or [], float), np.asarray(den_samples or [], float)
+    if len(a) < 1 or len(a) != len(b):
+        return math.nan, math.nan
+    r = a / b
+    return float(r.min()), float(r.max())

@@ -350,6 +350,8 @@ def draw_validation(ax, val: pd.DataFrame) -> None:
     their two ends: nothing drawn comes from arithmetic whose last bits depend on the CPU (the
     fit's least squares; ``np.geomspace``'s logarithms), so the PNG is the same on every
     machine."""
+    from repro import plotstyle
+
     if len(val):
         lo = significant(0.8 * min(val["measured"].min(), val["predicted"].min()))
         hi = significant(1.2 * max(val["measured"].max(), val["predicted"].max()))
@@ -357,9 +359,11 @@ def draw_validation(ax, val: pd.DataFrame) -> None:
         ax.fill_between(xs, significant(xs * 0.9), significant(xs * 1.1), color="0.85",
                         label="+-10%")
         ax.plot(xs, xs, color="0.4", lw=1)
+        chips = sorted(val["hardware"].unique())  # a recipe's colour, darker per chip
         for (c, workload, recipe), g in val.groupby(["hardware", "workload", "recipe"]):
             ax.scatter(g["measured"], g["predicted"],
                        label=f"{recipe}, {workload.upper()} ({c})", s=40,
+                       color=plotstyle.shade(plotstyle.color(recipe), -0.4 * chips.index(c)),
                        marker="s" if workload == "lm" else "o")
             for r in g.itertuples():
                 ax.annotate(r.shape, (r.measured, r.predicted), fontsize=6, xytext=(3, -3),

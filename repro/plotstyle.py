@@ -1,0 +1,152 @@
+"""One look for every figure: a colour, marker and line style per precision name.
+
+Every notebook draws the same recipe in the same colour, so a reader who learned that
+fp8-delayed is vermillion in one figure can read it in the next without its legend. Colours
+come from seaborn's colour-blind-safe palette (``sns.color_palette("colorblind")``); a
+recipe family shares a hue and its variants are lighter or darker shades of it with their
+own marker (all filled: seaborn refuses to mix filled and line markers in one plot). The references (fp32, tf32, bf16, fp16) are drawn dashed or dotted, the FP8 and
+FP4 recipes solid.
+
+Names cover the recipe registry (:data:`repro.precision.recipes.REGISTRY`), the inference
+formats (:data:`repro.precision.export.FORMATS`), the GEMM dtypes, the element formats
+(E4M3, E5M2, E2M1, MXFP8, NVFP4) and the GRPO arms; an unknown name gets a fixed colour
+derived from its text (a variant such as ``fp8-current:margin=1`` a shade of its recipe's)::
+
+    ax.plot(x, y, label=name, **plotstyle.style(name))
+    sns.lineplot(..., hue="recipe", palette=plotstyle.palette(df.recipe))
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import seaborn as sns
+
+_CB = dict(zip(["blue", "orange", "green", "vermillion", "pink", "brown", "rose", "grey",
+                "yellow", "sky"], sns.color_palette("colorblind").as_hex()))
+
+
+def shade(hex_colour: str, t: float) -> str:
+    """``hex_colour`` mixed toward white (``t`` > 0) or black (``t`` < 0) by ``|t|``."""
+    rgb = [int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    rgb = [c + (1 - c) * t if t > 0 else c * (1 + t) for c in rgb]
+    return "#" + "".join(f"{round(c * 255):02x}" for c in rgb)
+
+
+# name: (hue, shade, marker, line style). Families share a hue; references are not solid.
+_TABLE: dict[str, tuple[str, float, str, str]] = {
+    # references
+    "fp32": ("grey", -0.45, "s", ":"),
+    "tf32": ("grey", 0.0, "D", ":"),
+    "bf16": ("blue", 0.0, "o", "--"),
+    "fp16": ("sky", 0.0, "^", "--"),
+    "bf16w-kahan": ("blue", -0.45, "s", "--"),
+    "bf16w-nokahan": ("blue", 0.45, "X", "--"),
+    # FP8 recipes: current scaling green, delayed scaling vermillion, end to end pink
+    "fp8-current": ("green", 0.0, "o", "-"),
+    "fp8-auto": ("green", -0.35, "P", "-"),
+    "fp8-lean": ("green", 0.45, "v", "-"),
+    "te-fp8-current": ("green", -0.6, "^", "-."),
+    "fp8-delayed": ("vermillion", 0.0, "o", "-"),
+    "fp8-all-layers": ("vermillion", -0.4, "v", "-"),
+    "fp8-noscale": ("vermillion", 0.45, "X", "-"),
+    "fp8-e2e": ("pink", 0.0, "o", "-"),
+    "fp8-e2e-nokahan": ("pink", -0.4, "X", "-"),
+    "fp8-e2e-nogradclip": ("pink", 0.35, "v", "-"),
+    "fp8-e2e-noweightclip": ("pink", -0.2, "D", "-"),
+    "flax-fp8": ("yellow", -0.45, "s", "-."),
+    "mxfp8": ("brown", 0.0, "o", "-"),
+    "te-mxfp8": ("brown", -0.45, "^", "-."),
+    # FP4 recipes: orange
+    "nvfp4": ("orange", 0.0, "o", "-"),
+    "nvfp4-no-rht": ("orange", -0.55, "X", "-"),
+    "nvfp4-no-sr": ("orange", -0.3, "v", "-"),
+    "nvfp4-1d-weights": ("orange", 0.3, "D", "-"),
+    "nvfp4-all-layers": ("orange", 0.55, "s", "-"),
+    "nvfp4-mlp-only": ("rose", -0.2, "P", "-"),
+    "jax-nvfp4": ("orange", -0.75, "^", "-."),
+    # GEMM dtypes and inference formats (those not named above)
+    "fp8": ("green", -0.45, "o", "-"),
+    "fp8-tensor": ("green", 0.4, "s", "-"),
+    "fp8-w": ("brown", 0.35, "X", "-"),
+    "int8": ("rose", -0.45, "o", "-"),
+    "int8-w": ("rose", 0.0, "X", "-"),
+    "nvfp4-w": ("orange", -0.15, "X", "-"),
+    # element formats
+    "e4m3": ("green", 0.0, "o", "-"),
+    "e5m2": ("sky", -0.3, "s", "-"),
+    "e2m1": ("orange", 0.3, "v", "-"),
+    # GRPO arms
+    "bf16-e2e": ("blue", 0.0, "o", "--"),
+    "fp8-rollout": ("vermillion", 0.0, "s", "-"),
+    "fp8-e2e-no-is": ("pink", 0.4, "X", "-"),
+}
+_FALLBACK_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
+
+
+def _entry(name: str) -> tuple[str, str, str]:
+    key = str(name).strip().lower()
+    if key in _TABLE:
+        hue, t, marker, ls = _TABLE[key]
+        return shade(_CB[hue], t), marker, ls
+    h = zlib.crc32(key.encode())
+    t = ((h >> 8) % 5 - 2) * 0.2  # one of -0.4 .. 0.4
+    known = [k for k in _TABLE if key.startswith(k) and not key[len(k):len(k) + 1].isalnum()]
+    if known:  # a variant of a known recipe: a shade of its colour, its line style
+        hue, base_t, _, ls = _TABLE[max(known, key=len)]
+        return (shade(_CB[hue], max(-0.8, min(0.8, base_t + (t or 0.2)))),
+                _FALLBACK_MARKERS[h % len(_FALLBACK_MARKERS)], ls)
+    hue = list(_CB)[h % len(_CB)]
+    return shade(_CB[hue], t), _FALLBACK_MARKERS[(h >> 4) % len(_FALLBACK_MARKERS)], "-"
+
+
+def color(name: str) -> str:
+    """The colour (``#rrggbb``) of a recipe, format or arm ``name``; the same on every call."""
+    return _entry(name)[0]
+
+
+def style(name: str, line: bool = True) -> dict[str, str]:
+    """Keyword arguments for ``ax.plot``: ``name``'s colour, marker and (``line``) line style."""
+    c, marker, ls = _entry(name)
+    return dict(color=c, marker=marker, ls=ls) if line else dict(color=c, marker=marker)
+
+
+def palette(names) -> dict[str, str]:
+    """``{name: colour}`` for the distinct ``names``: a seaborn ``palette=`` argument."""
+    return {n: color(n) for n in dict.fromkeys(names)}
+
+
+def markers(names) -> dict[str, str]:
+    """``{name: marker}`` for the distinct ``names``: a seaborn ``markers=`` argument."""
+    return {n: _entry(n)[1] for n in dict.fromkeys(names)}
+
+
+def seed_band(ax, x, runs, color: str, **line):
+    """Draw the mean over seeds of ``runs`` (one row per seed, NaN where a seed has no value)
+    against ``x`` as a line in ``color`` (``line``: more ``ax.plot`` arguments) and the 95%
+    t-interval of that mean as a band around it; one seed draws the line alone. Returns the
+    line."""
+    import warnings
+
+    import numpy as np
+    from scipy.stats import t as student_t
+
+    runs = np.atleast_2d(np.asarray(runs, float))
+    n = np.sum(~np.isnan(runs), axis=0)
+    with warnings.catch_warnings():  # a step no seed reached stays NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(runs, axis=0)
+        half = (student_t.ppf(0.975, np.maximum(n - 1, 1)) * np.nanstd(runs, axis=0, ddof=1)
+                / np.sqrt(n))
+    out, = ax.plot(x, mean, color=color, **line)
+    if len(runs) > 1:
+        ax.fill_between(x, mean - half, mean + half, color=color, alpha=0.2, lw=0)
+    return out
+
+
+def use() -> None:
+    """Seaborn's white-grid theme with the colour-blind palette as the default cycle."""
+    sns.set_theme(style="whitegrid", palette="colorblind", rc={
+        "figure.dpi": 100, "figure.constrained_layout.use": True, "grid.alpha": 0.5,
+        "axes.titlesize": 10, "axes.labelsize": 9, "xtick.labelsize": 8, "ytick.labelsize": 8,
+        "legend.fontsize": 8, "axes.spines.top": False, "axes.spines.right": False})
