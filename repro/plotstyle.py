@@ -57,6 +57,7 @@ _TABLE: dict[str, tuple[str, float, str, str]] = {
     "flax-fp8": ("yellow", -0.45, "s", "-."),
     "mxfp8": ("brown", 0.0, "o", "-"),
     "te-mxfp8": ("brown", -0.45, "^", "-."),
+    "fp8-block": ("brown", 0.5, "D", "-"),
     # FP4 recipes: orange
     "nvfp4": ("orange", 0.0, "o", "-"),
     "nvfp4-no-rht": ("orange", -0.55, "X", "-"),
@@ -80,6 +81,7 @@ _TABLE: dict[str, tuple[str, float, str, str]] = {
     "bf16-e2e": ("blue", 0.0, "o", "--"),
     "fp8-rollout": ("vermillion", 0.0, "s", "-"),
     "fp8-e2e-no-is": ("pink", 0.4, "X", "-"),
+    "fp8-e2e-block": ("brown", -0.7, "P", "-"),
 }
 _FALLBACK_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
 
