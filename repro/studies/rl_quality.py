@@ -27,7 +27,7 @@ from repro import results
 from repro.config import Section, fraction, positive, recipe_names
 from repro.models import ppo
 from repro.precision.recipes import resolve
-from repro.studies.rl_throughput import _device_peak_bytes
+from repro.studies.measures import _curve, device_peak_bytes
 from repro.studies.runner import Cell, Study
 
 QUALITY = "rl_quality"
@@ -103,21 +103,13 @@ def run_seeds(c: ppo.PPOConfig, seeds: Sequence[int]) -> dict[str, np.ndarray]:
     return seeds_runner(c)(seeds)
 
 
-def _curve(x: np.ndarray, points: int = 100) -> list[float | None]:
-    """A learning curve thinned to at most ``points`` (means over equal chunks)."""
-    chunks = np.array_split(np.asarray(x, np.float64), min(points, len(x)))
-    with np.errstate(all="ignore"):
-        return [None if not np.isfinite(v) else float(v)
-                for v in (np.nanmean(ch) if np.isfinite(ch).any() else np.nan for ch in chunks)]
-
-
 def quality_cell(env_name: str, variant: str, p: Params) -> list[dict[str, Any]]:
     c = quality_config(env_name, variant, p)
     seeds, profile = list(range(p.seeds)), p.profile
     t0 = time.perf_counter()
     m = run_seeds(c, seeds)
     wall = time.perf_counter() - t0
-    peak = _device_peak_bytes()
+    peak = device_peak_bytes()
     final = ppo.final_return(m, p.last_fraction)
     from repro.precision import ops
 

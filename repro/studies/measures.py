@@ -1,0 +1,28 @@
+"""Small measurements several studies record: the device's peak memory, a learning curve.
+
+``_curve`` keeps its name: it is part of the measuring kit of the RL quality programs
+(:mod:`repro.program`), whose fingerprint holds the function's source as written.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+
+def device_peak_bytes() -> int | None:
+    """The first device's peak bytes in use so far in this process (None where it does not
+    say)."""
+    try:
+        stats = jax.devices()[0].memory_stats()
+    except Exception:
+        return None
+    return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
+
+
+def _curve(x: np.ndarray, points: int = 100) -> list[float | None]:
+    """A learning curve thinned to at most ``points`` (means over equal chunks)."""
+    chunks = np.array_split(np.asarray(x, np.float64), min(points, len(x)))
+    with np.errstate(all="ignore"):
+        return [None if not np.isfinite(v) else float(v)
+                for v in (np.nanmean(ch) if np.isfinite(ch).any() else np.nan for ch in chunks)]
