@@ -135,8 +135,10 @@ def load_params(path: str | Path | None = None) -> dict[str, Any]:
 
 def top_level() -> tuple[str, ...]:
     """The keys params.yaml may have at its top: :data:`TOP_LEVEL`, and the section of every
-    experiment :data:`repro.experiments.RECORDED` declares (named as the experiment)."""
-    return tuple(dict.fromkeys([*TOP_LEVEL, *(e.name for e in experiments.RECORDED)]))
+    experiment :data:`repro.studies.EXPERIMENTS` registers (named as the experiment)."""
+    from repro import studies
+
+    return tuple(dict.fromkeys([*TOP_LEVEL, *studies.EXPERIMENTS]))
 
 
 def resolve_profile(profile: str) -> str:

@@ -59,8 +59,15 @@ _STUDIES_KERNEL_TIMES = "repro.studies.kernel_times"
 ALLOWED = {
     # params.yaml's recipe names are checked against the precision registry as it is read
     ("repro.config", "repro.precision"): "config checks recipe names",
+    # params.yaml may hold a section for each experiment the study registry holds at the time
+    # it is read (tests register toy experiments there)
+    ("repro.config", "repro.studies"): "config reads the study registry",
     # the staleness checker rebuilds a cell's programs through the study registry, at call time
     ("repro.provenance", "repro.studies"): "staleness rebuilds a cell's programs",
+    # rl_quality records the device's peak memory with rl_throughput's helper. Moving it
+    # would change rl_throughput.py, a file its TPU records' programs ran: traced under that
+    # platform's JAX, they cannot be traced again here and would turn stale.
+    ("repro.studies.rl_quality", "repro.studies.rl_throughput"): "_device_peak_bytes",
     # `repro trace` traces other experiments' steps as their studies build them: by design a
     # tool over those experiments (its records say which step they measured)
     (_STUDIES_KERNEL_TIMES, "repro.studies.gemm"): "repro trace gemm",

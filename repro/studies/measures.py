@@ -1,4 +1,4 @@
-"""Small measurements several studies record: the device's peak memory, a learning curve.
+"""Small measurements several studies record: a learning curve of episode returns.
 
 ``_curve`` keeps its name: it is part of the measuring kit of the RL quality programs
 (:mod:`repro.program`), whose fingerprint holds the function's source as written.
@@ -6,18 +6,7 @@
 
 from __future__ import annotations
 
-import jax
 import numpy as np
-
-
-def device_peak_bytes() -> int | None:
-    """The first device's peak bytes in use so far in this process (None where it does not
-    say)."""
-    try:
-        stats = jax.devices()[0].memory_stats()
-    except Exception:
-        return None
-    return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
 
 
 def _curve(x: np.ndarray, points: int = 100) -> list[float | None]:

@@ -27,7 +27,8 @@ from repro import results
 from repro.config import Section, fraction, positive, recipe_names
 from repro.models import ppo
 from repro.precision.recipes import resolve
-from repro.studies.measures import _curve, device_peak_bytes
+from repro.studies.measures import _curve
+from repro.studies.rl_throughput import _device_peak_bytes
 from repro.studies.runner import Cell, Study
 
 QUALITY = "rl_quality"
@@ -109,7 +110,7 @@ def quality_cell(env_name: str, variant: str, p: Params) -> list[dict[str, Any]]
     t0 = time.perf_counter()
     m = run_seeds(c, seeds)
     wall = time.perf_counter() - t0
-    peak = device_peak_bytes()
+    peak = _device_peak_bytes()
     final = ppo.final_return(m, p.last_fraction)
     from repro.precision import ops
 

@@ -54,7 +54,6 @@ from repro.config import Section, positive, recipe_names
 from repro.models import ppo
 from repro.precision import optim
 from repro.precision.recipes import REGISTRY, resolve, value_formats
-from repro.studies.measures import device_peak_bytes
 from repro.studies.runner import Cell, Study
 from repro.studies.timing import compiled_facts, recipe_emulated, time_fn, time_rounds
 
@@ -93,6 +92,14 @@ def _time_fn(fn, *args, repeats: int, warmup: int = 1):
     """(median s, IQR s, samples) of ``repro.studies.timing.time_fn``."""
     t = time_fn(fn, *args, repeats=repeats, warmup=warmup)
     return t.median_s, t.iqr_s, list(t.samples)
+
+
+def _device_peak_bytes() -> int | None:
+    try:
+        stats = jax.devices()[0].memory_stats()
+    except Exception:
+        return None
+    return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
 
 
 def synthetic_rollout(c: ppo.PPOConfig, env, env_params, key):
@@ -205,7 +212,7 @@ def _records(c: ppo.PPOConfig, network: str, width: int, recipe: str, p: Params,
     extra = {"fp8_gemm_calls": fp8_calls, "fp8_lowering": facts["fp8_lowering"],
              "compile_e2e_s": compile_e2e,
              "compile_update_s": compile_upd, "updates_per_call": c.num_updates,
-             "scope": r.scope, "device_peak_bytes": device_peak_bytes(),
+             "scope": r.scope, "device_peak_bytes": _device_peak_bytes(),
              "device_peak_note": "cumulative over the process, not per recipe",
              "conv_backward": "bf16 emulation of FP8" if conv_emulated else None, **(more or {})}
     common = dict(claims=["A2", "A9"], recipe=recipe, sizes=sizes, repeats=len(samples),
