@@ -4,9 +4,10 @@ An :class:`Experiment` says where each part of one experiment lives (its study, 
 verdict rules and notebook), which record folders its study writes, which of its records are
 training quality, and how ``repro trace`` and the performance model read it. A
 :class:`Notebook` is one DVC stage. Every list of experiment names elsewhere is derived from
-these two tables (``tests/test_experiment_specs.py`` fails on a list kept by hand), and the
-claims each experiment serves are read from ``repro/data/claims.yaml`` (each rule's
-``studies``). This module imports nothing of the package, so any module may import it.
+these two tables (``tests/test_experiment_specs.py`` fails on a list kept by hand). Which
+claims an experiment's records decide is said once, by each claim's rule in
+``repro/data/claims.yaml`` (its ``studies``); the same test checks each study's own ``claims``
+against it. This module imports nothing of the package, so any module may import it.
 
     from repro import experiments
     experiments.get("gemm").study          # 'repro.studies.gemm'
