@@ -30,13 +30,14 @@ from typing import Any, Union
 
 import yaml
 
+from repro import experiments
+
 PROFILES = ("smoke", "full", "auto")
 SUBSECTIONS = ("common", "smoke", "full")
 # The sections of params.yaml: each study's (repro.studies, Study.params_section) and each
-# notebook's (repro.pipeline.STAGES); tests/test_boundaries.py checks the list is complete.
-SECTIONS = ("formats", "gemm", "mlp_step", "lm_step", "rl_throughput", "rl_purejaxrl",
-            "rl_quality", "lm", "perfmodel", "multigpu", "inference", "legged",
-            "grpo")
+# notebook's (repro.pipeline.STAGES), from repro.experiments; tests/test_boundaries.py checks
+# the list is complete.
+SECTIONS = experiments.SECTIONS
 TOP_LEVEL = ("profile", "seed", *SECTIONS)
 # Integers in params.yaml are sizes, counts and seeds: beyond JAX's default integer they
 # overflow or run for ever.

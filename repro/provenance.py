@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from repro import experiments
+
 PACKAGE = "repro"
 # The checkout the running `repro` was imported from (tests point it at a copy).
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -57,20 +59,14 @@ CORE = ("jax", "jaxlib", "flax", "optax", "numpy", "ml_dtypes")
 # Installed distributions whose versions matter to GPU numbers (CUDA plugins and libraries).
 _ACCELERATOR_DISTS = re.compile(r"^(jax[-_]cuda|jax[-_]rocm|nvidia[-_]|transformer[-_]engine)",
                                 re.I)
-# Experiments whose records are training quality (returns, losses, bitwise repeats): a stale
-# one still yields its verdict, marked stale. Other experiments' stale records are left out
-# of verdicts unless their metric is a quality metric (repro.claims.staleness.QUALITY_METRICS).
-QUALITY_EXPERIMENTS = frozenset({"rl_quality", "rl_quality_repeat", "lm"})
-#: Metrics that say how well a run learned or how close a result is to its reference, not how
-#: fast or how large it is: a record of one is quality evidence in any experiment (the legged
-#: study's returns sit beside its timings, the inference study's accuracy beside its speed).
-QUALITY_METRICS = frozenset({
-    "final_return", "eval_return", "random_return",  # RL returns
-    "eval_loss", "final_eval_loss", "heldout_loss", "bits_per_byte",  # LM losses
-    "kl_to_bf16", "top1_agreement",  # agreement with the BF16 model
-    "heldout_accuracy", "base_accuracy",  # GRPO's held-out exact match
-    "same_seed_identical", "different_seeds_differ",  # bitwise repeats
-})
+# Experiments (and their record folders) whose records are training quality (returns, losses,
+# bitwise repeats): a stale one still yields its verdict, marked stale. Other experiments'
+# stale records are left out of verdicts unless their metric is one of QUALITY_METRICS: how
+# well a run learned or how close a result is to its reference, not how fast or how large it
+# is (the legged study's returns sit beside its timings, the inference study's accuracy beside
+# its speed). Both come from each experiment's spec (repro.experiments).
+QUALITY_EXPERIMENTS = experiments.QUALITY_EXPERIMENTS
+QUALITY_METRICS = experiments.QUALITY_METRICS
 
 
 # ------------------------------------------------------------------------- the closure

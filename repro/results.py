@@ -36,6 +36,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from repro import experiments
+
 RECORD_FIELDS = [
     "experiment", "claims", "hardware", "hardware_name", "compute_capability", "backend",
     "jax", "jaxlib", "flax", "git_commit", "profile", "recipe", "sizes", "metric", "value",
@@ -585,8 +587,8 @@ def read_json(path: Path) -> Any:
 
 # Record folders named otherwise than the experiment of their records: a repeat of recorded
 # rl_quality cells (repro.studies.rl_quality.QUALITY_REPEAT), kept apart from the cells it
-# repeats.
-SHARED_FOLDERS = {"rl_quality_repeat": "rl_quality"}
+# repeats (each experiment's spec names its folders: repro.experiments).
+SHARED_FOLDERS = experiments.RECORDED_BY
 
 
 def read_cell_file(path: Path, root: Path) -> list[Any]:

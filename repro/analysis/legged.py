@@ -27,9 +27,12 @@ import pandas as pd
 from repro import results
 from repro.analysis import rl as rl_analysis
 from repro.analysis import stats
-from repro.claims.verdicts.legged import BASELINE, REFERENCE, longest_runs
+from repro.analysis.rl import longest_runs
+from repro.claims.verdicts._base import rule
 
 EXPERIMENT = "legged"
+# A11's rule (repro/data/claims.yaml): quality against REFERENCE, speed against BASELINE.
+REFERENCE, BASELINE = rule("A11")["reference"], rule("A11")["baseline"]
 
 
 def _sizes(d: pd.DataFrame, keys) -> pd.DataFrame:
@@ -285,7 +288,7 @@ def key_numbers(ups: pd.DataFrame, quality: pd.DataFrame) -> dict:
     range of the per-round ratios and the rounds: ``e2e_lo``, ``e2e_hi``, ``update_lo``,
     ``update_hi``, ``rounds``), and P(recipe > FP32) with its interval (``poi``,
     ``poi_lo``, ``poi_hi``) where A11 judges it: the width's longest training
-    (``repro.claims.verdicts.legged.longest_runs``), with P(recipe > BF16) where measured
+    (``repro.analysis.rl.longest_runs``), with P(recipe > BF16) where measured
     (``poi_bf16``, ``poi_bf16_lo``, ``poi_bf16_hi``)."""
     out: dict[str, dict] = {}
 

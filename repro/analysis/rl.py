@@ -10,6 +10,21 @@ from repro.analysis.stats import ratio, welch_interval
 from repro.precision.recipes import REGISTRY
 
 
+def longest_runs(quality: pd.DataFrame, min_seeds: int = 1) -> pd.DataFrame:
+    """The rows of a quality table (``repro.analysis.legged.quality_table``) that judge quality: per (hardware,
+    recipe, env, width), the longest training (``total_timesteps``) among rows with >= ``min_seeds``
+    seeds (more seeds breaking a tie): a size trained for several budgets is judged where its
+    training went furthest."""
+    if not len(quality):
+        return quality
+    q = quality[quality.n_seeds >= min_seeds] if "n_seeds" in quality else quality
+    order = q.assign(_steps=q.get("total_timesteps", 0), _seeds=q.get("n_seeds", 0)) \
+        .sort_values(["_steps", "_seeds"])
+    keys = ["hardware", "recipe"] + (["env"] if "env" in q else []) + ["width"]
+    return order.groupby(keys, sort=False).tail(1) \
+        .drop(columns=["_steps", "_seeds"]).sort_index()
+
+
 def repeat_identical(df: pd.DataFrame, repeat: pd.DataFrame) -> pd.DataFrame:
     """A10 across processes: quality cells recorded twice, compared bitwise.
 

@@ -4,8 +4,9 @@ A verdict never rests on stale evidence silently. Stale *speed* records (timings
 memory) are left out before the verdict is computed, and :func:`mark` names them in the
 verdict's ``stale_note``: how many, of which experiment, why, and since which commit. Stale
 *quality* records (every record of a ``QUALITY_EXPERIMENTS`` experiment, and a record of any
-experiment whose metric is one of :data:`QUALITY_METRICS`: returns, losses, agreement) still
-decide the verdict, and :func:`mark` sets ``stale=True`` with the reason. The ledger, the
+experiment whose metric is one of :data:`QUALITY_METRICS`: returns, losses, agreement; both
+from the experiment specs, :mod:`repro.experiments`) still decide the verdict, and
+:func:`mark` sets ``stale=True`` with the reason. The ledger, the
 README's table and the site show ``stale_note`` beside the verdict.
 
 The same note says when a verdict rests on speed records made beside another process on their
@@ -23,8 +24,7 @@ import dataclasses
 
 import pandas as pd
 
-from repro.provenance import QUALITY_EXPERIMENTS, QUALITY_METRICS
-
+from repro.experiments import QUALITY_EXPERIMENTS, QUALITY_METRICS
 
 
 def split(records: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

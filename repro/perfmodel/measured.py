@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from repro import experiments
 from repro import hardware as hw
 from repro import results
 from repro.perfmodel.cost import (FORMATS, Gemm, Step, lm_shape, lm_step_gemms, mlp_step_gemms,
@@ -30,7 +31,8 @@ from repro.perfmodel.cost import (FORMATS, Gemm, Step, lm_shape, lm_step_gemms, 
 
 GEMM = "gemm"  # the GEMM sweep's experiment (repro.studies.gemm)
 KERNEL_TIMES = "kernel_times"  # the kernel traces' experiment (repro.studies.kernel_times)
-WORKLOADS = {"mlp_step": "mlp", "lm_step": "lm"}  # experiment -> workload of a step record
+# experiment -> workload of a step record (the experiments with a step_workload)
+WORKLOADS = {e.name: e.step_workload for e in experiments.EXPERIMENTS if e.step_workload}
 STEP_KEY = ["workload", "model", "batch", "seq_len", "width", "depth"]
 
 

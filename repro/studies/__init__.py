@@ -1,5 +1,6 @@
 """The studies: each module measures one experiment and exports ``STUDY``
-(:class:`repro.studies.runner.Study`). :data:`EXPERIMENTS` is the one list of them.
+(:class:`repro.studies.runner.Study`). :data:`EXPERIMENTS` lists them,
+from :mod:`repro.experiments`.
 
     from repro import studies
     studies.record("gemm", "smoke")            # what `repro record gemm --profile smoke` does
@@ -13,27 +14,15 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-# experiment (the records' folder) -> module, imported when first used. `repro record`
-# runs these (`all`: in this order), each with its params.yaml section.
-EXPERIMENTS: dict[str, str] = {
-    "gemm": "repro.studies.gemm",
-    "mlp_step": "repro.studies.mlp_step",
-    "lm_step": "repro.studies.lm_step",
-    "rl_throughput": "repro.studies.rl_throughput",
-    "rl_quality": "repro.studies.rl_quality",
-    "lm": "repro.studies.lm_quality",
-    "multigpu": "repro.studies.multigpu",
-    "rl_purejaxrl": "repro.studies.purejaxrl",
-    "inference": "repro.studies.inference",
-    "legged": "repro.studies.legged",
-    "grpo": "repro.studies.grpo",
-}
+from repro import experiments
+
+# experiment (the records' folder) -> module, imported when first used. `repro record` runs
+# these (`all`: in this order), each with its params.yaml section (repro.experiments).
+EXPERIMENTS: dict[str, str] = {e.name: e.study for e in experiments.RECORDED}
 # `repro trace`: studies whose parameters come from the command line.
-TRACES: dict[str, str] = {"kernel_times": "repro.studies.kernel_times"}
-
-
+TRACES: dict[str, str] = {e.name: e.study for e in experiments.EXPERIMENTS if not e.recorded}
 # record folders written by a study of another name (its determinism repeats)
-RECORDED_BY: dict[str, str] = {"rl_quality_repeat": "rl_quality"}
+RECORDED_BY: dict[str, str] = experiments.RECORDED_BY
 
 
 def of_records(folder: str) -> str:

@@ -14,7 +14,7 @@ decode loop, compiled as the ``inference`` study times it, ``repro.studies.infer
 under inference formats instead of recipes, a "step" being one call: one prefill, or the
 ``decode_steps`` tokens of one decode loop), run once to warm up, and then ``steps``
 steps run under JAX's profiler (CUPTI on a GPU). The Perfetto trace's kernel events on the
-device's streams are classed by name (``repro.analysis.traces.kernel_class``: gemm, attention,
+device's streams are classed by name (``repro.studies.kernel_trace.kernel_class``: gemm, attention,
 collective, memory, other) and summed. Per recipe, records under
 ``results/<hardware>/kernel_times/<cell>.json``: ``<class>_ms_per_step`` for every class,
 ``kernel_ms_per_step`` (their sum: device busy time, streams added up), ``kernels_per_step``
@@ -40,10 +40,10 @@ from typing import Any, Callable
 
 import jax
 
-from repro import results
-from repro.analysis.traces import kernel_events, load_trace, summarize
+from repro import experiments, results
 from repro.config import Section
 from repro.program import Program
+from repro.studies.kernel_trace import kernel_events, load_trace, summarize
 from repro.studies.runner import Cell, Study
 
 EXPERIMENT = "kernel_times"  # repro.perfmodel reads these records by this name
@@ -99,11 +99,12 @@ def _ppo_runner(token: str, width: int, num_envs: int, profile: str = "full"):
     (``repro.studies.rl_throughput.update_program``); ``token`` is a recipe name such as
     ``fp8-all-layers``."""
     from repro import studies
-    from repro.studies import rl_throughput as X
+    from repro.studies import rl_throughput
     from repro.studies.timing import compiled_facts, recipe_emulated
 
-    c = X.throughput_config("mlp", width, token, num_envs, studies.params(X.THROUGHPUT, profile))
-    compiled, args, _ = X.update_program(c)
+    c = rl_throughput.throughput_config("mlp", width, token, num_envs,
+                                        studies.params(rl_throughput.THROUGHPUT, profile))
+    compiled, args, _ = rl_throughput.update_program(c)
     facts = compiled_facts(compiled)
     return (lambda: compiled(*args)), {
         **facts, "emulated": recipe_emulated(c.recipe, facts["fp8_lowering"])}
@@ -114,14 +115,16 @@ def _inference_runner(fmt: str, config: str, phase: str, batch: int, profile: st
     (``params.yaml``'s settings of ``profile``) exported as ``fmt``, compiled as its speed cell
     compiles it (``repro.studies.inference_speed``); emulated as that cell would say."""
     from repro import studies
-    from repro.precision import export as X
-    from repro.studies import inference_speed as S
+    from repro.precision import export
+    from repro.studies import inference_speed
 
     p = studies.params("inference", profile)
-    cfg, sp = S.model_config(config, S.speed_configs(p)[config]), p["speed"]
+    cfg = inference_speed.model_config(config, inference_speed.speed_configs(p)[config])
+    sp = p["speed"]
     length = cfg.seq_len if phase == "prefill" else sp["prompt_len"]
-    compiled, args, _, facts = S._program(cfg, fmt, phase, batch, length, sp["decode_steps"])
-    emulated = S.speed_emulated(X.resolve_format(fmt), facts["lowering"])
+    compiled, args, _, facts = inference_speed._program(cfg, fmt, phase, batch, length,
+                                                        sp["decode_steps"])
+    emulated = inference_speed.speed_emulated(export.resolve_format(fmt), facts["lowering"])
     return (lambda: compiled(*args)), {**facts, "emulated": emulated}
 
 
@@ -159,7 +162,9 @@ def profile_cell(workload: str, recipes: list[str], steps: int, sizes: dict[str,
     return records
 
 
-WORKLOADS = ("mlp", "lm", "gemm", "ppo", "inference")
+# the workload of each experiment whose step `repro trace` traces (repro.experiments)
+WORKLOADS = tuple(e.trace.workload for e in experiments.TRACED)
+_DEFAULT_RECIPES = {e.trace.workload: e.trace.recipes for e in experiments.TRACED}
 PHASES = ("prefill", "decode")
 MLP_GEMMS = tuple((65536, w, w) for w in (256, 512, 1024, 2048, 4096))  # mlp_step's GEMMs
 
@@ -200,8 +205,7 @@ def parse_shapes(text: str) -> tuple[tuple[int, int, int], ...]:
 
 
 def default_recipes(workload: str) -> tuple[str, ...]:
-    return {"gemm": ("bf16", "fp8"), "inference": ("bf16", "fp8-w")}.get(
-        workload, ("bf16", "fp8-delayed"))
+    return _DEFAULT_RECIPES.get(workload, ("bf16", "fp8-delayed"))
 
 
 def check(p: Params) -> None:
@@ -254,7 +258,7 @@ def program(workload: str, recipe: str, **settings) -> Program:
     ``num_envs`` and that study's loop sizes, ``repro.models.ppo.make_update_step`` on a
     rollout-shaped batch, as ``repro.studies.rl_throughput.update_step`` builds it), with
     this study's kit: the traced steps and the kernel statistics."""
-    from repro.analysis import traces
+    from repro.studies import kernel_trace as traces
 
     kit = (trace_steps, traces.kernel_events, traces.kernel_class, traces.load_trace,
            traces.summarize)
@@ -293,9 +297,9 @@ def _ppo_settings(width: int, num_envs: int, profile: str) -> dict[str, Any]:
     """The ``rl_throughput`` settings of ``profile`` the PPO update of width ``width`` and
     ``num_envs`` environments is built with (``_ppo_runner``)."""
     from repro import studies
-    from repro.studies import rl_throughput as X
+    from repro.studies import rl_throughput
 
-    p = studies.params(X.THROUGHPUT, profile)
+    p = studies.params(rl_throughput.THROUGHPUT, profile)
     return {"network": "mlp", "width": int(width), "num_envs": int(num_envs),
             "env": p.networks["mlp"], "num_steps": p.num_steps, "updates": p.updates,
             "depth": p.depth, "update_epochs": p.update_epochs,

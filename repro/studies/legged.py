@@ -373,7 +373,7 @@ def paired_speed_cell(p, env_name: str, size: str, recipes: Sequence[str], profi
 
 def quality_cell(p, env_name: str, size: str, recipe: str, profile: str,
                  critic: str | None = None, first_seed: int = 0):
-    from repro.studies.rl_quality import _curve
+    from repro.studies.measures import _curve
 
     q = p["quality"]
     c = config(p, env_name, "quality", size, recipe,
@@ -541,7 +541,7 @@ def program(kind: str, config: Mapping[str, Any], num_envs: int = 0, steps: int 
         return Program(measured, (key, variables, obs, key, opt_state, traj, f32(*shape),
                                   f32(*shape), key), kit=kit + env_kit)
     if kind == "quality":
-        from repro.studies.rl_quality import _curve
+        from repro.studies.measures import _curve
 
         train = pc.make_train(c, env)
         kit = (compile_, ppo.final_return, _curve) + env_kit

@@ -27,6 +27,7 @@ from repro import results
 from repro.config import Section, fraction, positive, recipe_names
 from repro.models import ppo
 from repro.precision.recipes import resolve
+from repro.studies.measures import _curve
 from repro.studies.rl_throughput import _device_peak_bytes
 from repro.studies.runner import Cell, Study
 
@@ -101,14 +102,6 @@ def seeds_runner(c: ppo.PPOConfig):
 
 def run_seeds(c: ppo.PPOConfig, seeds: Sequence[int]) -> dict[str, np.ndarray]:
     return seeds_runner(c)(seeds)
-
-
-def _curve(x: np.ndarray, points: int = 100) -> list[float | None]:
-    """A learning curve thinned to at most ``points`` (means over equal chunks)."""
-    chunks = np.array_split(np.asarray(x, np.float64), min(points, len(x)))
-    with np.errstate(all="ignore"):
-        return [None if not np.isfinite(v) else float(v)
-                for v in (np.nanmean(ch) if np.isfinite(ch).any() else np.nan for ch in chunks)]
 
 
 def quality_cell(env_name: str, variant: str, p: Params) -> list[dict[str, Any]]:

@@ -14,6 +14,8 @@ import yaml
 VERDICTS = ("reproduced", "partly", "contradicted", "inconclusive", "projected",
             "not yet measured")
 
+UNSURE = "inconclusive"  # a part of a claim the data cannot decide
+
 
 def tidy(numbers: Any) -> Any:
     """``numbers`` (nested mappings of numbers) with floats to 4 significant digits, bools
@@ -135,3 +137,31 @@ def margin(claim: str, part: str | None = None) -> tuple[float, float]:
         raise ValueError(f"claim {claim!r} has one margin in repro/data/claims.yaml, not one "
                          f"per part; got part {part!r}")
     return float(bounds[0]), float(bounds[1])
+
+
+def poi_row(poi: pd.DataFrame, x: str, y: str):
+    """The row of P(X > Y) of a probability-of-improvement table (None if not run)."""
+    r = poi[(poi.x == x) & (poi.y == y)] if len(poi) else poi
+    return r.iloc[0] if len(r) else None
+
+
+def poi_text(r, x: str, y: str) -> str:
+    """P(X > Y) and its interval as text (a :func:`poi_row`)."""
+    if r is None:
+        return f"{x} vs {y}: not run"
+    ties = float(r.get("ties", 0.0) or 0.0)
+    return (f"P({x}>{y})={r.p:.2f} [{r.lo:.2f},{r.hi:.2f}]"
+            + (f" ({ties:.0%} of its weight tied at 0.5)" if ties >= 0.05 else ""))
+
+
+def parity(poi: pd.DataFrame, x: str, y: str, bounds: Sequence[float]
+           ) -> tuple[bool | str | None, str]:
+    """Parity of X with Y within the margin: True (kept), False (lost), UNSURE, None (not
+    run), and the text naming the interval and the margin."""
+    r = poi_row(poi, x, y)
+    if r is None:
+        return None, poi_text(r, x, y)
+    low, high = bounds
+    state = True if r.lo >= low else False if r.hi < low else UNSURE
+    word = {True: "kept", False: "lost", UNSURE: "inconclusive"}[state]
+    return state, f"{poi_text(r, x, y)} vs margin [{low:.2f},{high:.2f}]: {word}"

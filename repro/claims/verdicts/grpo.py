@@ -24,9 +24,10 @@ import pandas as pd
 from repro.analysis.stats import t_interval
 from repro.claims.verdicts._base import Verdict, margin
 from repro.claims.verdicts._base import rule as rule_of
+from repro.experiments import get as experiment
 
 CLAIM = "A12"
-SOURCE = "results/*/grpo (heldout_accuracy, base_accuracy per arm and seed)"
+SOURCE = experiment("grpo").source("heldout_accuracy", "base_accuracy per arm and seed")
 COLUMNS = ["hardware", "arm", "seed", "base", "final", "emulated"]
 
 

@@ -13,9 +13,8 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 
 from repro.analysis.inference import best_evidence, widest_timed
-from repro.claims.verdicts._base import Verdict, margin
+from repro.claims.verdicts._base import UNSURE, Verdict, margin
 from repro.claims.verdicts._base import rule as rule_of
-from repro.claims.verdicts.quality import UNSURE
 
 SOURCE = "results/*/inference/*.json (notebooks/11_inference.py)"
 LABEL = {True: "pass", False: "FAIL", None: "n/a", UNSURE: "inconclusive"}

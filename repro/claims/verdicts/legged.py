@@ -14,11 +14,12 @@ from collections.abc import Sequence
 import pandas as pd
 
 from repro.analysis import rl as rl_analysis
-from repro.claims.verdicts._base import Verdict, margin
+from repro.analysis.rl import longest_runs
+from repro.claims.verdicts._base import UNSURE, Verdict, margin, parity
 from repro.claims.verdicts._base import rule as rule_of
-from repro.claims.verdicts.quality import UNSURE, _kept
+from repro.experiments import get as experiment
 
-EXPERIMENT = "legged"
+EXPERIMENT = experiment("legged").name
 _RULE = rule_of("A11")  # the names and thresholds below are A11's rule in claims.yaml
 RECIPE = _RULE["recipes"][0]
 REFERENCE = _RULE["reference"]
@@ -37,21 +38,6 @@ def crossover(pays: dict[int, bool]) -> int | None:
             break
         out = w
     return out
-
-
-def longest_runs(quality: pd.DataFrame, min_seeds: int = 1) -> pd.DataFrame:
-    """The rows of ``repro.analysis.legged.quality_table`` that judge quality: per (hardware,
-    recipe, env, width), the longest training (``total_timesteps``) among rows with >= ``min_seeds``
-    seeds (more seeds breaking a tie): a size trained for several budgets is judged where its
-    training went furthest."""
-    if not len(quality):
-        return quality
-    q = quality[quality.n_seeds >= min_seeds] if "n_seeds" in quality else quality
-    order = q.assign(_steps=q.get("total_timesteps", 0), _seeds=q.get("n_seeds", 0)) \
-        .sort_values(["_steps", "_seeds"])
-    keys = ["hardware", "recipe"] + (["env"] if "env" in q else []) + ["width"]
-    return order.groupby(keys, sort=False).tail(1) \
-        .drop(columns=["_steps", "_seeds"]).sort_index()
 
 
 def _where(env, width) -> tuple[str, int]:
@@ -105,7 +91,7 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float],
             parts.append(means)
         poi = pd.DataFrame([{"x": recipe, "y": reference, "p": r.poi, "lo": r.poi_lo,
                              "hi": r.poi_hi}])
-        state, text = _kept(poi, recipe, reference, bounds)
+        state, text = parity(poi, recipe, reference, bounds)
         text += f" ({'; '.join(parts)})" if parts else ""
         vs16 = getattr(r, "poi_bf16", float("nan"))
         if pd.notna(vs16):  # shown beside the judged comparison: FP8 against 16-bit compute
@@ -161,7 +147,7 @@ def peer_parity(row, bounds: Sequence[float] | None = None) -> tuple[bool | str 
     margin (``bounds``). Shown in notebook 10; it changes no verdict."""
     poi = pd.DataFrame([{"x": "ours", "y": "brax", "p": row.poi, "lo": row.poi_lo,
                          "hi": row.poi_hi}])
-    return _kept(poi, "ours", "brax", bounds or margin("A11"))
+    return parity(poi, "ours", "brax", bounds or margin("A11"))
 
 
 def _held(kept: dict[tuple[str, int], tuple[bool | str | None, str]]) -> bool | str | None:

@@ -17,11 +17,12 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from repro.claims.verdicts._base import Verdict, margin
+from repro.claims.verdicts._base import UNSURE, Verdict, margin, parity, poi_row, poi_text
 from repro.claims.verdicts._base import rule as rule_of
+from repro.experiments import get as experiment
 
-QUALITY_SOURCE = "results/*/rl_quality (final_return, random_return, same_seed_identical)"
-UNSURE = "inconclusive"  # a part of a claim the data cannot decide
+QUALITY_SOURCE = experiment("rl_quality").source("final_return", "random_return",
+                                                 "same_seed_identical")
 FP8_PREFIX = "fp8"  # variants whose GEMMs run in FP8
 
 
@@ -38,26 +39,13 @@ class QualityEvidence:
     planned_envs: int
 
 
-def _row(poi: pd.DataFrame, x: str, y: str):
-    r = poi[(poi.x == x) & (poi.y == y)] if len(poi) else poi
-    return r.iloc[0] if len(r) else None
-
-
-def _text(r, x: str, y: str) -> str:
-    if r is None:
-        return f"{x} vs {y}: not run"
-    ties = float(r.get("ties", 0.0) or 0.0)
-    return (f"P({x}>{y})={r.p:.2f} [{r.lo:.2f},{r.hi:.2f}]"
-            + (f" ({ties:.0%} of its weight tied at 0.5)" if ties >= 0.05 else ""))
-
-
 def _compare(poi: pd.DataFrame, x: str, y: str) -> tuple[str | None, str]:
     """X better / worse / same as Y from P(X > Y) and its 95% interval [lo, hi]."""
-    r = _row(poi, x, y)
+    r = poi_row(poi, x, y)
     if r is None:
-        return None, _text(r, x, y)
+        return None, poi_text(r, x, y)
     s = "better" if r.lo > 0.5 else "worse" if r.hi < 0.5 else "same"
-    return s, _text(r, x, y)
+    return s, poi_text(r, x, y)
 
 
 def _not_worse(poi, x, y) -> bool | None:
@@ -68,19 +56,6 @@ def _not_worse(poi, x, y) -> bool | None:
 def _better(poi, x, y) -> bool | None:
     s, _ = _compare(poi, x, y)
     return None if s is None else s == "better"
-
-
-def _kept(poi: pd.DataFrame, x: str, y: str, bounds: Sequence[float]
-          ) -> tuple[bool | str | None, str]:
-    """Parity of X with Y within the margin: True (kept), False (lost), UNSURE, None (not
-    run), and the text naming the interval and the margin."""
-    r = _row(poi, x, y)
-    if r is None:
-        return None, _text(r, x, y)
-    low, high = bounds
-    state = True if r.lo >= low else False if r.hi < low else UNSURE
-    word = {True: "kept", False: "lost", UNSURE: "inconclusive"}[state]
-    return state, f"{_text(r, x, y)} vs margin [{low:.2f},{high:.2f}]: {word}"
 
 
 def _combine(parts: Sequence[bool | str | None]) -> str:
@@ -104,7 +79,7 @@ def _numbers(poi: pd.DataFrame, *pairs: tuple[str, str]) -> dict:
     """``{"X_vs_Y": {"p", "lo", "hi"}}`` of the comparisons that were run."""
     out = {}
     for x, y in pairs:
-        r = _row(poi, x, y)
+        r = poi_row(poi, x, y)
         if r is not None:
             out[f"{x}_vs_{y}"] = {"p": r.p, "lo": r.lo, "hi": r.hi}
     return out
@@ -135,7 +110,7 @@ def a5(poi: pd.DataFrame, ev: QualityEvidence, bounds: Sequence[float] | None = 
     recipes ``shown`` against it too, not judged."""
     r = rule_of("A5", rule)
     x, ref, worse = r["recipes"][0], r["reference"], r["beats"]
-    kept, text = _kept(poi, x, ref, bounds or margin("A5"))
+    kept, text = parity(poi, x, ref, bounds or margin("A5"))
     v = _combine([kept, _better(poi, x, worse)])
     shown = [(s, worse) for s in r.get("shown", [])]
     return _quality("A5", v, [text, _compare(poi, x, worse)[1]]
@@ -149,7 +124,7 @@ def a6(poi: pd.DataFrame, ev: QualityEvidence, bounds: Sequence[float] | None = 
     reference's (FP32's) quality within the margin."""
     r = rule_of("A6", rule)
     x, ref = r["recipes"][0], r["reference"]
-    kept, text = _kept(poi, x, ref, bounds or margin("A6"))
+    kept, text = parity(poi, x, ref, bounds or margin("A6"))
     return _quality("A6", _combine([kept]), [text], ev, _numbers(poi, (x, ref)), r)
 
 
@@ -217,7 +192,7 @@ def a10(poi: pd.DataFrame, ev: QualityEvidence, same_seed: bool | None,
     bounds = bounds or margin("A10")
     r = rule_of("A10", rule)
     x = r["recipes"][0]
-    kept = [_kept(poi, x, ref, bounds) for ref in r["references"]]
+    kept = [parity(poi, x, ref, bounds) for ref in r["references"]]
     states = [k for k, _ in kept]
     quality = (None if None in states else True if all(k is True for k in states)
                else False if False in states else UNSURE)

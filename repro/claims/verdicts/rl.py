@@ -10,9 +10,10 @@ import pandas as pd
 from repro.analysis import rl as rl_analysis
 from repro.claims.verdicts._base import Verdict, _hw, _hw_judged, recipes
 from repro.claims.verdicts._base import rule as rule_of
+from repro.experiments import get as experiment
 
-RL_SPEED_SOURCE = "results/*/rl_throughput (env_steps_per_s, update_time_ms)"
-RL_MEMORY_SOURCE = "results/*/rl_throughput (fp8_stores, update_memory_bytes)"
+RL_SPEED_SOURCE = experiment("rl_throughput").source("env_steps_per_s", "update_time_ms")
+RL_MEMORY_SOURCE = experiment("rl_throughput").source("fp8_stores", "update_memory_bytes")
 RL_NOTE = "notebook 03_rl_throughput"
 A4_CAVEAT = ("memory is XLA's compile-time estimate of the update (memory_analysis), not a "
              "measured device peak")

@@ -1,0 +1,178 @@
+"""The package is built in floors, and an experiment's modules import no other experiment's.
+
+Every import of every module under repro/ is read from its syntax tree, lazy imports inside
+functions included. A module may import from its own floor and the floors below it:
+
+    shared    the spec table, hardware, config, results, program fingerprints, provenance
+              and the verdict vocabulary (claims/verdicts/_base.py): what every floor uses
+    precision recipes, formats, ops, layers
+    models    the networks, PPO, the LM and its data
+    studies   the studies, their runner and measuring kit
+    analysis  tables from records; the performance model
+    claims    verdict rules, staleness, the ledger
+    top       the command line, notebooks' helpers, the pipeline, the site
+
+An experiment's modules (its study, its tables, its rules: ``Experiment.owned`` in
+repro/experiments.py) import no module owned by another experiment; shared helpers live in
+unowned modules (``repro.analysis.rl``, ``repro.studies.measures``...). ALLOWED lists the
+exceptions, each with its reason.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from repro import experiments
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FLOORS = ("shared", "precision", "models", "studies", "analysis", "claims", "top")
+# module prefix -> floor; the longest matching prefix decides
+PLACES = {
+    "repro": "shared",  # the package itself
+    "repro.experiments": "shared",
+    "repro.hardware": "shared",
+    "repro.config": "shared",
+    "repro.results": "shared",
+    "repro.program": "shared",
+    "repro.provenance": "shared",
+    "repro.claims.verdicts._base": "shared",
+    "repro.precision": "precision",
+    "repro.models": "models",
+    "repro.studies": "studies",
+    "repro.analysis": "analysis",
+    "repro.perfmodel": "analysis",
+    "repro.claims": "claims",
+    "repro.cli": "top",
+    "repro.cli_checks": "top",
+    "repro.notebook": "top",
+    "repro.run_notebook": "top",
+    "repro.pipeline": "top",
+    "repro.site": "top",
+    "repro.refresh": "top",
+    "repro.tables": "top",
+}
+
+_STUDIES_KERNEL_TIMES = "repro.studies.kernel_times"
+# (importer, imported): why the import crosses a floor or an experiment
+ALLOWED = {
+    # params.yaml's recipe names are checked against the precision registry as it is read
+    ("repro.config", "repro.precision"): "config checks recipe names",
+    # params.yaml may hold a section for each experiment the study registry holds at the time
+    # it is read (tests register toy experiments there)
+    ("repro.config", "repro.studies"): "config reads the study registry",
+    # the staleness checker rebuilds a cell's programs through the study registry, at call time
+    ("repro.provenance", "repro.studies"): "staleness rebuilds a cell's programs",
+    # rl_quality records the device's peak memory with rl_throughput's helper. Moving it
+    # would change rl_throughput.py, a file its TPU records' programs ran: traced under that
+    # platform's JAX, they cannot be traced again here and would turn stale.
+    ("repro.studies.rl_quality", "repro.studies.rl_throughput"): "_device_peak_bytes",
+    # `repro trace` traces other experiments' steps as their studies build them: by design a
+    # tool over those experiments (its records say which step they measured)
+    (_STUDIES_KERNEL_TIMES, "repro.studies.gemm"): "repro trace gemm",
+    (_STUDIES_KERNEL_TIMES, "repro.studies.mlp_step"): "repro trace mlp",
+    (_STUDIES_KERNEL_TIMES, "repro.studies.lm_step"): "repro trace lm",
+    (_STUDIES_KERNEL_TIMES, "repro.studies.rl_throughput"): "repro trace ppo",
+    (_STUDIES_KERNEL_TIMES, "repro.studies.inference"): "repro trace inference",
+    (_STUDIES_KERNEL_TIMES, "repro.studies.inference_speed"): "repro trace inference",
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str) -> bool:
+    p = ROOT.joinpath(*name.split("."))
+    return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
+
+
+def imports(path: Path) -> set[str]:
+    """The repro modules ``path`` imports, anywhere in it (``from M import f``: M;
+    ``from P import m`` where m is a module: P.m)."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            for a in node.names:
+                out.add(f"{base}.{a.name}" if is_module(f"{base}.{a.name}") else base)
+    return {m for m in out if m == "repro" or m.startswith("repro.")}
+
+
+def floor(module: str) -> str:
+    for prefix in sorted(PLACES, key=len, reverse=True):
+        if module == prefix or module.startswith(prefix + "."):
+            return PLACES[prefix]
+    raise AssertionError(f"{module} has no floor: add it to PLACES")
+
+
+def owners(module: str) -> set[str]:
+    return {e.name for e in experiments.EXPERIMENTS if module in e.owned}
+
+
+def allowed(importer: str, imported: str) -> bool:
+    return any((importer, b) in ALLOWED for b in (imported, *_parents(imported)))
+
+
+def _parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)]
+
+
+def violations(edges: set[tuple[str, str]]) -> list[str]:
+    out = []
+    for a, b in sorted(edges):
+        if allowed(a, b):
+            continue
+        if FLOORS.index(floor(b)) > FLOORS.index(floor(a)):
+            out.append(f"{a} ({floor(a)}) imports {b} ({floor(b)}): a higher floor")
+        mine, theirs = owners(a), owners(b)
+        if mine and theirs and not mine & theirs:
+            out.append(f"{a} ({', '.join(sorted(mine))}) imports {b} "
+                       f"({', '.join(sorted(theirs))}): another experiment's module")
+    return out
+
+
+def all_edges() -> set[tuple[str, str]]:
+    return {(module_name(p), m) for p in sorted((ROOT / "repro").rglob("*.py"))
+            for m in imports(p) if m != module_name(p)}
+
+
+def test_the_check_fails_on_an_upward_import_and_a_cross_experiment_one():
+    assert violations({("repro.analysis.legged", "repro.claims.verdicts.legged")}) == [
+        "repro.analysis.legged (analysis) imports repro.claims.verdicts.legged (claims): a "
+        "higher floor"]
+    assert violations({("repro.studies.legged", "repro.studies.rl_quality")}) == [
+        "repro.studies.legged (legged) imports repro.studies.rl_quality (rl_quality): "
+        "another experiment's module"]
+    assert violations({("repro.studies.legged", "repro.studies.measures"),
+                       ("repro.claims.verdicts.legged", "repro.analysis.rl")}) == []
+    assert violations({("repro.config", "repro.precision.recipes")}) == []  # allowed
+
+
+def test_imports_reads_lazy_imports():
+    path = ROOT / "repro" / "studies" / "kernel_times.py"
+    found = imports(path)
+    assert "repro.studies.gemm" in found  # imported inside a function
+    assert "repro.studies.kernel_trace" in found
+    assert "repro.precision.export" in found  # `from repro.precision import export`
+
+
+def test_no_import_goes_up_a_floor_or_into_another_experiment():
+    found = violations(all_edges())
+    assert not found, "\n".join(found)
+
+
+def test_every_allowed_exception_is_still_needed():
+    edges = all_edges()
+    for a, b in ALLOWED:
+        assert any(x == a and (y == b or y.startswith(b + ".")) for x, y in edges), (a, b)
