@@ -165,11 +165,12 @@ def sandbox(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     calls = []
     monkeypatch.setattr(runner, "run", lambda *a, **k: calls.append(k) or runner.Outcome())
-    from repro import run_notebook
+    from repro import markdown, run_notebook
     from repro.precision import check
 
     monkeypatch.setattr(run_notebook, "_execute", lambda *a, **k: calls.append(a) or 0)
     monkeypatch.setattr(run_notebook, "_require_kernel", lambda: None)
+    monkeypatch.setattr(markdown, "write", lambda *a, **k: None)  # no executed notebook
     monkeypatch.setattr(check, "require", lambda: None)
     return tmp_path, calls
 
