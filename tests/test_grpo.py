@@ -114,8 +114,12 @@ def test_task_errors_are_one_line():
         R.check_task(9, 10)
     with pytest.raises(ConfigError, match=r"unknown GRPO config key\(s\) \['lrr'\]"):
         R.make_train({"lrr": 1.0})
-    with pytest.raises(ConfigError, match="rollout_recipe='fp8-current': must be unquantized"):
-        R.make_train({"rollout_recipe": "fp8-current"})
+    for bad in ({"rollout_recipe": "fp8-delayed"}, {"rollout_recipe": "nvfp4"},
+                {"rollout_recipe": "fp8-current", "rollout_fp8": True}):
+        with pytest.raises(ConfigError, match=f"rollout_recipe='{bad['rollout_recipe']}': "
+                           "must be unquantized, or per-tensor FP8 with current scaling"):
+            R.make_train(bad)
+    assert R.validate({"rollout_recipe": "fp8-current"}).rollout_recipe == "fp8-current"
     with pytest.raises(ConfigError, match="group_size=1: must be >= 2"):
         R.make_train({"group_size": 1})
     with pytest.raises(ConfigError, match="is_cap=0.0: must be > 0"):

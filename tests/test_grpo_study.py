@@ -185,3 +185,63 @@ def test_warm_up_lowers_its_loss_and_the_curve_has_a_point_per_eval():
     curve, hr = np.asarray(out["heldout_curve"]), np.asarray(out["heldout_reward"])
     assert curve.shape == (3,) and hr[0] == curve[0] and hr[1] == curve[-1]
     assert np.asarray(out["metrics"]["reward"]).shape == (4,)
+
+
+# ------------------------------------------------------------------- the speed cell
+
+
+def _speed(recipe, steps, hw="h200", run="r1", d_model=4096, emulated=False):
+    rollout = [t / 4 for t in steps]
+    extra = {"run_id": run, "step_samples_s": list(steps), "rollout_samples_s": rollout,
+             "update_samples_s": [t - r for t, r in zip(steps, rollout)],
+             "rollout_tokens": 1000}
+    return {"hardware": hw, "backend": "gpu", "profile": "full", "metric": "rl_step_s",
+            "recipe": recipe, "value": float(np.median(steps)), "emulated": emulated,
+            "sizes": {"cell": "speed", "d_model": d_model}, "extra": extra}
+
+
+def test_speed_table_is_a_ratio_of_medians_of_paired_rounds():
+    recs = pd.DataFrame([_speed("bf16", [1.0, 2.0, 1.2]), _speed("fp8-current", [0.5, 2.0, 1.0]),
+                         _speed("bf16", [3.0], d_model=1024, run="r2"),
+                         _speed("fp8-current", [1.0], d_model=1024, run="r2")])
+    t = A.speed_table(recs).set_index(["d_model", "recipe"])
+    fp8 = t.loc[(4096, "fp8-current")]
+    assert fp8.speedup == pytest.approx(1.2 / 1.0)  # medians 1.2 and 1.0
+    assert (fp8.speedup_lo, fp8.speedup_hi) == pytest.approx((1.0, 2.0))  # 1/1, 1.2/1, 2/1
+    assert fp8.rollout_tokens_per_s == pytest.approx(1000 / 0.25)
+    assert t.loc[(4096, "bf16")].speedup == pytest.approx(1.0)
+    assert A.rl_step_speedup(A.speed_table(recs))[0] == pytest.approx(1.2)
+    assert A.rl_step_speedup(A.speed_table(recs), min_d_model=8192)[0] is None
+
+
+def test_rl_step_speedup_skips_emulated_fp8():
+    recs = pd.DataFrame([_speed("bf16", [1.0, 1.0]),
+                         _speed("fp8-current", [0.5, 0.5], emulated=True)])
+    speedup, why = A.rl_step_speedup(A.speed_table(recs))
+    assert speedup is None and "emulated" in why
+    v = V.a12(table(spread(0.0)), speedup, speed_where=why)
+    assert v.verdict == "partly" and "emulated" in v.key_number
+
+
+def test_speed_cell_times_both_phases_of_every_recipe_in_rounds():
+    import dataclasses
+
+    p = studies.params("grpo", "full")
+    tiny = {"d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64, "n_digits": 1,
+            "prompts_per_step": 2, "group_size": 2}
+    p = dataclasses.replace(p, speed=dataclasses.replace(p.speed, rounds=2, grpo=tiny),
+                            compiler_options={"xla_backend_optimization_level": 0})
+    recs = S.speed_cell(p)
+    assert {(r["metric"], r["recipe"]) for r in recs} == {
+        (m, r) for m in ("rl_step_s", "rollout_tokens_per_s", "update_s")
+        for r in p.speed.recipes}
+    step = next(r for r in recs if r["metric"] == "rl_step_s" and r["recipe"] == "bf16")
+    e = step["extra"]
+    assert len(e["step_samples_s"]) == 2 and e["timing"] == "paired"
+    np.testing.assert_allclose(e["step_samples_s"],
+                               np.add(e["rollout_samples_s"], e["update_samples_s"]))
+    assert e["rollout_tokens"] == 2 * 2 * 3  # prompts x group x (1 digit + carry + end)
+    assert len({r["extra"]["run_id"] for r in recs}) == 1
+    fp8 = next(r for r in recs if r["recipe"] == "fp8-current")
+    assert fp8["emulated"]  # no FP8 GEMM on a CPU
+    assert S.cells(p)[-1].name == "speed_d32"

@@ -8,6 +8,11 @@
   series (reward, token KL between rollout engine and trainer, capped share).
 * :func:`arm_summary` -- per (hardware, arm): seeds, mean base and final accuracy, mean gain,
   mean token KL and capped share over the steps.
+* :func:`speed_table` -- per (hardware, run, d_model, recipe) of the speed cell: median RL step,
+  rollout and update times, and the speedup over the run's BF16 (ratio of medians, and the
+  range of the per-round ratios).
+* :func:`rl_step_speedup` -- the number A12's rule judges: that speedup at the widest config
+  timed with ``d_model`` >= the rule's, where FP8 ran FP8 GEMMs (None otherwise).
 """
 
 from __future__ import annotations
@@ -76,3 +81,66 @@ def arm_summary(df: pd.DataFrame) -> pd.DataFrame:
         seeds=("seed", "count"), base=("base", "mean"), final=("final", "mean"),
         gain=("gain", "mean"), mismatch_kl=("kl", "mean"), capped_frac=("capped", "mean"),
         emulated=("emulated", "any")).reset_index()
+
+
+SPEED_COLUMNS = ["hardware", "run_id", "d_model", "recipe", "step_s", "rollout_s", "update_s",
+                 "rollout_tokens_per_s", "speedup", "speedup_lo", "speedup_hi", "rounds",
+                 "emulated"]
+
+
+def speed_table(df: pd.DataFrame, reference: str = "bf16") -> pd.DataFrame:
+    """Per (hardware, run, d_model, recipe) of the speed cell's ``rl_step_s`` records: the
+    medians over rounds, and ``speedup``: ``reference``'s median step time over the recipe's,
+    both timed in the same interleaved rounds (A12's registered statistic, a ratio of medians
+    of paired rounds), with the range of the per-round ratios in ``speedup_lo`` ..
+    ``speedup_hi``."""
+    if not len(df):
+        return pd.DataFrame(columns=SPEED_COLUMNS)
+    d = df[df.metric == "rl_step_s"]
+    rows = []
+    for _, r in d.iterrows():
+        e = r.extra or {}
+        step = np.asarray(e.get("step_samples_s") or [], float)
+        roll = np.asarray(e.get("rollout_samples_s") or [], float)
+        rows.append({"hardware": r.hardware, "run_id": e.get("run_id"),
+                     "d_model": (r.sizes or {}).get("d_model"), "recipe": r.recipe,
+                     "step": step, "step_s": float(np.median(step)) if len(step) else np.nan,
+                     "rollout_s": float(np.median(roll)) if len(roll) else np.nan,
+                     "update_s": float(np.median(e.get("update_samples_s") or [np.nan])),
+                     "rollout_tokens_per_s": float(np.median(e.get("rollout_tokens", 0) / roll))
+                     if len(roll) else np.nan,
+                     "rounds": len(step), "emulated": bool(r.emulated)})
+    if not rows:
+        return pd.DataFrame(columns=SPEED_COLUMNS)
+    t = pd.DataFrame(rows)
+    out = []
+    for _, g in t.groupby(["hardware", "run_id", "d_model"], sort=True):
+        ref = g[g.recipe == reference]
+        base = ref.step.iloc[0] if len(ref) else None
+        for _, r in g.iterrows():
+            paired = base is not None and len(base) == len(r.step) and len(base)
+            ratio = base / r.step if paired else np.array([np.nan])
+            out.append({**r.drop("step").to_dict(),
+                        "speedup": float(np.median(base) / np.median(r.step)) if paired
+                        else np.nan,
+                        "speedup_lo": float(np.min(ratio)), "speedup_hi": float(np.max(ratio))})
+    return pd.DataFrame(out)[SPEED_COLUMNS].sort_values(
+        ["hardware", "d_model", "recipe"]).reset_index(drop=True)
+
+
+def rl_step_speedup(table: pd.DataFrame, recipe: str = "fp8-current", min_d_model: int = 4096
+                    ) -> tuple[float | None, str]:
+    """``(speedup, where)``: ``recipe``'s paired RL-step speedup over BF16 at the widest
+    ``d_model`` >= ``min_d_model`` timed, FP8 GEMMs run (not emulated); None and why not."""
+    if table is None or not len(table):
+        return None, "no speed record"
+    t = table[(table.recipe == recipe) & (table.d_model >= min_d_model)]
+    if not len(t):
+        return None, f"no {recipe} speed record at d_model >= {min_d_model}"
+    t = t[~t.emulated]
+    if not len(t):
+        return None, f"{recipe}'s speed records ran no FP8 GEMM (emulated): not judged"
+    best = t.sort_values(["d_model", "rounds"]).iloc[-1]
+    return float(best.speedup), (f"{best.hardware}, d_model {int(best.d_model)}, "
+                                 f"{int(best.rounds)} paired rounds (range "
+                                 f"{best.speedup_lo:.2f}-{best.speedup_hi:.2f}x)")

@@ -372,7 +372,9 @@ class GRPOConfig:
     n_heads: int = 4
     d_ff: int = 192
     recipe: str = "bf16"  # the trainer's precision recipe
-    rollout_recipe: str = "bf16"  # the rollout engine's (unquantized; FP8 is rollout_fp8)
+    # the rollout engine's: unquantized, or fp8-current (native per-tensor FP8 GEMMs, for
+    # timing); DeepSeek-V3's block FP8 rollouts are rollout_fp8 (emulated)
+    rollout_recipe: str = "bf16"
     rollout_fp8: bool = False  # DeepSeek-V3 block FP8 in the rollout's block linear layers
     # GRPO
     steps: int = 50
@@ -466,9 +468,11 @@ def validate(config: Mapping[str, Any] | GRPOConfig) -> GRPOConfig:
             r = resolve(getattr(c, name))
         except ValueError as e:
             raise ConfigError(f"GRPO config {name}: " + " ".join(str(e).split())) from None
-        if name == "rollout_recipe" and r.quantized:
+        if name == "rollout_recipe" and r.quantized and not (
+                r.gemm == "fp8" and r.scaling == "current" and not c.rollout_fp8):
             raise ConfigError(f"GRPO config rollout_recipe={c.rollout_recipe!r}: must be "
-                              "unquantized (dense GEMMs); FP8 rollouts are rollout_fp8=True")
+                              "unquantized, or per-tensor FP8 with current scaling (no scaling "
+                              "state) without rollout_fp8 (block FP8 rollouts)")
         if name == "sft_recipe" and r.quantized:
             raise ConfigError(f"GRPO config sft_recipe={c.sft_recipe!r}: must be unquantized "
                               "(the warm-up makes one base model for every arm)")

@@ -29,12 +29,25 @@ import jax
 import numpy as np
 
 from repro import results
-from repro.config import Section, positive
+from repro.config import Section, positive, recipe_names
 from repro.models import grpo as R
 from repro.precision.recipes import resolve
 from repro.studies.runner import Cell, Study
+from repro.studies.timing import compiled_facts, recipe_emulated, time_rounds
 
 EXPERIMENT = "grpo"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Speed:
+    """``speed``: one cell timing a GRPO step's two phases for every recipe of ``recipes``
+    (the trainer's and the rollout engine's precision both), compiled first, then in
+    ``rounds`` interleaved rounds; ``grpo``: GRPOConfig overrides of the section's ``grpo``
+    (the widths timed)."""
+
+    recipes: tuple[str, ...] = recipe_names(("bf16", "fp8-current"))
+    rounds: int = positive(10)
+    grpo: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +60,7 @@ class Params(Section):
     seeds: int = positive()
     arms: dict[str, dict[str, Any] | None]
     grpo: dict[str, Any]
+    speed: Speed | None = None
     compiler_options: dict[str, Any] | None = None
 
 
@@ -98,6 +112,100 @@ def train_cell(arm: str, seed: int, p: Params) -> list[dict[str, Any]]:
             results.make_record(EXPERIMENT, "base_accuracy", before, "share", **common)]
 
 
+# ------------------------------------------------------------------------- speed
+
+
+def speed_config(p: Params, recipe: str) -> R.GRPOConfig:
+    """The timed configuration under ``recipe``: the section's ``grpo``, the speed cell's
+    widths, ``recipe`` for the trainer and the rollout engine (per-tensor FP8 where FP8: the
+    block FP8 rollouts are emulated, never timed), no warm-up and no evaluation."""
+    return R.validate({**dict(p.grpo), **dict(p.speed.grpo), "recipe": recipe,
+                       "rollout_recipe": recipe, "rollout_fp8": False, "sft_steps": 0,
+                       "eval_problems": 0, "eval_every": 0})
+
+
+def _phase_args(c: R.GRPOConfig, arrays: bool):
+    """A step's inputs: ``(variables, opt_state, key)`` and the rollout ``collect`` returns,
+    as arrays (``arrays``) or abstract shapes."""
+    ph = R.make_train(c).phases
+    key = jax.random.key(0)
+    if arrays:
+        variables, opt = jax.jit(ph.init)(key)
+        return ph, variables, opt, key, jax.jit(ph.collect)(variables["params"], key)
+    variables, opt = jax.eval_shape(ph.init, key)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    return ph, variables, opt, key, jax.eval_shape(ph.collect, variables["params"], key)
+
+
+def speed_cell(p: Params) -> list[dict[str, Any]]:
+    """Every recipe of ``speed.recipes``: both phases compiled, then timed in
+    ``speed.rounds`` rounds (per round each recipe's rollout, then each one's update;
+    :func:`repro.studies.timing.time_rounds`). Records per recipe: ``rl_step_s`` (median over
+    rounds of rollout + update), ``rollout_tokens_per_s`` and ``update_s``, with the samples
+    in round order, ``timing: "paired"``, each phase's compiled facts (FP8 GEMM calls, memory)
+    and ``emulated`` where a phase's FP8 ran no FP8 GEMM on this device."""
+    import functools
+    import uuid
+
+    opts = dict(p.compiler_options or {}) or None
+    built, calls = {}, {}
+    for r in p.speed.recipes:
+        c = speed_config(p, r)
+        ph, variables, opt, key, roll = _phase_args(c, arrays=True)
+        collect = jax.jit(ph.collect).lower(variables["params"], key).compile(
+            compiler_options=opts)
+        learn = jax.jit(ph.learn).lower(variables, opt, variables, *roll).compile(
+            compiler_options=opts)
+        calls[f"{r}/rollout"] = functools.partial(collect, variables["params"], key)
+        calls[f"{r}/update"] = functools.partial(learn, variables, opt, variables, *roll)
+        built[r] = (c, compiled_facts(collect), compiled_facts(learn))
+    samples = time_rounds(calls, p.speed.rounds)
+    run_id, recs = uuid.uuid4().hex[:12], []
+    for r, (c, f_roll, f_learn) in built.items():
+        roll_s, upd_s = samples[f"{r}/rollout"], samples[f"{r}/update"]
+        step_s = roll_s + upd_s
+        tokens = c.prompts_per_step * c.group_size * c.max_new
+        emulated = any(recipe_emulated(r, f["fp8_lowering"]) for f in (f_roll, f_learn))
+        model = {k: getattr(c, k) for k in ("d_model", "n_layers", "n_heads", "d_ff")}
+        sizes = {"cell": "speed", **model, "n_digits": c.n_digits,
+                 "prompts_per_step": c.prompts_per_step, "group_size": c.group_size}
+        extra = {"timing": "paired", "run_id": run_id, "paired_with": list(p.speed.recipes),
+                 "rounds": p.speed.rounds, "step_samples_s": step_s.tolist(),
+                 "rollout_samples_s": roll_s.tolist(), "update_samples_s": upd_s.tolist(),
+                 "rollout_tokens": tokens, "rollout_facts": f_roll, "update_facts": f_learn,
+                 "config": dataclasses.asdict(c)}
+        common = dict(claims=["A12"], recipe=r, sizes=sizes, emulated=emulated,
+                      profile=p.profile, extra=extra)
+        recs += [results.make_record(EXPERIMENT, "rl_step_s", float(np.median(step_s)), "s",
+                                     **common),
+                 results.make_record(EXPERIMENT, "rollout_tokens_per_s",
+                                     float(np.median(tokens / roll_s)), "tokens/s", **common),
+                 results.make_record(EXPERIMENT, "update_s", float(np.median(upd_s)), "s",
+                                     **common)]
+    return recs
+
+
+def speed_program(config: dict[str, Any]):
+    """What a speed record measures: a step's two phases as timed (the rollout engine's
+    ``collect`` and the trainer's ``learn``) on abstract arguments of the timed shapes."""
+    from repro.program import Program
+
+    ph, variables, opt, key, roll = _phase_args(R.validate(config), arrays=False)
+
+    def measured(variables, opt, key, roll):
+        return ph.collect(variables["params"], key), ph.learn(variables, opt, variables, *roll)
+
+    return Program(measured, (variables, opt, key, roll),
+                   kit=(speed_cell, time_rounds, compiled_facts))
+
+
+def speed_cell_name(p: Params) -> str:
+    return f"speed_d{speed_config(p, p.speed.recipes[0]).d_model}"
+
+
+# ------------------------------------------------------------------------ quality
+
+
 def program(config: dict[str, Any]):
     """What a cell's records measure (:mod:`repro.program`): the whole trained function,
     ``make_train`` of the arm's GRPO ``config`` (warm-up, GRPO and held-out evaluations), and
@@ -109,13 +217,22 @@ def program(config: dict[str, Any]):
 
 
 def program_settings(rec: dict[str, Any]) -> dict[str, Any] | None:
-    """:func:`program`'s settings from a record: the whole GRPO config it keeps in ``extra``."""
+    """:func:`program`'s settings from a record: the whole GRPO config it keeps in ``extra``
+    (a speed record's program is :func:`speed_program`'s, which ``repro status`` builds from
+    the cell)."""
     config = (rec.get("extra") or {}).get("config")
+    if (rec.get("sizes") or {}).get("cell") == "speed":
+        return None
     return {"config": dict(config)} if isinstance(config, dict) else None
 
 
 def check(p: Params) -> None:
     """Every arm's configuration, before the first cell runs (one-line ValueError)."""
+    for r in (p.speed.recipes if p.speed else ()):
+        try:
+            speed_config(p, r)
+        except ValueError as e:
+            raise ValueError(f"params.yaml: grpo.{p.profile}.speed ({r}): {e}") from None
     if not p.arms:
         raise ValueError(f"params.yaml: grpo.{p.profile}.arms: names no arm")
     for arm in p.arms:
@@ -138,9 +255,14 @@ def cells(p: Params) -> list[Cell]:
     def programs(arm):
         return lambda: {"": program(dataclasses.asdict(arm_config(p, arm)))}
 
-    return [Cell(cell_name(arm, s), lambda _b, a=arm, s=s: train_cell(a, s, p),
-                 (arm_config(p, arm).recipe,), programs=programs(arm))
-            for s in range(p.seeds) for arm in p.arms]
+    out = [Cell(cell_name(arm, s), lambda _b, a=arm, s=s: train_cell(a, s, p),
+                (arm_config(p, arm).recipe,), programs=programs(arm))
+           for s in range(p.seeds) for arm in p.arms]
+    if p.speed is not None:
+        out.append(Cell(speed_cell_name(p), lambda _b: speed_cell(p), tuple(p.speed.recipes),
+                        programs=lambda: {r: speed_program(dataclasses.asdict(
+                            speed_config(p, r))) for r in p.speed.recipes}))
+    return out
 
 
 STUDY = Study(EXPERIMENT, ("A12",), cells, check,

@@ -50,11 +50,12 @@ def _pts(x: float) -> str:
     return "n/a" if not math.isfinite(x) else f"{100 * x:+.1f} pts"
 
 
-def a12(table: pd.DataFrame, speed: float | None = None, rule: Mapping[str, Any] | None = None
-        ) -> Verdict:
+def a12(table: pd.DataFrame, speed: float | None = None, rule: Mapping[str, Any] | None = None,
+        speed_where: str = "") -> Verdict:
     """A12 from ``repro.analysis.grpo.accuracy_table`` (one row per hardware, arm and seed:
     ``base`` and ``final`` held-out accuracy, ``emulated``) and ``speed``, the FP8/BF16
-    speedup of the whole RL step (None: not measured)."""
+    speedup of the whole RL step (None: not measured; ``speed_where``: where it was timed, or
+    why there is none: ``repro.analysis.grpo.rl_step_speedup``)."""
     r = rule_of(CLAIM, rule)
     arm, reference = r["recipes"][0], r["reference"]
     need, works, target = int(r["min_seeds"]), float(r["rl_works"]), float(r["speed"]["target"])
@@ -91,8 +92,14 @@ def a12(table: pd.DataFrame, speed: float | None = None, rule: Mapping[str, Any]
     key = (f"{arm} - {reference} held-out accuracy {_pts(mean)} (95% CI {_pts(lo)} .. "
            f"{_pts(hi)}, {len(pairs)} seeds) vs margin {_pts(low)}; {reference} gained "
            f"{_pts(gain)} over the base model")
-    key += ("; RL step speedup not measured" if speed is None or not math.isfinite(speed)
-            else f"; RL step {speed:.2f}x {reference} (target {target:.2f}x)")
+    against = r["speed"].get("reported_against", {})
+    key += ((f"; RL step speedup not measured ({speed_where})" if speed_where else
+             "; RL step speedup not measured") if speed is None or not math.isfinite(speed)
+            else f"; RL step {speed:.2f}x {reference} with FP8 linear layers (target "
+            f"{target:.2f}x, the source's linear-layer gain"
+            + (f"; its {against['with_fp8_kv_and_attention']:.2f}x also had FP8 attention and "
+               "KV cache, not timed here" if "with_fp8_kv_and_attention" in against else "")
+            + (f"; {speed_where}" if speed_where else "") + ")")
     shown = []
     for other in r.get("shown", []):
         p = _paired(g, other, reference)
