@@ -8,7 +8,7 @@ with the program index that judges their staleness) and its ``params.yaml`` sect
 verdicts (``repro/data/claims.yaml`` says which notebook decides which claim), its metrics file
 (``metrics/<notebook>.json``: the key numbers as numbers, for ``dvc metrics show/diff``), its
 figures (``figures/<NN>_*.png``, declared as plots) and the executed notebook under ``build/``.
-Then the claims table (README) and the site.
+Then the claims ledger's page (``docs/ledger.md``, which the README links) and the site.
 
     repro pipeline            # write dvc.yaml
     repro pipeline --check    # exit 1 (saying what differs) when dvc.yaml is not up to date
@@ -149,14 +149,21 @@ def notebook_stage(notebook: str, sections: tuple[str, ...]) -> dict[str, Any]:
     return {k: v for k, v in stage.items() if v}
 
 
+def ledger_page() -> str:
+    """The claims stage's output: the ledger's page (``repro claims --write``)."""
+    from repro.claims import ledger
+
+    return ledger.PAGE
+
+
 def stages() -> dict[str, Any]:
     """Every stage of dvc.yaml, in order."""
     out = {name: notebook_stage(nb, sections) for name, (nb, sections) in STAGES.items()}
     out["claims"] = {
-        "cmd": "repro claims --update-readme",
+        "cmd": "repro claims --write",
         "deps": ["verdicts", *code_deps("repro.claims.ledger"), "repro/cli.py"],
-        # Rewritten only between the claims markers; persist: DVC never deletes the README.
-        "outs": [{"README.md": {"cache": False, "persist": True}}],
+        # The ledger's own page, committed; the README links it and is no stage's output.
+        "outs": _kept([ledger_page()]),
     }
     out["site"] = {
         "cmd": "repro site",
