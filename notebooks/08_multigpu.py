@@ -56,7 +56,6 @@ profile = "smoke"
 scratch = "build/results"  # smoke records (`repro notebook` gives each notebook its own)
 
 # %%
-import jax
 import matplotlib.pyplot as plt
 
 from repro import config, notebook
