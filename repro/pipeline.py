@@ -2,13 +2,15 @@
 
 A notebook stage depends on the notebook, every ``repro`` module in its static import closure
 (:func:`repro.provenance.closure`: the same closure that fingerprints records), the data files
-those modules name (``repro/data/*``), the code that runs it (``repro notebook``), the
-folders of committed records it reads (:func:`record_reads`: ``results/<hardware>/<experiment>``,
-with the program index that judges their staleness) and its ``params.yaml`` sections. Its outputs are its claims'
-verdicts (``repro/data/claims.yaml`` says which notebook decides which claim), its metrics file
-(``metrics/<notebook>.json``: the key numbers as numbers, for ``dvc metrics show/diff``), its
-figures (``figures/<NN>_*.png``, declared as plots) and the executed notebook under ``build/``.
-Then the claims ledger's page (``docs/ledger.md``, which the README links) and the site.
+those modules name (``repro/data/*``), the code that runs it (``repro notebook``), the folders
+of committed records it reads (:func:`record_reads`: ``results/<hardware>/<experiment>``, with
+the program index that judges their staleness) and its ``params.yaml`` sections. Its outputs
+are its claims' verdicts (``repro/data/claims.yaml`` says which notebook decides which claim),
+its metrics file (``metrics/<notebook>.json``: the key numbers as numbers, for ``dvc metrics
+show/diff``), its figures (``figures/<NN>_*.png``, declared as plots), their headline series
+as data (``figures/data/<NN>_*.csv``, top-level plots for ``dvc plots diff``) and the executed
+notebook under ``build/``. Then the claims ledger's page (``docs/ledger.md``, which the README
+links) and the site.
 
     repro pipeline            # write dvc.yaml
     repro pipeline --check    # exit 1 (saying what differs) when dvc.yaml is not up to date
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import csv
 import functools
 from pathlib import Path
 from typing import Any
@@ -58,6 +61,9 @@ HEADER = """\
 # records, and `persist: true`: a notebook writes them into build/notebooks/NAME.staged and
 # they replace the committed ones only when the whole notebook succeeded, so a failed run
 # leaves the last good ones; smoke runs and their figures stay in the git-ignored build/.
+# The figures' headline series are also data, figures/data/*.csv (x in the first column, one
+# series per other column): outputs of their stage and top-level plots at the end of this
+# file, so `dvc plots diff` draws two commits' series over each other.
 # The stage's output in build/ is NAME.outputs.json (what the run wrote, with hashes):
 # missing from a fresh clone, so `dvc repro` runs every notebook there, and unchanged by a
 # run that changed nothing, so dvc.lock (committed) stays as it is. The site's pages are in
@@ -142,7 +148,8 @@ def notebook_stage(notebook: str, sections: tuple[str, ...]) -> dict[str, Any]:
         "cmd": f"repro notebook {notebook} --profile ${{profile}}",
         "deps": deps + result_deps(record_reads(source)),
         "params": ["profile", *sections],
-        "outs": _kept([f"verdicts/{c}.json" for c in claims]) + _nocache([receipt(notebook)]),
+        "outs": _kept([f"verdicts/{c}.json" for c in claims] + plot_data(prefix))
+        + _nocache([receipt(notebook)]),
         "metrics": _kept([f"metrics/{notebook}.json"]),
         "plots": _kept(figures),
     }
@@ -178,8 +185,9 @@ def stages() -> dict[str, Any]:
 
 def render() -> str:
     """The text of dvc.yaml."""
-    body = yaml.safe_dump({"stages": stages()}, sort_keys=False, default_flow_style=False,
-                          width=100)
+    plots = plot_definitions()
+    body = yaml.safe_dump({"stages": stages(), **({"plots": plots} if plots else {})},
+                          sort_keys=False, default_flow_style=False, width=100)
     return HEADER + body
 
 
@@ -461,3 +469,29 @@ def result_deps(experiments: set[str]) -> list[str]:
     folders = [f"results/{hw.name}/{e}" for hw in sorted(root.iterdir()) if hw.is_dir()
                for e in sorted(experiments) if (hw / e).is_dir()] if root.is_dir() else []
     return sorted(folders + [programs])
+
+
+# ------------------------------------------------------------------ data plots (dvc plots)
+#
+# A notebook writes a figure's headline series as ``figures/data/<stem>.csv``
+# (``Notebook.plot_data``: x in the first column, one series per other column). Each is an
+# output of its notebook's stage and a top-level plot of dvc.yaml with those x and y, so
+# ``dvc plots diff`` draws two commits' series over each other.
+
+
+def plot_data(prefix: str = "") -> list[str]:
+    """The committed data plots (``figures/data/<prefix>*.csv``), sorted."""
+    folder = provenance.CHECKOUT / "figures" / "data"
+    return sorted(_rel(p) for p in folder.glob(f"{prefix}*.csv")) if folder.is_dir() else []
+
+
+def plot_definitions() -> list[dict[str, Any]]:
+    """dvc.yaml's top-level plots: each data plot with its x (the first column of its header)
+    and y (the other columns), drawn as lines."""
+    out = []
+    for rel in plot_data():
+        with open(provenance.CHECKOUT / rel, newline="") as f:
+            header = next(csv.reader(f))
+        out.append({rel: {"x": header[0], "y": header[1:], "template": "linear",
+                          "title": Path(rel).stem}})
+    return out

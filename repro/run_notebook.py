@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 KERNEL = "python3"
-OUTPUTS = ("figures/*.png", "verdicts/*.json", "metrics/*.json")  # committed, regenerated
+# committed, regenerated: figures, their headline series as data, verdicts, metrics
+OUTPUTS = ("figures/*.png", "figures/data/*.csv", "verdicts/*.json", "metrics/*.json")
 
 
 class NotebookError(ValueError):

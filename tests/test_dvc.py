@@ -212,3 +212,41 @@ def test_a_broken_notebook_leaves_its_stages_committed_outputs_in_place(tmp_path
     for rel in outputs:
         assert (tmp_path / rel).read_bytes() == (ROOT / rel).read_bytes(), rel
     assert not (tmp_path / "build" / "notebooks" / "01_formats.staged").exists()
+
+
+def test_data_plots_are_outputs_and_top_level_plots_with_their_x_and_y():
+    """Each committed figures/data/*.csv is kept by the stage of its notebook and declared
+    as a top-level plot (x: its first column, y: the others), so `dvc plots diff` overlays
+    two commits' series."""
+    data = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    plots = {next(iter(p)): next(iter(p.values())) for p in data.get("plots", [])}
+    assert sorted(plots) == pipeline.plot_data() == sorted(
+        f"figures/data/{p.name}" for p in (ROOT / "figures" / "data").glob("*.csv"))
+    for path, spec in plots.items():
+        header = (ROOT / path).read_text().splitlines()[0].split(",")
+        assert spec["x"] == header[0] and spec["y"] == header[1:] and spec["y"], path
+        owners = [n for n, s in stages().items()
+                  if {path: {"cache": False, "persist": True}} in s.get("outs", [])]
+        assert owners == [n for n, nb in notebook_stages().items()
+                          if Path(path).name.startswith(nb.split("_")[0] + "_")], path
+
+
+def test_plot_data_is_sorted_rounded_and_the_same_bytes_for_the_same_table(tmp_path,
+                                                                         monkeypatch):
+    import pandas as pd
+
+    from repro import notebook
+
+    monkeypatch.setenv("REPRO_STAGING", str(tmp_path))
+    nb = notebook.Notebook("03_x", "full", {}, None, tmp_path)
+    t = pd.DataFrame({"b": [2.0, 1 / 3], "a": [float("nan"), 1.23456]},
+                     index=pd.Index([4096, 64], name="width"))
+    path = nb.plot_data("03_x_speedup", t, "committed records")
+    assert path == tmp_path / "figures" / "data" / "03_x_speedup.csv"
+    assert path.read_text() == "width,a,b\n64,1.235,0.3333\n4096,,2\n"
+    first = path.read_bytes()
+    nb.plot_data("03_x_speedup", t.iloc[::-1][["a", "b"]], "committed records")
+    assert path.read_bytes() == first
+    t.index = pd.Index([20480.0, 6553600.0], name="tokens")  # whole numbers stay whole
+    assert nb.plot_data("03_x_speedup", t, "committed records").read_text().splitlines()[1:] \
+        == ["20480,,2", "6553600,1.235,0.3333"]
