@@ -174,6 +174,13 @@ axes[0, 0].legend(fontsize=7)
 fig.suptitle("FP8 speedup (dashed: the claimed 1.6x; x: cells of different GPU calls; bars: "
              "range over timed rounds)")
 nb.save(fig, "03_rl_speedup", df)
+# the headline series (whole loop, FP8 over FP16, MLP) as data: `dvc plots diff` overlays commits
+head = rl_analysis.separate(sp[(sp.baseline == "fp16") & (sp.network == "mlp")]) if len(sp) \
+    else sp
+if len(head):
+    nb.plot_data("03_rl_speedup", head.assign(
+        series=head.hardware + " " + head.recipe + " " + head.num_envs.astype(str) + " envs")
+        .pivot_table(index="width", columns="series", values="e2e", aggfunc="median"), df)
 a2 = registration.judged(verdicts.a2, "A2", sp, records=df)
 print(f"A2: {a2.verdict} | {a2.key_number}")
 (sp.round(3) if len(sp) else sp)

@@ -111,6 +111,14 @@ def plot_curves(df):
 
 
 nb.save(plot_curves(df), "05_lm_loss_curves", df)
+# the held-out curves (mean over seeds) as data, one file per model: `dvc plots diff` overlays
+# two commits' curves
+ev = df[df["metric"] == "eval_loss"] if len(df) else df
+for size, g in (ev.groupby("size_model") if len(ev) else []):
+    nb.plot_data(f"05_lm_loss_{size}", g.assign(
+        series=g["hardware"] + " " + g["recipe"] + np.where(g["emulated"], " (emulated)", ""),
+        tokens=g["size_tokens_seen"]).pivot_table(index="tokens", columns="series",
+                                                  values="value", aggfunc="mean"), df)
 runs = lm_analysis.run_losses(df)
 display(runs.drop(columns="curve").round(4))
 lm_analysis.truncation_check(runs)

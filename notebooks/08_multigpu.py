@@ -43,7 +43,6 @@ profile = "smoke"
 scratch = "build/results"  # smoke records (`repro notebook` gives each notebook its own)
 
 # %%
-import jax
 import matplotlib.pyplot as plt
 import pandas as pd
 
@@ -137,6 +136,31 @@ nb.save(plot_scaling(table, round_ranges(df)), "08_multigpu", df)
  .pivot_table(index=["hardware", "workload", "recipe"], columns="n_devices",
               values="fp8_speedup").round(3)
  if len(table) and (table.recipe != scaling.BASELINE).any() else "no FP8 records")
+
+# %% [markdown]
+# Key numbers (`dvc metrics show`): per hardware, workload and recipe, the throughput and
+# weak-scaling efficiency at the most devices measured and FP8's speedup there; and how many
+# records the table used and how many it left out as stale. The efficiency curves are also
+# written as data for `dvc plots diff`.
+
+# %%
+def key_numbers(table, used, left_out):
+    out = {"records": {"used": int(used), "left_out_stale": int(left_out)}}
+    for (hw, w, recipe), g in table.groupby(["hardware", "workload", "recipe"]) if len(table) \
+            else []:
+        top = g.sort_values("n_devices").iloc[-1]
+        out.setdefault(hw, {}).setdefault(w, {})[recipe] = {
+            "n_devices": int(top.n_devices), "throughput": top.throughput,
+            "efficiency": top.efficiency, "fp8_speedup": top.fp8_speedup}
+    return out
+
+
+nb.metrics(**key_numbers(table, len(df), sum(len(x) for x in nb.left_out)))
+if len(table):
+    nb.plot_data("08_multigpu_efficiency", table.assign(
+        series=table.hardware + " " + table.workload + " " + table.recipe)
+        .pivot_table(index="n_devices", columns="series", values="efficiency"), df)
+key_numbers(table, len(df), sum(len(x) for x in nb.left_out))
 
 # %% [markdown]
 # ## Pipeline check (smoke profile)

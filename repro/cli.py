@@ -354,15 +354,11 @@ def cmd_claims(args) -> int:
     import json
 
     from repro.claims import ledger as claims
-    from repro.results import repo_root
 
     rows = claims.ledger()
-    if args.update_readme:
-        readme = repo_root() / "README.md"
-        if not readme.is_file():
-            raise UsageError(f"no README.md at {readme}")
-        changed = claims.update_readme(readme)
-        print(f"{_rel(readme)}: claims table {'updated' if changed else 'already up to date'} "
+    if args.write:
+        path, changed = claims.write_page()
+        print(f"{_rel(path)}: ledger {'written' if changed else 'already up to date'} "
               f"({len(rows)} claims)", file=sys.stderr)
         if not (args.json or args.markdown):
             return 0
@@ -647,9 +643,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("claims", help="the claims ledger: verdict, key number, hardware, record")
     fmt = c.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="a JSON list, one object per claim")
-    fmt.add_argument("--markdown", action="store_true", help="the README's markdown table")
-    c.add_argument("--update-readme", action="store_true",
-                   help="rewrite README.md's table between the claims markers")
+    fmt.add_argument("--markdown", action="store_true", help="the ledger's markdown table")
+    c.add_argument("--write", action="store_true",
+                   help="write the ledger's page, docs/ledger.md (the README links it)")
     c.set_defaults(func=cmd_claims)
 
     s = sub.add_parser("site", help="build the static HTML documentation site")

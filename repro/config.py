@@ -38,7 +38,7 @@ SUBSECTIONS = ("common", "smoke", "full")
 # notebook's (repro.pipeline.STAGES), from repro.experiments; tests/test_boundaries.py checks
 # the list is complete.
 SECTIONS = experiments.SECTIONS
-TOP_LEVEL = ("profile", "seed", *SECTIONS)
+TOP_LEVEL = ("profile", *SECTIONS)
 # Integers in params.yaml are sizes, counts and seeds: beyond JAX's default integer they
 # overflow or run for ever.
 INT_RANGE = (-(2**31), 2**31 - 1)
@@ -125,12 +125,8 @@ def load_params(path: str | Path | None = None) -> dict[str, Any]:
     except ConfigError as e:
         raise ConfigError(f"{path.name}: profile: {e}") from None
     _check_keys(data, top_level(), path.name)
-    if "seed" in data and (type(data["seed"]) is not int or not
-                           INT_RANGE[0] <= data["seed"] <= INT_RANGE[1]):
-        _fail(f"{path.name}: seed", f"expected an integer in [{INT_RANGE[0]}, {INT_RANGE[1]}], "
-              f"got {data['seed']!r}")
     for name in data:
-        if name in ("profile", "seed"):
+        if name == "profile":
             continue
         if not isinstance(data[name], dict):
             _fail(f"{path.name}: {name}", "expected a mapping of common/smoke/full "

@@ -200,6 +200,26 @@ class Notebook:
             named)
         return rows[ours].drop_duplicates("source" if "source" in rows else None)
 
+    def plot_data(self, stem: str, table: pd.DataFrame, records: pd.DataFrame | str | None
+                  ) -> Path:
+        """Write a figure's headline series as ``figures/data/<stem>.csv`` for ``dvc plots``
+        (``repro pipeline`` declares it: x the first column, one line per other column), so
+        ``dvc plots diff`` overlays two commits. ``table``: the x values as its index, one
+        column per series; rows sorted by x, columns by name, floats to 4 significant digits
+        (whole-number x values as integers), so the same records give the same bytes. Where ``records`` hold smoke records it goes
+        to ``build/figures/data/`` instead, as :meth:`save` does with the figure."""
+        _, smoke = self.caption(records)
+        folder = (self.scratch_figures if smoke else self.figures) / "data"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{stem}.csv"
+        t = table.rename(columns=str).sort_index()
+        t = t[sorted(t.columns)]
+        if t.index.dtype.kind == "f" and (t.index == t.index.round()).all():
+            t.index = t.index.astype("int64")  # counts (tokens, steps) kept whole
+        t.index.name = t.index.name or "x"
+        t.to_csv(path, float_format="%.4g", lineterminator="\n")
+        return path
+
     def metrics(self, **numbers: Any) -> Path:
         """Add ``numbers`` (nested mappings of numbers) to ``metrics/<notebook>.json``, which
         DVC shows (``dvc metrics show``); the file is rewritten whole, keys sorted."""

@@ -10,7 +10,7 @@ from typing import Any
 
 def ledger(rows: list[dict[str, Any]], width: int | None = None) -> str:
     """The ledger for a terminal: one block per claim (verdict, hardware, key number, caveat,
-    record), stale verdicts marked as in the README (" — stale", and the mark of the stale
+    record), stale verdicts marked as on the ledger's page (" — stale", and the mark of the stale
     note that follows the ledger, one per notebook)."""
     from repro.claims.ledger import VERDICTS, caveat, stale_mark, stale_notes
 

@@ -101,7 +101,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental import pallas as pl
 
 from repro.precision import dequant_gemm as D
 from repro.studies import timing

@@ -37,18 +37,30 @@ def test_bad_claim_or_verdict_rejected(vdir, claim, verdict):
     assert not list(vdir.iterdir())
 
 
-def test_update_readme_replaces_only_the_marked_table(vdir, tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("intro\n<!-- claims:begin -->\nold\n<!-- claims:end -->\noutro\n")
-    assert claims.update_readme(readme)
-    text = readme.read_text()
-    assert text.startswith("intro\n") and text.endswith("outro\n") and "old" not in text
-    assert "| A11 |" in text
-    assert not claims.update_readme(readme)  # idempotent
+def test_the_ledger_page_is_its_own_file_with_links_from_docs(vdir, tmp_path):
+    """`repro claims --write` writes docs/ledger.md whole (the README only links it, so no
+    pipeline step rewrites the README); its notebook links work from docs/."""
+    path, changed = claims.write_page(tmp_path)
+    assert changed and path == tmp_path / "docs" / "ledger.md"
+    text = path.read_text()
+    assert text.startswith("# Claims ledger\n") and "| A11 |" in text
+    assert "(../notebooks/10_legged.py)" in text and "(notebooks/" not in text
+    assert claims.write_page(tmp_path) == (path, False)  # idempotent
+    claims.write_verdict("A2", "contradicted", "1.1x", "h100-sxm", "results/h100-sxm/x")
+    assert claims.write_page(tmp_path)[1] and "**contradicted**" in path.read_text()
 
 
-def test_every_readme_row_of_the_committed_verdicts_is_one_short_line():
-    """The README's rows, generated from the committed verdicts/*.json, each tell the story
+def test_the_committed_ledger_page_is_what_the_verdicts_give():
+    from repro.results import repo_root
+
+    assert (repo_root() / claims.PAGE).read_text() == claims.page(), \
+        "docs/ledger.md is out of date: run `repro claims --write` (or `dvc repro`)"
+    readme = (repo_root() / "README.md").read_text()
+    assert "](docs/ledger.md)" in readme and "| claim |" not in readme
+
+
+def test_every_ledger_row_of_the_committed_verdicts_is_one_short_line():
+    """The ledger's rows, generated from the committed verdicts/*.json, each tell the story
     in under 300 characters; what is stale goes to one footnote per notebook."""
     from repro.results import repo_root
 
@@ -70,7 +82,7 @@ def test_every_readme_row_of_the_committed_verdicts_is_one_short_line():
 def test_a_long_row_keeps_its_verdict_headline_and_caveat_under_the_limit(vdir):
     """A key number of many clauses shows its first; a long caveat and a long stale note
     still leave the row under the limit, the stale note in its notebook's footnote, marked
-    alike in the README and the terminal."""
+    alike on the ledger's page and the terminal."""
     from repro import tables
 
     claims.write_verdict(claims.Verdict(

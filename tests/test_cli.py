@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from repro import cli, studies
-from repro.config import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 GEMM_PARAMS = """profile: smoke

@@ -76,41 +76,36 @@ def test_claims_markdown_is_the_readme_table(vdir, capsys):
     b4 = next(x for x in lines if x.startswith("| B4 "))
     # a '|' inside a key number is escaped, so every row keeps the header's columns
     assert b4.replace("\\|", "").count("|") == ncols and "(emulated)" in b4
-    # the record it comes from: in the terminal ledger and the JSON (the README's row is
+    # the record it comes from: in the terminal ledger and the JSON (the ledger's row is
     # one short line, its notebook linked)
     assert "[05](docs/notebooks/05_lm_nvfp4.md)" in b4
     assert cli.main(["claims"]) == 0
     assert "build/results/fake-gpu-x/lm/*.json" in capsys.readouterr().out
 
 
-def test_claims_update_readme(vdir, tmp_path, monkeypatch, capsys):
+def test_claims_write(vdir, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
-    readme = tmp_path / "README.md"
-    readme.write_text("# t\n\n<!-- claims:begin -->\nstale\n<!-- claims:end -->\n\nend\n")
-    assert cli.main(["claims", "--update-readme"]) == 0
-    assert "claims table updated" in capsys.readouterr().err
-    text = readme.read_text()
-    assert "stale" not in text and text.startswith("# t\n") and text.endswith("\nend\n")
-    assert claims.markdown_table() in text
-    assert cli.main(["claims", "--update-readme"]) == 0
+    assert cli.main(["claims", "--write"]) == 0
+    assert "docs/ledger.md: ledger written (18 claims)" in capsys.readouterr().err
+    page = tmp_path / "docs" / "ledger.md"
+    assert page.read_text() == claims.page()
+    assert cli.main(["claims", "--write"]) == 0
     assert "already up to date" in capsys.readouterr().err
     # a new verdict changes the generated table
     claims.write_verdict("A2", "contradicted", "1.1x", "h100-sxm", "results/h100-sxm/x")
-    assert cli.main(["claims", "--update-readme", "--json"]) == 0
+    assert cli.main(["claims", "--write", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[1]["verdict"] == "contradicted"
-    assert "| A2 |" in readme.read_text() and "**contradicted**" in readme.read_text()
+    assert "| A2 |" in page.read_text() and "**contradicted**" in page.read_text()
 
 
 def test_claims_errors_are_one_line(vdir, tmp_path, monkeypatch, capsys):
     assert cli.main(["claims", "--json", "--markdown"]) == 2
     assert "not allowed with" in one_error_line(capsys)
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
-    assert cli.main(["claims", "--update-readme"]) == 2
-    assert "no README.md" in one_error_line(capsys)
-    (tmp_path / "README.md").write_text("no markers\n")
-    assert cli.main(["claims", "--update-readme"]) == 2
-    assert "claims:begin" in one_error_line(capsys)
-    assert (tmp_path / "README.md").read_text() == "no markers\n"
+    (tmp_path / "docs").write_text("a file where the folder goes\n")
+    assert cli.main(["claims", "--write"]) == 1
+    assert "the claims ledger's page: cannot write" in one_error_line(capsys)
+    assert (tmp_path / "docs").read_text() == "a file where the folder goes\n"
 
 
 @pytest.mark.slow
@@ -125,14 +120,15 @@ def test_claims_console_script_json(vdir):
 
 def test_dvc_claims_stage_follows_every_verdict_writer():
     """The `claims` stage depends on the verdicts/ directory (so on every notebook stage that
-    writes a verdict) and keeps README.md (persist, not cached); `site` comes after all (it
-    depends on every notebook stage's receipt)."""
+    writes a verdict) and writes the ledger's page (persist, not cached), never the README;
+    `site` comes after all (it depends on every notebook stage's receipt)."""
     import yaml
 
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     c = stages["claims"]
-    assert c["cmd"] == "repro claims --update-readme" and "verdicts" in c["deps"]
-    assert c["outs"] == [{"README.md": {"cache": False, "persist": True}}]
+    assert c["cmd"] == "repro claims --write" and "verdicts" in c["deps"]
+    assert c["outs"] == [{"docs/ledger.md": {"cache": False, "persist": True}}]
+    assert not any("README.md" in str(s) for s in stages.values())
     writers = [n for n, s in stages.items() for o in s.get("outs", [])
                if next(iter(o) if isinstance(o, dict) else [o]).startswith("verdicts/")]
     assert writers, "no notebook stage declares a verdict output"

@@ -53,10 +53,59 @@ def test_rl_stages_depend_on_the_fp8_quantizer_and_the_records():
     for name in ("rl_quality", "rl_throughput"):
         deps = stages()[name]["deps"]
         for f in ("repro/precision/formats.py", "repro/precision/scaling.py",
-                  "repro/models/ppo.py", "results"):
+                  "repro/models/ppo.py", "results/programs", f"results/h200/{name}"):
             assert f in deps, (name, f)
     assert "repro/data/lm_corpus.txt.gz" in stages()["lm"]["deps"]
     assert "repro/data/lm_corpus.txt.gz" not in stages()["gemm_roofline"]["deps"]
+
+
+def test_a_stage_depends_on_the_record_folders_its_notebook_reads_and_no_other():
+    """A new gemm record reruns the stages that read gemm (02, 06 and 07), not all of them;
+    every stage that reads records also depends on the program index (staleness)."""
+    readers = {name: [d for d in stage["deps"] if d.startswith("results")]
+               for name, stage in stages().items() if name in notebook_stages()}
+    assert sorted(n for n, deps in readers.items() if "results/h200/gemm" in deps) == \
+        ["fp8_train_step", "gemm_roofline", "perfmodel"]
+    assert readers["rl_quality"] == ["results/h200/rl_quality",
+                                     "results/h200/rl_quality_repeat", "results/programs"]
+    assert readers["ppo_speed"] == ["results/h200/kernel_times", "results/h200/rl_purejaxrl",
+                                    "results/h200/rl_throughput", "results/programs",
+                                    "results/tpu-v5e/rl_throughput"]
+    for name, deps in readers.items():
+        assert "results" not in deps and "results/programs" in deps, name
+        assert all((ROOT / d).is_dir() for d in deps), name  # DVC needs every dep to exist
+    assert "results" not in stages()["claims"]["deps"]
+
+
+def test_record_reads_follows_constants_loops_and_wrappers(tmp_path):
+    """The experiment of each read, resolved in the code: a string, another module's
+    constant, a loop over constants (a dict's keys, a starred tuple), a function that passes
+    its argument on; an experiment it cannot resolve stands for every folder."""
+    nb = tmp_path / "99_x.py"
+    nb.write_text(
+        "from repro import notebook, results\n"
+        "from repro.studies import lm_quality as E\n"
+        "from repro.perfmodel.measured import GEMM\n"
+        "MORE = {'a1': 1, 'a2': 2}\n"
+        "def mine(what, n=0):\n"
+        "    return results.load_records(what)\n"
+        "def records(folder):  # the same name as Notebook.records, reading nothing\n"
+        "    return folder\n"
+        "nb = notebook.start('99_x')\n"
+        "nb.records(E.EXPERIMENT)\n"
+        "[results.load_records(e) for e in (GEMM, *MORE)]\n"
+        "mine('b', n=1)\n"
+        "records('not_read')\n")
+    assert pipeline.record_reads(nb) == {"lm", "gemm", "a1", "a2", "b"}
+    nb.write_text(nb.read_text() + "results.load_records(input())\n")
+    assert pipeline.EVERY in pipeline.record_reads(nb)
+    assert pipeline.result_deps({pipeline.EVERY, "gemm"}) == ["results"]
+    nb.write_text("from repro import results\nresults.stale_cells()\n")
+    assert pipeline.record_reads(nb) == {pipeline.EVERY}
+    nb.write_text("from repro import results\nresults.load_records()\n")  # every experiment
+    assert pipeline.record_reads(nb) == {pipeline.EVERY}
+    nb.write_text("x = 1\n")
+    assert pipeline.record_reads(nb) == set() and pipeline.result_deps(set()) == []
 
 
 def test_metrics_and_plots_are_declared():
@@ -143,8 +192,10 @@ def test_a_broken_notebook_leaves_its_stages_committed_outputs_in_place(tmp_path
     for rel in outputs:
         (tmp_path / rel).parent.mkdir(exist_ok=True)
         shutil.copy(ROOT / rel, tmp_path / rel)
-    (tmp_path / "results").mkdir()
-    (tmp_path / "results" / "README").write_text("no records\n")
+    for dep in stages()["formats"]["deps"]:  # the record folders it reads, empty
+        if dep.startswith("results"):
+            (tmp_path / dep).mkdir(parents=True)
+            (tmp_path / dep / "README").write_text("no records\n")
     lines = (ROOT / "notebooks" / "01_formats.py").read_text().splitlines(keepends=True)
     at = next(i for i, line in enumerate(lines) if line.startswith("import "))
     lines.insert(at, "x = (1,\n")  # the notebook's line at + 1 no longer parses
@@ -161,3 +212,41 @@ def test_a_broken_notebook_leaves_its_stages_committed_outputs_in_place(tmp_path
     for rel in outputs:
         assert (tmp_path / rel).read_bytes() == (ROOT / rel).read_bytes(), rel
     assert not (tmp_path / "build" / "notebooks" / "01_formats.staged").exists()
+
+
+def test_data_plots_are_outputs_and_top_level_plots_with_their_x_and_y():
+    """Each committed figures/data/*.csv is kept by the stage of its notebook and declared
+    as a top-level plot (x: its first column, y: the others), so `dvc plots diff` overlays
+    two commits' series."""
+    data = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    plots = {next(iter(p)): next(iter(p.values())) for p in data.get("plots", [])}
+    assert sorted(plots) == pipeline.plot_data() == sorted(
+        f"figures/data/{p.name}" for p in (ROOT / "figures" / "data").glob("*.csv"))
+    for path, spec in plots.items():
+        header = (ROOT / path).read_text().splitlines()[0].split(",")
+        assert spec["x"] == header[0] and spec["y"] == header[1:] and spec["y"], path
+        owners = [n for n, s in stages().items()
+                  if {path: {"cache": False, "persist": True}} in s.get("outs", [])]
+        assert owners == [n for n, nb in notebook_stages().items()
+                          if Path(path).name.startswith(nb.split("_")[0] + "_")], path
+
+
+def test_plot_data_is_sorted_rounded_and_the_same_bytes_for_the_same_table(tmp_path,
+                                                                         monkeypatch):
+    import pandas as pd
+
+    from repro import notebook
+
+    monkeypatch.setenv("REPRO_STAGING", str(tmp_path))
+    nb = notebook.Notebook("03_x", "full", {}, None, tmp_path)
+    t = pd.DataFrame({"b": [2.0, 1 / 3], "a": [float("nan"), 1.23456]},
+                     index=pd.Index([4096, 64], name="width"))
+    path = nb.plot_data("03_x_speedup", t, "committed records")
+    assert path == tmp_path / "figures" / "data" / "03_x_speedup.csv"
+    assert path.read_text() == "width,a,b\n64,1.235,0.3333\n4096,,2\n"
+    first = path.read_bytes()
+    nb.plot_data("03_x_speedup", t.iloc[::-1][["a", "b"]], "committed records")
+    assert path.read_bytes() == first
+    t.index = pd.Index([20480.0, 6553600.0], name="tokens")  # whole numbers stay whole
+    assert nb.plot_data("03_x_speedup", t, "committed records").read_text().splitlines()[1:] \
+        == ["20480,,2", "6553600,1.235,0.3333"]

@@ -114,7 +114,7 @@ def test_fused_layer_equals_unfused_bitwise_but_the_bias_gradient(recipe, act):
         y = ops.fp8_dot(x, w, sep, m) + b.astype(sep.dtype)
         return {None: lambda v: v, "relu": jax.nn.relu, "tanh": jnp.tanh}[act](y)
 
-    (lf, gf), (lu, gu) = grads(fused, x, w, b, meta, c), grads(unfused, x, w, b, meta, c)
+    (_, gf), (_, gu) = grads(fused, x, w, b, meta, c), grads(unfused, x, w, b, meta, c)
     assert np.array_equal(np.asarray(jax.jit(fused)(x, w, b, meta)),
                           np.asarray(jax.jit(unfused)(x, w, b, meta)))
     if act != "tanh":  # tanh's derivative is taken in FP32 in the fused path

@@ -65,8 +65,6 @@ def test_tpu_f8_dot_is_native_fp8_reading():
 
 @pytest.mark.parametrize("name,fp8,storage", GPU)
 def test_gpu_programs_read_as_before(name, fp8, storage):
-    from repro.studies import inference_speed as S
-
     text = hlo(name)
     assert L.fp8_lowering(text, "gpu") == timing.fp8_lowering(text, "gpu") == fp8
     assert L.weight_storage(text) == storage
@@ -82,8 +80,6 @@ def test_gpu_int8_gemm_call():
 
 def test_every_stored_program_read_on_gpu_unchanged():
     """On every stored text, the GPU reading is exactly the one before TPUs were read."""
-    from repro.studies import inference_speed as S
-
     for path in sorted(HLO.glob("*.hlo")):
         text = path.read_text()
         assert timing.fp8_lowering(text, "gpu") == timing.fp8_lowering(text, "cpu")

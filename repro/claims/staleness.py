@@ -6,8 +6,8 @@ verdict's ``stale_note``: how many, of which experiment, why, and since which co
 *quality* records (every record of a ``QUALITY_EXPERIMENTS`` experiment, and a record of any
 experiment whose metric is one of :data:`QUALITY_METRICS`: returns, losses, agreement; both
 from the experiment specs, :mod:`repro.experiments`) still decide the verdict, and
-:func:`mark` sets ``stale=True`` with the reason. The ledger, the
-README's table and the site show ``stale_note`` beside the verdict.
+:func:`mark` sets ``stale=True`` with the reason. The ledger, its page (docs/ledger.md) and
+the site show ``stale_note`` beside the verdict.
 
 The same note says when a verdict rests on speed records made beside another process on their
 GPU (their ``conditions``, checked with ``nvidia-smi``: :func:`beside`); records without
