@@ -281,10 +281,33 @@ def _constant(module: str, name: str, seen: frozenset) -> tuple[set[str], set[st
         return set(), set(), True
     m = _module(path)
     if name in m.consts:
-        return _values_of(m.consts[name], {}, m, seen | {(module, name)})
+        return _const_values(m, name, seen | {(module, name)})
     if name in m.aliases and m.aliases[name][1] is not None:
         return _constant(*m.aliases[name], seen | {(module, name)})
     return set(), set(), True
+
+
+def _live(path: Path, name: str) -> set[str] | None:
+    """The strings module constant ``name`` holds once its module is imported (a constant
+    computed from the experiment specs, say, which the syntax alone does not give), or None."""
+    import importlib
+
+    try:
+        v = getattr(importlib.import_module(provenance._module_name(path)), name)
+    except Exception:  # noqa: BLE001 - not importable here: the caller's fallback
+        return None
+    if isinstance(v, str):
+        return {v}
+    if isinstance(v, (tuple, list, set, frozenset, dict)) and all(isinstance(x, str) for x in v):
+        return set(v)
+    return None
+
+
+def _const_values(m: _Module, name: str, seen: frozenset) -> tuple[set[str], set[str], bool]:
+    out = _values_of(m.consts[name], {}, m, seen)
+    if out[2] and (live := _live(m.path, name)) is not None:
+        return live, set(), False
+    return out
 
 
 def _values_of(exprs, local, m, seen) -> tuple[set[str], set[str], bool]:
@@ -313,7 +336,7 @@ def _values(e: ast.expr, local: dict, m: _Module, seen: frozenset = frozenset()
             return (set(), {e.id}, False) if bound == "param" else \
                 (set(), set(), True) if bound == "unknown" else _values_of(bound, local, m, seen)
         if e.id in m.consts:
-            return _values_of(m.consts[e.id], {}, m, seen)
+            return _const_values(m, e.id, seen)
         if e.id in m.aliases and m.aliases[e.id][1] is not None:
             return _constant(*m.aliases[e.id], seen)
     if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) \

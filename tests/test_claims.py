@@ -44,7 +44,7 @@ def test_the_ledger_page_is_its_own_file_with_links_from_docs(vdir, tmp_path):
     assert changed and path == tmp_path / "docs" / "ledger.md"
     text = path.read_text()
     assert text.startswith("# Claims ledger\n") and "| A11 |" in text
-    assert "(../notebooks/10_legged.py)" in text and "(notebooks/" not in text
+    assert "(../docs/notebooks/10_legged.md)" in text and "(notebooks/" not in text
     assert claims.write_page(tmp_path) == (path, False)  # idempotent
     claims.write_verdict("A2", "contradicted", "1.1x", "h100-sxm", "results/h100-sxm/x")
     assert claims.write_page(tmp_path)[1] and "**contradicted**" in path.read_text()
