@@ -61,10 +61,10 @@ from repro.claims import registration, verdicts
 nb = notebook.start("12_grpo", "grpo", profile, scratch)
 if nb.profile == "smoke":  # a pipeline check on this machine: scratch records
     nb.record_smoke(A.EXPERIMENT)
-df = A.evidence(nb.records(A.EXPERIMENT))  # committed full-profile records made on a GPU
+df = A.evidence(nb.records(A.EXPERIMENT))  # committed full-profile records of a GPU or TPU
 print(f"A12's margin (repro/data/claims.yaml): {verdicts.margin('A12')}")
-print(f"{len(df)} committed full-profile GPU records" if len(df) else
-      "no committed full-profile GPU records yet: nothing is drawn and A12 reads "
+print(f"{len(df)} committed full-profile GPU or TPU records" if len(df) else
+      "no committed full-profile GPU or TPU records yet: nothing is drawn and A12 reads "
       "'not yet measured'")
 
 # %% [markdown]

@@ -140,8 +140,11 @@ def _record(arm, seed, base, final, hw="h200", backend="gpu", profile="full"):
 
 def test_tables_from_hand_made_records():
     recs = pd.DataFrame(_record(REF, 0, 0.1, 0.5) + _record(ARM, 0, 0.1, 0.45)
-                        + _record(ARM, 1, 0.1, 0.4, backend="cpu", profile="smoke"))
+                        + _record(ARM, 1, 0.1, 0.4, backend="cpu", profile="smoke")
+                        + _record(ARM, 2, 0.1, 0.4, hw="tpu-v5e", backend="tpu"))
     ev = A.evidence(recs)
+    assert sorted(ev.backend.unique()) == ["gpu", "tpu"]  # never a CPU's pipeline check
+    ev = ev[ev.backend == "gpu"]
     acc = A.accuracy_table(ev)
     assert list(acc.columns) == A.COLUMNS and len(acc) == 2
     assert acc.set_index("arm").loc[ARM, "final"] == 0.45

@@ -1,7 +1,7 @@
 """Tables from the ``grpo`` records (``repro.studies.grpo``) for claim A12, whose rule is
 ``repro.claims.verdicts.a12``.
 
-* :func:`evidence` -- the records a verdict may use (full profile, GPU).
+* :func:`evidence` -- the records a verdict may use (full profile, GPU or TPU).
 * :func:`accuracy_table` -- one row per (hardware, arm, seed): the base model's and the
   final held-out accuracy, whether FP8 was emulated.
 * :func:`curves` -- one row per (hardware, arm, seed): held-out accuracy and the per-step
@@ -26,10 +26,14 @@ SERIES = ["curve_steps", "curve", "reward", "mismatch_kl", "is_capped_frac"]
 
 
 def evidence(df: pd.DataFrame) -> pd.DataFrame:
-    """The records a verdict may use: full-profile records made on a GPU."""
+    """The records a verdict may use: full-profile records made on an accelerator (a GPU or a
+    TPU: held-out accuracy is the same computation on either, FP8 emulated on the TPU as the
+    block FP8 rollouts are everywhere; a speed record counts only where its FP8 ran FP8 GEMMs,
+    :func:`rl_step_speedup`)."""
     if not len(df):
         return df
-    return df[(df["backend"] == "gpu") & (df["profile"] == "full")].reset_index(drop=True)
+    return df[df["backend"].isin(["gpu", "tpu"]) & (df["profile"] == "full")
+              ].reset_index(drop=True)
 
 
 def _rows(df: pd.DataFrame, metric: str) -> pd.DataFrame:
