@@ -226,6 +226,7 @@ def test_rl_step_speedup_skips_emulated_fp8():
     assert v.verdict == "partly" and "emulated" in v.key_number
 
 
+@pytest.mark.slow  # compiles both phases of two recipes (about 30 s on 2 cores)
 def test_speed_cell_times_both_phases_of_every_recipe_in_rounds():
     import dataclasses
 
