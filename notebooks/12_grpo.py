@@ -27,6 +27,10 @@
 # * `fp8-e2e`: FP8 rollouts and FP8 training (the judged arm);
 # * `fp8-e2e-no-is`: as `fp8-e2e` without the importance-sampling correction.
 #
+# The warm-up's length (`sft_steps`) was set after the first records, made with a shorter
+# warm-up whose base model answered almost nothing, so that GRPO had nothing to learn from;
+# it was chosen from the warm-up's own accuracy, before any FP8 arm was compared with BF16.
+#
 # Every arm of a seed starts from the same base model (the 20m LM preset after the same
 # supervised warm-up) and draws the same problems. FP8 is emulated (quantize-dequantize, then
 # the product in the compute dtype): records say `emulated: true`.

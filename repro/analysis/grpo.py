@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from repro.analysis.stats import round_ratio_range
+
 EXPERIMENT = "grpo"
 COLUMNS = ["hardware", "arm", "seed", "base", "final", "emulated"]
 SERIES = ["curve_steps", "curve", "reward", "mismatch_kl", "is_capped_frac"]
@@ -123,11 +125,10 @@ def speed_table(df: pd.DataFrame, reference: str = "bf16") -> pd.DataFrame:
         base = ref.step.iloc[0] if len(ref) else None
         for _, r in g.iterrows():
             paired = base is not None and len(base) == len(r.step) and len(base)
-            ratio = base / r.step if paired else np.array([np.nan])
+            lo, hi = round_ratio_range(list(base) if paired else [], list(r.step))
             out.append({**r.drop("step").to_dict(),
                         "speedup": float(np.median(base) / np.median(r.step)) if paired
-                        else np.nan,
-                        "speedup_lo": float(np.min(ratio)), "speedup_hi": float(np.max(ratio))})
+                        else np.nan, "speedup_lo": lo, "speedup_hi": hi})
     return pd.DataFrame(out)[SPEED_COLUMNS].sort_values(
         ["hardware", "d_model", "recipe"]).reset_index(drop=True)
 
