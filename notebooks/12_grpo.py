@@ -32,8 +32,12 @@
 # it was chosen from the warm-up's own accuracy, before any FP8 arm was compared with BF16.
 #
 # Every arm of a seed starts from the same base model (the 20m LM preset after the same
-# supervised warm-up) and draws the same problems. FP8 is emulated (quantize-dequantize, then
-# the product in the compute dtype): records say `emulated: true`.
+# supervised warm-up) and draws the same problems. The warm-up is its own program, run once per
+# seed and handed to every arm: compiled inside each arm's program, it gave base models of one
+# seed about 30 points of accuracy apart on a TPU v5e, as the compiler fused and rounded it
+# differently per arm. Each record keeps its base model's digest, and the table below says per
+# seed whether all arms shared one. FP8 is emulated (quantize-dequantize, then the product in
+# the compute dtype): records say `emulated: true`.
 #
 # **Decision rule** (`repro.claims.verdicts.a12`, registered in `repro/data/claims.yaml`
 # before the first record): on the seeds where both were recorded, the held-out accuracy of
@@ -107,6 +111,7 @@ def plot_curves(records):
 if len(df):
     nb.save(plot_curves(df), "12_grpo_curves", df)
     display(A.arm_summary(df).round(4))
+    display(A.shared_bases(df))
 else:
     print("no committed GRPO records: no figure")
 

@@ -128,8 +128,9 @@ def test_check_names_the_arm_in_one_line():
     assert "\n" not in str(e.value)
 
 
-def _record(arm, seed, base, final, hw="h200", backend="gpu", profile="full"):
+def _record(arm, seed, base, final, hw="h200", backend="gpu", profile="full", digest=None):
     extra = {"arm": arm, "curve": [base, final], "curve_steps": [0, 4],
+             "base": {"digest": digest} if digest else None,
              "reward": [0.1, 0.2, None, 0.3], "mismatch_kl": [1e-3] * 4,
              "is_capped_frac": [0.0, 0.01, 0.0, 0.0]}
     common = {"hardware": hw, "backend": backend, "profile": profile, "emulated": True,
@@ -157,6 +158,17 @@ def test_tables_from_hand_made_records():
     assert len(A.accuracy_table(pd.DataFrame())) == 0
 
 
+def test_shared_bases_per_seed_from_the_digests():
+    digests = [("a", "a"), ("b", "c"), (None, "d")]  # seed 2's reference has no digest
+    recs = pd.DataFrame([r for s, (x, y) in enumerate(digests)
+                         for r in _record(REF, s, 0.1, 0.5, digest=x)
+                         + _record(ARM, s, 0.1, 0.4, digest=y)])
+    t = A.shared_bases(recs).set_index("seed")
+    assert t.shared.tolist() == [True, False, False]
+    assert t.bases.tolist()[:2] == [1, 2] and t.bases.isna().tolist()[2]
+    assert t.arms.tolist() == [2, 2, 2]
+
+
 # ------------------------------------------------------------- model additions
 
 
@@ -177,17 +189,45 @@ def test_config_errors_of_the_new_fields_are_one_line():
         R.make_train({"sft_lr": 0})
 
 
-def test_warm_up_lowers_its_loss_and_the_curve_has_a_point_per_eval():
+FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def test_warm_up_lowers_its_loss_and_train_from_its_base_is_train():
+    """The warm-up learns; ``train(key)`` equals ``train(key, train.base(key))`` bit for bit
+    and starts from the ``start`` it is given; the curve has a point per evaluation."""
     cfg = dict(n_digits=1, d_model=32, n_layers=1, n_heads=2, d_ff=64, steps=4,
                prompts_per_step=4, group_size=4, eval_problems=8, eval_every=2,
                sft_steps=40, sft_batch=32, sft_lr=1e-2, recipe="fp32", rollout_recipe="fp32",
                sft_recipe="fp32")
-    out = jax.jit(R.make_train(cfg))(jax.random.key(0))
+    train, key = R.make_train(cfg), jax.random.key(0)
+    start = jax.jit(train.base).lower(key).compile(FAST)(key)
+    out = jax.jit(train).lower(key).compile(FAST)(key)
     loss = np.asarray(out["sft_loss"])
     assert loss.shape == (40,) and loss[-5:].mean() < 0.7 * loss[:5].mean()
     curve, hr = np.asarray(out["heldout_curve"]), np.asarray(out["heldout_reward"])
     assert curve.shape == (3,) and hr[0] == curve[0] and hr[1] == curve[-1]
     assert np.asarray(out["metrics"]["reward"]).shape == (4,)
+    from_start = jax.jit(train).lower(key, start).compile(FAST)
+    for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(from_start(key, start))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    flipped = from_start(key, {**start, "params": jax.tree.map(lambda x: -x, start["params"])})
+    assert np.asarray(flipped["heldout_reward"])[0] != hr[0] or not np.array_equal(
+        np.asarray(flipped["metrics"]["loss"]), np.asarray(out["metrics"]["loss"]))
+
+
+def test_every_arm_of_a_seed_gets_the_one_base_model():
+    """The warm-up runs once per seed, apart from the arms' programs: two arms with other
+    trainers share its bits (digest) and the run that made them (its timings)."""
+    import dataclasses
+
+    p = studies.params("grpo", "smoke")
+    grpo = {**p.grpo, "sft_steps": 3, "sft_batch": 4, "steps": 1, "eval_every": 0}
+    p = dataclasses.replace(p, grpo=grpo, arms={"a": {"recipe": "bf16"},
+                                                "b": {"recipe": "fp32", "is_cap": None}})
+    S._BASES.clear()
+    ra, rb = S.train_cell("a", 0, p), S.train_cell("b", 0, p)
+    assert ra[0]["extra"]["base"] == rb[0]["extra"]["base"]
+    assert len(ra[0]["extra"]["base"]["digest"]) == 16
 
 
 # ------------------------------------------------------------------- the speed cell

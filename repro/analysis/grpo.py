@@ -4,6 +4,7 @@
 * :func:`evidence` -- the records a verdict may use (full profile, GPU or TPU).
 * :func:`accuracy_table` -- one row per (hardware, arm, seed): the base model's and the
   final held-out accuracy, whether FP8 was emulated.
+* :func:`shared_bases` -- per (hardware, seed): whether every arm started from one base model.
 * :func:`curves` -- one row per (hardware, arm, seed): held-out accuracy and the per-step
   series (reward, token KL between rollout engine and trainer, capped share).
 * :func:`arm_summary` -- per (hardware, arm): seeds, mean base and final accuracy, mean gain,
@@ -59,6 +60,21 @@ def accuracy_table(df: pd.DataFrame) -> pd.DataFrame:
     out = final.rename(columns={"value": "final"}).merge(
         base[keys + ["value"]].rename(columns={"value": "base"}), on=keys, how="left")
     return out[COLUMNS].sort_values(keys).reset_index(drop=True)
+
+
+def shared_bases(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (hardware, seed): the arms recorded, how many distinct base models they started
+    from (the digest of the warm-up's parameters, ``extra.base``; records without one count as
+    unknown) and ``shared``: one base for every arm, which the paired comparison assumes."""
+    final = _rows(df, "heldout_accuracy")
+    if not len(final):
+        return pd.DataFrame(columns=["hardware", "seed", "arms", "bases", "shared"])
+    final["digest"] = final.extra.map(lambda e: ((e or {}).get("base") or {}).get("digest"))
+    rows = [{"hardware": hw, "seed": seed, "arms": len(g),
+             "bases": g.digest.nunique() if g.digest.notna().all() else None,
+             "shared": bool(g.digest.notna().all() and g.digest.nunique() == 1)}
+            for (hw, seed), g in final.groupby(["hardware", "seed"], sort=True)]
+    return pd.DataFrame(rows)
 
 
 def curves(df: pd.DataFrame) -> pd.DataFrame:

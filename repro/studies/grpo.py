@@ -6,8 +6,9 @@
 One cell per (arm, seed): ``repro.models.grpo.make_train`` with the section's ``grpo``
 settings and the arm's overrides (``arms``: the rollout engine's precision, ``rollout_fp8``,
 the trainer's ``recipe``, the importance-sampling cap ``is_cap``; ``null``: no correction).
-Every arm of a seed starts from the same base model (the same key, the same supervised
-warm-up in ``sft_recipe``) and draws the same problems. Records per cell:
+Every arm of a seed starts from the same base model: the supervised warm-up (``sft_recipe``)
+is its own program, run once per seed and handed to each arm (:func:`base_model`; its digest
+is in every record's ``extra.base``), and every arm draws the same problems. Records per cell:
 ``heldout_accuracy`` (greedy exact match of the rollout engine on held-out problems after
 GRPO) and ``base_accuracy`` (the same before it), with in ``extra`` the held-out accuracy
 every ``eval_every`` steps (``curve``, at ``curve_steps``), the rollouts' mean reward, the
@@ -21,6 +22,7 @@ GEMM in this code, and on a CPU every FP8 product is emulated; such records say
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -81,13 +83,40 @@ def _floats(x) -> list[float | None]:
     return [float(v) if np.isfinite(v) else None for v in np.asarray(x, np.float64)]
 
 
+_BASES: dict[tuple[int, str], tuple[Any, dict[str, float]]] = {}
+
+
+def base_model(train, seed: int, opts: dict[str, Any] | None):
+    """``(start, facts)``: ``train.base`` of ``seed``'s key, compiled and run once per seed and
+    warm-up program (the lowered text keys the cache), so that every arm of a seed starts from
+    the same bits whatever its own program; ``facts``: ``digest`` of the parameters,
+    ``compile_s`` and ``wall_s`` of the run that made them."""
+    key = jax.random.key(seed)
+    lowered = jax.jit(train.base).lower(key)
+    tag = (seed, hashlib.sha256(lowered.as_text().encode()).hexdigest())
+    if tag not in _BASES:
+        _BASES.clear()  # cells run seed by seed: one base model at a time
+        t0 = time.perf_counter()
+        compiled = lowered.compile(compiler_options=opts)
+        t1 = time.perf_counter()
+        start = jax.block_until_ready(compiled(key))
+        digest = hashlib.sha256(b"".join(
+            np.asarray(x).tobytes() for x in jax.tree.leaves(start["params"]))).hexdigest()
+        _BASES[tag] = start, {"digest": digest[:16], "compile_s": t1 - t0,
+                              "wall_s": time.perf_counter() - t1}
+    return _BASES[tag]
+
+
 def train_cell(arm: str, seed: int, p: Params) -> list[dict[str, Any]]:
     c = arm_config(p, arm)
+    opts = dict(p.compiler_options or {}) or None
+    train = R.make_train(c)
+    start, base = base_model(train, seed, opts)
     t0 = time.perf_counter()
-    compiled = jax.jit(R.make_train(c)).lower(jax.random.key(seed)).compile(
-        compiler_options=dict(p.compiler_options or {}) or None)
+    compiled = jax.jit(train).lower(jax.random.key(seed), start).compile(
+        compiler_options=opts)
     t1 = time.perf_counter()
-    out = jax.device_get(compiled(jax.random.key(seed)))
+    out = jax.device_get(compiled(jax.random.key(seed), start))
     wall = time.perf_counter() - t1
     m = {k: np.asarray(v) for k, v in out["metrics"].items()}
     before, after = (float(x) for x in np.asarray(out["heldout_reward"]))
@@ -105,7 +134,7 @@ def train_cell(arm: str, seed: int, p: Params) -> list[dict[str, Any]]:
              "is_capped_frac": _floats(m["is_capped_frac"]),
              "clip_frac": _floats(m["clip_frac"]), "length": _floats(m["length"]),
              "sft_loss": _floats(out["sft_loss"][[0, -1]]) if "sft_loss" in out else None,
-             "compile_s": t1 - t0, "wall_s": wall}
+             "compile_s": t1 - t0, "wall_s": wall, "base": base}
     common = dict(claims=["A12"], recipe=c.recipe, sizes=sizes, emulated=is_emulated(c),
                   profile=p.profile, extra=extra)
     return [results.make_record(EXPERIMENT, "heldout_accuracy", after, "share", **common),
@@ -207,13 +236,19 @@ def speed_cell_name(p: Params) -> str:
 
 
 def program(config: dict[str, Any]):
-    """What a cell's records measure (:mod:`repro.program`): the whole trained function,
-    ``make_train`` of the arm's GRPO ``config`` (warm-up, GRPO and held-out evaluations), and
-    its kit, :func:`train_cell` (the statistics the records hold)."""
+    """What a cell's records measure (:mod:`repro.program`): the base model's warm-up, compiled
+    on its own, then ``make_train`` of the arm's GRPO ``config`` from it (GRPO and held-out
+    evaluations), and its kit, :func:`train_cell` and :func:`base_model` (the statistics the
+    records hold)."""
     from repro.program import Program
 
-    return Program(R.make_train(config), (jax.eval_shape(lambda: jax.random.key(0)),),
-                   kit=(train_cell,))
+    train = R.make_train(config)
+
+    def measured(rng):
+        return train(rng, jax.jit(train.base)(rng))
+
+    return Program(measured, (jax.eval_shape(lambda: jax.random.key(0)),),
+                   kit=(train_cell, base_model))
 
 
 def program_settings(rec: dict[str, Any]) -> dict[str, Any] | None:
