@@ -7,12 +7,13 @@
 # shape* is the **ceiling** for the speedup of a training step built from such GEMMs:
 # quantization passes, launches and everything that is not a GEMM only take away from it.
 #
-# **Method.** `repro.studies.gemm.gemm_sweep` times `A[M,K] x B[N,K]^T` (the TN layout cuBLASLt wants
-# for FP8) in FP32 (`Precision.HIGHEST`), TF32, BF16, FP16 and FP8 (E4M3 operands that are
-# already FP8, fed straight into `dot_general`; on a GPU it asserts that the compiled GEMM keeps
-# the f8 operands). Median of `repeats` timed calls after warm-up, random normal operands
-# rotated between two sets; spread = interquartile range. Every record carries hardware,
-# versions, commit, and `emulated` (FP8 on a CPU is computed by upcasting: never a speedup).
+# **Method.** `repro.experiments.gemm.measure.gemm_sweep` times `A[M,K] x B[N,K]^T` (the TN
+# layout cuBLASLt wants for FP8) in FP32 (`Precision.HIGHEST`), TF32, BF16, FP16 and FP8 (E4M3
+# operands that are already FP8, fed straight into `dot_general`; on a GPU it asserts that the
+# compiled GEMM keeps the f8 operands). Median of `repeats` timed calls after warm-up, random
+# normal operands rotated between two sets; spread = interquartile range. Every record carries
+# hardware, versions, commit, and `emulated` (FP8 on a CPU is computed by upcasting: never a
+# speedup).
 #
 # The figures and tables show every hardware with committed full-profile records (`results/`)
 # against the datasheet peaks of `repro/data/hardware.yaml`; a smoke run records CPU-sized
@@ -32,7 +33,7 @@ from IPython.display import Markdown
 from matplotlib.lines import Line2D
 
 from repro import hardware, notebook, plotstyle
-from repro.studies import gemm as bench
+from repro.experiments.gemm import measure as bench
 
 nb = notebook.start("02_gemm_roofline", "gemm", profile, scratch)
 if nb.profile == "smoke":  # full-profile records: `repro record` on a GPU

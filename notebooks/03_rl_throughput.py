@@ -13,8 +13,8 @@
 # bf16, fp16 (dynamic loss scaling), fp8-current and fp8-delayed (all three GEMMs of each hidden
 # layer in FP8; first and last layers BF16). For each network (MLPs of width 64 to 4096, the
 # MinAtar CNN, a Nature-DQN stack on 80x80 inputs), number of parallel environments and recipe,
-# `repro.studies.rl_throughput` times the **whole PPO loop** (env-steps/s), the **update
-# alone** (the part FP8 can speed up), and records the compiled update's **memory**.
+# `repro.experiments.rl_throughput.measure` times the **whole PPO loop** (env-steps/s), the
+# **update alone** (the part FP8 can speed up), and records the compiled update's **memory**.
 #
 # **Decision rules** (each claim's `rule` in `repro/data/claims.yaml`, read by
 # `repro.claims.verdicts`; only ratios of native-FP8 cells recorded in one GPU call count):

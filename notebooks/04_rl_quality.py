@@ -65,7 +65,7 @@ from repro import config, notebook, plotstyle
 from repro.analysis import rl as rl_analysis
 from repro.analysis import stats
 from repro.claims import registration, verdicts
-from repro.studies import rl_quality as RQ
+from repro.experiments.rl_quality import measure as RQ
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # arch's RandomState deprecation
 nb = notebook.start("04_rl_quality", "rl_quality", profile, scratch)

@@ -54,12 +54,12 @@ import seaborn as sns
 from IPython.display import display
 
 from repro import notebook, plotstyle
-from repro.analysis import lm as lm_analysis
 from repro.claims import registration, verdicts
+from repro.experiments.lm import measure as E
+from repro.experiments.lm import tables as lm_analysis
 from repro.models import lm as M
 from repro.models import lm_data as D
 from repro.precision import resolve
-from repro.studies import lm_quality as E
 
 nb = notebook.start("05_lm_nvfp4", "lm", profile, scratch)
 if nb.profile == "smoke":  # a pipeline check on this machine: scratch records, scratch figure
@@ -193,11 +193,11 @@ abl[[*KEY, "ablation", "n_seeds", "gap_nats", "gap_lo", "gap_hi", "final gap"]].
 # ## B3: memory
 #
 # Stored bytes of the GEMM operands relative to BF16, from the quantized tensors' own dtypes
-# and scale shapes (`repro.studies.lm_quality.stored_bytes`): NVFP4 = 4-bit elements + one E4M3
-# byte per block + one FP32 per tensor; MXFP8 = 1 byte + one E8M0 byte per 32; FP8 = 1 byte +
-# an FP32 scale; BF16 = 2 bytes. "quantized layers" is the format's own ratio, "whole model"
-# includes what the policy keeps in BF16. Training memory is dominated by what the format does
-# not change: FP32 master weights and AdamW's two FP32 moments.
+# and scale shapes (`repro.experiments.lm.measure.stored_bytes`): NVFP4 = 4-bit elements + one
+# E4M3 byte per block + one FP32 per tensor; MXFP8 = 1 byte + one E8M0 byte per 32; FP8 = 1
+# byte + an FP32 scale; BF16 = 2 bytes. "quantized layers" is the format's own ratio, "whole
+# model" includes what the policy keeps in BF16. Training memory is dominated by what the
+# format does not change: FP32 master weights and AdamW's two FP32 moments.
 
 # %%
 mem = df[df["metric"].str.startswith("stored_")] if len(df) else df

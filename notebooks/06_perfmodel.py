@@ -65,8 +65,8 @@ print({"calibrated": "calibrated on measured BF16 steps",
 # The parameters the fit found (or their defaults, where nothing was measured; `source` says
 # which), then each fitted BF16 step time beside the model's. BF16 step times alone hardly tell
 # the idle time apart from GEMM and memory time, so where kernel traces of BF16 steps exist
-# (`repro.studies.kernel_times`) the gap is measured instead: (step time - device busy time) /
-# GEMM launches, the median over the traced shapes.
+# (`repro.experiments.kernel_times.measure`) the gap is measured instead: (step time - device
+# busy time) / GEMM launches, the median over the traced shapes.
 
 # %%
 display(pd.concat([perfmodel.parameter_table(c) for c in cals], ignore_index=True))
@@ -96,9 +96,9 @@ val[["hardware", "workload", "shape", "recipe", "predicted", "measured", "error"
 #
 # Per traced shape and recipe, in ms per step: GEMM and attention kernels (`gemm`), every other
 # kernel (`other`, the model's traffic term) and the idle device time between kernels (`gaps`),
-# each as predicted and as traced (`repro.studies.kernel_times`). Only the BF16 gaps were used
-# to set the model; the FP8 rows diagnose the validation misses. A negative traced gap means
-# kernels ran side by side, which a sum of parts cannot express.
+# each as predicted and as traced (`repro.experiments.kernel_times.measure`). Only the BF16
+# gaps were used to set the model; the FP8 rows diagnose the validation misses. A negative
+# traced gap means kernels ran side by side, which a sum of parts cannot express.
 
 # %%
 USED = perfmodel.ModelParams().gap_per

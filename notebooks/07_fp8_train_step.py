@@ -5,11 +5,11 @@
 # come to the speedup of its GEMMs alone, from which width does FP8 pay, and how does it compare
 # with flax's FP8 implementation?
 #
-# **Benchmark** (`repro.studies.mlp_step`, `repro record mlp_step --profile full`): a ReLU MLP
-# with 3 hidden layers, batch 65536, widths 256 to 4096; one full training step (forward,
-# backward, Adam on FP32 master weights). All recipes of a width are compiled, then timed
-# **interleaved in one process** (A, B, C, A, B, C, ...), so every speedup is a ratio of two
-# timings of one run. Recipes: BF16, FP16, this repository's FP8 recipes (`fp8-current`,
+# **Benchmark** (`repro.experiments.mlp_step.measure`, `repro record mlp_step --profile full`):
+# a ReLU MLP with 3 hidden layers, batch 65536, widths 256 to 4096; one full training step
+# (forward, backward, Adam on FP32 master weights). All recipes of a width are compiled, then
+# timed **interleaved in one process** (A, B, C, A, B, C, ...), so every speedup is a ratio of
+# two timings of one run. Recipes: BF16, FP16, this repository's FP8 recipes (`fp8-current`,
 # `fp8-delayed`: E4M3 forward, E5M2 gradients, all three GEMMs of each layer in FP8), lever
 # ablations (recipe variants `"base:field=value"`, `repro.precision.recipes`), the per-layer
 # policy `fp8-auto` (fp8-delayed in layers whose weight has both dimensions >= its
@@ -59,7 +59,7 @@ from matplotlib.ticker import ScalarFormatter
 
 from repro import hardware, notebook, plotstyle
 from repro.analysis import stats
-from repro.analysis import train_step as T
+from repro.experiments.mlp_step import tables as T
 
 nb = notebook.start("07_fp8_train_step", "mlp_step", profile, scratch)
 if nb.profile == "smoke":  # full-profile records: `repro record` on a GPU

@@ -27,9 +27,9 @@
 # 2x4 (FSDP) meshes equal the single-device ones (BF16 and NVFP4); FSDP parameters and moments
 # are really split; a sharded checkpoint restores and resumes exactly, also onto another mesh.
 #
-# **Scaling** (`repro.studies.multigpu`, `repro record multigpu --profile full`): weak scaling
-# (fixed work per device) on 1, 2, 4 and 8 GPUs, BF16 and FP8 delayed scaling, for the
-# data-parallel PPO loop (env-steps/s) and the LM step with replicated (`lm_dp`) and fully
+# **Scaling** (`repro.experiments.multigpu.measure`, `repro record multigpu --profile full`):
+# weak scaling (fixed work per device) on 1, 2, 4 and 8 GPUs, BF16 and FP8 delayed scaling, for
+# the data-parallel PPO loop (env-steps/s) and the LM step with replicated (`lm_dp`) and fully
 # sharded (`lm_fsdp`) parameters (tokens/s). Efficiency = `throughput_n / (n * throughput_1)`.
 #
 # **Decision rule** (`repro.claims.verdicts.b5`): only GPU records on real devices, 2 or more
@@ -47,9 +47,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from repro import config, notebook, plotstyle
-from repro.analysis import scaling, stats
+from repro.analysis import stats
 from repro.claims import registration, verdicts
-from repro.studies import multigpu
+from repro.experiments.multigpu import measure as multigpu
+from repro.experiments.multigpu import tables as scaling
 
 nb = notebook.start("08_multigpu", "multigpu", profile, scratch)
 if nb.profile == "smoke" or nb.machine.backend == "gpu":  # full records only on a GPU

@@ -15,23 +15,23 @@
 #    **1.5x** faster in FP8 than in BF16. Kernel traces split the update into GEMM kernels
 #    (which FP8 speeds up) and everything else, and Amdahl's law bounds what FP8 can gain.
 #
-# **Method.** `repro.studies.purejaxrl` times both programs alternately in one process, each
-# cell one option set of ours against PureJaxRL (records under `results/<hw>/rl_purejaxrl/`;
-# PureJaxRL is not redistributed: `repro record rl_purejaxrl --purejaxrl DIR --profile full`
-# with a checkout of it). Each cell also times both programs' first result in a fresh process
-# (compile + one run, no compile caches: what a user waits for before one run's numbers).
-# Ours runs with several option sets (`params.yaml` `rl_purejaxrl.ours`): `unroll` /
-# `update_unroll` unroll the rollout scan / the epoch and minibatch scans (the same
-# arithmetic), `prng` picks another JAX PRNG (other random streams).
-# `repro.studies.kernel_times ppo` traces the compiled update kernel by kernel.
+# **Method.** `repro.experiments.rl_purejaxrl.measure` times both programs alternately in one
+# process, each cell one option set of ours against PureJaxRL (records under
+# `results/<hw>/rl_purejaxrl/`; PureJaxRL is not redistributed: `repro record rl_purejaxrl
+# --purejaxrl DIR --profile full` with a checkout of it). Each cell also times both programs'
+# first result in a fresh process (compile + one run, no compile caches: what a user waits for
+# before one run's numbers). Ours runs with several option sets (`params.yaml`
+# `rl_purejaxrl.ours`): `unroll` / `update_unroll` unroll the rollout scan / the epoch and
+# minibatch scans (the same arithmetic), `prng` picks another JAX PRNG (other random streams).
+# `repro.experiments.kernel_times.measure ppo` traces the compiled update kernel by kernel.
 #
 # **PureJaxRL's imports.** `ppo.py` imports `distrax` and its `wrappers.py` imports `brax` and
 # `navix`; the lock installs none of them (distrax does not import under current JAX). The recorded
-# PureJaxRL ran with this repository's stand-ins for them (`repro.studies.purejaxrl`): a
-# `distrax.Categorical` written as distrax writes it (`jax.random.categorical`, `log_softmax`),
-# and for `brax` and `navix` empty modules (CartPole uses none of their wrappers); gymnax 1.0's
-# steps are seen as gymnax 0.x's. Each record lists its adapters (`extra.adapters`), printed
-# below.
+# PureJaxRL ran with this repository's stand-ins for them
+# (`repro.experiments.rl_purejaxrl.measure`): a `distrax.Categorical` written as distrax writes
+# it (`jax.random.categorical`, `log_softmax`), and for `brax` and `navix` empty modules
+# (CartPole uses none of their wrappers); gymnax 1.0's steps are seen as gymnax 0.x's. Each
+# record lists its adapters (`extra.adapters`), printed below.
 
 # %% tags=["parameters"]
 profile = "smoke"
@@ -44,8 +44,8 @@ from IPython.display import Markdown, display
 
 from repro import notebook
 from repro.analysis import rl as rl_analysis
-from repro.analysis import traces
-from repro.studies import purejaxrl
+from repro.experiments.kernel_times import tables as traces
+from repro.experiments.rl_purejaxrl import measure as purejaxrl
 
 nb = notebook.start("09_ppo_speed", None, profile, scratch)
 TARGET_VS_PUREJAXRL, TARGET_FP8_UPDATE = 1.2, 1.5
@@ -163,12 +163,12 @@ nb.metrics(
 
 # %% [markdown]
 # **Where the time goes.** Per traced update (ms): GEMM kernels, other kernels, and Amdahl's
-# law over them (`repro.analysis.traces.headroom`): `gemm x` is how much faster FP8 makes the
-# GEMMs, `bound` the update speedup FP8 would reach if it added nothing outside the GEMMs,
-# `added ms` the non-GEMM time it adds (amax reductions, converts, FP8 operand transposes) and
-# `allowed ms` the non-GEMM time an FP8 update may spend and still be 1.5x BF16's. A trace's
-# kernel sum differs a little from the timed update, so the target itself is judged on the
-# timings above. The costliest non-GEMM kernels of each FP8 update follow.
+# law over them (`repro.experiments.kernel_times.tables.headroom`): `gemm x` is how much faster
+# FP8 makes the GEMMs, `bound` the update speedup FP8 would reach if it added nothing outside
+# the GEMMs, `added ms` the non-GEMM time it adds (amax reductions, converts, FP8 operand
+# transposes) and `allowed ms` the non-GEMM time an FP8 update may spend and still be 1.5x
+# BF16's. A trace's kernel sum differs a little from the timed update, so the target itself is
+# judged on the timings above. The costliest non-GEMM kernels of each FP8 update follow.
 
 # %%
 amdahl = traces.amdahl_table(kernels, target=TARGET_FP8_UPDATE)

@@ -13,7 +13,8 @@
 # loss, GAE and truncation bootstrap of `repro.models.ppo`) on brax's ant and MuJoCo
 # Playground's Go1 joystick task (`Go1JoystickFlatTerrain`, MJX's JAX implementation, with
 # Playground's 512-256-128 networks and reward scale), both with MJX physics
-# (`repro.models.envs`). The study (`repro.studies.legged`, `repro record legged`) measures:
+# (`repro.models.envs`). The study (`repro.experiments.legged.measure`, `repro record legged`)
+# measures:
 #
 # * **physics alone**: env-steps/s of a scanned rollout with random actions, per number of
 #   environments and per matmul precision of the physics (JAX's default, i.e. TF32 on NVIDIA
@@ -59,10 +60,11 @@ import numpy as np
 from IPython.display import display
 
 from repro import notebook, plotstyle
-from repro.analysis import legged as A
 from repro.analysis import rl as rl_analysis
 from repro.analysis import stats
 from repro.claims import registration, verdicts
+from repro.experiments.legged import rules as legged_rules
+from repro.experiments.legged import tables as A
 
 nb = notebook.start("10_legged", "legged", profile, scratch)
 HAVE_PHYSICS = all(importlib.util.find_spec(m) for m in ("brax", "mujoco"))
@@ -72,7 +74,7 @@ elif not HAVE_PHYSICS:
     print("brax / mujoco are not installed (pip install 'repro[legged]'): committed records only")
 df = A.evidence(nb.records(A.EXPERIMENT))  # committed full-profile records made on a GPU
 print(f"A11's margin (repro/data/claims.yaml): {verdicts.margin('A11')}; "
-      f"FP8 pays from {verdicts.legged.PAYS}x BF16")
+      f"FP8 pays from {legged_rules.PAYS}x BF16")
 print(f"{len(df)} committed full-profile GPU records" if len(df) else
       "no committed full-profile GPU records yet: the tables below are empty and A11 reads "
       "'not yet measured'")
@@ -163,12 +165,12 @@ def plot_speed(speed, ups, df):
     if len(ups):
         ax[1].set_xscale("log", base=2)
         ax[1].legend()
-    ax[1].axhline(verdicts.legged.PAYS, color="grey", lw=0.8, ls=":")
+    ax[1].axhline(legged_rules.PAYS, color="grey", lw=0.8, ls=":")
     ax[1].axhline(1.0, color="grey", lw=0.8)
     ax[0].set(xlabel="policy size, recipe", ylabel="time per PPO update (ms)",
               title="Where an update's time goes")
     ax[1].set(xlabel="widest hidden layer (units)", ylabel="speedup over BF16 (x)",
-              title=f"FP8 / BF16 (dotted: {verdicts.legged.PAYS}x, where FP8 pays)")
+              title=f"FP8 / BF16 (dotted: {legged_rules.PAYS}x, where FP8 pays)")
     fig.suptitle("PPO on MJX physics (ant; Go1 at Playground's size)")
     return fig
 
@@ -293,7 +295,7 @@ if len(peer):
               f"evaluation return {r.return_repro:.1f} (ours) vs {r.return_brax:.1f} (brax), "
               f"mean of {r.n_seeds} seed(s), random policy {r.random_return:.1f} ("
               + (f"above it: {', '.join(learned)}" if learned else "neither is above it")
-              + "); " + (verdicts.legged.peer_parity(r)[1] if r.n_seeds >= 2 else
+              + "); " + (legged_rules.peer_parity(r)[1] if r.n_seeds >= 2 else
                          "one seed per trainer shows whether both learn, not which learns "
                          "better"))
 else:

@@ -13,7 +13,8 @@
 # quantization (`qwix.PtqProvider`, `quantize_params`) on our own `Decoder`; section 1 maps
 # MaxText's names to the formats here.
 #
-# **Method** (`repro/studies/inference.py`, parameters in `params.yaml`, section `inference`).
+# **Method** (`repro/experiments/inference/measure.py`, parameters in `params.yaml`, section
+# `inference`).
 #
 # * *Accuracy.* Per seed, a BF16 LM is trained (`repro.models.lm_train`, orbax checkpoints) and
 #   the checkpoint with the best held-out loss is kept: the small corpus makes longer runs
@@ -79,16 +80,17 @@ import seaborn as sns
 from IPython.display import display
 
 from repro import notebook, plotstyle
-from repro.analysis import inference as A
 from repro.claims import registration, verdicts
+from repro.experiments.inference import measure as I
+from repro.experiments.inference import rules as inference_rules
+from repro.experiments.inference import tables as A
 from repro.precision import export as X
-from repro.studies import inference as I
 
 nb = notebook.start("11_inference", "inference", profile, scratch)
 if nb.profile == "smoke":  # a pipeline check on this machine: scratch records, scratch figures
     nb.record_smoke(I.EXPERIMENT)
 df = nb.records(I.EXPERIMENT)  # committed full-profile records: the evidence
-MARGINS = verdicts.inference.b6_margins()
+MARGINS = inference_rules.b6_margins()
 print(f"B6's margins (repro/data/claims.yaml): {MARGINS}; formats {nb.params['formats']}")
 print(f"{len(df)} committed full-profile records" if len(df) else
       "no committed full-profile records yet: the tables below are empty and B6 reads "

@@ -63,8 +63,8 @@ import numpy as np
 from IPython.display import display
 
 from repro import notebook, plotstyle
-from repro.analysis import grpo as A
 from repro.claims import registration, verdicts
+from repro.experiments.grpo import tables as A
 
 nb = notebook.start("12_grpo", "grpo", profile, scratch)
 if nb.profile == "smoke":  # a pipeline check on this machine: scratch records

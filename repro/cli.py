@@ -303,7 +303,7 @@ def record_all(args, plan, profile: str, root: Path) -> int:
 
 def cmd_trace(args) -> int:
     from repro import results
-    from repro.studies import kernel_times as K
+    from repro.experiments.kernel_times import measure as K
     from repro.studies import runner
 
     profile = _profile(args.profile or "full")

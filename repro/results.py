@@ -586,8 +586,8 @@ def read_json(path: Path) -> Any:
 
 
 # Record folders named otherwise than the experiment of their records: a repeat of recorded
-# rl_quality cells (repro.studies.rl_quality.QUALITY_REPEAT), kept apart from the cells it
-# repeats (each experiment's spec names its folders: repro.experiments).
+# rl_quality cells (repro.experiments.rl_quality.measure.QUALITY_REPEAT), kept apart from the
+# cells it repeats (each experiment's spec names its folders: repro.experiments).
 SHARED_FOLDERS = experiments.RECORDED_BY
 
 

@@ -1,9 +1,9 @@
 """Probe: decode (or prefill) tokens/s of the inference study's programs, per format, beside
 BF16 in one run, for a speed config of params.yaml or a config changed on the command line.
 
-It builds the same programs as ``repro.studies.inference_speed`` (untrained weights exported
-per format, the jitted KV-cache decode loop) and times them interleaved (A, B, A, B, ...),
-printing tokens/s, the ratio over BF16 with its per-round range, and the compile seconds.
+It builds the same programs as ``repro.experiments.inference.speed`` (untrained weights
+exported per format, the jitted KV-cache decode loop) and times them interleaved (A, B, A, B,
+...), printing tokens/s, the ratio over BF16 with its per-round range, and the compile seconds.
 XLA flags come from the environment, so two runs compare flag sets, e.g. command buffers
 (CUDA graphs) for the decode loop's kernels:
 
@@ -58,7 +58,7 @@ def parse():
 
 def main() -> None:
     a = parse()
-    from repro.studies import inference_speed as S
+    from repro.experiments.inference import speed as S
 
     if a.kernel:
         import dataclasses

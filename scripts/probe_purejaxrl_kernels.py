@@ -7,11 +7,11 @@ set, to price a feature), times
 them round-robin in this process (seconds per whole run, median of ``--repeats``; the ratio is
 PureJaxRL's time over ours), then at the largest seed count traces one run of each with
 ``jax.profiler`` and prints, per program, the number of kernels, their summed time against the
-run's wall time, the time per kernel class (``repro.analysis.traces``) and, for PureJaxRL and
-the first option set, the largest kernels. ``--compile-seeds N`` also compiles each program for
-N seeds in a fresh process without compilation or autotune caches (as the study's first
-result does) and prints the compile time. Nothing is recorded. Needs a checkout of
-github.com/luchris429/purejaxrl and gymnax:
+run's wall time, the time per kernel class (``repro.experiments.kernel_times.tables``) and, for
+PureJaxRL and the first option set, the largest kernels. ``--compile-seeds N`` also compiles
+each program for N seeds in a fresh process without compilation or autotune caches (as the
+study's first result does) and prints the compile time. Nothing is recorded. Needs a checkout
+of github.com/luchris429/purejaxrl and gymnax:
 
     PYTHONPATH=. python3 scripts/probe_purejaxrl_kernels.py --purejaxrl DIR \\
         --seeds 1024 --timesteps 131072 --options '{}' '{"update_unroll": 2}'
@@ -33,11 +33,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from repro.analysis import traces
+from repro.experiments.kernel_times import measure as kernel_times
+from repro.experiments.kernel_times import tables as traces
+from repro.experiments.rl_purejaxrl import measure as P
 from repro.models import ppo
 from repro.precision import optim
-from repro.studies import kernel_times
-from repro.studies import purejaxrl as P
 
 
 def norm_skip(inner, max_consecutive: int = 2 ** 30):

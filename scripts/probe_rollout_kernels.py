@@ -1,12 +1,12 @@
 """Probe: how much one PPO rollout step launches (compile-only unless ``--time``).
 
-For ours on PureJaxRL's CartPole-v1 config (``repro.studies.purejaxrl``) at each ``--unroll``,
-compiles the whole run and prints one JSON line: the optimized HLO's size, the number of
-fusions in each of the four largest while-loop bodies (the minibatch step, the update, the
-rollout step -- each unrolled env step repeats its part --, the epoch; on a GPU a fusion is
-about one kernel launch) and the compile seconds (three compilations, sorted); ``--time N``
-also runs the compiled program N times (seconds per whole run, sorted). Run it on two
-checkouts to compare them:
+For ours on PureJaxRL's CartPole-v1 config (``repro.experiments.rl_purejaxrl.measure``) at each
+``--unroll``, compiles the whole run and prints one JSON line: the optimized HLO's size, the
+number of fusions in each of the four largest while-loop bodies (the minibatch step, the
+update, the rollout step -- each unrolled env step repeats its part --, the epoch; on a GPU a
+fusion is about one kernel launch) and the compile seconds (three compilations, sorted);
+``--time N`` also runs the compiled program N times (seconds per whole run, sorted). Run it on
+two checkouts to compare them:
 
     PYTHONPATH=. python3 scripts/probe_rollout_kernels.py --unroll 1 2 4 8
     PYTHONPATH=. python3 scripts/probe_rollout_kernels.py --seeds 1024 --unroll 1
@@ -23,8 +23,8 @@ import time
 import jax
 import jax.numpy as jnp
 
+from repro.experiments.rl_purejaxrl import measure as purejaxrl
 from repro.models import ppo
-from repro.studies import purejaxrl
 
 
 def probe(unroll: int, seeds: int, repeats: int = 3, runs: int = 0) -> dict:

@@ -1,16 +1,16 @@
 """Probe: what holds the memory of an MLP train step at its peak, per recipe.
 
-For the MLP step of ``repro.studies.mlp_step`` (fwd + bwd + Adam, FP32 master weights) at one
-shape, compiles each recipe's step (compile only, nothing runs) and prints XLA's own account:
-``memory_analysis`` (arguments, outputs, temporaries, aliased; the step's ``step_memory_bytes``
-is args + outputs + temps - aliased); from XLA's buffer live ranges, the buffers live at the
-program's peak, largest first, each with its shape and the JAX operation that made it; and the
-layout of the temporary allocation (XLA's memory-usage report): its slots, largest first, each
-with the shapes of the values that take turns in it; and the temporary allocation over time
-(``repro.analysis.train_step.temp_timeline``): its extent, the largest sum of its values live
-at one instruction, and the values live there with their offsets. XLA's own live-range "peak"
-counts arguments too and can sit elsewhere; the extent beyond the temporaries' live peak is
-what XLA's packing of them costs.
+For the MLP step of ``repro.experiments.mlp_step.measure`` (fwd + bwd + Adam, FP32 master
+weights) at one shape, compiles each recipe's step (compile only, nothing runs) and prints
+XLA's own account: ``memory_analysis`` (arguments, outputs, temporaries, aliased; the step's
+``step_memory_bytes`` is args + outputs + temps - aliased); from XLA's buffer live ranges, the
+buffers live at the program's peak, largest first, each with its shape and the JAX operation
+that made it; and the layout of the temporary allocation (XLA's memory-usage report): its
+slots, largest first, each with the shapes of the values that take turns in it; and the
+temporary allocation over time (``repro.experiments.mlp_step.tables.temp_timeline``): its
+extent, the largest sum of its values live at one instruction, and the values live there with
+their offsets. XLA's own live-range "peak" counts arguments too and can sit elsewhere; the
+extent beyond the temporaries' live peak is what XLA's packing of them costs.
 Recipes take the lever syntax of ``mlp_step`` (``base:field=value``). Run it on the GPU the
 question is about: XLA:CPU assigns buffers differently, so CPU numbers only check the script.
 
@@ -35,8 +35,8 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
 
 import jax  # noqa: E402
 
-from repro.analysis.train_step import temp_timeline  # noqa: E402
-from repro.studies import mlp_step  # noqa: E402
+from repro.experiments.mlp_step import measure as mlp_step  # noqa: E402
+from repro.experiments.mlp_step.tables import temp_timeline  # noqa: E402
 
 _BUFFER = re.compile(r"^\s+(\S+)\{[^}]*\}: (\d+) bytes")
 

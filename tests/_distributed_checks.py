@@ -21,12 +21,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from repro.experiments.rl_throughput import measure as RX
 from repro.models import lm as M
 from repro.models import lm_train as T
 from repro.models import ppo
 from repro.models import sharding as distributed
 from repro.precision import layers, resolve, scaling
-from repro.studies import rl_throughput as RX
 
 OUT: dict = {"timings": {}}
 
@@ -199,7 +199,7 @@ def lm_collectives(recipe, mesh, fsdp, cfg, batch=4):
     """The collectives in the compiled LM training step of ``cfg`` on ``mesh`` (a global
     batch of ``batch`` sequences: 2 a device on 2 devices, where letting XLA keep the weights
     split made it move activations)."""
-    from repro.studies import multigpu
+    from repro.experiments.multigpu import measure as multigpu
 
     init, step, _ = T._sharded_functions(cfg, resolve(recipe), T._static_key(LM_TC), False,
                                  mesh, fsdp)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from repro.config import ConfigError
-from repro.studies import gemm as bench
+from repro.experiments.gemm import measure as bench
 from repro.studies import timing
 
 

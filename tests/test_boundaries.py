@@ -202,7 +202,7 @@ def test_a_folder_linked_out_of_the_records_is_refused(records_root, tmp_path):
 
 
 def test_the_committed_records_are_each_at_their_place():
-    from repro.studies.rl_quality import QUALITY_REPEAT
+    from repro.experiments.rl_quality.measure import QUALITY_REPEAT
 
     assert results.SHARED_FOLDERS == {QUALITY_REPEAT: "rl_quality"}
     for path in (ROOT / "results").glob("*/*/*.json"):

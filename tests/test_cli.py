@@ -121,7 +121,7 @@ def test_malformed_params_is_one_line_and_writes_nothing(tmp_path, capsys, monke
 
 
 def test_a_failing_cell_exits_1_and_ctrl_c_130(tmp_path, capsys, monkeypatch):
-    from repro.studies import gemm as bench
+    from repro.experiments.gemm import measure as bench
 
     (tmp_path / "params.yaml").write_text(GEMM_PARAMS)
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
@@ -244,7 +244,7 @@ def test_full_record_refuses_a_device_that_skips_roundings(tmp_path, monkeypatch
 
     (tmp_path / "params.yaml").write_text(GEMM_PARAMS)
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
-    monkeypatch.setattr(studies, "EXPERIMENTS", {"gemm": "repro.studies.gemm"})
+    monkeypatch.setattr(studies, "EXPERIMENTS", {"gemm": "repro.experiments.gemm.measure"})
     monkeypatch.setattr(numerics_check, "checks", lambda: [
         {"check": "formats.cast to bfloat16 matches ml_dtypes", "ok": False, "required": True}])
     for argv in (["record", "gemm", "--profile", "full", "--yes"],
@@ -258,7 +258,8 @@ def test_full_record_refuses_a_device_that_skips_roundings(tmp_path, monkeypatch
 
 
 # a module's child-process hook (run by the module itself, never by a user): not an entry point
-CHILD_HOOKS = {"repro/studies/purejaxrl.py": "the fresh process of first_result()"}
+CHILD_HOOKS = {
+    "repro/experiments/rl_purejaxrl/measure.py": "the fresh process of first_result()"}
 
 
 def test_no_library_module_has_a_main():

@@ -190,7 +190,7 @@ def repo(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setitem(sys.modules, "repro_toy_experiment", _toy_module(calls))
     monkeypatch.setitem(sys.modules, "repro_broken_experiment", _toy_module(calls, fail=True))
-    monkeypatch.setattr(studies, "EXPERIMENTS", {"gemm": "repro.studies.gemm",
+    monkeypatch.setattr(studies, "EXPERIMENTS", {"gemm": "repro.experiments.gemm.measure",
                                                  "toy": "repro_toy_experiment"})
     yield types.SimpleNamespace(root=tmp_path, calls=calls)
 
@@ -235,7 +235,7 @@ def test_record_all_on_a_new_hardware_then_side_by_side(repo, capsys):
 
 
 def test_interrupted_record_resumes_without_redoing_cells(repo, monkeypatch, capsys):
-    from repro.studies import gemm as bench
+    from repro.experiments.gemm import measure as bench
 
     real_sweep, sweeps = bench.gemm_sweep, []
 

@@ -19,10 +19,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repro.analysis import scaling as scaling_analysis
 from repro.claims import verdicts
+from repro.experiments.multigpu import measure as multigpu
+from repro.experiments.multigpu import tables as scaling_analysis
 from repro.models import sharding as distributed
-from repro.studies import multigpu
 
 ROOT = Path(__file__).resolve().parent.parent
 P = distributed.P

@@ -127,10 +127,11 @@ def test_studies_run_by_name_are_followed(tmp_path):
     nb = tmp_path / "99_x.py"
     nb.write_text('from repro import studies\nstudies.record("mlp_step", "smoke")\n')
     deps = pipeline.code_deps(nb)
-    assert {"repro/studies/mlp_step.py", "repro/precision/layers.py"} <= set(deps)
+    assert {"repro/experiments/mlp_step/measure.py", "repro/precision/layers.py"} <= set(deps)
     nb.write_text('"""Prose naming mlp_step and lm_corpus.txt.gz."""\nfrom repro import studies\n')
     deps = pipeline.code_deps(nb)
-    assert "repro/studies/mlp_step.py" not in deps and "repro/data/lm_corpus.txt.gz" not in deps
+    assert "repro/experiments/mlp_step/measure.py" not in deps
+    assert "repro/data/lm_corpus.txt.gz" not in deps
 
 
 def test_a_notebook_receipt_lists_what_the_run_wrote_and_is_the_same_for_the_same_bytes(

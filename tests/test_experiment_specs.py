@@ -1,5 +1,6 @@
-"""The experiment specs (repro/experiments.py) are the one list of experiments and notebooks:
-every other list is derived from them, and each part a spec names exists."""
+"""The experiment specs (each experiment's repro/experiments/<name>/spec.py, collected by
+repro/experiments/__init__.py) are the one list of experiments and notebooks: every other list
+is derived from them, and each part a spec names exists."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ import pytest
 import yaml
 
 from repro import config, experiments, pipeline, provenance, results, studies
+from repro.experiments.kernel_times import measure as kernel_times
 from repro.perfmodel import measured
 from repro.precision.recipes import REGISTRY
-from repro.studies import kernel_times
 
 ROOT = Path(__file__).resolve().parent.parent
-HOME = ROOT / "repro" / "experiments.py"
+HOME = ROOT / "repro" / "experiments" / "__init__.py"
 SCANNED = ("repro", "notebooks", "scripts")
 
 NAMES = frozenset({e.name for e in experiments.EXPERIMENTS}
@@ -52,7 +53,8 @@ def test_the_scan_finds_a_list_kept_by_hand():
 
 
 def test_no_list_of_experiment_or_notebook_names_is_kept_by_hand():
-    """Outside repro/experiments.py, experiment and notebook names are read from the specs."""
+    """Outside repro/experiments/__init__.py, experiment and notebook names are read from the
+    specs."""
     found = []
     for folder in SCANNED:
         for path in sorted((ROOT / folder).rglob("*.py")):
@@ -81,6 +83,8 @@ def test_every_list_is_derived_from_the_specs():
 
 def test_each_part_a_spec_names_exists():
     for e in experiments.EXPERIMENTS:
+        assert e.study == f"repro.experiments.{e.name}.measure", e.name
+        assert importlib.import_module(f"repro.experiments.{e.name}.spec").SPEC is e
         study = importlib.import_module(e.study).STUDY
         assert study.experiment == e.name, e.name
         for module in e.owned:
@@ -98,7 +102,7 @@ def test_every_records_folder_belongs_to_an_experiment():
 
 
 def test_get_names_the_valid_experiments():
-    assert experiments.get("legged").study == "repro.studies.legged"
+    assert experiments.get("legged").study == "repro.experiments.legged.measure"
     with pytest.raises(ValueError, match="valid experiments: gemm, mlp_step"):
         experiments.get("nope")
     assert experiments.get("rl_throughput").source("a", "b") == "results/*/rl_throughput (a, b)"

@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 
 from repro.config import stage_params
+from repro.experiments.mlp_step import measure as mlpbench
 from repro.precision import ops
 from repro.precision import scaling as scaling_lib
 from repro.precision.layers import FP8_META
 from repro.precision.recipes import REGISTRY, Recipe, resolve
-from repro.studies import mlp_step as mlpbench
 
 E4M3 = ml_dtypes.float8_e4m3fn
 E5M2 = ml_dtypes.float8_e5m2
@@ -367,7 +367,7 @@ def test_regression_task_with_cast_transpose_layout_trains_like_bf16():
 def test_a_policy_that_kept_every_gemm_in_bf16_is_native_not_emulated():
     import pandas as pd
 
-    from repro.analysis import train_step as T
+    from repro.experiments.mlp_step import tables as T
 
     def rec(recipe, ms, lowering, emulated):
         return {"hardware": "h200", "metric": "step_time_ms", "recipe": recipe, "value": ms,
@@ -389,7 +389,7 @@ def test_a_row_that_ran_no_fp8_gemm_is_labelled_and_meets_no_fp8_target():
     defaults, and the policy shows beside them without meeting a target or making FP8 pay."""
     import pandas as pd
 
-    from repro.analysis import train_step as T
+    from repro.experiments.mlp_step import tables as T
 
     def rec(width, recipe, ms, lowering, emulated=False, calls=8):
         return {"hardware": "h200", "metric": "step_time_ms", "recipe": recipe, "value": ms,
@@ -427,7 +427,7 @@ def test_a_row_that_ran_no_fp8_gemm_is_labelled_and_meets_no_fp8_target():
 
 
 def test_ran_no_fp8_reads_the_lowering_before_the_cublas_count():
-    from repro.analysis.train_step import ran_no_fp8
+    from repro.experiments.mlp_step.tables import ran_no_fp8
 
     assert ran_no_fp8("fp8-auto", {"fp8_lowering": "no-f8", "fp8_gemm_calls": 0})
     # XLA's Triton GEMM with f8 operands is an FP8 GEMM that the cuBLASLt count misses
@@ -472,7 +472,7 @@ def test_temp_timeline_sums_only_the_temporary_values_live_at_each_instruction()
     """By hand: live temporaries 100, 200 (a, b), 200 (b, c), 200 (c, d); the first peak is
     at instruction 2; c ends at offset 300 although no more than 200 bytes are ever live (the
     parameter p and the constant k are not temporaries)."""
-    from repro.analysis import train_step as T
+    from repro.experiments.mlp_step import tables as T
 
     extent, peak, at, name, live = T.temp_timeline(_ASSIGNMENT, _LIVE_RANGE)
     assert (extent, peak, at, name) == (300, 200, 2, "b")

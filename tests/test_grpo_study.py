@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 
 from repro import studies
-from repro.analysis import grpo as A
 from repro.claims import verdicts as V
 from repro.config import ConfigError
+from repro.experiments.grpo import measure as S
+from repro.experiments.grpo import tables as A
 from repro.models import grpo as R
-from repro.studies import grpo as S
 
 RULE = V.rule("A12")
 ARM, REF = RULE["recipes"][0], RULE["reference"]

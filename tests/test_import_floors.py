@@ -3,19 +3,21 @@
 Every import of every module under repro/ is read from its syntax tree, lazy imports inside
 functions included. A module may import from its own floor and the floors below it:
 
-    shared    the spec table, hardware, config, results, program fingerprints, provenance
-              and the verdict vocabulary (claims/verdicts/_base.py): what every floor uses
+    shared    the spec table (repro/experiments/__init__.py, _spec.py and each experiment's
+              spec.py), hardware, config, results, program fingerprints, provenance and the
+              verdict vocabulary (claims/verdicts/_base.py): what every floor uses
     precision recipes, formats, ops, layers
     models    the networks, PPO, the LM and its data
-    studies   the studies, their runner and measuring kit
-    analysis  tables from records; the performance model
-    claims    verdict rules, staleness, the ledger
+    studies   the studies' runner and measuring kit; each experiment's measure.py and its
+              other helper modules
+    analysis  tables from records (each experiment's tables.py); the performance model
+    claims    verdict rules (each experiment's rules.py), staleness, the ledger
     top       the command line, notebooks' helpers, the pipeline, the site
 
-An experiment's modules (its study, its tables, its rules: ``Experiment.owned`` in
-repro/experiments.py) import no module owned by another experiment; shared helpers live in
-unowned modules (``repro.analysis.rl``, ``repro.studies.measures``...). ALLOWED lists the
-exceptions, each with its reason.
+An experiment's modules (every module of its package, ``repro/experiments/<name>/``, but its
+spec) import no module of another experiment; shared helpers live outside the packages
+(``repro.analysis.rl``, ``repro.studies.measures``...). ALLOWED lists the exceptions, each
+with its reason.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ FLOORS = ("shared", "precision", "models", "studies", "analysis", "claims", "top
 # module prefix -> floor; the longest matching prefix decides
 PLACES = {
     "repro": "shared",  # the package itself
-    "repro.experiments": "shared",
+    "repro.experiments": "shared",  # the spec table; an experiment's package: PART_FLOORS
     "repro.hardware": "shared",
     "repro.config": "shared",
     "repro.results": "shared",
@@ -54,7 +56,12 @@ PLACES = {
     "repro.tables": "top",
 }
 
-_STUDIES_KERNEL_TIMES = "repro.studies.kernel_times"
+# an experiment package's module (repro.experiments.<name>.<part>) -> its floor; any other
+# part (measure, a study's helper) sits on the studies floor
+PART_FLOORS = {"spec": "shared", "tables": "analysis", "rules": "claims"}
+PACKAGES = frozenset(p.parent.name for p in (ROOT / "repro" / "experiments").glob("*/spec.py"))
+
+_STUDIES_KERNEL_TIMES = "repro.experiments.kernel_times.measure"
 # (importer, imported): why the import crosses a floor or an experiment
 ALLOWED = {
     # params.yaml's recipe names are checked against the precision registry as it is read
@@ -65,17 +72,18 @@ ALLOWED = {
     # the staleness checker rebuilds a cell's programs through the study registry, at call time
     ("repro.provenance", "repro.studies"): "staleness rebuilds a cell's programs",
     # rl_quality records the device's peak memory with rl_throughput's helper. Moving it
-    # would change rl_throughput.py, a file its TPU records' programs ran: traced under that
-    # platform's JAX, they cannot be traced again here and would turn stale.
-    ("repro.studies.rl_quality", "repro.studies.rl_throughput"): "_device_peak_bytes",
+    # would change rl_throughput's measure.py, a file its TPU records' programs ran: traced
+    # under that platform's JAX, they cannot be traced again here and would turn stale.
+    ("repro.experiments.rl_quality.measure", "repro.experiments.rl_throughput.measure"):
+        "_device_peak_bytes",
     # `repro trace` traces other experiments' steps as their studies build them: by design a
     # tool over those experiments (its records say which step they measured)
-    (_STUDIES_KERNEL_TIMES, "repro.studies.gemm"): "repro trace gemm",
-    (_STUDIES_KERNEL_TIMES, "repro.studies.mlp_step"): "repro trace mlp",
-    (_STUDIES_KERNEL_TIMES, "repro.studies.lm_step"): "repro trace lm",
-    (_STUDIES_KERNEL_TIMES, "repro.studies.rl_throughput"): "repro trace ppo",
-    (_STUDIES_KERNEL_TIMES, "repro.studies.inference"): "repro trace inference",
-    (_STUDIES_KERNEL_TIMES, "repro.studies.inference_speed"): "repro trace inference",
+    (_STUDIES_KERNEL_TIMES, "repro.experiments.gemm.measure"): "repro trace gemm",
+    (_STUDIES_KERNEL_TIMES, "repro.experiments.mlp_step.measure"): "repro trace mlp",
+    (_STUDIES_KERNEL_TIMES, "repro.experiments.lm_step.measure"): "repro trace lm",
+    (_STUDIES_KERNEL_TIMES, "repro.experiments.rl_throughput.measure"): "repro trace ppo",
+    (_STUDIES_KERNEL_TIMES, "repro.experiments.inference.measure"): "repro trace inference",
+    (_STUDIES_KERNEL_TIMES, "repro.experiments.inference.speed"): "repro trace inference",
 }
 
 
@@ -108,7 +116,18 @@ def imports(path: Path) -> set[str]:
     return {m for m in out if m == "repro" or m.startswith("repro.")}
 
 
+def package(module: str) -> tuple[str, str] | None:
+    """(experiment, part) of a module of an experiment's package
+    (``repro.experiments.<experiment>.<part>``; the part ``""`` for the package itself)."""
+    parts = module.split(".")
+    if parts[:2] == ["repro", "experiments"] and len(parts) >= 3 and parts[2] in PACKAGES:
+        return parts[2], ".".join(parts[3:])
+    return None
+
+
 def floor(module: str) -> str:
+    if (found := package(module)) is not None:
+        return PART_FLOORS.get(found[1], "shared" if found[1] == "" else "studies")
     for prefix in sorted(PLACES, key=len, reverse=True):
         if module == prefix or module.startswith(prefix + "."):
             return PLACES[prefix]
@@ -116,7 +135,10 @@ def floor(module: str) -> str:
 
 
 def owners(module: str) -> set[str]:
-    return {e.name for e in experiments.EXPERIMENTS if module in e.owned}
+    """The experiment whose package holds ``module`` (none for its spec: the spec table reads
+    every experiment's)."""
+    found = package(module)
+    return {found[0]} if found and found[1] not in ("", "spec") else set()
 
 
 def allowed(importer: str, imported: str) -> bool:
@@ -148,21 +170,45 @@ def all_edges() -> set[tuple[str, str]]:
 
 
 def test_the_check_fails_on_an_upward_import_and_a_cross_experiment_one():
-    assert violations({("repro.analysis.legged", "repro.claims.verdicts.legged")}) == [
-        "repro.analysis.legged (analysis) imports repro.claims.verdicts.legged (claims): a "
-        "higher floor"]
-    assert violations({("repro.studies.legged", "repro.studies.rl_quality")}) == [
-        "repro.studies.legged (legged) imports repro.studies.rl_quality (rl_quality): "
-        "another experiment's module"]
-    assert violations({("repro.studies.legged", "repro.studies.measures"),
-                       ("repro.claims.verdicts.legged", "repro.analysis.rl")}) == []
+    legged, quality = "repro.experiments.legged", "repro.experiments.rl_quality"
+    assert violations({(f"{legged}.tables", f"{legged}.rules")}) == [
+        f"{legged}.tables (analysis) imports {legged}.rules (claims): a higher floor"]
+    assert violations({(f"{legged}.measure", f"{legged}.tables")}) == [
+        f"{legged}.measure (studies) imports {legged}.tables (analysis): a higher floor"]
+    assert violations({(f"{legged}.measure", f"{quality}.measure")}) == [
+        f"{legged}.measure (legged) imports {quality}.measure (rl_quality): another "
+        "experiment's module"]
+    assert violations({(f"{legged}.rules", f"{quality}.rules")}) == [
+        f"{legged}.rules (legged) imports {quality}.rules (rl_quality): another "
+        "experiment's module"]
+    speed, grpo = "repro.experiments.inference.speed", "repro.experiments.grpo.tables"
+    assert violations({(speed, grpo)}) == [
+        f"{speed} (studies) imports {grpo} (analysis): a higher floor",
+        f"{speed} (inference) imports {grpo} (grpo): another experiment's module"]
+    assert violations({(f"{legged}.measure", "repro.studies.measures"),
+                       (f"{legged}.rules", "repro.analysis.rl"),
+                       (f"{legged}.rules", f"{legged}.tables"),
+                       ("repro.experiments", f"{legged}.spec"),
+                       (f"{legged}.spec", "repro.experiments._spec")}) == []
     assert violations({("repro.config", "repro.precision.recipes")}) == []  # allowed
 
 
+def test_every_experiment_module_sits_in_its_package():
+    """The modules a spec names (``Experiment.owned``) are its package's, and its package
+    holds no module that its spec does not name but the spec itself."""
+    for e in experiments.EXPERIMENTS:
+        assert e.name in PACKAGES, e.name
+        assert all(owners(m) == {e.name} for m in e.owned), e.owned
+        held = {module_name(p) for p in (ROOT / "repro" / "experiments" / e.name).glob("*.py")}
+        pkg = f"repro.experiments.{e.name}"
+        assert held - set(e.owned) == {pkg, f"{pkg}.spec"}, (e.name, held - set(e.owned))
+    assert PACKAGES == {e.name for e in experiments.EXPERIMENTS}
+
+
 def test_imports_reads_lazy_imports():
-    path = ROOT / "repro" / "studies" / "kernel_times.py"
+    path = ROOT / "repro" / "experiments" / "kernel_times" / "measure.py"
     found = imports(path)
-    assert "repro.studies.gemm" in found  # imported inside a function
+    assert "repro.experiments.gemm.measure" in found  # imported inside a function
     assert "repro.studies.kernel_trace" in found
     assert "repro.precision.export" in found  # `from repro.precision import export`
 

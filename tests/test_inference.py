@@ -15,16 +15,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repro.analysis import inference as A
 from repro.config import ConfigError
+from repro.experiments.inference import measure as I
+from repro.experiments.inference import speed as S
+from repro.experiments.inference import tables as A
 from repro.models import lm as M
 from repro.models import lm_decode as G
 from repro.models import lm_quantize as Q
 from repro.precision import export as X
 from repro.precision import ops
 from repro.precision.recipes import resolve
-from repro.studies import inference as I
-from repro.studies import inference_speed as S
 from repro.studies import lowering as L
 
 qwix = pytest.importorskip("qwix")

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from repro import cli
-from repro.analysis import traces
-from repro.studies import kernel_times as K
+from repro.experiments.kernel_times import measure as K
+from repro.experiments.kernel_times import tables as traces
 
 ROOT = Path(__file__).resolve().parent.parent
 

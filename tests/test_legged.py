@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repro.analysis import legged as A
-from repro.claims.verdicts import legged as VL
+from repro.experiments.legged import rules as VL
+from repro.experiments.legged import tables as A
 from repro.models import envs, networks, ppo
 from repro.models import ppo_continuous as pc
 
@@ -256,7 +256,7 @@ def test_ant_ppo_runs_the_smoke_profile_on_cpu(ant):
     """One seed of the smoke profile's FP8 quality cell (16 envs x 8 steps, 4 updates, 16-step
     episodes here), compiled as the smoke profile compiles."""
     from repro.config import stage_params
-    from repro.studies import legged as L
+    from repro.experiments.legged import measure as L
 
     p = stage_params("legged", "smoke")
     c = L.config(p, "ant", "quality", "brax", "fp8-delayed", episode_length=16)
@@ -352,7 +352,7 @@ def _params(**over):
 
 
 def test_study_cells_come_in_verdict_order_and_check_names_the_culprit():
-    from repro.studies import legged as L
+    from repro.experiments.legged import measure as L
 
     names = [c.name for c in L.cells(_params())]
     assert names == ["ant_physics_e4_default", "ant_physics_e16_default",
@@ -384,7 +384,7 @@ def test_study_cells_come_in_verdict_order_and_check_names_the_culprit():
 
 
 def test_more_seeds_come_in_blocks_after_every_first_cell_and_run_their_own_seeds(monkeypatch):
-    from repro.studies import legged as L
+    from repro.experiments.legged import measure as L
 
     q = {"sizes": ["s"], "recipes": ["fp32", "fp8-delayed"], "seeds": 2,
          "critic_recipes": ["fp32"], "more_seeds": {"fp32": 6, "fp8-delayed+critic-fp32": 4}}
@@ -423,7 +423,7 @@ def test_more_seeds_come_in_blocks_after_every_first_cell_and_run_their_own_seed
 
 
 def test_an_environment_entry_gives_its_parts_own_settings():
-    from repro.studies import legged as L
+    from repro.experiments.legged import measure as L
 
     go1 = {"reward_scaling": 1.0, "init_std": 0.2,
            "physics": {"num_envs": [16], "precisions": ["default"]}, "speed": None, "quality": {"sizes": ["w"], "seeds": 3}, "peer": None}

@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 
 from repro import hardware, results
-from repro.analysis import legged as A
 from repro.claims import verdicts as V
-from repro.claims.verdicts import legged as VL
+from repro.experiments.legged import measure as L
+from repro.experiments.legged import rules as VL
+from repro.experiments.legged import tables as A
 from repro.models import ppo_continuous as pc
-from repro.studies import legged as L
 
 SIZES = {"brax": 256, "w2048": 2048}
 

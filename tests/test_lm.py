@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from repro import config
-from repro.analysis import lm as lm_analysis
 from repro.claims import verdicts
+from repro.experiments.lm import measure as E
+from repro.experiments.lm import tables as lm_analysis
 from repro.models import lm as M
 from repro.models import lm_data as D
 from repro.models import lm_train as T
 from repro.precision import resolve
-from repro.studies import lm_quality as E
 from repro.studies import runner
 
 TINY = M.get_config("tiny")

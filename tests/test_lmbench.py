@@ -10,7 +10,7 @@ import yaml
 
 from repro import cli, studies
 from repro.config import ConfigError
-from repro.studies import lm_step as lmbench
+from repro.experiments.lm_step import measure as lmbench
 from repro.studies import runner
 
 RECIPES = ["bf16", "fp8-current", "mxfp8"]  # 16-bit, emulated FP8 (CPU), emulated block-scaled

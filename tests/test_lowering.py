@@ -102,8 +102,8 @@ def test_default_platform_is_this_process():
 
 def test_tpu_speed_records_split_compute_from_storage():
     pytest.importorskip("qwix")
+    from repro.experiments.inference import speed as S
     from repro.precision import export as X
-    from repro.studies import inference_speed as S
 
     v5e, h200 = hardware.lookup("tpu-v5e"), hardware.lookup("h200")
     fmt = {n: X.resolve_format(n) for n in ("bf16", "int8", "fp8", "int8-w", "fp8-w",

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from repro.studies import mlp_step as mlpbench
+from repro.experiments.mlp_step import measure as mlpbench
 
 
 def test_step_flops_by_hand():

@@ -105,7 +105,7 @@ def test_a2_judges_a_hardware_from_its_paired_cells_alone():
 
 
 def test_a_paired_cell_times_its_recipes_in_one_run_on_cpu():
-    from repro.studies import rl_throughput as X
+    from repro.experiments.rl_throughput import measure as X
 
     p = X.Params(profile="smoke", recipes=("fp16",), widths=(16,), num_envs=(4,),
                  networks={"mlp": "CartPole-v1"}, num_steps=8, updates=1, repeats=3,

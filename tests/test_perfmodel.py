@@ -512,11 +512,12 @@ def test_bf16_and_fp16_samples_of_a_shape_are_pooled_to_the_faster():
 
 
 def test_gap_measured_from_bf16_traces_is_not_fitted():
-    """kernel_times records (repro.studies.kernel_times) give the idle gap of BF16 steps: (step time -
-    busy time) / launches. Hand-made: gaps of 0.2, 0.3, 0.5 ms over 50, 100, 100 kernels are
-    4, 3, 5 us per kernel; over the 8 GEMM launches of a 3-layer MLP step (3 forward, 3 weight
-    gradients, 2 data gradients: the first layer's is dropped) 25, 37.5, 62.5 us. The median
-    is used and not fitted. FP8 and emulated traces (the validation side) are ignored."""
+    """kernel_times records (repro.experiments.kernel_times.measure) give the idle gap of BF16
+    steps: (step time - busy time) / launches. Hand-made: gaps of 0.2, 0.3, 0.5 ms over 50,
+    100, 100 kernels are 4, 3, 5 us per kernel; over the 8 GEMM launches of a 3-layer MLP step
+    (3 forward, 3 weight gradients, 2 data gradients: the first layer's is dropped) 25, 37.5,
+    62.5 us. The median is used and not fitted. FP8 and emulated traces (the validation side)
+    are ignored."""
     steps = _step_records(TRUE)
     step_ms = {(r["sizes"]["batch"], r["sizes"]["width"], r["sizes"]["depth"]): r["value"]
                for r in steps if r["recipe"] == "bf16"}

@@ -5,8 +5,8 @@ import itertools
 from matplotlib.colors import to_rgb
 
 from repro import plotstyle
+from repro.experiments.gemm import measure as gemm
 from repro.precision import export, recipes
-from repro.studies import gemm
 
 
 def _distance(a, b):

@@ -1,6 +1,6 @@
 """Program fingerprints of the GEMM, LM, inference, multi-device and kernel-trace studies
-(``program(**settings)`` / ``program_settings(rec)`` of repro.studies.gemm, lm_step,
-lm_quality, inference, multigpu and kernel_times), at smoke sizes, in this process.
+(``program(**settings)`` / ``program_settings(rec)`` of repro.experiments.gemm.measure,
+lm_step, lm_quality, inference, multigpu and kernel_times), at smoke sizes, in this process.
 
 For each study: its cells' programs trace deterministically; a change to one recipe's cast
 (monkeypatched here: a function only that recipe's programs call) changes exactly that
@@ -92,7 +92,7 @@ def changed(before: dict, after: dict) -> set[str]:
 
 
 def gemm_cells():
-    from repro.studies import gemm
+    from repro.experiments.gemm import measure as gemm
 
     p = gemm.Params(profile="smoke", shapes=((64, 32, 16),), repeats=1,
                     error_shape=(32, 32, 32))
@@ -100,13 +100,13 @@ def gemm_cells():
 
 
 def test_fingerprint_is_the_traced_hash():
-    from repro.studies import gemm
+    from repro.experiments.gemm import measure as gemm
 
     prog = gemm.program("fp8", 64, 32, 16)
     traced = P.trace(prog, PLATFORM, KIND)
     assert fingerprint(prog) == traced.hash
-    assert "repro/studies/gemm.py" in traced.files and "repro/precision/formats.py" in \
-        traced.files
+    assert "repro/experiments/gemm/measure.py" in traced.files
+    assert "repro/precision/formats.py" in traced.files
 
 
 def test_gemm_programs_are_deterministic_and_differ_by_dtype():
@@ -149,7 +149,7 @@ LM_STEP_RECIPES = ("bf16", "fp8-delayed", "fp8-current")
 
 
 def lm_step_cells():
-    from repro.studies import lm_step
+    from repro.experiments.lm_step import measure as lm_step
 
     p = lm_step.Params(profile="smoke", sizes=("tiny",), batch=2, recipes=LM_STEP_RECIPES,
                        repeats=1)
@@ -191,7 +191,7 @@ def test_lm_step_program_settings_give_the_cells_program():
 
 
 def lm_cells(variants=("bf16", "fp8-delayed")):
-    from repro.studies import lm_quality
+    from repro.experiments.lm import measure as lm_quality
 
     p = studies.params("lm", "smoke")
     runs = tuple(dataclasses.replace(r, steps=20, seeds=(0, 1)) for r in p.runs)
@@ -232,7 +232,7 @@ def test_lm_trained_program_holds_its_data():
 
 
 def test_lm_program_settings_give_the_cells_program():
-    from repro.studies import lm_quality
+    from repro.experiments.lm import measure as lm_quality
 
     p = studies.params("lm", "smoke")
     cells = lm_quality.cells(p)
@@ -272,8 +272,8 @@ def inference_params():
 
 @pytest.mark.slow
 def test_inference_fp8_tensor_quantizer_stales_only_fp8_tensor():
+    from repro.experiments.inference import measure as inference
     from repro.precision import export
-    from repro.studies import inference
 
     cells = inference.cells(inference_params())
     names = ["quality_s0", "speed_tiny_fp8-tensor", "speed_tiny_int8-w"]
@@ -291,8 +291,8 @@ def test_inference_fp8_tensor_quantizer_stales_only_fp8_tensor():
 
 
 def test_inference_program_settings_give_the_cells_program():
+    from repro.experiments.inference import measure as inference
     from repro.models import lm as M
-    from repro.studies import inference
 
     p = studies.params("inference", "smoke")
     cells = inference.cells(p)
@@ -320,7 +320,7 @@ def test_inference_program_settings_give_the_cells_program():
 
 
 def multigpu_cells(n_available=2):
-    from repro.studies import multigpu
+    from repro.experiments.multigpu import measure as multigpu
 
     p = studies.params("multigpu", "smoke")
     p = dataclasses.replace(p, workloads=("ppo", "lm_dp", "lm_fsdp"), device_counts=(1, 2))
@@ -363,7 +363,7 @@ def test_multigpu_program_does_not_depend_on_the_devices_of_the_tracing_machine(
     code = textwrap.dedent(f"""
         import jax
         from repro import program as P
-        from repro.studies import multigpu
+        from repro.experiments.multigpu import measure as multigpu
         assert jax.device_count() == 8
         print(P.trace(multigpu.program(*{args!r}), "{PLATFORM}", "{KIND}").hash)
         """)
@@ -380,8 +380,10 @@ def test_multigpu_program_does_not_depend_on_the_devices_of_the_tracing_machine(
 
 
 def test_kernel_times_traces_the_studies_own_programs():
+    from repro.experiments.gemm import measure as gemm
+    from repro.experiments.kernel_times import measure as kernel_times
+    from repro.experiments.mlp_step import measure as mlp_step
     from repro.precision import formats
-    from repro.studies import gemm, kernel_times, mlp_step
 
     p = kernel_times.Params(workload="gemm", recipes=("bf16", "fp8"), shapes=((64, 32, 16),),
                             profile="smoke")
@@ -409,7 +411,7 @@ def test_kernel_times_traces_the_studies_own_programs():
      {"config": "tiny", "phase": "decode", "batch": 2}),
 ])
 def test_kernel_times_program_settings_give_the_cells_program(workload, sizes, params):
-    from repro.studies import kernel_times
+    from repro.experiments.kernel_times import measure as kernel_times
 
     recipe = {"gemm": "fp8", "inference": "int8-w"}.get(workload, "fp8-delayed")
     p = kernel_times.Params(workload=workload, recipes=(recipe,), profile="smoke", **params)

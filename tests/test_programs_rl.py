@@ -26,12 +26,12 @@ import pytest
 
 from repro import program as P
 from repro import results, studies
+from repro.experiments.legged import measure as L
+from repro.experiments.rl_purejaxrl import measure as J
+from repro.experiments.rl_quality import measure as Q
+from repro.experiments.rl_throughput import measure as T
 from repro.models import ppo
 from repro.precision import recipes as R
-from repro.studies import legged as L
-from repro.studies import purejaxrl as J
-from repro.studies import rl_quality as Q
-from repro.studies import rl_throughput as T
 
 TARGET = ("gpu", "NVIDIA H200")
 
@@ -330,7 +330,7 @@ def test_legged_programs_leave_the_physics_out_but_track_its_adapter():
 
 @pytest.mark.slow
 def test_a_change_to_the_ppo_loss_stales_every_ppo_program_and_nothing_else(monkeypatch):
-    from repro.studies import mlp_step
+    from repro.experiments.mlp_step import measure as mlp_step
 
     ppo_progs = [("rl_throughput", "mlp_w64_fp8-delayed_e8", "fp8-delayed"),
                  ("rl_quality", "CartPole-v1_fp32", ""),

@@ -93,11 +93,13 @@ def test_closure_follows_lazy_relative_and_attribute_imports_only(tmp_path, monk
 
 
 def test_the_gemm_study_path_has_the_fp8_cast_and_not_the_rl_code():
-    files = {provenance._rel(f) for f in provenance.closure("repro.studies.gemm")[0]}
-    assert {"repro/studies/gemm.py", "repro/precision/formats.py",
+    files = {provenance._rel(f)
+             for f in provenance.closure("repro.experiments.gemm.measure")[0]}
+    assert {"repro/experiments/gemm/measure.py", "repro/precision/formats.py",
             "repro/studies/timing.py"} <= files
     assert "repro/models/ppo.py" not in files and "repro/analysis/rl.py" not in files
-    rl = {provenance._rel(f) for f in provenance.closure("repro.studies.rl_quality")[0]}
+    rl = {provenance._rel(f)
+          for f in provenance.closure("repro.experiments.rl_quality.measure")[0]}
     assert {"repro/models/ppo.py", "repro/precision/formats.py",
             "repro/precision/optim.py"} <= rl
 
@@ -110,7 +112,7 @@ def _record(code=None, **kw):
 
 
 def test_editing_code_on_the_path_makes_a_record_stale_prose_does_not(tree):
-    rec = _record(code=provenance.fingerprint("repro.studies.gemm"))
+    rec = _record(code=provenance.fingerprint("repro.experiments.gemm.measure"))
     assert provenance.staleness(rec).stale is False
     formats = tree / "repro" / "precision" / "formats.py"
     formats.write_text(formats.read_text() + '\n"""A new note."""\n# and a comment\n')
@@ -120,7 +122,7 @@ def test_editing_code_on_the_path_makes_a_record_stale_prose_does_not(tree):
     assert st.stale and st.changed == ("repro/precision/formats.py",)
     assert "repro/precision/formats.py" in st.reason and "abc1234" in st.reason
     # a file off the path (the RL loop) does not touch the GEMM records
-    other = _record(code=provenance.fingerprint("repro.studies.gemm"))
+    other = _record(code=provenance.fingerprint("repro.experiments.gemm.measure"))
     ppo = tree / "repro" / "models" / "ppo.py"
     ppo.write_text(ppo.read_text() + "\nEXTRA = 1\n")
     assert provenance.staleness(other).stale is False
@@ -128,12 +130,13 @@ def test_editing_code_on_the_path_makes_a_record_stale_prose_does_not(tree):
 
 def test_data_files_are_hashed_by_bytes(tree):
     corpus = write(tree / "repro" / "data" / "corpus.txt", "abc\n")
-    rec = _record(code=provenance.fingerprint("repro.studies.gemm", ["repro/data/corpus.txt"]))
+    rec = _record(code=provenance.fingerprint("repro.experiments.gemm.measure",
+                                              ["repro/data/corpus.txt"]))
     assert provenance.staleness(rec).stale is False
     corpus.write_text("abd\n")
     assert provenance.staleness(rec).changed == ("repro/data/corpus.txt",)
     with pytest.raises(ValueError, match="repro/data/missing.txt"):
-        provenance.fingerprint("repro.studies.gemm", ["repro/data/missing.txt"])
+        provenance.fingerprint("repro.experiments.gemm.measure", ["repro/data/missing.txt"])
 
 
 def test_records_without_fingerprint_or_with_other_locked_versions_are_stale(tree):
@@ -142,7 +145,7 @@ def test_records_without_fingerprint_or_with_other_locked_versions_are_stale(tre
     write(tree / provenance.LOCK, "# a lock\njax==0.11.2\njaxlib==0.11.2\nFlax==0.12.10\n")
     assert provenance.locked_versions() == {"jax": "0.11.2", "jaxlib": "0.11.2",
                                             "flax": "0.12.10"}
-    code = provenance.fingerprint("repro.studies.gemm")
+    code = provenance.fingerprint("repro.experiments.gemm.measure")
     assert not provenance.staleness(_record(code, jax="0.11.2", jaxlib="0.11.2",
                                             flax="0.12.10")).stale
     st = provenance.staleness(_record(code, jax="0.10.2", jaxlib="0.11.2", flax="0.12.10"))
@@ -212,7 +215,7 @@ def test_the_runner_stamps_records_and_records_stale_cells_again(tmp_path):
 
 def test_load_records_marks_stale_rows(tmp_path, monkeypatch):
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
-    fresh = _record(code=provenance.fingerprint("repro.studies.gemm"))
+    fresh = _record(code=provenance.fingerprint("repro.experiments.gemm.measure"))
     results.write_records([fresh], "gemm", "new", root=tmp_path / "results")
     results.write_records([_record()], "gemm", "old", root=tmp_path / "results")
     df = results.load_records("gemm", roots=tmp_path / "results").set_index("source")
@@ -227,7 +230,8 @@ def test_repro_status_lists_stale_cells_and_the_verdicts_they_touch(tmp_path, mo
 
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     monkeypatch.delenv("REPRO_VERDICTS", raising=False)
-    fresh = _record(code=provenance.fingerprint("repro.studies.gemm"), claims=["A2"])
+    fresh = _record(code=provenance.fingerprint("repro.experiments.gemm.measure"),
+                    claims=["A2"])
     results.write_records([fresh], "gemm", "new", root=tmp_path / "results")
     results.write_records([_record(claims=["B2", "B3"])] * 2, "gemm", "old",
                           root=tmp_path / "results")

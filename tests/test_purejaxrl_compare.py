@@ -16,8 +16,9 @@ import pytest
 
 from repro import cli, results
 from repro.analysis import rl as rl_analysis
+from repro.experiments.rl_purejaxrl import measure as purejaxrl
 from repro.models import ppo
-from repro.studies import purejaxrl, runner
+from repro.studies import runner
 
 
 def params(**kw):

@@ -8,9 +8,9 @@ import pytest
 from repro import studies
 from repro.analysis import rl as rl_analysis
 from repro.analysis import stats
+from repro.experiments.rl_quality import measure as RQ
 from repro.models import networks, ppo
 from repro.precision import resolve
-from repro.studies import rl_quality as RQ
 
 
 def _gae_reference(rewards, values, terminated, truncated, next_values, final_values, gamma,
@@ -236,7 +236,7 @@ def test_bootstrap_intervals_are_reproducible_and_leave_numpy_alone():
 
 
 def test_precision_policy_and_record_validation(tmp_path):
-    from repro.studies import rl_throughput as X
+    from repro.experiments.rl_throughput import measure as X
 
     from repro.precision.recipes import value_formats
 
@@ -369,7 +369,7 @@ def test_fp8_cnn_throughput_cells_count_as_emulated():
 def test_throughput_cells_of_one_configuration_form_a_group():
     """Cells of one (network, width, num_envs) are compared with each other (the runner notes
     a cross-call ratio among them); the stores cell names no recipe (kept by --recipe)."""
-    from repro.studies import rl_throughput as X
+    from repro.experiments.rl_throughput import measure as X
 
     p = X.Params(profile="smoke", recipes=("bf16", "fp8-delayed"), widths=(64,), num_envs=(8, 16),
                  networks={"mlp": "CartPole-v1", "cnn": "Breakout-MinAtar"}, num_steps=4,
@@ -449,7 +449,7 @@ def test_all_layers_throughput_variant_puts_first_layer_and_heads_in_fp8(tmp_pat
 
     import dataclasses
 
-    from repro.studies import rl_throughput as X
+    from repro.experiments.rl_throughput import measure as X
 
     all_layers = resolve("fp8-all-layers")
     assert (all_layers.family, all_layers.scope) == ("fp8-delayed", "all")

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
+from repro.experiments.mlp_step import measure as mlpbench
 from repro.precision import peers as te_backend
 from repro.precision import resolve
-from repro.studies import mlp_step as mlpbench
 
 
 @pytest.fixture

@@ -8,8 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repro.analysis import inference as A
 from repro.claims import verdicts as V
+from repro.experiments.inference import tables as A
+from repro.experiments.legged import rules as legged_rules
+from repro.experiments.rl_quality import rules as quality_rules
 
 # ------------------------------------------------------------------------------ helpers
 
@@ -285,8 +287,8 @@ def test_a10_says_when_fp8_was_not_checked_across_processes():
 
 
 def legged_ups(e2e_by_width, hardware="h200", emulated=False, same_commit=True, env="ant"):
-    """A ``repro.analysis.legged.speedups`` table: fp8-delayed over BF16 per width (the
-    update alone twice as fast as the loop, physics a quarter of the BF16 loop)."""
+    """A ``repro.experiments.legged.tables.speedups`` table: fp8-delayed over BF16 per width
+    (the update alone twice as fast as the loop, physics a quarter of the BF16 loop)."""
     return pd.DataFrame([{"hardware": hardware, "env": env, "size": f"w{w}", "width": w,
                           "recipe": "fp8-delayed", "e2e": e, "update": 2 * e,
                           "physics_share": 0.25, "emulated": emulated,
@@ -294,7 +296,8 @@ def legged_ups(e2e_by_width, hardware="h200", emulated=False, same_commit=True, 
 
 
 def legged_quality(intervals, n=8, hardware="h200"):
-    """A ``repro.analysis.legged.quality_table``: P(fp8-delayed > fp32) (p, lo, hi) per width."""
+    """A ``repro.experiments.legged.tables.quality_table``: P(fp8-delayed > fp32) (p, lo, hi)
+    per width."""
     return pd.DataFrame([{"hardware": hardware, "width": w, "recipe": "fp8-delayed",
                           "n_seeds": n, "poi": p, "poi_lo": lo, "poi_hi": hi}
                          for w, (p, lo, hi) in intervals.items()])
@@ -348,8 +351,8 @@ def test_a11_shows_fp8_against_bf16_beside_the_judged_interval():
     assert "bf16)=" not in V.a11(legged_ups(FAST), legged_quality({256: WIDE})).key_number
     assert "FP8 pays from width 256 on" in V.a11(legged_ups(FAST), pd.DataFrame()).key_number
     # a gap resets the crossover: paying at 256 and 4096 but not 1024 pays from 4096 on
-    assert V.legged.crossover({256: True, 1024: False, 4096: True}) == 4096
-    assert V.legged.crossover({256: True, 1024: False}) is None
+    assert legged_rules.crossover({256: True, 1024: False, 4096: True}) == 4096
+    assert legged_rules.crossover({256: True, 1024: False}) is None
 
 
 def test_a11_shows_the_fp32_critic_variant_beside_the_judged_recipe_without_judging_it():
@@ -390,12 +393,12 @@ def test_peer_parity_reads_the_peer_by_a11s_margin_rule():
     """Ours against brax's trainer: kept where the interval's low end reaches the margin's,
     lost where its high end stays below it, inconclusive between."""
     row = lambda p, lo, hi: pd.Series({"poi": p, "poi_lo": lo, "poi_hi": hi})  # noqa: E731
-    state, text = V.legged.peer_parity(row(0.42, 0.12, 0.72))
-    assert state == V.quality.UNSURE
+    state, text = legged_rules.peer_parity(row(0.42, 0.12, 0.72))
+    assert state == quality_rules.UNSURE
     assert text == "P(ours>brax)=0.42 [0.12,0.72] vs margin [0.40,0.60]: inconclusive"
-    assert V.legged.peer_parity(row(0.55, 0.45, 0.65))[0] is True
-    assert V.legged.peer_parity(row(0.2, 0.1, 0.35))[0] is False
-    assert V.legged.peer_parity(row(0.55, 0.45, 0.65), bounds=(0.5, 0.7))[0] == V.quality.UNSURE
+    assert legged_rules.peer_parity(row(0.55, 0.45, 0.65))[0] is True
+    assert legged_rules.peer_parity(row(0.2, 0.1, 0.35))[0] is False
+    assert legged_rules.peer_parity(row(0.55, 0.45, 0.65), bounds=(0.5, 0.7))[0] == quality_rules.UNSURE
 
 
 def test_a11_shows_bf16_against_fp32_first_and_never_judges_it():
@@ -691,8 +694,8 @@ def test_b5_simulated_devices_never_count():
 
 
 def b6_acc(fp8, int8, n=3, profile="full", hw="h200", emulated=False):
-    """A ``repro.analysis.inference.accuracy_table``: per format the 95% interval (lo, hi) of
-    the relative held-out loss gap to BF16, its mean the midpoint."""
+    """A ``repro.experiments.inference.tables.accuracy_table``: per format the 95% interval
+    (lo, hi) of the relative held-out loss gap to BF16, its mean the midpoint."""
     return pd.DataFrame([{"hardware": hw, "profile": profile, "model": "20m", "format": f,
                           "n_seeds": n, "rel_gap": (lo + hi) / 2, "rel_lo": lo, "rel_hi": hi,
                           "emulated": emulated} for f, (lo, hi) in (("fp8", fp8), ("int8", int8))])

@@ -11,10 +11,10 @@ from repro.precision.recipes import REGISTRY
 
 
 def longest_runs(quality: pd.DataFrame, min_seeds: int = 1) -> pd.DataFrame:
-    """The rows of a quality table (``repro.analysis.legged.quality_table``) that judge quality: per (hardware,
-    recipe, env, width), the longest training (``total_timesteps``) among rows with >= ``min_seeds``
-    seeds (more seeds breaking a tie): a size trained for several budgets is judged where its
-    training went furthest."""
+    """The rows of a quality table (``repro.experiments.legged.tables.quality_table``) that
+    judge quality: per (hardware, recipe, env, width), the longest training
+    (``total_timesteps``) among rows with >= ``min_seeds`` seeds (more seeds breaking a tie): a
+    size trained for several budgets is judged where its training went furthest."""
     if not len(quality):
         return quality
     q = quality[quality.n_seeds >= min_seeds] if "n_seeds" in quality else quality
@@ -287,11 +287,12 @@ def round_ratios(*pairs: tuple[Sequence[float], Sequence[float]], where: str = "
 def paired_speedups(df: pd.DataFrame, recipes: Sequence[str] = FP8_RECIPES,
                     baselines: Sequence[str] = ("fp16", "bf16")) -> pd.DataFrame:
     """Each of ``recipes`` over each baseline timed beside it in one paired cell (records with
-    ``extra.timing == "paired"``; ``repro.studies.rl_throughput.paired_cell``), per run: the
-    per-round ratios of the whole loop's times (``e2e``: their median, ``e2e_lo``/``e2e_hi``:
-    their range) and of the update's (``update``, ``update_lo``/``update_hi``); > 1: the recipe
-    is faster. ``memory`` is the compiled updates' ratio; ``same_commit`` is True (one run),
-    ``rounds`` the number of rounds, ``timing`` "paired". The columns of :func:`speedups`."""
+    ``extra.timing == "paired"``; ``repro.experiments.rl_throughput.measure.paired_cell``), per
+    run: the per-round ratios of the whole loop's times (``e2e``: their median,
+    ``e2e_lo``/``e2e_hi``: their range) and of the update's (``update``,
+    ``update_lo``/``update_hi``); > 1: the recipe is faster. ``memory`` is the compiled
+    updates' ratio; ``same_commit`` is True (one run), ``rounds`` the number of rounds,
+    ``timing`` "paired". The columns of :func:`speedups`."""
     cols = ["hardware", "network", "width", "num_envs", "recipe", "baseline", "e2e", "update",
             "memory", "emulated", "same_commit", "e2e_lo", "e2e_hi", "update_lo",
             "update_hi", "rounds", "run_id", "timing"]

@@ -1,10 +1,11 @@
 """Was a claim's rule fixed before its data? Checked from git.
 
 A claim's rule is its ``rule`` in ``repro/data/claims.yaml`` and its verdict function
-(``repro.claims.verdicts``, the function named after the claim). :func:`registered` walks the
-repository's history and finds the last commit that changed either: the claim's entry (less its
-statement, notebook and ``first_registered``) or the function's normalized source (its AST
-without the docstring, wherever in the verdict modules it lives). Commits listed in
+(``repro.claims.verdicts``, the function named after the claim; it lives in an experiment's
+``rules.py`` or in the verdicts package). :func:`registered` walks the repository's history and
+finds the last commit that changed either: the claim's entry (less its statement, notebook and
+``first_registered``) or the function's normalized source (its AST without the docstring,
+wherever in the verdict modules it lives, so moving it is no change). Commits listed in
 ``repro/data/rule_restatements.yaml`` restate rules without changing what they decide (a rule
 moved from code into data) and do not count as a change.
 
@@ -34,7 +35,11 @@ import yaml
 
 CLAIMS_PATH = "repro/data/claims.yaml"
 RESTATEMENTS_PATH = "repro/data/rule_restatements.yaml"
-VERDICT_PATHS = ("repro/claims/verdicts", "repro/claims/verdicts.py")
+# where the verdict functions live: the verdicts package (formerly one module) and each
+# experiment's rules (repro/experiments/<name>/rules.py)
+VERDICT_PATHS = ("repro/claims/verdicts", "repro/claims/verdicts.py",
+                 ":(glob)repro/experiments/*/rules.py")
+RULES_DIR, RULES_FILE = "repro/experiments/", "/rules.py"
 NOT_RULE = ("claim", "notebook", "first_registered")  # an entry's keys that are not its rule
 
 
@@ -104,9 +109,11 @@ def _commits(root: Path) -> tuple[tuple[str, str], ...]:
 def _state(root: Path, commit: str) -> tuple[dict[str, Any], dict[str, str]]:
     """claims.yaml and the verdict modules' sources at ``commit``."""
     claims = yaml.safe_load(_git(root, "show", f"{commit}:{CLAIMS_PATH}") or "{}") or {}
-    names = _git(root, "ls-tree", "-r", "--name-only", commit, "--", *VERDICT_PATHS) or ""
+    names = _git(root, "ls-tree", "-r", "--name-only", commit, "--", *VERDICT_PATHS[:2],
+                 RULES_DIR) or ""
     sources = {p: _git(root, "show", f"{commit}:{p}") or ""
-               for p in names.split() if p.endswith(".py")}
+               for p in names.split() if p.endswith(".py") and (
+                   not p.startswith(RULES_DIR) or p.endswith(RULES_FILE))}
     return claims, sources
 
 

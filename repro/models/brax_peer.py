@@ -1,5 +1,6 @@
 """brax's own PPO trainer (``brax.training.agents.ppo.train``) on a continuous PPO config, as a
-speed and return peer of :mod:`repro.models.ppo_continuous` (``repro.studies.legged``).
+speed and return peer of :mod:`repro.models.ppo_continuous`
+(``repro.experiments.legged.measure``).
 
 brax 0.14.2's trainer calls ``jax.device_put_replicated``, which JAX has removed:
 :func:`_replicated_standin` puts a stand-in on the ``jax`` module for the duration of the call

@@ -17,7 +17,7 @@ rounding of a different attention kernel (tested on CPU).
 
 The decode loop is a ``lax.scan`` inside one jitted function: ``decode_loop(...)`` returns a
 function ``(variables, cache, token, start, key) -> (tokens[B, n], cache)`` that runs ``n``
-steps, what ``repro.studies.inference`` times for decode tokens/s.
+steps, what ``repro.experiments.inference.measure`` times for decode tokens/s.
 """
 
 from __future__ import annotations

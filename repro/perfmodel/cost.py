@@ -3,7 +3,7 @@
 A step (:class:`Step`) is a list of GEMMs (:class:`Gemm`: ``m x k x n``, how many launches,
 which number format) plus memory traffic (:class:`Traffic`: bytes of one kind of elementwise or
 quantization pass). :func:`mlp_step_gemms` builds the step of the ReLU MLP of
-``repro.studies.mlp_step``, :func:`lm_step_gemms` that of a Llama-style decoder
+``repro.experiments.mlp_step.measure``, :func:`lm_step_gemms` that of a Llama-style decoder
 (:class:`DecoderShape`: the Llama 3 presets and this repository's LM presets). Recipes are read
 through ``repro.precision.resolve`` only: the GEMM format is ``Recipe.number_format``, the
 quantization cost follows ``Recipe.quantizer``. Nothing here is measured or timed.
@@ -212,8 +212,8 @@ def _quant_traffic(step: Step, recipe: Recipe, x_elems: float, w_elems: float,
 
 def mlp_step_gemms(batch: int, width: int, depth: int, recipe: str = "bf16", *,
                    input_grad: bool = True, bias: bool = True) -> Step:
-    """The training step of ``repro.studies.mlp_step.MLP`` (ReLU, biases, MSE loss, Adam on FP32
-    master weights).
+    """The training step of ``repro.experiments.mlp_step.measure.MLP`` (ReLU, biases, MSE loss,
+    Adam on FP32 master weights).
 
     Per layer: forward ``(B, W, W)``, data-gradient ``(B, W, W)`` and weight-gradient
     ``(W, B, W)`` GEMMs, all three in the recipe's format, plus the quantization cost of

@@ -29,8 +29,9 @@ from repro import results
 from repro.perfmodel.cost import (FORMATS, Gemm, Step, lm_shape, lm_step_gemms, mlp_step_gemms,
                                   program_step)
 
-GEMM = "gemm"  # the GEMM sweep's experiment (repro.studies.gemm)
-KERNEL_TIMES = "kernel_times"  # the kernel traces' experiment (repro.studies.kernel_times)
+GEMM = "gemm"  # the GEMM sweep's experiment (repro.experiments.gemm.measure)
+# the kernel traces' experiment (repro.experiments.kernel_times.measure)
+KERNEL_TIMES = "kernel_times"
 # experiment -> workload of a step record (the experiments with a step_workload)
 WORKLOADS = {e.name: e.step_workload for e in experiments.EXPERIMENTS if e.step_workload}
 STEP_KEY = ["workload", "model", "batch", "seq_len", "width", "depth"]
@@ -117,9 +118,10 @@ class RateTable:
     ``overhead_s``: the sweep's per-call overhead per format (host dispatch and
     synchronisation that a GEMM inside a jitted step does not pay), estimated as the smallest
     excess of a measured time over the datasheet roofline of its shape. ``traced``: device
-    times of sweep shapes from ``repro.studies.kernel_times gemm`` (``kernel_times`` records, GEMM
-    kernels only), by format and shape; where one exists it replaces the sweep's time less
-    the overhead (an estimate that a small GEMM's ~60 us call overhead on the H200 swamps).
+    times of sweep shapes from ``repro.experiments.kernel_times.measure gemm``
+    (``kernel_times`` records, GEMM kernels only), by format and shape; where one exists it
+    replaces the sweep's time less the overhead (an estimate that a small GEMM's ~60 us call
+    overhead on the H200 swamps).
     """
 
     hardware: str
@@ -257,8 +259,8 @@ def measured_step(row, recipe: str | None = None, hlo_bytes=None, hlo_kernels=No
     the compiled program where both facts are given (:func:`program_step`).
 
     The MLP step is the timed one: XLA drops the first layer's data gradient (nothing consumes
-    it). The LM step is ``repro.studies.lm_step``'s step of the preset (``batch`` sequences of
-    ``seq_len`` tokens)."""
+    it). The LM step is ``repro.experiments.lm_step.measure``'s step of the preset (``batch``
+    sequences of ``seq_len`` tokens)."""
     recipe = recipe or row.recipe
     if row.workload == "lm":
         shape = lm_shape(row.model, row.seq_len)

@@ -13,9 +13,9 @@ A format (:data:`FORMATS`) says what the GEMMs of the matched layers read:
   channel, activations per token, dynamic: each token's own absmax). qwix computes the
   product on the quantized values: ``dot(f8, f8) -> bf16`` or ``dot(s8, s8) -> s32``, the
   scales multiplied into the output. Whether a GPU runs these as FP8 / INT8 tensor-core GEMMs
-  is for the compiled program to say (``repro.studies.inference`` checks every speed record).
-  A scale per token is a vector along the GEMM's rows, which cuBLASLt's scalar scales cannot
-  take: it costs a pass over the output.
+  is for the compiled program to say (``repro.experiments.inference.measure`` checks every
+  speed record). A scale per token is a vector along the GEMM's rows, which cuBLASLt's scalar
+  scales cannot take: it costs a pass over the output.
 * ``fp8-tensor``: E4M3 weights and activations with ONE scale per tensor: the weight's,
   ``amax / 448`` in BF16, stored with it; the activation's from its own absmax at run time
   (current scaling; chosen so that the product of the two scales is a BF16 number, rounded

@@ -9,7 +9,7 @@ here is a ``jax.custom_vjp`` that runs all three in the recipe's format:
   scales multiplies the output, a multiply of the GEMM result by a broadcast scalar that XLA's
   GEMM rewriter folds into the cuBLASLt FP8 call. (The "convert f8 -> bf16, multiply by the
   scale, then dot" pattern is not rewritten into an FP8 GEMM by current XLA: the module
-  docstring of ``repro.studies.gemm`` says why the operands go in as FP8.)
+  docstring of ``repro.experiments.gemm.measure`` says why the operands go in as FP8.)
   The forward and data-gradient GEMMs write ``recipe.dtype`` (``recipe.fp8_gemm_out ==
   "compute"``, the default: half the bytes of FP32, and the bias add can join the cuBLASLt
   epilogue) or FP32 (``"float32"``); weight gradients are always FP32. The residuals saved for

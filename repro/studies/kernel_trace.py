@@ -1,7 +1,7 @@
 """Reading a JAX profiler trace: the device kernels of a Perfetto trace, classed by name
 (gemm, attention, collective, memory, other), and their time per traced step. What
-``repro trace`` (:mod:`repro.studies.kernel_times`) records; :mod:`repro.analysis.traces`
-builds its tables on these."""
+``repro trace`` (:mod:`repro.experiments.kernel_times.measure`) records;
+:mod:`repro.experiments.kernel_times.tables` builds its tables on these."""
 
 from __future__ import annotations
 

@@ -8,9 +8,9 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from repro.analysis.lm import SIZE_ORDER
 from repro.claims.verdicts._base import Verdict, margin
 from repro.claims.verdicts._base import rule as rule_of
+from repro.experiments.lm.tables import SIZE_ORDER
 
 
 def _pick(frame: pd.DataFrame, which: str, by: list[str]) -> pd.Series:
@@ -150,11 +150,11 @@ def b2(projection: pd.DataFrame, measured_fp4: pd.DataFrame | None = None,
 
 
 def b3(ratios: pd.DataFrame, rule=None) -> Verdict:
-    """B3 from ``repro.analysis.lm.stored_ratios`` (NVFP4 bytes / BF16 bytes per model: the
-    quantized ``weights`` and ``activations``, and the ``whole`` model's GEMM operands under
-    the policy), at the model B3's ``rule`` names (the largest): reproduced if the format
-    ratio (the larger of weights and activations) and the whole-model ratio are <= its
-    ``limit`` (1/4 of FP16's bytes plus at most 5 points of scale overhead); partly if the
+    """B3 from ``repro.experiments.lm.tables.stored_ratios`` (NVFP4 bytes / BF16 bytes per
+    model: the quantized ``weights`` and ``activations``, and the ``whole`` model's GEMM
+    operands under the policy), at the model B3's ``rule`` names (the largest): reproduced if
+    the format ratio (the larger of weights and activations) and the whole-model ratio are <=
+    its ``limit`` (1/4 of FP16's bytes plus at most 5 points of scale overhead); partly if the
     format ratio only."""
     rl = rule_of("B3", rule)
     limit = rl["limit"]
@@ -218,10 +218,10 @@ def _b4_note(row: pd.Series, gaps: pd.DataFrame, vs_fp8: pd.DataFrame, r) -> str
 
 def b4(gaps: pd.DataFrame, vs_fp8: pd.DataFrame, bounds: tuple[float, float] | None = None,
        rule=None) -> Verdict:
-    """B4 from ``repro.analysis.lm.paired_gaps`` against BF16 (``gaps``) and FP8 delayed
-    (``vs_fp8``, for the note), a parity claim with the equivalence margin [low, high] of its
-    definition (``repro/data/claims.yaml``) on the relative gap (NVFP4 - BF16) / BF16 of the
-    best held-out loss. With its 95% t-interval [lo, hi]: quality kept (reproduced) if
+    """B4 from ``repro.experiments.lm.tables.paired_gaps`` against BF16 (``gaps``) and FP8
+    delayed (``vs_fp8``, for the note), a parity claim with the equivalence margin [low, high]
+    of its definition (``repro/data/claims.yaml``) on the relative gap (NVFP4 - BF16) / BF16 of
+    the best held-out loss. With its 95% t-interval [lo, hi]: quality kept (reproduced) if
     hi <= high (inside the margin, or NVFP4 better); lost (contradicted) if lo > high;
     inconclusive if the interval straddles high. Smoke records give at most partly."""
     low, high = bounds or margin("B4")
@@ -268,8 +268,8 @@ def _b5_part(r) -> str:
 
 def b5(table: pd.DataFrame, planned: Mapping[str, Sequence[str]] | None = None,
        rule=None) -> Verdict:
-    """B5 from ``repro.analysis.scaling.throughput_table``. Only GPU records on real devices
-    with >= 2 devices count; on the hardware with the largest count, the weak-scaling
+    """B5 from ``repro.experiments.multigpu.tables.throughput_table``. Only GPU records on real
+    devices with >= 2 devices count; on the hardware with the largest count, the weak-scaling
     efficiency of every (workload, recipe) there: reproduced if all are >= 0.8 at >= 4 GPUs,
     partly if all are at 2 GPUs only or some are, contradicted if none is. ``planned``:
     ``{"workloads": [...], "recipes": [...]}`` of the full study, to name what is missing."""

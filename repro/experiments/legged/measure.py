@@ -33,7 +33,8 @@ other keys are PPO overrides (:func:`for_env`):
   whole loop, then each one's policy part, then each one's update). The same metrics per
   recipe, with the samples in round order, one ``run_id`` and ``timing: "paired"``, so a
   ratio of two recipes is the median of per-round ratios with its range
-  (``repro.analysis.legged.paired_speedups``), not a ratio of medians of separate cells.
+  (``repro.experiments.legged.tables.paired_speedups``), not a ratio of medians of separate
+  cells.
 * ``{env}_quality_{size}_{recipe}`` -- ``final_return`` per seed (mean return of the episodes
   completed over the last ``last_fraction`` of updates), seeds under ``jax.vmap`` (or one after
   the other with ``vmap_seeds: false``); ``extra`` has the cell's wall time and, within it,

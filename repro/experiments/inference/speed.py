@@ -1,5 +1,5 @@
 """Prefill and decode speed of an inference format beside BF16, with a lowering check
-(the ``speed_<config>_<format>`` cells of ``repro.studies.inference``, claim B6).
+(the ``speed_<config>_<format>`` cells of ``repro.experiments.inference.measure``, claim B6).
 
 A cell builds one model config with untrained weights (speed does not depend on the values),
 exports it as BF16 and as the format (``repro.models.lm_quantize``), compiles
@@ -40,8 +40,8 @@ from repro.models import lm as M
 from repro.models import lm_decode as G
 from repro.models import lm_quantize as Q
 from repro.precision import export as X
-from repro.studies import timing
 from repro.studies import lowering as L
+from repro.studies import timing
 from repro.studies.lowering import weight_storage
 
 EXPERIMENT = "inference"

@@ -18,7 +18,7 @@ Two kinds of cells (``repro.studies.runner``), in an order that gives a verdict 
   not depend on training), compiled and timed in rounds (BF16, format, BF16, format, ...):
   prefill tokens/s at the config's training shape and decode tokens/s with the KV cache at
   each batch (``repro.models.lm_decode``). Each record carries the compiled program's lowering
-  (:mod:`repro.studies.inference_speed`): a record whose FP8 / INT8 products did not become
+  (:mod:`repro.experiments.inference.speed`): a record whose FP8 / INT8 products did not become
   FP8 / INT8 GEMMs, NVFP4 (no FP4 tensor cores on Hopper) and everything on a CPU are
   ``emulated=True`` and stay out of speed verdicts.
 """
@@ -37,13 +37,13 @@ import numpy as np
 
 from repro import hardware, results
 from repro.config import ConfigError, Section, check_mapping, positive
+from repro.experiments.inference import speed as S
 from repro.models import lm as M
 from repro.models import lm_data as D
 from repro.models import lm_quantize as Q
 from repro.models import lm_train as T
 from repro.precision import export as X
 from repro.program import Program
-from repro.studies import inference_speed as S
 from repro.studies.runner import Cell, Study
 
 EXPERIMENT = "inference"
@@ -242,13 +242,14 @@ def program(fmt: str, kind: str, *, model: str | None = None, train: dict | None
     ``kind`` "speed" (cell ``speed_<config>_<fmt>``): for each ``(phase, batch, length)`` of
     ``phases`` ("prefill": ``length`` tokens; "decode": ``decode_steps`` tokens after a
     ``length``-token prefix), BF16's and ``fmt``'s export of the untrained ``config`` (speed
-    config ``spec``) and the prefill or decode loop as :mod:`repro.studies.inference_speed`
+    config ``spec``) and the prefill or decode loop as :mod:`repro.experiments.inference.speed`
     compiles and times it (``reference=False``: ``fmt``'s alone, as ``repro trace inference``
     times it)."""
     import functools
     import hashlib
     import json
 
+    from repro.experiments.inference import speed as S
     from repro.models import lm as M
     from repro.models import lm_data as D
     from repro.models import lm_decode as G
@@ -256,7 +257,6 @@ def program(fmt: str, kind: str, *, model: str | None = None, train: dict | None
     from repro.models import lm_train as T
     from repro.precision import export as X
     from repro.precision.recipes import resolve
-    from repro.studies import inference_speed as S
 
     def exported(cfg, params, f, calib=None):
         """``Q.export_lm``, its cached helpers filled first outside this trace (their

@@ -54,12 +54,13 @@ def _quality_kept(quality: pd.DataFrame, recipe: str, bounds: Sequence[float],
                   min_seeds: int = MIN_SEEDS, reference: str = REFERENCE,
                   baseline: str = BASELINE) -> dict[tuple[str, int], tuple[bool | str | None, str]]:
     """Per (env, width) with >= MIN_SEEDS seeds: (kept: True / False / UNSURE, its text), from
-    the ``poi``, ``poi_lo``, ``poi_hi`` columns of ``repro.analysis.legged.quality_table``, at
-    the longest training (:func:`longest_runs`), the text also giving both sides' seeds and
-    mean returns (``mean_return``; the rows shown beside it against the same FP32 mean) and
-    P(recipe > BF16) where the table has it (``poi_bf16``). Where FP32 did not beat the random
-    policy (``learned`` false) nothing learned, so nothing is compared: (None, why); likewise
-    where the environment has no random-policy record (``learned`` NaN)."""
+    the ``poi``, ``poi_lo``, ``poi_hi`` columns of
+    ``repro.experiments.legged.tables.quality_table``, at the longest training
+    (:func:`longest_runs`), the text also giving both sides' seeds and mean returns
+    (``mean_return``; the rows shown beside it against the same FP32 mean) and P(recipe > BF16)
+    where the table has it (``poi_bf16``). Where FP32 did not beat the random policy
+    (``learned`` false) nothing learned, so nothing is compared: (None, why); likewise where
+    the environment has no random-policy record (``learned`` NaN)."""
     q = longest_runs(quality[quality.recipe == recipe], min_seeds) if len(quality) else quality
     out = {}
     for r in q.itertuples():
@@ -142,9 +143,10 @@ def _shown_beside(quality: pd.DataFrame, recipe: str, row, steps: int,
 
 
 def peer_parity(row, bounds: Sequence[float] | None = None) -> tuple[bool | str | None, str]:
-    """Our PPO's return against brax's trainer (a row of ``repro.analysis.legged.peer_table``),
-    read by the rule A11 reads FP8 against FP32: P(ours > brax)'s interval against A11's
-    margin (``bounds``). Shown in notebook 10; it changes no verdict."""
+    """Our PPO's return against brax's trainer (a row of
+    ``repro.experiments.legged.tables.peer_table``), read by the rule A11 reads FP8 against
+    FP32: P(ours > brax)'s interval against A11's margin (``bounds``). Shown in notebook 10; it
+    changes no verdict."""
     poi = pd.DataFrame([{"x": "ours", "y": "brax", "p": row.poi, "lo": row.poi_lo,
                          "hi": row.poi_hi}])
     return parity(poi, "ours", "brax", bounds or margin("A11"))
@@ -162,15 +164,15 @@ def _held(kept: dict[tuple[str, int], tuple[bool | str | None, str]]) -> bool | 
 def a11(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str | None = None,
         bounds: Sequence[float] | None = None, rule=None) -> Verdict:
     """A11 ("FP8 matters for compute-heavy RL such as legged-robot training") from
-    ``repro.analysis.legged.speedups`` and ``quality_table`` of the full-profile GPU records
-    (``repro.analysis.legged.evidence``).
+    ``repro.experiments.legged.tables.speedups`` and ``quality_table`` of the full-profile GPU
+    records (``repro.experiments.legged.tables.evidence``).
 
     Speed counts only for non-emulated ratios of two cells recorded in one call
     (``same_commit``). Ratios of paired cells (``timing`` "paired":
-    ``repro.analysis.legged.paired_speedups``, the median of per-round ratios) count only
-    where the rule's ``cells`` say ``timing: paired-first``, and then alone on each hardware
-    that has them (a width's key number then names the rounds and the per-round ratios'
-    range); a rule without it never reads them. FP8 *pays* at a policy size when
+    ``repro.experiments.legged.tables.paired_speedups``, the median of per-round ratios) count
+    only where the rule's ``cells`` say ``timing: paired-first``, and then alone on each
+    hardware that has them (a width's key number then names the rounds and the per-round
+    ratios' range); a rule without it never reads them. FP8 *pays* at a policy size when
     ``recipe``'s whole PPO loop reaches >= 1.1x BF16's env-steps/s; its quality is *kept* at a
     size when P(``recipe`` > FP32)'s 95% interval over >= 8 seeds lies at or above the
     margin's low bound (``bounds``, else A11's margin), judged per environment at the longest

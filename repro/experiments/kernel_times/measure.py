@@ -7,19 +7,20 @@
     repro trace inference --config wide --phase decode --batch 1 --recipes bf16,fp8-w
 
 The step is built and compiled exactly as the ``mlp_step`` / ``lm_step`` benchmarks do it
-(``repro.studies.mlp_step._setup`` and ``_compile``, ``repro.studies.lm_step.compile_step``;
-``ppo``: the update step of an ``rl_throughput`` MLP cell,
-``repro.studies.rl_throughput.update_program``; ``inference``: a speed config's prefill or
-decode loop, compiled as the ``inference`` study times it, ``repro.studies.inference_speed``,
-under inference formats instead of recipes, a "step" being one call: one prefill, or the
-``decode_steps`` tokens of one decode loop), run once to warm up, and then ``steps``
-steps run under JAX's profiler (CUPTI on a GPU). The Perfetto trace's kernel events on the
-device's streams are classed by name (``repro.studies.kernel_trace.kernel_class``: gemm, attention,
-collective, memory, other) and summed. Per recipe, records under
-``results/<hardware>/kernel_times/<cell>.json``: ``<class>_ms_per_step`` for every class,
-``kernel_ms_per_step`` (their sum: device busy time, streams added up), ``kernels_per_step``
-and ``wall_ms_per_step`` (wall time per traced step, profiler on: an upper bound of the
-untraced step). ``extra.top_kernels`` lists the costliest kernels.
+(``repro.experiments.mlp_step.measure._setup`` and ``_compile``,
+``repro.experiments.lm_step.measure.compile_step``; ``ppo``: the update step of an
+``rl_throughput`` MLP cell, ``repro.experiments.rl_throughput.measure.update_program``;
+``inference``: a speed config's prefill or decode loop, compiled as the ``inference`` study
+times it, ``repro.experiments.inference.speed``, under inference formats instead of recipes, a
+"step" being one call: one prefill, or the ``decode_steps`` tokens of one decode loop), run
+once to warm up, and then ``steps`` steps run under JAX's profiler (CUPTI on a GPU). The
+Perfetto trace's kernel events on the device's streams are classed by name
+(``repro.studies.kernel_trace.kernel_class``: gemm, attention, collective, memory, other) and
+summed. Per recipe, records under ``results/<hardware>/kernel_times/<cell>.json``:
+``<class>_ms_per_step`` for every class, ``kernel_ms_per_step`` (their sum: device busy time,
+streams added up), ``kernels_per_step`` and ``wall_ms_per_step`` (wall time per traced step,
+profiler on: an upper bound of the untraced step). ``extra.top_kernels`` lists the costliest
+kernels.
 
 This is what :mod:`repro.perfmodel` cannot see from step times alone: how much of a step the
 GEMMs take, how much the quantization and other fusions, and how much is gaps between
@@ -63,7 +64,7 @@ def trace_steps(run: Callable[[], Any], steps: int, logdir: Path) -> float:
 
 
 def _mlp_runner(recipe: str, width: int, batch: int, depth: int):
-    from repro.studies import mlp_step as mlpbench
+    from repro.experiments.mlp_step import measure as mlpbench
     from repro.studies import timing
 
     step, variables, opt_state, x, y = mlpbench._setup(recipe, width, batch, depth)
@@ -72,7 +73,7 @@ def _mlp_runner(recipe: str, width: int, batch: int, depth: int):
 
 
 def _lm_runner(recipe: str, size: str, batch: int):
-    from repro.studies import lm_step as lmbench
+    from repro.experiments.lm_step import measure as lmbench
 
     cfg = lmbench.check_size(size)
     x, y = lmbench.fixed_batch(cfg, batch, [recipe])
@@ -81,8 +82,9 @@ def _lm_runner(recipe: str, size: str, batch: int):
 
 
 def _gemm_runner(dtype: str, m: int, k: int, n: int):
-    """One GEMM call of the ``gemm`` sweep (``repro.studies.gemm``: same operands and function)."""
-    from repro.studies import gemm as bench
+    """One GEMM call of the ``gemm`` sweep (``repro.experiments.gemm.measure``: same operands
+    and function)."""
+    from repro.experiments.gemm import measure as bench
     from repro.studies import timing
 
     a, b = bench._random_inputs(jax.random.key(0), m, k, n)
@@ -96,10 +98,10 @@ def _gemm_runner(dtype: str, m: int, k: int, n: int):
 def _ppo_runner(token: str, width: int, num_envs: int, profile: str = "full"):
     """The PPO update of the ``rl_throughput`` MLP cell ``mlp_w{width}_{token}_e{num_envs}``
     (``params.yaml``'s settings of ``profile``), built as that cell builds it
-    (``repro.studies.rl_throughput.update_program``); ``token`` is a recipe name such as
-    ``fp8-all-layers``."""
+    (``repro.experiments.rl_throughput.measure.update_program``); ``token`` is a recipe name
+    such as ``fp8-all-layers``."""
     from repro import studies
-    from repro.studies import rl_throughput
+    from repro.experiments.rl_throughput import measure as rl_throughput
     from repro.studies.timing import compiled_facts, recipe_emulated
 
     c = rl_throughput.throughput_config("mlp", width, token, num_envs,
@@ -113,10 +115,10 @@ def _ppo_runner(token: str, width: int, num_envs: int, profile: str = "full"):
 def _inference_runner(fmt: str, config: str, phase: str, batch: int, profile: str = "full"):
     """One prefill or decode loop of the ``inference`` study's speed config ``config``
     (``params.yaml``'s settings of ``profile``) exported as ``fmt``, compiled as its speed cell
-    compiles it (``repro.studies.inference_speed``); emulated as that cell would say."""
+    compiles it (``repro.experiments.inference.speed``); emulated as that cell would say."""
     from repro import studies
+    from repro.experiments.inference import speed as inference_speed
     from repro.precision import export
-    from repro.studies import inference_speed
 
     p = studies.params("inference", profile)
     cfg = inference_speed.model_config(config, inference_speed.speed_configs(p)[config])
@@ -210,8 +212,8 @@ def default_recipes(workload: str) -> tuple[str, ...]:
 
 def check(p: Params) -> None:
     """The workload, every recipe (gemm: dtype) and size: before anything compiles."""
+    from repro.experiments.gemm.measure import _check_dtypes
     from repro.precision.recipes import resolve
-    from repro.studies.gemm import _check_dtypes
 
     if p.workload not in WORKLOADS:
         raise ValueError(f"unknown workload {p.workload!r}; valid: {', '.join(WORKLOADS)}")
@@ -219,8 +221,8 @@ def check(p: Params) -> None:
         raise ValueError("no recipes to trace")
     if p.workload == "inference":
         from repro import studies
+        from repro.experiments.inference.speed import speed_configs
         from repro.precision.export import resolve_format
-        from repro.studies.inference_speed import speed_configs
 
         if p.phase not in PHASES:
             raise ValueError(f"unknown phase {p.phase!r}; valid: {', '.join(PHASES)}")
@@ -241,7 +243,7 @@ def check(p: Params) -> None:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"kernel_times: {name} must be positive integers, got {v!r}")
     if p.workload == "lm":
-        from repro.studies.lm_step import check_size
+        from repro.experiments.lm_step.measure import check_size
 
         check_size(p.size)
 
@@ -249,40 +251,41 @@ def check(p: Params) -> None:
 def program(workload: str, recipe: str, **settings) -> Program:
     """What a record of ``recipe`` (gemm: a dtype; inference: a format) in a cell of
     ``workload`` measures: the step the cell traces, as its own study names it (``gemm``:
-    :func:`repro.studies.gemm.program` of ``m``, ``k``, ``n``; ``mlp``:
-    :func:`repro.studies.mlp_step.program` of ``width``, ``batch``, ``depth``; ``lm``:
-    :func:`repro.studies.lm_step.program` of ``size``, ``batch``; ``inference``: the
-    format's prefill or decode loop, :func:`repro.studies.inference.program` of one
-    ``phase``, ``batch``, ``length`` of speed config ``config`` (``spec``) without BF16 beside
-    it; ``ppo``: the update step of the ``rl_throughput`` cell of ``network``, ``width``,
-    ``num_envs`` and that study's loop sizes, ``repro.models.ppo.make_update_step`` on a
-    rollout-shaped batch, as ``repro.studies.rl_throughput.update_step`` builds it), with
-    this study's kit: the traced steps and the kernel statistics."""
+    :func:`repro.experiments.gemm.measure.program` of ``m``, ``k``, ``n``; ``mlp``:
+    :func:`repro.experiments.mlp_step.measure.program` of ``width``, ``batch``, ``depth``;
+    ``lm``: :func:`repro.experiments.lm_step.measure.program` of ``size``, ``batch``;
+    ``inference``: the format's prefill or decode loop,
+    :func:`repro.experiments.inference.measure.program` of one ``phase``, ``batch``, ``length``
+    of speed config ``config`` (``spec``) without BF16 beside it; ``ppo``: the update step of
+    the ``rl_throughput`` cell of ``network``, ``width``, ``num_envs`` and that study's loop
+    sizes, ``repro.models.ppo.make_update_step`` on a rollout-shaped batch, as
+    ``repro.experiments.rl_throughput.measure.update_step`` builds it), with this study's kit:
+    the traced steps and the kernel statistics."""
     from repro.studies import kernel_trace as traces
 
     kit = (trace_steps, traces.kernel_events, traces.kernel_class, traces.load_trace,
            traces.summarize)
     s = settings
     if workload == "gemm":
-        from repro.studies import gemm as bench
+        from repro.experiments.gemm import measure as bench
 
         prog = bench.program(recipe, int(s["m"]), int(s["k"]), int(s["n"]))
     elif workload == "mlp":
-        from repro.studies import mlp_step as mlpbench
+        from repro.experiments.mlp_step import measure as mlpbench
 
         prog = mlpbench.program(recipe, int(s["width"]), int(s["batch"]), int(s["depth"]))
     elif workload == "lm":
-        from repro.studies import lm_step as lmbench
+        from repro.experiments.lm_step import measure as lmbench
 
         prog = lmbench.program(recipe, str(s["size"]), int(s["batch"]))
     elif workload == "inference":
-        from repro.studies import inference as infer
+        from repro.experiments.inference import measure as infer
 
         prog = infer.program(recipe, "speed", config=s["config"], spec=dict(s["spec"]),
                              phases=[[s["phase"], int(s["batch"]), int(s["length"])]],
                              decode_steps=int(s["decode_steps"]), reference=False)
     elif workload == "ppo":
-        from repro.studies import rl_throughput
+        from repro.experiments.rl_throughput import measure as rl_throughput
 
         _, prog = rl_throughput.update_step_program(
             s["network"], int(s["width"]), recipe, int(s["num_envs"]), s["env"],
@@ -297,7 +300,7 @@ def _ppo_settings(width: int, num_envs: int, profile: str) -> dict[str, Any]:
     """The ``rl_throughput`` settings of ``profile`` the PPO update of width ``width`` and
     ``num_envs`` environments is built with (``_ppo_runner``)."""
     from repro import studies
-    from repro.studies import rl_throughput
+    from repro.experiments.rl_throughput import measure as rl_throughput
 
     p = studies.params(rl_throughput.THROUGHPUT, profile)
     return {"network": "mlp", "width": int(width), "num_envs": int(num_envs),
@@ -310,7 +313,7 @@ def _inference_settings(config: str, phase: str, batch: int, profile: str) -> di
     """The settings of one phase of speed config ``config`` (``params.yaml``'s inference
     settings of ``profile``, as ``_inference_runner`` reads them)."""
     from repro import studies
-    from repro.studies.inference_speed import model_config, speed_configs
+    from repro.experiments.inference.speed import model_config, speed_configs
 
     p = studies.params("inference", profile)
     spec, sp = dict(speed_configs(p)[config]), p["speed"]
@@ -361,7 +364,7 @@ def cells(p: Params) -> list[Cell]:
                  lambda r: _mlp_runner(r, p.width, batch, p.depth))]
     elif p.workload == "inference":
         from repro import studies
-        from repro.studies.inference_speed import speed_configs
+        from repro.experiments.inference.speed import speed_configs
 
         spec = speed_configs(studies.params("inference", p.profile))[p.config]
         batch = p.batch or (int(spec.get("prefill_batch", 1)) if p.phase == "prefill" else 1)

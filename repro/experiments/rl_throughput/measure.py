@@ -167,7 +167,7 @@ def update_step(c: ppo.PPOConfig) -> tuple[Any, tuple]:
 
 def update_program(c: ppo.PPOConfig) -> tuple[Any, tuple, float]:
     """:func:`update_step` compiled: (compiled, its arguments, compile seconds). What a
-    throughput cell times and ``repro.studies.kernel_times ppo`` traces."""
+    throughput cell times and ``repro.experiments.kernel_times.measure ppo`` traces."""
     update, args = update_step(c)
     t0 = time.perf_counter()
     compiled = update.lower(*args).compile()

@@ -1,6 +1,6 @@
 """Tables for claim B6 from the ``inference`` records: accuracy, memory and speed of each
-inference format against BF16 (``repro.studies.inference`` writes the records; the rule is
-``repro.claims.verdicts.b6``).
+inference format against BF16 (``repro.experiments.inference.measure`` writes the records; the
+rule is ``repro.claims.verdicts.b6``).
 
     df = results.load_records("inference")
     acc, mem, spd = accuracy_table(df), bytes_table(df), speed_table(df)

@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
-from repro.analysis.inference import best_evidence, widest_timed
 from repro.claims.verdicts._base import UNSURE, Verdict, margin
 from repro.claims.verdicts._base import rule as rule_of
+from repro.experiments.inference.tables import best_evidence, widest_timed
 
 SOURCE = "results/*/inference/*.json (notebooks/11_inference.py)"
 LABEL = {True: "pass", False: "FAIL", None: "n/a", UNSURE: "inconclusive"}
@@ -28,7 +28,8 @@ def b6_margins(rule=None) -> dict[str, tuple[float, float]]:
 def at_config(spd: pd.DataFrame, config) -> pd.DataFrame:
     """The speed rows a rule's ``config`` judges, of records that ran on tensor cores (not
     emulated): ``widest`` (each format at the widest config it was timed at,
-    :func:`~repro.analysis.inference.widest_timed`) or ``{d_model: N}`` (every format there)."""
+    :func:`~repro.experiments.inference.tables.widest_timed`) or ``{d_model: N}`` (every format
+    there)."""
     if config == "widest":
         return widest_timed(spd)
     real = spd[~spd["emulated"].astype(bool)] if len(spd) else spd
@@ -168,7 +169,7 @@ def _combine(oks: list[bool | str | None]) -> str:
 def b6(acc: pd.DataFrame, mem: pd.DataFrame, spd: pd.DataFrame,
        bounds: Mapping[str, Sequence[float]] | None = None, rule=None,
        stale_speed: int = 0) -> Verdict:
-    """B6's inference half from ``repro.analysis.inference``'s ``accuracy_table``,
+    """B6's inference half from ``repro.experiments.inference.tables``'s ``accuracy_table``,
     ``bytes_table`` and ``speed_table`` (best evidence of each: full profile, a GPU; memory
     and speed on the hardware of the accuracy records, so that one machine decides the claim).
 

@@ -1,5 +1,5 @@
-"""Tables from the ``legged`` records (``repro.studies.legged``) for claim A11, whose rule is
-``repro.claims.verdicts.a11``.
+"""Tables from the ``legged`` records (``repro.experiments.legged.measure``) for claim A11,
+whose rule is ``repro.claims.verdicts.a11``.
 
 * :func:`physics_table` -- the physics alone: env-steps/s per (hardware, env, num_envs,
   precision), scanned and per call, with the first two calls' times.
@@ -128,9 +128,9 @@ def _separate_speedups(speed: pd.DataFrame, baseline: str) -> pd.DataFrame:
 def paired_speedups(df: pd.DataFrame | None, baseline: str = BASELINE,
                     physics: pd.DataFrame | None = None) -> pd.DataFrame:
     """Each recipe over ``baseline`` timed beside it in one paired cell (records with
-    ``extra.timing == "paired"``: ``repro.studies.legged.paired_speed_cell``), per run: the
-    per-round ratios of the whole loop's times (``e2e``, > 1: the recipe is faster; their
-    median, with ``e2e_lo``/``e2e_hi`` their range) and of the update's (``update``,
+    ``extra.timing == "paired"``: ``repro.experiments.legged.measure.paired_speed_cell``), per
+    run: the per-round ratios of the whole loop's times (``e2e``, > 1: the recipe is faster;
+    their median, with ``e2e_lo``/``e2e_hi`` their range) and of the update's (``update``,
     ``update_lo``/``update_hi``); ``physics_share`` as :func:`speed_table` gives it for the
     baseline (its loop's median time per update; ``physics``: :func:`physics_table`, else
     made from ``df``); ``same_commit`` True (one run), ``rounds``, ``run_id``, ``timing``

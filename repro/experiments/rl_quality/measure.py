@@ -25,10 +25,10 @@ import numpy as np
 
 from repro import results
 from repro.config import Section, fraction, positive, recipe_names
+from repro.experiments.rl_throughput.measure import _device_peak_bytes
 from repro.models import ppo
 from repro.precision.recipes import resolve
 from repro.studies.measures import _curve
-from repro.studies.rl_throughput import _device_peak_bytes
 from repro.studies.runner import Cell, Study
 
 QUALITY = "rl_quality"

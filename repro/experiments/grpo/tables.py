@@ -1,5 +1,5 @@
-"""Tables from the ``grpo`` records (``repro.studies.grpo``) for claim A12, whose rule is
-``repro.claims.verdicts.a12``.
+"""Tables from the ``grpo`` records (``repro.experiments.grpo.measure``) for claim A12, whose
+rule is ``repro.claims.verdicts.a12``.
 
 * :func:`evidence` -- the records a verdict may use (full profile, GPU or TPU).
 * :func:`accuracy_table` -- one row per (hardware, arm, seed): the base model's and the

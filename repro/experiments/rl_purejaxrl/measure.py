@@ -354,7 +354,8 @@ def first_result(impl: str, cfg: dict[str, Any], seeds: int, recipe: str = "tf32
     job = {"impl": impl, "cfg": cfg, "seeds": seeds, "recipe": recipe,
            "options": dict(options or {}), "purejaxrl": purejaxrl}
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "repro.studies.purejaxrl", json.dumps(job)],
+    out = subprocess.run([sys.executable, "-m", "repro.experiments.rl_purejaxrl.measure",
+                          json.dumps(job)],
                          capture_output=True, text=True, env=fresh_env(), timeout=timeout)
     wall = time.perf_counter() - t0
     line = next((ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("{")), None)

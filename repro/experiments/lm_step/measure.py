@@ -4,12 +4,13 @@ timed per precision recipe in the same process, interleaved, on the same device.
 The step is ``repro.models.lm_train``'s own (``_functions``: the function ``train`` runs), on
 a fixed batch of the shipped corpus. A cell is one (model size, batch): all its recipes are
 compiled one at a time, then timed together in rounds (recipe A, B, C, A, B, C, ...) exactly
-as ``repro.studies.mlp_step`` times the MLP step (``repro.studies.timing.time_interleaved``),
-so a speedup is always a ratio of two timings from the same run. Each recipe's records carry
-the compiled program's facts (``repro.studies.timing.compiled_facts``: XLA's bytes accessed,
-flops and launching ops) for the step-time model (``repro.perfmodel.validate``, claim B2).
-Recipes without tensor cores on this device (NVFP4 and MXFP8 off Blackwell, FP8 on a CPU) are
-timed and stamped ``emulated=True``: their speed is that of the emulation, never evidence.
+as ``repro.experiments.mlp_step.measure`` times the MLP step
+(``repro.studies.timing.time_interleaved``), so a speedup is always a ratio of two timings from
+the same run. Each recipe's records carry the compiled program's facts
+(``repro.studies.timing.compiled_facts``: XLA's bytes accessed, flops and launching ops) for
+the step-time model (``repro.perfmodel.validate``, claim B2). Recipes without tensor cores on
+this device (NVFP4 and MXFP8 off Blackwell, FP8 on a CPU) are timed and stamped
+``emulated=True``: their speed is that of the emulation, never evidence.
 
     repro record lm_step --profile smoke     # tiny model, CPU, seconds (build/results/)
     repro record lm_step --profile full      # 120m and 20m on a GPU (results/), resumable

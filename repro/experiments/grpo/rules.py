@@ -52,10 +52,10 @@ def _pts(x: float) -> str:
 
 def a12(table: pd.DataFrame, speed: float | None = None, rule: Mapping[str, Any] | None = None,
         speed_where: str = "") -> Verdict:
-    """A12 from ``repro.analysis.grpo.accuracy_table`` (one row per hardware, arm and seed:
-    ``base`` and ``final`` held-out accuracy, ``emulated``) and ``speed``, the FP8/BF16
+    """A12 from ``repro.experiments.grpo.tables.accuracy_table`` (one row per hardware, arm and
+    seed: ``base`` and ``final`` held-out accuracy, ``emulated``) and ``speed``, the FP8/BF16
     speedup of the whole RL step (None: not measured; ``speed_where``: where it was timed, or
-    why there is none: ``repro.analysis.grpo.rl_step_speedup``)."""
+    why there is none: ``repro.experiments.grpo.tables.rl_step_speedup``)."""
     r = rule_of(CLAIM, rule)
     arm, reference = r["recipes"][0], r["reference"]
     need, works, target = int(r["min_seeds"]), float(r["rl_works"]), float(r["speed"]["target"])

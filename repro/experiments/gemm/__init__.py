@@ -1,0 +1,2 @@
+"""The GEMM roofline sweep (notebook 02): ``measure`` (its study); ``spec``: its entry of
+:mod:`repro.experiments`."""

@@ -1,0 +1,6 @@
+"""The ``rl_purejaxrl`` experiment's spec (:class:`repro.experiments.Experiment`)."""
+
+from repro.experiments._spec import Experiment
+
+SPEC = Experiment("rl_purejaxrl", "repro.experiments.rl_purejaxrl.measure", "09_ppo_speed",
+                  quality_metrics=("final_return",))
