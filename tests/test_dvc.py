@@ -84,7 +84,7 @@ def test_record_reads_follows_constants_loops_and_wrappers(tmp_path):
     nb = tmp_path / "99_x.py"
     nb.write_text(
         "from repro import notebook, results\n"
-        "from repro.studies import lm_quality as E\n"
+        "from repro.experiments.lm import measure as E\n"
         "from repro.perfmodel.measured import GEMM\n"
         "MORE = {'a1': 1, 'a2': 2}\n"
         "def mine(what, n=0):\n"

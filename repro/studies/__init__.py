@@ -1,5 +1,6 @@
-"""The studies: each module measures one experiment and exports ``STUDY``
-(:class:`repro.studies.runner.Study`). :data:`EXPERIMENTS` lists them,
+"""The studies' registry and what they share (the runner, timing, the measuring kit). Each
+experiment's study is its package's ``measure`` module (``repro/experiments/<name>/measure.py``),
+which exports ``STUDY`` (:class:`repro.studies.runner.Study`); :data:`EXPERIMENTS` lists them,
 from :mod:`repro.experiments`.
 
     from repro import studies
