@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,6 +96,19 @@ def test_each_part_a_spec_names_exists():
     assert on_disk == NOTEBOOK_NAMES
     stages = [n.stage for n in experiments.NOTEBOOKS]
     assert len(set(stages)) == len(stages)
+
+
+def test_the_specs_import_no_experiment_code():
+    """``repro.experiments`` imports the specs alone (any module may import it): no study,
+    table or rule, and no JAX."""
+    code = ("import sys; from repro import experiments; "
+            "print(' '.join(m for m in sys.modules if m.startswith(('repro', 'jax'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.split()
+    packages = {f"repro.experiments.{e.name}" for e in experiments.EXPERIMENTS}
+    allowed = {"repro", "repro.experiments", "repro.experiments._spec", *packages,
+               *(f"{p}.spec" for p in packages)}
+    assert set(out) == allowed, set(out) ^ allowed
 
 
 def test_every_records_folder_belongs_to_an_experiment():
