@@ -291,6 +291,14 @@ def test_sample_groups(tiny):
     assert np.all(np.abs(np.asarray(roll.logp) + math.log(11)) < 0.5)
     greedy = np.asarray(sample(jax.random.key(2), 0.0).tokens)
     assert all((greedy[i] == greedy[i - i % 4]).all() for i in range(8))
+    # through an FP8 KV cache: the same draws' log-probabilities, up to its rounding
+    fp8 = jax.jit(lambda k: R.sample_groups(model, variables, prompts, 4, 3, k, 1.0, allowed,
+                                            kv_fp8=True))(jax.random.key(1))
+    assert fp8.tokens.shape == (8, 3) and np.isfinite(np.asarray(fp8.logp)).all()
+    lp8 = jax.jit(lambda p, t: R.sequence_logprobs(model, variables, p, t, 1.0, allowed))(
+        fp8.prompts, fp8.tokens)
+    gap = np.abs(np.asarray(fp8.logp) - np.asarray(lp8))
+    assert 0 < gap.max() < 0.05
 
 
 def test_fp8_rollout_quantizes_only_block_linear_layers(tiny):

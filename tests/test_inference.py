@@ -95,6 +95,37 @@ def test_prefill_equals_uncached_forward_and_steps_match(tiny):
         model.apply(v, tokens, decode="step", start=0, mutable=["cache"])
 
 
+def test_fp8_kv_cache_holds_the_e4m3_keys_at_the_prompt_scale_and_saturates(tiny):
+    """Block 0's cache after the prefill against ml_dtypes' E4M3 rounding of the exact keys
+    (a BF16 cache's) at amax / 448; a decode step past the scale saturates at +-448; the
+    logits stay near the BF16 cache's."""
+    model, params, tokens = tiny
+    v = {"params": params}
+    pre = G.prefill_fn(model)
+    _, exact = pre(v, tokens[:, :24], G.init_cache(model, 2, 48))
+    logits8, c8 = pre(v, tokens[:, :24], G.init_cache(model, 2, 48, fp8=True))
+    for name in ("k", "v"):
+        x = np.asarray(exact["block0"]["attn"][name][:, :24], np.float32)
+        scale = np.float32(np.abs(x).max()) / np.float32(448)
+        want = (x * (np.float32(1) / scale)).astype(ml_dtypes.float8_e4m3fn)
+        got = np.asarray(c8["block0"]["attn"][name])
+        assert got.dtype == ml_dtypes.float8_e4m3fn
+        np.testing.assert_array_equal(got[:, :24].view(np.uint8), want.view(np.uint8))
+        assert not got[:, 24:].astype(np.float32).any()
+        # amax / 448 up to XLA's division by a constant (a multiplication: one ulp)
+        assert float(c8["block0"]["attn"][f"{name}_scale"]) == pytest.approx(scale, rel=2e-7)
+    step = jax.jit(lambda v, c, t, s: G.decode_step(model, v, c, t, s))
+    ref, _ = step(v, exact, tokens[:, 24:25], jnp.int32(24))
+    out, _ = step(v, c8, tokens[:, 24:25], jnp.int32(24))
+    ref, out = np.asarray(ref, np.float32), np.asarray(out, np.float32)
+    assert np.abs(out - ref).max() < 0.1 * np.abs(ref).max()
+    tiny_scale = jax.tree.map(lambda x: x, c8)
+    tiny_scale["block0"]["attn"]["k_scale"] = jnp.float32(1e-6)
+    _, sat = step(v, tiny_scale, tokens[:, 24:25], jnp.int32(24))
+    k24 = np.abs(np.asarray(sat["block0"]["attn"]["k"][:, 24], np.float32))
+    assert set(np.unique(k24)) <= {0.0, 448.0} and (k24 == 448).any()
+
+
 def test_generate_greedy_is_the_argmax_of_the_uncached_model(tiny):
     model, params, tokens = tiny
     v = {"params": params}

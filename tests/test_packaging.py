@@ -22,7 +22,7 @@ UNLOCKED_EXTRAS = {"cuda", "te"}
 NOT_IMPORTED = {"dvc": "the pipeline's command", "ipykernel": "the kernel papermill starts",
                 "mujoco": "pinned for brax (unpinned: a 4.x metapackage)",
                 "mujoco-mjx": "pinned for brax (brax's mjx backend)",
-                "pytest-xdist": "pytest -n", "orbax-checkpoint": "imported as orbax",
+                "pytest-xdist": "pytest -n", "jupyterlab": "the editor (the lab extra)", "orbax-checkpoint": "imported as orbax",
                 "ruff": "run as a command (tests/test_lint.py)"}
 
 

@@ -26,7 +26,9 @@ is emulated: quantize-dequantize, then the GEMM in ``rollout_recipe``'s compute 
 the FP8 products exactly, up to FP32 accumulation). Embedding, head, attention and norms stay
 in ``rollout_recipe``. The trainer (``recipe``) then scores tokens a slightly different
 policy drew; the truncated importance-sampling weight ``min(pi_trainer / pi_rollout, is_cap)``
-corrects the gradient for it.
+corrects the gradient for it. With ``rollout_kv_fp8`` the rollout engine's KV cache is FP8
+too (E4M3, a per-tensor scale per block and for keys and values, set from each rollout's
+prompts: ``repro.models.lm``), as the source's 1.48x setup had; emulated likewise.
 
 Configuration errors raise ``repro.config.ConfigError`` with one line, in ``make_train``,
 before anything is traced.
@@ -280,12 +282,13 @@ def completion_mask(tokens, end_token: int = END_TOKEN):
 
 
 def sample_groups(model, variables, prompts, group_size: int, max_new: int, key,
-                  temperature: float = 1.0, allowed=None, end_token: int = END_TOKEN) -> Rollout:
+                  temperature: float = 1.0, allowed=None, end_token: int = END_TOKEN, *,
+                  kv_fp8: bool = False) -> Rollout:
     """``group_size`` completions of ``max_new`` tokens for each of ``prompts[P, Tp]``, drawn
     from ``softmax(policy_logits)`` through the KV cache (``repro.models.lm_decode``: one
-    prefill, then a scan of decode steps), with the log-probability of every token drawn.
-    ``temperature`` 0 is greedy (log-probabilities then at temperature 1). Not jitted:
-    callers jit."""
+    prefill, then a scan of decode steps; ``kv_fp8``: an FP8 cache), with the
+    log-probability of every token drawn. ``temperature`` 0 is greedy (log-probabilities then
+    at temperature 1). Not jitted: callers jit."""
     if group_size < 1 or max_new < 1:
         raise ValueError(f"sample_groups: group_size and max_new must be >= 1, got "
                          f"{group_size}, {max_new}")
@@ -299,7 +302,8 @@ def sample_groups(model, variables, prompts, group_size: int, max_new: int, key,
         return tok, lp
 
     keys = jax.random.split(key, max_new)
-    logits, cache = G.prefill(model, variables, prompts, G.init_cache(model, b, tp + max_new))
+    logits, cache = G.prefill(model, variables, prompts,
+                              G.init_cache(model, b, tp + max_new, fp8=kv_fp8))
     first = draw(logits[:, -1], keys[0])
 
     def step(carry, x):
@@ -376,6 +380,9 @@ class GRPOConfig:
     # timing); DeepSeek-V3's block FP8 rollouts are rollout_fp8 (emulated)
     rollout_recipe: str = "bf16"
     rollout_fp8: bool = False  # DeepSeek-V3 block FP8 in the rollout's block linear layers
+    # the rollout engine's KV cache in FP8 E4M3, per-tensor scales per block set by each
+    # rollout's prefill (repro.models.lm; emulated: attention computes in the model's dtype)
+    rollout_kv_fp8: bool = False
     # GRPO
     steps: int = 50
     prompts_per_step: int = 16
@@ -553,12 +560,13 @@ def make_train(config: Mapping[str, Any] | GRPOConfig):
         return params, losses
 
     def rollout(params, prompts, group_size, key, temperature):
+        kv = {"kv_fp8": True} if c.rollout_kv_fp8 else {}
         if not c.rollout_fp8:
             return sample_groups(engine, {"params": params}, prompts, group_size, c.max_new,
-                                 key, temperature, allowed)
+                                 key, temperature, allowed, **kv)
         with fp8_activations():
             return sample_groups(engine, {"params": fp8_rollout_params(params)}, prompts,
-                                 group_size, c.max_new, key, temperature, allowed)
+                                 group_size, c.max_new, key, temperature, allowed, **kv)
 
     def logprobs(variables, roll: Rollout, qkey):
         return sequence_logprobs(trainer, variables, roll.prompts, roll.tokens, c.temperature,

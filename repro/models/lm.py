@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from repro import hardware
+from repro.precision import formats
 from repro.precision.recipes import Recipe, resolve
 
 LayerKind = Literal["embed", "attn_qkv", "attn_core", "attn_out", "mlp_in", "mlp_out",
@@ -254,6 +255,8 @@ def cached_attention(module: nn.Module, q, k, v, decode: str, start):
     ck = module.variable("cache", "k", _no_cache)
     cv = module.variable("cache", "v", _no_cache)
     at = (0, start, 0, 0)
+    if ck.value.dtype == KV_FP8:
+        return _fp8_cached_attention(module, ck, cv, q, k, v, decode, at)
     ck.value = lax.dynamic_update_slice(ck.value, k.astype(ck.value.dtype), at)
     cv.value = lax.dynamic_update_slice(cv.value, v.astype(cv.value.dtype), at)
     if decode == "prefill":
@@ -261,6 +264,37 @@ def cached_attention(module: nn.Module, q, k, v, decode: str, start):
     qpos = start + jnp.arange(q.shape[1])
     mask = jnp.arange(ck.value.shape[1])[None, :] <= qpos[:, None]  # [T, max_len]
     return jax.nn.dot_product_attention(q, ck.value.astype(q.dtype), cv.value.astype(q.dtype),
+                                        mask=mask[None, None], implementation="xla")
+
+
+KV_FP8 = jnp.float8_e4m3fn  # the element type of an FP8 KV cache
+
+
+def _fp8_cached_attention(module: nn.Module, ck, cv, q, k, v, decode: str, at):
+    """:func:`cached_attention` through an FP8 (E4M3) cache: keys and values are stored as
+    ``fp8_quantize(x, scale)`` with one per-tensor scale each per block (variables
+    "cache"/"k_scale" and "v_scale"), set at "prefill" from the prompt's amax (as a rollout
+    engine recalibrates its KV scales for the current policy) and kept for the decode steps,
+    whose keys and values saturate at ``448 * scale``. Attention reads them dequantized, the
+    prompt's own included."""
+    ks = module.variable("cache", "k_scale", _no_cache)
+    vs = module.variable("cache", "v_scale", _no_cache)
+    if decode == "prefill":
+        fmax = float(jnp.finfo(KV_FP8).max)
+        ks.value = formats.compute_scale(jnp.max(jnp.abs(k.astype(jnp.float32))), fmax)
+        vs.value = formats.compute_scale(jnp.max(jnp.abs(v.astype(jnp.float32))), fmax)
+    kq, vq = (formats.fp8_quantize(x, KV_FP8, s.value) for x, s in ((k, ks), (v, vs)))
+    ck.value = lax.dynamic_update_slice(ck.value, kq, at)
+    cv.value = lax.dynamic_update_slice(cv.value, vq, at)
+
+    def read(x, s):
+        return formats.fp8_dequantize(x, s.value, q.dtype)
+
+    if decode == "prefill":
+        return causal_attention(q, read(kq, ks), read(vq, vs))
+    qpos = at[1] + jnp.arange(q.shape[1])
+    mask = jnp.arange(ck.value.shape[1])[None, :] <= qpos[:, None]  # [T, max_len]
+    return jax.nn.dot_product_attention(q, read(ck.value, ks), read(cv.value, vs),
                                         mask=mask[None, None], implementation="xla")
 
 

@@ -37,13 +37,23 @@ def cache_dtype(model: nn.Module) -> jnp.dtype:
     return M.layer_recipe(model.recipe, "attn_core", 0, model.cfg).dtype
 
 
-def init_cache(model: nn.Module, batch: int, max_len: int) -> dict[str, Any]:
+def init_cache(model: nn.Module, batch: int, max_len: int, fp8: bool = False
+               ) -> dict[str, Any]:
     """An empty KV cache for ``batch`` sequences of up to ``max_len`` tokens: the "cache"
-    collection ``{"block0": {"attn": {"k": [B, max_len, H, D], "v": ...}}, ...}``."""
+    collection ``{"block0": {"attn": {"k": [B, max_len, H, D], "v": ...}}, ...}``. ``fp8``:
+    keys and values stored in FP8 E4M3 with a per-tensor scale each per block (``k_scale``,
+    ``v_scale``, set by the prefill: ``repro.models.lm``'s FP8 cache), emulated: attention
+    still computes in the model's dtype."""
     cfg = model.cfg
     if batch < 1 or max_len < 1:
         raise ValueError(f"init_cache: batch and max_len must be >= 1, got {batch}, {max_len}")
     shape = (batch, max_len, cfg.n_heads, cfg.head_dim)
+    if fp8:
+        one = jnp.ones((), jnp.float32)
+        return {f"block{i}": {"attn": {"k": jnp.zeros(shape, M.KV_FP8),
+                                       "v": jnp.zeros(shape, M.KV_FP8),
+                                       "k_scale": one, "v_scale": one}}
+                for i in range(cfg.n_layers)}
     dt = cache_dtype(model)
     return {f"block{i}": {"attn": {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt)}}
             for i in range(cfg.n_layers)}

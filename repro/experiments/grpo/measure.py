@@ -72,11 +72,11 @@ def arm_config(p: Params, arm: str) -> R.GRPOConfig:
 
 
 def is_emulated(c: R.GRPOConfig) -> bool:
-    """Whether a run of ``c`` emulates FP8 (block-FP8 rollouts always; a trainer recipe with
-    FP8 GEMMs where this platform has no native FP8 path)."""
+    """Whether a run of ``c`` emulates FP8 (block-FP8 rollouts and an FP8 KV cache always; a
+    trainer recipe with FP8 GEMMs where this platform has no native FP8 path)."""
     from repro.precision import ops
 
-    return bool(c.rollout_fp8 or ops.is_emulated(resolve(c.recipe)))
+    return bool(c.rollout_fp8 or c.rollout_kv_fp8 or ops.is_emulated(resolve(c.recipe)))
 
 
 def _floats(x) -> list[float | None]:
