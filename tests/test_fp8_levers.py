@@ -352,7 +352,7 @@ def test_mlp_step_variants_compute_the_same_function(scaling):
 
 
 def test_regression_task_with_cast_transpose_layout_trains_like_bf16():
-    """As tests/test_mlpbench.py: the same loss as BF16 within 5% after 60 steps."""
+    """As tests/test_mlp_step.py: the same loss as BF16 within 5% after 60 steps."""
 
     def train(r):
         step, variables, opt_state, x, y = mlpbench._setup(r, 32, 128, 2, lr=3e-3)

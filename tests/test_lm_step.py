@@ -10,7 +10,7 @@ import yaml
 
 from repro import cli, studies
 from repro.config import ConfigError
-from repro.experiments.lm_step import measure as lmbench
+from repro.experiments.lm_step import measure as lm_step
 from repro.studies import runner
 
 RECIPES = ["bf16", "fp8-current", "mxfp8"]  # 16-bit, emulated FP8 (CPU), emulated block-scaled
@@ -19,11 +19,11 @@ SMOKE = {"sizes": ["tiny"], "batch": 2, "repeats": 2, "steps_per_sample": 1, "re
 
 @pytest.mark.slow
 def test_smoke_cell_records_every_recipe(tmp_path):
-    p = lmbench.Params(profile="smoke", sizes=("tiny",), batch=2, repeats=2, steps_per_sample=1,
+    p = lm_step.Params(profile="smoke", sizes=("tiny",), batch=2, repeats=2, steps_per_sample=1,
                        recipes=tuple(RECIPES))
-    written = runner.run(lmbench.STUDY, p, tmp_path, progress=False).written
+    written = runner.run(lm_step.STUDY, p, tmp_path, progress=False).written
     assert [p.relative_to(tmp_path).parts[1:] for p in written] == [("lm_step", "tiny_b2.json")]
-    assert runner.run(lmbench.STUDY, p, tmp_path, progress=False).written == []  # resumable
+    assert runner.run(lm_step.STUDY, p, tmp_path, progress=False).written == []  # resumable
     recs = json.loads(written[0].read_text())
     by = {(r["recipe"], r["metric"]): r for r in recs}
     tokens = 2 * 64  # batch x the tiny preset's seq_len
@@ -67,7 +67,7 @@ def test_bad_input_fails_in_one_line_before_compiling(tmp_path, monkeypatch, cap
     def no_bench(*a, **k):
         raise AssertionError("bench_cell called: the check came too late")
 
-    monkeypatch.setattr(lmbench, "bench_cell", no_bench)
+    monkeypatch.setattr(lm_step, "bench_cell", no_bench)
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(
         {"profile": "smoke", "lm_step": {"smoke": {**SMOKE, **change}, "full": dict(SMOKE)}}))
@@ -89,18 +89,18 @@ def test_bench_cell_checks_recipes_before_compiling(monkeypatch):
 
     monkeypatch.setattr(T, "_functions", no_compile)
     with pytest.raises(ConfigError, match="unknown recipe"):
-        lmbench.bench_cell("tiny", 2, ["bf16", "not-a-recipe"], repeats=1)
+        lm_step.bench_cell("tiny", 2, ["bf16", "not-a-recipe"], repeats=1)
     with pytest.raises(ConfigError, match="unknown model size"):
-        lmbench.bench_cell("7b", 2, ["bf16"], repeats=1)
+        lm_step.bench_cell("7b", 2, ["bf16"], repeats=1)
 
 
 def test_registered_and_params_order():
-    assert studies.study("lm_step") is lmbench.STUDY
+    assert studies.study("lm_step") is lm_step.STUDY
     full = studies.params("lm_step", "full")
     # check() would also check the memory of this device
-    assert [c.name for c in lmbench.cells(full)] == ["120m_b32", "20m_b64"]  # lm.full.runs'
+    assert [c.name for c in lm_step.cells(full)] == ["120m_b32", "20m_b64"]  # lm.full.runs'
     # BF16 and the FP8 recipes only: block-scaled recipes are emulated on Hopper (not speed)
     assert full.recipes == ("bf16", "fp8-delayed", "fp8-current")
     smoke = studies.params("lm_step", "smoke")
-    lmbench.check(smoke)
-    assert [c.name for c in lmbench.cells(smoke)] == ["tiny_b2"] and smoke.repeats <= 3
+    lm_step.check(smoke)
+    assert [c.name for c in lm_step.cells(smoke)] == ["tiny_b2"] and smoke.repeats <= 3

@@ -1,16 +1,16 @@
 import numpy as np
 import pytest
 
-from repro.experiments.mlp_step import measure as mlpbench
+from repro.experiments.mlp_step import measure as mlp_step
 
 
 def test_step_flops_by_hand():
     # 2 layers of 8x8 on 4 rows: forward 2*4*8*8, dgrad and wgrad as much again each.
-    assert mlpbench.step_flops(4, 8, 2) == 2 * 3 * (2 * 4 * 8 * 8)
+    assert mlp_step.step_flops(4, 8, 2) == 2 * 3 * (2 * 4 * 8 * 8)
 
 
 def test_bench_cell_records_every_recipe(monkeypatch, tmp_path):
-    recs = mlpbench.bench_cell(32, 64, 2, ["bf16", "fp8-current", "flax-fp8"], repeats=2,
+    recs = mlp_step.bench_cell(32, 64, 2, ["bf16", "fp8-current", "flax-fp8"], repeats=2,
                                steps_per_sample=1)
     by = {(r["recipe"], r["metric"]): r for r in recs}
     for recipe in ["bf16", "fp8-current", "flax-fp8"]:
@@ -31,7 +31,7 @@ def test_fp8_regression_trains_like_bf16(recipe):
     import jax
 
     def train(r):
-        step, variables, opt_state, x, y = mlpbench._setup(r, 32, 128, 2, lr=3e-3)
+        step, variables, opt_state, x, y = mlp_step._setup(r, 32, 128, 2, lr=3e-3)
         losses = []
         for _ in range(60):
             variables, opt_state, loss = step(variables, opt_state, x, y)
@@ -49,20 +49,20 @@ def test_record_runs_main_cells_first_then_lever_cells(monkeypatch, tmp_path):
     from repro import results
     from repro.studies import runner
 
-    params = mlpbench.Params(profile="smoke", batch=8, depth=2, repeats=1, widths=(32, 16),
+    params = mlp_step.Params(profile="smoke", batch=8, depth=2, repeats=1, widths=(32, 16),
                              recipes=("bf16", "fp8-delayed", "flax-fp8"),
                              levers=("fp8-delayed:fp8_gemm_out=float32",), lever_widths=(32,))
     calls = []
 
     def fake_cell(width, batch, depth, recipes, repeats, profile=None):
         calls.append((width, tuple(recipes)))
-        return [results.make_record(mlpbench.EXPERIMENT, "step_time_ms", 1.0, "ms",
+        return [results.make_record(mlp_step.EXPERIMENT, "step_time_ms", 1.0, "ms",
                                     recipe=r, sizes={"width": width}) for r in recipes]
 
-    monkeypatch.setattr(mlpbench, "bench_cell", fake_cell)
-    written = runner.run(mlpbench.STUDY, params, tmp_path, progress=False).written
+    monkeypatch.setattr(mlp_step, "bench_cell", fake_cell)
+    written = runner.run(mlp_step.STUDY, params, tmp_path, progress=False).written
     assert [p.name for p in written] == ["w32_b8_d2.json", "w16_b8_d2.json",
                                          "w32_b8_d2_levers.json"]
     # the lever cell times the ablation with bf16 and the default it ablates
     assert calls[-1] == (32, ("bf16", "fp8-delayed", "fp8-delayed:fp8_gemm_out=float32"))
-    assert runner.run(mlpbench.STUDY, params, tmp_path, progress=False).written == []
+    assert runner.run(mlp_step.STUDY, params, tmp_path, progress=False).written == []
