@@ -43,6 +43,7 @@ def test_unknown_experiment_lists_valid_ones():
     assert all(name in line for name in studies.EXPERIMENTS)
 
 
+@pytest.mark.slow  # end-to-end record (dvc repro's gemm stage records the same smoke cells)
 def test_record_gemm_smoke_writes_records(tmp_path):
     (tmp_path / "params.yaml").write_text(GEMM_PARAMS)
     r = run("record", "gemm", "--profile", "smoke", "--hardware", "test-box", "--note", "a note",
@@ -187,6 +188,7 @@ check(answer)
 '''
 
 
+@pytest.mark.slow  # executes a notebook (dvc repro executes every one)
 def test_notebook_converts_and_executes(tmp_path):
     (tmp_path / "params.yaml").write_text("profile: smoke\n")
     (tmp_path / "notebooks").mkdir()

@@ -228,6 +228,7 @@ def test_a_ctrl_c_swallowed_inside_a_finalizer_is_raised_again(mode, want):
     assert "KeyboardInterrupt" in p.stderr  # Python's "Exception ignored in" note
 
 
+@pytest.mark.slow  # two record processes, one interrupted
 def test_ctrl_c_during_record_exits_130_keeps_cells_and_the_rerun_resumes(tmp_path):
     shapes = ", ".join(f"[{16 * i}, 16, 16]" for i in range(1, 9))
     (tmp_path / "params.yaml").write_text(GEMM_PARAMS.replace("[[32, 16, 16]]", f"[{shapes}]"))

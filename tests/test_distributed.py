@@ -284,6 +284,7 @@ def test_ratios_say_whether_their_cells_share_a_commit():
                    "different calls)")
 
 
+@pytest.mark.slow  # an end-to-end record of the multigpu study
 def test_record_smoke_one_device(tmp_path):
     """The record pipeline on this (1-device) process: only n=1 cells, simulated, resumable,
     under the hardware name it is given."""

@@ -3,6 +3,7 @@
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from repro import pipeline, provenance
@@ -169,6 +170,7 @@ def test_committed_outputs_are_persist_outputs():
                             for o in kept), name
 
 
+@pytest.mark.slow  # runs dvc repro on a toy pipeline
 def test_a_broken_notebook_leaves_its_stages_committed_outputs_in_place(tmp_path):
     """`dvc repro -s formats` of a copy of the tree with a syntax error in its notebook: the
     stage fails naming the notebook's own line, and figures, verdict and metrics are the

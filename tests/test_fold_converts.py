@@ -91,6 +91,7 @@ def test_stochastic_nvfp4_survives_convert_folding():
     assert _same(fold_converts(f)(x), f(x))
 
 
+@pytest.mark.slow  # compiles a training step per storage (25 s for fp8)
 @pytest.mark.parametrize("storage", ["bf16", "fp8"])
 def test_storage_and_kahan_survive_convert_folding(storage):
     p0 = {"w": optim.to_storage(jnp.full((32,), 0.1, jnp.float32) + _x(4, (32,), 0.01),

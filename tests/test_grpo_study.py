@@ -193,6 +193,7 @@ def test_config_errors_of_the_new_fields_are_one_line():
 FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
+@pytest.mark.slow  # compiles the GRPO run twice and its warm-up
 def test_warm_up_lowers_its_loss_and_train_from_its_base_is_train():
     """The warm-up learns; ``train(key)`` equals ``train(key, train.base(key))`` bit for bit
     and starts from the ``start`` it is given; the curve has a point per evaluation."""
@@ -216,6 +217,7 @@ def test_warm_up_lowers_its_loss_and_train_from_its_base_is_train():
         np.asarray(flipped["metrics"]["loss"]), np.asarray(out["metrics"]["loss"]))
 
 
+@pytest.mark.slow  # compiles two arms' GRPO runs and their warm-up
 def test_every_arm_of_a_seed_gets_the_one_base_model():
     """The warm-up runs once per seed, apart from the arms' programs: two arms with other
     trainers share its bits (digest) and the run that made them (its timings)."""

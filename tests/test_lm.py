@@ -100,6 +100,7 @@ def test_layer_recipe_policy():
         M.layer_recipe("nvfp4", "conv", 0, cfg)
 
 
+@pytest.mark.slow  # compiles an NVFP4 model's training step (20 s)
 def test_nvfp4_model_uses_nvfp4_state():
     """Under nvfp4 exactly the policy's layers carry NVFP4 state (FP8_META step counters)."""
     from repro.precision.layers import FP8_META

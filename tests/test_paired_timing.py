@@ -104,6 +104,7 @@ def test_a2_judges_a_hardware_from_its_paired_cells_alone():
     assert V.a2(paired, first).verdict == "not yet measured"
 
 
+@pytest.mark.slow  # an end-to-end paired cell: compiles three recipes
 def test_a_paired_cell_times_its_recipes_in_one_run_on_cpu():
     from repro.experiments.rl_throughput import measure as X
 

@@ -236,6 +236,7 @@ def test_the_clip_coefficient_is_in_the_quality_program():
 # -------------------------------------------------------------------------- rl_purejaxrl
 
 
+@pytest.mark.slow  # records a PureJaxRL cell end to end
 def test_purejaxrl_cells_carry_our_program_and_records_find_it():
     p = studies.params("rl_purejaxrl", "smoke")
     assert set(cells("rl_purejaxrl")) == {"CartPole-v1_s1", "CartPole-v1_s1_unroll-8"}

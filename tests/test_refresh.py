@@ -75,6 +75,7 @@ def repo(tmp_path, monkeypatch):
     return types.SimpleNamespace(root=tmp_path, calls=calls)
 
 
+@pytest.mark.slow  # an end-to-end record of stale cells
 def test_record_stale_records_exactly_the_stale_cells(repo, capsys):
     args = ["record", "toy", "--profile", "full", "--yes", "--hardware", "fake-gpu-x"]
     assert cli.main(args) == 0
