@@ -149,12 +149,17 @@ def _report(name: str, profile: str, out, root: Path) -> str:
 def cmd_record(args) -> int:
     from repro import results, studies
 
+    if args.stale and args.ledger:
+        raise UsageError("--stale and --ledger choose the cells each: give one of them")
+    if args.ledger:
+        return record_ledger(args)
     if args.stale:
         return record_stale(args)
     if args.experiment is None:
-        raise UsageError("repro record: the argument EXPERIMENT is required (or --stale)")
-    if args.claim or args.plan:
-        raise UsageError("--claim and --plan go with --stale")
+        raise UsageError("repro record: the argument EXPERIMENT is required (or --stale, "
+                         "--ledger)")
+    if args.claim or args.plan or args.quality:
+        raise UsageError("--claim, --plan and --quality go with --stale or --ledger")
     if args.experiment != "all":
         _check_experiment(args.experiment)
     profile = _profile(args.profile)
@@ -222,7 +227,69 @@ def record_stale(args) -> int:
     return 0
 
 
-def runner_run(study, params, root: Path, only: list[str], budget: float | None, args):
+def record_ledger(args) -> int:
+    """``repro record --ledger``: the ledger set of this hardware (:mod:`repro.claims.
+    ledger_set`: the cells the verdicts read), printed as a plan with each cell's estimated
+    device time, then its missing and stale cells recorded, the verdicts that need the fewest
+    cells first, until ``--time-budget`` is spent (``--force``: every cell of the set)."""
+    from repro import hardware, results, studies
+    from repro.claims import ledger, ledger_set
+
+    if args.only or args.recipe:
+        raise UsageError("--ledger chooses the cells itself: leave out --only and --recipe")
+    if args.experiment not in (None, "all"):
+        raise UsageError("--ledger records every experiment of the set: leave out EXPERIMENT "
+                         "(--claim C keeps one claim's cells)")
+    profile = _profile(args.profile or "full")  # the ledger is full-profile evidence
+    if profile != "full":
+        raise UsageError("repro record --ledger records full-profile evidence: leave out "
+                         "--profile (or give full)")
+    slug = results.slug(args.hardware) if args.hardware else hardware.detect().slug
+    claims = split(args.claim) or ()
+    if bad := [c for c in claims if c not in ledger.claims()]:
+        raise UsageError(f"unknown claim {bad[0]!r}; claims: {', '.join(ledger.claims())}")
+    rows = ledger_set.plan(slug, claims, quality=True if args.quality else None)
+    if not rows:
+        print(f"no ledger cells on {slug}" + (" (--quality adds the quality cells any "
+                                              "hardware records)" if not args.quality else ""))
+        return 0
+    print(f"repro record --ledger on {slug}:", file=sys.stderr)
+    for line in ledger_set.describe(rows, slug):
+        print(f"  {line}", file=sys.stderr)
+    if args.plan:
+        return 0
+    todo = [c for c in rows if c["recordable"] and (args.force or c["status"] != "fresh")]
+    if skipped := [c for c in rows if not c["recordable"] and c["status"] != "fresh"]:
+        print(f"repro: {len(skipped)} ledger cell(s) are not recorded by `repro record` "
+              f"(docs/RECORDING.md says how): {', '.join(c['experiment'] + '/' + c['cell'] for c in skipped[:6])}",
+              file=sys.stderr)
+    if not todo:
+        print(f"the ledger set on {slug} is recorded: nothing to do (--force records it again)")
+        return 0
+    check_cpu_full(argparse.Namespace(**{**vars(args), "experiment": "--ledger"}), profile,
+                   [todo[0]["experiment"]])
+    _check_numerics(profile)
+    root, start, lines = results.record_root(profile), time.monotonic(), []
+    for name in dict.fromkeys(c["experiment"] for c in todo):
+        left = None if args.time_budget is None else \
+            args.time_budget - (time.monotonic() - start)
+        if left is not None and left <= 0:
+            lines.append(f"time budget spent before {name}")
+            break
+        only = [c["cell"] for c in todo if c["experiment"] == name]
+        s, p = studies.study(name), studies.params(name, profile)
+        if missing := [r for r in s.requires if getattr(p, r, None) is None]:
+            lines.append(f"{name}: {len(only)} ledger cell(s) left: it needs --"
+                         f"{missing[0].replace('_', '-')}")
+            continue
+        out = runner_run(s, p, root, only, left, args, force=args.force)
+        lines.append(_report(name, profile, out, root))
+    print("\n".join(lines))
+    return 0
+
+
+def runner_run(study, params, root: Path, only: list[str], budget: float | None, args,
+               force: bool = False):
     from repro.studies import runner
 
     known = {c.name for c in study.cells(params)}
@@ -235,7 +302,7 @@ def runner_run(study, params, root: Path, only: list[str], budget: float | None,
     if not only:
         return runner.Outcome()
     return runner.run(study, params, root, only=only, time_budget_s=budget,
-                      hardware=args.hardware, note=args.note)
+                      hardware=args.hardware, note=args.note, force=force)
 
 
 def _check_experiment(name: str) -> None:
@@ -591,10 +658,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--stale", action="store_true",
                    help="record again every stale cell of this hardware, cells behind a "
                    "verdict first, within --time-budget (repro status lists them)")
+    r.add_argument("--ledger", action="store_true",
+                   help="record this hardware's ledger set: the cells the verdicts read "
+                   "(repro/data/claims.yaml), its missing and stale cells, the verdicts that "
+                   "need the fewest cells first, within --time-budget")
+    r.add_argument("--quality", action="store_true",
+                   help="--ledger: add the quality cells any hardware may record (a CPU "
+                   "records only those small enough for it)")
     r.add_argument("--claim", action="append", metavar="C",
-                   help="--stale: only cells serving these claims (repeat or comma-separate)")
+                   help="--stale, --ledger: only cells serving these claims (repeat or "
+                   "comma-separate)")
     r.add_argument("--plan", action="store_true",
-                   help="--stale: print the plan and its estimated device time, run nothing")
+                   help="--stale, --ledger: print the plan and its estimated device time, run "
+                   "nothing")
     _recording_options(r)
     r.add_argument("--only", action="append", metavar="GLOB",
                    help="only the cells whose name matches (repeatable), e.g. 'mlp_w4096_*'")

@@ -22,8 +22,10 @@ from typing import Any, Iterable
 
 UNKNOWN_S = 120.0  # a cell whose records say nothing about its duration
 MAX_GAP_S = 2 * 3600.0  # a longer gap between two cells is another run
-_WALL_FIELDS = ("wall_s_all_seeds_with_compile", "wall_s_all_seeds", "time_s")
+CELL_FIELD = "cell_s"  # the runner's wall time of the whole cell (compiles included)
+_WALL_FIELDS = ("wall_s_all_seeds_with_compile", "wall_s_all_seeds")
 _COMPILE_FIELDS = ("compile_s", "compile_e2e_s", "compile_update_s")
+_SAMPLE_FIELDS = ("samples_s", "samples_ms")
 
 
 def _when(rec: dict[str, Any]) -> float | None:
@@ -33,16 +35,31 @@ def _when(rec: dict[str, Any]) -> float | None:
         return None
 
 
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
 def _own_fields(recs: list[dict[str, Any]]) -> float | None:
-    """Seconds the records' own fields account for (the longest wall time, else the longest
-    compile: the records of one cell repeat their cell's fields), or None."""
+    """Seconds the records' own fields account for, or None: the runner's ``cell_s`` (the
+    whole cell, compiles included) where recorded; else the longest wall time a record holds
+    (the records of one cell repeat their cell's fields); else, at least, the compiles of its
+    programs plus its timed samples (one compile per distinct recipe and field)."""
     extras = [r.get("extra") or {} for r in recs]
-    for fields in (_WALL_FIELDS, _COMPILE_FIELDS):
-        longest = max((float(e[f]) for e in extras for f in fields
-                       if isinstance(e.get(f), (int, float))), default=0.0)
-        if longest > 0:
-            return longest
-    return None
+    cell = max((x for e in extras if (x := _number(e.get(CELL_FIELD))) is not None),
+               default=None)
+    if cell:
+        return cell
+    longest = max((x for e in extras for f in _WALL_FIELDS
+                   if (x := _number(e.get(f))) is not None), default=0.0)
+    if longest > 0:
+        return longest
+    compiles = {(r.get("recipe"), f): x for r, e in zip(recs, extras) for f in _COMPILE_FIELDS
+                if (x := _number(e.get(f))) is not None}
+    timed = sum(sum(_number(v) or 0.0 for v in (e.get(f) or ()) if isinstance(e.get(f), list))
+                / (1000.0 if f.endswith("_ms") else 1.0)
+                for e in extras for f in _SAMPLE_FIELDS)
+    total = sum(compiles.values()) + timed
+    return total if total > 0 else None
 
 
 def estimates(paths: Iterable[Path]) -> dict[str, float]:
@@ -67,12 +84,44 @@ def estimates(paths: Iterable[Path]) -> dict[str, float]:
         for t, path, recs in group:
             gap = t - prev if t is not None and prev is not None else None
             own = _own_fields(recs)
-            if gap is not None and 0 < gap <= MAX_GAP_S:
-                out[path] = gap
+            if any(_number((r.get("extra") or {}).get(CELL_FIELD)) for r in recs):
+                out[path] = own  # measured by the runner: nothing to infer
+            elif gap is not None and 0 < gap <= MAX_GAP_S:
+                out[path] = max(gap, own or 0.0)
             else:
                 out[path] = own if own is not None else UNKNOWN_S
             prev = t if t is not None else prev
     return out
+
+
+def cell_estimate(root: Path, hardware: str, experiment: str, cell: str
+                  ) -> tuple[float, str]:
+    """(estimated seconds to record ``cell`` of ``experiment`` on ``hardware``, where the
+    estimate comes from): ``"own"`` its records there (:func:`estimates`, with the cells
+    recorded beside it in the same run), else the name of another hardware whose records of
+    the cell say it, else ``"default"`` (:data:`UNKNOWN_S`)."""
+    here = Path(root) / hardware / experiment
+    path = here / f"{cell}.json"
+    if path.is_file():
+        return _folder_estimates(here).get(str(path), UNKNOWN_S), "own"
+    for other in sorted(p for p in Path(root).glob(f"*/{experiment}/{cell}.json")):
+        est = _folder_estimates(other.parent).get(str(other))
+        if est is not None:
+            return est, other.parent.parent.name
+    return UNKNOWN_S, "default"
+
+
+def _folder_estimates(folder: Path) -> dict[str, float]:
+    """:func:`estimates` of every cell file of one folder (a run's cells lie side by side),
+    read once per folder state."""
+    files = sorted(folder.glob("*.json"))
+    key = (str(folder), tuple((f.name, f.stat().st_mtime_ns) for f in files))
+    if key not in _FOLDERS:
+        _FOLDERS[key] = estimates(files)
+    return _FOLDERS[key]
+
+
+_FOLDERS: dict[tuple, dict[str, float]] = {}
 
 
 def plan(cells: list[dict[str, Any]], *, hardware: str | None = None,

@@ -22,15 +22,23 @@ def test_estimates_come_from_the_gaps_between_cells_of_one_run_or_their_own_fiel
     paths = []
     for name, ts, extra in [("a", "2026-01-01T00:00:00+00:00", {"compile_s": 7.0}),
                             ("b", "2026-01-01T00:01:30+00:00", {}),
-                            ("c", "2026-01-01T05:00:00+00:00", {"time_s": 42.0}),
-                            ("d", "2026-01-01T05:00:10+00:00", {})]:
+                            ("c", "2026-01-01T05:00:00+00:00", {"cell_s": 42.0,
+                                                                 "compile_s": 900.0}),
+                            ("d", "2026-01-01T05:00:10+00:00", {}),
+                            ("e", "2026-01-02T00:00:00+00:00",
+                             {"compile_e2e_s": 20.0, "compile_update_s": 5.0,
+                              "samples_s": [1.0, 2.0], "samples_ms": [500.0, 500.0],
+                              "time_s": 999.0})]:
         (folder / f"{name}.json").write_text(json.dumps([_rec(name, ts, **extra)]))
         paths.append(folder / f"{name}.json")
     est = refresh.estimates(paths)
     assert est[str(paths[0])] == 7.0  # the first cell of a run: its own compile time
     assert est[str(paths[1])] == 90.0  # 90 s after the cell before it
-    assert est[str(paths[2])] == 42.0  # five hours later: another run; its own wall time
+    assert est[str(paths[2])] == 42.0  # five hours later: another run; the runner's cell_s
     assert est[str(paths[3])] == 10.0
+    # a run's first cell without cell_s: at least its compiles and its timed samples (a
+    # timed loop's time_s is not the cell's wall time)
+    assert est[str(paths[4])] == 20.0 + 5.0 + 3.0 + 1.0
 
 
 def test_the_plan_puts_cells_behind_a_verdict_first_and_filters_by_claim():

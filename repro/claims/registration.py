@@ -40,7 +40,9 @@ RESTATEMENTS_PATH = "repro/data/rule_restatements.yaml"
 VERDICT_PATHS = ("repro/claims/verdicts", "repro/claims/verdicts.py",
                  ":(glob)repro/experiments/*/rules.py")
 RULES_DIR, RULES_FILE = "repro/experiments/", "/rules.py"
-NOT_RULE = ("claim", "notebook", "first_registered")  # an entry's keys that are not its rule
+# an entry's keys that are not its rule; ``ledger`` names the recorded cells where the rule's
+# config is found (repro.claims.ledger_set), which the rule itself states
+NOT_RULE = ("claim", "notebook", "first_registered", "ledger", "kind")
 
 
 def _root(root: Path | str | None) -> Path:

@@ -305,7 +305,7 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
         bar.set_postfix_str(cell.name)
         if force and cell.restart is not None:
             cell.restart()
-        before = provenance.run_conditions()
+        before, began = provenance.run_conditions(), time.monotonic()
         try:
             recs = cell.run(left)
         except Exception as e:  # noqa: BLE001 - reported, the study goes on, raised at the end
@@ -319,6 +319,10 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
         if not recs:
             out.empty.append(cell.name)
             continue
+        # the cell's wall time, compiles included: what recording it again costs
+        # (repro.refresh); beside the record's numbers, never one of them
+        took = round(time.monotonic() - began, 1)
+        recs = [{**r, "extra": {**(r.get("extra") or {}), "cell_s": took}} for r in recs]
         recs = results.restamp(recs, hardware=hardware, note=note, stamp=stamp,
                                conditions=provenance.merge_conditions(
                                    before, provenance.run_conditions()))

@@ -1,0 +1,115 @@
+"""Each claim's ledger set (repro.claims.ledger_set): the cells its verdict reads, named in
+repro/data/claims.yaml, selected from the records, and planned per hardware within one device
+call."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from repro import cli, results
+from repro.claims import ledger_set
+from repro.claims.verdicts._base import definitions
+
+
+def test_braces_expand_and_globs_stay():
+    assert ledger_set.expand("mlp_w{4096,2048}_e{2048,256}_paired") == [
+        "mlp_w4096_e2048_paired", "mlp_w4096_e256_paired", "mlp_w2048_e2048_paired",
+        "mlp_w2048_e256_paired"]
+    assert ledger_set.expand("a_{x,y{1,2}}*") == ["a_x*", "a_y1*", "a_y2*"]
+    assert ledger_set.expand("plain") == ["plain"]
+
+
+def test_every_named_ledger_cell_is_a_cell_of_its_study_or_on_disk():
+    """A renamed cell or a typo would leave a verdict reading nothing: every pattern of every
+    claim matches a cell the study makes (full profile, on the hardware named) or a cell file
+    under results/, and every claim but those without records names its cells."""
+    unmatched = []
+    for hw in {e.where for e in ledger_set.entries()}:
+        rows = ledger_set.plan("h200" if hw in ledger_set.ANYWHERE else hw,
+                               [e.claim for e in ledger_set.entries() if e.where == hw],
+                               quality=True)
+        unmatched += [f"{hw}: {c['experiment']}/{c['cell']}" for c in rows
+                      if c["status"] == "missing" and not c["recordable"]]
+    assert not unmatched, unmatched
+    named = {e.claim for e in ledger_set.entries()}
+    without = {cid for cid, c in definitions().items() if not c.get("ledger")}
+    assert named, "no claim names its ledger cells"
+    assert named | without == set(definitions())
+    assert without <= {"B1", "B5"}, without  # nothing recorded can decide them yet
+
+
+def test_a_malformed_ledger_is_one_line_naming_the_claim():
+    with pytest.raises(ValueError, match="X9: ledger.h200.gemm must be a list"):
+        ledger_set.entries({"X9": {"ledger": {"h200": {"gemm": {"a": 1}}}}})
+    with pytest.raises(ValueError, match="X9: ledger must map"):
+        ledger_set.entries({"X9": {"ledger": ["gemm"]}})
+
+
+def _rows(*specs):
+    return pd.DataFrame([{"source": f"/r/results/{hw}/{exp}/{cell}.json", "hardware": hw,
+                          "experiment": exp, "stale": stale, "timestamp": ts, "value": i}
+                         for i, (hw, exp, cell, stale, ts) in enumerate(specs)])
+
+
+def test_select_keeps_the_claims_cells_and_one_hardware_per_anywhere_cell(monkeypatch):
+    claims = {"Q1": {"ledger": {"h200": {"rl_throughput": ["mlp_*_paired"]},
+                                "any": {"rl_quality": ["CartPole-v1_{fp32,fp8-delayed}"]}}},
+              "Q2": {"ledger": {"h200": {"rl_throughput": ["cnn_w0_bf16"]}}}}
+    monkeypatch.setattr(ledger_set, "entries",
+                        lambda c=None, _e=ledger_set.entries: _e(claims))
+    df = _rows(("h200", "rl_throughput", "mlp_w4096_e2048_paired", False, "2026-01-01"),
+               ("tpu-v5e", "rl_throughput", "mlp_w4096_e2048_paired", False, "2026-01-02"),
+               ("h200", "rl_throughput", "mlp_w4096_bf16_e2048", False, "2026-01-01"),
+               ("h200", "rl_throughput", "cnn_w0_bf16", False, "2026-01-01"),
+               ("h200", "rl_quality", "CartPole-v1_fp32", True, "2026-01-05"),
+               ("cpu", "rl_quality", "CartPole-v1_fp32", False, "2026-01-01"),
+               ("cpu", "rl_quality", "CartPole-v1_fp32", False, "2026-01-01"),
+               ("h200", "rl_quality", "CartPole-v1_fp8-delayed", False, "2026-01-01"),
+               ("tpu-v5e", "rl_quality", "CartPole-v1_fp8-delayed", False, "2026-02-01"),
+               ("cpu", "rl_quality", "CartPole-v1_fp16", False, "2026-01-01"))
+    got = ledger_set.select(df, "Q1")
+    assert list(got["value"]) == [0, 5, 6, 8]  # h200's paired cell; cpu's fresh fp32 (both
+    # records) over h200's stale one; the newest fp8-delayed; no figure cell, no Q2 cell
+    assert list(ledger_set.select(df, "Q1", "Q2")["value"]) == [0, 3, 5, 6, 8]
+    assert not len(ledger_set.select(df, "Q3"))
+
+
+def test_a_cells_claims_and_the_anywhere_hardware():
+    ents = [ledger_set.Entry("A", "h200", "gemm", "65536x*"),
+            ledger_set.Entry("B", "any", "gemm", "*"), ledger_set.Entry("C", "cpu", "lm", "*")]
+    assert ledger_set.claims_of("h200", "gemm", "65536x256x256", ents) == ["A", "B"]
+    assert ledger_set.claims_of("tpu-v5e", "gemm", "65536x256x256", ents) == ["B"]
+    assert ledger_set.claims_of("h200", "lm", "x", ents) == ["C"]
+    assert ledger_set.claims_of("h200", "mlp_step", "x", ents) == []
+
+
+def test_the_h200_speed_set_fits_one_device_call():
+    """Every speed claim judged on the H200 names its cells there, and recording all of them
+    again (compiles included, estimated from the records' own times) fits one device call of
+    25 minutes: the lease refreshes the speed ledger whatever changed."""
+    rows = ledger_set.plan("h200")
+    claims = {cl for c in rows for cl in c["claims"]}
+    assert {"A2", "A4", "A9", "A11", "A12", "B6"} <= claims, claims
+    assert not claims & ledger_set.projections(), "projections are refreshed with --claim"
+    total = sum(c["estimate_s"] for c in rows)
+    assert 0 < total <= 25 * 60, f"the H200 speed ledger takes ~{total / 60:.1f} min"
+    assert all(c["estimate_s"] > 0 for c in rows)
+
+
+def test_the_plan_command_lists_the_set_and_its_total(capsys):
+    assert cli.main(["record", "--ledger", "--plan", "--hardware", "h200"]) == 0
+    err = capsys.readouterr().err
+    assert "rl_throughput/mlp_w4096_e2048_paired  [A2, A4, A9]" in err
+    assert "ledger set on h200:" in err and "to record all of it" in err
+    assert cli.main(["record", "--ledger", "--plan", "--claim", "A2", "--hardware", "h200"]) == 0
+    err = capsys.readouterr().err
+    assert "cnn_w0" not in err and "mlp_w2048_e2048_paired" in err
+
+
+def test_ledger_refuses_cell_selection_and_unknown_claims(capsys):
+    assert cli.main(["record", "--ledger", "--only", "x*"]) == 2
+    assert "--ledger chooses the cells itself" in capsys.readouterr().err
+    assert cli.main(["record", "--ledger", "--plan", "--claim", "Z9"]) == 2
+    assert "unknown claim 'Z9'" in capsys.readouterr().err
+    assert cli.main(["record", "--ledger", "--stale"]) == 2
