@@ -120,21 +120,32 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
-def kit_hash(kit: Iterable[Callable]) -> str:
-    """sha256 of the kit functions' syntax trees (docstrings and comments left out, printed
-    alike by every Python version: :func:`repro.provenance.dump`), in the order given; a
-    function without source (a builtin) counts by its qualified name."""
-    from repro.provenance import dump
-
-    parts = []
+def kit_sources(kit: Iterable[Callable]) -> list[dict[str, str]]:
+    """The kit functions as :func:`kit_hash_of` reads them: ``{"src": source}``, or
+    ``{"name": qualified name}`` for a function without source (a builtin)."""
+    out = []
     for f in kit:
         f = inspect.unwrap(f)
         try:
-            src = textwrap.dedent(inspect.getsource(f))
-            parts.append(dump(_strip_docstrings(ast.parse(src))))
+            out.append({"src": textwrap.dedent(inspect.getsource(f))})
         except (OSError, TypeError):
-            parts.append(f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', f)}")
-    return text_hash("\n".join(parts))
+            out.append({"name": f"{getattr(f, '__module__', '')}."
+                                f"{getattr(f, '__qualname__', f)}"})
+    return out
+
+
+def kit_hash_of(parts: Iterable[dict[str, str]]) -> str:
+    """sha256 of :func:`kit_sources`' syntax trees (docstrings and comments left out, printed
+    alike by every Python version: :func:`repro.provenance.dump`), in the order given."""
+    from repro.provenance import dump
+
+    return text_hash("\n".join(dump(_strip_docstrings(ast.parse(p["src"]))) if "src" in p
+                               else p["name"] for p in parts))
+
+
+def kit_hash(kit: Iterable[Callable]) -> str:
+    """:func:`kit_hash_of` the kit functions, in the order given."""
+    return kit_hash_of(kit_sources(kit))
 
 
 # ------------------------------------------------------------------------------ tracing
@@ -188,6 +199,31 @@ def file_hash(path: Path) -> str:
     return provenance.source_hash(path) if path.suffix == ".py" else provenance.data_hash(path)
 
 
+@functools.lru_cache(maxsize=1)
+def _tracked() -> frozenset[str] | None:
+    """The checkout's files git tracks (None: no git here, as in a copy on a GPU machine)."""
+    import subprocess
+
+    from repro import provenance
+
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=provenance.CHECKOUT,
+                             capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return frozenset(out.stdout.decode().split("\0")) - {""} if out.returncode == 0 else None
+
+
+def _kept() -> Callable[[str], bool]:
+    """Which files a trace keeps: the tracked ones (a build artifact the trace opened, such
+    as an installed package's metadata, is no file of the program: a fresh clone lacks it);
+    without git, those outside build folders and package metadata."""
+    tracked = _tracked()
+    if tracked is not None:
+        return lambda rel: rel in tracked or rel.startswith(PARAMS_PREFIX)
+    return lambda rel: not (rel.startswith(("build/", "dist/")) or ".egg-info/" in rel)
+
+
 def trace(program: Program, platform: str, device_kind: str = "") -> Traced:
     """Trace ``program`` for ``platform`` / ``device_kind`` (on whatever device this process
     has) and fingerprint it; see the module docstring."""
@@ -205,9 +241,10 @@ def trace(program: Program, platform: str, device_kind: str = "") -> Traced:
         except (TypeError, OSError):
             continue
     hashes = {}
+    kept = _kept()
     for f in sorted(files.seen):
         p = Path(f)
-        if p.is_file() and files.ours(str(p)):
+        if p.is_file() and files.ours(str(p)) and kept(provenance.rel(p)):
             hashes[provenance.rel(p)] = file_hash(p)
     hashes.update(program.settings)
     return Traced(text_hash(text), kit_hash(program.kit), hashes, platform, device_kind, text)
@@ -216,15 +253,32 @@ def trace(program: Program, platform: str, device_kind: str = "") -> Traced:
 PARAMS_PREFIX = "params.yaml#"
 
 
-def params_entry(section: str, raw: dict | None = None) -> dict[str, str]:
-    """``{"params.yaml#SECTION": hash}``: the hash of a params.yaml section as data (its
-    every profile; comments and layout do not count), for a program's ``settings``."""
+def params_entry(section: str, raw: dict | None = None, profile: str | None = None
+                 ) -> dict[str, str]:
+    """``{"params.yaml#SECTION@PROFILE": hash}``: the hash of what a run of ``profile`` reads
+    of a params.yaml section, as data (its ``common`` part and its ``profile``'s; comments,
+    layout and the other profiles do not count: an edit of the smoke profile leaves a
+    full-profile record's settings alone), for a program's ``settings``. Without ``profile``,
+    ``{"params.yaml#SECTION": hash}`` of the whole section (every profile), as records made
+    before per-profile settings name it."""
     import json
 
     from repro import config
 
     data = (raw if raw is not None else config.load_params()).get(section)
-    return {PARAMS_PREFIX + section: text_hash(json.dumps(data, sort_keys=True, default=str))}
+    if profile is None:
+        return {PARAMS_PREFIX + section: text_hash(json.dumps(data, sort_keys=True,
+                                                              default=str))}
+    part = {k: (data or {}).get(k) for k in ("common", profile)} if isinstance(data, dict) \
+        else data
+    return {f"{PARAMS_PREFIX}{section}@{profile}": text_hash(json.dumps(part, sort_keys=True,
+                                                                        default=str))}
+
+
+def params_key(rel: str) -> tuple[str, str | None]:
+    """(section, profile) of a ``params.yaml#SECTION[@PROFILE]`` settings key."""
+    section, _, profile = rel.removeprefix(PARAMS_PREFIX).partition("@")
+    return section, profile or None
 
 
 # -------------------------------------------------------------------------- the texts

@@ -84,8 +84,11 @@ _rel = rel
 
 
 def module_file(name: str) -> Path | None:
-    """The source file of module ``name``: under the checkout for ``repro...`` (no import),
-    else that of an already imported module (a study defined outside the package)."""
+    """The source file of module ``name``: under the checkout for ``repro...`` (no import;
+    a study's former path, from before a move, is its module now: :data:`repro.experiments.
+    FORMER`), else that of an already imported module (a study defined outside the
+    package)."""
+    name = experiments.FORMER.get(name, name)
     if name == PACKAGE or name.startswith(PACKAGE + "."):
         base = CHECKOUT.joinpath(*name.split("."))
         for path in (base.with_suffix(".py"), base / "__init__.py"):
@@ -480,9 +483,10 @@ def first_change(commit: str, paths: Iterable[str]) -> str | None:
     return first[0] if first else "uncommitted"
 
 
-def with_settings(prog, experiment: str):
-    """``prog`` with the hash of its study's params.yaml section among its ``settings``
-    (:func:`repro.program.params_entry`), which cells read their settings from."""
+def with_settings(prog, experiment: str, profile: str = "full"):
+    """``prog`` with the hash of what a run of ``profile`` reads of its study's params.yaml
+    section among its ``settings`` (:func:`repro.program.params_entry`), which cells read
+    their settings from."""
     import dataclasses
 
     from repro import program as P
@@ -494,7 +498,8 @@ def with_settings(prog, experiment: str):
         section = None
     if not section:
         return prog
-    return dataclasses.replace(prog, settings={**prog.settings, **P.params_entry(section)})
+    return dataclasses.replace(prog, settings={**prog.settings,
+                                               **P.params_entry(section, profile=profile)})
 
 
 #: Files of the tracing harness (not of any program) that older stamps list among a trace's files.
@@ -558,6 +563,23 @@ def record_platform(rec: dict[str, Any]) -> str:
     prog = rec.get("program") if isinstance(rec.get("program"), dict) else {}
     plat = str(prog.get("platform") or rec.get("backend") or "")
     return "gpu" if plat in ("cuda", "rocm") else plat
+
+
+LOCK_FIELD = "lock"  # a record's program traced with the lock's JAX at its commit
+
+
+def judged_program(prog: dict[str, Any], jax_version: str | None) -> dict[str, Any]:
+    """The fingerprint a record's program is judged by in an environment of ``jax_version``
+    (the lock's): the program as traced where it ran; for a record made with its platform's
+    own JAX (a TPU image's), its ``lock`` fingerprint (the same cell traced for the same
+    device with the lock's JAX, in the checkout of the record's commit), so that this
+    checkout can trace HEAD's program and compare, with no other JAX installed."""
+    lock = prog.get(LOCK_FIELD)
+    if prog.get("jax") and jax_version and prog["jax"] != jax_version and \
+            isinstance(lock, dict) and lock.get("jax") == jax_version and lock.get("hash"):
+        return {**prog, **{k: lock[k] for k in ("hash", "kit", "files", "jax", "python")
+                           if k in lock}}
+    return prog
 
 
 PROGRAM_INDEX = ("results", "programs", "index.json")  # committed: HEAD's programs per cell
@@ -625,8 +647,9 @@ class Checker:
             try:
                 if self._params is None:  # read once: every section hashes the same file
                     self._params = config.load_params()
-                self._files[rel_path] = P.params_entry(rel_path.split("#", 1)[1],
-                                                       self._params)[rel_path]
+                section, profile = P.params_key(rel_path)
+                self._files[rel_path] = P.params_entry(section, self._params,
+                                                       profile)[rel_path]
             except Exception:  # noqa: BLE001 - no params.yaml: the program cannot be checked
                 self._files[rel_path] = None
         if rel_path not in self._files:
@@ -770,7 +793,7 @@ class Checker:
             self._programs[name] = f"cell {cell} has no program {key!r} now"
             return self._programs[name]
         try:
-            traced = P.trace(with_settings(prog, experiment), platform, kind)
+            traced = P.trace(with_settings(prog, experiment, profile), platform, kind)
         except Exception as e:  # noqa: BLE001 - any failure is a reason, in one line
             self._programs[name] = f"tracing it failed: {type(e).__name__}: " \
                 f"{(str(e).splitlines() or [''])[0][:200]}"
@@ -820,7 +843,7 @@ class Checker:
         it, since, changed files), all None where its program is HEAD's."""
         from repro.program import first_difference
 
-        prog, commit = rec["program"], _commit(rec)
+        prog, commit = judged_program(rec["program"], self._env["jax"]), _commit(rec)
         files = prog.get("files") or {}
         if self.unchanged(files, prog.get("python")):
             return None, None, None, ()
@@ -828,9 +851,9 @@ class Checker:
         traced_with = prog.get("jax")
         if traced_with and self._env["jax"] and traced_with != self._env["jax"]:
             why = (f"its program{' (' + key + ')' if key else ''} was traced with jax "
-                   f"{traced_with} (its platform's) and files it ran changed; this checkout "
-                   f"traces with jax {self._env['jax']}: verify it again under jax "
-                   f"{traced_with} (docs/RECORDING.md)")
+                   f"{traced_with} (its platform's), files it ran changed, and it has no "
+                   f"fingerprint traced with jax {self._env['jax']} at its commit: add one "
+                   "(scripts/lock_fingerprints.py) or record it again")
             return f"{why}; recorded at {commit}", why, None, ()
         now = self.program_now(str(rec.get("experiment")), str(prog.get("cell")), key,
                                str(prog.get("platform")), str(prog.get("device_kind") or ""),
@@ -883,7 +906,7 @@ def _traced_text(checker: Checker, args: tuple[str, ...], profile: str, rec: dic
     prog = None if isinstance(progs, str) else progs.get(key, progs.get(""))
     if prog is None:
         return None
-    traced = P.trace(with_settings(prog, experiment), platform, kind)
+    traced = P.trace(with_settings(prog, experiment, profile), platform, kind)
     return traced.text if traced.hash == digest else None
 
 
@@ -903,10 +926,11 @@ def write_index(records: Iterable[dict[str, Any]], checker: Checker | None = Non
         prog = rec.get("program")
         if not isinstance(prog, dict) or not prog.get("hash"):
             continue
+        prog = judged_program(prog, checker._env["jax"])
         args = (str(rec.get("experiment")), str(prog.get("cell")), str(prog.get("key") or ""),
                 str(prog.get("platform")), str(prog.get("device_kind") or ""))
         if prog.get("jax") and prog["jax"] != checker._env["jax"]:
-            continue  # traced with its platform's JAX: not retraced here
+            continue  # traced with its platform's JAX only: not comparable here
         profile = str(rec.get("profile") or "full")
         name = program_key(*args) if profile == "full" else f"{profile}:{program_key(*args)}"
         if name in index:

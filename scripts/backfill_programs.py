@@ -150,79 +150,6 @@ def trace_old(commit: str, jobs: list[dict]) -> dict[str, dict]:
                            capture_output=True)
 
 
-def rehashed(prog: dict, commit: str) -> dict | None:
-    """``prog``'s file hashes computed again from the files at ``commit`` (git), with this
-    checkout's :func:`repro.provenance.source_hash`; None where a file is not there."""
-    import yaml
-
-    out = {}
-    for name, old in (prog.get("files") or {}).items():
-        if name in provenance.HARNESS:
-            continue
-        path, _, section = name.partition("#")
-        blob = subprocess.run(["git", "show", f"{commit.removesuffix('-dirty')}:{path}"],
-                              cwd=ROOT, capture_output=True)
-        if blob.returncode != 0:
-            return None
-        if section:
-            out[name] = P.params_entry(section, yaml.safe_load(blob.stdout))[name]
-        elif path.endswith(".py"):
-            out[name] = provenance.source_text_hash(blob.stdout, path)
-        else:
-            out[name] = old
-    return out
-
-
-def restamp(dry_run: bool = False, hardware: list[str] | None = None) -> int:
-    """For every record whose program is HEAD's (traced here where its files changed), keep
-    HEAD's file hashes in its ``program.files``: the check without a trace then covers the
-    files as they are now (and the kit's files and params.yaml section, for records stamped
-    before those were kept). The program's hash and kit are unchanged."""
-    checker, changed = provenance.Checker(), 0
-    for path in sorted(results.results_dir().glob("*/*/*.json")):
-        if hardware and path.parent.parent.name not in hardware:
-            continue
-        data = results.read_json(path)
-        recs = data if isinstance(data, list) else [data]
-        dirty = False
-        for i, rec in enumerate(recs):
-            prog = rec.get("program") if isinstance(rec, dict) else None
-            if not isinstance(prog, dict) or results.defect_of(rec):
-                continue
-            if prog.get("jax") and prog["jax"] != checker._env["jax"]:
-                # traced with its platform's JAX (verified there): only hashes printed before
-                # they were alike under every Python ("3.x") are printed again, from the files
-                # at the record's own commit (later ones may be a later verification's)
-                if prog.get("python") == "3.x":
-                    continue
-                files = rehashed(prog, str(rec.get("git_commit") or ""))
-                if files is not None and (files, "3.x") != (prog.get("files"),
-                                                            prog.get("python")):
-                    recs[i] = {**rec, "program": {**prog, "files": files, "python": "3.x"}}
-                    dirty = True
-                    changed += 1
-                continue
-            if checker(rec).stale:
-                continue
-            now = checker.program_now(rec["experiment"], prog["cell"], prog.get("key") or "",
-                                      prog["platform"], prog.get("device_kind") or "",
-                                      rec.get("profile") or "full", rec)
-            if isinstance(now, str) or (now["hash"], now["kit"]) != (prog["hash"],
-                                                                      prog["kit"]):
-                continue
-            if now["files"] != prog.get("files") or now.get("python") != prog.get("python"):
-                recs[i] = {**rec, "program": {**prog, "files": now["files"],
-                                              "python": now["python"], "jax": now["jax"]}}
-                dirty = True
-                changed += 1
-        if dirty and not dry_run:
-            path.write_text(json.dumps(recs if isinstance(data, list) else recs[0], indent=1,
-                                       sort_keys=True, default=results._json_default) + "\n")
-    print(f"{changed} record(s) {'would get' if dry_run else 'got'} HEAD's file hashes "
-          f"({checker.traced} program(s) traced)")
-    return 0
-
-
 # The kit hash of records made before repro.program.kit_hash printed syntax trees alike under
 # every Python: ``ast.dump``'s text, which differs between versions (run under each Python
 # that made records: 3.12 on the GPU host, 3.11 on a TPU host).
@@ -332,16 +259,9 @@ def main(argv=None) -> int:
                     help="also the records an earlier backfill gave a program")
     ap.add_argument("--portable-kits", action="store_true",
                     help="only give records their kit's hash as every Python prints it")
-    ap.add_argument("--hardware", action="append",
-                    help="--restamp: only the records of this hardware (e.g. those traced with "
-                         "its platform's JAX, run under that JAX)")
-    ap.add_argument("--restamp", action="store_true",
-                    help="only keep HEAD's file hashes in the programs of fresh records")
     args = ap.parse_args(argv)
     if args.portable_kits:
         return portable_kits(args.dry_run)
-    if args.restamp:
-        return restamp(args.dry_run, args.hardware)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                           capture_output=True).stdout.strip()
     todo = pending(args.redo)

@@ -206,24 +206,31 @@ def test_the_target_switch_chooses_code_paths_for_the_traced_device():
 
 def test_a_params_yaml_section_is_part_of_a_programs_files(base, tmp_path):
     """A setting a cell reads from params.yaml but no traced file holds (a learning rate)
-    must send the check to a retrace: the section's hash is among the program's files."""
+    must send the check to a retrace: what a run of the record's profile reads of the
+    section (its ``common`` part and that profile's) is hashed among the program's files;
+    an edit of another profile is not."""
     recs = json.loads((base / "records.json").read_text())
-    assert "params.yaml#mlp_step" in recs[0]["program"]["files"]
-    root = tmp_path / "edited"
-    shutil.copytree(base, root)
+    assert "params.yaml#mlp_step@smoke" in recs[0]["program"]["files"]
     import yaml
 
-    params = yaml.safe_load((root / "params.yaml").read_text())
-    params["mlp_step"]["smoke"]["repeats"] = 3  # not part of the program: fresh after a trace
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    out = _run(root, """
-        import json
-        from repro.provenance import Checker
-        c = Checker()
-        recs = json.load(open("records.json"))
-        p = recs[0]["program"]
-        print(json.dumps([c.unchanged(p["files"], p["python"]), c(recs[0]).stale,
-                          c.traced]))
-        """)
-    unchanged, stale, traced = json.loads(out)
-    assert (unchanged, stale) == (False, False) and traced >= 1  # retraced, the same program
+    def check_after(key, value):
+        root = tmp_path / f"edited-{key}"
+        shutil.copytree(base, root)
+        params = yaml.safe_load((root / "params.yaml").read_text())
+        params["mlp_step"][key]["repeats"] = value  # not part of the program
+        (root / "params.yaml").write_text(yaml.safe_dump(params))
+        return json.loads(_run(root, """
+            import json
+            from repro.provenance import Checker
+            c = Checker()
+            recs = json.load(open("records.json"))
+            p = recs[0]["program"]
+            print(json.dumps([c.unchanged(p["files"], p["python"]), c(recs[0]).stale,
+                              c.traced]))
+            """))
+
+    # the records' own profile: retraced, the same program, fresh
+    unchanged, stale, traced = check_after("smoke", 3)
+    assert (unchanged, stale) == (False, False) and traced >= 1
+    # another profile: nothing to retrace
+    assert check_after("full", 7) == [True, False, 0]

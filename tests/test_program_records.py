@@ -2,9 +2,10 @@
 when it recorded (or a backfill traced at the record's commit) is the program this checkout
 traces for that GPU now.
 
-A record whose traced files are all unchanged is trusted without a retrace
-(:meth:`repro.provenance.Checker.unchanged`); this test retraces a sample of them (a different
-sample each day, the same for every run of a day) and requires the stored hash.
+A record is judged fresh without a retrace while the files its trace ran are unchanged, or
+where the committed program index (or this machine's cache) says HEAD's program is its own;
+this test retraces a sample of the fresh records from scratch (a different sample each day,
+the same for every run of a day) and requires the stored hash.
 """
 
 import datetime
@@ -16,44 +17,79 @@ import pytest
 from repro import program as P
 from repro import provenance, results
 
-SAMPLE = 6  # distinct programs a run retraces (each takes a second or a few on 2 cores)
+MIN_RECORDS = 20  # fresh records whose programs each run retraces, at least
+MIN_PROGRAMS = 3  # and distinct programs, at least (records of one cell share one)
 
 
-def trusted_programs() -> list[tuple]:
-    """(experiment, cell, key, platform, device kind, hash, kit) of every committed record
-    whose program a Checker trusts without tracing."""
+def fresh_programs() -> dict[tuple, list[dict]]:
+    """{(experiment, cell, key, platform, device kind, profile, hash, kit): its records} of
+    every committed record the checker finds fresh by its program (the index or this
+    machine's cache standing in for a trace), judged as the checker judges it (a record
+    made with its platform's JAX by its lock fingerprint)."""
     check = provenance.Checker(trace=False)
-    out = set()
+    out: dict[tuple, list[dict]] = {}
     for path in sorted(results.results_dir().glob("*/*/*.json")):
         for rec in json.loads(path.read_text()):
             prog = rec.get("program") if isinstance(rec, dict) else None
-            if not isinstance(prog, dict) or results.defect_of(rec):
+            if not isinstance(prog, dict) or results.defect_of(rec) or check(rec).stale:
                 continue
+            prog = provenance.judged_program(prog, check._env["jax"])
             if prog.get("jax") and prog["jax"] != check._env["jax"]:
-                continue  # traced with its platform's JAX: verified there, not here
-            if check.unchanged(prog.get("files") or {}, prog.get("python")):
-                out.add((rec["experiment"], prog["cell"], prog.get("key") or "",
-                         prog["platform"], prog.get("device_kind") or "", prog["hash"],
-                         prog["kit"], rec.get("profile") or "full"))
-    return sorted(out)
+                continue  # no fingerprint this JAX can recompute (the checker says so)
+            key = (rec["experiment"], prog["cell"], prog.get("key") or "", prog["platform"],
+                   prog.get("device_kind") or "", rec.get("profile") or "full",
+                   prog["hash"], prog["kit"])
+            out.setdefault(key, []).append(rec)
+    return out
+
+
+def sample(programs: dict[tuple, list[dict]], seed: int) -> list[tuple]:
+    """Programs drawn at random (``seed``) until they hold MIN_RECORDS records and
+    MIN_PROGRAMS programs."""
+    keys = sorted(programs)
+    random.Random(seed).shuffle(keys)
+    chosen, n = [], 0
+    for k in keys:
+        if n >= MIN_RECORDS and len(chosen) >= MIN_PROGRAMS:
+            break
+        chosen.append(k)
+        n += len(programs[k])
+    return chosen
+
+
+def wrong_programs(keys: list[tuple]) -> list[str]:
+    """Each program of ``keys`` traced anew here (no index, no cache), against its records'
+    hash and kit: the ones that differ."""
+    check = provenance.Checker()
+    wrong = []
+    for exp, cell, key, platform, kind, profile, digest, kit in keys:
+        progs = check.cell_programs(exp, cell, profile, platform, kind)
+        assert not isinstance(progs, str), f"{exp}/{cell}: {progs}"
+        traced = P.trace(provenance.with_settings(progs.get(key, progs.get("")), exp,
+                                                  profile), platform, kind)
+        if (traced.hash, traced.kit) != (digest, kit):
+            wrong.append(f"{exp}/{cell} [{key}] on {platform}: {traced.hash}/{traced.kit}, "
+                         f"recorded {digest}/{kit}")
+    return wrong
 
 
 def test_committed_programs_recompute_on_this_cpu():
-    programs = trusted_programs()
-    if not programs:
-        pytest.skip("no committed record carries a program fingerprint")
+    """A different sample each day (the same for every run of a day), of at least
+    MIN_RECORDS fresh records: none may pass because nothing was checked."""
+    programs = fresh_programs()
     day = datetime.datetime.now(datetime.timezone.utc).date().toordinal()
-    sample = random.Random(day).sample(programs, min(SAMPLE, len(programs)))
-    check = provenance.Checker()
-    wrong = []
-    for exp, cell, key, platform, kind, digest, kit, profile in sample:
-        progs = check.cell_programs(exp, cell, profile)
-        assert not isinstance(progs, str), f"{exp}/{cell}: {progs}"
-        traced = P.trace(progs.get(key, progs.get("")), platform, kind)
-        if (traced.hash, traced.kit) != (digest, kit):
-            wrong.append(f"{exp}/{cell} [{key}]: {traced.hash}/{traced.kit}, recorded "
-                         f"{digest}/{kit}")
-    assert not wrong, "; ".join(wrong)
+    keys = sample(programs, day)
+    checked = sum(len(programs[k]) for k in keys)
+    assert checked >= MIN_RECORDS and len(keys) >= MIN_PROGRAMS, (
+        f"only {checked} fresh record(s) in {len(keys)} program(s) to check")
+    assert not (wrong := wrong_programs(keys)), "; ".join(wrong)
+
+
+def test_a_planted_wrong_fingerprint_is_found():
+    programs = fresh_programs()
+    key = min(programs, key=lambda k: (k[0] != "mlp_step", k))  # a cheap one to trace
+    planted = (*key[:6], "0" * 16, key[7])
+    assert wrong_programs([planted]) and not wrong_programs([key])
 
 
 def test_the_committed_program_index_is_current():

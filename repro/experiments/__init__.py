@@ -36,7 +36,7 @@ from repro.experiments.rl_throughput import spec as _rl_throughput
 
 __all__ = ["RL_RETURNS", "Experiment", "Notebook", "Trace", "EXPERIMENTS", "NOTEBOOKS",
            "RECORDED", "SECTIONS", "RECORDED_BY", "QUALITY_EXPERIMENTS", "QUALITY_METRICS",
-           "TRACED", "get", "notebook"]
+           "TRACED", "FORMER", "get", "notebook"]
 
 # `repro record all` runs the recorded ones in this order.
 EXPERIMENTS: tuple[Experiment, ...] = tuple(m.SPEC for m in (
@@ -71,6 +71,8 @@ RECORDED_BY = {f: e.name for e in EXPERIMENTS for f in e.folders}
 QUALITY_EXPERIMENTS = frozenset(x for e in EXPERIMENTS if e.quality for x in (e.name, *e.folders))
 #: Metrics that say how well a run learned or how close a result is to its reference.
 QUALITY_METRICS = frozenset(m for e in EXPERIMENTS for m in e.quality_metrics)
+#: A study's former module path -> its module now (records made before a move name the old one).
+FORMER = {old: e.study for e in EXPERIMENTS for old in e.formerly}
 #: ``repro trace``'s workloads, in the order it lists them.
 TRACED = tuple(sorted((e for e in EXPERIMENTS if e.trace), key=lambda e: e.trace.rank))
 

@@ -30,7 +30,8 @@ class Experiment:
     ``quality_metrics``: its metrics that are quality (a stale one still decides its verdict:
     :mod:`repro.claims.staleness`). ``step_workload``: the performance model reads its step
     times as steps of this workload (:mod:`repro.perfmodel.measured`). ``trace``: how
-    ``repro trace`` traces its step."""
+    ``repro trace`` traces its step. ``formerly``: module paths its study had before a move:
+    records made there name them, and their code is found here (:mod:`repro.provenance`)."""
 
     name: str
     study: str
@@ -44,6 +45,7 @@ class Experiment:
     quality_metrics: tuple[str, ...] = ()
     step_workload: str | None = None
     trace: Trace | None = None
+    formerly: tuple[str, ...] = ()
 
     def source(self, *metrics: str) -> str:
         """A verdict's ``source``: this experiment's records, with the ``metrics`` it reads."""

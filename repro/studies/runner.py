@@ -245,7 +245,8 @@ def stamp_programs(recs: Records, cell: Cell, root: Path, experiment: str = "") 
             out.append(rec)
             continue
         if key not in stamped:
-            traced = P.trace(with_settings(progs[key], experiment), hw.platform(),
+            traced = P.trace(with_settings(progs[key], experiment,
+                                           str(rec.get("profile") or "full")), hw.platform(),
                              hw.device_kind())
             P.save_text(root, traced,
                         f"{experiment}/{cell.name}: the text of program {traced.hash[:12]}")

@@ -8,4 +8,5 @@ SPEC = Experiment("inference", "repro.experiments.inference.measure", "11_infere
                   modules=("repro.experiments.inference.speed",),
                   quality_metrics=("eval_loss", "heldout_loss", "bits_per_byte", "kl_to_bf16",
                                    "top1_agreement"),
-                  trace=Trace("inference", ("bf16", "fp8-w"), 4))
+                  trace=Trace("inference", ("bf16", "fp8-w"), 4),
+                  formerly=("repro.studies.inference",))

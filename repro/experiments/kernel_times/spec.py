@@ -3,4 +3,5 @@
 from repro.experiments._spec import Experiment
 
 SPEC = Experiment("kernel_times", "repro.experiments.kernel_times.measure", "06_perfmodel",
-                  analysis="repro.experiments.kernel_times.tables", recorded=False)
+                  analysis="repro.experiments.kernel_times.tables", recorded=False,
+                  formerly=("repro.studies.kernel_times",))

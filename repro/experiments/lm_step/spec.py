@@ -3,4 +3,5 @@
 from repro.experiments._spec import Experiment, Trace
 
 SPEC = Experiment("lm_step", "repro.experiments.lm_step.measure", "06_perfmodel",
-                  step_workload="lm", trace=Trace("lm", ("bf16", "fp8-delayed"), 1))
+                  step_workload="lm", trace=Trace("lm", ("bf16", "fp8-delayed"), 1),
+                  formerly=("repro.studies.lm_step",))

@@ -3,4 +3,5 @@
 from repro.experiments._spec import Experiment
 
 SPEC = Experiment("multigpu", "repro.experiments.multigpu.measure", "08_multigpu",
-                  analysis="repro.experiments.multigpu.tables")
+                  analysis="repro.experiments.multigpu.tables",
+                  formerly=("repro.studies.multigpu",))

@@ -3,4 +3,5 @@
 from repro.experiments._spec import Experiment
 
 SPEC = Experiment("rl_purejaxrl", "repro.experiments.rl_purejaxrl.measure", "09_ppo_speed",
-                  quality_metrics=("final_return",))
+                  quality_metrics=("final_return",),
+                  formerly=("repro.studies.purejaxrl",))
