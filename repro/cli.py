@@ -537,8 +537,13 @@ def cmd_status(args) -> int:
         recs = [r for path in sorted(results.results_dir().glob("*/*/*.json"))
                 for r in (lambda d: d if isinstance(d, list) else [d])(results.read_json(path))
                 if isinstance(r, dict) and not results.defect_of(r)]
+        from repro import refresh
+
         path, traced = provenance.write_index(recs)
         print(f"wrote {_rel(path)} ({traced} program(s) traced)")
+        cells = results.stale_cells()
+        path = refresh.write_stale_set(results.repo_root(), cells)
+        print(f"wrote {_rel(path)} ({len(cells)} stale cell(s))")
         return 0
     cells = results.stale_cells()
     report = stale_report(cells)
@@ -703,7 +708,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--write-index", action="store_true",
                     help="write results/programs/index.json, HEAD's program of every recorded "
                     "cell, so that checking them needs no tracing until their code changes "
-                    "again (commit it)")
+                    "again, and results/programs/stale.json, the stale cells and why (commit "
+                    "both: a change that stales a cell shows in the diff)")
     st.set_defaults(func=cmd_status)
 
     pl = sub.add_parser("pipeline", help="write dvc.yaml: each notebook stage's deps from "

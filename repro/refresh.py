@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -142,6 +143,33 @@ def plan(cells: list[dict[str, Any]], *, hardware: str | None = None,
             "recordable": c["folder"] in studies.EXPERIMENTS} for c in chosen]
     out.sort(key=lambda c: (not c["claims"], order.get(c["folder"], len(order)), c["cell"]))
     return out
+
+
+STALE_SET = ("results", "programs", "stale.json")  # committed beside the program index
+_SINCE = re.compile(r" \((?:since [0-9a-f]+|uncommitted edits)\)")
+
+
+def stale_set(cells: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The stale cells (:func:`repro.results.stale_cells`) as committed in
+    ``results/programs/stale.json``: ``{"HARDWARE/EXPERIMENT/CELL": {"records", "stale",
+    "why", "ledger"}}``, ``why`` without the commit the code changed at (git history a
+    shallow clone lacks), ``ledger`` the claims whose verdict reads the cell. A commit that
+    stales a cell shows it in this file's diff."""
+    from repro.claims import ledger_set
+
+    ents = ledger_set.entries()
+    out = {f"{c['hardware']}/{c['folder']}/{c['cell']}": {
+        "records": c["records"], "stale": c["stale"], "why": _SINCE.sub("", c["summary"]),
+        "ledger": ledger_set.claims_of(c["hardware"], c["folder"], c["cell"], ents)}
+        for c in cells}
+    return dict(sorted(out.items()))
+
+
+def write_stale_set(root: Path, cells: list[dict[str, Any]]) -> Path:
+    path = Path(root).joinpath(*STALE_SET)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(stale_set(cells), indent=1, sort_keys=True) + "\n")
+    return path
 
 
 def human(seconds: float) -> str:

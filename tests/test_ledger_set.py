@@ -113,3 +113,50 @@ def test_ledger_refuses_cell_selection_and_unknown_claims(capsys):
     assert cli.main(["record", "--ledger", "--plan", "--claim", "Z9"]) == 2
     assert "unknown claim 'Z9'" in capsys.readouterr().err
     assert cli.main(["record", "--ledger", "--stale"]) == 2
+
+
+def test_the_committed_stale_set_is_current():
+    """results/programs/stale.json is the stale set of this checkout: a commit that stales a
+    cell (or refreshes one) shows it in that file's diff, never silently."""
+    from repro import refresh
+
+    path = results.repo_root().joinpath(*refresh.STALE_SET)
+    assert path.is_file(), "no committed stale set: run `repro status --write-index`"
+    committed = json.loads(path.read_text())
+    now = refresh.stale_set(results.stale_cells())
+    new = sorted(set(now) - set(committed))
+    gone = sorted(set(committed) - set(now))
+    other = sorted(k for k in set(now) & set(committed) if now[k] != committed[k])
+    assert not (new or gone or other), (
+        f"the stale set changed: newly stale {new[:5]}, no longer stale {gone[:5]}, otherwise "
+        f"changed {other[:5]}: run `repro status --write-index` and commit what it writes "
+        "(and, for a ledger cell, its records, a variant or an acknowledgement)")
+
+
+def test_no_ledger_cell_is_stale_without_an_acknowledgement():
+    """A stale cell a verdict reads lands with its re-records, as a new recipe variant, or
+    acknowledged in repro/data/acknowledged.yaml, which the ledger names beside the verdict."""
+    from repro import refresh
+
+    stale = refresh.stale_set(results.stale_cells())
+    acks = ledger_set.acknowledgements()
+    silent = [f"{k} ({', '.join(v['ledger'])}: {v['why'][:80]})" for k, v in stale.items()
+              if v["ledger"] and ledger_set.acknowledged(*k.split("/"), acks) is None]
+    assert not silent, "stale ledger cells without an acknowledgement: " + "; ".join(silent)
+    import fnmatch
+
+    unused = [pat for pat, _ in acks if not any(fnmatch.fnmatchcase(k, pat) for k, v in
+                                                 stale.items() if v["ledger"])]
+    assert not unused, f"acknowledgements of no stale ledger cell (remove them): {unused}"
+
+
+def test_acknowledgements_are_checked_for_their_form(tmp_path):
+    bad = tmp_path / "a.yaml"
+    bad.write_text("- cells: [x]\n")
+    with pytest.raises(ValueError, match="entry 1 needs `cells`"):
+        ledger_set.acknowledgements(bad)
+    good = tmp_path / "b.yaml"
+    good.write_text('- cells: ["h200/gemm/{a,b}*"]\n  why: "it\n    changed"\n')
+    acks = ledger_set.acknowledgements(good)
+    assert ledger_set.acknowledged("h200", "gemm", "b7", acks) == "it changed"
+    assert ledger_set.acknowledged("h200", "gemm", "c7", acks) is None

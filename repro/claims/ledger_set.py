@@ -153,6 +153,36 @@ def _one_hardware(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[[(k, h) in chosen for k, h in zip(key, hw)]]
 
 
+# ------------------------------------------------------------------- acknowledgements
+
+ACKNOWLEDGED = Path(__file__).resolve().parent.parent / "data" / "acknowledged.yaml"
+
+
+def acknowledgements(path: Path | None = None) -> list[tuple[str, str]]:
+    """(``HARDWARE/EXPERIMENT/CELL`` pattern, why) of every entry of
+    ``repro/data/acknowledged.yaml``: stale ledger cells left stale on purpose."""
+    import yaml
+
+    path = path or ACKNOWLEDGED
+    data = yaml.safe_load(path.read_text()) if path.is_file() else None
+    out = []
+    for i, e in enumerate(data or []):
+        if not isinstance(e, dict) or not isinstance(e.get("why"), str) or not e.get("cells"):
+            raise ValueError(f"{path.name}: entry {i + 1} needs `cells` (a list of "
+                             "HARDWARE/EXPERIMENT/CELL patterns) and `why` (a sentence)")
+        for c in e["cells"] if isinstance(e["cells"], list) else [e["cells"]]:
+            out.extend((p, " ".join(e["why"].split())) for p in expand(str(c)))
+    return out
+
+
+def acknowledged(hardware: str, experiment: str, cell: str,
+                 acks: list[tuple[str, str]] | None = None) -> str | None:
+    """Why a stale cell was left stale (its acknowledgement), or None."""
+    name = f"{hardware}/{experiment}/{cell}"
+    return next((why for pat, why in (acknowledgements() if acks is None else acks)
+                 if fnmatch.fnmatchcase(name, pat)), None)
+
+
 # ------------------------------------------------------------------------- the plan
 
 
