@@ -1,4 +1,4 @@
-"""RL throughput per precision recipe (claims A1, A2, A4, A9).
+"""RL throughput per precision recipe (claims A1, A2, A4, A9; C1 on a TPU).
 
     repro record rl_throughput --profile full     # one resumable cell per (network, width,
                                                   # recipe, num_envs)
@@ -405,5 +405,5 @@ def cells(p: Params) -> list[Cell]:
     return out
 
 
-STUDY = Study(THROUGHPUT, ("A1", "A2", "A4", "A9"), cells, check,
+STUDY = Study(THROUGHPUT, ("A1", "A2", "A4", "A9", "C1"), cells, check,
               about="PPO env-steps/s and update time per recipe", params=Params)
