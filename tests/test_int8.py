@@ -292,3 +292,21 @@ def test_recipe_facts():
     assert f["GEMM accumulation"] == "int32" and f["first/last layers"] == "bf16"
     assert value_formats("int8:int8_weight_scale=tensor")["weights (GEMM operand)"] == "int8"
     assert resolve("int8-auto").family == "int8"
+
+
+def test_the_device_check_catches_a_wrong_int8_rounding(monkeypatch):
+    """``repro check`` (run before anything is recorded) compares the INT8 quantizer with
+    numpy on every bfloat16 value: a quantizer that rounds down instead fails it."""
+    from repro.precision import check
+
+    assert all(r["ok"] and r["required"] for r in check._int8_rows())
+    real = int8.int8_quantize
+
+    def floor(x, scale):
+        return jnp.clip(jnp.floor(jnp.asarray(x, jnp.float32) / scale), -127, 127).astype(
+            jnp.int8)
+
+    monkeypatch.setattr(int8, "int8_quantize", floor)
+    rows = check._int8_rows()
+    assert [r["ok"] for r in rows] == [False, True]
+    monkeypatch.setattr(int8, "int8_quantize", real)
