@@ -55,6 +55,13 @@ def test_c1_takes_the_most_envs_and_ignores_other_hardware():
     assert v.hardware == "tpu-v5e"
 
 
+def test_c1_takes_the_median_of_several_paired_runs_and_all_their_rounds():
+    v = V.c1(table(paired(update=1.2, run_id="a"), paired(update=1.4, run_id="b"),
+                   paired(update=1.35, run_id="c")))
+    assert v.verdict == "reproduced" and "update 1.35x" in v.key_number
+    assert "range 1.10-1.50 over 3 paired runs, 15 rounds" in v.key_number
+
+
 def test_c1_reads_paired_speedups_of_records():
     """From records as ``paired_speedups`` reads them: the per-round ratios of one run."""
     recs = []
