@@ -207,3 +207,25 @@ def test_no_stored_program_reads_as_fp8_arithmetic_on_a_device_without_it(platfo
         assert low not in L.NATIVE_FP8 or hw.has_fp8, (path.name, low)
         emulated = timing.recipe_emulated("fp8-delayed", low, hw)
         assert emulated == (low not in L.NATIVE_FP8 and low != "no-f8"), (path.name, low)
+
+
+def test_an_int8_program_with_widened_integer_products_is_partly_int8():
+    """A training step whose weight-gradient GEMMs multiply s32 copies of the INT8 values
+    (XLA:CPU does) ran only some of its INT8 products natively: "s8-partial", emulated."""
+    native = ("%f (p0: s8[64,32], p1: s8[32,16]) -> s32[64,16] {\n"
+              "  %p0 = s8[64,32]{1,0} parameter(0)\n  %p1 = s8[32,16]{1,0} parameter(1)\n"
+              "  ROOT %d = s32[64,16]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, "
+              "rhs_contracting_dims={0}\n}\n")
+    widened = ("\n%g (q0: s32[64,32], q1: s32[64,16]) -> s32[32,16] {\n"
+               "  %q0 = s32[64,32]{1,0} parameter(0)\n  %q1 = s32[64,16]{1,0} parameter(1)\n"
+               "  ROOT %e = s32[32,16]{1,0} dot(%q0, %q1), lhs_contracting_dims={0}, "
+               "rhs_contracting_dims={0}\n}\n")
+    assert L.int8_products(native) == {"s8": 1, "widened": 0}
+    assert L.int8_products(native + widened) == {"s8": 1, "widened": 1}
+    for platform in ("tpu", "gpu", "cpu"):
+        assert L.int8_lowering(native, platform) == "s8-gemm"
+        assert L.int8_lowering(native + widened, platform) == "s8-partial"
+    assert timing.recipe_emulated("int8", "s8-partial", V5E) is True
+    assert timing.recipe_emulated("int8", "s8-gemm", V5E) is False
+    for name in ("tpu_int8_prefill", "tpu_v5e_int8_dot_compiled", "gpu_int8_cublas"):
+        assert L.int8_products(hlo(name))["widened"] == 0, name

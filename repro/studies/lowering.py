@@ -146,14 +146,40 @@ def fp8_lowering_tpu(hlo_text: str, has_fp8: bool | None = None) -> str:
     return "upcast"
 
 
+_WIDE_INTS = ("s16", "s32", "s64", "u16", "u32", "u64")
+
+
+def int8_products(hlo_text: str) -> dict[str, int]:
+    """How many products (``dot``, ``convolution``) multiply ``s8 x s8 -> s32`` ("s8": INT8
+    matrix-unit arithmetic) and how many multiply wider integers ("widened": INT8 values the
+    compiler converted first, as XLA:CPU does with a training step's weight gradients)."""
+    native = widened = 0
+    for _, out, a, b in products(hlo_text):
+        if a == b == "s8" and out == "s32":
+            native += 1
+        elif a in _WIDE_INTS and b in _WIDE_INTS:
+            widened += 1
+    return {"s8": native, "widened": widened}
+
+
+def _partial(label: str, hlo_text: str) -> str:
+    """``label``, or "s8-partial" where an "s8-gemm" program also multiplies widened
+    integers: some INT8 products ran natively, others did not."""
+    if label == "s8-gemm" and int8_products(hlo_text)["widened"]:
+        return "s8-partial"
+    return label
+
+
 def int8_lowering_tpu(hlo_text: str) -> str:
-    """How a TPU program's INT8 products run: "s8-gemm" (a dot or convolution of two ``s8``
-    operands with an ``s32`` result: the MXU's INT8 mode), "s8-other" (``s8`` values
-    converted before the product, or another result type), "no-s8"."""
+    """How a TPU program's INT8 products run: "s8-gemm" (every integer product a dot or
+    convolution of two ``s8`` operands with an ``s32`` result: the MXU's INT8 mode),
+    "s8-partial" (some, and others of wider integers: INT8 values converted first),
+    "s8-other" (``s8`` values converted before every product, or another result type),
+    "no-s8"."""
     if "s8[" not in hlo_text:
         return "no-s8"
     if any(a == b == "s8" and out == "s32" for _, out, a, b in products(hlo_text)):
-        return "s8-gemm"
+        return _partial("s8-gemm", hlo_text)
     return "s8-other"
 
 
@@ -166,7 +192,8 @@ def _block_types(block: str) -> dict[str, str]:
 
 def int8_lowering_gpu(hlo_text: str) -> str:
     """How a compiled program's INT8 products run: "s8-gemm" (a dot or GEMM call with two
-    ``s8`` operands and an ``s32`` result: IMMA tensor cores on a GPU), "s8-other" (``s8``
+    ``s8`` operands and an ``s32`` result: IMMA tensor cores on a GPU), "s8-partial" (such
+    products, and dots of wider integers: INT8 values converted first), "s8-other" (``s8``
     operands with another result type, or converted before the product), "no-s8"."""
     if "s8[" not in hlo_text:
         return "no-s8"
@@ -175,7 +202,7 @@ def int8_lowering_gpu(hlo_text: str) -> str:
         types = _block_types(block)
         for out, a, b in re.findall(pat, block):
             if types.get(a) == types.get(b) == "s8" and out == "s32":
-                return "s8-gemm"
+                return _partial("s8-gemm", hlo_text)
     return "s8-other"
 
 
@@ -272,14 +299,15 @@ def narrow_lowering(recipe, facts: dict) -> str:
 
 
 def int8_facts(recipe, compiled) -> dict:
-    """``{"int8_lowering": ...}`` of a compiled program (its ``as_text()``) of an INT8
-    ``recipe`` (:func:`int8_lowering`), ``{}`` for any other recipe: what a record adds to
-    the measuring kit's ``compiled_facts``."""
+    """``{"int8_lowering", "int8_products"}`` of a compiled program (its ``as_text()``) of
+    an INT8 ``recipe`` (:func:`int8_lowering`, :func:`int8_products`), ``{}`` for any other
+    recipe: what a record adds to the measuring kit's ``compiled_facts``."""
     from repro.precision.recipes import resolve
 
     if resolve(recipe).gemm != "int8":
         return {}
-    return {"int8_lowering": int8_lowering(compiled.as_text() or "")}
+    text = compiled.as_text() or ""
+    return {"int8_lowering": int8_lowering(text), "int8_products": int8_products(text)}
 
 
 def recipe_emulated(recipe, lowering: str | dict, hardware=None) -> bool:

@@ -25,7 +25,7 @@ fit a time limit, and a stopped run resumes at the first missing cell. Per cell:
   get XLA's Triton GEMM with f8 operands, also FP8 tensor-core math); an FP8 recipe on a GPU
   whose program ran no FP8 GEMM is marked ``emulated`` (``repro.studies.lowering.recipe_emulated``;
   an INT8 recipe's records carry ``extra.int8_lowering``, ``s8-gemm`` where its products ran
-  ``s8 x s8 -> s32``).
+  ``s8 x s8 -> s32``, and ``extra.int8_products``, how many did and how many were widened).
 * a ``stores`` cell: which stores are FP8 under each recipe / variant (claim A1), and the bytes
   per weight.
 
@@ -232,7 +232,7 @@ def _records(c: ppo.PPOConfig, network: str, width: int, recipe: str, p: Params,
              "scope": r.scope, "device_peak_bytes": _device_peak_bytes(),
              "device_peak_note": "cumulative over the process, not per recipe",
              "conv_backward": "bf16 emulation of FP8" if conv_emulated else None,
-             **({"int8_lowering": facts["int8_lowering"]} if "int8_lowering" in facts else {}),
+             **{k: facts[k] for k in ("int8_lowering", "int8_products") if k in facts},
              **(more or {})}
     common = dict(claims=["A2", "A9"], recipe=recipe, sizes=sizes, repeats=len(samples),
                   emulated=emulated, profile=p.profile)
