@@ -7,8 +7,9 @@
 #
 #   usage: scripts/tpu_record.sh [--dry-run] [--note TEXT] SECONDS [ITEM ...]
 #   ITEM is EXPERIMENT[:ARGS] (`repro record EXPERIMENT --profile full ARGS`, ARGS
-#   comma-separated) or a quoted "COMMAND ARGS..." containing a space (`repro COMMAND ...`,
-#   split on spaces without globbing or quote removal), e.g.
+#   comma-separated), a quoted "COMMAND ARGS..." containing a space (`repro COMMAND ...`,
+#   split on spaces without globbing or quote removal), or a quoted "scripts/NAME.py ARGS..."
+#   (`python3 scripts/NAME.py ARGS...`, a probe: its files go to $OUT), e.g.
 #          scripts/tpu_record.sh 540 \
 #            "record rl_throughput --profile full --recipe int8,fp32 --only mlp_w4096_e2048_paired_*"
 #
@@ -147,7 +148,11 @@ pack() {
 for item in "$@"; do
   left=$(( budget - ($(date +%s) - start) - 15 ))
   if [ "$left" -le 20 ]; then say "skip $item: budget spent"; continue; fi
-  if [[ "$item" == *" "* ]]; then
+  runner=(python3 -m repro.cli)
+  if [[ "${item%% *}" == *.py ]]; then
+    set -f; cmd=($item); set +f
+    runner=(python3)
+  elif [[ "$item" == *" "* ]]; then
     set -f; cmd=($item); set +f
   else
     name=${item%%:*}; args=${item#"$name"}; args=${args#:}
@@ -162,12 +167,12 @@ for item in "$@"; do
   fi
   say "$item (<= ${left}s)"
   if [ "$dry" = 1 ]; then
-    run timeout -k 20 --signal=INT "$left" python3 -m repro.cli "${cmd[@]}" "${extra[@]}"
+    run timeout -k 20 --signal=INT "$left" "${runner[@]}" "${cmd[@]}" "${extra[@]}"
     pack
     continue
   fi
   for attempt in 1 2; do
-    timeout -k 20 --signal=INT "$left" python3 -m repro.cli "${cmd[@]}" "${extra[@]}" 2>&1 \
+    timeout -k 20 --signal=INT "$left" "${runner[@]}" "${cmd[@]}" "${extra[@]}" 2>&1 \
       | tee "$out/item.txt" | tee -a "$out/log.txt"
     status=${PIPESTATUS[0]}
     # the chip still held by the program before: once more, a few seconds later

@@ -67,6 +67,16 @@ def test_dry_run_installs_beside_the_images_jax_checks_then_records(tmp_path):
     assert not (tmp_path / "site").exists() and not (tmp_path / "out").exists()  # ran nothing
 
 
+def test_a_probe_item_runs_its_script_without_a_time_budget(tmp_path):
+    r = run(tmp_path, "--dry-run", "300", "scripts/probe_int8_hlo.py --width 1024", "gemm")
+    assert r.returncode == 0, r.stderr
+    probe = next(x for x in r.stdout.splitlines() if "probe_int8_hlo.py" in x and x[0] == "+")
+    assert re.match(r"\+ timeout -k 20 --signal=INT \d+ python3 scripts/probe_int8_hlo.py "
+                    r"--width 1024$", probe), probe
+    assert any("python3 -m repro.cli record gemm --profile full --time-budget" in x
+               for x in r.stdout.splitlines())
+
+
 def test_a_package_neither_carried_nor_in_the_index_stops_everything(tmp_path):
     r = run(tmp_path, "--dry-run", "540", "gemm", index=())
     assert r.returncode == 1 and "repro.cli" not in r.stdout
