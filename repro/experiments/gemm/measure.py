@@ -128,10 +128,21 @@ def gemm_operands(dtype: str, a: jax.Array, b: jax.Array) -> tuple:
 
 def dequantized_operands(dtype: str, ops: tuple) -> tuple[np.ndarray, np.ndarray]:
     """The exact values the GEMM multiplies, as float64 (for a reference product)."""
-    if dtype in ("fp8", "int8"):
+    if dtype == "fp8":
         a_q, b_q, sa, sb = ops
         return (np.asarray(a_q, np.float64) * float(sa), np.asarray(b_q, np.float64) * float(sb))
     return np.asarray(ops[0], np.float64), np.asarray(ops[1], np.float64)
+
+
+def int8_operands(ops: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`dequantized_operands` of int8's ``(a_q, b_q, a_scale, b_scale)``: the INT8
+    values times their scales, as float64."""
+    a_q, b_q, sa, sb = ops
+    return (np.asarray(a_q, np.float64) * float(sa), np.asarray(b_q, np.float64) * float(sb))
+
+
+def _operands64(dtype: str, ops: tuple) -> tuple[np.ndarray, np.ndarray]:
+    return int8_operands(ops) if dtype == "int8" else dequantized_operands(dtype, ops)
 
 
 def _random_inputs(key, m: int, k: int, n: int) -> tuple[jax.Array, jax.Array]:
@@ -234,7 +245,7 @@ def gemm_error(dtypes=GEMM_DTYPES, shape=ERROR_SHAPE, *, seed: int = 0,
         ops = gemm_operands(dtype, a, b)
         lowering = _gemm_info(dtype, fn, ops)
         c = jax.jit(fn)(*ops)
-        da, db = dequantized_operands(dtype, ops)
+        da, db = _operands64(dtype, ops)
         records.append(make_record(
             "gemm", "rel_error", relative_error(c, ref), "1", claims=CLAIMS, recipe=dtype,
             sizes={"M": m, "K": k, "N": n}, emulated=_emulated(dtype, lowering, info),
@@ -258,8 +269,8 @@ def program(dtype: str, m: int, k: int, n: int, error: bool = False, seed: int =
             a, b = _random_inputs(jax.random.key(seed + 1), m, k, n)
             return fn_of(*cast(dtype, a, b))
 
-        return Program(gemm_of_inputs, (),
-                       kit=(relative_error, dequantized_operands, compiled_gemm_info))
+        kit = (relative_error, dequantized_operands, compiled_gemm_info)
+        return Program(gemm_of_inputs, (), kit=kit + ((int8_operands,) if dtype == "int8" else ()))
 
     def gemm_of_operands(a, b):
         return fn_of(*cast(dtype, a, b))
