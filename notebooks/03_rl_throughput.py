@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 03 · FP8 RL training: speed and memory (claims A1-A4, A9)
+# # 03 · FP8 RL training: speed and memory (claims A1-A4, A9; C1)
 #
 # **The claims** (seed article on end-to-end FP8 reinforcement learning; `docs/CLAIMS.md`):
 # **A2** FP8 RL training is up to 1.6x faster than FP16 on an H100; **A3** up to 2.8x faster
@@ -31,6 +31,10 @@
 #
 # An FP8 record made where no FP8 GEMM ran (a CPU; an FP8 CNN, whose convolution backward is
 # emulated through BF16) is **emulated**: drawn hollow and never counted as a speedup.
+#
+# **C1** asks the same of hardware whose 8-bit arithmetic is INT8 (a TPU v5e): reproduced if
+# the PPO update at width 4096 under `int8` (INT8 in all three GEMMs of each hidden layer) is
+# at least 1.3x BF16's, in a paired cell of that TPU, partly if INT8 is faster but short of it.
 
 # %% tags=["parameters"]
 profile = "smoke"
@@ -201,6 +205,21 @@ cnn = sp[sp.network != "mlp"] if len(sp) else sp
 (cnn.round(3) if len(cnn) else cnn)
 
 # %% [markdown]
+# ## C1: INT8 where the 8-bit arithmetic is INT8
+#
+# The paired cells of C1's rule (its hardware, width and baseline; INT8 read as native from the
+# compiled program): the median of the per-round BF16/INT8 update-time ratios, with their range.
+
+# %%
+C1 = verdicts.rule("C1")
+c1_sp = rl_analysis.paired_speedups(df, C1["recipes"], [C1["cells"]["baseline"]])
+c1_used = df[(df.hardware == C1["cells"]["hardware"]) & df.recipe.isin(C1["recipes"])] \
+    if len(df) else df
+c1 = registration.judged(verdicts.c1, "C1", c1_sp, records=c1_used)
+print(f"C1: {c1.verdict} | {c1.key_number}")
+(c1_sp.round(3) if len(c1_sp) else "no paired INT8 cell recorded")
+
+# %% [markdown]
 # ## A1: which values are FP8
 #
 # The precision policy of every recipe and quality variant
@@ -323,4 +342,4 @@ if nb.profile == "smoke":
 # computed above):
 
 # %%
-nb.conclusion(a2, a3, a9, a1, a4)
+nb.conclusion(a2, a3, a9, a1, a4, c1)

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 04 · FP8 RL training: quality and reproducibility (claims A5-A8, A10)
+# # 04 · FP8 RL training: quality and reproducibility (claims A5-A8, A10; C2)
 #
 # **The claims** (seed article on end-to-end FP8 reinforcement learning; `docs/CLAIMS.md`):
 # **A5** dynamic per-tensor (amax-based) scaling keeps values inside FP8's range; **A6** mixed
@@ -194,6 +194,28 @@ for v in V:
     print(f"{v.claim}: {v.verdict} | {v.key_number}")
 
 # %% [markdown]
+# ## C2: INT8 training against FP32 on a TPU v5e
+#
+# `int8` (INT8 in all three GEMMs of each hidden layer) against `fp32` (every product at
+# `Precision.HIGHEST`), both recorded on the hardware C2's rule names: their normalised scores
+# on the environments both were recorded on, P(int8 > fp32) against A10's margin.
+
+# %%
+C2 = verdicts.rule("C2")
+hw2, arms2 = C2["cells"]["hardware"], [C2["reference"], *C2["recipes"]]
+s2, envs2, _ = rl_analysis.normalised_scores(df, hw2, reference=C2["reference"], order=arms2)
+poi2 = (stats.probability_of_improvement(s2, [tuple(arms2[::-1])], reps=1000)
+        if len(s2) == 2 else pd.DataFrame(columns=["x", "y", "p", "lo", "hi"]))
+fr2 = fr[(fr.hardware == hw2) & fr.variant.isin(arms2)] if len(fr) else fr
+ev2 = verdicts.QualityEvidence(hw2, "full", tuple(envs2),
+                               int(fr2.groupby(["env", "variant"]).size().min()) if len(fr2)
+                               else 0, len(FULL["envs"]))
+c2_used = df[(df.hardware == hw2) & df.recipe.isin(C2["recipes"])] if len(df) else df
+c2 = registration.judged(verdicts.c2, "C2", poi2, ev2, records=c2_used)
+print(f"C2: {c2.verdict} | {c2.key_number}")
+(poi2.round(3) if len(poi2) else f"no int8 and fp32 records on {hw2}")
+
+# %% [markdown]
 # ## Pipeline check (smoke profile)
 #
 # On a smoke run the cells recorded above (a few seeds of CartPole-v1 on this machine) go
@@ -215,4 +237,4 @@ if nb.profile == "smoke":
 # computed above):
 
 # %%
-nb.conclusion(*V)
+nb.conclusion(*V, c2)

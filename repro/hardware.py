@@ -230,6 +230,18 @@ def fp8_pays() -> bool:
     return _registered(p, device_kind()).has_fp8
 
 
+def int8_pays() -> bool:
+    """Whether a per-layer INT8 policy (``int8-auto``) may choose INT8 on the device code paths
+    are chosen for: as :func:`fp8_pays`, always on a GPU and on the CPU that traces a GPU's
+    program; elsewhere (a TPU) where the registry gives the device an INT8 matrix rate above
+    its BF16 rate (TPU v5e, v5p, v6e: twice)."""
+    p = platform()
+    if p in ("gpu", "cpu"):
+        return True
+    peaks = _registered(p, device_kind()).peak_tflops or {}
+    return bool(peaks.get("int8")) and peaks["int8"] > (peaks.get("bf16") or 0)
+
+
 @contextlib.contextmanager
 def target(platform_name: str, kind: str = ""):
     """Choose code paths for ``platform_name`` (``"gpu"``, ``"tpu"``, ``"cpu"``) and device

@@ -66,6 +66,8 @@ _TABLE: dict[str, tuple[str, float, str, str]] = {
     "nvfp4-all-layers": ("orange", 0.55, "s", "-"),
     "nvfp4-mlp-only": ("rose", -0.2, "P", "-"),
     "jax-nvfp4": ("orange", -0.75, "^", "-."),
+    # INT8 recipes: rose (int8 itself is named with the inference formats below)
+    "int8-auto": ("rose", 0.45, "P", "-"),
     # GEMM dtypes and inference formats (those not named above)
     "fp8": ("green", -0.45, "o", "-"),
     "fp8-tensor": ("green", 0.4, "s", "-"),

@@ -87,7 +87,7 @@ def test_help_documents_debug_and_the_environment(capsys):
     (["record", "gemm", "--profile", "fast"], "unknown profile 'fast'"),
     (["record", "gemm", "--recipe", "bf16,fp9"],
      "unknown GEMM recipe(s) fp9; valid recipes: fp32, tf32, bf16, fp16, fp8"),
-    (["record", "mlp_step", "--recipe", "bf16"], "mlp_step: --recipe does not apply"),
+    (["record", "mlp_step", "--recipe", "bf16,fp9"], "unknown recipe 'fp9'; valid recipes: "),
     (["record", "gemm", "--only", "9x*"], "gemm: --only 9x* selects no cell; cells: "),
     (["record", "kernel_times"], "unknown experiment 'kernel_times' (it is traced"),
     (["record", "gemm", "--time-budget", "soon"], "invalid float value: 'soon'"),

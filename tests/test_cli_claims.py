@@ -12,7 +12,7 @@ from repro import cli, results
 from repro.claims import ledger as claims
 
 ROOT = Path(__file__).resolve().parent.parent
-IDS = [f"A{i}" for i in range(1, 13)] + [f"B{i}" for i in range(1, 7)]
+IDS = [f"A{i}" for i in range(1, 13)] + [f"B{i}" for i in range(1, 7)] + ["C1", "C2"]
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def test_claims_prints_every_claim_with_verdict_number_hardware_record(vdir, cap
     out = capsys.readouterr().out
     starts = [line.split()[0] for line in out.splitlines() if line and not line[0].isspace()]
     assert starts[1:] == IDS  # first line is the summary
-    assert "18 claims (1 reproduced, 1 partly, 16 not yet measured)" in out
+    assert "20 claims (1 reproduced, 1 partly, 18 not yet measured)" in out
     b1 = out[out.index("\nB1 "):out.index("\nB2 ")]
     assert "reproduced" in b1 and "on cpu" in b1
     assert "key number: 0 bit mismatches in 123 elements" in b1
@@ -86,7 +86,7 @@ def test_claims_markdown_is_the_readme_table(vdir, capsys):
 def test_claims_write(vdir, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     assert cli.main(["claims", "--write"]) == 0
-    assert "docs/ledger.md: ledger written (18 claims)" in capsys.readouterr().err
+    assert "docs/ledger.md: ledger written (20 claims)" in capsys.readouterr().err
     page = tmp_path / "docs" / "ledger.md"
     assert page.read_text() == claims.page()
     assert cli.main(["claims", "--write"]) == 0

@@ -212,3 +212,34 @@ def test_compiled_facts_report_xla_cost_of_a_matmul():
     assert facts["hlo_flops"] == 2 * m * k * n  # one multiply-add per (i, j, l)
     assert facts["hlo_bytes_accessed"] >= 4 * (m * k + k * n + m * n)  # read both, write once
     assert facts["hlo_kernels"] >= 1
+
+
+def test_int8_gemm_is_exact_integer_arithmetic_and_labelled():
+    rng = np.random.default_rng(1)
+    a = (rng.normal(size=(64, 128)) * 30).astype(np.float32)
+    b = (rng.normal(size=(32, 128)) * 0.01).astype(np.float32)
+    a_q, b_q, sa, sb = bench.gemm_operands("int8", jnp.asarray(a), jnp.asarray(b))
+    assert a_q.dtype == b_q.dtype == jnp.int8
+    # independent reference: amax / 127 scales, ties to even, no value beyond +-127
+    assert float(sa) == np.float32(np.abs(a).max()) / np.float32(127)
+    ref_a = np.clip(np.rint((a.astype(np.float64) * np.float64(np.float32(1) / np.float32(sa)))
+                            .astype(np.float32)), -127, 127).astype(np.int8)
+    assert np.array_equal(np.asarray(a_q), ref_a) and np.abs(ref_a).max() == 127
+    c = jax.jit(bench.gemm_fn("int8"))(a_q, b_q, sa, sb)
+    acc = (np.asarray(a_q, np.int64) @ np.asarray(b_q, np.int64).T).astype(np.float32)
+    want = (acc * (np.float32(sa) * np.float32(sb))).astype(ml_dtypes.bfloat16)
+    assert c.dtype == jnp.bfloat16 and np.array_equal(np.asarray(c).view(np.uint16),
+                                                      want.view(np.uint16))
+    full = a.astype(np.float64) @ b.astype(np.float64).T
+    assert 0.001 < bench.relative_error(c, full) < 0.03  # INT8's error, between BF16's and FP8's
+    recs = {(r["recipe"], r["metric"]): r for r in bench.gemm_sweep(
+        [(16, 32, 8)], ["bf16", "int8"], repeats=2, warmup=1, profile="smoke")}
+    rec = recs[("int8", "tflops")]
+    assert rec["extra"]["int8_lowering"] == "s8-gemm"  # XLA keeps s8 x s8 -> s32
+    assert rec["emulated"] is True  # ... but a CPU has no INT8 matrix units
+    assert recs[("bf16", "tflops")]["emulated"] is False
+    from repro.hardware import lookup
+
+    v5e = lookup("tpu-v5e")
+    assert bench._emulated("int8", {"int8_lowering": "s8-gemm"}, v5e) is False
+    assert bench._emulated("int8", {"int8_lowering": "s8-other"}, v5e) is True

@@ -30,7 +30,8 @@ def randn(seed, shape, scale=1.0):
 # FP32. Quantized recipes must ALSO be off by more than 0.005 (they really quantize).
 TOL = {"fp32": (1e-6, 1e-6), "tf32": (1e-6, 1e-6), "bf16": (0.01, 0.01), "fp16": (2e-3, 2e-3),
        "fp8-current": (0.08, 0.1), "fp8-delayed": (0.08, 0.1), "fp8-noscale": (0.08, 0.1),
-       "mxfp8": (0.08, 0.1), "fp8-block": (0.08, 0.1), "nvfp4": (0.2, 0.25)}
+       "mxfp8": (0.08, 0.1), "fp8-block": (0.08, 0.1), "nvfp4": (0.2, 0.25),
+       "int8": (0.03, 0.05)}
 
 X = randn(0, (16, 32))
 T = randn(1, (16, 24))

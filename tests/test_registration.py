@@ -115,3 +115,32 @@ def test_a_rule_changed_on_a_merged_branch_is_registered_when_the_branch_changed
     git(root, "merge", "-q", "--no-ff", "--no-edit", "side", date="2026-01-05T00:00:00+00:00")
     reg = R.registered("X1", root)
     assert reg == {"commit": changed, "date": "2026-01-03T00:00:00+00:00"}
+
+
+def test_a_rule_naming_its_data_files_is_judged_by_their_first_commit(tmp_path):
+    """A claim about one hardware and recipe (C1, C2) names its record files (``data``):
+    older records of its studies (other recipes, other hardware) are not its data, so a rule
+    registered after them but before its own files is preregistered; a rule without
+    ``data`` counts every record of its studies."""
+    root = tmp_path / "repo"
+    (root / "repro/data").mkdir(parents=True)
+    (root / "results/h200/xs").mkdir(parents=True)
+    git(root, "init", "-q")
+    (root / "results/h200/xs/bf16.json").write_text("[]")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "old records", date="2026-01-01T00:00:00+00:00")
+    c = claims(1.2)
+    c["X1"]["rule"]["data"] = ["results/tpu/xs/*int8*"]
+    (root / "repro/data/claims.yaml").write_text(yaml.safe_dump(c))
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "rule", date="2026-01-02T00:00:00+00:00")
+    assert R.check("X1", None, root, c)["first_record"] is None  # none of its files yet
+    (root / "results/tpu/xs").mkdir(parents=True)
+    (root / "results/tpu/xs/w4096_int8.json").write_text("[]")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "int8 records", date="2026-01-03T00:00:00+00:00")
+    check = R.check("X1", None, root, c)
+    assert check["preregistered"] is True
+    assert check["first_record"]["committed_from"].startswith("2026-01-03")
+    del c["X1"]["rule"]["data"]  # every record of the study: the old one came first
+    assert R.check("X1", None, root, c)["preregistered"] is False

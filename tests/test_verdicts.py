@@ -184,7 +184,7 @@ def test_a5_scaled_fp8_keeps_fp32_quality_and_beats_unscaled(vs_fp32, vs_noscale
 def test_parity_margins_come_from_the_claims_definitions():
     assert V.margin("A5") == V.margin("A6") == V.margin("A10") == (0.4, 0.6)
     assert V.margin("B4") == (-0.015, 0.015)
-    with pytest.raises(ValueError, match="A2.*claims with one: A5, A6, A10, A11, A12, B4, B6"):
+    with pytest.raises(ValueError, match="A2.*claims with one: A5, A6, A10, A11, A12, B4, B6, C2"):
         V.margin("A2")
     # a margin given explicitly replaces the definition's
     assert V.a6(poi(fp8_delayed__fp32=KEPT), FULL, bounds=(0.45, 0.55)).verdict == \

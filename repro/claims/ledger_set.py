@@ -283,7 +283,7 @@ def plan(hardware: str, claims: Iterable[str] = (), quality: bool | None = None
     for c in cells.values():
         for cl in c["claims"]:
             need[cl] = need.get(cl, 0) + (c["status"] != "fresh")
-    rank = {cl: (need[cl], i) for i, cl in enumerate(dict.fromkeys(
+    rank = {cl: (need.get(cl, 0), i) for i, cl in enumerate(dict.fromkeys(
         e.claim for e in ents))}
     return sorted(cells.values(), key=lambda c: (min(rank[cl] for cl in c["claims"]),
                                                  c["experiment"]))

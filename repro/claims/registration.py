@@ -11,7 +11,8 @@ moved from code into data) and do not count as a change.
 
 :func:`check` compares that commit's date with the claim's first data: the earlier of the
 first record the verdict uses and the first commit that added records of its studies (data
-seen before, even if re-recorded since). A rule changed after its data is allowed; the verdict
+seen before, even if re-recorded since), or of the files its rule's ``data`` names where it
+names them (a claim about one hardware and recipe: ``results/tpu-v5e/rl_throughput/*int8*``). A rule changed after its data is allowed; the verdict
 then says so and shows the verdict under the rule as registered before the data
 (:func:`judged`): the claim's ``first_registered`` rule, or its ``rule`` at the last commit
 before the data. Without the history (no git, a shallow clone) nothing is claimed:
@@ -194,18 +195,20 @@ def _in_merged_branch(root: Path, merge: str, before: str | None, after: str, fp
 
 
 def first_data(studies: list[str], records: pd.DataFrame | None,
-               root: Path | str | None = None) -> dict[str, str] | None:
+               root: Path | str | None = None, paths: list[str] | None = None
+               ) -> dict[str, str] | None:
     """The claim's first data: the earliest ``timestamp`` of ``records`` (those the verdict
     uses) and the date of the first commit that added records of ``studies`` under
-    ``results/``, whichever is earlier: ``{"date", "records_used_from", "committed_from"}``."""
+    ``results/`` (or files matching ``paths``, globs from the repository root), whichever is
+    earlier: ``{"date", "records_used_from", "committed_from"}``."""
     used = None
     if records is not None and len(records) and "timestamp" in records:
         used = str(pd.to_datetime(records["timestamp"], utc=True).min().isoformat())
     committed = None
-    if studies and history_available(root):
+    globs = list(paths or [f"results/*/{s}/*" for s in studies])
+    if globs and history_available(root):
         out = _git(_root(root), "log", "--first-parent", "--reverse", "--diff-filter=A",
-                   "--format=%cI", "--",
-                   *[f"results/*/{s}/*" for s in studies])
+                   "--format=%cI", "--", *globs)
         committed = out.split()[0] if out and out.split() else None
     dates = [d for d in (used, committed) if d]
     if not dates:
@@ -227,9 +230,10 @@ def check(claim: str, records: pd.DataFrame | None = None, root: Path | str | No
     from repro.claims.verdicts._base import definitions
 
     claims = definitions() if claims is None else claims
-    studies = list((claims.get(claim, {}).get("rule") or {}).get("studies", []))
+    rule = claims.get(claim, {}).get("rule") or {}
+    studies = list(rule.get("studies", []))
     reg = registered(claim, root)
-    first = first_data(studies, records, root)
+    first = first_data(studies, records, root, rule.get("data"))
     pre: bool | str = "unknown"
     if reg and first:
         pre = bool(_utc(reg["date"]) < _utc(first["date"]))

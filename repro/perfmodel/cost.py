@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 from repro.precision.recipes import Recipe, resolve
 
-FORMATS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
+FORMATS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4", "int8")
 # Bytes per stored element. NVFP4: 4-bit values plus one E4M3 scale per 16 elements.
 ELEMENT_BYTES = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0,
-                 "fp4": 0.5 + 1.0 / 16}
+                 "fp4": 0.5 + 1.0 / 16, "int8": 1.0}
 NVFP4_POLICIES = ("paper", "mlp", "all")  # as repro.models.lm.NVFP4_SCOPES
 GAP_PER = ("gemm", "kernel")  # what the idle-gap term counts (ModelParams.gap_per)
 

@@ -77,7 +77,36 @@ def checks() -> list[dict]:
                  "ok": _kahan_differs(), "required": True})
     rows += _native_cast_rows()
     rows += _gemv_widen_rows()
+    rows += _int8_rows()
     return rows
+
+
+def _int8_rows() -> list[dict]:
+    """INT8 training's quantizer (``repro.precision.int8.int8_quantize``) against numpy on
+    every bfloat16 value at several scales (ties to even, saturation, NaN to 0), and an
+    ``s8 x s8 -> s32`` product against numpy's exact integer product."""
+    from repro.precision import int8
+
+    xb = np.arange(65536, dtype=np.uint16).view(ml_dtypes.bfloat16)
+    x = xb.astype(np.float32)
+    ok = True
+    for s in (1.0, 2.0 ** -7, 3.7e-3, 1e3):
+        inv = np.float32(1) / np.float32(s)
+        with np.errstate(all="ignore"):
+            y = (x.astype(np.float64) * np.float64(inv)).astype(np.float32)
+        ref = np.rint(np.clip(np.where(np.isnan(y), 0, y), -127, 127)).astype(np.int8)
+        got = np.asarray(jax.jit(lambda v, s=s: int8.int8_quantize(v, s))(xb))
+        ok &= bool(np.array_equal(got, ref))
+    rng = np.random.default_rng(0)
+    a = rng.integers(-127, 128, (256, 512), dtype=np.int8)
+    b = rng.integers(-127, 128, (512, 128), dtype=np.int8)
+    prod = np.asarray(jax.jit(lambda u, v: jax.lax.dot_general(
+        u, v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32))(a, b))
+    exact = a.astype(np.int64) @ b.astype(np.int64)
+    return [{"check": "int8.int8_quantize matches numpy on every bfloat16 value", "ok": ok,
+             "required": True},
+            {"check": "an s8 x s8 -> s32 product is exact", "required": True,
+             "ok": bool(prod.dtype == np.int32 and np.array_equal(prod, exact))}]
 
 
 def _gemv_widen_rows() -> list[dict]:

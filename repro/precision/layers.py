@@ -113,6 +113,10 @@ class Dense(nn.Module):
                 if self.use_bias else None)
         if r.gemm == "fp8" and r.fp8_epilogue == "fused":
             return ops.fp8_dense(x, kernel, bias, r, meta, self.activation)
+        if r.gemm == "int8":  # bias and activation inside the INT8 product's custom_vjp
+            from repro.precision import int8
+
+            return int8.int8_dense(x, kernel, bias, r, self.activation)
         y = ops.dot(x, kernel, r, meta=meta, key=key)
         if bias is not None:
             y = y + bias.astype(y.dtype)
@@ -125,7 +129,11 @@ def layer_recipe(recipe: Recipe, kernel_shape) -> Recipe:
     (the per-layer policy of ``fp8-auto``); a policy on a device without FP8 arithmetic (a
     TPU v5e: :func:`repro.hardware.fp8_pays`) keeps every layer dense. The decision depends
     on the weight and the device alone, so ``init`` and ``apply`` agree (and only FP8 layers
-    carry FP8 state)."""
+    carry FP8 state). INT8 recipes: ``repro.precision.int8.layer_recipe``."""
+    if recipe.gemm == "int8":
+        from repro.precision import int8
+
+        return int8.layer_recipe(recipe, kernel_shape)
     if recipe.gemm == "fp8" and recipe.fp8_min_dim > 0 and (
             min(kernel_shape) < recipe.fp8_min_dim or not hardware.fp8_pays()):
         return recipe.replace(name=f"{recipe.name}/dense", gemm="dense", scaling="none")

@@ -117,6 +117,10 @@ def is_emulated(recipe, hardware=None) -> bool:
         return not hardware.has_fp4
     if recipe.gemm == "fp8":
         return not hardware.has_fp8
+    if recipe.gemm == "int8":
+        from repro.precision import int8
+
+        return int8.is_emulated(hardware)
     return False
 
 
@@ -846,7 +850,8 @@ def dense_dot(x, w, recipe):
 def dot(x, w, recipe, meta=None, key=None):
     """The one entry point layers call: ``x[..., K] @ w[K, N]`` as ``recipe`` says (a recipe of
     this repository; a peer library's runs in ``repro.precision.peers``)."""
-    recipe = validate.recipe_for(recipe, ("dense", "fp8", "fp8block", "mxfp8", "nvfp4"), "dot")
+    recipe = validate.recipe_for(recipe, ("dense", "fp8", "fp8block", "mxfp8", "nvfp4", "int8"),
+                                 "dot")
     if recipe.gemm == "dense":
         _flatten_lhs(x, _check_2d_weight(w, "dot"), "dot")
         return dense_dot(x, w, recipe)
@@ -858,4 +863,9 @@ def dot(x, w, recipe, meta=None, key=None):
         return mxfp8_dot(x, w, recipe)
     if recipe.gemm == "nvfp4":
         return nvfp4_dot(x, w, recipe, key, meta)
+    if recipe.gemm == "int8":
+        from repro.precision import int8
+
+        _flatten_lhs(x, _check_2d_weight(w, "dot"), "dot")
+        return int8.int8_dot(x, w, recipe)
     raise ValueError(f"unknown gemm {recipe.gemm!r} in recipe {recipe.name!r}")

@@ -39,7 +39,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-Gemm = Literal["dense", "fp8", "fp8block", "mxfp8", "nvfp4"]
+Gemm = Literal["dense", "fp8", "fp8block", "mxfp8", "nvfp4", "int8"]
 Scaling = Literal["none", "current", "delayed", "block"]
 GemmOut = Literal["float32", "compute"]
 Fp8Layout = Literal["auto", "natural", "tn"]
@@ -49,6 +49,7 @@ Fp8GradCast = Literal["one-pass", "two-pass"]
 Backend = Literal["repro", "flax", "te", "jax"]
 Scope = Literal["default", "all", "mlp"]
 Storage = Literal["fp32", "bf16", "fp8"]
+Int8WeightScale = Literal["channel", "tensor"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class Recipe:
       gemm: "dense" (an ordinary dot in ``compute_dtype``), "fp8" (per-tensor scaled FP8 with
         all three GEMMs of a layer in FP8), "fp8block" (DeepSeek-V3's block FP8: E4M3 with
         FP32 scales per 128x128 weight tile and 1x128 activation/gradient block, TE's
-        Float8BlockScaling), "mxfp8" or "nvfp4" (block-scaled).
+        Float8BlockScaling), "mxfp8" or "nvfp4" (block-scaled), "int8" (symmetric INT8 in all
+        three GEMMs, INT32 accumulation, FP32 scales: ``repro.precision.int8``).
       backend: who computes the quantized GEMMs: "repro" (``repro.precision.ops``), "flax"
         (``flax.linen.fp8_ops.Fp8DirectDotGeneralOp``), "te" (Transformer Engine's flax
         ``dot_general``), "jax" (``jax.nn.scaled_dot_general``). Peers are benchmark
@@ -113,6 +115,12 @@ class Recipe:
         below it runs as a dense GEMM in ``compute_dtype`` instead of FP8: narrow layers, the
         first layer of a small-input network and small heads cost more to quantize than FP8
         saves (``repro.precision.layers.layer_recipe``). 0: every layer in FP8.
+      int8_weight_scale: INT8 recipes: the weight's scales, "channel" (one per output channel,
+        moved onto the output gradient for the data gradient) or "tensor" (one).
+      int8_min_dim: INT8's per-layer policy, as ``fp8_min_dim`` is FP8's: a layer whose weight
+        has a dimension below it runs as a dense GEMM in ``compute_dtype``, and so does every
+        layer on a device without INT8 matrix arithmetic faster than its BF16
+        (``repro.precision.int8.layer_recipe``). 0: every layer in INT8.
       scope: which layers a quantized recipe covers. "default": the recipe's own policy (RL
         networks keep their first layer and heads in BF16; the LM follows NVIDIA's NVFP4
         policy, ``repro.models.lm``); "all": every linear layer; "mlp": the LM's MLP GEMMs only.
@@ -149,6 +157,8 @@ class Recipe:
     fp8_epilogue: Fp8Epilogue = "fused"
     fp8_grad_cast: Fp8GradCast = "one-pass"
     fp8_min_dim: int = 0
+    int8_weight_scale: Int8WeightScale = "channel"
+    int8_min_dim: int = 0
     scope: Scope = "default"
     master_weights: Storage = "fp32"
     kahan: bool = False
@@ -177,7 +187,7 @@ class Recipe:
             raise ValueError(f"recipe {self.name!r}: weight_clip must be a finite number > 0 "
                              f"or None (no clipping), got {self.weight_clip!r}")
         for f, lo, hi in (("amax_history_len", 1, None), ("margin", 0, 32),
-                          ("fp8_min_dim", 0, None)):
+                          ("fp8_min_dim", 0, None), ("int8_min_dim", 0, None)):
             v = getattr(self, f)
             if v < lo or (hi is not None and v > hi):
                 shown = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
@@ -202,9 +212,12 @@ class Recipe:
 
     @property
     def number_format(self) -> str:
-        """The GEMM operands' format: fp32, tf32, bf16, fp16, fp8 (per-tensor or MXFP8) or fp4."""
+        """The GEMM operands' format: fp32, tf32, bf16, fp16, fp8 (per-tensor or MXFP8), fp4 or
+        int8."""
         if self.gemm in ("fp8", "fp8block", "mxfp8"):
             return "fp8"
+        if self.gemm == "int8":
+            return "int8"
         if self.gemm == "nvfp4":
             return "fp4"
         if self.compute_dtype == "float32":
@@ -214,7 +227,8 @@ class Recipe:
     @property
     def quantizer(self) -> str | None:
         """What quantizes the GEMM operands: None (dense), "none"/"current"/"delayed"
-        (per-tensor FP8), "fp8block", "mxfp8" or "nvfp4" (block scales)."""
+        (per-tensor FP8; "current" for INT8 too), "fp8block", "mxfp8" or "nvfp4" (block
+        scales)."""
         if not self.quantized:
             return None
         return self.gemm if self.scaling == "block" else self.scaling
@@ -261,6 +275,7 @@ _BF16 = dict(compute_dtype="bfloat16", matmul_precision="default")
 _E2E = dict(base="fp8-delayed", gemm="fp8", scaling="delayed", **_BF16, master_weights="fp8",
             kahan=True, weight_clip=1.0)
 _NVFP4 = dict(gemm="nvfp4", scaling="block", **_BF16)
+_INT8 = dict(gemm="int8", scaling="current", **_BF16)
 
 REGISTRY: dict[str, Recipe] = {r.name: r for r in [
     # precision recipes
@@ -288,6 +303,12 @@ REGISTRY: dict[str, Recipe] = {r.name: r for r in [
            fp8_min_dim=1024, claims=("A2", "A4"),
            about="fp8-delayed where FP8 pays: layers with both dimensions >= 1024, BF16 "
                  "elsewhere (the H200's mlp_step crossover)"),
+    Recipe("int8", **_INT8, claims=("C1", "C2"),
+           about="INT8 GEMMs (symmetric, INT32 accumulation; weights per channel, activations "
+                 "and gradients per tensor), FP32 master weights"),
+    Recipe("int8-auto", base="int8", **_INT8, int8_min_dim=1024,
+           about="int8 where INT8 pays: layers with both dimensions >= 1024 on a device with "
+                 "INT8 matrix arithmetic faster than its BF16, BF16 elsewhere"),
     # training-time variants (the RL studies' arms)
     Recipe("fp8-all-layers", base="fp8-delayed", gemm="fp8", scaling="delayed", **_BF16,
            scope="all", claims=("A1", "A10"),
@@ -428,7 +449,7 @@ def value_formats(recipe: str | Recipe) -> dict[str, str]:
     fwd = {"float8_e4m3fn": "fp8-e4m3", "float8_e5m2": "fp8-e5m2"}
     dt = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[r.compute_dtype]
     dt_gemm = "tf32" if r.number_format == "tf32" else dt
-    return {
+    out = {
         "params (stored)": {"fp32": "fp32", "bf16": "bf16",
                             "fp8": "fp8-e4m3 (bf16 container)"}[r.master_weights],
         "weights (GEMM operand)": fwd[r.fwd_dtype] if q else dt_gemm,
@@ -443,3 +464,11 @@ def value_formats(recipe: str | Recipe) -> dict[str, str]:
                               (fwd[r.fwd_dtype] if q else dt_gemm)),
         "scaling": r.scaling if q else "-",
     }
+    if r.gemm == "int8":  # INT8 operands, INT32 accumulation (repro.precision.int8)
+        out.update({"weights (GEMM operand)": "int8" + (
+                        " (per channel)" if r.int8_weight_scale == "channel" else ""),
+                    "activations (GEMM operand)": "int8", "gradients (GEMM operand)": "int8",
+                    "GEMM accumulation": "int32",
+                    "first/last layers": dt if r.scope == "default" else "int8",
+                    "scaling": r.scaling})
+    return out

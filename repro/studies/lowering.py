@@ -5,13 +5,18 @@ Two questions, kept apart because a verdict needs them apart:
 
 * **compute**: do the products run in the format on the device's matrix units? On a GPU,
   FP8 as cuBLASLt's FP8 GEMM (``__cublas$lt$matmul$f8``) or XLA's Triton GEMM with f8
-  operands (:func:`repro.studies.timing.fp8_lowering`), INT8 as an ``s8 x s8 -> s32`` dot or
-  GEMM call (:func:`int8_lowering_gpu`). On a TPU, XLA's compiler
-  makes no library calls: a product is a ``dot`` or ``convolution`` instruction (usually
-  inside a fusion); ``s8 x s8 -> s32`` is the MXU's INT8 mode (native), and an f8 operand
-  converted to bf16/f32 before the product is upcast compute (TPU v5e, v5p and v6e have no
-  FP8 arithmetic). A record whose products did not run in its format is ``emulated``: no
-  speed claim about the format's arithmetic may rest on it.
+  operands (:func:`fp8_lowering_gpu`), INT8 as an ``s8 x s8 -> s32`` dot or GEMM call
+  (:func:`int8_lowering_gpu`). On a TPU, XLA's compiler makes no library calls: a product is
+  a ``dot`` or ``convolution`` instruction (usually inside a fusion); ``s8 x s8 -> s32`` is
+  the MXU's INT8 mode (native). An f8 product on a TPU is FP8 arithmetic only on a chip that
+  has it (none of v5e, v5p, v6e: the registry's ``has_fp8``): elsewhere the compiler converts
+  the f8 values to BF16, before the product or inside its fusion, and the reading says
+  "upcast" whether or not the optimized HLO still spells a ``dot`` of two f8 operands. A
+  record whose products did not run in its format is ``emulated``: no speed claim about the
+  format's arithmetic may rest on it (:func:`recipe_emulated`). A program of a quantized
+  recipe with no value of the format at all (``fp8-auto`` where every layer stayed in BF16)
+  emulated nothing: it ran its compute dtype, natively, and its lowering ("no-f8", "no-s8")
+  says that it is no result of the format.
 * **storage** (:func:`weight_storage`): do the kernels that compute the products read the
   1-byte (or 4-bit) arrays from memory themselves? Then a narrow format moves fewer bytes
   than BF16 whatever it computes in: a real bandwidth gain (decode is bound by reading the
@@ -20,8 +25,11 @@ Two questions, kept apart because a verdict needs them apart:
   values). ``none``: no narrow array.
 
 The GPU readings are those the records have always carried (the same functions); the CPU
-keeps them too. ``repro.studies.timing.fp8_lowering`` (hence ``compiled_facts`` and
-``compiled_gemm_info``) reads a TPU's program as a TPU's on its own. Both HLO spellings of
+keeps them too. ``repro.studies.timing.fp8_lowering`` (hence the measuring kit's
+``compiled_facts`` and ``compiled_gemm_info``) is :func:`fp8_lowering`: the labels are read
+here, outside the kit, so that reading a program differently changes no record's program or
+kit fingerprint. ``fp8_gemm_calls`` (``compiled_facts``) counts cuBLASLt's FP8 GEMM calls: a
+GPU's, 0 on every other platform whatever the lowering. Both HLO spellings of
 an operand are read: ``dot(%a, %b)`` (types from the operands' definitions) and
 ``dot(s8[128,512]{1,0} %a, ...)`` (types inline), with TPU layouts such as
 ``{1,0:T(8,128)(4,1)}``.
@@ -116,24 +124,62 @@ def products(hlo_text: str) -> list[tuple[str, str, str, str]]:
 # ------------------------------------------------------------------------------ compute
 
 
-def fp8_lowering_tpu(hlo_text: str) -> str:
+def _tpu_has_fp8() -> bool:
+    """Whether the TPU code paths are chosen for (:func:`repro.hardware.current`) has FP8
+    arithmetic; a TPU's program read elsewhere (the CPU, without a target) is read as the
+    registry's TPUs are: without it."""
+    from repro import hardware
+
+    info = hardware.current()
+    return info.backend == "tpu" and info.has_fp8
+
+
+def fp8_lowering_tpu(hlo_text: str, has_fp8: bool | None = None) -> str:
     """How a TPU program's f8 products run: "f8-dot" (a dot or convolution of two f8
-    operands: FP8 matrix units), "upcast" (f8 values converted before the product), "no-f8"."""
+    operands on a chip with FP8 arithmetic: its matrix units), "upcast" (f8 values converted
+    to a wider type, before the product or, on a chip without FP8 arithmetic, inside it),
+    "no-f8". ``has_fp8``: the chip's (None: :func:`_tpu_has_fp8`)."""
     if "f8e" not in hlo_text:
         return "no-f8"
     if any(a.startswith("f8") and b.startswith("f8") for _, _, a, b in products(hlo_text)):
-        return "f8-dot"
+        return "f8-dot" if (_tpu_has_fp8() if has_fp8 is None else has_fp8) else "upcast"
     return "upcast"
 
 
+_WIDE_INTS = ("s16", "s32", "s64", "u16", "u32", "u64")
+
+
+def int8_products(hlo_text: str) -> dict[str, int]:
+    """How many products (``dot``, ``convolution``) multiply ``s8 x s8 -> s32`` ("s8": INT8
+    matrix-unit arithmetic) and how many multiply wider integers ("widened": INT8 values the
+    compiler converted first, as XLA:CPU does with a training step's weight gradients)."""
+    native = widened = 0
+    for _, out, a, b in products(hlo_text):
+        if a == b == "s8" and out == "s32":
+            native += 1
+        elif a in _WIDE_INTS and b in _WIDE_INTS:
+            widened += 1
+    return {"s8": native, "widened": widened}
+
+
+def _partial(label: str, hlo_text: str) -> str:
+    """``label``, or "s8-partial" where an "s8-gemm" program also multiplies widened
+    integers: some INT8 products ran natively, others did not."""
+    if label == "s8-gemm" and int8_products(hlo_text)["widened"]:
+        return "s8-partial"
+    return label
+
+
 def int8_lowering_tpu(hlo_text: str) -> str:
-    """How a TPU program's INT8 products run: "s8-gemm" (a dot or convolution of two ``s8``
-    operands with an ``s32`` result: the MXU's INT8 mode), "s8-other" (``s8`` values
-    converted before the product, or another result type), "no-s8"."""
+    """How a TPU program's INT8 products run: "s8-gemm" (every integer product a dot or
+    convolution of two ``s8`` operands with an ``s32`` result: the MXU's INT8 mode),
+    "s8-partial" (some, and others of wider integers: INT8 values converted first),
+    "s8-other" (``s8`` values converted before every product, or another result type),
+    "no-s8"."""
     if "s8[" not in hlo_text:
         return "no-s8"
     if any(a == b == "s8" and out == "s32" for _, out, a, b in products(hlo_text)):
-        return "s8-gemm"
+        return _partial("s8-gemm", hlo_text)
     return "s8-other"
 
 
@@ -146,7 +192,8 @@ def _block_types(block: str) -> dict[str, str]:
 
 def int8_lowering_gpu(hlo_text: str) -> str:
     """How a compiled program's INT8 products run: "s8-gemm" (a dot or GEMM call with two
-    ``s8`` operands and an ``s32`` result: IMMA tensor cores on a GPU), "s8-other" (``s8``
+    ``s8`` operands and an ``s32`` result: IMMA tensor cores on a GPU), "s8-partial" (such
+    products, and dots of wider integers: INT8 values converted first), "s8-other" (``s8``
     operands with another result type, or converted before the product), "no-s8"."""
     if "s8[" not in hlo_text:
         return "no-s8"
@@ -155,7 +202,7 @@ def int8_lowering_gpu(hlo_text: str) -> str:
         types = _block_types(block)
         for out, a, b in re.findall(pat, block):
             if types.get(a) == types.get(b) == "s8" and out == "s32":
-                return "s8-gemm"
+                return _partial("s8-gemm", hlo_text)
     return "s8-other"
 
 
@@ -195,18 +242,101 @@ def dequant_lowering_gpu(hlo_text: str) -> str:
     return "separate"
 
 
-def fp8_lowering(hlo_text: str, platform: str) -> str:
-    """:func:`repro.studies.timing.fp8_lowering` (which reads a TPU's program with
-    :func:`fp8_lowering_tpu`)."""
-    from repro.studies import timing
-
-    return timing.fp8_lowering(hlo_text, platform)
+FP8_GEMM_TARGET = "__cublas$lt$matmul$f8"  # cuBLASLt's FP8 GEMM (repro.studies.timing's)
 
 
-def int8_lowering(hlo_text: str, platform: str) -> str:
-    """:func:`int8_lowering_gpu` on a GPU or CPU,
-    :func:`int8_lowering_tpu` on a TPU."""
-    return int8_lowering_tpu(hlo_text) if platform == "tpu" else int8_lowering_gpu(hlo_text)
+def fp8_lowering_gpu(hlo_text: str) -> str:
+    """How a GPU (or CPU) program's f8 products run. ``"cublaslt-f8"``: a call to cuBLASLt's
+    FP8 GEMM. ``"fused-f8-dot"``: a ``dot`` whose two operands are f8 inside a fusion (XLA's
+    Triton GEMM, which it prefers for small GEMMs: seen for 65536x256x256 and 2048x64x64 on
+    an H200 with JAX 0.11.2): also FP8 tensor-core math. ``"upcast"``: the operands are
+    converted to a wider type before the dot (CPU; or a GPU path that lost the FP8 GEMM).
+    ``"no-f8"``: no f8 value anywhere (the other dtypes)."""
+    if "f8e" not in hlo_text:
+        return "no-f8"
+    if FP8_GEMM_TARGET in hlo_text:
+        return "cublaslt-f8"
+    for block in re.split(r"\n\s*\n", hlo_text):  # one computation per block
+        types = dict(re.findall(r"%([\w.\-]+) = ([a-z0-9]+)\[", block))
+        for a, b in re.findall(r" dot\(%([\w.\-]+), %([\w.\-]+)\)", block):
+            if types.get(a, "").startswith("f8") and types.get(b, "").startswith("f8"):
+                return "fused-f8-dot"
+    return "upcast"
+
+
+def fp8_lowering(hlo_text: str, platform: str | None = None) -> str:
+    """How a compiled program's f8 products run, read for ``platform`` (by default
+    :func:`repro.hardware.platform`): :func:`fp8_lowering_tpu` on a TPU,
+    :func:`fp8_lowering_gpu` on a GPU or CPU."""
+    from repro import hardware
+
+    if (platform or hardware.platform()) == "tpu":
+        return fp8_lowering_tpu(hlo_text)
+    return fp8_lowering_gpu(hlo_text)
+
+
+def int8_lowering(hlo_text: str, platform: str | None = None) -> str:
+    """:func:`int8_lowering_gpu` on a GPU or CPU, :func:`int8_lowering_tpu` on a TPU
+    (``platform``: by default :func:`repro.hardware.platform`)."""
+    from repro import hardware
+
+    if (platform or hardware.platform()) == "tpu":
+        return int8_lowering_tpu(hlo_text)
+    return int8_lowering_gpu(hlo_text)
+
+
+# ------------------------------------------------------------------------ record labels
+
+NO_NARROW = ("no-f8", "no-s8")  # a program with no value of the recipe's narrow format
+
+
+def narrow_lowering(recipe, facts: dict) -> str:
+    """The lowering of ``recipe``'s own narrow format among a program's ``facts``
+    (``int8_lowering`` for an INT8 recipe, else ``fp8_lowering``)."""
+    from repro.precision.recipes import resolve
+
+    return facts["int8_lowering" if resolve(recipe).gemm == "int8" else "fp8_lowering"]
+
+
+def int8_facts(recipe, compiled) -> dict:
+    """``{"int8_lowering", "int8_products"}`` of a compiled program (its ``as_text()``) of
+    an INT8 ``recipe`` (:func:`int8_lowering`, :func:`int8_products`), ``{}`` for any other
+    recipe: what a record adds to the measuring kit's ``compiled_facts``."""
+    from repro.precision.recipes import resolve
+
+    if resolve(recipe).gemm != "int8":
+        return {}
+    text = compiled.as_text() or ""
+    return {"int8_lowering": int8_lowering(text), "int8_products": int8_products(text)}
+
+
+def recipe_emulated(recipe, lowering: str | dict, hardware=None) -> bool:
+    """Whether a timing of ``recipe`` measures emulation rather than its format, from how its
+    compiled program ran (``lowering``: the lowering of the recipe's narrow format, or the
+    program's facts, from which :func:`narrow_lowering` takes it) on ``hardware`` (by default
+    :func:`repro.hardware.detect`).
+
+    A program with no value of the recipe's format (:data:`NO_NARROW`: a per-layer policy
+    that kept every layer in its compute dtype) emulated nothing: False, and its lowering
+    says it is no result of the format. Otherwise ``repro.precision.ops.is_emulated`` (no
+    matrix-unit arithmetic for the format on the hardware), and also an FP8 recipe whose
+    products ran as no FP8 GEMM (``lowering`` is none of :data:`NATIVE_FP8`) and an INT8
+    recipe whose products ran as no ``s8 x s8 -> s32`` product."""
+    from repro.hardware import detect
+    from repro.precision import ops
+    from repro.precision.recipes import resolve
+
+    r = resolve(recipe)
+    low = narrow_lowering(r, lowering) if isinstance(lowering, dict) else lowering
+    if r.gemm in ("fp8", "int8") and low in NO_NARROW:
+        return False
+    if ops.is_emulated(r, hardware or detect()):
+        return True
+    if r.gemm == "fp8":
+        return low not in NATIVE_FP8
+    if r.gemm == "int8":
+        return low != "s8-gemm"
+    return False
 
 
 # ------------------------------------------------------------------------------ storage

@@ -111,32 +111,11 @@ def quartiles(samples: np.ndarray) -> tuple[float, float, float]:
 
 
 def fp8_lowering(hlo_text: str, platform: str | None = None) -> str:
-    """How a compiled GEMM with f8 operands runs, read from its HLO for ``platform`` (by
-    default :func:`repro.hardware.platform`; a TPU's program is read by
-    :func:`repro.studies.lowering.fp8_lowering_tpu`: "f8-dot", "upcast" or "no-f8").
+    """How a compiled program's f8 products run: :func:`repro.studies.lowering.fp8_lowering`
+    (read there, outside the measuring kit)."""
+    from repro.studies import lowering
 
-    ``"cublaslt-f8"``: a call to cuBLASLt's FP8 GEMM. ``"fused-f8-dot"``: a ``dot`` whose two
-    operands are f8 inside a fusion (XLA's Triton GEMM, which it prefers for small GEMMs: seen
-    for 65536x256x256 and 2048x64x64 on an H200 with JAX 0.11.2): also FP8 tensor-core math.
-    ``"upcast"``: the operands are converted to a wider type before the dot (CPU; or a GPU
-    path that lost the FP8 GEMM). ``"no-f8"``: no f8 value anywhere (the other dtypes).
-    """
-    from repro import hardware
-
-    if (platform or hardware.platform()) == "tpu":
-        from repro.studies.lowering import fp8_lowering_tpu
-
-        return fp8_lowering_tpu(hlo_text)
-    if "f8e" not in hlo_text:
-        return "no-f8"
-    if FP8_GEMM_TARGET in hlo_text:
-        return "cublaslt-f8"
-    for block in re.split(r"\n\s*\n", hlo_text):  # one computation per block
-        types = dict(re.findall(r"%([\w.\-]+) = ([a-z0-9]+)\[", block))
-        for a, b in re.findall(r" dot\(%([\w.\-]+), %([\w.\-]+)\)", block):
-            if types.get(a, "").startswith("f8") and types.get(b, "").startswith("f8"):
-                return "fused-f8-dot"
-    return "upcast"
+    return lowering.fp8_lowering(hlo_text, platform)
 
 _NOT_KERNELS = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "bitcast"})
 
@@ -189,25 +168,12 @@ def compiled_facts(compiled) -> dict[str, Any]:
     return facts
 
 
-def recipe_emulated(recipe, lowering: str, hardware=None) -> bool:
-    """Whether a timing of ``recipe`` measures emulation rather than its format.
+def recipe_emulated(recipe, lowering, hardware=None) -> bool:
+    """Whether a timing of ``recipe`` measures emulation rather than its format:
+    :func:`repro.studies.lowering.recipe_emulated`."""
+    from repro.studies import lowering as L
 
-    ``repro.precision.ops.is_emulated`` (no tensor cores for the format on this hardware), and
-    also an FP8 recipe whose compiled program on a GPU ran no FP8 GEMM at all (``lowering`` is
-    neither cuBLASLt's FP8 call nor XLA's Triton GEMM with f8 operands, which small GEMMs
-    get; nor, on a TPU with FP8 matrix units, an f8 x f8 dot: ``repro.studies.lowering``).
-    """
-    from repro.hardware import detect
-    from repro.precision import ops
-    from repro.precision.recipes import resolve
-
-    r = resolve(recipe)
-    hardware = hardware or detect()
-    if ops.is_emulated(r, hardware):
-        return True
-    from repro.studies.lowering import NATIVE_FP8
-
-    return r.gemm == "fp8" and lowering not in NATIVE_FP8
+    return L.recipe_emulated(recipe, lowering, hardware)
 
 
 def compiled_gemm_info(fn: Callable, *args) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Every claim's decision rule, as a pure function of small tables.
 
-One function per claim (``a1`` ... ``a12``, ``b1`` ... ``b6``), collected here from each
+One function per claim (``a1`` ... ``a12``, ``b1`` ... ``b6``, ``c1``, ``c2``), collected here from each
 experiment's ``rules`` (``repro/experiments/<name>/rules.py``) and from the rules shared by
 several experiments' records (:mod:`repro.claims.verdicts.nvfp4`): each takes the tables that
 ``repro.analysis`` builds from the records (or the few numbers a claim needs) and returns a
@@ -19,9 +19,9 @@ from repro.claims.verdicts.nvfp4 import b1, b2, b3, b4, b5
 from repro.experiments.grpo.rules import a12
 from repro.experiments.inference.rules import b6
 from repro.experiments.legged.rules import a11
-from repro.experiments.rl_quality.rules import QualityEvidence, a5, a6, a7, a8, a10
-from repro.experiments.rl_throughput.rules import a1, a2, a3, a4, a9
+from repro.experiments.rl_quality.rules import QualityEvidence, a5, a6, a7, a8, a10, c2
+from repro.experiments.rl_throughput.rules import a1, a2, a3, a4, a9, c1
 
 __all__ = ["VERDICTS", "QualityEvidence", "Verdict", "definitions", "margin", "rule",
            "a1", "a2", "a3", "a4", "a5", "a6", "a7", "a8", "a9", "a10", "a11", "a12",
-           "b1", "b2", "b3", "b4", "b5", "b6"]
+           "b1", "b2", "b3", "b4", "b5", "b6", "c1", "c2"]

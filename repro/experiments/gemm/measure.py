@@ -3,7 +3,7 @@
 ``time_fn`` times an (already jitted) function: warm-up calls (compilation) first, then
 ``repeats`` timed calls, each ended by ``jax.block_until_ready``; median and interquartile
 range. ``gemm_sweep`` times ``A[M,K] x B[N,K]^T`` (the TN layout cuBLASLt wants for FP8: both
-operands contract their last axis) in five dtypes:
+operands contract their last axis) in six dtypes:
 
 ========  ============================================================================
 fp32      float32 operands, ``Precision.HIGHEST`` (real FP32, not TF32)
@@ -12,6 +12,10 @@ bf16      bfloat16 operands and output, FP32 accumulation
 fp16      float16 operands and output, FP32 accumulation
 fp8       E4M3 x E4M3 operands that are ALREADY FP8, straight into ``dot_general`` with
           ``preferred_element_type=bfloat16``; the two per-tensor scales multiply the output
+int8      symmetric INT8 x INT8 operands (per-tensor scales ``amax / 127``, already INT8),
+          ``preferred_element_type=int32`` (the ``s8 x s8 -> s32`` product of INT8 tensor
+          cores and of a TPU's matrix units), the scales multiplied into the float32 result,
+          written as bfloat16
 ========  ============================================================================
 
 The fp8 form matters: with current JAX, XLA no longer rewrites "convert f8 -> bf16, multiply by
@@ -20,7 +24,9 @@ scale, dot" into an FP8 GEMM (it runs at BF16 speed), whereas f8 operands fed st
 every record says whether it is there: ``extra.hlo_fp8_gemm``). For small GEMMs XLA prefers its
 own Triton GEMM, which keeps the f8 operands (``extra.fp8_lowering == "fused-f8-dot"``): also
 FP8 tensor-core math. On a GPU the sweep asserts one of the two; on a CPU the f8 product is
-computed by upcasting, so fp8 records there carry ``emulated=True``.
+computed by upcasting, so fp8 records there carry ``emulated=True``. int8 records carry
+``extra.int8_lowering`` (``repro.studies.lowering``): ``s8-gemm`` where the product ran
+``s8 x s8 -> s32``; they are ``emulated`` on a device without INT8 matrix arithmetic (a CPU).
 
 Each record goes through :func:`repro.results.make_record` (experiment ``gemm``, claims A2, B2),
 one resumable cell per shape (:data:`STUDY`: ``repro record gemm``).
@@ -38,10 +44,11 @@ import numpy as np
 from repro.config import ConfigError, Section, from_cli, positive
 from repro.precision import formats
 from repro.program import Program
+from repro.studies import lowering as L
 from repro.studies.runner import Cell, Study
 from repro.studies.timing import FP8_GEMM_TARGET, compiled_gemm_info, time_fn
 
-GEMM_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+GEMM_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 
 CLAIMS = ("A2", "B2")
 
@@ -73,7 +80,12 @@ def _check_shapes(shapes) -> list[tuple[int, int, int]]:
 
 
 def gemm_fn(dtype: str) -> Callable:
-    """The un-jitted GEMM of one dtype. fp8 takes ``(a_q, b_q, a_scale, b_scale)``."""
+    """The un-jitted GEMM of one dtype. fp8 and int8 take ``(a_q, b_q, a_scale, b_scale)``."""
+    if dtype == "int8":
+        def int8_gemm(a_q, b_q, a_scale, b_scale):
+            c = jax.lax.dot_general(a_q, b_q, TN, preferred_element_type=jnp.int32)
+            return (c.astype(jnp.float32) * (a_scale * b_scale)).astype(jnp.bfloat16)
+        return int8_gemm
     if dtype == "fp8":
         def fp8_gemm(a_q, b_q, a_scale, b_scale):
             c = jax.lax.dot_general(a_q, b_q, TN, preferred_element_type=jnp.bfloat16)
@@ -91,7 +103,8 @@ def gemm_operands(dtype: str, a: jax.Array, b: jax.Array) -> tuple:
     """Cast float32 operands for ``gemm_fn(dtype)``.
 
     fp8: per-tensor current scaling, ``scale = amax / 448`` (the dequantize multiplier), so the
-    operands are E4M3 arrays and the scales float32 scalars.
+    operands are E4M3 arrays and the scales float32 scalars. int8: the same with
+    ``amax / 127`` and symmetric INT8 (``repro.precision.int8``).
     """
     if dtype in ("fp32", "tf32"):
         return a.astype(jnp.float32), b.astype(jnp.float32)
@@ -104,6 +117,11 @@ def gemm_operands(dtype: str, a: jax.Array, b: jax.Array) -> tuple:
         sb = formats.compute_scale(jnp.max(jnp.abs(b)), fmax)
         return (formats.fp8_quantize(a, formats.E4M3, sa),
                 formats.fp8_quantize(b, formats.E4M3, sb), sa, sb)
+    if dtype == "int8":
+        from repro.precision import int8
+
+        sa, sb = (int8.int8_scale(jnp.max(jnp.abs(x))) for x in (a, b))
+        return int8.int8_quantize(a, sa), int8.int8_quantize(b, sb), sa, sb
     _check_dtypes([dtype])
     raise AssertionError("unreachable")
 
@@ -114,6 +132,17 @@ def dequantized_operands(dtype: str, ops: tuple) -> tuple[np.ndarray, np.ndarray
         a_q, b_q, sa, sb = ops
         return (np.asarray(a_q, np.float64) * float(sa), np.asarray(b_q, np.float64) * float(sb))
     return np.asarray(ops[0], np.float64), np.asarray(ops[1], np.float64)
+
+
+def int8_operands(ops: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`dequantized_operands` of int8's ``(a_q, b_q, a_scale, b_scale)``: the INT8
+    values times their scales, as float64."""
+    a_q, b_q, sa, sb = ops
+    return (np.asarray(a_q, np.float64) * float(sa), np.asarray(b_q, np.float64) * float(sb))
+
+
+def _operands64(dtype: str, ops: tuple) -> tuple[np.ndarray, np.ndarray]:
+    return int8_operands(ops) if dtype == "int8" else dequantized_operands(dtype, ops)
 
 
 def _random_inputs(key, m: int, k: int, n: int) -> tuple[jax.Array, jax.Array]:
@@ -128,9 +157,21 @@ def relative_error(c: jax.Array, ref: np.ndarray) -> float:
     return float(np.linalg.norm(c - ref) / np.linalg.norm(ref))
 
 
-def _emulated(dtype: str, info: dict[str, Any], backend: str) -> bool:
-    # An fp8 product that did not run as an FP8 GEMM was computed by upcasting the operands.
-    return dtype == "fp8" and (backend != "gpu" or info["fp8_lowering"] == "upcast")
+def _emulated(dtype: str, info: dict[str, Any], hardware) -> bool:
+    # An fp8 product that did not run as an FP8 GEMM was computed by upcasting the operands;
+    # an int8 product is native only as s8 x s8 -> s32 on INT8 matrix units.
+    if dtype == "int8":
+        return L.recipe_emulated("int8", info["int8_lowering"], hardware)
+    return dtype == "fp8" and (hardware.backend != "gpu" or info["fp8_lowering"] == "upcast")
+
+
+def _gemm_info(dtype: str, fn, args) -> dict[str, Any]:
+    """:func:`repro.studies.timing.compiled_gemm_info`, and for int8 how its product ran
+    (``int8_lowering``), read outside the measuring kit."""
+    info = compiled_gemm_info(fn, *args)
+    if dtype == "int8":
+        info["int8_lowering"] = L.int8_lowering(jax.jit(fn).lower(*args).compile().as_text())
+    return info
 
 
 def gemm_sweep(shapes, dtypes=GEMM_DTYPES, repeats: int = 10, *, warmup: int = 2,
@@ -156,7 +197,7 @@ def gemm_sweep(shapes, dtypes=GEMM_DTYPES, repeats: int = 10, *, warmup: int = 2
         for dtype in dtypes:
             fn = gemm_fn(dtype)
             sets = [gemm_operands(dtype, a, b) for a, b in inputs]
-            lowering = compiled_gemm_info(fn, *sets[0])
+            lowering = _gemm_info(dtype, fn, sets[0])
             if dtype == "fp8" and on_gpu and info.has_fp8:
                 # The FP8 GEMM must really be one: cuBLASLt's FP8 GEMM or a fused dot that
                 # keeps f8 operands (Triton), never "upcast to bf16, then dot".
@@ -169,7 +210,7 @@ def gemm_sweep(shapes, dtypes=GEMM_DTYPES, repeats: int = 10, *, warmup: int = 2
             tflops = flops / np.asarray(t.samples) / 1e12
             q25, q75 = np.percentile(tflops, [25, 75])
             common = dict(claims=CLAIMS, recipe=dtype, sizes={"M": m, "K": k, "N": n},
-                          repeats=repeats, emulated=_emulated(dtype, lowering, info.backend),
+                          repeats=repeats, emulated=_emulated(dtype, lowering, info),
                           profile=profile, hardware=info)
             extra = {**lowering, "flops": flops, "layout": "TN", "input_sets": len(sets),
                      "warmup": warmup}
@@ -202,12 +243,12 @@ def gemm_error(dtypes=GEMM_DTYPES, shape=ERROR_SHAPE, *, seed: int = 0,
     for dtype in dtypes:
         fn = gemm_fn(dtype)
         ops = gemm_operands(dtype, a, b)
-        lowering = compiled_gemm_info(fn, *ops)
+        lowering = _gemm_info(dtype, fn, ops)
         c = jax.jit(fn)(*ops)
-        da, db = dequantized_operands(dtype, ops)
+        da, db = _operands64(dtype, ops)
         records.append(make_record(
             "gemm", "rel_error", relative_error(c, ref), "1", claims=CLAIMS, recipe=dtype,
-            sizes={"M": m, "K": k, "N": n}, emulated=_emulated(dtype, lowering, info.backend),
+            sizes={"M": m, "K": k, "N": n}, emulated=_emulated(dtype, lowering, info),
             profile=profile, hardware=info,
             extra={"reference": "float64 product of the float32 inputs",
                    "rel_error_same_operands": relative_error(c, da @ db.T),
@@ -228,8 +269,8 @@ def program(dtype: str, m: int, k: int, n: int, error: bool = False, seed: int =
             a, b = _random_inputs(jax.random.key(seed + 1), m, k, n)
             return fn_of(*cast(dtype, a, b))
 
-        return Program(gemm_of_inputs, (),
-                       kit=(relative_error, dequantized_operands, compiled_gemm_info))
+        kit = (relative_error, dequantized_operands, compiled_gemm_info)
+        return Program(gemm_of_inputs, (), kit=kit + ((int8_operands,) if dtype == "int8" else ()))
 
     def gemm_of_operands(a, b):
         return fn_of(*cast(dtype, a, b))

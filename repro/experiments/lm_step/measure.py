@@ -14,21 +14,24 @@ this device (NVFP4 and MXFP8 off Blackwell, FP8 on a CPU) are timed and stamped
 
     repro record lm_step --profile smoke     # tiny model, CPU, seconds (build/results/)
     repro record lm_step --profile full      # 120m and 20m on a GPU (results/), resumable
+    repro record lm_step --profile full --recipe int8 --only 'wide_*'   # int8 beside bf16:
+                                             # cell wide_b8_bf16-int8
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import jax
 import jax.numpy as jnp
 
 from repro import hardware, results
-from repro.config import ConfigError, Section, positive, recipe_names
+from repro.config import ConfigError, Section, from_cli, positive, recipe_names
 from repro.precision import resolve
 from repro.program import Program
+from repro.studies import lowering
 from repro.studies.runner import Cell, Study
 from repro.studies.timing import (
     compiled_facts,
@@ -100,16 +103,22 @@ def batches_of(p: "Params", size: str) -> list[int]:
 
 def check(p: "Params") -> None:
     """Every size a preset, every batch positive, and the checks of
-    ``repro.models.lm_data.preflight`` (corpus, NVFP4 tiling of batch x seq_len, the memory
-    estimate against this device) for every cell and recipe: all before anything compiles."""
+    ``repro.models.lm_data.preflight`` (corpus, NVFP4 tiling of batch x seq_len) for every
+    cell and recipe: all before anything compiles. The memory estimate against this device
+    is checked as each cell starts (:func:`fixed_batch`, before its first compile), so a
+    cell too large for this device (120m at batch 32 on a 16 GiB chip) fails alone, in one
+    line, and the cells that fit run."""
     from repro.models import lm_data as D
 
-    recipes = check_recipes(list(p.recipes))
+    recipes = check_recipes(list(p.selected or p.recipes))
     for size in p.sizes:
         cfg = check_size(size)
         for b in batches_of(p, size):
             for r in recipes:
-                D.preflight(cfg, b, recipe=resolve(r))
+                D.preflight(cfg, b, recipe=resolve(r), bytes_limit=NO_LIMIT)
+
+
+NO_LIMIT = 2 ** 62  # bytes: the memory estimate is left to each cell (fixed_batch)
 
 
 def cell_name(size: str, batch: int) -> str:
@@ -150,12 +159,13 @@ def compile_step(cfg, recipe: str, x, y, tag: str = ""):
     _log(f"{tag} {recipe}: compiling")
     compiled = step_fn.lower(variables, opt_state, x, y, seed, step_i).compile()
     facts = compiled_facts(compiled)
+    facts.update(lowering.int8_facts(recipe, compiled))
     t2 = time.perf_counter()
     run = stepper(compiled, variables, opt_state, x, y, seed, step_i)
     jax.block_until_ready(run())  # warm up
     t3 = time.perf_counter()
     _log(f"{tag} {recipe}: init {t1 - t0:.1f} s, compile {t2 - t1:.1f} s, first step "
-         f"{t3 - t2:.2f} s, lowering {facts['fp8_lowering']}")
+         f"{t3 - t2:.2f} s, lowering {lowering.narrow_lowering(recipe, facts)}")
     times = {"init_s": round(t1 - t0, 3), "compile_s": round(t2 - t1, 3),
              "first_step_s": round(t3 - t2, 3)}
     return facts, times, run
@@ -219,7 +229,7 @@ def bench_cell(size: str, batch: int, recipes: list[str], repeats: int,
         facts, s = facts_of[r], samples_of[r]
         q1, med, q3 = quartiles(s)
         common = dict(claims=CLAIMS, recipe=r, sizes=sizes, repeats=len(s),
-                      emulated=recipe_emulated(r, facts["fp8_lowering"]), profile=profile,
+                      emulated=recipe_emulated(r, facts), profile=profile,
                       extra={"run_id": run_id, "samples_ms": (s * 1e3).round(4).tolist(),
                              "steps_per_sample": steps_per_sample, **times_of[r], **facts,
                              "layer_recipes": sorted(set(M.recipe_map(r, cfg).values()))})
@@ -240,18 +250,27 @@ def bench_cell(size: str, batch: int, recipes: list[str], repeats: int,
 
 @dataclass(frozen=True, kw_only=True)
 class Params(Section):
-    """``params.yaml``'s ``lm_step`` section: one cell per (model size, batch), in order."""
+    """``params.yaml``'s ``lm_step`` section: one cell per (model size, batch), in order.
+    ``selected``: ``--recipe``, the recipes timed beside bf16 in cells of their own
+    (``wide_b8_bf16-int8``), which never mask the cells of ``recipes``."""
 
     sizes: tuple[str, ...]
     batch: int | tuple[int, ...] | dict[str, int | tuple[int, ...]]
     recipes: tuple[str, ...] = recipe_names()
     repeats: int = positive(10)
     steps_per_sample: int = positive(5)
+    selected: tuple[str, ...] | None = from_cli()
+
+
+def narrow(p: Params, recipes) -> Params:
+    """``--recipe``: the named recipes (checked by :func:`check`), bf16 first."""
+    return replace(p, selected=tuple(dict.fromkeys(["bf16", *recipes])))
 
 
 def cells(p: Params) -> list[Cell]:
     """One cell per (size, batch), in params order; every recipe timed in each."""
-    recipes = list(dict.fromkeys(p.recipes))
+    recipes = list(dict.fromkeys(p.selected or p.recipes))
+    suffix = "_" + "-".join(recipes) if p.selected else ""
 
     def one(size, batch):
         return lambda _budget: bench_cell(size, batch, recipes, p.repeats, p.steps_per_sample,
@@ -260,9 +279,9 @@ def cells(p: Params) -> list[Cell]:
     def programs(size, batch):
         return lambda: {r: program(r, size, batch) for r in recipes}
 
-    return [Cell(cell_name(size, b), one(size, b), programs=programs(size, b))
+    return [Cell(cell_name(size, b) + suffix, one(size, b), programs=programs(size, b))
             for size in p.sizes for b in batches_of(p, size)]
 
 
 STUDY = Study(EXPERIMENT, CLAIMS, cells, check, about="the decoder LM's train step per recipe",
-              params=Params, data=("repro/data/lm_corpus.txt.gz",))
+              params=Params, data=("repro/data/lm_corpus.txt.gz",), narrow=narrow)

@@ -8,13 +8,19 @@ one (width, batch, depth): all its recipes are timed together in rounds (recipe 
 C, ...), so a speedup is always a ratio of two timings from the same run.
 
     repro record mlp_step --profile full      # the H200 study, resumable per width
+    repro record mlp_step --profile full --recipe int8   # int8 beside bf16, one cell per
+                                                         # width: w4096_b65536_d3_bf16-int8
+
+Each record says how its program ran (``repro.studies.lowering``): ``extra.fp8_lowering``, for
+an INT8 recipe ``extra.int8_lowering`` (``s8-gemm``: ``s8 x s8 -> s32`` products), and
+``emulated`` where the device ran the format by other arithmetic.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import jax
 import jax.numpy as jnp
@@ -22,10 +28,11 @@ import optax
 from flax import linen as nn
 
 from repro import results
-from repro.config import Section, positive, recipe_names
+from repro.config import Section, from_cli, positive, recipe_names
 from repro.precision import layers, peers
 from repro.precision.recipes import resolve
 from repro.program import Program
+from repro.studies import lowering
 from repro.studies.runner import Cell, Study
 from repro.studies.timing import (
     compiled_facts,
@@ -136,11 +143,13 @@ def bench_cell(width: int, batch: int, depth: int, recipes: list[str], repeats: 
         t1 = time.perf_counter()
         _log(f"w{width} {r}: compiling")
         step, facts = _compile(step, variables, opt_state, x, y)
+        facts.update(lowering.int8_facts(r, step))
         t2 = time.perf_counter()
         variables, opt_state, loss = step(variables, opt_state, x, y)  # warm up
         jax.block_until_ready(loss)
         _log(f"w{width} {r}: init {t1 - t0:.1f} s, compile {t2 - t1:.1f} s, first step "
-             f"{time.perf_counter() - t2:.2f} s, lowering {facts['fp8_lowering']}")
+             f"{time.perf_counter() - t2:.2f} s, lowering "
+             f"{lowering.narrow_lowering(r, facts)}")
         facts_of[r], runners[r] = facts, stepper(step, variables, opt_state, x, y)
     samples_of = time_interleaved(runners, repeats, steps_per_sample, f" at width {width}")
 
@@ -151,7 +160,7 @@ def bench_cell(width: int, batch: int, depth: int, recipes: list[str], repeats: 
         facts, s = facts_of[r], samples_of[r]
         q1, med, q3 = quartiles(s)
         emulated = (jax.default_backend() != "gpu" if _is_peer(r)
-                    else recipe_emulated(r, facts["fp8_lowering"]))
+                    else recipe_emulated(r, facts))
         common = dict(claims=["A2", "A4"], recipe=r, sizes=sizes, repeats=len(s),
                       emulated=emulated, profile=profile,
                       extra={"run_id": run_id, "samples_ms": (s * 1e3).round(4).tolist(),
@@ -172,7 +181,9 @@ def bench_cell(width: int, batch: int, depth: int, recipes: list[str], repeats: 
 class Params(Section):
     """``params.yaml``'s ``mlp_step`` section: ``recipes`` form the main cell of each width;
     ``levers`` (``base:field=value`` ablations) a second cell per width of ``lever_widths``,
-    timed with bf16 and the recipes they ablate."""
+    timed with bf16 and the recipes they ablate. ``selected``: ``--recipe``, recipes timed
+    beside bf16 in cells of their own (``w4096_b65536_d3_bf16-int8``), which never mask the
+    main cells."""
 
     depth: int = positive()
     batch: int = positive()
@@ -181,6 +192,14 @@ class Params(Section):
     recipes: tuple[str, ...] = recipe_names()
     levers: tuple[str, ...] = recipe_names(())
     lever_widths: tuple[int, ...] | None = positive(None)
+    selected: tuple[str, ...] | None = from_cli()
+
+
+def narrow(p: Params, recipes) -> Params:
+    """``--recipe``: the named recipes (each must resolve), bf16 first, one cell per width."""
+    for r in recipes:
+        resolve(r)  # a one-line error naming the valid recipes
+    return replace(p, selected=tuple(dict.fromkeys(["bf16", *recipes])))
 
 
 def _usable(names) -> list[str]:
@@ -197,11 +216,20 @@ def _usable(names) -> list[str]:
 def cells(p: Params) -> list[Cell]:
     """The main cell of every width first, then the lever cells: each lever ablation is
     timed with bf16 and the base recipe it ablates, in one process."""
+    if p.selected:
+        chosen = _usable(p.selected)
+        plan = [(w, "_" + "-".join(chosen), chosen) for w in p.widths]
+        return _cells(p, plan)
     recipes, levers = _usable(p.recipes), _usable(p.levers)
     bases = [r.split(":", 1)[0] for r in levers]
     lever_cell = list(dict.fromkeys(["bf16", *bases])) + levers
     plan = [(w, "", recipes) for w in p.widths]
     plan += [(w, "_levers", lever_cell) for w in (p.lever_widths or p.widths) if levers]
+    return _cells(p, plan)
+
+
+def _cells(p: Params, plan) -> list[Cell]:
+    """One cell per ``(width, name suffix, recipes)`` of ``plan``."""
 
     def one(width, names):
         return lambda _budget: bench_cell(width, p.batch, p.depth, names, p.repeats,
@@ -215,4 +243,4 @@ def cells(p: Params) -> list[Cell]:
 
 
 STUDY = Study(EXPERIMENT, ("A2", "A4"), cells, about="the MLP train step per recipe",
-              params=Params)
+              params=Params, narrow=narrow)

@@ -62,9 +62,9 @@ def step_table(df: pd.DataFrame) -> pd.DataFrame:
     ``no_fp8``: an FP8 recipe whose program ran no FP8 GEMM (:func:`ran_no_fp8`; a policy
     such as ``fp8-auto`` below its ``fp8_min_dim``): its speedup is BF16 against BF16, and
     ``label`` (the recipe, else) says so. ``emulated`` means the hardware lacks the format
-    the row ran: a policy that kept every GEMM in BF16 ran BF16, natively, although the
-    record calls it emulated (``studies.timing.recipe_emulated`` marks any FP8 recipe whose
-    program has no FP8 GEMM)."""
+    the row ran: a policy that kept every GEMM in BF16 ran BF16, natively (its records say
+    so since ``repro.studies.lowering.recipe_emulated`` reads a program without f8 values as
+    not emulated; older records call it emulated, and are read alike)."""
     steps = df[df.metric == "step_time_ms"].copy() if len(df) else pd.DataFrame()
     if not len(steps):
         return pd.DataFrame(columns=["hardware", "width", "batch", "recipe", "value", "kind",

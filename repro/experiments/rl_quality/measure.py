@@ -1,4 +1,4 @@
-"""RL training quality per precision variant (claims A5-A8, A10).
+"""RL training quality per precision variant (claims A5-A8, A10, C2).
 
     repro record rl_quality --profile full                       # every (env, variant) cell
     repro record rl_quality --profile full --recipe fp8-delayed  # the variants built on it
@@ -268,5 +268,5 @@ def cells(p: Params) -> list[Cell]:
     return out
 
 
-STUDY = Study(QUALITY, ("A5", "A6", "A7", "A8", "A10"), cells, check,
+STUDY = Study(QUALITY, ("A5", "A6", "A7", "A8", "A10", "C2"), cells, check,
               about="PPO returns per precision variant", params=Params)

@@ -1,4 +1,5 @@
-"""Claims A5-A8 and A10: FP8 RL quality and reproducibility (notebook 04).
+"""Claims A5-A8 and A10: FP8 RL quality and reproducibility; C2: INT8 RL quality on a TPU
+(notebook 04).
 
 The statistics are probabilities of improvement ``P(X > Y)`` with 95% intervals [lo, hi]
 (``repro.analysis.stats.probability_of_improvement``). A *difference* claim asks whether X is
@@ -202,3 +203,25 @@ def a10(poi: pd.DataFrame, ev: QualityEvidence, same_seed: bool | None,
         numbers["same_seed_identical"] = int(bool(same))
     return _quality("A10", _combine([quality, same]), [t for _, t in kept] + [text], ev,
                     numbers, r)
+
+
+def c2(poi: pd.DataFrame, ev: QualityEvidence, bounds: Sequence[float] | None = None,
+       rule: Mapping | None = None) -> Verdict:
+    """C2 (its ``rule``): INT8 training keeps the reference's (FP32's) quality within the
+    margin, on the rule's hardware: ``poi`` and ``ev`` of the records of that hardware (both
+    recipes recorded there). Evidence of another hardware is not this claim's ("not yet
+    measured"); fewer seeds than ``min_seeds`` cap a kept verdict at partly, as fewer
+    environments than ``min_envs`` do."""
+    r = rule_of("C2", rule)
+    x, ref, hw = r["recipes"][0], r["reference"], r["cells"]["hardware"]
+    if ev.hardware != hw:
+        return Verdict("C2", "not yet measured",
+                       f"no {x} and {ref} quality records on {hw} (evidence given: "
+                       f"{ev.hardware})", hw, QUALITY_SOURCE, "notebook 04_rl_quality")
+    kept, text = parity(poi, x, ref, bounds or margin("C2"))
+    v = _combine([kept])
+    parts = [text]
+    if v == "reproduced" and ev.n_seeds < r["min_seeds"]:
+        v = "partly"
+        parts.insert(0, f"{ev.n_seeds} seeds (< {r['min_seeds']}: capped at partly)")
+    return _quality("C2", v, parts, ev, _numbers(poi, (x, ref)), r)

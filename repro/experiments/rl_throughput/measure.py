@@ -1,8 +1,10 @@
-"""RL throughput per precision recipe (claims A1, A2, A4, A9).
+"""RL throughput per precision recipe (claims A1, A2, A4, A9; C1 on a TPU).
 
     repro record rl_throughput --profile full     # one resumable cell per (network, width,
                                                   # recipe, num_envs)
     repro record rl_throughput --profile full --recipe bf16,fp8-delayed --only 'mlp_w4096_*'
+    repro record rl_throughput --profile full --recipe int8,fp32 --only '*_paired*'
+                                                  # mlp_w4096_e2048_paired_bf16-int8-fp32 ...
 
 Sizes come from ``params.yaml`` (section ``rl_throughput``, :class:`Params`); ``--recipe`` and
 ``--only`` restrict a run to some cells, so a long study can be split into commands that each
@@ -21,7 +23,9 @@ fit a time limit, and a stopped run resumes at the first missing cell. Per cell:
 * ``extra.fp8_gemm_calls`` / ``extra.fp8_lowering`` -- cuBLASLt FP8 GEMM calls in the compiled
   update and how its f8 products lowered (``repro.studies.timing.fp8_lowering``: small GEMMs
   get XLA's Triton GEMM with f8 operands, also FP8 tensor-core math); an FP8 recipe on a GPU
-  whose program ran no FP8 GEMM is marked ``emulated`` (``repro.studies.timing.recipe_emulated``).
+  whose program ran no FP8 GEMM is marked ``emulated`` (``repro.studies.lowering.recipe_emulated``;
+  an INT8 recipe's records carry ``extra.int8_lowering``, ``s8-gemm`` where its products ran
+  ``s8 x s8 -> s32``, and ``extra.int8_products``, how many did and how many were widened).
 * a ``stores`` cell: which stores are FP8 under each recipe / variant (claim A1), and the bytes
   per weight.
 
@@ -42,7 +46,7 @@ from __future__ import annotations
 import functools
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import jax
@@ -50,10 +54,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from repro import results
-from repro.config import Section, positive, recipe_names
+from repro.config import Section, from_cli, positive, recipe_names
 from repro.models import ppo
 from repro.precision import optim
 from repro.precision.recipes import REGISTRY, resolve, value_formats
+from repro.studies import lowering
 from repro.studies.runner import Cell, Study
 from repro.studies.timing import compiled_facts, recipe_emulated, time_fn, time_rounds
 
@@ -126,7 +131,10 @@ class Params(Section):
     drives it; ``widths`` apply to the MLP (CNNs have ``cnn_width``); ``updates`` PPO updates
     per timed call of the whole loop, median of ``repeats`` calls. ``paired_recipes`` are
     timed together in rounds in one cell per MLP width of ``paired_widths`` and ``num_envs``
-    (``repeats`` rounds)."""
+    (``repeats`` rounds). ``selected``: ``--recipe``, the recipes of the per-recipe cells; the
+    paired cells of ``paired_recipes`` where it names one of them, and where it names others,
+    paired cells of its own recipes (bf16 first: ``mlp_w4096_e2048_paired_bf16-int8``), which
+    never mask those of ``paired_recipes``."""
 
     recipes: tuple[str, ...] = recipe_names()
     networks: dict[str, str]
@@ -141,6 +149,14 @@ class Params(Section):
     cnn_width: int = 0
     paired_recipes: tuple[str, ...] = recipe_names(())
     paired_widths: tuple[int, ...] = ()
+    selected: tuple[str, ...] | None = from_cli()
+
+
+def narrow(p: Params, recipes) -> Params:
+    """``--recipe``: only the named recipes (each must resolve); see :class:`Params`."""
+    for r in recipes:
+        resolve(r)  # a one-line error naming the valid recipes
+    return replace(p, selected=tuple(dict.fromkeys(recipes)))
 
 
 def throughput_config(network: str, width: int, recipe: str, num_envs: int,
@@ -199,13 +215,14 @@ def _records(c: ppo.PPOConfig, network: str, width: int, recipe: str, p: Params,
     steps = c.num_updates * c.batch_size
     med, (uq1, umed, uq3) = float(np.median(samples)), np.percentile(usamples, [25, 50, 75])
     facts = compiled_facts(compiled_update)
+    facts.update(lowering.int8_facts(c.recipe, compiled_update))
     fp8_calls, mem = facts["fp8_gemm_calls"], facts["memory_bytes"]
     r = resolve(c.recipe)
     # an FP8 CNN's backward convolutions are emulated through BF16 (repro.precision.ops.
     # fp8_conv): the cell's speed is not FP8's even where its GEMMs and forward convolutions
     # are native
     conv_emulated = network != "mlp" and r.gemm == "fp8"
-    emulated = recipe_emulated(r, facts["fp8_lowering"], info) or conv_emulated
+    emulated = recipe_emulated(r, facts, info) or conv_emulated
     sizes = {"network": network, "width": width, "depth": c.depth, "num_envs": c.num_envs,
              "num_steps": c.num_steps, "env": c.env, "batch": c.batch_size,
              "minibatch": c.minibatch_size, "update_epochs": c.update_epochs}
@@ -214,7 +231,9 @@ def _records(c: ppo.PPOConfig, network: str, width: int, recipe: str, p: Params,
              "compile_update_s": compile_upd, "updates_per_call": c.num_updates,
              "scope": r.scope, "device_peak_bytes": _device_peak_bytes(),
              "device_peak_note": "cumulative over the process, not per recipe",
-             "conv_backward": "bf16 emulation of FP8" if conv_emulated else None, **(more or {})}
+             "conv_backward": "bf16 emulation of FP8" if conv_emulated else None,
+             **{k: facts[k] for k in ("int8_lowering", "int8_products") if k in facts},
+             **(more or {})}
     common = dict(claims=["A2", "A9"], recipe=recipe, sizes=sizes, repeats=len(samples),
                   emulated=emulated, profile=p.profile)
     s = steps / np.asarray(samples)
@@ -382,22 +401,28 @@ def cells(p: Params) -> list[Cell]:
             num_steps=p.num_steps, updates=p.updates, depth=p.depth,
             update_epochs=p.update_epochs, num_minibatches=p.num_minibatches)}
 
-    def paired(width, n):
-        recipes = p.paired_recipes
-        return Cell(f"mlp_w{width}_e{n}_paired",
+    pairs = [p.paired_recipes] if p.paired_recipes else []
+    if p.selected:
+        own = tuple(dict.fromkeys(["bf16", *p.selected]))
+        pairs = [x for x in pairs if set(x) & set(p.selected)]
+        pairs += [own] if set(p.selected) - set(p.paired_recipes) else []
+
+    def paired(width, n, recipes):
+        suffix = "" if recipes == p.paired_recipes else "_" + "-".join(recipes)
+        return Cell(f"mlp_w{width}_e{n}_paired{suffix}",
                     lambda _budget: paired_cell("mlp", width, recipes, n, p), recipes,
-                    group=f"mlp_w{width}_e{n}_paired",
+                    group=f"mlp_w{width}_e{n}_paired{suffix}",
                     programs=lambda: {r: program(
                         network="mlp", width=width, recipe=r, num_envs=n,
                         env=p.networks["mlp"], num_steps=p.num_steps, updates=p.updates,
                         depth=p.depth, update_epochs=p.update_epochs,
                         num_minibatches=p.num_minibatches, paired=True) for r in recipes})
 
-    if p.paired_recipes and "mlp" in p.networks:  # first: the cells A2 is judged from
-        out += [paired(w, n) for w in p.paired_widths for n in p.num_envs]
+    if "mlp" in p.networks:  # first: the cells A2 (and C1) are judged from
+        out += [paired(w, n, x) for x in pairs for w in p.paired_widths for n in p.num_envs]
     for network in p.networks:
         for width in (p.widths if network == "mlp" else [p.cnn_width]):
-            for recipe in p.recipes:
+            for recipe in p.selected or p.recipes:
                 out += [Cell(f"{network}_w{width}_{recipe}_e{n}", one(network, width, recipe, n),
                              (recipe,), group=f"{network}_w{width}_e{n}",
                              programs=programs(network, width, recipe, n))
@@ -405,5 +430,5 @@ def cells(p: Params) -> list[Cell]:
     return out
 
 
-STUDY = Study(THROUGHPUT, ("A1", "A2", "A4", "A9"), cells, check,
-              about="PPO env-steps/s and update time per recipe", params=Params)
+STUDY = Study(THROUGHPUT, ("A1", "A2", "A4", "A9", "C1"), cells, check,
+              about="PPO env-steps/s and update time per recipe", params=Params, narrow=narrow)

@@ -1,4 +1,4 @@
-"""Claims A1-A4 and A9: FP8 RL speed, memory and storage (notebook 03)."""
+"""Claims A1-A4 and A9: FP8 RL speed, memory and storage; C1: INT8 RL speed on a TPU (notebook 03)."""
 
 from __future__ import annotations
 
@@ -210,3 +210,41 @@ def a9(sp: pd.DataFrame, rule: Mapping[str, Any] | None = None) -> Verdict:
     return Verdict("A9", v, key + " (speed; quality in notebook 04)", _hw_judged(real, sp),
                    "results/*/rl_throughput", RL_NOTE,
                    numbers={f"{k}_fp8_bf16_e2e_max": x for k, x in best.items()})
+
+
+def c1(sp: pd.DataFrame, rule: Mapping[str, Any] | None = None) -> Verdict:
+    """C1 from the paired speedups of INT8 over BF16 (``repro.analysis.rl.paired_speedups``
+    with C1's recipes and baseline; C1's ``rule``): on the rule's hardware, network, width and
+    most envs, the median of the per-round BF16/INT8 update-time ratios of a native paired
+    cell (of several paired runs there, the median of theirs, with the range of all their
+    rounds); reproduced at ``target`` or above, partly at ``faster`` or above (INT8 faster,
+    short of the target), contradicted below. Emulated rows (INT8 not run on the matrix
+    units) and rows of other hardware are not judged; the whole loop's ratio is shown."""
+    r = rule_of("C1", rule)
+    c = r["cells"]
+    keep = sp.iloc[:0] if not len(sp) else sp[
+        (sp.hardware == c["hardware"]) & (sp.network == c["network"])
+        & (sp.width == c["width"]) & (sp.baseline == c["baseline"])
+        & sp.recipe.isin(recipes(r)) & (sp.get("timing", "") == c["timing"])]
+    real = keep[~keep.emulated.astype(bool)] if c.get("native") and len(keep) else keep
+    if not len(real):
+        why = ("emulated there (no INT8 on its matrix units)" if len(keep) else
+               "no paired cell of the rule's recipes")
+        return Verdict("C1", "not yet measured",
+                       f"no native INT8/{c['baseline'].upper()} paired ratio at width "
+                       f"{c['width']} on {c['hardware']} ({why})", _hw(sp),
+                       RL_SPEED_SOURCE, RL_NOTE)
+    runs = real[real.num_envs == real.num_envs.max()]  # most envs
+    top = runs.iloc[0]
+    upd, e2e = float(runs["update"].median()), float(runs["e2e"].median())
+    lo, hi = float(runs.update_lo.min()), float(runs.update_hi.max())
+    v = "reproduced" if upd >= r["target"] else "partly" if upd >= r["faster"] else \
+        "contradicted"
+    n = f"{len(runs)} paired runs, " if len(runs) > 1 else ""
+    key = (f"{top.hardware}: {top.recipe.upper()}/{c['baseline'].upper()} PPO update "
+           f"{upd:.2f}x (range {lo:.2f}-{hi:.2f} over {n}{int(runs.rounds.sum())} rounds), "
+           f"whole loop {e2e:.2f}x (range {runs.e2e_lo.min():.2f}-{runs.e2e_hi.max():.2f}) at "
+           f"width {int(top.width)}, {int(top.num_envs)} envs; target {r['target']}x")
+    return Verdict("C1", v, key, str(top.hardware), RL_SPEED_SOURCE, RL_NOTE,
+                   numbers={str(top.hardware): {"update_ratio": upd, "update_lo": lo,
+                                                "update_hi": hi, "e2e_ratio": e2e}})
