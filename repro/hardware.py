@@ -320,9 +320,11 @@ def cpu_estimate(experiment: str, root) -> str:
     import json
     from pathlib import Path
 
+    from repro.results import record_files
+
     def records(folder: str, hw: Path) -> list[dict[str, Any]]:
         out = []
-        for p in sorted((hw / folder).glob("*.json")):
+        for p in (f for f in record_files(root, folder) if f.parent.parent == hw):
             try:
                 data = json.loads(p.read_text())
             except (OSError, ValueError):

@@ -322,7 +322,8 @@ def write_records(records: list[dict[str, Any]], experiment: str, cell: str,
     path = cell_path(experiment, cell, records[0]["hardware"], root)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+        # hidden and not *.json: no loader reads it, and git ignores it (.gitignore: *.tmp)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
         raise write_error(f"{experiment}/{cell}", path, e) from None
     IN_FLIGHT.add(tmp)
@@ -361,7 +362,7 @@ def write_error(what: str, path: Path, err: OSError) -> WriteError:
     why = f"{err.strerror or err or type(err).__name__}" + (f" ({code})" if code else "")
     where = err.filename
     at = f" at {where}" if where and Path(where) != path and \
-        not Path(where).name.startswith(".tmp-") else ""
+        not Path(where).name.startswith(f".{path.name}.") else ""  # (its temporary file)
     out = WriteError(f"{what}: cannot write {path}: {why}{at}; nothing of it was written")
     out.errno = err.errno
     return out
@@ -418,6 +419,68 @@ def _json_default(o):
     return str(o)
 
 
+class StrayFileWarning(UserWarning):
+    """A file in a records folder that is not a record file (a temporary file an interrupted
+    write left, an editor's backup, a record file out of place): not read, and named."""
+
+
+# Folders of a records root that hold no records: the program texts (repro.program.TEXTS).
+NOT_RECORDS = ("programs",)
+
+
+def record_files(root: Path, experiment: str | None = None) -> list[Path]:
+    """The record files under ``root``: ``HARDWARE/EXPERIMENT/CELL.json`` (of ``experiment``'s
+    folder only, where given), sorted. Any other file met on the way (a hidden file such as
+    a temporary file an interrupted write left, ``CELL.json~``, a ``.json`` outside an
+    experiment folder or below one) is not read, and a :class:`StrayFileWarning` names it;
+    documentation (``*.md``) is left alone."""
+    import warnings
+
+    root, out = Path(root), []
+
+    def stray(path: Path, why: str) -> None:
+        warnings.warn(f"{path}: not a record file ({why}): not read", StrayFileWarning,
+                      stacklevel=2)
+
+    def files(folder: Path):
+        try:
+            return sorted(folder.iterdir())
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def look(path: Path, depth: int) -> None:
+        if path.is_dir():
+            if depth == 3:
+                for p in path.rglob("*"):
+                    if p.is_file():
+                        stray(p, "below an experiment folder: move it to "
+                              "HARDWARE/EXPERIMENT/CELL.json")
+                return
+            if depth == 1 and path.name in NOT_RECORDS:
+                return
+            if depth == 2 and experiment is not None and path.name != _safe(experiment):
+                return
+            for p in files(path):
+                look(p, depth + 1)
+        elif path.suffix == ".md" and not path.name.startswith("."):
+            return
+        elif depth == 3 and path.suffix == ".json" and not path.name.startswith("."):
+            out.append(path)
+        elif path.name.startswith("."):
+            if str(path) not in IN_FLIGHT:  # (this process is writing it now)
+                stray(path, "a hidden file: a cell being written, or one an interrupted "
+                      "write left: remove it when no run is recording")
+        elif path.suffix == ".json":
+            stray(path, "outside an experiment folder: move it to "
+                  "HARDWARE/EXPERIMENT/CELL.json")
+        else:
+            stray(path, "a record file is HARDWARE/EXPERIMENT/CELL.json: remove it")
+
+    for p in files(root):
+        look(p, 1)
+    return out
+
+
 def load_records(experiment: str | None = None,
                  roots: Path | Iterable[Path] | None = None,
                  keep_defective: bool = False) -> pd.DataFrame:
@@ -442,9 +505,8 @@ def load_records(experiment: str | None = None,
     elif isinstance(roots, (str, Path)):
         roots = [roots]
     rows: list[dict[str, Any]] = []
-    pattern = f"*/{_safe(experiment)}/*.json" if experiment else "*/*/*.json"
     for root in map(Path, roots):
-        for path in sorted(root.glob(pattern)):
+        for path in record_files(root, experiment):
             data = read_cell_file(path, root)
             for i, rec in enumerate(data):
                 _check_loaded(rec, path, i)
@@ -475,7 +537,7 @@ def stale_cells(roots: Path | Iterable[Path] | None = None) -> list[dict[str, An
         else list(roots)
     checker, out = Checker(), []
     for root in map(Path, roots):
-        for path in sorted(root.glob("*/*/*.json")):
+        for path in record_files(root):
             recs = [r for r in read_cell_file(path, root)
                     if isinstance(r, dict) and not defect_of(r)]
             verdicts = [checker(r) for r in recs]

@@ -241,10 +241,9 @@ def test_ctrl_c_during_record_exits_130_keeps_cells_and_the_rerun_resumes(tmp_pa
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     cells = tmp_path / "build" / "results" / "test-box" / "gemm"
-    # Finished cells only: a cell being written is a ".tmp-*.json" beside them (which "*.json"
-    # also matches), and a Ctrl-C during that write rightly discards it.
-    finished = lambda: [f.name for f in sorted(cells.glob("*.json"))  # noqa: E731
-                        if not f.name.startswith(".tmp-")]
+    # Finished cells only: a cell being written is a hidden ".CELL.json.*.tmp" beside them,
+    # and a Ctrl-C during that write rightly discards it.
+    finished = lambda: [f.name for f in sorted(cells.glob("*.json"))]  # noqa: E731
     deadline = time.time() + 120
     while p.poll() is None and not finished() and time.time() < deadline:
         time.sleep(0.05)
@@ -255,7 +254,7 @@ def test_ctrl_c_during_record_exits_130_keeps_cells_and_the_rerun_resumes(tmp_pa
     assert err.strip().splitlines()[-1] == ("repro: interrupted; finished cells are kept: "
                                             "rerun the same command to resume")
     assert "Traceback" not in err, err
-    assert kept and not list(cells.glob(".tmp-*"))
+    assert kept and not list(cells.glob(".*"))
     for name in kept:
         json.loads((cells / name).read_text())
     again = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -403,8 +402,15 @@ print("not interrupted", flush=True)
 """
 
 
-def test_a_ctrl_c_the_main_thread_cannot_handle_ends_the_process_within_the_grace(tmp_path):
-    tmp = tmp_path / ".tmp-x.json"
+@pytest.mark.parametrize("sig, says", [
+    (signal.SIGINT, "repro: interrupted; finished cells are kept: rerun the same command to "
+     "resume (exited 1 s after Ctrl-C: the main thread was busy in a compiled call)"),
+    (signal.SIGTERM, "repro: stopped by SIGTERM; finished cells are kept: rerun the same "
+     "command to resume (exited 1 s after SIGTERM: the main thread was busy in a compiled "
+     "call)")])
+def test_a_ctrl_c_the_main_thread_cannot_handle_ends_the_process_within_the_grace(tmp_path,
+                                                                                 sig, says):
+    tmp = tmp_path / ".x.json.abc.tmp"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     p = subprocess.Popen([sys.executable, "-c", STUCK, str(tmp)], env=env, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -412,11 +418,73 @@ def test_a_ctrl_c_the_main_thread_cannot_handle_ends_the_process_within_the_grac
     assert p.stdout.readline().strip() == "ready"
     time.sleep(0.5)  # into the loop
     t0 = time.monotonic()
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)
     out, err = p.communicate(timeout=30)
-    assert p.returncode == 130 and time.monotonic() - t0 < 10, (out, err)
+    assert p.returncode == 128 + sig and time.monotonic() - t0 < 10, (out, err)
     assert "not interrupted" not in out
-    assert err.strip().splitlines()[-1] == (
-        "repro: interrupted; finished cells are kept: rerun the same command to resume "
-        "(exited 1 s after Ctrl-C: the main thread was busy in a compiled call)")
+    assert err.strip().splitlines()[-1] == says
     assert not tmp.exists()  # the cell being written is discarded
+
+
+# ------------------------------------------------- SIGTERM and SIGHUP, as Ctrl-C is handled
+
+KILLED_MID_WRITE = """
+import json, sys, time, types
+from repro import cli, hardware, results, studies
+from repro.studies import runner
+
+record = dict(json.loads(sys.argv[1]), hardware="test-box")
+def cell(name):
+    return runner.Cell(name, lambda left: [dict(record, recipe=name)])
+mod = types.ModuleType("toy_study")
+mod.STUDY = runner.Study("gemm", (), lambda p: [cell(n) for n in "abc"], section=None,
+                         module="repro.results")
+sys.modules["toy_study"] = mod
+studies.EXPERIMENTS = {"gemm": "toy_study"}
+studies.params = lambda name, profile=None, raw=None: None
+studies.check_params = lambda name, raw=None: None
+hardware.detect = lambda: hardware.lookup("cpu")
+real_dump = results.json.dump
+def dump(obj, f, **kw):  # the second cell's write stops halfway: the signal lands there
+    if obj[0]["recipe"] == "b":
+        f.write("[{")
+        f.flush()
+        print("writing", flush=True)
+        time.sleep(60)
+    return real_dump(obj, f, **kw)
+results.json.dump = dump
+sys.argv = ["repro", "record", "gemm", "--profile", "smoke", "--hardware", "test-box"]
+sys.exit(cli.main())
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_kill_during_a_write_leaves_the_finished_cells_and_nothing_else(tmp_path, sig):
+    """What ``timeout``, ``docker stop`` or a batch scheduler send (SIGTERM), or a closed
+    terminal (SIGHUP), ends ``repro record`` as Ctrl-C does: the cell in flight is abandoned,
+    its temporary file removed, one line says what was kept, and the exit status is
+    128 + the signal's number. What is left loads as exactly the finished cells."""
+    (tmp_path / "params.yaml").write_text("profile: smoke\n")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "REPRO_ROOT": str(tmp_path),
+           "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-c", KILLED_MID_WRITE, json.dumps(GEMM_RECORD)],
+                         cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        line = p.stdout.readline()
+        while line and line.strip() != "writing":
+            line = p.stdout.readline()
+        assert line.strip() == "writing", p.stderr.read()
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    name = signal.Signals(sig).name
+    assert p.returncode == 128 + sig, (p.returncode, err)
+    assert err.strip().splitlines()[-1] == (f"repro: stopped by {name}; finished cells are "
+                                            "kept: rerun the same command to resume"), err
+    assert "Traceback" not in err
+    cells = tmp_path / "build" / "results" / "test-box" / "gemm"
+    assert sorted(p.name for p in cells.iterdir()) == ["a.json"]
+    df = results.load_records(roots=tmp_path / "build" / "results")
+    assert list(df.recipe) == ["a"]
