@@ -53,24 +53,37 @@ def is_root(folder: Path) -> bool:
     return (folder / "params.yaml").is_file() and (folder / "repro" / "__init__.py").is_file()
 
 
+# What every checkout holds at its root (REPRO_ROOT is checked for them).
+CHECKOUT_MARKS = ("params.yaml", "results/")
+
+
 def repo_root() -> Path:
     """The repository root, where params.yaml, results/ and build/ are: ``REPRO_ROOT`` where set
-    (an existing folder, or a one-line ``ValueError``: a mistyped root must not read as a
-    repository with nothing measured); else the nearest checkout (:func:`is_root`) at or above
-    the working directory, so each checkout that shares a virtual environment reads and writes
-    its own records; else the checkout this package was imported from; else the working
-    directory."""
+    (a folder holding params.yaml and results/, or a one-line ``ValueError`` naming it: a
+    mistyped root must not read as a repository with nothing measured); else the nearest
+    checkout (:func:`is_root`) at or above the working directory, so each checkout that shares
+    a virtual environment reads and writes its own records; else the checkout this package was
+    imported from; else a one-line ``ValueError`` naming the working directory."""
     if env := os.environ.get("REPRO_ROOT"):
         if not Path(env).is_dir():
             what = "not a folder" if Path(env).exists() else "no such folder"
             raise ValueError(f"REPRO_ROOT={env}: {what} (the repository root, where "
                              "params.yaml, results/ and build/ are)")
+        missing = [m for m in CHECKOUT_MARKS if not (
+            (Path(env) / m).is_dir() if m.endswith("/") else (Path(env) / m).is_file())]
+        if missing:
+            raise ValueError(f"REPRO_ROOT={env}: not a checkout of this repository (no "
+                             f"{', '.join(missing)} in it)")
         return Path(env)
     cwd = Path.cwd()
     if found := next((d for d in (cwd, *cwd.parents) if is_root(d)), None):
         return found
     here = Path(__file__).resolve().parent.parent
-    return here if (here / "dvc.yaml").exists() else cwd
+    if (here / "dvc.yaml").exists():
+        return here
+    raise ValueError(f"no checkout of this repository at or above {cwd} (a folder with "
+                     "params.yaml, results/ and the repro package): run repro in one, or set "
+                     "REPRO_ROOT to one")
 
 
 def results_dir() -> Path:

@@ -98,6 +98,12 @@ def test_a_missing_repro_root_is_one_line_not_an_empty_repository(tmp_path, monk
     (tmp_path / "afile").write_text("x")
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path / "afile"))
     assert "not a folder" in one_line(capsys, 2, command)
+    # an existing folder that is no checkout: not a project with nothing measured either
+    (tmp_path / "other").mkdir()
+    monkeypatch.setenv("REPRO_ROOT", str(tmp_path / "other"))
+    assert f"REPRO_ROOT={tmp_path / 'other'}: not a checkout of this repository (no " \
+        "params.yaml, results/ in it)" in one_line(capsys, 2, command)
+    assert list((tmp_path / "other").iterdir()) == []
 
 
 SEGMENT = st.sampled_from(["..", ".", "build", "results", "figures", "x", "verdicts", "metrics",

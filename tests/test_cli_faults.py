@@ -34,6 +34,7 @@ def one_line(capsys, status, argv):
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
     (tmp_path / "params.yaml").write_text(GEMM_PARAMS)
+    (tmp_path / "results").mkdir()
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     return tmp_path
 
@@ -134,7 +135,7 @@ def test_a_label_that_agrees_or_is_unregistered_is_kept(label, device, slug):
 def test_record_under_a_contradicting_label_writes_nothing(repo, capsys):
     line = one_line(capsys, 2, ["record", "gemm", "--hardware", "h200"])
     assert "contradicts the detected device" in line
-    assert not (repo / "build").exists() and not (repo / "results").exists()
+    assert not (repo / "build").exists() and not any((repo / "results").iterdir())
 
 
 # ------------------------------------------------------------------ full profile on CPU
@@ -232,6 +233,7 @@ def test_a_ctrl_c_swallowed_inside_a_finalizer_is_raised_again(mode, want):
 def test_ctrl_c_during_record_exits_130_keeps_cells_and_the_rerun_resumes(tmp_path):
     shapes = ", ".join(f"[{16 * i}, 16, 16]" for i in range(1, 9))
     (tmp_path / "params.yaml").write_text(GEMM_PARAMS.replace("[[32, 16, 16]]", f"[{shapes}]"))
+    (tmp_path / "results").mkdir()
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "REPRO_ROOT": str(tmp_path),
            "PYTHONPATH": str(ROOT)}
     argv = [sys.executable, "-m", "repro.cli", "record", "gemm", "--hardware", "test-box"]
@@ -359,6 +361,8 @@ def test_a_second_record_of_the_same_study_is_refused_naming_the_holder(repo, ca
 
 
 def test_the_lock_is_released_when_its_holder_dies(tmp_path, monkeypatch):
+    (tmp_path / "params.yaml").write_text("profile: smoke\n")
+    (tmp_path / "results").mkdir()
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     code = ("import sys, time; from repro import results\n"
             "with results.record_lock(sys.argv[1], 'box', 'gemm'):\n"
@@ -465,6 +469,7 @@ def test_a_kill_during_a_write_leaves_the_finished_cells_and_nothing_else(tmp_pa
     its temporary file removed, one line says what was kept, and the exit status is
     128 + the signal's number. What is left loads as exactly the finished cells."""
     (tmp_path / "params.yaml").write_text("profile: smoke\n")
+    (tmp_path / "results").mkdir()
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "REPRO_ROOT": str(tmp_path),
            "PYTHONPATH": str(ROOT)}
     p = subprocess.Popen([sys.executable, "-c", KILLED_MID_WRITE, json.dumps(GEMM_RECORD)],

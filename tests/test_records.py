@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def roots(tmp_path, monkeypatch):
     """A repository root of its own (results/) and a scratch folder for smoke records."""
+    (tmp_path / "params.yaml").write_text("profile: smoke\n")
+    (tmp_path / "results").mkdir()
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     results.use_scratch(tmp_path / "scratch")
     yield tmp_path
