@@ -463,8 +463,9 @@ def stale_report(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def cmd_status(args) -> int:
     import json
 
-    from repro import results
+    from repro import config, results
 
+    config.load_params()  # programs hash its sections: one that cannot be read is named here
     if args.write_index:
         from repro import provenance
 
@@ -723,6 +724,19 @@ class Interrupts:
 _interrupts: Interrupts | None = None
 
 
+def _plain_output() -> None:
+    """What the ``repro`` command writes survives a terminal that is not UTF-8: a character
+    it cannot show is written as an escape (``\\u2014``), not a crash; a warning (a stray
+    file beside the records...) is one line, ``repro: warning: ...``."""
+    import warnings
+
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
+    warnings.showwarning = lambda message, category, *a, **k: print(
+        f"repro: warning: {_one_line(message)}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; the exit status (see the epilog). As the ``repro`` command (no
     ``argv``), an interrupt (Ctrl-C, SIGTERM, SIGHUP) ends the process at once with 128 + the
@@ -731,6 +745,8 @@ def main(argv: list[str] | None = None) -> int:
     XLA's threads still running can crash (exit 139); a Ctrl-C is raised again until it is
     handled (:class:`Interrupts`)."""
     global _interrupts
+    if argv is None:
+        _plain_output()
     if argv is None and threading.current_thread() is threading.main_thread():
         _interrupts = Interrupts().install()
     status = _main(sys.argv[1:] if argv is None else list(argv))

@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-import yaml
-
 
 @dataclass(frozen=True)
 class HardwareInfo:
@@ -69,8 +67,11 @@ class HardwareInfo:
 
 @functools.cache
 def registry() -> dict[str, dict[str, Any]]:
-    text = resources.files("repro").joinpath("data/hardware.yaml").read_text()
-    return yaml.safe_load(text)
+    from pathlib import Path
+
+    from repro.config import read_yaml
+
+    return read_yaml(Path(str(resources.files("repro").joinpath("data/hardware.yaml"))))
 
 
 def lookup(slug: str) -> HardwareInfo:

@@ -295,12 +295,12 @@ def defects() -> tuple[dict[str, Any], ...]:
     optional ``where`` filters (a record field such as ``"metric"``, or a dotted one such as
     ``"sizes.env"`` / ``"extra.variant"``: the allowed values), and says why; matching records
     are left in ``results/`` but out of the analyses."""
-    import yaml
+    from repro.config import read_yaml
 
     path = Path(__file__).resolve().parent / "data" / "defects.yaml"
     if not path.exists():
         return ()
-    return tuple(yaml.safe_load(path.read_text()) or ())
+    return tuple(read_yaml(path) or ())
 
 
 def _field(rec: dict[str, Any], dotted: str):
@@ -510,9 +510,7 @@ def load_records(experiment: str | None = None,
     A file that is not valid JSON, or a record that fails :func:`check_record` (and is not a
     known defect), raises :class:`RecordError` naming the file.
     """
-    from repro.provenance import Checker
-
-    checker = Checker()
+    checker = _checker()
     if roots is None:
         roots = [results_dir(), scratch_results_dir()]
     elif isinstance(roots, (str, Path)):
@@ -538,17 +536,27 @@ def load_records(experiment: str | None = None,
     return df
 
 
+def _checker():
+    """A staleness :class:`~repro.provenance.Checker`, after reading params.yaml: programs hash
+    their params.yaml sections, so one that cannot be read stops every reader here with one
+    line naming the file and the position (:func:`repro.config.load_params`), rather than
+    making every such record "stale"."""
+    from repro import config
+    from repro.provenance import Checker
+
+    config.load_params()
+    return Checker()
+
+
 def stale_cells(roots: Path | Iterable[Path] | None = None) -> list[dict[str, Any]]:
     """Every cell file under ``roots`` (default: the committed ``results/``) with stale
     records, without pandas or JAX: ``experiment``, ``hardware``, ``cell``, ``path``,
     ``stale`` (of ``records``), ``reason`` (the distinct reasons), ``summary`` (the same
     without commits), ``commits`` (the records'), ``since`` and the ``claims`` its records
     serve. Known defects are left out, as in :func:`load_records`."""
-    from repro.provenance import Checker
-
     roots = [results_dir()] if roots is None else [roots] if isinstance(roots, (str, Path)) \
         else list(roots)
-    checker, out = Checker(), []
+    checker, out = _checker(), []
     for root in map(Path, roots):
         for path in record_files(root):
             recs = [r for r in read_cell_file(path, root)

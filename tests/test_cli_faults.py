@@ -493,3 +493,19 @@ def test_a_kill_during_a_write_leaves_the_finished_cells_and_nothing_else(tmp_pa
     assert sorted(p.name for p in cells.iterdir()) == ["a.json"]
     df = results.load_records(roots=tmp_path / "build" / "results")
     assert list(df.recipe) == ["a"]
+
+
+# ------------------------------------------------------------- a terminal that is not UTF-8
+
+
+@pytest.mark.parametrize("env", [{"PYTHONIOENCODING": "ascii"},
+                                 {"LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}])
+def test_output_survives_a_terminal_that_is_not_utf8(env):
+    """The ledger has dashes and arrows beyond ASCII: on a terminal that cannot show them
+    they are written as escapes (``\\u2014``), not a crash."""
+    r = subprocess.run([sys.executable, "-m", "repro.cli", "claims"], cwd=ROOT,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
+                            **env}, capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr.decode("ascii", "backslashreplace")
+    out = r.stdout.decode("ascii")  # nothing but ASCII reached the terminal
+    assert "\\u2014" in out and "A1" in out
