@@ -182,6 +182,7 @@ def record_stale(args) -> int:
                          "--force")
     if args.experiment not in (None, "all"):
         _check_experiment(args.experiment)
+    check_label(args)
     profile = _profile(args.profile)
     if profile != "full":
         raise UsageError("repro record --stale refreshes the committed full-profile records: "

@@ -167,7 +167,42 @@ def load_params(path: str | Path | None = None) -> dict[str, Any]:
             _fail(f"{path.name}: {name}", "expected a mapping of common/smoke/full "
                   f"sub-sections, got {type(data[name]).__name__} {data[name]!r:.60}")
         _check_keys(data[name], SUBSECTIONS, f"{path.name}: {name}")
+        _check_seeds(data[name], f"{path.name}: {name}")
     return data
+
+
+def _check_seeds(value: Any, at: str) -> None:
+    """Every ``seeds`` and ``seed`` below ``value`` (a section), wherever it is: a list of
+    seeds holds integers >= 0, each once (a seed given twice runs, and counts, one run twice;
+    a negative one wraps around where seeds become unsigned keys); a number of seeds is an
+    integer >= 1; a ``seed`` an integer >= 0."""
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_seeds(v, f"{at}[{i}]")
+        return
+    if not isinstance(value, dict):
+        return
+    for key, v in value.items():
+        here = f"{at}.{key}"
+        if key == "seeds" and isinstance(v, list):
+            seen = set()
+            for s in v:
+                if not is_int(s):
+                    _fail(here, f"{s!r} is not an integer")
+                if s < 0:
+                    _fail(here, f"{s} is negative: seeds are integers >= 0")
+                if s in seen:
+                    _fail(here, f"{s} given twice: give each seed once")
+                seen.add(s)
+        elif key == "seeds" and is_int(v) and v < 1:
+            _fail(here, f"{v}: a count of seeds is an integer >= 1")
+        elif key == "seed" and is_int(v) and v < 0:
+            _fail(here, f"{v} is negative: seeds are integers >= 0")
+        else:
+            _check_seeds(v, here)
 
 
 def top_level() -> tuple[str, ...]:

@@ -256,9 +256,13 @@ def _registered_as(label: str) -> str | None:
 
 def check_label(label: str, detected: HardwareInfo | None = None) -> str:
     """The folder name ``repro record --hardware LABEL`` records under, or a one-line
-    ``ValueError``. A label may name a machine the registry lacks; one that names a registry
+    ``ValueError``. A label is a name, not a path (``../x`` is refused, not quietly made
+    ``x``). A label may name a machine the registry lacks; one that names a registry
     entry must agree with the detected device (same backend, same compute capability, the same
     entry where the device is registered): records say which device made them."""
+    if "/" in label or "\\" in label or label.strip().startswith("."):
+        raise ValueError(f"--hardware {label!r}: a machine's name, not a path (records go "
+                         "under results/NAME/): leave out '/', '\\' and a leading '.'")
     slug = _slugify(label)
     if not slug:
         raise ValueError(f"--hardware {label!r}: a name needs letters or digits")

@@ -132,6 +132,24 @@ def test_a_label_that_agrees_or_is_unregistered_is_kept(label, device, slug):
     assert hardware.check_label(label, device) == slug
 
 
+@pytest.mark.parametrize("label", ["../../x", "x/y", "..", ".", ".hidden", "x\\y", "/abs"])
+def test_a_label_that_is_a_path_is_refused_not_mapped_to_a_name(label):
+    with pytest.raises(ValueError) as e:
+        hardware.check_label(label, lookup("cpu"))
+    assert str(e.value) == (f"--hardware {label!r}: a machine's name, not a path (records go "
+                            "under results/NAME/): leave out '/', '\\' and a leading '.'")
+
+
+@pytest.mark.parametrize("argv", [["record", "gemm"], ["record", "--stale", "--profile", "full"],
+                                  ["trace", "gemm"]])
+def test_every_command_that_records_checks_its_label(repo, capsys, argv):
+    for label, says in [("../../x", "a machine's name, not a path"),
+                        ("h200", "contradicts the detected device")]:
+        line = one_line(capsys, 2, argv + ["--hardware", label])
+        assert f"--hardware {label!r}" in line and says in line, line
+    assert not (repo / "build").exists() and not any((repo / "results").iterdir())
+
+
 def test_record_under_a_contradicting_label_writes_nothing(repo, capsys):
     line = one_line(capsys, 2, ["record", "gemm", "--hardware", "h200"])
     assert "contradicts the detected device" in line

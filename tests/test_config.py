@@ -208,3 +208,49 @@ def test_yaml_merge_keys_work_and_an_explicit_key_twice_is_still_refused(tmp_pat
     with pytest.raises(ConfigError) as e:
         config.load_params(p)
     assert "malformed YAML (line 3, column" in str(e.value) and "merge" in str(e.value)
+
+
+# --------------------------------------------------------------------- seeds, once each
+
+REPO_PARAMS = yaml.safe_load((__import__("pathlib").Path(__file__).resolve().parent.parent
+                              / "params.yaml").read_text())
+
+
+def _with(path: list, value):
+    import copy
+
+    data, node = copy.deepcopy(REPO_PARAMS), None
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize("path, value, says", [
+    (["inference", "smoke", "seeds"], [0, -1], "inference.smoke.seeds: -1 is negative: seeds are integers >= 0"),
+    (["inference", "full", "seeds"], [0, 1, 0], "inference.full.seeds: 0 given twice: give each seed once"),
+    (["lm", "smoke", "runs", 0, "seeds"], [1, 1], "lm.smoke.runs[0].seeds: 1 given twice"),
+    (["legged", "full", "peer", "seeds"], [3, -3],
+     "legged.full.peer.seeds: -3 is negative"),
+    (["rl_purejaxrl", "full", "seeds"], [1, 1024, 1024],
+     "rl_purejaxrl.full.seeds: 1024 given twice"),
+    (["rl_quality", "full", "seeds"], -4, "rl_quality.full.seeds: -4: a count of seeds is an "
+     "integer >= 1"),
+    (["inference", "smoke", "seeds"], [0, 1.5], "inference.smoke.seeds: 1.5 is not an integer"),
+    (["legged", "full", "peer", "seed"], -1, "legged.full.peer.seed: -1 is negative"),
+])
+def test_negative_duplicate_or_fractional_seeds_are_refused_naming_the_key(tmp_path, path,
+                                                                          value, says):
+    """A seed given twice would run (and count) one run twice; a negative one wraps around
+    where seeds become unsigned keys. Every ``seeds`` of params.yaml is checked, whatever
+    section it is in."""
+    p = tmp_path / "params.yaml"
+    p.write_text(yaml.safe_dump(_with(path, value)))
+    with pytest.raises(ConfigError) as e:
+        config.load_params(p)
+    assert str(e.value).startswith(f"params.yaml: {says}"), str(e.value)
+
+
+def test_the_repository_seeds_pass_and_a_count_of_seeds_is_a_count():
+    assert config.load_params()["rl_quality"]["full"]["seeds"] > 0

@@ -140,6 +140,7 @@ def plan(study: Study, params: Any, only: Sequence[str] | None = None,
     if study.check is not None:
         study.check(params)
     every = study.cells(params)
+    check_distinct(study.experiment, every)
     if recipes and study.narrow is None:
         if not any(c.recipes for c in every):
             raise ValueError(f"{study.experiment}: --recipe does not apply (each cell times "
@@ -157,6 +158,21 @@ def plan(study: Study, params: Any, only: Sequence[str] | None = None,
     if recipes and not study.narrow:
         check_recipe_selection(study.experiment, chosen, every, recipes)
     return chosen, every
+
+
+def check_distinct(experiment: str, cells: Sequence[Cell]) -> None:
+    """A one-line ``ValueError`` where two cells would write one file (one name, or names
+    that differ only in characters a file name cannot hold): a value given twice in
+    params.yaml (a seed, a recipe, a size) would run one cell twice, or skip it as recorded."""
+    seen: dict[str, str] = {}
+    for c in cells:
+        file = results.cell_path(experiment, c.name, "HW", Path("results")).name
+        if file in seen:
+            what = f"cell {c.name} is listed twice" if seen[file] == c.name else \
+                f"cells {seen[file]} and {c.name} would write one file, {file}"
+            raise ValueError(f"{experiment}: {what}: a value given twice in params.yaml? "
+                             f"(each cell is one file: results/HW/{experiment}/CELL.json)")
+        seen[file] = c.name
 
 
 def check_recipe_selection(experiment: str, chosen: Sequence[Cell], every: Sequence[Cell],
