@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+import yaml
+
 
 @dataclass(frozen=True)
 class HardwareInfo:
@@ -67,11 +69,8 @@ class HardwareInfo:
 
 @functools.cache
 def registry() -> dict[str, dict[str, Any]]:
-    from pathlib import Path
-
-    from repro.config import read_yaml
-
-    return read_yaml(Path(str(resources.files("repro").joinpath("data/hardware.yaml"))))
+    text = resources.files("repro").joinpath("data/hardware.yaml").read_text()
+    return yaml.safe_load(text)
 
 
 def lookup(slug: str) -> HardwareInfo:
@@ -256,13 +255,9 @@ def _registered_as(label: str) -> str | None:
 
 def check_label(label: str, detected: HardwareInfo | None = None) -> str:
     """The folder name ``repro record --hardware LABEL`` records under, or a one-line
-    ``ValueError``. A label is a name, not a path (``../x`` is refused, not quietly made
-    ``x``). A label may name a machine the registry lacks; one that names a registry
+    ``ValueError``. A label may name a machine the registry lacks; one that names a registry
     entry must agree with the detected device (same backend, same compute capability, the same
     entry where the device is registered): records say which device made them."""
-    if "/" in label or "\\" in label or label.strip().startswith("."):
-        raise ValueError(f"--hardware {label!r}: a machine's name, not a path (records go "
-                         "under results/NAME/): leave out '/', '\\' and a leading '.'")
     slug = _slugify(label)
     if not slug:
         raise ValueError(f"--hardware {label!r}: a name needs letters or digits")
@@ -325,11 +320,9 @@ def cpu_estimate(experiment: str, root) -> str:
     import json
     from pathlib import Path
 
-    from repro.results import record_files
-
     def records(folder: str, hw: Path) -> list[dict[str, Any]]:
         out = []
-        for p in (f for f in record_files(root, folder) if f.parent.parent == hw):
+        for p in sorted((hw / folder).glob("*.json")):
             try:
                 data = json.loads(p.read_text())
             except (OSError, ValueError):

@@ -232,9 +232,13 @@ def restamp(records: list[dict[str, Any]], hardware: str | None = None,
 
 
 def slug(name: str) -> str:
-    """The folder name of a hardware name (what ``--hardware`` records under)."""
+    """The folder name of a hardware name (what ``--hardware`` records under); a one-line
+    ``ValueError`` for a name that is a path (``../../x`` is refused, not made ``x``)."""
     from repro import hardware as hw
 
+    if "/" in name or "\\" in name or name.strip().startswith("."):
+        raise ValueError(f"--hardware {name!r}: a machine's name, not a path (records go "
+                         "under results/NAME/): leave out '/', '\\' and a leading '.'")
     return hw._slugify(name)
 
 
