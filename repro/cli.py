@@ -436,14 +436,23 @@ def _verdicts_of(folder: str, claims: set[str]) -> dict[str, bool]:
     return dict(sorted(out.items(), key=lambda kv: (kv[0][0], int(kv[0][1:] or 0))))
 
 
-def stale_report(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def stale_report(cells: list[dict[str, Any]], defective: list[dict[str, Any]] = ()
+                 ) -> list[dict[str, Any]]:
     """The stale cells grouped by experiment folder and hardware, with the reasons (each
-    with its cells) and the verdicts they touch."""
+    with its cells) and the verdicts they touch; and the ``defective`` records of each group
+    (:func:`repro.results.scan_cells`: cell, record, metric, recipe, problem)."""
     groups: dict[tuple[str, str], dict[str, Any]] = {}
-    for c in cells:
-        g = groups.setdefault((c["folder"], c["hardware"]), {
+
+    def group(c: dict[str, Any]) -> dict[str, Any]:
+        return groups.setdefault((c["folder"], c["hardware"]), {
             "experiment": c["folder"], "hardware": c["hardware"], "cells": 0, "records": 0,
-            "claims": set(), "reasons": {}})
+            "claims": set(), "reasons": {}, "defective": []})
+
+    for d in defective:
+        group(d)["defective"].append({k: d[k] for k in ("cell", "record", "metric", "recipe",
+                                                        "problem")})
+    for c in cells:
+        g = group(c)
         g["cells"] += 1
         g["records"] += c["stale"]
         g["claims"] |= set(c["claims"])
@@ -476,17 +485,27 @@ def cmd_status(args) -> int:
         path, traced = provenance.write_index(recs)
         print(f"wrote {_rel(path)} ({traced} program(s) traced)")
         return 0
-    cells = results.stale_cells()
-    report = stale_report(cells)
+    cells, defective = results.scan_cells()
+    report = stale_report(cells, defective)
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
-    if not report:
-        print(f"no stale records under {_rel(results.results_dir())}")
+    where = _rel(results.results_dir())
+    if defective:
+        print(f"{len(defective)} defective record(s) under {where}, left out of every verdict "
+              "(restore the file from git, or record the cell again):")
+        for d in defective:
+            what = ", ".join(str(d[k]) for k in ("metric", "recipe") if d[k])
+            print(f"  {_rel(Path(d['path']))}: record {d['record']} ({what}): {d['problem']}")
+        print()
+    if not cells:
+        print(f"no stale records under {where}")
         return 0
     print(f"{sum(g['records'] for g in report)} stale record(s) in {len(cells)} cell(s) under "
-          f"{_rel(results.results_dir())}; `repro record --stale` records them again")
+          f"{where}; `repro record --stale` records them again")
     for g in report:
+        if not g["cells"]:
+            continue
         said = [f"{c}" + ("" if ok else " (does not say so)") for c, ok in g["verdicts"].items()]
         print(f"\n{g['experiment']} on {g['hardware']}: {g['cells']} cell(s), "
               f"{g['records']} record(s); verdicts: {', '.join(said) or 'none'}")

@@ -134,11 +134,13 @@ def plan(study: Study, params: Any, only: Sequence[str] | None = None,
          recipes: Sequence[str] | None = None) -> tuple[list[Cell], list[Cell]]:
     """(the selected cells, all cells) of a run, after ``study.check``; a one-line
     ``ValueError`` for a recipe the registry does not know, a ``--recipe`` the study cannot
-    select by, or a selection that matches no cell. Writes nothing."""
+    select by, a selection that matches no cell, two cells that would write one file, or a
+    ``REPRO_GIT_COMMIT`` that is no commit. Writes nothing."""
     if recipes and study.narrow is not None:
         params = study.narrow(params, list(recipes))
     if study.check is not None:
         study.check(params)
+    results.git_commit()  # the commit records will name: a wrong REPRO_GIT_COMMIT is refused
     every = study.cells(params)
     check_distinct(study.experiment, every)
     if recipes and study.narrow is None:
@@ -297,7 +299,7 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
         if any(checker(r).stale for r in recs):
             stale.add(name)
             return False
-        return not recs or not all(results.defect_of(r) for r in recs)
+        return results.recorded(recs, root)
 
     todo = [c for c in cells if force or not done(c.name)]
     out = Outcome(skipped=[c.name for c in cells if c.name not in {t.name for t in todo}])
