@@ -290,8 +290,9 @@ def have_cell(experiment: str, cell: str, hardware: str | None = None,
 
     A cell whose records are all known defects (``repro/data/defects.yaml``), or that holds a
     record failing its own check (:func:`verify`), counts as not recorded, so the next run
-    of the study records it again (the old file is overwritten; git keeps it). So does, given the ``stamp`` of the code that would run now, a cell whose
-    records other code or other jax/jaxlib/flax versions made (:func:`matches_stamp`)."""
+    of the study records it again (the old file is overwritten; git keeps it). So does,
+    given the ``stamp`` of the code that would run now, a cell whose records other code or
+    other jax/jaxlib/flax versions made (:func:`matches_stamp`)."""
     recs = read_cell(experiment, cell, hardware, root)
     if recs is None:
         return False

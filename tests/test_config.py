@@ -219,7 +219,7 @@ REPO_PARAMS = yaml.safe_load((__import__("pathlib").Path(__file__).resolve().par
 def _with(path: list, value):
     import copy
 
-    data, node = copy.deepcopy(REPO_PARAMS), None
+    data = copy.deepcopy(REPO_PARAMS)
     node = data
     for key in path[:-1]:
         node = node[key]
@@ -228,8 +228,10 @@ def _with(path: list, value):
 
 
 @pytest.mark.parametrize("path, value, says", [
-    (["inference", "smoke", "seeds"], [0, -1], "inference.smoke.seeds: -1 is negative: seeds are integers >= 0"),
-    (["inference", "full", "seeds"], [0, 1, 0], "inference.full.seeds: 0 given twice: give each seed once"),
+    (["inference", "smoke", "seeds"], [0, -1],
+     "inference.smoke.seeds: -1 is negative: seeds are integers >= 0"),
+    (["inference", "full", "seeds"], [0, 1, 0],
+     "inference.full.seeds: 0 given twice: give each seed once"),
     (["lm", "smoke", "runs", 0, "seeds"], [1, 1], "lm.smoke.runs[0].seeds: 1 given twice"),
     (["legged", "full", "peer", "seeds"], [3, -3],
      "legged.full.peer.seeds: -3 is negative"),
