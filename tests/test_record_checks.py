@@ -27,9 +27,9 @@ def _committed() -> tuple[tuple[Path, int, dict], ...]:
                  for i, rec in enumerate(results.read_cell_file(path, RESULTS)))
 
 
-def committed() -> list[tuple[Path, int, dict]]:
-    """Every committed record (a copy of each: tests may edit them)."""
-    return [(path, i, copy.deepcopy(rec)) for path, i, rec in _committed()]
+def committed() -> tuple[tuple[Path, int, dict], ...]:
+    """Every committed record, read once (a test that edits one copies it first)."""
+    return _committed()
 
 
 def numeric_lists(rec: dict) -> list[str]:
@@ -113,8 +113,8 @@ def test_an_edited_value_is_caught(metric, factor):
     ("rl_throughput", "env_steps_per_s"), ("multigpu", "tokens_per_s"),
     ("rl_purejaxrl", "env_steps_per_s"), ("lm_step", "tokens_per_s")])
 def test_a_doubled_value_is_caught_in_every_timed_experiment(experiment, metric):
-    rec = next(r for _, _, r in committed()
-               if r["experiment"] == experiment and r["metric"] == metric)
+    rec = copy.deepcopy(next(r for _, _, r in committed()
+                             if r["experiment"] == experiment and r["metric"] == metric))
     assert results.check_value(rec)[0] == "checked"
     assert results.check_value(dict(rec, value=2 * rec["value"]))[0] == "mismatch"
 
