@@ -49,7 +49,8 @@ traceback instead.
 
 exit status: 0 done, 1 a cell, notebook or check failed (or another error), 2 bad input
 (nothing written), 130 interrupted (record: finished cells are kept, rerun the same command
-to resume; notebook: the committed figures, verdicts and metrics are unchanged)"""
+to resume; notebook: the committed figures, verdicts and metrics are unchanged); SIGTERM and
+SIGHUP stop it alike, with 143 and 129"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -186,6 +187,7 @@ def record_stale(args) -> int:
                          "--force")
     if args.experiment not in (None, "all"):
         _check_experiment(args.experiment)
+    check_label(args)
     profile = _profile(args.profile)
     if profile != "full":
         raise UsageError("repro record --stale refreshes the committed full-profile records: "
@@ -501,14 +503,23 @@ def _verdicts_of(folder: str, claims: set[str]) -> dict[str, bool]:
     return dict(sorted(out.items(), key=lambda kv: (kv[0][0], int(kv[0][1:] or 0))))
 
 
-def stale_report(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def stale_report(cells: list[dict[str, Any]], defective: list[dict[str, Any]] = ()
+                 ) -> list[dict[str, Any]]:
     """The stale cells grouped by experiment folder and hardware, with the reasons (each
-    with its cells) and the verdicts they touch."""
+    with its cells) and the verdicts they touch; and the ``defective`` records of each group
+    (:func:`repro.results.scan_cells`: cell, record, metric, recipe, problem)."""
     groups: dict[tuple[str, str], dict[str, Any]] = {}
-    for c in cells:
-        g = groups.setdefault((c["folder"], c["hardware"]), {
+
+    def group(c: dict[str, Any]) -> dict[str, Any]:
+        return groups.setdefault((c["folder"], c["hardware"]), {
             "experiment": c["folder"], "hardware": c["hardware"], "cells": 0, "records": 0,
-            "claims": set(), "reasons": {}})
+            "claims": set(), "reasons": {}, "defective": []})
+
+    for d in defective:
+        group(d)["defective"].append({k: d[k] for k in ("cell", "record", "metric", "recipe",
+                                                        "problem")})
+    for c in cells:
+        g = group(c)
         g["cells"] += 1
         g["records"] += c["stale"]
         g["claims"] |= set(c["claims"])
@@ -529,12 +540,13 @@ def stale_report(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def cmd_status(args) -> int:
     import json
 
-    from repro import results
+    from repro import config, results
 
+    config.load_params()  # programs hash its sections: one that cannot be read is named here
     if args.write_index:
         from repro import provenance
 
-        recs = [r for path in sorted(results.results_dir().glob("*/*/*.json"))
+        recs = [r for path in results.record_files(results.results_dir())
                 for r in (lambda d: d if isinstance(d, list) else [d])(results.read_json(path))
                 if isinstance(r, dict) and not results.defect_of(r)]
         from repro import refresh
@@ -545,17 +557,27 @@ def cmd_status(args) -> int:
         path = refresh.write_stale_set(results.repo_root(), cells)
         print(f"wrote {_rel(path)} ({len(cells)} stale cell(s))")
         return 0
-    cells = results.stale_cells()
-    report = stale_report(cells)
+    cells, defective = results.scan_cells()
+    report = stale_report(cells, defective)
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
-    if not report:
-        print(f"no stale records under {_rel(results.results_dir())}")
+    where = _rel(results.results_dir())
+    if defective:
+        print(f"{len(defective)} defective record(s) under {where}, left out of every verdict "
+              "(restore the file from git, or record the cell again):")
+        for d in defective:
+            what = ", ".join(str(d[k]) for k in ("metric", "recipe") if d[k])
+            print(f"  {_rel(Path(d['path']))}: record {d['record']} ({what}): {d['problem']}")
+        print()
+    if not cells:
+        print(f"no stale records under {where}")
         return 0
     print(f"{sum(g['records'] for g in report)} stale record(s) in {len(cells)} cell(s) under "
-          f"{_rel(results.results_dir())}; `repro record --stale` records them again")
+          f"{where}; `repro record --stale` records them again")
     for g in report:
+        if not g["cells"]:
+            continue
         said = [f"{c}" + ("" if ok else " (does not say so)") for c, ok in g["verdicts"].items()]
         print(f"\n{g['experiment']} on {g['hardware']}: {g['cells']} cell(s), "
               f"{g['records']} record(s); verdicts: {', '.join(said) or 'none'}")
@@ -737,30 +759,45 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# The signals that end a run as Ctrl-C does: Ctrl-C, what `timeout`, `docker stop` and batch
+# schedulers send, and a closed terminal. The exit status is 128 + the signal's number.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 class Interrupts:
-    """SIGINT as ``KeyboardInterrupt``, raised again every ``every`` seconds until
-    :meth:`handled`: Python swallows an exception raised inside a garbage-collection callback
-    or a ``__del__`` ("Exception ignored in ..."), and a Ctrl-C often lands in JAX's
-    collection callback, so one interrupt alone may be lost. A Python handler runs only
-    between bytecodes, so none runs while the main thread waits in a long XLA compilation or
-    device call: if the interrupt is still not handled ``grace`` seconds after the first
-    Ctrl-C, the process says so and exits with 130 at once (finished cells are on disk, the
-    record file being written, if any, is removed: the interrupted cell is discarded)."""
+    """SIGINT, SIGTERM and SIGHUP (:data:`STOP_SIGNALS`) as ``KeyboardInterrupt``, raised
+    again every ``every`` seconds until :meth:`handled`: Python swallows an exception raised
+    inside a garbage-collection callback or a ``__del__`` ("Exception ignored in ..."), and a
+    Ctrl-C often lands in JAX's collection callback, so one interrupt alone may be lost. A
+    Python handler runs only between bytecodes, so none runs while the main thread waits in a
+    long XLA compilation or device call: if the interrupt is still not handled ``grace``
+    seconds after the first signal, the process says so and exits at once with 128 + the
+    signal's number (finished cells are on disk, the record file being written, if any, is
+    removed: the interrupted cell is discarded). A signal the process was started ignoring
+    (SIGHUP under ``nohup``) stays ignored. ``signum``: the first signal received."""
 
     def __init__(self, every: float = 1.0, grace: float = 5.0):
         self.every, self.grace, self.done, self.pending = every, grace, threading.Event(), False
         self.command: str | None = None
+        self.signum: int | None = None
 
     def install(self) -> Interrupts:
-        signal.signal(signal.SIGINT, self._handler)
+        for sig in STOP_SIGNALS:
+            if sig == signal.SIGINT or signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, self._handler)
         return self
 
     def handled(self) -> None:
         self.done.set()
 
+    @property
+    def status(self) -> int:
+        """The exit status: 128 + the signal's number (130 for Ctrl-C)."""
+        return 128 + (self.signum or signal.SIGINT)
+
     def _handler(self, signum, frame):
         if not self.pending:
-            self.pending = True
+            self.pending, self.signum = True, signum
             threading.Thread(target=self._again, daemon=True).start()
         raise KeyboardInterrupt
 
@@ -769,7 +806,7 @@ class Interrupts:
         while not self.done.wait(self.every):
             if time.monotonic() - start >= self.grace:
                 self._exit()
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), self.signum or signal.SIGINT)
 
     def _exit(self) -> None:
         from repro import results
@@ -778,43 +815,63 @@ class Interrupts:
             with suppress(OSError):
                 os.unlink(tmp)
         with suppress(OSError, ValueError):
-            print(f"{interrupted_message(self.command)} (exited {self.grace:g} s after "
-                  "Ctrl-C: the main thread was busy in a compiled call)", file=sys.stderr,
-                  flush=True)
+            what = "Ctrl-C" if self.status == 130 else signal.Signals(self.signum).name
+            print(f"{interrupted_message(self.command, self.signum)} (exited {self.grace:g} s "
+                  f"after {what}: the main thread was busy in a compiled call)",
+                  file=sys.stderr, flush=True)
             sys.stdout.flush()
-        os._exit(130)
+        os._exit(self.status)
 
 
 _interrupts: Interrupts | None = None
 
 
+def _plain_output() -> None:
+    """What the ``repro`` command writes survives a terminal that is not UTF-8: a character
+    it cannot show is written as an escape (``\\u2014``), not a crash; a warning (a stray
+    file beside the records...) is one line, ``repro: warning: ...``."""
+    import warnings
+
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
+    warnings.showwarning = lambda message, category, *a, **k: print(
+        f"repro: warning: {_one_line(message)}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; the exit status (see the epilog). As the ``repro`` command (no
-    ``argv``), an interrupt ends the process at once with 130 after flushing its output: every
+    ``argv``), an interrupt (Ctrl-C, SIGTERM, SIGHUP) ends the process at once with 128 + the
+    signal's number (130 for Ctrl-C) after flushing its output: every
     finished cell is on disk by then (writes are atomic), and the interpreter's shutdown with
     XLA's threads still running can crash (exit 139); a Ctrl-C is raised again until it is
     handled (:class:`Interrupts`)."""
     global _interrupts
+    if argv is None:
+        _plain_output()
     if argv is None and threading.current_thread() is threading.main_thread():
         _interrupts = Interrupts().install()
     status = _main(sys.argv[1:] if argv is None else list(argv))
-    if argv is None and status == 130:
+    if argv is None and (status == 130 or _interrupts is not None and _interrupts.pending):
         with suppress(OSError, ValueError):
             sys.stdout.flush(), sys.stderr.flush()
-        os._exit(130)
+        os._exit(status)
     return status
 
 
-def interrupted_message(command: str | None) -> str:
+def interrupted_message(command: str | None, signum: int | None = None) -> str:
     """What an interrupt leaves: a study resumes from its finished cells; a notebook starts
-    again from its first cell and left the committed outputs as they were."""
+    again from its first cell and left the committed outputs as they were. ``signum``: the
+    signal that stopped the run (None or SIGINT: Ctrl-C)."""
+    how = "interrupted" if signum in (None, signal.SIGINT) else \
+        f"stopped by {signal.Signals(signum).name}"
     if command == "notebook":
-        return ("repro: interrupted; the notebook's committed figures, verdicts and metrics "
+        return (f"repro: {how}; the notebook's committed figures, verdicts and metrics "
                 "are unchanged (a notebook does not resume: the same command runs it again "
                 "from the start)")
     if command in ("record", "trace"):
-        return "repro: interrupted; finished cells are kept: rerun the same command to resume"
-    return "repro: interrupted"
+        return f"repro: {how}; finished cells are kept: rerun the same command to resume"
+    return f"repro: {how}"
 
 
 def _main(argv: list[str]) -> int:
@@ -834,12 +891,14 @@ def _main(argv: list[str]) -> int:
         sys.stdout = open(os.devnull, "w")
         return 0
     except KeyboardInterrupt:
+        signum = None
         if _interrupts is not None:
             _interrupts.handled()
+            signum = _interrupts.signum
         if debug:
             raise
-        print(interrupted_message(getattr(args, "command", None)), file=sys.stderr)
-        return 130
+        print(interrupted_message(getattr(args, "command", None), signum), file=sys.stderr)
+        return 128 + (signum or signal.SIGINT)
     except Exception as e:  # noqa: BLE001 - every error reaching here is one line
         if debug:
             raise

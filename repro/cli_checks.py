@@ -78,11 +78,12 @@ def notebook_profile(option: str | None, param: Any) -> str | None:
 
 
 def check_label(args) -> None:
-    """``--hardware``: a name for this machine, checked against the detected device
-    (:func:`repro.hardware.check_label`)."""
+    """``--hardware``: a name for this machine, not a path (:func:`repro.results.slug`),
+    checked against the detected device (:func:`repro.hardware.check_label`)."""
     if args.hardware is not None:
-        from repro import hardware
+        from repro import hardware, results
 
+        results.slug(args.hardware)
         hardware.check_label(args.hardware)
 
 

@@ -45,11 +45,15 @@ INT_RANGE = (-(2**31), 2**31 - 1)
 
 
 class _UniqueKeys(yaml.SafeLoader):
-    """YAML whose mappings refuse a key given twice (YAML keeps the last one silently)."""
+    """YAML whose mappings refuse a key given twice (YAML keeps the last one silently). Merge
+    keys (``<<: *anchor``) work as YAML defines them: the mapping's own keys win over merged
+    ones; only a key the mapping itself gives twice is refused."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if key in seen:
@@ -106,18 +110,49 @@ def params_path() -> Path:
     return repo_root() / "params.yaml"
 
 
-def load_params(path: str | Path | None = None) -> dict[str, Any]:
-    """The whole of params.yaml as plain data; a one-line ConfigError if it is malformed."""
-    path = Path(path or params_path())
+def _line_column(text: str | bytes, index: int) -> str:
+    """``line L, column C`` (both from 1) of position ``index`` of ``text``."""
+    nl = "\n" if isinstance(text, str) else b"\n"
+    return f"line {text.count(nl, 0, index) + 1}, column {index - text.rfind(nl, 0, index)}"
+
+
+def read_yaml(path: Path, loader: type = _UniqueKeys) -> Any:
+    """The data of the YAML file ``path``, or a one-line :class:`ConfigError` naming the file
+    and the position of what is wrong: a file that cannot be read, bytes that are not UTF-8,
+    characters YAML does not allow (binary garbage), malformed YAML, a key given twice."""
     try:
-        with open(path) as f:
-            data = yaml.load(f, Loader=_UniqueKeys)  # noqa: S506 - a SafeLoader
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{path}: not found") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")  # (a byte-order mark is YAML's to skip)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text: byte 0x{raw[e.start]:02x} at "
+                          f"{_line_column(raw, e.start)} (save it as UTF-8)") from None
+    try:
+        reader = loader(text)
+        reader.name = str(path)
+        try:
+            return reader.get_single_data()
+        finally:
+            reader.dispose()
+    except yaml.reader.ReaderError as e:
+        raise ConfigError(f"{path}: not YAML text: character {chr(e.character)!r} at "
+                          f"{_line_column(text, e.position)} ({e.reason})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        raise ConfigError(f"{path}: malformed YAML{where}: {getattr(e, 'problem', e)}") from None
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"{path}: malformed YAML{where}: "
+                          f"{' '.join(str(getattr(e, 'problem', e)).split())}") from None
+
+
+def load_params(path: str | Path | None = None) -> dict[str, Any]:
+    """The whole of params.yaml as plain data; a one-line ConfigError naming the file (and the
+    position) if it cannot be read or is malformed (:func:`read_yaml`)."""
+    path = Path(path or params_path())
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     try:
@@ -132,7 +167,42 @@ def load_params(path: str | Path | None = None) -> dict[str, Any]:
             _fail(f"{path.name}: {name}", "expected a mapping of common/smoke/full "
                   f"sub-sections, got {type(data[name]).__name__} {data[name]!r:.60}")
         _check_keys(data[name], SUBSECTIONS, f"{path.name}: {name}")
+        _check_seeds(data[name], f"{path.name}: {name}")
     return data
+
+
+def _check_seeds(value: Any, at: str) -> None:
+    """Every ``seeds`` and ``seed`` below ``value`` (a section), wherever it is: a list of
+    seeds holds integers >= 0, each once (a seed given twice runs, and counts, one run twice;
+    a negative one wraps around where seeds become unsigned keys); a number of seeds is an
+    integer >= 1; a ``seed`` an integer >= 0."""
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_seeds(v, f"{at}[{i}]")
+        return
+    if not isinstance(value, dict):
+        return
+    for key, v in value.items():
+        here = f"{at}.{key}"
+        if key == "seeds" and isinstance(v, list):
+            seen = set()
+            for s in v:
+                if not is_int(s):
+                    _fail(here, f"{s!r} is not an integer")
+                if s < 0:
+                    _fail(here, f"{s} is negative: seeds are integers >= 0")
+                if s in seen:
+                    _fail(here, f"{s} given twice: give each seed once")
+                seen.add(s)
+        elif key == "seeds" and is_int(v) and v < 1:
+            _fail(here, f"{v}: a count of seeds is an integer >= 1")
+        elif key == "seed" and is_int(v) and v < 0:
+            _fail(here, f"{v} is negative: seeds are integers >= 0")
+        else:
+            _check_seeds(v, here)
 
 
 def top_level() -> tuple[str, ...]:

@@ -53,24 +53,37 @@ def is_root(folder: Path) -> bool:
     return (folder / "params.yaml").is_file() and (folder / "repro" / "__init__.py").is_file()
 
 
+# What every checkout holds at its root (REPRO_ROOT is checked for them).
+CHECKOUT_MARKS = ("params.yaml", "results/")
+
+
 def repo_root() -> Path:
     """The repository root, where params.yaml, results/ and build/ are: ``REPRO_ROOT`` where set
-    (an existing folder, or a one-line ``ValueError``: a mistyped root must not read as a
-    repository with nothing measured); else the nearest checkout (:func:`is_root`) at or above
-    the working directory, so each checkout that shares a virtual environment reads and writes
-    its own records; else the checkout this package was imported from; else the working
-    directory."""
+    (a folder holding params.yaml and results/, or a one-line ``ValueError`` naming it: a
+    mistyped root must not read as a repository with nothing measured); else the nearest
+    checkout (:func:`is_root`) at or above the working directory, so each checkout that shares
+    a virtual environment reads and writes its own records; else the checkout this package was
+    imported from; else a one-line ``ValueError`` naming the working directory."""
     if env := os.environ.get("REPRO_ROOT"):
         if not Path(env).is_dir():
             what = "not a folder" if Path(env).exists() else "no such folder"
             raise ValueError(f"REPRO_ROOT={env}: {what} (the repository root, where "
                              "params.yaml, results/ and build/ are)")
+        missing = [m for m in CHECKOUT_MARKS if not (
+            (Path(env) / m).is_dir() if m.endswith("/") else (Path(env) / m).is_file())]
+        if missing:
+            raise ValueError(f"REPRO_ROOT={env}: not a checkout of this repository (no "
+                             f"{', '.join(missing)} in it)")
         return Path(env)
     cwd = Path.cwd()
     if found := next((d for d in (cwd, *cwd.parents) if is_root(d)), None):
         return found
     here = Path(__file__).resolve().parent.parent
-    return here if (here / "dvc.yaml").exists() else cwd
+    if (here / "dvc.yaml").exists():
+        return here
+    raise ValueError(f"no checkout of this repository at or above {cwd} (a folder with "
+                     "params.yaml, results/ and the repro package): run repro in one, or set "
+                     "REPRO_ROOT to one")
 
 
 def results_dir() -> Path:
@@ -104,8 +117,19 @@ def record_root(profile: str) -> Path:
 @functools.cache
 def git_commit() -> str:
     """The commit that produced a record (``REPRO_GIT_COMMIT`` wins: the GPU machine gets a
-    copy of the working tree without .git)."""
+    copy of the working tree without .git). ``REPRO_GIT_COMMIT`` must be a commit hash (7 to
+    40 hex digits, optionally ``-dirty``) and, where this checkout has its history, one of
+    its commits: else a one-line ``ValueError`` naming it (the study runner asks before the
+    first cell runs)."""
     if env := os.environ.get("REPRO_GIT_COMMIT"):
+        base = env.strip().removesuffix("-dirty")
+        if not _HASH.fullmatch(base):
+            raise ValueError(f"REPRO_GIT_COMMIT={env}: not a commit (7 to 40 hex digits, "
+                             "optionally -dirty)")
+        known = history(repo_root())
+        if known is not None and known.time_of(base) is None:
+            raise ValueError(f"REPRO_GIT_COMMIT={env}: not a commit of the history of "
+                             f"{known.top}")
         return env
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo_root(),
@@ -219,9 +243,13 @@ def restamp(records: list[dict[str, Any]], hardware: str | None = None,
 
 
 def slug(name: str) -> str:
-    """The folder name of a hardware name (what ``--hardware`` records under)."""
+    """The folder name of a hardware name (what ``--hardware`` records under); a one-line
+    ``ValueError`` for a name that is a path (``../../x`` is refused, not made ``x``)."""
     from repro import hardware as hw
 
+    if "/" in name or "\\" in name or name.strip().startswith("."):
+        raise ValueError(f"--hardware {name!r}: a machine's name, not a path (records go "
+                         "under results/NAME/): leave out '/', '\\' and a leading '.'")
     return hw._slugify(name)
 
 
@@ -260,14 +288,25 @@ def have_cell(experiment: str, cell: str, hardware: str | None = None,
               root: Path | None = None, stamp: dict[str, Any] | None = None) -> bool:
     """True when this cell was already recorded on this hardware (for resumable studies).
 
-    A cell whose records are all known defects (``repro/data/defects.yaml``) counts as not
-    recorded, so the next run of the study records it again (the old file is overwritten;
-    git keeps it). So does, given the ``stamp`` of the code that would run now, a cell whose
-    records other code or other jax/jaxlib/flax versions made (:func:`matches_stamp`)."""
+    A cell whose records are all known defects (``repro/data/defects.yaml``), or that holds a
+    record failing its own check (:func:`verify`), counts as not recorded, so the next run
+    of the study records it again (the old file is overwritten; git keeps it). So does,
+    given the ``stamp`` of the code that would run now, a cell whose records other code or
+    other jax/jaxlib/flax versions made (:func:`matches_stamp`)."""
     recs = read_cell(experiment, cell, hardware, root)
     if recs is None:
         return False
     if stamp is not None and not all(matches_stamp(r, stamp) for r in recs):
+        return False
+    return recorded(recs, Path(root or results_dir()))
+
+
+def recorded(recs: list[Any], root: Path) -> bool:
+    """Whether a cell's records (read from under ``root``) count as recorded: none fails its
+    own check (:func:`verify`; a defective record is recorded again) and not all are known
+    defects."""
+    known = history(root)
+    if any(isinstance(r, dict) and not defect_of(r) and verify(r, known) for r in recs):
         return False
     return not recs or not all(defect_of(r) for r in recs)
 
@@ -282,12 +321,12 @@ def defects() -> tuple[dict[str, Any], ...]:
     optional ``where`` filters (a record field such as ``"metric"``, or a dotted one such as
     ``"sizes.env"`` / ``"extra.variant"``: the allowed values), and says why; matching records
     are left in ``results/`` but out of the analyses."""
-    import yaml
+    from repro.config import read_yaml
 
     path = Path(__file__).resolve().parent / "data" / "defects.yaml"
     if not path.exists():
         return ()
-    return tuple(yaml.safe_load(path.read_text()) or ())
+    return tuple(read_yaml(path) or ())
 
 
 def _field(rec: dict[str, Any], dotted: str):
@@ -316,13 +355,14 @@ def write_records(records: list[dict[str, Any]], experiment: str, cell: str,
     if not records:
         raise ValueError(f"no records to write for {experiment}/{cell}")
     for i, rec in enumerate(records):
-        if problem := check_record(rec):
+        if problem := check_record(rec) or _value_problem(rec):
             raise RecordError(f"{experiment}/{cell}: record {i}{_what(rec)}: {problem}; "
                               "nothing was written")
     path = cell_path(experiment, cell, records[0]["hardware"], root)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+        # hidden and not *.json: no loader reads it, and git ignores it (.gitignore: *.tmp)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
         raise write_error(f"{experiment}/{cell}", path, e) from None
     IN_FLIGHT.add(tmp)
@@ -361,7 +401,7 @@ def write_error(what: str, path: Path, err: OSError) -> WriteError:
     why = f"{err.strerror or err or type(err).__name__}" + (f" ({code})" if code else "")
     where = err.filename
     at = f" at {where}" if where and Path(where) != path and \
-        not Path(where).name.startswith(".tmp-") else ""
+        not Path(where).name.startswith(f".{path.name}.") else ""  # (its temporary file)
     out = WriteError(f"{what}: cannot write {path}: {why}{at}; nothing of it was written")
     out.errno = err.errno
     return out
@@ -418,6 +458,68 @@ def _json_default(o):
     return str(o)
 
 
+class StrayFileWarning(UserWarning):
+    """A file in a records folder that is not a record file (a temporary file an interrupted
+    write left, an editor's backup, a record file out of place): not read, and named."""
+
+
+# Folders of a records root that hold no records: the program texts (repro.program.TEXTS).
+NOT_RECORDS = ("programs",)
+
+
+def record_files(root: Path, experiment: str | None = None) -> list[Path]:
+    """The record files under ``root``: ``HARDWARE/EXPERIMENT/CELL.json`` (of ``experiment``'s
+    folder only, where given), sorted. Any other file met on the way (a hidden file such as
+    a temporary file an interrupted write left, ``CELL.json~``, a ``.json`` outside an
+    experiment folder or below one) is not read, and a :class:`StrayFileWarning` names it;
+    documentation (``*.md``) is left alone."""
+    import warnings
+
+    root, out = Path(root), []
+
+    def stray(path: Path, why: str) -> None:
+        warnings.warn(f"{path}: not a record file ({why}): not read", StrayFileWarning,
+                      stacklevel=2)
+
+    def files(folder: Path):
+        try:
+            return sorted(folder.iterdir())
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def look(path: Path, depth: int) -> None:
+        if path.is_dir():
+            if depth == 3:
+                for p in path.rglob("*"):
+                    if p.is_file():
+                        stray(p, "below an experiment folder: move it to "
+                              "HARDWARE/EXPERIMENT/CELL.json")
+                return
+            if depth == 1 and path.name in NOT_RECORDS:
+                return
+            if depth == 2 and experiment is not None and path.name != _safe(experiment):
+                return
+            for p in files(path):
+                look(p, depth + 1)
+        elif path.suffix == ".md" and not path.name.startswith("."):
+            return
+        elif depth == 3 and path.suffix == ".json" and not path.name.startswith("."):
+            out.append(path)
+        elif path.name.startswith("."):
+            if str(path) not in IN_FLIGHT:  # (this process is writing it now)
+                stray(path, "a hidden file: a cell being written, or one an interrupted "
+                      "write left: remove it when no run is recording")
+        elif path.suffix == ".json":
+            stray(path, "outside an experiment folder: move it to "
+                  "HARDWARE/EXPERIMENT/CELL.json")
+        else:
+            stray(path, "a record file is HARDWARE/EXPERIMENT/CELL.json: remove it")
+
+    for p in files(root):
+        look(p, 1)
+    return out
+
+
 def load_records(experiment: str | None = None,
                  roots: Path | Iterable[Path] | None = None,
                  keep_defective: bool = False) -> pd.DataFrame:
@@ -432,25 +534,28 @@ def load_records(experiment: str | None = None,
     first commit that changed its code, where git knows it).
     Stale rows are kept: each analysis decides what to do with them, and says so.
     A file that is not valid JSON, or a record that fails :func:`check_record` (and is not a
-    known defect), raises :class:`RecordError` naming the file.
+    known defect), raises :class:`RecordError` naming the file. A record that fails its own
+    check (:func:`verify`: its value, commit or time) is defective: left out, even with
+    ``keep_defective``, and named (:class:`DefectiveRecordWarning`).
     """
-    from repro.provenance import Checker
-
-    checker = Checker()
+    checker = _checker()
     if roots is None:
         roots = [results_dir(), scratch_results_dir()]
     elif isinstance(roots, (str, Path)):
         roots = [roots]
     rows: list[dict[str, Any]] = []
-    pattern = f"*/{_safe(experiment)}/*.json" if experiment else "*/*/*.json"
     for root in map(Path, roots):
-        for path in sorted(root.glob(pattern)):
+        known = history(root)
+        for path in record_files(root, experiment):
             data = read_cell_file(path, root)
             for i, rec in enumerate(data):
                 _check_loaded(rec, path, i)
                 rec = dict(rec)
                 rec["source"] = str(path)
                 rec["defect"] = defect_of(rec)
+                if rec["defect"] is None and (problem := verify(rec, known)):
+                    _warn_defective(path, i, rec, problem)
+                    continue
                 if rec["defect"] is None or keep_defective:
                     st = checker(rec)
                     rec.update(stale=st.stale, stale_reason=st.reason, stale_since=st.since,
@@ -463,21 +568,51 @@ def load_records(experiment: str | None = None,
     return df
 
 
+def _checker():
+    """A staleness :class:`~repro.provenance.Checker`, after reading params.yaml: programs hash
+    their params.yaml sections, so one that cannot be read stops every reader here with one
+    line naming the file and the position (:func:`repro.config.load_params`), rather than
+    making every such record "stale"."""
+    from repro import config
+    from repro.provenance import Checker
+
+    config.load_params()
+    return Checker()
+
+
 def stale_cells(roots: Path | Iterable[Path] | None = None) -> list[dict[str, Any]]:
     """Every cell file under ``roots`` (default: the committed ``results/``) with stale
     records, without pandas or JAX: ``experiment``, ``hardware``, ``cell``, ``path``,
     ``stale`` (of ``records``), ``reason`` (the distinct reasons), ``summary`` (the same
     without commits), ``commits`` (the records'), ``since`` and the ``claims`` its records
-    serve. Known defects are left out, as in :func:`load_records`."""
-    from repro.provenance import Checker
+    serve. Known defects and defective records are left out, as in :func:`load_records`."""
+    return scan_cells(roots)[0]
 
+
+def scan_cells(roots: Path | Iterable[Path] | None = None
+               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(:func:`stale_cells`, the defective records under ``roots``): each record that fails its
+    own check (:func:`verify`) with ``experiment``, ``folder``, ``hardware``, ``cell``,
+    ``path``, ``record`` (its index in the file), ``metric``, ``recipe`` and ``problem``."""
     roots = [results_dir()] if roots is None else [roots] if isinstance(roots, (str, Path)) \
         else list(roots)
-    checker, out = Checker(), []
+    checker, out, defective = _checker(), [], []
     for root in map(Path, roots):
-        for path in sorted(root.glob("*/*/*.json")):
-            recs = [r for r in read_cell_file(path, root)
-                    if isinstance(r, dict) and not defect_of(r)]
+        known = history(root)
+        for path in record_files(root):
+            recs = []
+            for i, r in enumerate(read_cell_file(path, root)):
+                if not isinstance(r, dict) or defect_of(r):
+                    continue
+                if problem := verify(r, known):
+                    defective.append({
+                        "experiment": r.get("experiment") or path.parent.name,
+                        "folder": path.parent.name, "hardware": path.parent.parent.name,
+                        "cell": path.stem, "path": str(path), "record": i,
+                        "metric": r.get("metric"), "recipe": r.get("recipe"),
+                        "problem": problem})
+                    continue
+                recs.append(r)
             verdicts = [checker(r) for r in recs]
             stale = [v for v in verdicts if v.stale]
             if not stale:
@@ -491,7 +626,152 @@ def stale_cells(roots: Path | Iterable[Path] | None = None) -> list[dict[str, An
                 "commits": sorted({str(r.get("git_commit") or "unknown")[:7] for r in recs}),
                 "since": next((v.since for v in stale if v.since), None),
                 "claims": sorted({c for r in recs for c in r.get("claims") or []})})
-    return out
+    return out, defective
+
+
+# ------------------------------------------------------------- records check themselves
+
+# A commit hash as records and REPRO_GIT_COMMIT give it (a prefix of 7 or more hex digits).
+_HASH = re.compile(r"[0-9a-f]{7,40}")
+# How far a record's time may precede its commit's, or lie ahead of now: the clocks of the
+# machine that committed and of the one that measured may differ by this much.
+CLOCK_SKEW = _dt.timedelta(minutes=10)
+
+
+class DefectiveRecordWarning(UserWarning):
+    """A record that fails its own check (:func:`verify`): left out of every analysis."""
+
+
+class History:
+    """The commits of a repository's history (HEAD's ancestors) and their times."""
+
+    def __init__(self, top: str, log: str):
+        self.top = top
+        self.times = {h: int(t) for h, t in (line.split() for line in log.splitlines())}
+        self.commits = sorted(self.times)
+
+    def time_of(self, commit: str) -> int | None:
+        """The commit time (seconds since 1970) of ``commit``, a hash or a prefix of 7 or
+        more hex digits; None where it is not a commit of this history."""
+        import bisect
+
+        if not _HASH.fullmatch(commit):
+            return None
+        i = bisect.bisect_left(self.commits, commit)
+        return self.times[self.commits[i]] if i < len(self.commits) and \
+            self.commits[i].startswith(commit) else None
+
+
+def history(folder: Path) -> History | None:
+    """The git history of the repository holding ``folder``, or None where there is none to
+    check commits against: no git, no repository (a copy of the tree without .git), or a
+    shallow clone (a commit beyond its depth is missing, not absent)."""
+    try:
+        out = subprocess.run(["git", "-C", str(folder), "rev-parse", "--show-toplevel",
+                              "--is-shallow-repository", "HEAD"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.splitlines()
+    if out.returncode or len(lines) != 3 or lines[1].strip() != "false":
+        return None
+    return _history(lines[0], lines[2].strip())
+
+
+@functools.lru_cache(maxsize=8)
+def _history(top: str, head: str) -> History | None:
+    try:
+        out = subprocess.run(["git", "-C", top, "log", "--format=%H %ct", head],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return History(top, out.stdout) if out.returncode == 0 else None
+
+
+def check_value(rec: dict[str, Any]) -> tuple[str, str | None]:
+    """Whether a record's ``value`` is the statistic its experiment computes from the samples
+    it holds (the experiment's ``statistics``: :class:`repro.experiments.Statistic`), as
+    ``(outcome, detail)``: ``("checked", None)``; ``("mismatch", the problem)``; ``("not
+    derived", why)``: its value is not a statistic of its lists (a memory size beside step
+    times), as its spec says; ``("no samples", what)``: the record holds none (a GEMM's
+    timings keep only their median); ``("no rule", what)``: it holds lists of numbers its
+    spec says nothing about (the committed records' test refuses that)."""
+    lists = [k for k, v in (rec.get("extra") or {}).items() if isinstance(v, list) and v
+             and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)]
+    try:
+        rule = experiments.get(str(rec.get("experiment"))).statistics.get(
+            str(rec.get("metric")))
+    except ValueError:
+        rule = None
+    if isinstance(rule, str):
+        return "not derived", rule
+    if rule is None:
+        return ("no rule", f"its spec says nothing of {', '.join(lists)}") if lists else \
+            ("no samples", "it holds no samples")
+    rules = rule if isinstance(rule, tuple) else (rule,)
+    for stat in rules:
+        try:
+            got = stat.of(rec)
+        except ValueError as e:
+            return "mismatch", f"its samples give no value: {e}"
+        if got is None:
+            continue
+        want, tolerance = got
+        v = rec.get("value")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or abs(v - want) > tolerance * abs(want):
+            return "mismatch", f"value {v!r} is not {stat.describe()} ({want:.7g})"
+        return "checked", None
+    return "no samples", f"it holds none of {', '.join('extra.' + r.samples for r in rules)}"
+
+
+def _value_problem(rec: Any) -> str | None:
+    if not isinstance(rec, dict):
+        return None
+    outcome, detail = check_value(rec)
+    return detail if outcome == "mismatch" else None
+
+
+def verify(rec: dict[str, Any], known: History | None) -> str | None:
+    """What is wrong with a record's numbers or its origin (a phrase), or None: its value
+    against its samples (:func:`check_value`); where the history is ``known`` (:func:`history`
+    of the records' folder), its ``git_commit`` against it (each of a comma-separated list;
+    ``-dirty`` allowed) and its ``timestamp`` against its commit's time; everywhere, its
+    ``timestamp`` against now (both within :data:`CLOCK_SKEW`)."""
+    if problem := _value_problem(rec):
+        return problem
+    when = None
+    if known is not None:
+        commit = rec.get("git_commit")
+        for part in str(commit or "").split(","):
+            t = known.time_of(part.strip().removesuffix("-dirty"))
+            if t is None:
+                return f"git_commit {commit!r} is not a commit of the history"
+            when = t if when is None else min(when, t)
+    raw = rec.get("timestamp")
+    if raw is None:
+        return None
+    try:
+        ts = _dt.datetime.fromisoformat(str(raw))
+    except ValueError:
+        return f"timestamp {raw!r} is not a date"
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=_dt.timezone.utc)
+    if ts > _dt.datetime.now(_dt.timezone.utc) + CLOCK_SKEW:
+        return f"timestamp {raw} is in the future"
+    if when is not None and ts.timestamp() < when - CLOCK_SKEW.total_seconds():
+        made = _dt.datetime.fromtimestamp(when, _dt.timezone.utc).isoformat()
+        return (f"timestamp {raw} is before its commit {str(rec.get('git_commit'))[:12]} "
+                f"({made})")
+    return None
+
+
+def _warn_defective(path: Path, i: int, rec: dict[str, Any], problem: str) -> None:
+    import warnings
+
+    warnings.warn(f"{path}: record {i}{_what(rec)}: {problem}: left out of every analysis "
+                  "(restore the file from git, or record the cell again)",
+                  DefectiveRecordWarning, stacklevel=3)
 
 
 # ------------------------------------------------------------------------------ checks

@@ -2,6 +2,7 @@
 `site --out`, REPRO_ROOT) stays inside the repository and out of its committed folders, or is
 refused in one line naming it, with nothing written."""
 
+import re
 import shutil
 from pathlib import Path
 
@@ -98,6 +99,12 @@ def test_a_missing_repro_root_is_one_line_not_an_empty_repository(tmp_path, monk
     (tmp_path / "afile").write_text("x")
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path / "afile"))
     assert "not a folder" in one_line(capsys, 2, command)
+    # an existing folder that is no checkout: not a project with nothing measured either
+    (tmp_path / "other").mkdir()
+    monkeypatch.setenv("REPRO_ROOT", str(tmp_path / "other"))
+    assert f"REPRO_ROOT={tmp_path / 'other'}: not a checkout of this repository (no " \
+        "params.yaml, results/ in it)" in one_line(capsys, 2, command)
+    assert list((tmp_path / "other").iterdir()) == []
 
 
 SEGMENT = st.sampled_from(["..", ".", "build", "results", "figures", "x", "verdicts", "metrics",
@@ -367,3 +374,26 @@ def test_records_are_written_with_the_users_umask(tmp_path):
         assert path.stat().st_mode & 0o777 == 0o600
     finally:
         os.umask(old)
+
+
+# ------------------------------------------------------ an unreadable params.yaml is named
+
+
+@pytest.mark.parametrize("garbage, says", [
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00", "not UTF-8 text: byte 0x89 at line 1, column 1"),
+    (b"profile: smoke\ngemm: {smoke: {repeats: 3}\n\x00\x00",
+     "not YAML text: character '\\x00' at line 3, column 1")])
+def test_status_and_every_loader_name_an_unreadable_params_yaml(repo, capsys, garbage, says):
+    """Records whose programs hash their params.yaml section cannot be checked against a
+    params.yaml that cannot be read: `repro status` and the loaders stop, naming the file and
+    the position, instead of calling every such record stale."""
+    (repo / "params.yaml").write_bytes(garbage)
+    program_cell = ROOT / "results" / "h200" / "gemm" / "16384x16384x16384.json"
+    assert "params.yaml#gemm" in json.loads(program_cell.read_text())[0]["program"]["files"]
+    put(repo / "results", "h200/gemm/16384x16384x16384.json",
+        json.loads(program_cell.read_text()))
+    line = one_line(capsys, 2, ["status"])
+    assert line.startswith(f"repro: error: {repo / 'params.yaml'}: {says} ("), line
+    for load in (lambda: results.load_records("gemm"), lambda: results.stale_cells()):
+        with pytest.raises(config.ConfigError, match=f"params.yaml: {re.escape(says)}"):
+            load()

@@ -46,12 +46,13 @@ def test_unknown_experiment_lists_valid_ones():
 @pytest.mark.slow  # end-to-end record (dvc repro's gemm stage records the same smoke cells)
 def test_record_gemm_smoke_writes_records(tmp_path):
     (tmp_path / "params.yaml").write_text(GEMM_PARAMS)
+    (tmp_path / "results").mkdir()
     r = run("record", "gemm", "--profile", "smoke", "--hardware", "test-box", "--note", "a note",
             REPRO_ROOT=tmp_path)
     assert r.returncode == 0, r.stderr
     files = sorted((tmp_path / "build" / "results" / "test-box" / "gemm").glob("*.json"))
     assert [f.name for f in files] == ["32x16x16.json", "rel_error_16x16x16.json"]
-    assert not (tmp_path / "results").exists()  # smoke -> scratch only
+    assert not any((tmp_path / "results").iterdir())  # smoke -> scratch only
     recs = [rec for f in files for rec in json.loads(f.read_text())]
     assert {r["recipe"] for r in recs if r["metric"] == "tflops"} == {
         "fp32", "tf32", "bf16", "fp16", "fp8"}
@@ -114,6 +115,7 @@ def test_debug_shows_the_traceback_instead(capsys):
 
 def test_malformed_params_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
     (tmp_path / "params.yaml").write_text("profile: smoke\ngemm: {smoke: [1, 2\n")
+    (tmp_path / "results").mkdir()
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     assert cli.main(["record", "gemm"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -125,6 +127,7 @@ def test_a_failing_cell_exits_1_and_ctrl_c_130(tmp_path, capsys, monkeypatch):
     from repro.experiments.gemm import measure as bench
 
     (tmp_path / "params.yaml").write_text(GEMM_PARAMS)
+    (tmp_path / "results").mkdir()
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
 
     def broken(*a, **k):
@@ -191,6 +194,7 @@ check(answer)
 @pytest.mark.slow  # executes a notebook (dvc repro executes every one)
 def test_notebook_converts_and_executes(tmp_path):
     (tmp_path / "params.yaml").write_text("profile: smoke\n")
+    (tmp_path / "results").mkdir()
     (tmp_path / "notebooks").mkdir()
     (tmp_path / "notebooks" / "00_tiny.py").write_text(TINY_NOTEBOOK)
     r = run("notebook", "00_tiny", "-p", "answer=42", REPRO_ROOT=tmp_path)
@@ -245,6 +249,7 @@ def test_full_record_refuses_a_device_that_skips_roundings(tmp_path, monkeypatch
     from repro.precision import check as numerics_check
 
     (tmp_path / "params.yaml").write_text(GEMM_PARAMS)
+    (tmp_path / "results").mkdir()
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     monkeypatch.setattr(studies, "EXPERIMENTS", {"gemm": "repro.experiments.gemm.measure"})
     monkeypatch.setattr(numerics_check, "checks", lambda: [
@@ -256,7 +261,7 @@ def test_full_record_refuses_a_device_that_skips_roundings(tmp_path, monkeypatch
         assert len(err) == 1 and "numerics check failed" in err[0] and "bfloat16" in err[0]
     assert cli.main(["check"]) == 1
     assert "[FAIL] formats.cast to bfloat16" in capsys.readouterr().out
-    assert not (tmp_path / "results").exists()
+    assert not any((tmp_path / "results").iterdir())
 
 
 # a module's child-process hook (run by the module itself, never by a user): not an entry point

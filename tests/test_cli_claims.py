@@ -84,6 +84,8 @@ def test_claims_markdown_is_the_readme_table(vdir, capsys):
 
 
 def test_claims_write(vdir, tmp_path, monkeypatch, capsys):
+    (tmp_path / "params.yaml").write_text("profile: smoke\n")  # a checkout's root
+    (tmp_path / "results").mkdir(exist_ok=True)
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     assert cli.main(["claims", "--write"]) == 0
     assert "docs/ledger.md: ledger written (20 claims)" in capsys.readouterr().err
@@ -101,6 +103,8 @@ def test_claims_write(vdir, tmp_path, monkeypatch, capsys):
 def test_claims_errors_are_one_line(vdir, tmp_path, monkeypatch, capsys):
     assert cli.main(["claims", "--json", "--markdown"]) == 2
     assert "not allowed with" in one_error_line(capsys)
+    (tmp_path / "params.yaml").write_text("profile: smoke\n")  # a checkout's root
+    (tmp_path / "results").mkdir(exist_ok=True)
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     (tmp_path / "docs").write_text("a file where the folder goes\n")
     assert cli.main(["claims", "--write"]) == 1
@@ -186,6 +190,7 @@ def repo(tmp_path, monkeypatch):
 
     # a section of an experiment no study registers is refused: `broken` only where it is
     (tmp_path / "params.yaml").write_text(PARAMS.replace("broken: {smoke: {}, full: {}}\n", ""))
+    (tmp_path / "results").mkdir()
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     calls = []
     monkeypatch.setitem(sys.modules, "repro_toy_experiment", _toy_module(calls))
@@ -306,7 +311,7 @@ def test_record_all_keeps_going_past_a_failure(repo, monkeypatch, capsys):
 def test_record_all_bad_input_is_one_line(repo, argv, expected, capsys):
     assert cli.main(argv) == 2
     assert expected in one_error_line(capsys)
-    assert not (repo.root / "results").exists() and not (repo.root / "build").exists()
+    assert not any((repo.root / "results").iterdir()) and not (repo.root / "build").exists()
 
 
 def test_record_all_validates_every_section_before_writing(repo, capsys):

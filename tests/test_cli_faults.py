@@ -34,6 +34,7 @@ def one_line(capsys, status, argv):
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
     (tmp_path / "params.yaml").write_text(GEMM_PARAMS)
+    (tmp_path / "results").mkdir()
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     return tmp_path
 
@@ -131,10 +132,28 @@ def test_a_label_that_agrees_or_is_unregistered_is_kept(label, device, slug):
     assert hardware.check_label(label, device) == slug
 
 
+@pytest.mark.parametrize("label", ["../../x", "x/y", "..", ".", ".hidden", "x\\y", "/abs"])
+def test_a_label_that_is_a_path_is_refused_not_mapped_to_a_name(label):
+    with pytest.raises(ValueError) as e:
+        results.slug(label)
+    assert str(e.value) == (f"--hardware {label!r}: a machine's name, not a path (records go "
+                            "under results/NAME/): leave out '/', '\\' and a leading '.'")
+
+
+@pytest.mark.parametrize("argv", [["record", "gemm"], ["record", "--stale", "--profile", "full"],
+                                  ["trace", "gemm"]])
+def test_every_command_that_records_checks_its_label(repo, capsys, argv):
+    for label, says in [("../../x", "a machine's name, not a path"),
+                        ("h200", "contradicts the detected device")]:
+        line = one_line(capsys, 2, argv + ["--hardware", label])
+        assert f"--hardware {label!r}" in line and says in line, line
+    assert not (repo / "build").exists() and not any((repo / "results").iterdir())
+
+
 def test_record_under_a_contradicting_label_writes_nothing(repo, capsys):
     line = one_line(capsys, 2, ["record", "gemm", "--hardware", "h200"])
     assert "contradicts the detected device" in line
-    assert not (repo / "build").exists() and not (repo / "results").exists()
+    assert not (repo / "build").exists() and not any((repo / "results").iterdir())
 
 
 # ------------------------------------------------------------------ full profile on CPU
@@ -232,6 +251,7 @@ def test_a_ctrl_c_swallowed_inside_a_finalizer_is_raised_again(mode, want):
 def test_ctrl_c_during_record_exits_130_keeps_cells_and_the_rerun_resumes(tmp_path):
     shapes = ", ".join(f"[{16 * i}, 16, 16]" for i in range(1, 9))
     (tmp_path / "params.yaml").write_text(GEMM_PARAMS.replace("[[32, 16, 16]]", f"[{shapes}]"))
+    (tmp_path / "results").mkdir()
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "REPRO_ROOT": str(tmp_path),
            "PYTHONPATH": str(ROOT)}
     argv = [sys.executable, "-m", "repro.cli", "record", "gemm", "--hardware", "test-box"]
@@ -241,10 +261,9 @@ def test_ctrl_c_during_record_exits_130_keeps_cells_and_the_rerun_resumes(tmp_pa
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     cells = tmp_path / "build" / "results" / "test-box" / "gemm"
-    # Finished cells only: a cell being written is a ".tmp-*.json" beside them (which "*.json"
-    # also matches), and a Ctrl-C during that write rightly discards it.
-    finished = lambda: [f.name for f in sorted(cells.glob("*.json"))  # noqa: E731
-                        if not f.name.startswith(".tmp-")]
+    # Finished cells only: a cell being written is a hidden ".CELL.json.*.tmp" beside them,
+    # and a Ctrl-C during that write rightly discards it.
+    finished = lambda: [f.name for f in sorted(cells.glob("*.json"))]  # noqa: E731
     deadline = time.time() + 120
     while p.poll() is None and not finished() and time.time() < deadline:
         time.sleep(0.05)
@@ -255,7 +274,7 @@ def test_ctrl_c_during_record_exits_130_keeps_cells_and_the_rerun_resumes(tmp_pa
     assert err.strip().splitlines()[-1] == ("repro: interrupted; finished cells are kept: "
                                             "rerun the same command to resume")
     assert "Traceback" not in err, err
-    assert kept and not list(cells.glob(".tmp-*"))
+    assert kept and not list(cells.glob(".*"))
     for name in kept:
         json.loads((cells / name).read_text())
     again = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -360,6 +379,8 @@ def test_a_second_record_of_the_same_study_is_refused_naming_the_holder(repo, ca
 
 
 def test_the_lock_is_released_when_its_holder_dies(tmp_path, monkeypatch):
+    (tmp_path / "params.yaml").write_text("profile: smoke\n")
+    (tmp_path / "results").mkdir()
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     code = ("import sys, time; from repro import results\n"
             "with results.record_lock(sys.argv[1], 'box', 'gemm'):\n"
@@ -403,8 +424,15 @@ print("not interrupted", flush=True)
 """
 
 
-def test_a_ctrl_c_the_main_thread_cannot_handle_ends_the_process_within_the_grace(tmp_path):
-    tmp = tmp_path / ".tmp-x.json"
+@pytest.mark.parametrize("sig, says", [
+    (signal.SIGINT, "repro: interrupted; finished cells are kept: rerun the same command to "
+     "resume (exited 1 s after Ctrl-C: the main thread was busy in a compiled call)"),
+    (signal.SIGTERM, "repro: stopped by SIGTERM; finished cells are kept: rerun the same "
+     "command to resume (exited 1 s after SIGTERM: the main thread was busy in a compiled "
+     "call)")])
+def test_a_ctrl_c_the_main_thread_cannot_handle_ends_the_process_within_the_grace(tmp_path,
+                                                                                 sig, says):
+    tmp = tmp_path / ".x.json.abc.tmp"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     p = subprocess.Popen([sys.executable, "-c", STUCK, str(tmp)], env=env, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -412,11 +440,90 @@ def test_a_ctrl_c_the_main_thread_cannot_handle_ends_the_process_within_the_grac
     assert p.stdout.readline().strip() == "ready"
     time.sleep(0.5)  # into the loop
     t0 = time.monotonic()
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)
     out, err = p.communicate(timeout=30)
-    assert p.returncode == 130 and time.monotonic() - t0 < 10, (out, err)
+    assert p.returncode == 128 + sig and time.monotonic() - t0 < 10, (out, err)
     assert "not interrupted" not in out
-    assert err.strip().splitlines()[-1] == (
-        "repro: interrupted; finished cells are kept: rerun the same command to resume "
-        "(exited 1 s after Ctrl-C: the main thread was busy in a compiled call)")
+    assert err.strip().splitlines()[-1] == says
     assert not tmp.exists()  # the cell being written is discarded
+
+
+# ------------------------------------------------- SIGTERM and SIGHUP, as Ctrl-C is handled
+
+KILLED_MID_WRITE = """
+import json, sys, time, types
+from repro import cli, hardware, results, studies
+from repro.studies import runner
+
+record = dict(json.loads(sys.argv[1]), hardware="test-box")
+def cell(name):
+    return runner.Cell(name, lambda left: [dict(record, recipe=name)])
+mod = types.ModuleType("toy_study")
+mod.STUDY = runner.Study("gemm", (), lambda p: [cell(n) for n in "abc"], section=None,
+                         module="repro.results")
+sys.modules["toy_study"] = mod
+studies.EXPERIMENTS = {"gemm": "toy_study"}
+studies.params = lambda name, profile=None, raw=None: None
+studies.check_params = lambda name, raw=None: None
+hardware.detect = lambda: hardware.lookup("cpu")
+real_dump = results.json.dump
+def dump(obj, f, **kw):  # the second cell's write stops halfway: the signal lands there
+    if obj[0]["recipe"] == "b":
+        f.write("[{")
+        f.flush()
+        print("writing", flush=True)
+        time.sleep(60)
+    return real_dump(obj, f, **kw)
+results.json.dump = dump
+sys.argv = ["repro", "record", "gemm", "--profile", "smoke", "--hardware", "test-box"]
+sys.exit(cli.main())
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_kill_during_a_write_leaves_the_finished_cells_and_nothing_else(tmp_path, sig):
+    """What ``timeout``, ``docker stop`` or a batch scheduler send (SIGTERM), or a closed
+    terminal (SIGHUP), ends ``repro record`` as Ctrl-C does: the cell in flight is abandoned,
+    its temporary file removed, one line says what was kept, and the exit status is
+    128 + the signal's number. What is left loads as exactly the finished cells."""
+    (tmp_path / "params.yaml").write_text("profile: smoke\n")
+    (tmp_path / "results").mkdir()
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "REPRO_ROOT": str(tmp_path),
+           "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-c", KILLED_MID_WRITE, json.dumps(GEMM_RECORD)],
+                         cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        line = p.stdout.readline()
+        while line and line.strip() != "writing":
+            line = p.stdout.readline()
+        assert line.strip() == "writing", p.stderr.read()
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    name = signal.Signals(sig).name
+    assert p.returncode == 128 + sig, (p.returncode, err)
+    assert err.strip().splitlines()[-1] == (f"repro: stopped by {name}; finished cells are "
+                                            "kept: rerun the same command to resume"), err
+    assert "Traceback" not in err
+    cells = tmp_path / "build" / "results" / "test-box" / "gemm"
+    assert sorted(p.name for p in cells.iterdir()) == ["a.json"]
+    df = results.load_records(roots=tmp_path / "build" / "results")
+    assert list(df.recipe) == ["a"]
+
+
+# ------------------------------------------------------------- a terminal that is not UTF-8
+
+
+def test_output_survives_a_terminal_that_is_not_utf8():
+    """The ledger has dashes and arrows beyond ASCII: on a terminal that cannot show them (the
+    C locale, without Python's UTF-8 mode) they are written as escapes (``\\u2014``), not a
+    crash."""
+    env = {"LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    r = subprocess.run([sys.executable, "-m", "repro.cli", "claims"], cwd=ROOT,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
+                            **env}, capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr.decode("ascii", "backslashreplace")
+    out = r.stdout.decode("ascii")  # nothing but ASCII reached the terminal
+    assert "\\u2014" in out and "A1" in out

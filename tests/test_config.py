@@ -142,3 +142,117 @@ def test_unknown_sub_section_and_missing_key(tmp_path):
         config.load_params(path)
     with pytest.raises(ConfigError, match="params.yaml: toy.smoke: missing key 'shapes'"):
         config.section("toy", Toy, "smoke", {"toy": {"smoke": {}, "full": {}}})
+
+
+# ------------------------------------------------------- a params.yaml that cannot be read
+
+
+@pytest.mark.parametrize("data, says", [
+    (b"profile: smoke\ngemm:\n  smoke: {repeats: \xff}\n",
+     "not UTF-8 text: byte 0xff at line 3, column 20"),
+    (b"profile: smoke\n\x00\x01garbage\x02\n", "not YAML text: character '\\x00' at line 2, "
+     "column 1 (special characters are not allowed)"),
+    (bytes(range(256)) * 3, "not UTF-8 text: byte 0x80 at line 2, column 118"),
+    (b"\xef\xbb\xbfprofile: smoke\n\x85\n", "not UTF-8 text: byte 0x85 at line 2, column 1"),
+    (b"profile: smoke\ngemm:\n  smoke: {repeats: 3\n", "malformed YAML (line 4, column 1)"),
+])
+def test_an_unreadable_params_yaml_is_one_line_naming_it_and_the_position(tmp_path, data,
+                                                                          says):
+    p = tmp_path / "params.yaml"
+    p.write_bytes(data)
+    with pytest.raises(ConfigError) as e:
+        config.load_params(p)
+    assert str(e.value).startswith(f"{p}: {says}"), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_params_yaml_that_cannot_be_opened_is_named(tmp_path, monkeypatch):
+    import builtins
+    import errno
+
+    p = tmp_path / "params.yaml"
+    p.write_text("profile: smoke\n")
+    real_open = builtins.open
+
+    def denied(file, *a, **k):
+        if str(file) == str(p):
+            raise PermissionError(errno.EACCES, "Permission denied", str(p))
+        return real_open(file, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", denied)
+    monkeypatch.setattr(type(p), "read_bytes", lambda self: denied(self).read())
+    with pytest.raises(ConfigError) as e:
+        config.load_params(p)
+    assert str(e.value) == f"{p}: cannot be read: Permission denied"
+
+
+def test_yaml_merge_keys_work_and_an_explicit_key_twice_is_still_refused(tmp_path):
+    p = tmp_path / "params.yaml"
+    p.write_text("profile: smoke\n"
+                 "gemm:\n"
+                 "  common: &shared {repeats: 3, dtypes: [bf16, fp8]}\n"
+                 "  smoke:\n"
+                 "    <<: *shared\n"
+                 "    repeats: 4\n"
+                 "    shapes: [[16, 16, 16]]\n"
+                 "  full: {<<: *shared, shapes: [[64, 64, 64]]}\n")
+    raw = config.load_params(p)
+    assert raw["gemm"]["smoke"] == {"repeats": 4, "dtypes": ["bf16", "fp8"],
+                                    "shapes": [[16, 16, 16]]}
+    assert raw["gemm"]["full"] == {"repeats": 3, "dtypes": ["bf16", "fp8"],
+                                   "shapes": [[64, 64, 64]]}
+    p.write_text(p.read_text().replace("    repeats: 4\n", "    repeats: 4\n    repeats: 5\n"))
+    with pytest.raises(ConfigError, match=r"params.yaml: repeats: duplicate key \(lines 6 and 7"):
+        config.load_params(p)
+    p.write_text("profile: smoke\ngemm:\n  smoke: {<<: 3}\n")
+    with pytest.raises(ConfigError) as e:
+        config.load_params(p)
+    assert "malformed YAML (line 3, column" in str(e.value) and "merge" in str(e.value)
+
+
+# --------------------------------------------------------------------- seeds, once each
+
+REPO_PARAMS = yaml.safe_load((__import__("pathlib").Path(__file__).resolve().parent.parent
+                              / "params.yaml").read_text())
+
+
+def _with(path: list, value):
+    import copy
+
+    data = copy.deepcopy(REPO_PARAMS)
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize("path, value, says", [
+    (["inference", "smoke", "seeds"], [0, -1],
+     "inference.smoke.seeds: -1 is negative: seeds are integers >= 0"),
+    (["inference", "full", "seeds"], [0, 1, 0],
+     "inference.full.seeds: 0 given twice: give each seed once"),
+    (["lm", "smoke", "runs", 0, "seeds"], [1, 1], "lm.smoke.runs[0].seeds: 1 given twice"),
+    (["legged", "full", "peer", "seeds"], [3, -3],
+     "legged.full.peer.seeds: -3 is negative"),
+    (["rl_purejaxrl", "full", "seeds"], [1, 1024, 1024],
+     "rl_purejaxrl.full.seeds: 1024 given twice"),
+    (["rl_quality", "full", "seeds"], -4, "rl_quality.full.seeds: -4: a count of seeds is an "
+     "integer >= 1"),
+    (["inference", "smoke", "seeds"], [0, 1.5], "inference.smoke.seeds: 1.5 is not an integer"),
+    (["legged", "full", "peer", "seed"], -1, "legged.full.peer.seed: -1 is negative"),
+])
+def test_negative_duplicate_or_fractional_seeds_are_refused_naming_the_key(tmp_path, path,
+                                                                          value, says):
+    """A seed given twice would run (and count) one run twice; a negative one wraps around
+    where seeds become unsigned keys. Every ``seeds`` of params.yaml is checked, whatever
+    section it is in."""
+    p = tmp_path / "params.yaml"
+    p.write_text(yaml.safe_dump(_with(path, value)))
+    with pytest.raises(ConfigError) as e:
+        config.load_params(p)
+    assert str(e.value).startswith(f"params.yaml: {says}"), str(e.value)
+
+
+def test_the_repository_seeds_pass_and_a_count_of_seeds_is_a_count():
+    assert config.load_params()["rl_quality"]["full"]["seeds"] > 0

@@ -160,6 +160,7 @@ def sandbox(tmp_path, monkeypatch):
         shutil.copy(ROOT / name, tmp_path / name)
     shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
     (tmp_path / "verdicts").mkdir()
+    (tmp_path / "results").mkdir()
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     monkeypatch.setenv("REPRO_VERDICTS", str(tmp_path / "verdicts"))
     monkeypatch.chdir(tmp_path)
@@ -197,7 +198,7 @@ def test_fuzz_record_arguments(sandbox, capsys, experiment, bad):
     assert status == 2 and len(err) == 1 and err[0].startswith("repro: error: "), (argv, err)
     culprits = [experiment] + [x for pair in bad for x in pair]
     assert _names(err[0], *culprits) or "needs --purejaxrl" in err[0], (argv, err)
-    assert not (root / "results").exists() and not calls
+    assert not any((root / "results").iterdir()) and not calls
 
 
 @FUZZ

@@ -127,6 +127,7 @@ def tiny_params(tmp_path, monkeypatch):
         "  common: {dtypes: [bf16, fp8]}\n"
         "  smoke: {repeats: 1, shapes: [[16, 16, 16]], error_shape: [16, 16, 16]}\n"
         "  full: {repeats: 1, shapes: [[16, 16, 16]]}\n")
+    (tmp_path / "results").mkdir()
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     return tmp_path
 

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def repo(tmp_path, monkeypatch):
     """A repository root of its own, with this repository's params.yaml."""
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    (tmp_path / "results").mkdir()
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     return tmp_path
 

@@ -68,6 +68,7 @@ def test_bad_input_fails_in_one_line_before_compiling(tmp_path, monkeypatch, cap
         raise AssertionError("bench_cell called: the check came too late")
 
     monkeypatch.setattr(lm_step, "bench_cell", no_bench)
+    (tmp_path / "results").mkdir()
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(
         {"profile": "smoke", "lm_step": {"smoke": {**SMOKE, **change}, "full": dict(SMOKE)}}))

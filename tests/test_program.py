@@ -42,6 +42,7 @@ def base(tmp_path_factory):
                     ignore=shutil.ignore_patterns("__pycache__"))
     for f in ("params.yaml", "requirements.lock", "dvc.yaml"):
         shutil.copy(REAL / f, root / f)
+    (root / "results").mkdir()
     import yaml
 
     params = yaml.safe_load((root / "params.yaml").read_text())

@@ -214,6 +214,8 @@ def test_the_runner_stamps_records_and_records_stale_cells_again(tmp_path):
 
 
 def test_load_records_marks_stale_rows(tmp_path, monkeypatch):
+    (tmp_path / "params.yaml").write_text("profile: smoke\n")  # a checkout's root
+    (tmp_path / "results").mkdir(exist_ok=True)
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     fresh = _record(code=provenance.fingerprint("repro.experiments.gemm.measure"))
     results.write_records([fresh], "gemm", "new", root=tmp_path / "results")
@@ -228,6 +230,8 @@ def test_repro_status_lists_stale_cells_and_the_verdicts_they_touch(tmp_path, mo
                                                                      capsys):
     from repro import cli
 
+    (tmp_path / "params.yaml").write_text("profile: smoke\n")  # a checkout's root
+    (tmp_path / "results").mkdir(exist_ok=True)
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     monkeypatch.delenv("REPRO_VERDICTS", raising=False)
     fresh = _record(code=provenance.fingerprint("repro.experiments.gemm.measure"),

@@ -2,15 +2,21 @@
 
 import datetime as dt
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from repro import hardware, results
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 @pytest.fixture
 def roots(tmp_path, monkeypatch):
     """A repository root of its own (results/) and a scratch folder for smoke records."""
+    (tmp_path / "params.yaml").write_text("profile: smoke\n")
+    (tmp_path / "results").mkdir()
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     results.use_scratch(tmp_path / "scratch")
     yield tmp_path
@@ -148,3 +154,68 @@ def test_same_commit_needs_one_known_commit_on_both_sides():
     assert not results.same_commit("", "")
     assert not results.same_commit("a,b", "a,b")  # a cell recorded over several commits
     assert not results.same_commit(None, None)
+
+
+# ------------------------------------------------- files being written, and stray files
+
+
+def test_a_cell_being_written_is_a_file_no_loader_reads(roots, monkeypatch):
+    """While a cell is written, its temporary file sits beside the records: hidden and not
+    ``*.json``, so no reader takes half a cell for records (and ``git add results/`` leaves
+    it out: .gitignore)."""
+    root = roots / "results"
+    results.write_records([rec(value=1.0)], "gemm", "a", root=root)
+    real_dump, seen = results.json.dump, {}
+
+    def half_then_look(obj, f, **kw):
+        f.write('[{"experiment": "gemm", ')  # half a cell, as a kill mid-write leaves it
+        f.flush()
+        seen["tmp"] = [p.name for p in (root / "h200" / "gemm").iterdir()]
+        seen["loaded"] = len(results.load_records("gemm", roots=root))
+        seen["stale"] = [c["cell"] for c in results.stale_cells(root)]
+        seen["cell"] = results.read_cell("gemm", "b", "h200", root)
+        raise KeyboardInterrupt  # the interrupt lands during the write
+
+    monkeypatch.setattr(results.json, "dump", half_then_look)
+    with pytest.raises(KeyboardInterrupt):
+        results.write_records([rec(value=2.0)], "gemm", "b", root=root)
+    monkeypatch.setattr(results.json, "dump", real_dump)
+    (tmp,) = [n for n in seen["tmp"] if n != "a.json"]
+    assert tmp.startswith(".") and not tmp.endswith(".json"), tmp
+    assert seen["loaded"] == 1 and seen["stale"] == ["a"] and seen["cell"] is None
+    assert sorted(p.name for p in (root / "h200" / "gemm").iterdir()) == ["a.json"]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", "-q",
+                              f"results/h200/gemm/{tmp}"], cwd=ROOT)
+    assert ignored.returncode == 0, f"git add results/ would commit {tmp}"
+
+
+@pytest.mark.parametrize("stray", [".tmp-abc123.json", ".a.json.x1y2.tmp", "a.json~",
+                                   "a.json.orig", ".DS_Store", "notes.txt"])
+def test_loaders_skip_hidden_and_stray_files_and_name_them(roots, stray):
+    """A complete copy of a cell under another name (what an old temporary file holds) would
+    count every record twice: every loader reads only ``HW/EXPERIMENT/NAME.json`` and names
+    any other file it finds in a records folder, with what to do."""
+    root = roots / "results"
+    path = results.write_records([rec(value=1.0), rec(value=2.0, recipe="fp8")], "gemm", "a",
+                                 root=root)
+    (path.parent / stray).write_bytes(path.read_bytes())
+    (root / "h200" / "README.md").write_text("what these records are\n")  # documentation
+    with pytest.warns(results.StrayFileWarning) as caught:
+        df = results.load_records("gemm", roots=root)
+    assert len(df) == 2 and set(df.source) == {str(path)}
+    (w,) = caught
+    assert str(w.message).startswith(f"{path.parent / stray}: not a record file")
+    with pytest.warns(results.StrayFileWarning):  # (records without code fingerprints)
+        assert [(c["cell"], c["records"]) for c in results.stale_cells(root)] == [("a", 2)]
+
+
+def test_a_record_file_outside_an_experiment_folder_is_named(roots):
+    root = roots / "results"
+    path = results.write_records([rec(value=1.0)], "gemm", "a", root=root)
+    (root / "h200" / "lost.json").write_bytes(path.read_bytes())
+    (path.parent / "deeper").mkdir()
+    (path.parent / "deeper" / "b.json").write_bytes(path.read_bytes())
+    with pytest.warns(results.StrayFileWarning) as caught:
+        assert len(results.load_records(roots=root)) == 1
+    assert sorted(str(w.message).split(":")[0] for w in caught) == sorted(
+        [str(root / "h200" / "lost.json"), str(path.parent / "deeper" / "b.json")])

@@ -66,6 +66,7 @@ def repo(tmp_path, monkeypatch):
     from repro.studies.runner import Cell, Study
 
     (tmp_path / "params.yaml").write_text(PARAMS)
+    (tmp_path / "results").mkdir()
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     calls = []
     mod = types.ModuleType("repro_refresh_toy")

@@ -165,3 +165,34 @@ def test_cross_call_note_names_cells_of_the_group_recorded_earlier(tmp_path, cap
     runner.run(study, {}, tmp_path, hardware=HW, only=["cnn_*"], force=True, progress=False)
     runner.run(study, {}, tmp_path / "fresh", hardware=HW, only=["mlp_*"], progress=False)
     assert "compared with" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("names, says", [
+    (["a", "b", "a"], "cell a is listed twice"),
+    (["x/y", "x_y"], "cells x/y and x_y would write one file, x_y.json"),
+])
+def test_two_cells_that_would_write_one_file_are_refused_before_running(tmp_path, names,
+                                                                        says):
+    """A value given twice in params.yaml (a seed, a recipe, a size) makes two cells of one
+    name: the second would overwrite the first, or be skipped as already recorded."""
+    calls = []
+    with pytest.raises(ValueError) as e:
+        runner.run(toy(names, calls), None, tmp_path, hardware=HW, progress=False)
+    assert str(e.value).startswith(f"toy: {says}"), str(e.value)
+    assert calls == [] and not tmp_path.joinpath(HW).exists()
+
+
+def test_a_shape_given_twice_in_params_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    from repro import cli
+
+    (tmp_path / "params.yaml").write_text(
+        "profile: smoke\ngemm:\n  common: {dtypes: [bf16], repeats: 1, input_sets: 1}\n"
+        "  smoke: {shapes: [[32, 16, 16], [32, 16, 16]], error_shape: [16, 16, 16]}\n"
+        "  full: {shapes: [[64, 64, 64]]}\n")
+    (tmp_path / "results").mkdir()
+    monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
+    assert cli.main(["record", "gemm", "--hardware", "test-box"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["repro: error: gemm: cell 32x16x16 is listed twice: a value given twice in "
+                   "params.yaml? (each cell is one file: results/HW/gemm/CELL.json)"]
+    assert not (tmp_path / "build").exists()

@@ -56,6 +56,8 @@ class Links(HTMLParser):
 @pytest.fixture
 def root(tmp_path, monkeypatch):
     monkeypatch.setenv("REPRO_VERDICTS", str(tmp_path / "verdicts"))
+    (tmp_path / "params.yaml").write_text("profile: smoke\n")  # a checkout's root
+    (tmp_path / "results").mkdir(exist_ok=True)
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     fake_executed_notebook(tmp_path / "build/notebooks/01_formats.out.ipynb", "01 · Formats")
     # the converted (not executed) notebook and a failed run are not pages
@@ -129,6 +131,8 @@ def test_notebook_figures_of_smoke_records_stay_out_of_figures(tmp_path, monkeyp
 
     from repro import notebook
 
+    (tmp_path / "params.yaml").write_text("profile: smoke\n")  # a checkout's root
+    (tmp_path / "results").mkdir(exist_ok=True)
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     nb = notebook.Notebook("03_x", "smoke", {}, None, tmp_path)
     full = pd.DataFrame({"hardware": ["h200"], "hardware_name": ["NVIDIA H200"],
@@ -183,6 +187,8 @@ def test_a_figure_without_data_says_why_in_words(tmp_path, monkeypatch, capsys):
 
     from repro import notebook
 
+    (tmp_path / "params.yaml").write_text("profile: smoke\n")  # a checkout's root
+    (tmp_path / "results").mkdir(exist_ok=True)
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     fig, ax = plt.subplots()
     ax.axhline(1.0)

@@ -134,12 +134,15 @@ def plan(study: Study, params: Any, only: Sequence[str] | None = None,
          recipes: Sequence[str] | None = None) -> tuple[list[Cell], list[Cell]]:
     """(the selected cells, all cells) of a run, after ``study.check``; a one-line
     ``ValueError`` for a recipe the registry does not know, a ``--recipe`` the study cannot
-    select by, or a selection that matches no cell. Writes nothing."""
+    select by, a selection that matches no cell, two cells that would write one file, or a
+    ``REPRO_GIT_COMMIT`` that is no commit. Writes nothing."""
     if recipes and study.narrow is not None:
         params = study.narrow(params, list(recipes))
     if study.check is not None:
         study.check(params)
+    results.git_commit()  # the commit records will name: a wrong REPRO_GIT_COMMIT is refused
     every = study.cells(params)
+    check_distinct(study.experiment, every)
     if recipes and study.narrow is None:
         if not any(c.recipes for c in every):
             raise ValueError(f"{study.experiment}: --recipe does not apply (each cell times "
@@ -157,6 +160,21 @@ def plan(study: Study, params: Any, only: Sequence[str] | None = None,
     if recipes and not study.narrow:
         check_recipe_selection(study.experiment, chosen, every, recipes)
     return chosen, every
+
+
+def check_distinct(experiment: str, cells: Sequence[Cell]) -> None:
+    """A one-line ``ValueError`` where two cells would write one file (one name, or names
+    that differ only in characters a file name cannot hold): a value given twice in
+    params.yaml (a seed, a recipe, a size) would run one cell twice, or skip it as recorded."""
+    seen: dict[str, str] = {}
+    for c in cells:
+        file = results.cell_path(experiment, c.name, "HW", Path("results")).name
+        if file in seen:
+            what = f"cell {c.name} is listed twice" if seen[file] == c.name else \
+                f"cells {seen[file]} and {c.name} would write one file, {file}"
+            raise ValueError(f"{experiment}: {what}: a value given twice in params.yaml? "
+                             f"(each cell is one file: results/HW/{experiment}/CELL.json)")
+        seen[file] = c.name
 
 
 def check_recipe_selection(experiment: str, chosen: Sequence[Cell], every: Sequence[Cell],
@@ -282,7 +300,7 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
         if any(checker(r).stale for r in recs):
             stale.add(name)
             return False
-        return not recs or not all(results.defect_of(r) for r in recs)
+        return results.recorded(recs, root)
 
     todo = [c for c in cells if force or not done(c.name)]
     out = Outcome(skipped=[c.name for c in cells if c.name not in {t.name for t in todo}])
