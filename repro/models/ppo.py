@@ -431,11 +431,12 @@ def loss_grads(c: PPOConfig, network, policy: Policy = CATEGORICAL) -> Callable:
 
 def init_state(c: PPOConfig, network, env, env_params, tx, key):
     """Initial variables (params cast to their storage format) and optimizer state."""
-    from repro.precision import layers  # noqa: F401  (the network needs it; import errors surface here)
+    from repro.precision import layers
 
     dummy = jnp.zeros((1, *obs_shape(env, env_params)), jnp.float32)
     variables = dict(network.init(key, dummy))
     variables["params"] = optim.to_storage(variables["params"], resolve(c.recipe).master_weights)
+    variables = layers.init_amax_ring(variables, c.recipe)  # a "ring" recipe's amax histories
     return variables, tx.init(variables["params"])
 
 
