@@ -325,3 +325,62 @@ def test_lm_step_with_both_variants_is_the_fp8_delayed_step():
     var = run("fp8-delayed:amax_history=ring,fp8_weights=stored")
     assert AMAX_RING in var[1] and AMAX_RING not in ref[1]
     assert_same_run(ref, var)
+
+
+# ------------------------------------------------------------------ the studies' cells
+
+
+def test_mlp_step_times_the_variants_in_cells_of_their_own(monkeypatch, tmp_path):
+    from repro import results, studies
+    from repro.studies import runner
+
+    params = mlp_step.Params(profile="smoke", batch=8, depth=2, repeats=1, widths=(32, 16),
+                             recipes=("bf16", "fp8-delayed"),
+                             levers=("fp8-delayed:fp8_layout=natural",), lever_widths=(32,),
+                             variants=("fp8-delayed:amax_history=ring",
+                                       "fp8-current:fp8_weights=stored"),
+                             variant_widths=(16,))
+    calls = []
+
+    def fake_cell(width, batch, depth, recipes, repeats, profile=None):
+        calls.append((width, tuple(recipes)))
+        return [results.make_record(mlp_step.EXPERIMENT, "step_time_ms", 1.0, "ms",
+                                    recipe=r, sizes={"width": width}) for r in recipes]
+
+    monkeypatch.setattr(mlp_step, "bench_cell", fake_cell)
+    written = runner.run(mlp_step.STUDY, params, tmp_path, progress=False).written
+    assert [p.name for p in written] == ["w32_b8_d2.json", "w16_b8_d2.json",
+                                         "w32_b8_d2_levers.json", "w16_b8_d2_variants.json"]
+    # each variant beside bf16 and the recipe it varies, in one process
+    assert calls[-1] == (16, ("bf16", "fp8-delayed", "fp8-current",
+                              "fp8-delayed:amax_history=ring", "fp8-current:fp8_weights=stored"))
+    # the full profile: the variant cells come after the main and lever cells, which keep
+    # their names and recipes
+    full = studies.params("mlp_step", "full")
+    names = [c.name for c in mlp_step.cells(full)]
+    main = [f"w{w}_b65536_d3" for w in (4096, 2048, 1024, 512, 256)]
+    assert names == main + ["w4096_b65536_d3_levers", "w1024_b65536_d3_levers"] + [
+        f"{m}_variants" for m in main]
+    for v in full.variants:
+        r = resolve(v)
+        assert r.amax_history == "ring" or r.fp8_weights == "stored", v
+
+
+def test_rl_throughput_variant_cells_are_paired_cells_of_their_own():
+    from repro import studies
+    from repro.experiments.rl_throughput import measure as X
+
+    full = studies.params("rl_throughput", "full")
+    cells = {c.name: c for c in X.cells(full)}
+    v = cells["mlp_w4096_e2048_variants"]
+    assert v.recipes == full.variant_recipes and v.group == "mlp_w4096_e2048_variants"
+    assert {"fp16", "fp8-delayed"} <= set(v.recipes)  # A2's baseline and the default
+    assert [n for n in cells if n.endswith("_variants")] == ["mlp_w4096_e2048_variants"]
+    assert cells["mlp_w4096_e2048_paired"].recipes == ("fp16", "bf16", "fp8-delayed",
+                                                       "fp8-current")
+    p = X.Params(profile="smoke", recipes=("fp16",), widths=(16,), num_envs=(4, 8),
+                 networks={"mlp": "CartPole-v1"}, num_steps=8, updates=1, repeats=1,
+                 variant_recipes=("fp16", "fp8-delayed:amax_history=ring"),
+                 variant_widths=(16,))
+    assert [c.name for c in X.cells(p) if "variants" in c.name] == [
+        "mlp_w16_e4_variants", "mlp_w16_e8_variants"]  # every num_envs by default
