@@ -384,3 +384,28 @@ def test_rl_throughput_variant_cells_are_paired_cells_of_their_own():
                  variant_widths=(16,))
     assert [c.name for c in X.cells(p) if "variants" in c.name] == [
         "mlp_w16_e4_variants", "mlp_w16_e8_variants"]  # every num_envs by default
+
+
+def test_mlp_step_table_counts_the_defaults_of_a_variant_cell_once():
+    import pandas as pd
+
+    from repro.experiments.mlp_step import tables as T
+
+    def rec(source, recipe, ms):
+        return {"hardware": "h200", "metric": "step_time_ms", "recipe": recipe, "value": ms,
+                "size_width": 4096, "size_batch": 65536, "source": source, "emulated": False,
+                "spread": 0.0, "extra": {"fp8_lowering": "cublaslt-f8"}}
+
+    ring = "fp8-delayed:amax_history=ring"
+    rows = [rec("w4096_b65536_d3.json", "bf16", 26.0),
+            rec("w4096_b65536_d3.json", "fp8-delayed", 15.0),
+            rec("w4096_b65536_d3_variants.json", "bf16", 27.0),
+            rec("w4096_b65536_d3_variants.json", "fp8-delayed", 15.5),
+            rec("w4096_b65536_d3_variants.json", ring, 15.0)]
+    steps = T.step_table(pd.DataFrame(rows))
+    main = steps[steps.main]
+    assert sorted(main.recipe) == sorted(["bf16", "fp8-delayed", ring])  # one row each
+    v = steps.set_index("recipe").loc[ring]
+    assert v.speedup == pytest.approx(27.0 / 15.0)  # over the BF16 of its own cell
+    assert T.lever_delta(steps, "h200", ring, "fp8-delayed", 4096, 65536)[0] == \
+        pytest.approx(-0.5)
