@@ -234,8 +234,8 @@ def record_ledger(args) -> int:
     ledger_set`: the cells the verdicts read), printed as a plan with each cell's estimated
     device time, then its missing and stale cells recorded, the verdicts that need the fewest
     cells first, until ``--time-budget`` is spent (``--force``: every cell of the set)."""
-    from repro import hardware, results, studies
-    from repro.claims import ledger, ledger_set
+    from repro import hardware, refresh, results, studies
+    from repro.claims import ledger
 
     if args.only or args.recipe:
         raise UsageError("--ledger chooses the cells itself: leave out --only and --recipe")
@@ -250,13 +250,13 @@ def record_ledger(args) -> int:
     claims = split(args.claim) or ()
     if bad := [c for c in claims if c not in ledger.claims()]:
         raise UsageError(f"unknown claim {bad[0]!r}; claims: {', '.join(ledger.claims())}")
-    rows = ledger_set.plan(slug, claims, quality=True if args.quality else None)
+    rows = refresh.ledger_plan(slug, claims, quality=True if args.quality else None)
     if not rows:
         print(f"no ledger cells on {slug}" + (" (--quality adds the quality cells any "
                                               "hardware records)" if not args.quality else ""))
         return 0
     print(f"repro record --ledger on {slug}:", file=sys.stderr)
-    for line in ledger_set.describe(rows, slug):
+    for line in refresh.describe_ledger(rows, slug):
         print(f"  {line}", file=sys.stderr)
     if args.plan:
         return 0

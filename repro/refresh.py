@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import re
+import fnmatch
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -202,4 +203,116 @@ def describe(steps: list[dict[str, Any]]) -> list[str]:
     total = sum(c["estimate_s"] for c in steps)
     lines.append(f"total: {len(steps)} cell(s), ~{human(total)} of device time "
                  f"(~{max(1, -(-int(total) // 1500))} half-hour device call(s) of 25 min)")
+    return lines
+
+
+# ------------------------------------------------------------- the ledger set's plan
+
+
+def _study_cells(experiment: str, platform: str, kind: str) -> list[str] | None:
+    """The full-profile cell names of the study that writes ``experiment`` on ``platform``
+    (None: no such study, or one ``repro record`` does not run)."""
+    import contextlib
+    import io
+
+    from repro import hardware, studies
+
+    name = studies.of_records(experiment)
+    if name not in studies.EXPERIMENTS:
+        return None
+    st = studies.study(name)
+    with contextlib.redirect_stdout(io.StringIO()), hardware.target(platform, kind):
+        cells = st.cells(studies.params(name, "full"))
+    if experiment != name:  # a folder another study writes (its repeats): the cells it holds
+        return None
+    return [c.name for c in cells]
+
+
+def _platform(hardware: str) -> tuple[str, str]:
+    """(platform, device kind) a registry hardware name runs as (``cpu`` for unknown)."""
+    from repro import hardware as hw
+
+    if hardware == "cpu":
+        return "cpu", ""
+    try:
+        info = hw.lookup(hardware)
+    except (KeyError, ValueError):
+        return "gpu", ""
+    return getattr(info, "backend", None) or "gpu", getattr(info, "name", "") or ""
+
+
+def ledger_plan(hardware: str, claims: Iterable[str] = (), quality: bool | None = None
+         ) -> list[dict[str, Any]]:
+    """The ledger cells ``hardware`` records (``repro record --ledger``): those named for it,
+    plus with ``quality`` the ``any`` cells (an accelerator) and the ``cpu`` cells (any
+    machine); ``quality`` None: only the ``cpu`` cells on a CPU, else only the hardware's own.
+    Without ``claims``, the claims judged on this hardware: a projection's cells only where
+    ``claims`` names it (a cell it shares with another claim stays).
+    One row per concrete cell: ``experiment``, ``cell``, ``claims``, ``status`` (missing,
+    stale or fresh, of this hardware's records), ``estimate_s`` (:func:`cell_estimate`: from the cell's own records here, else another hardware's, else a
+    default) and ``recordable`` (``repro record`` runs its study). Ordered so that the
+    verdicts needing the fewest cells to record come first."""
+    from repro import results
+    from repro.claims.ledger_set import ANY, CPU, entries, projections
+
+    if quality is None:
+        quality = hardware == CPU
+    wanted = set(claims)
+    skip = set() if wanted else projections()
+    ents = [e for e in entries() if (e.claim in wanted if wanted else e.claim not in skip) and (
+        e.where == hardware or (quality and (e.where == CPU or
+                                             (e.where == ANY and hardware != CPU))))]
+    platform, kind = _platform(hardware)
+    root = results.results_dir()
+    cells: dict[tuple[str, str], dict[str, Any]] = {}
+    known: dict[str, list[str] | None] = {}
+    for e in ents:
+        if e.experiment not in known:
+            try:
+                known[e.experiment] = _study_cells(e.experiment, platform, kind)
+            except ValueError:
+                known[e.experiment] = None
+        names = known[e.experiment]
+        if names is None:  # not a study of `repro record`: the cells on disk
+            names = sorted({p.stem for p in root.glob(f"*/{e.experiment}/*.json")})
+        hits = [n for n in names if fnmatch.fnmatchcase(n, e.pattern)]
+        if not hits and not any(ch in e.pattern for ch in "*?["):
+            hits = [e.pattern]  # named, but not among the study's cells now: listed as missing
+        for n in hits:
+            c = cells.setdefault((e.experiment, n), {
+                "experiment": e.experiment, "cell": n, "claims": [], "hardware": hardware,
+                "recordable": known[e.experiment] is not None and n in known[e.experiment]})
+            if e.claim not in c["claims"]:
+                c["claims"].append(e.claim)
+    stale = {(c["folder"], c["cell"]) for c in results.stale_cells()
+             if c["hardware"] == hardware}
+    for (exp, n), c in cells.items():
+        path = root / hardware / exp / f"{n}.json"
+        c["status"] = "missing" if not path.is_file() else \
+            "stale" if (exp, n) in stale else "fresh"
+        c["estimate_s"], c["estimate_from"] = cell_estimate(root, hardware, exp, n)
+    need: dict[str, int] = {}
+    for c in cells.values():
+        for cl in c["claims"]:
+            need[cl] = need.get(cl, 0) + (c["status"] != "fresh")
+    rank = {cl: (need.get(cl, 0), i) for i, cl in enumerate(dict.fromkeys(
+        e.claim for e in ents))}
+    return sorted(cells.values(), key=lambda c: (min(rank[cl] for cl in c["claims"]),
+                                                 c["experiment"]))
+
+
+def describe_ledger(rows: list[dict[str, Any]], hardware: str) -> list[str]:
+    """The plan as lines: one per cell (status, estimate, claims), then the totals."""
+    lines = []
+    for c in rows:
+        note = "" if c["recordable"] else " (not by `repro record`: docs/RECORDING.md)"
+        lines.append(f"{c['status']:7s} ~{human(c['estimate_s']):>6s}  {c['experiment']}/"
+                     f"{c['cell']}  [{', '.join(c['claims'])}]"
+                     + (f" (estimate: {c['estimate_from']})" if c["estimate_from"] != "own"
+                        else "") + note)
+    todo = [c for c in rows if c["status"] != "fresh"]
+    lines.append(f"ledger set on {hardware}: {len(rows)} cell(s), ~"
+                 f"{human(sum(c['estimate_s'] for c in rows))} to record all of it; "
+                 f"{len(todo)} to record now (missing or stale), ~"
+                 f"{human(sum(c['estimate_s'] for c in todo))}")
     return lines

@@ -49,18 +49,18 @@ def test_rl_throughput_paired_cells_of_a_selection():
 
 
 def test_lm_step_wide_and_selection_and_memory_left_to_each_cell():
-    chosen, every = plan("lm_step", ["120m_b4*", "wide_*"], ["int8"])
-    assert [n for n, _ in chosen] == ["120m_b4_bf16-int8", "wide_b8_bf16-int8"]
+    chosen, every = plan("lm_step", ["120m_b4*", "wide2_*"], ["int8"])
+    assert [n for n, _ in chosen] == ["120m_b4_bf16-int8", "wide2_b8_bf16-int8"]
     assert every == ["120m_b32_bf16-int8", "120m_b4_bf16-int8", "20m_b64_bf16-int8",
-                     "wide_b8_bf16-int8"]
+                     "wide_b8_bf16-int8", "wide2_b8_bf16-int8"]
     from repro.models import lm as M
     from repro.models import lm_data as D
     from repro.precision import resolve
 
-    wide = M.get_config("wide")
+    wide = M.get_config("wide2")
     assert (wide.d_model, wide.d_ff, wide.n_layers) == (4096, 11008, 2)
-    v5e = int(15.7 * 2 ** 30)  # a TPU v5e's memory: the wide cell and 120m at batch 4 fit
-    for size, batch, fits in (("wide", 8, True), ("120m", 4, True), ("120m", 32, False)):
+    v5e = int(15.7 * 2 ** 30)  # a TPU v5e's memory: the wide2 cell and 120m at batch 4 fit
+    for size, batch, fits in (("wide2", 8, True), ("120m", 4, True), ("120m", 32, False)):
         est = D.estimate_train_bytes(M.get_config(size), batch, resolve("int8"),
                                      flash_attention=False)["total"]
         assert (est <= 0.9 * v5e) is fits, (size, batch, est / 2 ** 30)

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from repro import cli, results
+from repro import cli, refresh, results
 from repro.claims import ledger_set
 from repro.claims.verdicts._base import definitions
 
@@ -26,7 +26,7 @@ def test_every_named_ledger_cell_is_a_cell_of_its_study_or_on_disk():
     under results/, and every claim but those without records names its cells."""
     unmatched = []
     for hw in {e.where for e in ledger_set.entries()}:
-        rows = ledger_set.plan("h200" if hw in ledger_set.ANYWHERE else hw,
+        rows = refresh.ledger_plan("h200" if hw in ledger_set.ANYWHERE else hw,
                                [e.claim for e in ledger_set.entries() if e.where == hw],
                                quality=True)
         unmatched += [f"{hw}: {c['experiment']}/{c['cell']}" for c in rows
@@ -88,7 +88,7 @@ def test_the_h200_speed_set_fits_one_device_call():
     """Every speed claim judged on the H200 names its cells there, and recording all of them
     again (compiles included, estimated from the records' own times) fits one device call of
     25 minutes: the lease refreshes the speed ledger whatever changed."""
-    rows = ledger_set.plan("h200")
+    rows = refresh.ledger_plan("h200")
     claims = {cl for c in rows for cl in c["claims"]}
     assert {"A2", "A4", "A9", "A11", "A12", "B6"} <= claims, claims
     assert not claims & ledger_set.projections(), "projections are refreshed with --claim"

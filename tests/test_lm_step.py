@@ -11,6 +11,8 @@ import yaml
 from repro import cli, studies
 from repro.config import ConfigError
 from repro.experiments.lm_step import measure as lm_step
+from repro.models import lm as M
+from repro.precision import resolve
 from repro.studies import runner
 
 RECIPES = ["bf16", "fp8-current", "mxfp8"]  # 16-bit, emulated FP8 (CPU), emulated block-scaled
@@ -98,11 +100,20 @@ def test_bench_cell_checks_recipes_before_compiling(monkeypatch):
 def test_registered_and_params_order():
     assert studies.study("lm_step") is lm_step.STUDY
     full = studies.params("lm_step", "full")
-    # lm.full.runs' sizes; 120m at batch 4 and the wide model also fit a 16 GiB TPU v5e
-    assert [c.name for c in lm_step.cells(full)] == ["120m_b32", "120m_b4", "20m_b64", "wide_b8"]
+    # lm.full.runs' sizes; 120m at batch 4 and wide2 also fit a 16 GiB TPU v5e; wide is the
+    # speed config
+    assert [c.name for c in lm_step.cells(full)] == ["120m_b32", "120m_b4", "20m_b64", "wide_b8",
+                                                     "wide2_b8"]
     lm_step.check(full)  # the memory of this device is left to each cell as it starts
-    # BF16 and the FP8 recipes only: block-scaled recipes are emulated on Hopper (not speed)
-    assert full.recipes == ("bf16", "fp8-delayed", "fp8-current")
+    wide = M.PRESETS["wide"]
+    assert (wide.d_model, wide.n_layers, wide.seq_len) == (4096, 4, 2048)
+    # BF16 and the FP8 recipes only: block-scaled recipes are emulated on Hopper (not speed);
+    # after them variants of the FP8 ones, which compute the same values
+    assert full.recipes[:3] == ("bf16", "fp8-delayed", "fp8-current")
+    for r in full.recipes[3:]:
+        rr = resolve(r)
+        assert rr.base is None and r.split(":")[0] in full.recipes[1:3]
+        assert rr.amax_history == "ring" or rr.fp8_weights == "stored", r
     smoke = studies.params("lm_step", "smoke")
     lm_step.check(smoke)
     assert [c.name for c in lm_step.cells(smoke)] == ["tiny_b2"] and smoke.repeats <= 3

@@ -92,15 +92,19 @@ PRESETS: dict[str, LMConfig] = {
     "20m": LMConfig("20m", d_model=512, n_layers=6, n_heads=8, d_ff=1408, seq_len=512),
     # ~121M parameters (GPT-2 small / Llama-style 125M class).
     "120m": LMConfig("120m", d_model=768, n_layers=17, n_heads=12, d_ff=2048, seq_len=1024),
+    # ~812M parameters, for speed only (never trained here): Llama-2-7B's widths (d_model
+    # 4096, SwiGLU 11008, 32 heads) in 4 blocks at sequence length 2048, where the block GEMMs
+    # are wide enough for FP8 tensor cores to pay.
+    "wide": LMConfig("wide", d_model=4096, n_layers=4, n_heads=32, d_ff=11008, seq_len=2048),
     # ~407M parameters in two blocks of the inference study's wide GEMM shapes (d_model 4096,
     # d_ff 11008): a train step whose GEMMs are wide enough for 8-bit arithmetic to matter,
     # small enough for a 16 GiB chip (a TPU v5e).
-    "wide": LMConfig("wide", d_model=4096, n_layers=2, n_heads=32, d_ff=11008, seq_len=1024),
+    "wide2": LMConfig("wide2", d_model=4096, n_layers=2, n_heads=32, d_ff=11008, seq_len=1024),
 }
 
 
 def get_config(name: str | LMConfig, **overrides) -> LMConfig:
-    """A preset by name (``tiny``, ``20m``, ``120m``, ``wide``) with optional field
+    """A preset by name (``tiny``, ``20m``, ``120m``, ``wide``, ``wide2``) with optional field
     overrides."""
     if isinstance(name, LMConfig):
         return name.replace(**overrides) if overrides else name

@@ -145,6 +145,7 @@ def _raw_functions(cfg: M.LMConfig, recipe, tc_static: TrainConfig, gather=None)
 
     def init(seed, tokens):
         variables = model.init(jax.random.fold_in(jax.random.key(0), seed), tokens)
+        variables = layers.init_amax_ring(variables, recipe)  # a "ring" recipe's histories
         return variables, tx.init(variables["params"])
 
     def loss_fn(variables, x, y, qkey):

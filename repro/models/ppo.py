@@ -34,7 +34,9 @@ steps at once, before its scan.
 
 Speed options (they leave the arithmetic as it is). ``unroll`` (default 2): env
 steps per iteration of the rollout ``lax.scan``; ``update_unroll``: the same for the epoch and
-minibatch scans of an update. On a GPU each while-loop iteration costs kernel launches (and may
+minibatch scans of an update (``epoch_unroll``, where set, for the epoch scan instead: an
+unrolled minibatch loop inside a rolled epoch loop compiles one copy of the update's gradient
+step per minibatch, not one per epoch and minibatch). On a GPU each while-loop iteration costs kernel launches (and may
 cost a host round-trip for its predicate), and unrolled steps can be fused; the arithmetic is the
 same (bitwise on CPU, tested; XLA may fuse unrolled GPU code differently), and compile time grows
 with the unroll (a fully unrolled 32-step rollout took 2.5 minutes to compile on CPU).
@@ -106,6 +108,7 @@ class PPOConfig:
     # speed only (see the module doc): scan unrolling and the run's PRNG
     unroll: int = 2  # env steps per iteration of the rollout scan
     update_unroll: int = 1  # iterations per loop iteration of the epoch and minibatch scans
+    epoch_unroll: int | None = None  # the epoch scan's alone (None: update_unroll)
     prng: str = "threefry"  # threefry (the caller's key as is) | rbg | unsafe_rbg | philox4x32
     # memory: differentiate the critic, then the actor (None: for quantized recipes where
     # activations are large; see sequential_towers)
@@ -165,7 +168,7 @@ def valid_envs() -> list[str]:
 
 _POSITIVE = ("total_timesteps", "lr", "adam_eps", "loss_scale_period", "grad_clip",
              "reward_scaling", "num_envs", "num_steps", "update_epochs", "num_minibatches",
-             "unroll", "update_unroll", "episode_length", "action_repeat")
+             "unroll", "update_unroll", "epoch_unroll", "episode_length", "action_repeat")
 _UNIT = ("gamma", "gae_lambda")  # in [0, 1]
 
 
@@ -431,11 +434,12 @@ def loss_grads(c: PPOConfig, network, policy: Policy = CATEGORICAL) -> Callable:
 
 def init_state(c: PPOConfig, network, env, env_params, tx, key):
     """Initial variables (params cast to their storage format) and optimizer state."""
-    from repro.precision import layers  # noqa: F401  (the network needs it; import errors surface here)
+    from repro.precision import layers
 
     dummy = jnp.zeros((1, *obs_shape(env, env_params)), jnp.float32)
     variables = dict(network.init(key, dummy))
     variables["params"] = optim.to_storage(variables["params"], resolve(c.recipe).master_weights)
+    variables = layers.init_amax_ring(variables, c.recipe)  # a "ring" recipe's amax histories
     return variables, tx.init(variables["params"])
 
 
@@ -516,8 +520,9 @@ def make_update_step(c: PPOConfig, network, tx, shard: Callable | None = None, m
         flat = jax.tree.map(lambda x: x.reshape(c.batch_size, *x.shape[2:]),
                             (traj, advantages, targets))
         keys = jax.random.split(key, c.update_epochs)
-        (variables, opt_state, _), _ = jax.lax.scan(epoch, (variables, opt_state, flat), keys,
-                                                    unroll=c.update_unroll)
+        (variables, opt_state, _), _ = jax.lax.scan(
+            epoch, (variables, opt_state, flat), keys,
+            unroll=c.update_unroll if c.epoch_unroll is None else c.epoch_unroll)
         return variables, opt_state
 
     return update

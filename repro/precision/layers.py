@@ -8,7 +8,13 @@ convolutions). Parameters are FP32 master weights (``param_dtype``); activations
 Quantization state lives in the ``FP8_META`` collection (flax's ``OVERWRITE_WITH_GRADIENT``):
 
 * fp8 with delayed scaling: ``{input,kernel,output_grad}_amax_history`` ([amax_history_len])
-  and ``..._scale`` (scalar, dequantize multiplier) per layer.
+  and ``..._scale`` (scalar, dequantize multiplier) per layer. With ``amax_history="ring"``
+  a layer keeps ``..._amax`` (its newest amax) and ``..._scale``; the histories of every layer
+  are one array, the ``AMAX_RING`` collection (:func:`init_amax_ring` adds it to the
+  variables once after ``init``; :func:`apply_gradients` updates it).
+* fp8 with ``fp8_weights="stored"``: ``weight``, the FP8 copy of the layer's weight
+  (``repro.precision.ops.StoredWeight``), made at ``init`` and after every optimizer update
+  by :func:`apply_gradients`; the layer's products read it, never the master weight.
 * nvfp4: ``step``, a float32 counter. The PRNG key for the random Hadamard transform and the
   stochastic rounding comes from the flax rng stream ``"quant"`` when the caller provides one
   (``model.apply(v, x, rngs={"quant": key})``); otherwise it is the fixed key
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -42,23 +49,34 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import traverse_util
 from flax.linen import fp8_ops
 from jax import lax
 
 from repro import hardware
-from repro.precision import ops, validate
+from repro.precision import kernels, ops, validate
+from repro.precision import scaling as S
 from repro.precision.recipes import Recipe, resolve
-from repro.precision.scaling import DelayedScalingState
+from repro.precision.scaling import AmaxSlot, DelayedScalingState
 
-__all__ = ["FP8_META", "Dense", "DenseGeneral", "Conv", "dense", "apply_gradients", "quant_state"]
+__all__ = ["FP8_META", "AMAX_RING", "Dense", "DenseGeneral", "Conv", "dense", "apply_gradients",
+           "quant_state", "init_amax_ring"]
 
 FP8_META = fp8_ops.OVERWRITE_WITH_GRADIENT
+AMAX_RING = "amax_ring"  # the collection of a "ring" recipe's stacked amax histories
 
 default_kernel_init = nn.initializers.lecun_normal()
 
 
 def quant_state(module: nn.Module, recipe: Recipe):
     """(meta, key) for ``ops.dot`` from ``module``'s FP8_META variables and rng streams."""
+    if recipe.gemm == "fp8" and recipe.scaling == "delayed" and recipe.amax_history == "ring":
+        meta = {}
+        for k in ops.META_KEYS:
+            amax = module.variable(FP8_META, f"{k}{RING_SUFFIX}", jnp.zeros, (), jnp.float32)
+            scale = module.variable(FP8_META, f"{k}_scale", jnp.ones, (), jnp.float32)
+            meta[k] = AmaxSlot(amax.value, scale.value)
+        return meta, None
     if recipe.gemm == "fp8" and recipe.scaling == "delayed":
         n = recipe.amax_history_len
         meta = {}
@@ -109,6 +127,8 @@ class Dense(nn.Module):
                             self.param_dtype)
         r = layer_recipe(r, kernel.shape)
         meta, key = quant_state(self, r)
+        if r.gemm == "fp8" and r.fp8_weights == "stored":
+            meta = {**(meta or {}), "weight": _stored(self, kernel, r, meta)}
         bias = (self.param("bias", self.bias_init, (self.features,), self.param_dtype)
                 if self.use_bias else None)
         if r.gemm == "fp8" and r.fp8_epilogue == "fused":
@@ -121,6 +141,28 @@ class Dense(nn.Module):
         if bias is not None:
             y = y + bias.astype(y.dtype)
         return activate(y, self.activation)
+
+
+def _stored(module: nn.Module, kernel, recipe: Recipe, meta):
+    """The layer's stored FP8 weight (``Recipe.fp8_weights`` "stored"), a ``FP8_META``
+    variable made at ``init`` from the initial weight with the kernel's initial scale (what the
+    first per-call quantization would use), and after that by :func:`apply_gradients`. The
+    transposed copy is stored where the layer's products would run in the "tn" layout for this
+    weight (``recipe.fp8_layout``; "auto": where the cast-transpose kernel runs)."""
+    def init():
+        # a copy: the kernel's scale variable and this one are donated apart
+        scale = jnp.array(meta["kernel"].scale) if recipe.scaling == "delayed" else None
+        transpose = recipe.fp8_layout == "tn" or (
+            recipe.fp8_layout == "auto" and recipe.fp8_cast == "native"
+            and kernels.fits(kernel.shape))
+        return ops.stored_weight(kernel, recipe, scale, transpose)
+    return module.variable(FP8_META, "weight", init).value
+
+
+def _no_stored(recipe: Recipe, what: str) -> None:
+    if recipe.gemm == "fp8" and recipe.fp8_weights == "stored":
+        raise ValueError(f"{what}: recipe {recipe.name!r} has fp8_weights='stored', which Dense "
+                         "layers implement; use fp8_weights='per-call' here")
 
 
 def layer_recipe(recipe: Recipe, kernel_shape) -> Recipe:
@@ -222,6 +264,7 @@ class DenseGeneral(nn.Module):
     @nn.compact
     def __call__(self, x):
         r = resolve(self.recipe)
+        _no_stored(r, "DenseGeneral")
         features = _features(self.features, "DenseGeneral")
         _check_input(x, 1, "DenseGeneral")
         axes = tuple(sorted(validate.axis(a, x.ndim, "DenseGeneral")
@@ -275,6 +318,7 @@ class Conv(nn.Module):
     @nn.compact
     def __call__(self, x):
         r = resolve(self.recipe)
+        _no_stored(r, "Conv")
         _features(self.features, "Conv")
         ks = _ints(self.kernel_size, "Conv", "kernel_size")
         if min(ks) < 1:
@@ -318,6 +362,11 @@ def apply_gradients(variables, grads, tx: optax.GradientTransformation, opt_stat
     has no FP8_META (e.g. only "params" were differentiated, or the model has no quantization
     state), the state is left as it is. If ``grads`` has no "params" key it is taken to be the
     params gradient itself. Returns ``(variables, opt_state)``.
+
+    Where the variables hold an ``AMAX_RING`` (``amax_history="ring"``), the amaxes the layers
+    wrote are pushed into it in one update and every layer's scale is set from it
+    (:func:`update_amax_ring`). Where layers store FP8 weights (``fp8_weights="stored"``),
+    their copies are made from the updated master weights last (:func:`refresh_stored`).
     """
     params = variables["params"]
     pgrads = grads["params"] if "params" in grads else grads
@@ -326,4 +375,83 @@ def apply_gradients(variables, grads, tx: optax.GradientTransformation, opt_stat
     new["params"] = optax.apply_updates(params, updates)
     if "params" in grads and FP8_META in grads and FP8_META in variables:
         new[FP8_META] = grads[FP8_META]
+        if AMAX_RING in variables:
+            new[FP8_META], new[AMAX_RING] = update_amax_ring(new[FP8_META],
+                                                             variables[AMAX_RING])
+    if FP8_META in variables and _has_stored(new[FP8_META]):
+        new[FP8_META] = refresh_stored(new[FP8_META], new["params"])
     return (type(variables)(new) if not isinstance(variables, dict) else new), opt_state
+
+
+# ------------------------------------------------------------ the ring of amax histories
+
+RING_SUFFIX = "_amax"  # a ring layer's FP8_META variable of its newest amax: "input_amax", ...
+
+
+def _ring_names(meta) -> list[tuple[str, ...]]:
+    """The paths of every ring layer's newest-amax variable in ``meta``, sorted."""
+    flat = traverse_util.flatten_dict(meta) if meta else {}
+    return sorted(k for k in flat if k[-1].endswith(RING_SUFFIX)
+                  and k[-1][:-len(RING_SUFFIX)] in ops.META_KEYS)
+
+
+def init_amax_ring(variables, recipe: Recipe | str):
+    """``variables`` with an ``AMAX_RING`` collection where ``recipe`` keeps its amax
+    histories in a ring (``amax_history="ring"``): zeros, one column per tensor of every FP8
+    layer (input and kernel in ``fwd_dtype``, output gradient in ``bwd_dtype``). Unchanged
+    otherwise (the same object), so that a program built through it is the same program for
+    every other recipe. Call it once after ``model.init``."""
+    r = resolve(recipe)
+    if not (r.gemm == "fp8" and r.scaling == "delayed" and r.amax_history == "ring"):
+        return variables
+    names = _ring_names(variables.get(FP8_META))
+    if not names:  # no FP8 layer (a policy that keeps every layer dense here)
+        return variables
+    fmax = [float(jnp.finfo(r.bwd_dtype if n[-1].startswith("output_grad") else
+                            r.fwd_dtype).max) for n in names]
+    ring = S.init_ring(names, fmax, r.amax_history_len, r.amax_compute_algo, r.margin)
+    new = {**variables, AMAX_RING: {"ring": ring}}
+    return type(variables)(new) if not isinstance(variables, dict) else new
+
+
+def update_amax_ring(meta, ring_collection):
+    """``(meta, ring collection)`` after one step: the newest amax of every tensor (``meta``'s
+    ring variables, which the layers' backward passes wrote) pushed into the ring in one
+    dynamic-update-slice, and every ``..._scale`` of ``meta`` set from it
+    (``repro.precision.scaling.ring_update``)."""
+    ring = ring_collection["ring"]
+    flat = traverse_util.flatten_dict(meta)
+    names = list(ring.names)
+    if _ring_names(meta) != names:
+        raise ValueError(f"the amax ring has {len(names)} tensors but the FP8 state has "
+                         f"{len(_ring_names(meta))}: make the ring from these variables "
+                         "(layers.init_amax_ring)")
+    scale_of = [n[:-1] + (n[-1][:-len(RING_SUFFIX)] + "_scale",) for n in names]
+    ring, scales = S.ring_update(ring, jnp.stack([flat[n] for n in names]),
+                                 jnp.stack([flat[n] for n in scale_of]))
+    for i, n in enumerate(scale_of):
+        flat[n] = scales[i]
+    return traverse_util.unflatten_dict(flat), {**ring_collection, "ring": ring}
+
+
+# -------------------------------------------------------------------- stored FP8 weights
+
+
+def _has_stored(meta) -> bool:
+    if isinstance(meta, ops.StoredWeight):
+        return True
+    return isinstance(meta, Mapping) and any(_has_stored(v) for v in meta.values())
+
+
+def refresh_stored(meta, params):
+    """``meta`` with every layer's stored FP8 weight made again from its (updated) master
+    weight ``params[...]["kernel"]``, with the scale the layer's next call quantizes with
+    (delayed scaling: its ``kernel_scale`` in ``meta``; else from the weight's amax now)."""
+    out = dict(meta)
+    for k, v in meta.items():
+        if isinstance(v, ops.StoredWeight):
+            scale = meta["kernel_scale"] if v.recipe.scaling == "delayed" else None
+            out[k] = ops.stored_weight(params["kernel"], v.recipe, scale, v.q_t is not None)
+        elif isinstance(v, Mapping) and _has_stored(v):
+            out[k] = refresh_stored(v, params[k])
+    return out

@@ -57,6 +57,7 @@ give each call its own state. flax avoids this with a private dtype; we keep to 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
 from typing import Literal
@@ -76,7 +77,7 @@ from repro.precision.recipes import resolve
 __all__ = [
     "META_KEYS", "init_meta", "fp8_dot", "fp8_dense", "fp8_conv", "fp8block_dot", "mxfp8_dot",
     "nvfp4_dot", "dot",
-    "block_scaled_backend", "is_emulated",
+    "block_scaled_backend", "is_emulated", "StoredWeight", "stored_weight",
 ]
 
 META_KEYS = ("input", "kernel", "output_grad")
@@ -234,6 +235,16 @@ def _replace_meta(meta, new: dict):
     return jax.tree.unflatten(jax.tree.structure(meta), leaves)
 
 
+def _pushed(state, amax, dtype, recipe):
+    """A tensor's delayed-scaling state after this step's ``amax``: pushed into its own
+    history ("shift", :func:`repro.precision.scaling.delayed_update`), or for the "ring"
+    layout (``Recipe.amax_history``) the amax alone beside the unchanged scale: the optimizer
+    step pushes every tensor's at once (``repro.precision.layers.apply_gradients``)."""
+    if recipe.amax_history == "ring":
+        return S.AmaxSlot(jnp.asarray(amax, jnp.float32), state.scale)
+    return S.delayed_update(state, amax, _fmax(dtype), recipe.amax_compute_algo, recipe.margin)
+
+
 ACTIVATIONS = (None, "relu", "tanh")
 
 
@@ -323,14 +334,16 @@ def _fp8_fwd(x, w, b, meta, recipe, op, act, keep_input=False):
     mx, mw = (meta["input"], meta["kernel"]) if delayed else (None, None)
     xq, xq_t, sx, ax, _ = _operand(x, fdt, recipe, op, mx.scale if delayed else None,
                                    transpose=tn and not keep_input)
-    # the weight: quantized ONCE per call (the dgrad reuses it); its amax from the FP32 master
-    wq, wq_t, sw, aw, _ = _operand(w, fdt, recipe, op, mw.scale if delayed else None,
-                                   transpose=tn)
+    stored = None if meta is None else meta.get("weight")
+    if stored is None:
+        # the weight: quantized ONCE per call (the dgrad reuses it); its amax from the FP32 master
+        wq, wq_t, sw, aw, _ = _operand(w, fdt, recipe, op, mw.scale if delayed else None,
+                                       transpose=tn)
+    else:  # the copy the optimizer step wrote (``fp8_weights="stored"``): w is not read
+        wq, wq_t, sw, aw = _stored_operands(stored, tn)
     carry = None
     if delayed:
-        algo, margin = recipe.amax_compute_algo, recipe.margin
-        carry = (meta["output_grad"], S.delayed_update(mx, ax, _fmax(fdt), algo, margin),
-                 S.delayed_update(mw, aw, _fmax(fdt), algo, margin))
+        carry = (meta["output_grad"], _pushed(mx, ax, fdt, recipe), _pushed(mw, aw, fdt, recipe))
     odt = _gemm_out_dtype(recipe, op)
     # "tn": every GEMM in TN form; x^T, not x, is kept for the weight-gradient GEMM
     acc = _fwd_gemm(op, xq, wq_t if tn else wq, odt)
@@ -405,8 +418,10 @@ def _fp8_bwd(recipe, op, act, res, g):
         db = sums.astype(bt.dtype)
     if delayed:
         mg, new_x, new_w = carry
-        new_g = S.delayed_update(mg, ag, _fmax(bdt), recipe.amax_compute_algo, recipe.margin)
-        meta_ct = _replace_meta(meta, {"input": new_x, "kernel": new_w, "output_grad": new_g})
+        new = {"input": new_x, "kernel": new_w, "output_grad": _pushed(mg, ag, bdt, recipe)}
+        if "weight" in meta:  # the optimizer step writes the next copy
+            new["weight"] = jax.tree.map(jnp.zeros_like, meta["weight"])
+        meta_ct = _replace_meta(meta, new)
     else:
         meta_ct = None if meta is None else jax.tree.map(jnp.zeros_like, meta)
     dx = None if dx is None else _rescale(dx, sg * sw, xt.dtype)
@@ -428,12 +443,18 @@ def _fp8_call(x, w, recipe, meta, op, what, b=None, act=None):
                          "FP8 per-tensor scaling is 'current', 'delayed' or 'none'")
     if act not in ACTIVATIONS:
         raise ValueError(f"{what}: activation must be one of {list(ACTIVATIONS)}, got {act!r}")
+    stored = recipe.fp8_weights == "stored"
+    if stored and not isinstance((meta or {}).get("weight"), StoredWeight):
+        raise ValueError(f"{what}: recipe {recipe.name!r} reads a stored FP8 weight: meta needs "
+                         "'weight', a StoredWeight (see ops.stored_weight)")
     if recipe.scaling == "delayed":
         if meta is None:
             raise ValueError(f"{what}: delayed scaling needs meta (see ops.init_meta)")
         missing = [k for k in META_KEYS if k not in meta]
         if missing:
             raise ValueError(f"{what}: meta lacks {missing}; expected keys {META_KEYS}")
+    elif stored:
+        meta = {"weight": meta["weight"]}  # the stored copy alone (no scaling state)
     else:
         meta = None  # no state: ignore whatever was passed, its cotangent is zero
     return _fp8_core(x, w, b, meta, recipe, op, act)
@@ -485,6 +506,62 @@ def _fp8_dense(x, w, b, recipe, meta, activation, what):
     op = ("dot_tn",) if _tn(recipe, x2.shape, w.shape) else ("dot",)
     y = _fp8_call(x2, w, recipe, meta, op, what, b, activation)
     return y.reshape(*x.shape[:-1], w.shape[1])
+
+
+# ------------------------------------------------------------- stored FP8 weights
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredWeight:
+    """The FP8 copy of a weight ``w[K, N]`` that a layer of a ``fp8_weights="stored"`` recipe
+    reads instead of its master weight (``meta["weight"]`` of :func:`fp8_dense`): ``q`` (``w``
+    over ``scale`` in ``recipe.fwd_dtype``), its transpose ``q_t`` [N, K] (the "tn" layout's
+    forward operand; None where the layer does not store it: then it transposes ``q``), the
+    dequantize ``scale`` and the ``amax`` of the master weight it was made from (delayed
+    scaling pushes it into the kernel's history, as a per-call recipe pushes the amax of the
+    weight it quantizes). ``recipe`` (static): the layer's recipe, which says how to make the
+    next copy (:func:`stored_weight`)."""
+
+    q: jax.Array
+    q_t: jax.Array | None
+    scale: jax.Array
+    amax: jax.Array
+    recipe: object = None
+
+
+jax.tree_util.register_dataclass(StoredWeight, data_fields=["q", "q_t", "scale", "amax"],
+                                 meta_fields=["recipe"])
+
+
+def stored_weight(w, recipe, scale=None, transpose: bool = False) -> StoredWeight:
+    """The FP8 copy of ``w[K, N]`` that the layer's next call reads (``Recipe.fp8_weights``
+    "stored"), made as a per-call recipe's forward pass quantizes it: ``scale`` is the kernel's
+    delayed-scaling scale for that call (None: current scaling, from ``w``'s amax now; scale 1
+    for ``scaling="none"``); ``transpose`` also stores ``q^T`` (in one pass where the
+    cast-transpose kernel runs, ``repro.precision.kernels``). The optimizer step calls it
+    right after the update (``repro.precision.layers.apply_gradients``), where it reads the
+    master weight it has just written."""
+    recipe = validate.recipe_for(recipe, ("fp8",), "stored_weight")
+    w = _check_2d_weight(w, "stored_weight")
+    fdt = jnp.dtype(recipe.fwd_dtype)
+    a = S.amax(w)
+    if scale is None:
+        scale = (jnp.float32(1.0) if recipe.scaling == "none"
+                 else F.compute_scale(a, _fmax(fdt), recipe.margin))
+    scale = jnp.asarray(scale, jnp.float32)
+    if transpose and recipe.fp8_cast == "native" and kernels.fits(w.shape):
+        q, q_t, a, _ = kernels.cast_transpose(w, fdt, scale)
+    else:
+        cast = _caster(recipe, ("dot",))
+        q = cast(w, fdt, scale)
+        q_t = cast(w.T, fdt, scale) if transpose else None
+    return StoredWeight(q, q_t, scale, a, recipe)
+
+
+def _stored_operands(stored: StoredWeight, tn: bool):
+    """``(q, q^T or None, scale, amax)`` of a stored copy for a product in layout ``tn``."""
+    q_t = (stored.q_t if stored.q_t is not None else stored.q.T) if tn else None
+    return stored.q, q_t, stored.scale, stored.amax
 
 
 def conv_dimension_numbers(ndim: int) -> lax.ConvDimensionNumbers:

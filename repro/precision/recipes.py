@@ -46,6 +46,8 @@ Fp8Layout = Literal["auto", "natural", "tn"]
 Fp8Cast = Literal["native", "rounding"]
 Fp8Epilogue = Literal["fused", "separate"]
 Fp8GradCast = Literal["one-pass", "two-pass"]
+AmaxHistory = Literal["shift", "ring"]
+Fp8Weights = Literal["per-call", "stored"]
 Backend = Literal["repro", "flax", "te", "jax"]
 Scope = Literal["default", "all", "mlp"]
 Storage = Literal["fp32", "bf16", "fp8"]
@@ -111,6 +113,20 @@ class Recipe:
         weight gradient consumes it), then ``g`` in a second read, so that ``g`` and both FP8
         copies are never alive together: a smaller backward peak for one more read of ``g``
         per layer (memory against speed; same values).
+      amax_history: the layout of delayed scaling's amax histories
+        (``repro.precision.scaling``). "shift" (default): one history per tensor, newest first,
+        shifted inside each layer's backward pass (Transformer Engine's layout). "ring": every
+        tensor's history in one ``[amax_history_len, n]`` array of the model, written at row
+        ``step mod amax_history_len`` by one dynamic-update-slice for all of them in the
+        optimizer step (``repro.precision.layers.apply_gradients``; the variables get it from
+        ``repro.precision.layers.init_amax_ring``). The same scales bit for bit.
+      fp8_weights: where a layer's FP8 weight comes from. "per-call" (default): each call
+        quantizes the FP32 master weight (its amax, the cast and the transposed copy).
+        "stored": the optimizer step writes the FP8 copy (and its transposed copy) right after
+        it updates the master weight, and the layer's forward and data-gradient GEMMs read
+        only that copy; the master weight is read by the optimizer alone (and receives the
+        weight gradient). The same values bit for bit (the copy is made with the scale the
+        next call would use). Dense layers only.
       fp8_min_dim: a per-layer precision policy. A layer whose weight has a dimension (K or N)
         below it runs as a dense GEMM in ``compute_dtype`` instead of FP8: narrow layers, the
         first layer of a small-input network and small heads cost more to quantize than FP8
@@ -159,6 +175,8 @@ class Recipe:
     fp8_min_dim: int = 0
     int8_weight_scale: Int8WeightScale = "channel"
     int8_min_dim: int = 0
+    amax_history: AmaxHistory = "shift"
+    fp8_weights: Fp8Weights = "per-call"
     scope: Scope = "default"
     master_weights: Storage = "fp32"
     kahan: bool = False

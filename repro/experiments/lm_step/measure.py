@@ -14,8 +14,8 @@ this device (NVFP4 and MXFP8 off Blackwell, FP8 on a CPU) are timed and stamped
 
     repro record lm_step --profile smoke     # tiny model, CPU, seconds (build/results/)
     repro record lm_step --profile full      # 120m and 20m on a GPU (results/), resumable
-    repro record lm_step --profile full --recipe int8 --only 'wide_*'   # int8 beside bf16:
-                                             # cell wide_b8_bf16-int8
+    repro record lm_step --profile full --recipe int8 --only 'wide2_*'  # int8 beside bf16:
+                                             # cell wide2_b8_bf16-int8
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ def bench_cell(size: str, batch: int, recipes: list[str], repeats: int,
 class Params(Section):
     """``params.yaml``'s ``lm_step`` section: one cell per (model size, batch), in order.
     ``selected``: ``--recipe``, the recipes timed beside bf16 in cells of their own
-    (``wide_b8_bf16-int8``), which never mask the cells of ``recipes``."""
+    (``wide2_b8_bf16-int8``), which never mask the cells of ``recipes``."""
 
     sizes: tuple[str, ...]
     batch: int | tuple[int, ...] | dict[str, int | tuple[int, ...]]

@@ -93,6 +93,7 @@ def _setup(recipe: str, width: int, batch: int, depth: int, seed: int = 0, lr: f
     x = jax.random.normal(kx, (batch, width), jnp.float32).astype(_input_dtype(recipe))
     y = jax.random.normal(ky, (batch, width), jnp.float32)
     variables = model.init(kp, x[:8])  # shapes only: no eager GEMM of the whole batch
+    variables = layers.init_amax_ring(variables, recipe)  # a "ring" recipe's amax histories
     tx = optax.adam(lr)
     opt_state = tx.init(variables["params"])
     step = jax.jit(make_train_step(model, tx), donate_argnums=(0, 1))
@@ -105,8 +106,8 @@ def program(recipe: str, width: int, batch: int, depth: int, lr: float = 1e-4) -
     model = MLP(width, depth, recipe)
     x = jax.ShapeDtypeStruct((batch, width), _input_dtype(recipe))
     y = jax.ShapeDtypeStruct((batch, width), jnp.float32)
-    variables = jax.eval_shape(model.init, jax.random.key(0),
-                               jax.ShapeDtypeStruct((8, width), x.dtype))
+    variables = jax.eval_shape(lambda k, x8: layers.init_amax_ring(model.init(k, x8), recipe),
+                               jax.random.key(0), jax.ShapeDtypeStruct((8, width), x.dtype))
     tx = optax.adam(lr)
     opt_state = jax.eval_shape(tx.init, variables["params"])
     return Program(make_train_step(model, tx), (variables, opt_state, x, y),
@@ -181,9 +182,11 @@ def bench_cell(width: int, batch: int, depth: int, recipes: list[str], repeats: 
 class Params(Section):
     """``params.yaml``'s ``mlp_step`` section: ``recipes`` form the main cell of each width;
     ``levers`` (``base:field=value`` ablations) a second cell per width of ``lever_widths``,
-    timed with bf16 and the recipes they ablate. ``selected``: ``--recipe``, recipes timed
-    beside bf16 in cells of their own (``w4096_b65536_d3_bf16-int8``), which never mask the
-    main cells."""
+    timed with bf16 and the recipes they ablate; ``variants`` (candidate recipes, e.g. a
+    ``base:field=value`` variant of a default) a third cell per width of ``variant_widths``,
+    timed likewise with bf16 and the recipes they vary. ``selected``: ``--recipe``, recipes
+    timed beside bf16 in cells of their own (``w4096_b65536_d3_bf16-int8``), which never mask
+    the main cells."""
 
     depth: int = positive()
     batch: int = positive()
@@ -192,6 +195,8 @@ class Params(Section):
     recipes: tuple[str, ...] = recipe_names()
     levers: tuple[str, ...] = recipe_names(())
     lever_widths: tuple[int, ...] | None = positive(None)
+    variants: tuple[str, ...] = recipe_names(())
+    variant_widths: tuple[int, ...] | None = positive(None)
     selected: tuple[str, ...] | None = from_cli()
 
 
@@ -213,18 +218,26 @@ def _usable(names) -> list[str]:
     return out
 
 
+def _beside_bases(names: list[str]) -> list[str]:
+    """bf16, the recipes ``names`` vary (the part before ``:``), then ``names``: a cell that
+    times each beside what it varies."""
+    return list(dict.fromkeys(["bf16", *(r.split(":", 1)[0] for r in names)])) + names
+
+
 def cells(p: Params) -> list[Cell]:
     """The main cell of every width first, then the lever cells: each lever ablation is
-    timed with bf16 and the base recipe it ablates, in one process."""
+    timed with bf16 and the base recipe it ablates, in one process; then the variant cells,
+    each variant likewise beside bf16 and the recipe it varies."""
     if p.selected:
         chosen = _usable(p.selected)
         plan = [(w, "_" + "-".join(chosen), chosen) for w in p.widths]
         return _cells(p, plan)
-    recipes, levers = _usable(p.recipes), _usable(p.levers)
-    bases = [r.split(":", 1)[0] for r in levers]
-    lever_cell = list(dict.fromkeys(["bf16", *bases])) + levers
+    recipes, levers, variants = _usable(p.recipes), _usable(p.levers), _usable(p.variants)
     plan = [(w, "", recipes) for w in p.widths]
-    plan += [(w, "_levers", lever_cell) for w in (p.lever_widths or p.widths) if levers]
+    plan += [(w, "_levers", _beside_bases(levers)) for w in (p.lever_widths or p.widths)
+             if levers]
+    plan += [(w, "_variants", _beside_bases(variants)) for w in (p.variant_widths or p.widths)
+             if variants]
     return _cells(p, plan)
 
 

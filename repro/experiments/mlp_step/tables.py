@@ -55,9 +55,10 @@ def ran_no_fp8(recipe: str, extra) -> bool:
 def step_table(df: pd.DataFrame) -> pd.DataFrame:
     """``step_time_ms`` records with ``width``, ``batch``, ``kind``, ``bf16_ms`` (BF16 of the
     same cell) and ``speedup`` (BF16 time / this time), and ``lever_cell``: the row comes from
-    a lever cell (``..._levers``), which times an ablation beside BF16 and the defaults again.
-    The defaults and BF16 of lever cells serve :func:`lever_delta` only: ``main`` marks the
-    rows that make one number per (hardware, width, recipe).
+    a lever cell (``..._levers``) or a variant cell (``..._variants``), which times an ablation
+    or a candidate variant beside BF16 and the defaults again. The defaults and BF16 of those
+    cells serve :func:`lever_delta` only: ``main`` marks the rows that make one number per
+    (hardware, width, recipe).
 
     ``no_fp8``: an FP8 recipe whose program ran no FP8 GEMM (:func:`ran_no_fp8`; a policy
     such as ``fp8-auto`` below its ``fp8_min_dim``): its speedup is BF16 against BF16, and
@@ -75,7 +76,7 @@ def step_table(df: pd.DataFrame) -> pd.DataFrame:
     base = steps[steps.recipe == "bf16"].set_index("source")
     steps["bf16_ms"] = steps.source.map(base.value)
     steps["speedup"] = steps.bf16_ms / steps.value
-    steps["lever_cell"] = steps.source.astype(str).str.contains("_levers")
+    steps["lever_cell"] = steps.source.astype(str).str.contains("_levers|_variants")
     steps["main"] = ~steps.lever_cell | ~steps.recipe.isin(["bf16", *OURS])
     steps["no_fp8"] = [ran_no_fp8(r, e) for r, e in zip(steps.recipe, steps["extra"])]
     steps["label"] = steps.recipe.where(~steps.no_fp8, steps.recipe + f" ({NO_FP8})")

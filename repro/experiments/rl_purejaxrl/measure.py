@@ -5,8 +5,8 @@ beat PureJaxRL's ``ppo.py`` in env-steps/s by >= 1.2x, for one seed and for 1024
 ``vmap``. Both run in the same process, compiled first, then timed in alternation.
 
 Ours runs in one or more option sets (``params.yaml``, ``rl_purejaxrl.ours``): values of the
-speed options of :class:`repro.models.ppo.PPOConfig` (``unroll``, ``update_unroll``, ``prng``;
-nothing else may differ from PureJaxRL's config). PureJaxRL is compiled once per seed count,
+speed options of :class:`repro.models.ppo.PPOConfig` (``unroll``, ``update_unroll``,
+``epoch_unroll``, ``prng``; nothing else may differ from PureJaxRL's config). PureJaxRL is compiled once per seed count,
 then each option set in turn, the two timed round-robin (:func:`compare`: repeat i of each,
 back to back).
 Each cell also times the FIRST result of both in a fresh process (``first_result``, on by
@@ -27,6 +27,15 @@ others; ``--force`` redoes them all. ``repro.analysis.rl.purejaxrl_speedups`` gi
 cell and flags the best ratio per seed count -- a choice made after timing, so a selection
 among the rows; a confirming run of the chosen set is a cell of its own (``runs: 2`` in
 ``params.yaml``, selected with ``--only``).
+
+Where a compile goes (``compile_stages: true``): one more cell per (seed count, option set),
+``<cell>_stages``, compiles each program in a fresh process (as the first result does) through
+``jax.stages`` and records how long tracing (Python), lowering (to StableHLO) and XLA's
+compilation took (:func:`stage_times`; metric ``compile_stages_s``, their sum), for PureJaxRL's
+program and ours, and for ours also those of two of its parts compiled alone, on abstract
+arguments of their shapes under the same ``vmap`` over seeds: the update (the epoch and
+minibatch scans, ``ppo.make_update_step``) and GAE (its scan); the rest of ours (the rollout
+scan and the loop over updates) is the whole minus those. Nothing is run.
 
 PureJaxRL is not a package and its code is not redistributed here: point ``--purejaxrl DIR`` at a
 checkout of https://github.com/luchris429/purejaxrl (the folder that holds ``purejaxrl/ppo.py``).
@@ -92,7 +101,7 @@ CARTPOLE = {"LR": 2.5e-4, "NUM_ENVS": 4, "NUM_STEPS": 128, "TOTAL_TIMESTEPS": 5e
 
 GYMNAX_1_INFO = ("terminated", "truncated", "final_observation")
 
-SPEED_OPTIONS = ("unroll", "update_unroll", "prng")  # PPOConfig fields that leave PPO as it is
+SPEED_OPTIONS = ("unroll", "update_unroll", "epoch_unroll", "prng")  # PPO as it is
 
 
 def ours_config(cfg: dict[str, Any], recipe: str = "tf32",
@@ -384,13 +393,116 @@ def _first_result_main(job: dict[str, Any]) -> dict[str, float]:
     return {"first_result_s": round(t2 - t0, 3), "compile_s": round(t1 - t0, 3)}
 
 
+def stage_times(jitted, *args) -> dict[str, float]:
+    """Seconds of each ``jax.stages`` step of compiling ``jitted`` (a ``jax.jit`` function)
+    for ``args`` (arrays or ``jax.ShapeDtypeStruct``): ``trace_s`` (running the Python
+    function to a jaxpr), ``lower_s`` (the jaxpr to StableHLO) and ``compile_s`` (XLA)."""
+    t0 = time.perf_counter()
+    traced = jitted.trace(*args)
+    t1 = time.perf_counter()
+    lowered = traced.lower()
+    t2 = time.perf_counter()
+    lowered.compile()
+    t3 = time.perf_counter()
+    return {"trace_s": round(t1 - t0, 3), "lower_s": round(t2 - t1, 3),
+            "compile_s": round(t3 - t2, 3)}
+
+
+def ours_parts(c: ppo.PPOConfig, seeds: int) -> dict[str, tuple[Any, tuple]]:
+    """Two parts of our program for ``c``, each ``(jitted, abstract arguments)`` under a
+    ``vmap`` over ``seeds``, as the whole program runs them: ``update`` (one PPO update: the
+    epoch and minibatch scans, ``ppo.make_update_step``, on a rollout-shaped batch) and
+    ``gae`` (the advantages' scan over a rollout, ``ppo.compute_gae``)."""
+    env, env_params = ppo.make_env(c.env)
+    net = ppo.build_network(c, env, env_params)
+    tx = ppo.make_optimizer(c)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    variables, opt_state = jax.eval_shape(
+        lambda k: ppo.init_state(c, net, env, env_params, tx, k), key)
+    T, N = c.num_steps, c.num_envs
+    f32 = jnp.float32
+
+    def sd(shape, dtype=f32):
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    traj = ppo.Transition(obs=sd((T, N, *ppo.obs_shape(env, env_params))),
+                          action=sd((T, N), jnp.int32), log_prob=sd((T, N)), value=sd((T, N)),
+                          reward=sd((T, N)), done=sd((T, N), jnp.bool_))
+
+    def seeded(tree):
+        return jax.tree.map(lambda a: jax.ShapeDtypeStruct((seeds, *a.shape), a.dtype), tree)
+
+    update = jax.jit(jax.vmap(ppo.make_update_step(c, net, tx)))
+    gae = jax.jit(jax.vmap(lambda r, v, d, last: ppo.compute_gae(r, v, d, last, c.gamma,
+                                                                  c.gae_lambda)))
+    return {"update": (update, seeded((variables, opt_state, traj, sd((T, N)), sd((T, N)),
+                                       key))),
+            "gae": (gae, seeded((sd((T, N)), sd((T, N)), sd((T, N), jnp.bool_), sd((N,)))))}
+
+
+def compile_stages(impl: str, cfg: dict[str, Any], seeds: int, recipe: str = "tf32",
+                   options: Mapping[str, Any] | None = None, purejaxrl: str | None = None,
+                   timeout: float = 900.0) -> dict[str, dict[str, float]]:
+    """Where the compile of ``impl`` ("purejaxrl" or ours with ``options``) for ``seeds``
+    vmapped seeds goes, in a NEW Python process without compile caches (:func:`fresh_env`):
+    ``{"whole": stage_times}`` of the whole program, and for ours also each of
+    :func:`ours_parts`, compiled after the whole in the same process. A one-line
+    RuntimeError if the process fails."""
+    job = {"stages": True, "impl": impl, "cfg": cfg, "seeds": seeds, "recipe": recipe,
+           "options": dict(options or {}), "purejaxrl": purejaxrl}
+    out = subprocess.run([sys.executable, "-m", "repro.experiments.rl_purejaxrl.measure",
+                          json.dumps(job)],
+                         capture_output=True, text=True, env=fresh_env(), timeout=timeout)
+    line = next((ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("{")), None)
+    if out.returncode or line is None:
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        raise RuntimeError(f"{EXPERIMENT}: the compile-stages process for {impl} failed "
+                           f"(exit {out.returncode}): {tail}")
+    return json.loads(line)
+
+
+def _compile_stages_main(job: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The fresh process of :func:`compile_stages`: nothing runs, every program compiles."""
+    seeds, cfg = int(job["seeds"]), job["cfg"]
+    if job["impl"] == "purejaxrl":
+        module, _ = load(job["purejaxrl"])
+        keys = jax.random.split(jax.random.PRNGKey(30), seeds)
+        return {"whole": stage_times(jax.jit(jax.vmap(module.make_train(dict(cfg)))), keys)}
+    c = ours_config(cfg, job["recipe"], job["options"])
+    out = {"whole": stage_times(jax.jit(jax.vmap(ppo.make_train(c))), _keys(seeds))}
+    for name, (fn, args) in ours_parts(c, seeds).items():
+        out[name] = stage_times(fn, *args)
+    return out
+
+
+def _stages_records(p: "Params", seeds: int, options: Mapping[str, Any],
+                    stages: Mapping[str, Mapping[str, Mapping[str, float]]]
+                    ) -> list[dict[str, Any]]:
+    """One ``compile_stages_s`` record per program (``stages``: impl -> what
+    :func:`compile_stages` returned): the whole program's trace + lower + compile seconds,
+    the stages and (ours) the parts in ``extra``."""
+    cfg, steps = _config(p), env_steps(_config(p), seeds)
+    out = []
+    for impl, st in stages.items():
+        whole = st["whole"]
+        out.append(results.make_record(
+            EXPERIMENT, "compile_stages_s", round(sum(whole.values()), 3), "s", claims=["A2"],
+            recipe=p.recipe, sizes={"seeds": seeds, "env_steps": steps}, repeats=1,
+            profile=p.profile,
+            extra={"impl": impl, "stages": dict(whole),
+                   "parts": {k: dict(v) for k, v in st.items() if k != "whole"},
+                   "fresh_process": True, "config": cfg, "options": dict(options)}))
+    return out
+
+
 @dataclass(frozen=True, kw_only=True)
 class Params(Section):
     """``params.yaml``'s ``rl_purejaxrl`` section. ``ours``: option sets of
     :data:`SPEED_OPTIONS`; ``runs``: timed runs per (seed count, option set), each a cell of
     its own (run k > 1: ``<cell>_run<k>``, a confirming run kept beside the first);
     ``first_result``: also time each program's first result in a fresh process
-    (:func:`first_result`); ``purejaxrl``: the checkout (``repro record rl_purejaxrl
+    (:func:`first_result`); ``compile_stages``: one more cell per (seed count, option set)
+    that times where each program's compile goes (:func:`compile_stages`); ``purejaxrl``: the checkout (``repro record rl_purejaxrl
     --purejaxrl DIR``)."""
 
     total_timesteps: int = positive()
@@ -400,6 +512,7 @@ class Params(Section):
     ours: tuple[dict[str, Any] | None, ...] = ({},)
     runs: int = positive(1)
     first_result: bool = True
+    compile_stages: bool = False
     purejaxrl: str | None = from_cli()
 
 
@@ -452,7 +565,7 @@ def _records(p: Params, notes: list[str], seeds: int, name: str, samples, facts,
 
 
 def program(seeds: int, total_timesteps: int, recipe: str = "tf32",
-            options: Mapping[str, Any] | None = None):
+            options: Mapping[str, Any] | None = None, stages: bool = False):
     """What a cell's records measure (:mod:`repro.program`), from the cell's settings alone:
     OUR program of the cell, ``jax.vmap(ppo.make_train(...))`` over ``seeds`` keys for
     PureJaxRL's CartPole config (``total_timesteps``) in ``recipe`` with the option set
@@ -460,18 +573,25 @@ def program(seeds: int, total_timesteps: int, recipe: str = "tf32",
     (the same recipe, so the same key) carry this program too: the cell is re-recorded as a
     whole when ours changes. The kit: the timing and the statistics, and the adapters through
     which PureJaxRL's ``ppo.py`` runs here (:func:`load`, :class:`FiveTupleStep`,
-    :func:`distrax_stand_in`): an edit to them changes what PureJaxRL's records measured."""
+    :func:`distrax_stand_in`): an edit to them changes what PureJaxRL's records measured.
+    ``stages``: the program of a ``_stages`` cell, whose kit compiles it
+    (:func:`compile_stages`) instead of timing it."""
     from repro.program import Program
 
     c = ours_config({**CARTPOLE, "TOTAL_TIMESTEPS": total_timesteps}, recipe, options)
     keys = jax.eval_shape(lambda: _keys(seeds))
+    if stages:
+        return Program(jax.vmap(ppo.make_train(c)), (keys,),
+                       kit=(compile_stages, _compile_stages_main, stage_times, ours_parts,
+                            _stages_records, fresh_env, load, FiveTupleStep, distrax_stand_in))
     return Program(jax.vmap(ppo.make_train(c)), (keys,),
                    kit=(compare, _warm, compile_theirs, env_steps, final_returns, returns_digest,
                         first_result, _first_result_main, fresh_env, load, FiveTupleStep,
                         distrax_stand_in))
 
 
-_OPTION = re.compile(r"_(update_unroll|unroll|prng)-(unsafe_rbg|rbg|threefry|philox4x32|\d+)")
+_OPTION = re.compile(
+    r"_(epoch_unroll|update_unroll|unroll|prng)-(unsafe_rbg|rbg|threefry|philox4x32|\d+)")
 
 
 def _options_of(rec: dict[str, Any]) -> dict[str, Any] | None:
@@ -515,13 +635,15 @@ def program_settings(rec: dict[str, Any]) -> dict[str, Any] | None:
     if options is None:
         return None
     return {"seeds": sizes["seeds"], "total_timesteps": int(cfg["TOTAL_TIMESTEPS"]),
-            "recipe": rec.get("recipe") or "tf32", "options": options}
+            "recipe": rec.get("recipe") or "tf32", "options": options,
+            **({"stages": True} if rec.get("metric") == "compile_stages_s" else {})}
 
 
 def cells(p: Params) -> list[Cell]:
     """One cell per (seed count, option set, run), seed counts in params order. PureJaxRL is
     loaded at the first cell and compiled once per seed count, then timed again beside
-    every option set."""
+    every option set. With ``compile_stages``, then one ``_stages`` cell per (seed count,
+    option set)."""
     cache: dict[str, Any] = {}
 
     def theirs(seeds: int):
@@ -549,18 +671,33 @@ def cells(p: Params) -> list[Cell]:
             return _records(p, cache["notes"], seeds, name, samples, facts, o, run, first)
         return go
 
-    def programs(seeds, o):
-        return lambda: {"": program(seeds, p.total_timesteps, p.recipe, o)}
+    def programs(seeds, o, stages=False):
+        return lambda: {"": program(seeds, p.total_timesteps, p.recipe, o, stages)}
+
+    def stages(seeds, o):
+        def go(_budget):
+            st = {"purejaxrl": compile_stages("purejaxrl", _config(p), seeds, p.recipe,
+                                              purejaxrl=p.purejaxrl),
+                  label(o): compile_stages(label(o), _config(p), seeds, p.recipe, o)}
+            return _stages_records(p, seeds, o, st)
+        return go
 
     sets = [dict(o or {}) for o in p.ours]
-    return [Cell(cell_name(_config(p), seeds, o) + (f"_run{k}" if k > 1 else ""),
-                 one(seeds, o, k), (p.recipe,), programs=programs(seeds, o))
-            for seeds in p.seeds for o in sets for k in range(1, p.runs + 1)]
+    out = [Cell(cell_name(_config(p), seeds, o) + (f"_run{k}" if k > 1 else ""),
+                one(seeds, o, k), (p.recipe,), programs=programs(seeds, o))
+           for seeds in p.seeds for o in sets for k in range(1, p.runs + 1)]
+    if p.compile_stages:  # after every timed cell: where each program's compile goes
+        out += [Cell(cell_name(_config(p), seeds, o) + "_stages", stages(seeds, o),
+                     (p.recipe,), programs=programs(seeds, o, True))
+                for seeds in p.seeds for o in sets]
+    return out
 
 
 STUDY = Study(EXPERIMENT, ("A2",), cells, check, about="our PPO against PureJaxRL's ppo.py",
               params=Params, requires=("purejaxrl",))
 
 
-if __name__ == "__main__":  # the fresh process of first_result(): one JSON line out
-    print(json.dumps(_first_result_main(json.loads(sys.argv[1]))), flush=True)
+if __name__ == "__main__":  # the fresh process of first_result() or compile_stages()
+    _job = json.loads(sys.argv[1])
+    _main = _compile_stages_main if _job.get("stages") else _first_result_main
+    print(json.dumps(_main(_job)), flush=True)

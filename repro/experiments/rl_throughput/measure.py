@@ -38,7 +38,10 @@ recipe first and then times them in rounds (``repro.studies.timing.time_rounds``
 recipe's whole loop, then each one's update, ``repeats`` rounds): its records carry the samples
 in round order, one ``run_id`` and ``timing: "paired"``, so a ratio of two recipes is the median
 of per-round ratios with its range (``repro.analysis.rl.paired_speedups``), not a ratio of
-medians of separate runs.
+medians of separate runs. A *variant* cell (``mlp_w<W>_e<N>_variants``: ``variant_widths`` x
+``variant_envs``) is a paired cell of ``variant_recipes`` (candidate recipes with the recipes
+they are compared with), apart from the paired cells, so that a candidate is timed in rounds
+beside its reference without redoing those.
 """
 
 from __future__ import annotations
@@ -131,10 +134,12 @@ class Params(Section):
     drives it; ``widths`` apply to the MLP (CNNs have ``cnn_width``); ``updates`` PPO updates
     per timed call of the whole loop, median of ``repeats`` calls. ``paired_recipes`` are
     timed together in rounds in one cell per MLP width of ``paired_widths`` and ``num_envs``
-    (``repeats`` rounds). ``selected``: ``--recipe``, the recipes of the per-recipe cells; the
-    paired cells of ``paired_recipes`` where it names one of them, and where it names others,
-    paired cells of its own recipes (bf16 first: ``mlp_w4096_e2048_paired_bf16-int8``), which
-    never mask those of ``paired_recipes``."""
+    (``repeats`` rounds); ``variant_recipes`` likewise, in one cell per width of
+    ``variant_widths`` and ``variant_envs`` (default: ``num_envs``). ``selected``:
+    ``--recipe``, the recipes of the per-recipe cells; the paired cells of ``paired_recipes``
+    where it names one of them, and where it names others, paired cells of its own recipes
+    (bf16 first: ``mlp_w4096_e2048_paired_bf16-int8``), which never mask those of
+    ``paired_recipes``."""
 
     recipes: tuple[str, ...] = recipe_names()
     networks: dict[str, str]
@@ -149,6 +154,9 @@ class Params(Section):
     cnn_width: int = 0
     paired_recipes: tuple[str, ...] = recipe_names(())
     paired_widths: tuple[int, ...] = ()
+    variant_recipes: tuple[str, ...] = recipe_names(())
+    variant_widths: tuple[int, ...] = ()
+    variant_envs: tuple[int, ...] | None = positive(None)
     selected: tuple[str, ...] | None = from_cli()
 
 
@@ -378,8 +386,8 @@ def check(p: Params) -> None:
 
 
 def cells(p: Params) -> list[Cell]:
-    """The ``stores`` cell, the paired cells, then one per (network, width, recipe, num_envs)
-    in params order; cells of one (network, width, num_envs) are compared with each other (a
+    """The ``stores`` cell, the paired cells, the variant cells, then one per (network, width,
+    recipe, num_envs) in params order; cells of one (network, width, num_envs) are compared with each other (a
     ``group``; a paired cell is a group of its own)."""
     names = stores_names(p.recipes)
 
@@ -407,11 +415,12 @@ def cells(p: Params) -> list[Cell]:
         pairs = [x for x in pairs if set(x) & set(p.selected)]
         pairs += [own] if set(p.selected) - set(p.paired_recipes) else []
 
-    def paired(width, n, recipes):
-        suffix = "" if recipes == p.paired_recipes else "_" + "-".join(recipes)
-        return Cell(f"mlp_w{width}_e{n}_paired{suffix}",
+    def paired(width, n, recipes, suffix=None):
+        suffix = suffix or ("paired" if recipes == p.paired_recipes
+                            else "paired_" + "-".join(recipes))
+        return Cell(f"mlp_w{width}_e{n}_{suffix}",
                     lambda _budget: paired_cell("mlp", width, recipes, n, p), recipes,
-                    group=f"mlp_w{width}_e{n}_paired{suffix}",
+                    group=f"mlp_w{width}_e{n}_{suffix}",
                     programs=lambda: {r: program(
                         network="mlp", width=width, recipe=r, num_envs=n,
                         env=p.networks["mlp"], num_steps=p.num_steps, updates=p.updates,
@@ -420,6 +429,9 @@ def cells(p: Params) -> list[Cell]:
 
     if "mlp" in p.networks:  # first: the cells A2 (and C1) are judged from
         out += [paired(w, n, x) for x in pairs for w in p.paired_widths for n in p.num_envs]
+    if p.variant_recipes and "mlp" in p.networks and not p.selected:
+        out += [paired(w, n, p.variant_recipes, "variants") for w in p.variant_widths
+                for n in (p.variant_envs or p.num_envs)]
     for network in p.networks:
         for width in (p.widths if network == "mlp" else [p.cnn_width]):
             for recipe in p.selected or p.recipes:
