@@ -13,15 +13,20 @@ from repro.claims.verdicts._base import rule as rule_of
 from repro.experiments.lm.tables import SIZE_ORDER
 
 
-def _pick(frame: pd.DataFrame, which: str, by: list[str]) -> pd.Series:
+def _pick(frame: pd.DataFrame, which: str, by: list[str]) -> pd.Series | None:
     """The row of ``frame`` a rule's ``cells`` name: ``largest ...`` (the last sorted by
-    ``by``) or ``smallest ...`` (the first)."""
+    ``by``), ``smallest ...`` (the first) or a model by name (its last row; None where the
+    frame has none)."""
     ordered = frame.sort_values(by, kind="stable")
     if which.startswith("largest"):
         return ordered.iloc[-1]
     if which.startswith("smallest"):
         return ordered.iloc[0]
-    raise ValueError(f"a rule's model must be 'largest ...' or 'smallest ...', got {which!r}")
+    if which in SIZE_ORDER:
+        named = ordered[ordered["model"] == which] if "model" in ordered else ordered.iloc[:0]
+        return named.iloc[-1] if len(named) else None
+    raise ValueError(f"a rule's model must be 'largest ...', 'smallest ...' or one of "
+                     f"{', '.join(SIZE_ORDER)}, got {which!r}")
 
 
 def b1(checks: Mapping[str, bool], mismatches: tuple[int, int], sizes: tuple[int, int],
@@ -187,8 +192,10 @@ def _b4_row(gaps: pd.DataFrame, r) -> pd.Series | None:
     g = g.assign(_full=(g["profile"] == "full").astype(int),
                  _size=g["model"].map(SIZE_ORDER).fillna(-1))
     full = g[g["_full"] == g["_full"].max()]
-    size = _pick(full, r["cells"]["model"], ["_size"])["_size"]
-    return full[full["_size"] == size].sort_values("n_seeds").iloc[-1]
+    picked = _pick(full, r["cells"]["model"], ["_size"])
+    if picked is None:
+        return None
+    return full[full["_size"] == picked["_size"]].sort_values("n_seeds").iloc[-1]
 
 
 def _b4_note(row: pd.Series, gaps: pd.DataFrame, vs_fp8: pd.DataFrame, r) -> str:
