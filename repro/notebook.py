@@ -54,6 +54,7 @@ class Notebook:
     left_out: list[pd.DataFrame] = field(default_factory=list)  # stale speed records
     stale_used: list[pd.DataFrame] = field(default_factory=list)  # stale quality records
     beside: list[pd.DataFrame] = field(default_factory=list)  # speed records not made alone
+    used: list[pd.DataFrame] = field(default_factory=list)  # the records verdicts may use
     numbers: dict[str, Any] = field(default_factory=dict)  # metrics/<notebook>.json
     said: set[str] = field(default_factory=set)  # stale notes printed above a figure
 
@@ -69,19 +70,31 @@ class Notebook:
         """The committed full-profile records of ``experiment`` (``results/``): evidence.
         Stale speed records are left out (kept in ``left_out`` for the verdicts and
         captions to name); stale quality records stay (``stale`` column), noted in
-        ``stale_used``; speed records made beside another process on their GPU stay, noted
-        in ``beside`` for the verdicts to name (:func:`repro.claims.staleness.beside`)."""
+        ``stale_used``; speed records made beside another job stay, noted in ``beside`` for
+        the verdicts to count (:func:`repro.claims.staleness.beside`), unless a rule of this
+        notebook's claims that reads ``experiment`` requires its cells to run alone (its
+        ``cells: {alone: true}``): then they are left out too, and named."""
         df = results.load_records(experiment, roots=results.results_dir(),
                                   keep_defective=keep_defective)
         df = df[df["profile"] == "full"].reset_index(drop=True) if len(df) else df
-        fresh, left = staleness.split(df)
+        fresh, left = staleness.split(df, alone=self._alone(experiment))
         if len(left):
             self.left_out.append(left)
+        self.used.append(fresh)
         if len(fresh) and "stale" in fresh and fresh["stale"].fillna(False).any():
             self.stale_used.append(fresh[fresh["stale"].fillna(False).astype(bool)])
         if len(shared := staleness.beside(fresh)):
             self.beside.append(shared)
         return fresh
+
+    def _alone(self, experiment: str) -> bool:
+        """Whether a rule of this notebook's claims that reads ``experiment`` requires its
+        speed cells to have run alone."""
+        return any(bool(((c.get("rule") or {}).get("cells") or {}).get("alone"))
+                   if isinstance((c.get("rule") or {}).get("cells"), dict) else False
+                   for c in ledger.claims().values()
+                   if c.get("notebook") == self.name
+                   and experiment in (c.get("rule") or {}).get("studies", []))
 
     def record_smoke(self, experiment: str) -> list[Path]:
         """Run ``experiment``'s study in the smoke profile into the scratch folder (a pipeline
@@ -238,7 +251,7 @@ class Notebook:
         paras = []
         verdicts = tuple(staleness.mark(v, left_out=self._stale(self.left_out, v),
                                         used=self._stale(self.stale_used, v),
-                                        beside_rows=self._stale(self.beside, v))
+                                        beside_rows=self._stale(self.used, v))
                          for v in verdicts)
         for v in verdicts:
             if write:
