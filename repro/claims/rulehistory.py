@@ -117,9 +117,7 @@ class Git:
         sha = self.tree(commit).get(path)
         if sha is None:
             return None
-        if sha.startswith(WORKTREE + ":"):
-            return _parse(self.blob(sha).decode("utf-8", "replace"))
-        if sha not in self._trees:
+        if sha not in self._trees:  # (a working-tree file: as it was when first read)
             self._trees[sha] = _parse(self.blob(sha).decode("utf-8", "replace"))
         return self._trees[sha]
 
@@ -756,8 +754,9 @@ def _prove(before, after, inputs, records, examples):
     if old != new:
         return "differently", f"on today's inputs: {old} before, {new} after"
     slots = _slots([list(args), kw])
-    if not slots:
-        return "the same", "on today's inputs (no number to move)"
+    if not slots or not examples:
+        return "the same", "on today's inputs" + ("" if examples else
+                                                  " (no table generated)")
     cuts = thresholds(before, after)
     values = sorted({v for c in cuts for v in (c, c - 1e-3, c + 1e-3, c * 0.999, c * 1.001)}
                     | {0.0})
@@ -792,9 +791,12 @@ def _where(v: Version) -> str:
 
 
 def build(root: Path | str, examples: int = 40, only: list[str] | None = None,
-          progress=None) -> dict[str, Any]:
+          progress=None, records_of=None) -> dict[str, Any]:
     """The registration findings of every claim (``repro/data/registration.json``), from the
-    history of ``root`` (which must be whole) and its committed verdict inputs."""
+    history of ``root`` (which must be whole) and its committed verdict inputs; each change
+    after a claim's data proven on them and on ``examples`` generated tables (:func:`prove`).
+    ``records_of(studies)``: the committed records a rule of the time may read (default:
+    :func:`repro.claims.registration.records_of`)."""
     import pandas as pd
 
     from repro.claims import registration
@@ -805,7 +807,8 @@ def build(root: Path | str, examples: int = 40, only: list[str] | None = None,
                          "`git fetch --unshallow` in a shallow one)")
     git = Git(root)
     defs = yaml.safe_load((root / CLAIMS_PATH).read_text())
-    out: dict[str, Any] = {"claims": {}, "rules": {}}
+    out: dict[str, Any] = {"claims": {}, "examples": examples, "rules": {}}
+    records_of = records_of or registration.records_of
     for claim, entry in defs.items():
         if only and claim not in only:
             continue
@@ -818,7 +821,7 @@ def build(root: Path | str, examples: int = 40, only: list[str] | None = None,
         before = [e for e in events if pd.Timestamp(e.date) < t0]
         at = before[-1].after if before else None
         inputs = registration.read_inputs(claim, root)
-        records = registration.records_of(studies)
+        records = records_of(studies)
         changes = []
         for e in events:
             if pd.Timestamp(e.date) < t0:
