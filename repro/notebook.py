@@ -38,10 +38,23 @@ from typing import Any
 
 import pandas as pd
 
-from repro import config, hardware, results
+from repro import config, hardware, plotstyle, results
 from repro.claims import ledger, staleness
 from repro.claims.verdicts import Verdict
 from repro.claims.verdicts._base import tidy
+
+
+#: the PNG text chunk that holds what a saved figure draws (:func:`repro.plotstyle.plotted`)
+PLOTTED = "Plotted"
+
+
+def plotted_of(path: Path) -> list[dict] | None:
+    """What the figure saved at ``path`` draws (None where it does not say)."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        text = im.info.get(PLOTTED)
+    return json.loads(text) if text else None
 
 
 @dataclass
@@ -138,8 +151,10 @@ class Notebook:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{stem}.png"
         # No software version or date in the file: the same records give the same bytes.
+        # What each axes draws goes into the file as text (tests read it back: no empty
+        # facet, no band outside its metric's range).
         fig.savefig(path, dpi=130, bbox_inches="tight", pad_inches=0.15,
-                    metadata={"Software": None})
+                    metadata={"Software": None, PLOTTED: json.dumps(plotstyle.plotted(fig))})
         return path
 
     def caption(self, records: pd.DataFrame | str | None) -> tuple[str, bool]:
@@ -184,6 +199,12 @@ class Notebook:
                 + (f"their code changed since {since}" if since else
                    "the code that made them has changed")
                 + ". The notebook's text lists them; `repro record` makes them anew.")
+
+    def stale_rows(self, experiment: str) -> pd.DataFrame:
+        """The stale speed records of ``experiment`` left out of the verdicts: a figure may
+        draw them as what an earlier program measured (:func:`earlier`), never a verdict."""
+        rows = [d[d["experiment"] == experiment] for d in self.left_out if len(d)]
+        return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
 
     @staticmethod
     def _drawn_stale(records) -> pd.DataFrame:
@@ -269,6 +290,18 @@ class Notebook:
                      + (" (FP8/FP4 emulated)." if v.emulated else "."))
             paras.append(para)
         return Markdown("\n\n".join(paras))
+
+
+#: how a figure draws a stale record's number: hollow and grey, never in a recipe's colour
+EARLIER = {"facecolors": "none", "edgecolors": "0.55", "linewidths": 1.0, "zorder": 2}
+
+
+def earlier(rows: pd.DataFrame) -> str:
+    """The legend label of stale records drawn beside fresh ones: "earlier program" and the
+    commits that recorded them."""
+    commits = sorted({str(c)[:7] for c in rows.get("git_commit", pd.Series()).dropna()})
+    return ("earlier program (" + ", ".join(commits[:3])
+            + (f" and {len(commits) - 3} more" if len(commits) > 3 else "") + ")")
 
 
 def _cells(rows: pd.DataFrame) -> str:
