@@ -366,8 +366,7 @@ def cmd_claims(args) -> int:
     if args.json:
         from repro.claims import registration
 
-        loaded: dict = {}  # each experiment's records loaded once for every claim
-        checks = registration.table(records_of=lambda studies: _records_used(studies, loaded))
+        checks = registration.table()
         for r in rows:
             r.update(checks.get(r["claim"], {}))
         print(json.dumps(rows, indent=1))
@@ -406,26 +405,6 @@ def cmd_registration(args) -> int:
     path.write_text(text)
     print(f"{_rel(path)}: written ({len(found['claims'])} claims)", file=sys.stderr)
     return 0
-
-
-def _records_used(studies: list[str], loaded: dict | None = None):
-    """The committed full-profile records of ``studies`` a verdict may use (stale speed
-    records left out, as the notebooks leave them out); ``loaded`` keeps each study's
-    records for the next claim that reads them."""
-    import pandas as pd
-
-    from repro import results
-    from repro.claims import staleness
-
-    loaded = {} if loaded is None else loaded
-    parts = []
-    for s in studies:
-        if s not in loaded:
-            df = results.load_records(s, roots=results.results_dir())
-            loaded[s] = staleness.split(df[df["profile"] == "full"])[0] if len(df) else df
-        if len(loaded[s]):
-            parts.append(loaded[s])
-    return pd.concat(parts, ignore_index=True) if parts else None
 
 
 def cmd_site(args) -> int:
