@@ -399,3 +399,45 @@ def test_the_registration_command_prints_the_table(committed):
                          capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[0].startswith("| claim | first rule |")
     assert len([x for x in out.splitlines() if x.startswith("| A")]) == 12
+
+
+SHALLOW_JUDGE = """
+import json, sys
+from repro.claims import registration, verdicts
+from repro.claims.verdicts._base import definitions
+for claim in definitions():
+    args, kw = registration.read_inputs(claim)
+    studies = definitions()[claim]["rule"]["studies"]
+    v = registration.judged(getattr(verdicts, claim.lower()), claim, *args,
+                            records=registration.records_of(studies), **kw)
+    print(json.dumps(v.to_dict(), sort_keys=True))
+"""
+
+
+def test_a_shallow_clone_writes_byte_identical_verdicts(tmp_path, committed):
+    """`git clone --depth 1` (CI's usual clone) has no history: its notebooks read the
+    committed registration findings and write the verdicts a full clone writes, byte for byte
+    (here: every claim's verdict from its committed inputs, as the notebooks compute it)."""
+    import os
+
+    from repro.results import repo_root
+
+    root = repo_root()
+    clones = {}
+    for name, depth in (("shallow", ["--depth", "1"]), ("full", [])):
+        clones[name] = tmp_path / name
+        git(tmp_path, "clone", "-q", *depth, f"file://{root}", str(clones[name]))
+    assert not H.available(clones["shallow"]) and H.available(clones["full"])
+    out = {}
+    for name, clone in clones.items():
+        env = {**os.environ, "PYTHONPATH": str(clone), "REPRO_ROOT": str(clone),
+               "REPRO_VERDICTS": str(tmp_path / f"v-{name}"), "JAX_PLATFORMS": "cpu"}
+        run = subprocess.run([sys.executable, "-c", SHALLOW_JUDGE], cwd=clone, env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        out[name] = run.stdout
+        inputs = sorted((tmp_path / f"v-{name}" / "inputs").glob("*.json"))
+        assert [p.read_bytes() for p in inputs] == [
+            (clone / "verdicts" / "inputs" / p.name).read_bytes() for p in inputs]
+    assert out["shallow"] == out["full"] and len(out["full"].splitlines()) == len(CLAIM_IDS)
+    assert "registration not checked" not in out["shallow"]

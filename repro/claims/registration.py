@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import warnings
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
@@ -180,7 +181,8 @@ def summary(found: dict[str, Any] | None = None, root: Path | str | None = None
 
     found = findings() if found is None else found
     rows = []
-    for claim, f in found.get("claims", {}).items():
+    order = [c for c in definitions() if c in found.get("claims", {})]
+    for claim, f in ((c, found["claims"][c]) for c in order):
         at, ch = f["rule_at_data"], f["changed"]
         if at is None:
             first = "none (no rule before its data)"
@@ -214,4 +216,8 @@ def records_of(studies: list[str]) -> pd.DataFrame | None:
         df = df[df["profile"] == "full"] if len(df) else df
         if len(df):
             parts.append(staleness.split(df.reset_index(drop=True))[0])
-    return pd.concat(parts, ignore_index=True) if parts else None
+    if not parts:
+        return None
+    with warnings.catch_warnings():  # studies' records have columns the others lack
+        warnings.simplefilter("ignore", FutureWarning)
+        return pd.concat(parts, ignore_index=True)

@@ -521,6 +521,16 @@ NOTEBOOK_INPUTS: dict[str, Callable[[str, tuple, dict, Any], dict[str, Any]]] = 
     "notebooks/04_rl_quality.py": _rl_quality,
 }
 
+def reads_records(version: dict[str, Any]) -> bool:
+    """Whether a version of a rule reads the committed records themselves rather than the
+    tables today's verdict is given (:data:`RECORD_READERS`)."""
+    code = version.get("code") or {}
+    return code.get("kind") == "function" and code.get("entry") in RECORD_READERS
+
+
+#: older verdict functions that read the records themselves
+RECORD_READERS = frozenset({"b3_verdict"})
+
 #: older verdict function -> (args, kwargs) it took, from today's inputs and the records
 FUNCTION_INPUTS: dict[str, Callable[[tuple, dict, Any], tuple[tuple, dict]]] = {
     # it read the lm records themselves (stored bytes), today's rule their ratios

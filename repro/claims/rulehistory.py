@@ -481,7 +481,9 @@ class Version:
         return bool(self.rule.get("rule")) or self.code is not None
 
     def digest(self) -> str:
-        return hashlib.sha256(self.fingerprint().encode()).hexdigest()[:12]
+        """A name for this version of this claim's rule (two claims decided by one notebook
+        cell share its code, not their versions)."""
+        return f"{self.claim}-" + hashlib.sha256(self.fingerprint().encode()).hexdigest()[:12]
 
     def to_dict(self) -> dict[str, Any]:
         """What :func:`repro.claims.rulecode.decide` runs."""
@@ -753,6 +755,9 @@ def _prove(before, after, inputs, records, examples):
         return "not run", f"on today's inputs: {e}"
     if old != new:
         return "differently", f"on today's inputs: {old} before, {new} after"
+    if any(rulecode.reads_records(v) for v in (before, after)):
+        return "the same", ("on today's inputs (tables generated from them do not apply: a "
+                            "version read the records themselves)")
     slots = _slots([list(args), kw])
     if not slots or not examples:
         return "the same", "on today's inputs" + ("" if examples else
