@@ -103,7 +103,7 @@ def test_a_change_only_generated_tables_tell_apart_is_still_a_change(tmp_path):
     assert c["decides"] == "differently" and "generated" in c["how"], c
 
 
-def test_the_verdict_under_the_first_rule_is_shown_where_it_differs(tmp_path):
+def test_the_first_rules_verdict_is_shown_in_a_small_repository(tmp_path):
     helper = RULE.replace('table["ratio"].max()', 'table["ratio"].min()')
     root, made = small_repo(tmp_path, {"helper": helper})
     found = findings(root)

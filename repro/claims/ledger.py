@@ -42,10 +42,10 @@ __all__ = ["CHANGED", "NOTE_LIMIT", "PAGE", "ROW_LIMIT", "VERDICTS", "Verdict", 
 ROW_LIMIT = NOTE_LIMIT = 300
 #: The mark of a verdict whose rule changed a decision after its data.
 CHANGED = "†"
-LEGEND = (f"{CHANGED} The claim's rule changed a decision after its first data: a later commit "
-          "decides differently on some input (`repro registration` names it). Where the rule "
-          "it had when the data came gives another verdict on the same records, the caveat "
-          "says so.")
+LEGEND = (f"{CHANGED} The claim's rule changed after its first data: a later commit decides "
+          "differently on some input, or the rule was first written after the data (`repro "
+          "registration` names the commit). Where the rule it had when the data came gives "
+          "another verdict on the same records, the caveat says so.")
 #: The ledger's page, under the repository root (generated: ``repro claims --write``).
 PAGE = "docs/ledger.md"
 

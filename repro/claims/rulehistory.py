@@ -765,8 +765,12 @@ def _prove(before, after, inputs, records, examples):
     cuts = thresholds(before, after)
     values = sorted({v for c in cuts for v in (c, c - 1e-3, c + 1e-3, c * 0.999, c * 1.001)}
                     | {0.0})
-    moves = st.lists(st.tuples(st.integers(0, len(slots) - 1), st.integers(0, 10 ** 6),
-                               st.sampled_from(values)), min_size=1, max_size=6)
+    # a few rows, each with a few of its numbers moved together (a rule may need two
+    # columns of one row to cross its thresholds at once)
+    rows = st.tuples(st.integers(0, 10 ** 6), st.lists(st.tuples(
+        st.integers(0, len(slots) - 1), st.sampled_from(values)), min_size=1, max_size=4))
+    moves = st.lists(rows, min_size=1, max_size=3).map(
+        lambda rs: [(slot, row, value) for row, sv in rs for slot, value in sv])
     seen: dict[str, Any] = {}
 
     def differs(m) -> bool:
