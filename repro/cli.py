@@ -665,9 +665,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--check", action="store_true", help="compute it and exit 1 when the "
                    "committed file differs")
     g.add_argument("--examples", type=number(int, -1, "--examples must be 0 or more"),
-                   default=40, metavar="N",
+                   default=100, metavar="N",
                    help="tables generated per commit to look for a changed decision "
-                   "(default 40)")
+                   "(default 100)")
     g.add_argument("--verbose", action="store_true", help="name each commit as it is checked")
     g.set_defaults(func=cmd_registration)
 

@@ -715,7 +715,7 @@ def _apply(inputs: Any, slots: list, moves: list[tuple[int, int, float]]) -> tup
 
 
 def prove(before: dict[str, Any], after: dict[str, Any], inputs: tuple[tuple, dict],
-          records: Any = None, examples: int = 40) -> tuple[str, str]:
+          records: Any = None, examples: int = 100) -> tuple[str, str]:
     """Whether two versions of a rule decide differently: on ``inputs`` (today's, as the
     verdict function takes them), then on inputs generated from them with numbers moved onto
     and around the rules' thresholds (Hypothesis, derandomized: the same answer every run).
@@ -769,8 +769,11 @@ def _prove(before, after, inputs, records, examples):
     # columns of one row to cross its thresholds at once)
     rows = st.tuples(st.integers(0, 10 ** 6), st.lists(st.tuples(
         st.integers(0, len(slots) - 1), st.sampled_from(values)), min_size=1, max_size=4))
-    moves = st.lists(rows, min_size=1, max_size=3).map(
+    grouped = st.lists(rows, min_size=1, max_size=3).map(
         lambda rs: [(slot, row, value) for row, sv in rs for slot, value in sv])
+    scattered = st.lists(st.tuples(st.integers(0, len(slots) - 1), st.integers(0, 10 ** 6),
+                                   st.sampled_from(values)), min_size=1, max_size=6)
+    moves = st.one_of(grouped, scattered)
     seen: dict[str, Any] = {}
 
     def differs(m) -> bool:
@@ -799,7 +802,7 @@ def _where(v: Version) -> str:
     return v.code.path if v.code else CLAIMS_PATH
 
 
-def build(root: Path | str, examples: int = 40, only: list[str] | None = None,
+def build(root: Path | str, examples: int = 100, only: list[str] | None = None,
           progress=None, records_of=None) -> dict[str, Any]:
     """The registration findings of every claim (``repro/data/registration.json``), from the
     history of ``root`` (which must be whole) and its committed verdict inputs; each change
