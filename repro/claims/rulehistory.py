@@ -682,7 +682,8 @@ def _copy_inputs(x: Any) -> Any:
 
 
 def _apply(inputs: Any, slots: list, moves: list[tuple[int, int, float]]) -> tuple[Any, str]:
-    """``inputs`` with ``moves`` applied (slot, row, value), and what was moved, in words."""
+    """``inputs`` with ``moves`` applied (slot, row, value; row -1: every row of its table),
+    and what was moved, in words."""
     data = [_copy_inputs(v) for v in inputs]  # [args (list), kwargs]
     data[0] = list(data[0])
     said = []
@@ -702,15 +703,15 @@ def _apply(inputs: Any, slots: list, moves: list[tuple[int, int, float]]) -> tup
             said.append(f"{path[-1]} = {new:g}")
             continue
         frame = _get(data, path)
-        i = row % len(frame)
         j = list(frame.columns).index(column)
-        if kind == "flag":
-            new = not bool(frame.iat[i, j])
-        else:
-            new = int(round(value)) if frame[column].dtype.kind in "iu" else float(value)
-        frame.iat[i, j] = new
-        said.append(f"{column} of row {i} = {new:g}" if kind != "flag" else
-                    f"{column} of row {i} = {new}")
+        for i in (range(len(frame)) if row < 0 else [row % len(frame)]):
+            if kind == "flag":
+                new = not bool(frame.iat[i, j])
+            else:
+                new = int(round(value)) if frame[column].dtype.kind in "iu" else float(value)
+            frame.iat[i, j] = new
+        where = "every row" if row < 0 else f"row {row % len(frame)}"
+        said.append(f"{column} of {where} " + ("flipped" if kind == "flag" else f"= {new:g}"))
     return (tuple(data[0]), data[1]), ", ".join(said)
 
 
@@ -773,7 +774,10 @@ def _prove(before, after, inputs, records, examples):
         lambda rs: [(slot, row, value) for row, sv in rs for slot, value in sv])
     scattered = st.lists(st.tuples(st.integers(0, len(slots) - 1), st.integers(0, 10 ** 6),
                                    st.sampled_from(values)), min_size=1, max_size=6)
-    moves = st.one_of(grouped, scattered)
+    # a whole column set to one value (every row at a threshold; a flag flipped everywhere)
+    columns = st.lists(st.tuples(st.integers(0, len(slots) - 1), st.just(-1),
+                                 st.sampled_from(values)), min_size=1, max_size=3)
+    moves = st.one_of(columns, grouped, scattered)
     seen: dict[str, Any] = {}
 
     def differs(m) -> bool:
