@@ -179,7 +179,10 @@ def _round(x: float) -> float | None:
 def _extent(values) -> list | None:
     import numpy as np
 
-    v = np.asarray(values, float).ravel()
+    try:
+        v = np.asarray(values, float).ravel()
+    except (TypeError, ValueError):  # categories (text): no extent
+        return None
     v = v[np.isfinite(v)]
     return [_round(v.min()), _round(v.max())] if len(v) else None
 
@@ -200,10 +203,10 @@ def plotted(fig) -> list[dict]:
         for ln in ax.lines:  # reference lines (axhline...) are not in data coordinates
             if ln.get_transform() is not ax.transData:
                 continue
-            x, y = ln.get_xdata(), ln.get_ydata()
-            if len(x):
-                series.append({"kind": "line", "label": ln.get_label(), "n": len(x),
-                               "x": _extent(x), "y": _extent(y)})
+            xy = ln.get_xydata()  # in the axes' units (categories as their positions)
+            if len(xy):
+                series.append({"kind": "line", "label": ln.get_label(), "n": len(xy),
+                               "x": _extent(xy[:, 0]), "y": _extent(xy[:, 1])})
         for c in ax.collections:
             if isinstance(c, PolyCollection):
                 pts = [v for p in c.get_paths() for v in p.vertices]

@@ -76,6 +76,9 @@ def check_page(table: str, rows: list[dict]) -> None:
         assert len(line) <= claims.ROW_LIMIT, line
         assert claims._cell(claims.deciding(r)) in line, (r["claim"], line)
         assert (f" {claims.CHANGED}" in line.split(" | ")[2]) == claims.changed(r)
+        if claims.first_rule(r):  # the rule before the data gives another verdict: both shown
+            assert f"**{r['verdict']}** {claims.CHANGED} first rule: {claims.first_rule(r)}" \
+                in line
     notes = [x for x in table.splitlines() if x.startswith("[^")]
     assert len(notes) == len(claims.stale_notes(rows))
     for note in notes:
@@ -131,11 +134,26 @@ def test_a_long_row_keeps_its_deciding_clause_whole_under_the_limit(vdir):
     line = next(x for x in table.splitlines() if x.startswith("| A11 |"))
     assert f"**partly** {claims.CHANGED} — stale [^10]" in line
     assert "FP8 pays from width 4096 on (policy sizes 256-4096)" in line
-    assert "detail" not in line and "contradicted under its rule before" in line and "…" in line
+    assert "detail" not in line and "and more" in line and "…" in line
     assert "x x x" not in line and "[^10]: 10_legged: A11: left out as stale: x x" in table
     term = tables.ledger(rows, width=100)
     assert f"partly {claims.CHANGED}" in term and "— stale [10]" in term
     assert "[10] 10_legged: A11:" in term and "caveat: contradicted under" in term
+
+
+def test_a_rule_whose_first_verdict_differs_shows_both_in_its_row(vdir):
+    said = "contradicted under its rule before the data (2289868, 2026-11-29); changed by " \
+           "17a3b9b (2026-11-30)"
+    claims.write_verdict(claims.Verdict(
+        "A8", "inconclusive", "P=0.44 [0.35,0.53], but no seed diverged; " + said, "h200", "x",
+        caveat=said + "; another caveat", numbers={"registration": {
+            "preregistered": 0, "changed": "17a3b9b", "first_rule_verdict": "contradicted"}}))
+    rows = claims.ledger()
+    table = claims.markdown_table(rows)
+    check_page(table, rows)
+    line = next(x for x in table.splitlines() if x.startswith("| A8 |"))
+    assert f"**inconclusive** {claims.CHANGED} first rule: contradicted" in line
+    assert "another caveat" in line and "under its rule before" not in line
 
 
 @settings(max_examples=60, deadline=None)

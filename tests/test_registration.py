@@ -349,7 +349,7 @@ def test_the_verdict_under_the_first_rule_is_shown_where_it_differs(claim, commi
             "claim": claim, "statement": "s", "verdict": v.verdict, "key_number": v.key_number,
             "hardware": v.hardware, "emulated": v.emulated, "stale": False, "stale_note": "",
             "caveat": v.caveat, "decides": v.decides, "numbers": v.numbers, "notebook": ""})
-        assert f"**{v.verdict}** {ledger.CHANGED}" in row and said in row
+        assert f"**{v.verdict}** {ledger.CHANGED} first rule: {first}" in row
     else:
         assert "under its rule before the data" not in v.key_number
 

@@ -44,8 +44,8 @@ ROW_LIMIT = NOTE_LIMIT = 300
 CHANGED = "†"
 LEGEND = (f"{CHANGED} The claim's rule changed after its first data: a later commit decides "
           "differently on some input, or the rule was first written after the data (`repro "
-          "registration` names the commit). Where the rule it had when the data came gives "
-          "another verdict on the same records, the caveat says so.")
+          "registration` names the commit). \"first rule: X\": the rule it had when the data "
+          "came gives X on the same records (the verdict's key number says when it changed).")
 #: The ledger's page, under the repository root (generated: ``repro claims --write``).
 PAGE = "docs/ledger.md"
 
@@ -175,6 +175,19 @@ def changed(row: dict[str, Any]) -> bool:
     return ((row.get("numbers") or {}).get("registration") or {}).get("preregistered") == 0
 
 
+def first_rule(row: dict[str, Any]) -> str:
+    """The verdict under the rule the claim had when its data came, where the rule changed
+    after its data and that verdict differs from the row's; else ""."""
+    reg = (row.get("numbers") or {}).get("registration") or {}
+    first = reg.get("first_rule_verdict")
+    return first if changed(row) and first in VERDICTS and first != row.get("verdict") else ""
+
+
+#: the disclosure :func:`repro.claims.registration.judged` puts first in a caveat
+_DISCLOSED = re.compile(r"^[a-z ]+ under its rule before the data \([^)]*\); changed by \w+ "
+                        r"\([^)]*\)(; )?")
+
+
 def caveat(row: dict[str, Any]) -> str:
     """The row's caveat: the verdict's ``caveat`` (where the rule before its data gives
     another verdict, that comes first, :func:`repro.claims.registration.judged`)."""
@@ -249,14 +262,19 @@ def markdown_row(r: dict[str, Any], limit: int = ROW_LIMIT, base: str = "") -> s
     """One claim's row, at most ``limit`` characters, its deciding clause (:func:`deciding`)
     whole: what does not fit is cut from the caveat, then the statement, then the hardware;
     only a deciding clause longer than the row loses its parenthesised detail, then its end.
-    ``base``: the path from the page to the repository root, for the notebook's link."""
+    A rule changed after its data carries :data:`CHANGED`, and "first rule: X" where the rule
+    before its data gives another verdict (:func:`first_rule`; the caveat's longer
+    disclosure of it is left to the verdict). ``base``: the path from the page to the
+    repository root, for the notebook's link."""
     nb = f"[{_mark(r['notebook'])}]({base}{markdown.page(r['notebook'])})" if r["notebook"] else ""
     mark = stale_mark(r)
     if "[" in mark:  # a footnote reference
         mark = mark.replace(" [", " [^")
-    verdict = f"**{r['verdict']}**" + (f" {CHANGED}" if changed(r) else "") + mark
+    first = first_rule(r)
+    verdict = (f"**{r['verdict']}**" + (f" {CHANGED}" if changed(r) else "")
+               + (f" first rule: {first}" if first else "") + mark)
     emu = " (emulated)" if r.get("emulated") else ""
-    key, cav = _cell(deciding(r)), _cell(caveat(r))
+    key, cav = _cell(deciding(r)), _cell(_DISCLOSED.sub("", caveat(r)))
     statement, hw = _cell(r["statement"]), _cell(r["hardware"])
 
     def row(s: str, k: str, c: str, h: str) -> str:
