@@ -414,6 +414,7 @@ for claim in definitions():
 """
 
 
+@pytest.mark.slow
 def test_a_shallow_clone_writes_byte_identical_verdicts(tmp_path, committed):
     """`git clone --depth 1` (CI's usual clone) has no history: its notebooks read the
     committed registration findings and write the verdicts a full clone writes, byte for byte

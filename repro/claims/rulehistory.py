@@ -536,6 +536,7 @@ class Event:
     after: Version
 
 
+@functools.lru_cache(maxsize=None)
 def history(git: Git, claim: str, notebook: str | None = None) -> list[Event]:
     """Every commit of HEAD that changed ``claim``'s rule, oldest first: a commit whose
     version differs from its first parent's (a merge only where it differs from every parent,
