@@ -209,6 +209,8 @@ def stale_notes(rows: list[dict[str, Any]]) -> dict[str, str]:
         text = f"{nb}: " + "; ".join(f"{', '.join(c)}: {_words(note)}"
                                      for note, c in notes.items())
         tail = "; `repro status` lists them"
+        if len(text) + len(tail) > NOTE_LIMIT:  # the commits they were recorded at go first
+            text = _RECORDED_AT.sub("", text)
         out[_mark(nb)] = _fit(text, NOTE_LIMIT - len(tail)) + tail
     return out
 
@@ -216,6 +218,9 @@ def stale_notes(rows: list[dict[str, Any]]) -> dict[str, str]:
 #: a program's text quoted in a note (the first line where two programs differ): `repro
 #: status` shows it; a footnote says in words that the program changed
 PROGRAM_TEXT = re.compile(r": first difference at line \d+: .*?(?= \(since |;|\)$|$)")
+
+
+_RECORDED_AT = re.compile(r"; recorded at [^;)]*")
 
 
 def _words(note: str) -> str:

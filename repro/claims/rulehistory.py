@@ -48,9 +48,6 @@ DEF_VERDICT = re.compile(rb"^def ([ab]\d+)(_verdict)?\(", re.M)
 NOT_CODE = frozenset({"Verdict"})
 #: the working tree, read as if it were a commit (a rule changed but not yet committed)
 WORKTREE = "WORKTREE"
-#: each claim's notebook where claims.yaml named none yet (its notebook came later)
-LATER_NOTEBOOKS = {"A11": "10_legged", "B5": "08_multigpu", "B6": "11_inference",
-                   "A12": "12_grpo"}
 
 
 class Git:
@@ -500,10 +497,17 @@ def _claims_at(git: Git, commit: str) -> dict[str, Any]:
         return {}
 
 
+def _notebook_today(claim: str) -> str | None:
+    from repro.claims.verdicts._base import definitions
+
+    return (definitions().get(claim) or {}).get("notebook")
+
+
 def version(git: Git, commit: str, claim: str, notebook: str | None = None) -> Version:
     """``claim``'s rule at ``commit`` (see the module's docstring)."""
     entry = dict(_claims_at(git, commit).get(claim) or {})
-    notebook = entry.get("notebook") or notebook or LATER_NOTEBOOKS.get(claim)
+    # where claims.yaml named no notebook yet (it came later): the one that decides it today
+    notebook = entry.get("notebook") or notebook or _notebook_today(claim)
     fns = _verdict_functions(git, commit)
     code = None
     sliced = notebook_rule(git, commit, notebook, claim) if notebook else None

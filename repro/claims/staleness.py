@@ -153,8 +153,9 @@ def why(reason: str) -> str:
 
 def describe(rows: pd.DataFrame) -> list[str]:
     """One phrase per experiment of stale ``rows``, in words and counts: how many cells
-    (record files; rows without a ``source``: records), why (:func:`why`), and since which
-    commits the code changed (``repro status`` lists each record and what changed)."""
+    (record files; rows without a ``source``: records), why (:func:`why`), recorded at which
+    commits, and since which commits the code changed (``repro status`` lists each record and
+    what changed)."""
     out = []
     for exp, g in rows.groupby("experiment", sort=True):
         reasons = (g["stale_summary"].dropna() if "stale_summary" in g
@@ -164,7 +165,8 @@ def describe(rows: pd.DataFrame) -> list[str]:
         since = _commits(g, "stale_since")
         n = f"{g['source'].nunique()} {exp} cell(s)" if "source" in g else \
             f"{len(g)} {exp} record(s)"
-        out.append(f"{n} ({words}" + (f"; code changed since {since}" if since else "") + ")")
+        out.append(f"{n} ({words}; recorded at {_commits(g, 'git_commit')}"
+                   + (f"; code changed since {since}" if since else "") + ")")
     return out
 
 
