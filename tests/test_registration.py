@@ -20,6 +20,7 @@ from repro.claims import registration as R
 from repro.claims import rulecode
 from repro.claims import rulehistory as H
 from repro.claims.verdicts import Verdict
+from repro.claims.verdicts._base import definitions
 
 
 def git(root, *args, date=None):
@@ -209,8 +210,7 @@ def test_inputs_round_trip_as_data():
 
 # ------------------------------------------------------------------------ this repository
 
-CLAIM_IDS = list(yaml.safe_load(open(R.__file__.replace("claims/registration.py",
-                                                          "data/claims.yaml"))))
+CLAIM_IDS = list(definitions())
 
 
 @pytest.fixture(autouse=True)
