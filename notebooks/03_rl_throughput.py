@@ -56,6 +56,10 @@ if nb.profile == "smoke":  # a pipeline check on this machine: scratch records, 
 df = nb.records("rl_throughput")
 table = rl_analysis.throughput_table(df)
 sp = rl_analysis.fp8_speedups(table, records=df)  # with the paired cells' ratios
+# the stale cells, left out of every verdict, drawn hollow and grey so the sweep stays visible
+old = nb.stale_rows("rl_throughput")
+old_table = rl_analysis.throughput_table(old) if len(old) else table.iloc[:0]
+old_sp = rl_analysis.fp8_speedups(old_table, records=old) if len(old_table) else sp.iloc[:0]
 print(f"committed records from: {sorted(table.hardware.unique()) if len(table) else 'none'}")
 
 # %% [markdown]
@@ -102,10 +106,12 @@ def ratio_ranges(sep, df):
     return out
 
 
-def plot_throughput(table, ranges):
+def plot_throughput(table, ranges, earlier=None, label=""):
     mlp = table[table.network == "mlp"] if len(table) else table
     mlp = mlp.merge(ranges, on=KEYS, how="left") if len(mlp) else mlp
-    panels = sorted({(h, n) for h, n in zip(mlp.hardware, mlp.num_envs)}) if len(mlp) else []
+    gone = earlier[earlier.network == "mlp"] if earlier is not None and len(earlier) else None
+    panels = sorted({(h, n) for d in (mlp, gone) if d is not None and len(d)
+                     for h, n in zip(d.hardware, d.num_envs)})
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5 * max(len(panels), 1), 4),
                              squeeze=False)
     for ax, (h, n) in zip(axes[0], panels):
@@ -119,15 +125,21 @@ def plot_throughput(table, ranges):
             ax.scatter(gr.width, gr.env_steps_per_s, edgecolors=st["color"], zorder=3,
                        marker=st["marker"],
                        facecolors=["none" if e else st["color"] for e in gr.emulated])
+        if gone is not None:
+            o = gone[(gone.hardware == h) & (gone.num_envs == n)]
+            if len(o):
+                ax.scatter(o.width, o.env_steps_per_s, label=label, **notebook.EARLIER)
         ax.set(xscale="log", yscale="log", xlabel="MLP width (units per hidden layer)",
                ylabel="throughput (env-steps/s)", title=f"{h}, {n} parallel environments")
         ax.legend(ncol=2)
     fig.suptitle("Whole PPO loop throughput (bars: range over timed rounds; hollow: emulated "
-                 "FP8, not a speed)")
+                 "FP8, not a speed; hollow grey: stale cells of an earlier program, no verdict "
+                 "uses them)")
     return fig
 
 
-nb.save(plot_throughput(table, round_ranges(df)), "03_rl_throughput", df)
+nb.save(plot_throughput(table, round_ranges(df), old_table, notebook.earlier(old)),
+        "03_rl_throughput", df)
 
 # %% [markdown]
 # ## A2: FP8 over FP16 and BF16
@@ -138,6 +150,8 @@ nb.save(plot_throughput(table, round_ranges(df)), "03_rl_throughput", df)
 # round of one cell with the fastest of the other (its widest range). A diamond is a paired cell:
 # the recipes compiled together and timed in rounds (A, B, A, B, ...), the median of the per-round
 # ratios with their range; where a hardware has paired cells, A2 is judged from them alone.
+# Hollow grey marks: the cells whose program has changed since they were recorded (stale), drawn
+# as what an earlier program measured so the sweep stays visible; no verdict uses them.
 
 # %%
 fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex=True)
@@ -165,18 +179,25 @@ for i, (kind, what) in enumerate((("e2e", "whole loop"), ("update", "update only
                                 (~gg.same_commit & ~gg.emulated, dict(marker="x", s=50, color=c)),
                                 (gg.emulated, dict(marker="o", facecolors="none", edgecolors=c))):
                 ax.scatter(gg.width[mask], gg[kind][mask], zorder=3, **style)
+        o = old_sp[(old_sp.baseline == base) & (old_sp.network == "mlp")] if len(old_sp) \
+            else old_sp
+        if len(o):  # stale cells: what an earlier program measured, in no verdict
+            ax.scatter(o.width, o[kind], label=notebook.earlier(old), **notebook.EARLIER)
         ax.axhline(1.6, ls="--", color="k", lw=1)
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set(xscale="log", ylabel=f"FP8 / {base.upper()} speedup (x)",
                title=f"{what}, FP8 over {base.upper()}")
-        if len(w := sp.width[sp.network == "mlp"] if len(sp) else []):
+        widths = pd.concat([d.width[d.network == "mlp"] for d in (sp, old_sp) if len(d)]) \
+            if len(sp) or len(old_sp) else []
+        if len(w := widths):
             # a decade around the widths (error bars at one width collapse the autoscale)
             ax.set_xlim(w.min() / 2 ** 1.5, w.max() * 2 ** 1.5)
         if i == 1:
             ax.set_xlabel("MLP width (units per hidden layer)")
 axes[0, 0].legend(fontsize=7)
 fig.suptitle("FP8 speedup (dashed: the claimed 1.6x; x: cells of different GPU calls; bars: "
-             "range over timed rounds)")
+             "range over timed rounds; hollow grey: stale cells of an earlier program, in no "
+             "verdict)")
 nb.save(fig, "03_rl_speedup", df)
 # the headline series (whole loop, FP8 over FP16, MLP) as data: `dvc plots diff` overlays commits
 head = rl_analysis.separate(sp[(sp.baseline == "fp16") & (sp.network == "mlp")]) if len(sp) \

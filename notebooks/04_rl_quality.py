@@ -138,7 +138,7 @@ poi = (stats.probability_of_improvement(scores, PAIRS, reps=1000) if scores
        else pd.DataFrame(columns=["x", "y", "p", "lo", "hi"]))
 
 
-def plot_intervals(names, mid, lo, hi, ref, xlabel, title, colours):
+def plot_intervals(names, mid, lo, hi, ref, xlabel, title, colours, bounds=None):
     fig, ax = plt.subplots(figsize=(7, 0.42 * max(len(names), 2) + 1.2))
     y = np.arange(len(names))[::-1]
     ax.hlines(y, lo, hi, lw=6, alpha=0.6, color=[plotstyle.color(c) for c in colours])
@@ -146,6 +146,8 @@ def plot_intervals(names, mid, lo, hi, ref, xlabel, title, colours):
     ax.set_yticks(y, names)
     ax.axvline(ref, color="grey", lw=0.8)
     ax.set(xlabel=xlabel, title=title)
+    if bounds is not None:  # a probability: its axis shows its whole range
+        plotstyle.bounded(ax, "x", *bounds)
     return fig
 
 
@@ -157,7 +159,7 @@ nb.save(plot_intervals(agg.variant, agg.iqm, agg.iqm_lo, agg.iqm_hi, 1.0,
         if len(agg) else plt.figure(), "04_rl_iqm", df[df.hardware == HWQ])
 nb.save(plot_intervals([f"P({a} > {b})" for a, b in zip(poi.x, poi.y)], poi.p, poi.lo, poi.hi,
                        0.5, "probability of improvement, 95% CI",
-                       f"Probability of improvement\n{where}", poi.x)
+                       f"Probability of improvement\n{where}", poi.x, bounds=(0, 1))
         if len(poi) else plt.figure(), "04_rl_poi", df[df.hardware == HWQ])
 display(agg.round(3))
 poi.round(3)

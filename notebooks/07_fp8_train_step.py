@@ -24,7 +24,9 @@
 # (`fp8_min_dim=1024`) was chosen from these same records (the H200's crossover), and below it
 # the policy runs no FP8 GEMM at all, so its "speedup" there is BF16 timed against BF16. A row
 # whose compiled step has no FP8 GEMM (`extra.fp8_lowering == "no-f8"`) is labelled
-# "no FP8 GEMM: ran BF16" in every table and left out of every FP8 number. **The GEMM ceiling** of a width is the FP8/16-bit rate
+# "no FP8 GEMM: ran BF16" in every table and left out of every FP8 number; a row of emulated FP8
+# (a chip without FP8 arithmetic, such as the TPU v5e) is labelled "emulated FP8: not a speed"
+# and is no speed either. **The GEMM ceiling** of a width is the FP8/16-bit rate
 # ratio of the `65536 x W x W` GEMM in the `gemm` records of the same hardware (notebook 02),
 # the 16-bit rate the faster of BF16 and FP16: a step made of such GEMMs cannot beat it by
 # much (the weight-gradient GEMMs have another shape: a guide, not a wall).
@@ -222,10 +224,9 @@ lines = []
 for _, r in measured.iterrows():
     ours = ", ".join(f"{d} {r[d]:.2f}x" for d in T.OURS if pd.notna(r[d]))
     met = f"met by {r['met by']}" if r["met by"] != "neither" else "missed by both defaults"
-    policy = "".join(f"; policy {p} {r[p + ' (policy)']:.2f}x"
-                     + (" (no FP8 GEMM: BF16 against BF16)" if r[p + " ran"] == T.NO_FP8
-                        else "")
-                     for p in POLICIES if pd.notna(r[p + " (policy)"]))
+    policy = "".join(f"; policy {p} {r[p + ' (policy)']:.2f}x" if pd.notna(r[p + " (policy)"])
+                     else f"; policy {p} ran no FP8 GEMM here (BF16, no FP8 number)"
+                     if r[p + " ran"] == T.NO_FP8 else "" for p in POLICIES)
     ceiling = (f"{r['GEMM ceiling']:.2f}x" if pd.notna(r["GEMM ceiling"]) else "not recorded")
     lines.append(f"- {r.hardware}, width {r.width}: {ours} BF16 against the target "
                  f"{r.target:.2f}x ({met}){policy}; flax peer {r['flax peer']:.2f}x, GEMM "

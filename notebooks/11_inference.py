@@ -211,20 +211,29 @@ mem if len(mem) else "no memory records in the committed records"
 
 # %%
 def plot_speed(spd):
-    """One row per machine (each its best evidence: full profile where it has one)."""
+    """One row per machine (each its best evidence: full profile where it has one), one panel
+    per config that machine timed: no machine shows an empty panel for another's config."""
     spd = pd.concat([A.best_evidence(g) for _, g in spd.groupby("hardware")])
     spd = spd.assign(where=spd["phase"] + ", batch " + spd["batch"].astype(str))
-    with plt.rc_context({"figure.constrained_layout.use": False}):  # seaborn lays out itself
-        g = sns.catplot(data=spd, x="where", y="speedup", hue="format", col="config",
-                        row="hardware", kind="bar", height=3.2, aspect=1.5, sharex=False,
-                        palette=plotstyle.palette(spd["format"]))
-    for ax in g.axes.flat:
-        ax.axhline(1.0, color="black", lw=0.8)
-        ax.set(xlabel="phase, batch (sequences)", ylabel="tokens/s vs BF16 (x)")
+    rows = {h: sorted(g["config"].unique(), key=str) for h, g in spd.groupby("hardware")}
+    ncols = max(len(c) for c in rows.values())
+    fig, axes = plt.subplots(len(rows), ncols, figsize=(4.8 * ncols, 3.4 * len(rows)),
+                             squeeze=False)
+    pal = plotstyle.palette(spd["format"])
+    for axrow, (hw, configs) in zip(axes, rows.items()):
+        for ax, config in zip(axrow, configs):
+            d = spd[(spd["hardware"] == hw) & (spd["config"] == config)]
+            sns.barplot(data=d, x="where", y="speedup", hue="format", palette=pal, ax=ax)
+            ax.axhline(1.0, color="black", lw=0.8)
+            ax.set(xlabel="phase, batch (sequences)", ylabel="tokens/s vs BF16 (x)",
+                   title=f"{hw}, {config}")
+            ax.legend(fontsize=7)
+        for ax in axrow[len(configs):]:
+            ax.set_visible(False)  # this machine timed fewer configs
     emulated = sorted(spd.loc[spd["emulated"], "format"].unique())
-    g.figure.suptitle(f"Tokens/s vs BF16 timed in the same run (emulated, not evidence: "
-                      f"{', '.join(emulated) or 'none'})", y=1.03)
-    return g.figure
+    fig.suptitle(f"Tokens/s vs BF16 timed in the same run (emulated, not evidence: "
+                 f"{', '.join(emulated) or 'none'})")
+    return fig
 
 
 def rounded(spd):

@@ -72,7 +72,7 @@ def test_round_ratio_range_pairs_rounds():
     assert all(math.isnan(x) for x in stats.round_ratio_range([1, 2], [1]))
 
 
-def test_seed_band_draws_the_mean_and_a_band_only_over_several_seeds():
+def test_seed_band_draws_the_mean_and_a_band_only_over_three_seeds_or_more():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -80,11 +80,15 @@ def test_seed_band_draws_the_mean_and_a_band_only_over_several_seeds():
     import numpy as np
 
     fig, ax = plt.subplots()
-    line = plotstyle.seed_band(ax, [0, 1, 2], [[1, 2, np.nan], [3, 4, 5]], "#000000")
+    line = plotstyle.seed_band(ax, [0, 1, 2], [[1, 2, np.nan], [3, 4, 5], [2, 3, 5]],
+                               "#000000")
     assert list(line.get_ydata()) == [2, 3, 5] and len(ax.collections) == 1
+    fig, ax = plt.subplots()  # two seeds: each drawn, no band (its t-interval says little)
+    line = plotstyle.seed_band(ax, [0, 1, 2], [[1, 2, np.nan], [3, 4, 5]], "#000000")
+    assert list(line.get_ydata()) == [2, 3, 5] and not ax.collections and len(ax.lines) == 3
     fig, ax = plt.subplots()
     plotstyle.seed_band(ax, [0, 1], [[1, 2]], "#000000")
-    assert not ax.collections
+    assert not ax.collections and len(ax.lines) == 1
     plt.close("all")
 
 

@@ -8,11 +8,15 @@ them with the claim list in ``repro/data/claims.yaml``; ``repro claims`` prints 
 the README links: the README itself is prose, which no pipeline step rewrites.
 
 The ledger's table (docs/ledger.md) tells each claim's story in one row of at most
-:data:`ROW_LIMIT` characters: the verdict, the key number's first clause (the number at the
-rule's config), the one caveat that most limits it (the verdict's ``caveat``) and a link to its
-executed notebook (``docs/notebooks/``, :func:`repro.markdown.page`). What is stale goes to one
-footnote per notebook under the table (:func:`stale_notes`), marked in the row; the terminal
-ledger marks and lists them the same way.
+:data:`ROW_LIMIT` characters: the verdict, the clause of the key number that decides it (the
+verdict's ``decides``, else its first clause), whole; the one caveat that most limits it (the
+verdict's ``caveat``) and a link to its executed notebook (``docs/notebooks/``,
+:func:`repro.markdown.page`). A verdict whose rule changed a decision after its data carries
+one mark, :data:`CHANGED` (:mod:`repro.claims.registration`; the legend under the table says
+what it means); the caveat says more only where the rule before the data gives another
+verdict. What is stale goes to one footnote per notebook under the table (:func:`stale_notes`),
+in words and counts, at most :data:`NOTE_LIMIT` characters; the terminal ledger marks and lists
+them the same way.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -29,12 +34,18 @@ import yaml
 from repro.claims.verdicts import VERDICTS, Verdict
 from repro import markdown
 
-__all__ = ["PAGE", "ROW_LIMIT", "VERDICTS", "Verdict", "claims", "headline", "ledger",
-           "markdown_table", "page", "read_verdict", "stale_notes", "verdicts_dir",
-           "write_page", "write_verdict"]
+__all__ = ["CHANGED", "NOTE_LIMIT", "PAGE", "ROW_LIMIT", "VERDICTS", "Verdict", "claims",
+           "deciding", "headline", "ledger", "markdown_table", "page", "read_verdict",
+           "stale_notes", "verdicts_dir", "write_page", "write_verdict"]
 
-#: The longest row of the ledger's table, in characters.
-ROW_LIMIT = 300
+#: The longest row of the ledger's table, and the longest footnote, in characters.
+ROW_LIMIT = NOTE_LIMIT = 300
+#: The mark of a verdict whose rule changed a decision after its data.
+CHANGED = "†"
+LEGEND = (f"{CHANGED} The claim's rule changed after its first data: a later commit decides "
+          "differently on some input, or the rule was first written after the data (`repro "
+          "registration` names the commit). \"first rule: X\": the rule it had when the data "
+          "came gives X on the same records (the verdict's key number says when it changed).")
 #: The ledger's page, under the repository root (generated: ``repro claims --write``).
 PAGE = "docs/ledger.md"
 
@@ -114,7 +125,7 @@ def ledger() -> list[dict[str, Any]]:
                      "source": v.get("source", ""), "note": v.get("note", ""),
                      "emulated": bool(v.get("emulated", False)),
                      "stale": bool(v.get("stale", False)), "stale_note": v.get("stale_note", ""),
-                     "caveat": v.get("caveat", ""),
+                     "caveat": v.get("caveat", ""), "decides": v.get("decides", ""),
                      "numbers": v.get("numbers", {}), "notebook": c.get("notebook") or ""})
     return rows
 
@@ -148,36 +159,73 @@ def _fit(text: str, n: int) -> str:
 
 def headline(key_number: str) -> str:
     """The key number's first clause: the number at the rule's config (the verdict functions
-    write it first; what follows is detail, and the registration check's sentence)."""
+    write it first; what follows is detail)."""
     parts = _top_clauses(" ".join(str(key_number).split()))
     return parts[0] if parts else ""
 
 
-def caveat(row: dict[str, Any]) -> str:
-    """The row's caveat: the verdict's ``caveat``, else what its numbers say about its rule's
-    registration (changed after its data, and the verdict under the rule first registered)."""
-    if row.get("caveat"):
-        return str(row["caveat"])
+def deciding(row: dict[str, Any]) -> str:
+    """The clause of the row's key number that decides its verdict: its ``decides``, else
+    the key number's first clause."""
+    return " ".join(str(row.get("decides") or "").split()) or headline(row.get("key_number", ""))
+
+
+def changed(row: dict[str, Any]) -> bool:
+    """Whether the row's rule changed a decision after its data (its registration numbers)."""
+    return ((row.get("numbers") or {}).get("registration") or {}).get("preregistered") == 0
+
+
+def first_rule(row: dict[str, Any]) -> str:
+    """The verdict under the rule the claim had when its data came, where the rule changed
+    after its data and that verdict differs from the row's; else ""."""
     reg = (row.get("numbers") or {}).get("registration") or {}
-    if reg.get("preregistered") == 0:
-        first = reg.get("first_rule_verdict")
-        return "rule changed after its data" + (f"; {first} under the first rule" if first
-                                                 else "")
-    return ""
+    first = reg.get("first_rule_verdict")
+    return first if changed(row) and first in VERDICTS and first != row.get("verdict") else ""
+
+
+#: the disclosure :func:`repro.claims.registration.judged` puts first in a caveat
+_DISCLOSED = re.compile(r"^[a-z ]+ under its rule before the data \([^)]*\); changed by \w+ "
+                        r"\([^)]*\)(; )?")
+
+
+def caveat(row: dict[str, Any]) -> str:
+    """The row's caveat: the verdict's ``caveat`` (where the rule before its data gives
+    another verdict, that comes first, :func:`repro.claims.registration.judged`)."""
+    return str(row.get("caveat") or "")
 
 
 def stale_notes(rows: list[dict[str, Any]]) -> dict[str, str]:
     """One note per notebook whose verdicts name stale records: {mark: text}, the mark the
-    notebook's number (``03``), the text its distinct stale notes, each after its claims."""
+    notebook's number (``03``), the text its distinct stale notes, each after its claims, in
+    at most :data:`NOTE_LIMIT` characters (the full notes: the verdicts, ``repro status``)."""
     by_nb: dict[str, dict[str, list[str]]] = {}
     for r in rows:
         if r.get("stale_note"):
             nb = r.get("notebook") or r["claim"]
             by_nb.setdefault(nb, {}).setdefault(" ".join(r["stale_note"].split()),
                                                 []).append(r["claim"])
-    return {_mark(nb): f"{nb}: " + "; ".join(f"{', '.join(c)}: {note}"
-                                             for note, c in notes.items())
-            for nb, notes in by_nb.items()}
+    out = {}
+    for nb, notes in by_nb.items():
+        text = f"{nb}: " + "; ".join(f"{', '.join(c)}: {_words(note)}"
+                                     for note, c in notes.items())
+        tail = "; `repro status` lists them"
+        if len(text) + len(tail) > NOTE_LIMIT:  # the commits they were recorded at go first
+            text = _RECORDED_AT.sub("", text)
+        out[_mark(nb)] = _fit(text, NOTE_LIMIT - len(tail)) + tail
+    return out
+
+
+#: a program's text quoted in a note (the first line where two programs differ): `repro
+#: status` shows it; a footnote says in words that the program changed
+PROGRAM_TEXT = re.compile(r": first difference at line \d+: .*?(?= \(since |;|\)$|$)")
+
+
+_RECORDED_AT = re.compile(r"; recorded at [^;)]*")
+
+
+def _words(note: str) -> str:
+    """A stale note without the program text an older verdict may quote."""
+    return PROGRAM_TEXT.sub("", note)
 
 
 def _mark(notebook: str) -> str:
@@ -198,28 +246,63 @@ def _cell(text: str) -> str:  # a pipe or a newline would break the table row
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def _shorter(text: str) -> str:
+    """``text`` with its last parenthesised part dropped (the detail a clause can lose
+    before its deciding term), or unchanged where it has none."""
+    depth, start = 0, None
+    for i in range(len(text) - 1, -1, -1):
+        if text[i] == ")":
+            depth += 1
+            if depth == 1:
+                end = i
+        elif text[i] == "(" and depth:
+            depth -= 1
+            if depth == 0:
+                start = i
+                return (text[:start].rstrip() + text[end + 1:]).strip()
+    return text
+
+
 def markdown_row(r: dict[str, Any], limit: int = ROW_LIMIT, base: str = "") -> str:
-    """One claim's row, at most ``limit`` characters: the key number's headline and the
-    caveat share what the claim, statement, verdict, hardware and notebook leave. ``base``:
-    the path from the page to the repository root, for the notebook's link."""
+    """One claim's row, at most ``limit`` characters, its deciding clause (:func:`deciding`)
+    whole: what does not fit is cut from the caveat, then the statement, then the hardware;
+    only a deciding clause longer than the row loses its parenthesised detail, then its end.
+    A rule changed after its data carries :data:`CHANGED`, and "first rule: X" where the rule
+    before its data gives another verdict (:func:`first_rule`; the caveat's longer
+    disclosure of it is left to the verdict). ``base``: the path from the page to the
+    repository root, for the notebook's link."""
     nb = f"[{_mark(r['notebook'])}]({base}{markdown.page(r['notebook'])})" if r["notebook"] else ""
     mark = stale_mark(r)
     if "[" in mark:  # a footnote reference
         mark = mark.replace(" [", " [^")
-    verdict = f"**{r['verdict']}**{mark}"
-    key = _cell(headline(r["key_number"]))
+    first = first_rule(r)
+    verdict = (f"**{r['verdict']}**" + (f" {CHANGED}" if changed(r) else "")
+               + (f" first rule: {first}" if first else "") + mark)
     emu = " (emulated)" if r.get("emulated") else ""
-    cav = _cell(caveat(r))
+    key, cav = _cell(deciding(r)), _cell(_DISCLOSED.sub("", caveat(r)))
     statement, hw = _cell(r["statement"]), _cell(r["hardware"])
 
-    def row(k: str, c: str) -> str:
-        return f"| {r['claim']} | {statement} | {verdict} | {k}{emu} | {c} | {hw} | {nb} |"
+    def row(s: str, k: str, c: str, h: str) -> str:
+        return f"| {r['claim']} | {s} | {verdict} | {k}{emu} | {c} | {h} | {nb} |"
 
-    room = limit - 1 - len(row("", ""))
-    if len(key) + len(cav) > room:
-        cav = _fit(cav, max(room // 2, room - len(key)))
-        key = _fit(key, room - len(cav))
-    return row(key, cav)
+    def over() -> int:
+        return len(row(statement, key, cav, hw)) - limit
+
+    for field, keep in (("cav", 60), ("statement", 60), ("hw", 24), ("cav", 0),
+                        ("statement", 24), ("hw", 0)):
+        if over() <= 0:
+            break
+        if field == "cav":
+            cav = _fit(cav, max(keep, len(cav) - over()))
+        elif field == "statement":
+            statement = _fit(statement, max(keep, len(statement) - over()))
+        else:
+            hw = _fit(hw, max(keep, len(hw) - over()))
+    while over() > 0 and _shorter(key) != key:
+        key = _shorter(key)
+    if over() > 0:
+        key = _fit(key, len(key) - over())
+    return row(statement, key, cav, hw)
 
 
 def markdown_table(rows: list[dict[str, Any]] | None = None, base: str = "") -> str:
@@ -229,6 +312,8 @@ def markdown_table(rows: list[dict[str, Any]] | None = None, base: str = "") -> 
     out = ["| claim | statement | verdict | key number | caveat | hardware | notebook |",
            "|---|---|---|---|---|---|---|"]
     out += [markdown_row(r, base=base) for r in rows]
+    if any(changed(r) for r in rows):
+        out += ["", LEGEND]
     notes = stale_notes(rows)
     if notes:
         out.append("")
@@ -247,12 +332,13 @@ writes them to `verdicts/<claim>.json`; this page joins them with the claims of
 `repro/data/claims.yaml` (`repro claims` prints the same ledger, `--json` for machines).
 Verdicts: reproduced / partly / contradicted / inconclusive / projected (a model's projection
 onto hardware not measured) / not yet measured. Smoke-profile verdicts (hardware `cpu`) are
-pipeline checks, not evidence. Each row is one line: the verdict, the key number at the
-claim's rule (its first clause), and the one caveat that most limits it (a rule changed after
-its data, a projection's validation, what a memory number measures); the whole key number
-and the records it comes from are in `repro claims` and `verdicts/<claim>.json`. "stale"
-marks a verdict that rests on records made by older code; the footnote of its notebook under
-the table names the stale records, those it rests on and those it left out.
+pipeline checks, not evidence. Each row is one line: the verdict, the clause of its key number
+that decides it, and the one caveat that most limits it (a projection's validation, what a
+memory number measures, the verdict its rule gave before the rule changed); the whole key
+number and the records it comes from are in `repro claims` and `verdicts/<claim>.json`.
+"stale" marks a verdict that rests on records made by older code; the footnote of its notebook
+under the table counts the stale records, those it rests on and those it left out, and `repro
+status` lists them.
 """
 
 
