@@ -248,7 +248,9 @@ flat
 # Filled in from the computed verdict:
 
 # %%
-lm = nb.records("lm")  # NVFP4 run natively: a non-emulated record from a chip with FP4 units
+# NVFP4 run natively: a non-emulated record from a chip with FP4 units (B1's ledger set: none
+# until a Blackwell GPU records one)
+lm = nb.ledger(nb.records("lm"), "B1")
 fp4 = [h for h in (lm.hardware.unique() if len(lm) else [])
        if h in hardware.registry() and hardware.lookup(h).has_fp4]
 native = bool(len(lm) and (lm.hardware.isin(fp4) & lm.recipe.str.contains("nvfp4")

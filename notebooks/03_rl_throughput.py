@@ -56,6 +56,14 @@ if nb.profile == "smoke":  # a pipeline check on this machine: scratch records, 
 df = nb.records("rl_throughput")
 table = rl_analysis.throughput_table(df)
 sp = rl_analysis.fp8_speedups(table, records=df)  # with the paired cells' ratios
+
+
+def speedups_of(records):
+    """The FP8 speedups of ``records`` (paired cells' ratios included): a verdict's table from
+    the records of its ledger set (`nb.ledger`); the figures draw from every fresh cell."""
+    return rl_analysis.fp8_speedups(rl_analysis.throughput_table(records), records=records)
+
+
 # the stale cells, left out of every verdict, drawn hollow and grey so the sweep stays visible
 old = nb.stale_rows("rl_throughput")
 old_table = rl_analysis.throughput_table(old) if len(old) else table.iloc[:0]
@@ -206,7 +214,7 @@ if len(head):
     nb.plot_data("03_rl_speedup", head.assign(
         series=head.hardware + " " + head.recipe + " " + head.num_envs.astype(str) + " envs")
         .pivot_table(index="width", columns="series", values="e2e", aggfunc="median"), df)
-a2 = registration.judged(verdicts.a2, "A2", sp, records=df)
+a2 = registration.judged(verdicts.a2, "A2", speedups_of(nb.ledger(df, "A2")), records=df)
 print(f"A2: {a2.verdict} | {a2.key_number}")
 (sp.round(3) if len(sp) else sp)
 
@@ -220,7 +228,7 @@ print(f"A2: {a2.verdict} | {a2.key_number}")
 # natively in both directions.
 
 # %%
-a9 = registration.judged(verdicts.a9, "A9", sp, records=df)
+a9 = registration.judged(verdicts.a9, "A9", speedups_of(nb.ledger(df, "A9")), records=df)
 print(f"A9 (speed): {a9.verdict} | {a9.key_number}")
 cnn = sp[sp.network != "mlp"] if len(sp) else sp
 (cnn.round(3) if len(cnn) else cnn)
@@ -233,7 +241,8 @@ cnn = sp[sp.network != "mlp"] if len(sp) else sp
 
 # %%
 C1 = verdicts.rule("C1")
-c1_sp = rl_analysis.paired_speedups(df, C1["recipes"], [C1["cells"]["baseline"]])
+c1_sp = rl_analysis.paired_speedups(nb.ledger(df, "C1"), C1["recipes"],
+                                    [C1["cells"]["baseline"]])
 c1_used = df[(df.hardware == C1["cells"]["hardware"]) & df.recipe.isin(C1["recipes"])] \
     if len(df) else df
 c1 = registration.judged(verdicts.c1, "C1", c1_sp, records=c1_used)
@@ -251,7 +260,7 @@ print(f"C1: {c1.verdict} | {c1.key_number}")
 # (`repro.precision.optim`), so their saving is counted from the format, not measured.
 
 # %%
-stores = rl_analysis.fp8_stores(df)
+stores = rl_analysis.fp8_stores(nb.ledger(df, "A1"))
 a1 = registration.judged(verdicts.a1, "A1", stores, records=df)
 print(f"A1: {a1.verdict} | {a1.key_number}")
 pd.DataFrame(dict(zip(stores.variant, stores.policy)))
@@ -295,7 +304,9 @@ def plot_memory(mem):
 nb.save(plot_memory(mem), "03_rl_memory", df)
 # A4's rule changed after its first records: the key number says when, and gives the verdict
 # under the rule as first registered (fp8-delayed over FP16 alone) from the same table
-a4 = registration.judged(verdicts.a4, "A4", mem, records=df)
+led = rl_analysis.throughput_table(nb.ledger(df, "A4"))  # A4's cells (a paired one's memory)
+a4 = registration.judged(verdicts.a4, "A4", led.dropna(subset=["update_memory_bytes"])
+                         if "update_memory_bytes" in led else led, records=df)
 print(f"A4: {a4.verdict} | {a4.key_number}")
 
 # %% [markdown]
@@ -341,7 +352,10 @@ if len(proj):
     ax.set_xlim(proj.width.min() / 2 ** 1.5, proj.width.max() * 2 ** 1.5)
 ax.legend(loc="upper left")
 nb.save(fig, "03_rl_projection", df)
-a3 = registration.judged(verdicts.a3, "A3", proj, bw, fl, ceiling, records=df)
+# A3 projects A2's measured ratio: its ledger's paired cells (where a hardware has them)
+a3_proj = rl_analysis.a3_projection(rl_analysis.paired_first(speedups_of(nb.ledger(df, "A3"))),
+                                    bw, fl)
+a3 = registration.judged(verdicts.a3, "A3", a3_proj, bw, fl, ceiling, records=df)
 print(f"A3: {a3.verdict} | {a3.key_number}")
 
 # %% [markdown]

@@ -184,14 +184,50 @@ repeat if len(repeat) else "no cell recorded twice"
 # %% [markdown]
 # ## Verdicts
 
+# %% [markdown]
+# Each verdict reads its ledger set alone (`ledger` in `repro/data/claims.yaml`): the
+# environments its rule names, each from one machine (fresh records first: the classic-control
+# tasks a CPU records in full, Breakout-MinAtar an accelerator's), the figures above every
+# fresh cell of the committed machine with the most.
+
 # %%
-ev = verdicts.QualityEvidence(HWQ, "full", tuple(envs), n_seeds, len(FULL["envs"]))
-diverged = fr[fr.hardware == HWQ].groupby("variant")["diverged"].sum().to_dict()
-V = [registration.judged(verdicts.a5, "A5", poi, ev, records=df),
-     registration.judged(verdicts.a6, "A6", poi, ev, records=df),
-     registration.judged(verdicts.a7, "A7", poi, ev, records=df),
-     registration.judged(verdicts.a8, "A8", poi, ev, diverged, records=df),
-     registration.judged(verdicts.a10, "A10", poi, ev, same_seed, repeat, records=df)]
+def judged_on_ledger(fn, claim, *extra):
+    """``fn`` under ``claim``'s rule, its statistics computed from the claim's ledger set."""
+    d = nb.ledger(df, claim)
+    where = (d.assign(env=d["sizes"].map(lambda z: z.get("env")))
+             .groupby("hardware")["env"].agg(lambda e: ", ".join(sorted(set(e))))
+             if len(d) else pd.Series(dtype=str))
+    label = "; ".join(f"{h} ({e})" for h, e in where.items()) or "none"
+    d = d.assign(hardware=label)  # one evidence per claim, its machines named
+    f = rl_analysis.final_returns(d)
+    arms = [v for v in FULL["variants"] if v in set(f.variant)]
+    sc, en, _ = rl_analysis.normalised_scores(d, label, order=arms)
+    pairs = [p for p in PAIRS if p[0] in sc and p[1] in sc]
+    p = (stats.probability_of_improvement(sc, pairs, reps=1000) if pairs
+         else pd.DataFrame(columns=["x", "y", "p", "lo", "hi"]))
+    n = int(f.groupby(["env", "variant"]).size().min()) if len(f) else 0
+    e = verdicts.QualityEvidence(label, "full", tuple(en), n, len(verdicts.rule(claim)["envs"]))
+    args = {"A8": (f.groupby("variant")["diverged"].sum().to_dict(),),
+            "A10": (_same_seed(d), _repeat(claim))}.get(claim, ())
+    return registration.judged(fn, claim, p, e, *args, records=df)
+
+
+def _same_seed(d):
+    det = d[d.metric == "same_seed_identical"]
+    return bool(det.value.min() == 1.0) if len(det) else None
+
+
+def _repeat(claim):
+    """A10's cells recorded twice, compared bit for bit (defects count: see above)."""
+    rep = rl_analysis.repeat_identical(nb.records("rl_quality", keep_defective=True),
+                                       nb.ledger(nb.records(RQ.QUALITY_REPEAT,
+                                                            keep_defective=True), claim))
+    return rep
+
+
+V = [judged_on_ledger(fn, claim) for fn, claim in (
+    (verdicts.a5, "A5"), (verdicts.a6, "A6"), (verdicts.a7, "A7"), (verdicts.a8, "A8"),
+    (verdicts.a10, "A10"))]
 for v in V:
     print(f"{v.claim}: {v.verdict} | {v.key_number}")
 
@@ -205,10 +241,12 @@ for v in V:
 # %%
 C2 = verdicts.rule("C2")
 hw2, arms2 = C2["cells"]["hardware"], [C2["reference"], *C2["recipes"]]
-s2, envs2, _ = rl_analysis.normalised_scores(df, hw2, reference=C2["reference"], order=arms2)
+d2 = nb.ledger(df, "C2")  # C2's ledger set: its cells on its hardware
+s2, envs2, _ = rl_analysis.normalised_scores(d2, hw2, reference=C2["reference"], order=arms2)
 poi2 = (stats.probability_of_improvement(s2, [tuple(arms2[::-1])], reps=1000)
         if len(s2) == 2 else pd.DataFrame(columns=["x", "y", "p", "lo", "hi"]))
-fr2 = fr[(fr.hardware == hw2) & fr.variant.isin(arms2)] if len(fr) else fr
+fr2 = rl_analysis.final_returns(d2, hw2) if len(d2) else fr.iloc[:0]
+fr2 = fr2[fr2.variant.isin(arms2)] if len(fr2) else fr2
 ev2 = verdicts.QualityEvidence(hw2, "full", tuple(envs2),
                                int(fr2.groupby(["env", "variant"]).size().min()) if len(fr2)
                                else 0, len(FULL["envs"]))

@@ -278,9 +278,13 @@ if nb.profile == "smoke":
 # B6's rule changed after its first records: the key number says when, and gives the verdict
 # under the rule as first registered (fp8 at d_model 4096) from the same tables. Speed records
 # left out as stale make the speed part say "stale", not "not measured".
-left = pd.concat(nb.left_out, ignore_index=True) if nb.left_out else pd.DataFrame()
+# Its tables come from its ledger set alone (the tables above draw every fresh cell).
+left = nb.ledger(pd.concat(nb.left_out, ignore_index=True) if nb.left_out else pd.DataFrame(),
+                 "B6")
 stale_speed = int(left["metric"].isin(["prefill_tokens_per_s", "decode_tokens_per_s"]).sum()) \
     if len(left) else 0
-v = registration.judged(verdicts.b6, "B6", acc, mem, spd, records=df, stale_speed=stale_speed)
-nb.conclusion(dataclasses.replace(v, numbers={**A.key_numbers(acc, mem, spd),
+b6_cells = nb.ledger(df, "B6")
+b6_tables = (A.accuracy_table(b6_cells), A.bytes_table(b6_cells), A.speed_table(b6_cells))
+v = registration.judged(verdicts.b6, "B6", *b6_tables, records=df, stale_speed=stale_speed)
+nb.conclusion(dataclasses.replace(v, numbers={**A.key_numbers(*b6_tables),
                                               "registration": v.numbers["registration"]}))

@@ -165,6 +165,9 @@ if nb.profile == "smoke":
 # the arms shown beside it. Its numbers also go to `metrics/12_grpo.json`.
 
 # %%
-v = registration.judged(verdicts.a12, "A12", A.accuracy_table(df), speedup, records=df,
-                       speed_where=speed_where)
+a12_cells = nb.ledger(df, "A12")  # its ledger set: the verdict's tables from these alone
+a12_speedup, a12_where = A.rl_step_speedup(A.speed_table(a12_cells), timed["recipe"],
+                                           timed["min_d_model"])
+v = registration.judged(verdicts.a12, "A12", A.accuracy_table(a12_cells), a12_speedup,
+                        records=df, speed_where=a12_where)
 nb.conclusion(v)

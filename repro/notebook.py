@@ -70,6 +70,7 @@ class Notebook:
     used: list[pd.DataFrame] = field(default_factory=list)  # the records verdicts may use
     numbers: dict[str, Any] = field(default_factory=dict)  # metrics/<notebook>.json
     said: set[str] = field(default_factory=set)  # stale notes printed above a figure
+    read: dict[str, list[pd.DataFrame]] = field(default_factory=dict)  # claim -> its ledger rows
 
     @property
     def figures(self) -> Path:
@@ -108,6 +109,18 @@ class Notebook:
                    for c in ledger.claims().values()
                    if c.get("notebook") == self.name
                    and experiment in (c.get("rule") or {}).get("studies", []))
+
+    def ledger(self, records: pd.DataFrame, *claims: str) -> pd.DataFrame:
+        """The rows of ``records`` the verdicts of ``claims`` read: their ledger set
+        (``ledger`` in ``repro/data/claims.yaml``; :func:`repro.claims.ledger_set.select`).
+        Figures draw from every fresh cell; a verdict's tables come from this alone, so no
+        other cell can change it."""
+        from repro.claims import ledger_set
+
+        chosen = ledger_set.select(records, *claims)
+        for c in claims:  # what each verdict rests on: its stale notes name these alone
+            self.read.setdefault(c, []).append(chosen)
+        return chosen
 
     def record_smoke(self, experiment: str) -> list[Path]:
         """Run ``experiment``'s study in the smoke profile into the scratch folder (a pipeline
@@ -223,11 +236,22 @@ class Notebook:
         return rows
 
     def _stale(self, kept: list[pd.DataFrame], v: Verdict) -> pd.DataFrame:
-        """The rows of ``kept`` a verdict rests on: records of its claim, or of an
-        experiment its ``source`` names."""
+        """The rows of ``kept`` a verdict rests on: where it read its ledger set
+        (:meth:`ledger`), those of its cells (the stale ones it read; of ``left_out``, those
+        its ledger names); else records of its claim, or of an experiment its ``source``
+        names."""
         rows = pd.concat(kept, ignore_index=True) if kept else pd.DataFrame()
         if not len(rows):
             return rows
+        if v.claim in self.read and kept is self.left_out:  # its ledger's stale cells
+            from repro.claims import ledger_set
+
+            return ledger_set.select(rows, v.claim).drop_duplicates("source")
+        if v.claim in self.read:  # its ledger set: the cells it read, and no others
+            read = pd.concat(self.read[v.claim], ignore_index=True)
+            sources = set(read["source"]) if "source" in read else set()
+            return rows[rows["source"].isin(sources)].drop_duplicates("source") \
+                if "source" in rows else rows.iloc[:0]
         named = {e for e in rows["experiment"].unique()
                  if re.search(rf"\b{re.escape(str(e))}\b", v.source or "")}
         ours = rows["claims"].map(lambda cs: v.claim in (cs or [])) | rows["experiment"].isin(

@@ -160,3 +160,21 @@ def test_acknowledgements_are_checked_for_their_form(tmp_path):
     acks = ledger_set.acknowledgements(good)
     assert ledger_set.acknowledged("h200", "gemm", "b7", acks) == "it changed"
     assert ledger_set.acknowledged("h200", "gemm", "c7", acks) is None
+
+
+def test_an_environments_cells_come_from_one_hardware(monkeypatch):
+    """Variants compared within an environment never mix machines: where a CPU holds fresh
+    records of an environment's cells, the verdict reads that environment on the CPU alone
+    (even a cell the CPU lacks is not filled in from another machine)."""
+    claims = {"Q1": {"ledger": {"any": {"rl_quality": ["{CartPole-v1,Acrobot-v1}_*"]}}}}
+    monkeypatch.setattr(ledger_set, "entries",
+                        lambda c=None, _e=ledger_set.entries: _e(claims))
+    rows = _rows(("cpu", "rl_quality", "CartPole-v1_fp32", False, "2026-01-05"),
+                 ("h200", "rl_quality", "CartPole-v1_fp32", True, "2026-01-01"),
+                 ("h200", "rl_quality", "CartPole-v1_fp8-delayed", True, "2026-01-01"),
+                 ("h200", "rl_quality", "Acrobot-v1_fp32", True, "2026-01-01"),
+                 ("h200", "rl_quality", "Acrobot-v1_fp8-delayed", True, "2026-01-01"))
+    rows["sizes"] = [{"env": c.split("_")[0]} for c in rows["source"].map(
+        lambda s: ledger_set.cell_of(s)[2])]
+    got = ledger_set.select(rows, "Q1")
+    assert list(got["value"]) == [0, 3, 4]  # CartPole on the CPU; Acrobot on the H200

@@ -118,7 +118,7 @@ def select(records: pd.DataFrame, *claims: str) -> pd.DataFrame:
     """The rows of ``records`` (``results.load_records``: each row's ``source`` is its cell
     file) that the verdicts of ``claims`` may read: their ledger set. For a cell an
     ``any``/``cpu`` pattern names, the records of one hardware: fresh before stale, then the
-    newest."""
+    newest (an environment's cells from one hardware together)."""
     if not len(records) or "source" not in records:
         return records
     ents = of_claims(claims)
@@ -133,12 +133,24 @@ def select(records: pd.DataFrame, *claims: str) -> pd.DataFrame:
     return pd.concat([rows[~anywhere.values], chosen]).sort_index().reset_index(drop=True)
 
 
+def _stratum(source: str, sizes: Any) -> tuple[str, str]:
+    """What one hardware's records must cover together: an environment's cells where the
+    records name one (a comparison of variants within an environment must not mix machines),
+    else the cell."""
+    _, experiment, cell = cell_of(source)
+    env = sizes.get("env") if isinstance(sizes, dict) else None
+    return (experiment, f"env:{env}") if env else (experiment, cell)
+
+
 def _one_hardware(rows: pd.DataFrame) -> pd.DataFrame:
-    """Of the rows of cells any hardware may hold: per (experiment, cell), the rows of one
-    hardware: the one whose records are all fresh, else any; then the newest."""
+    """Of the rows of cells any hardware may hold: per stratum (an environment's cells, else
+    a cell: :func:`_stratum`), the rows of one hardware: the one whose records there are all
+    fresh, else any; then the newest."""
     if not len(rows):
         return rows
-    key = rows["source"].map(lambda s: cell_of(s)[1:])
+    sizes = rows["sizes"] if "sizes" in rows else pd.Series(None, index=rows.index)
+    key = pd.Series([_stratum(s, z) for s, z in zip(rows["source"], sizes)],
+                    index=rows.index)
     hw = rows["source"].map(lambda s: cell_of(s)[0])
     stale = rows["stale"].fillna(False).astype(bool) if "stale" in rows else \
         pd.Series(False, index=rows.index)
