@@ -1,10 +1,11 @@
 """Refreshing the ledger within a device budget: which stale cells to record again, in which
 order, and what that costs.
 
-A stale cell's cost is estimated from its own records: the time between the newest record of
-the cell recorded just before it in the same run (same experiment, hardware and commit) and
-its own newest record (compiles included), or, for the first cell of a run, the compile and
-wall-time fields its records hold; :data:`UNKNOWN_S` where neither says anything. Cells whose
+A stale cell's cost is estimated from its own records: the runner's ``cell_s`` (its wall time,
+compiles included) where they hold it; else the time between the newest record of the cell
+recorded just before it in the same run (same experiment, hardware and commit) and its own
+newest record, unless that gap is more than :data:`GAP_OVER_OWN` times what its own compile
+and sample fields account for; else those fields; :data:`UNKNOWN_S` where nothing says. Cells whose
 records serve a claim come first (a verdict rests on them), then the rest (figures only); in
 each group the experiments keep the order of :data:`repro.studies.EXPERIMENTS`.
 
@@ -24,6 +25,7 @@ from typing import Any, Iterable
 
 UNKNOWN_S = 120.0  # a cell whose records say nothing about its duration
 MAX_GAP_S = 2 * 3600.0  # a longer gap between two cells is another run
+GAP_OVER_OWN = 3.0  # a gap beyond this many times a cell's own compiles and samples: not its
 CELL_FIELD = "cell_s"  # the runner's wall time of the whole cell (compiles included)
 _WALL_FIELDS = ("wall_s_all_seeds_with_compile", "wall_s_all_seeds")
 _COMPILE_FIELDS = ("compile_s", "compile_e2e_s", "compile_update_s")
@@ -57,9 +59,11 @@ def _own_fields(recs: list[dict[str, Any]]) -> float | None:
         return longest
     compiles = {(r.get("recipe"), f): x for r, e in zip(recs, extras) for f in _COMPILE_FIELDS
                 if (x := _number(e.get(f))) is not None}
-    timed = sum(sum(_number(v) or 0.0 for v in (e.get(f) or ()) if isinstance(e.get(f), list))
-                / (1000.0 if f.endswith("_ms") else 1.0)
-                for e in extras for f in _SAMPLE_FIELDS)
+    # a cell's records often repeat one list of samples (one per metric): count each once
+    lists = {(f, tuple(e[f])) for e in extras for f in _SAMPLE_FIELDS
+             if isinstance(e.get(f), list)}
+    timed = sum(sum(_number(v) or 0.0 for v in vals) / (1000.0 if f.endswith("_ms") else 1.0)
+                for f, vals in lists)
     total = sum(compiles.values()) + timed
     return total if total > 0 else None
 
@@ -89,7 +93,9 @@ def estimates(paths: Iterable[Path]) -> dict[str, float]:
             if any(_number((r.get("extra") or {}).get(CELL_FIELD)) for r in recs):
                 out[path] = own  # measured by the runner: nothing to infer
             elif gap is not None and 0 < gap <= MAX_GAP_S:
-                out[path] = max(gap, own or 0.0)
+                # the gap, unless it is more than GAP_OVER_OWN times what the cell's own
+                # compiles and samples account for: then something else ran in between
+                out[path] = max(min(gap, GAP_OVER_OWN * own) if own else gap, own or 0.0)
             else:
                 out[path] = own if own is not None else UNKNOWN_S
             prev = t if t is not None else prev
@@ -101,7 +107,8 @@ def cell_estimate(root: Path, hardware: str, experiment: str, cell: str
     """(estimated seconds to record ``cell`` of ``experiment`` on ``hardware``, where the
     estimate comes from): ``"own"`` its records there (:func:`estimates`, with the cells
     recorded beside it in the same run), else the name of another hardware whose records of
-    the cell say it, else ``"default"`` (:data:`UNKNOWN_S`)."""
+    the cell say it, else for a paired cell the compiles and samples of its recipes' separate
+    cells there, else ``"default"`` (:data:`UNKNOWN_S`)."""
     here = Path(root) / hardware / experiment
     path = here / f"{cell}.json"
     if path.is_file():
@@ -110,7 +117,16 @@ def cell_estimate(root: Path, hardware: str, experiment: str, cell: str
         est = _folder_estimates(other.parent).get(str(other))
         if est is not None:
             return est, other.parent.parent.name
+    if cell.endswith(PAIRED) and here.is_dir():  # its recipes' separate cells, compiled apart
+        prefix = cell[:-len(PAIRED)] + "_"
+        parts = [_own_fields(json.loads(f.read_text())) for f in sorted(here.glob("*.json"))
+                 if f.stem.startswith(prefix) and not f.stem.endswith(PAIRED)]
+        if parts and all(x is not None for x in parts):
+            return sum(parts), "its recipes' separate cells"
     return UNKNOWN_S, "default"
+
+
+PAIRED = "_paired"  # a cell timing its recipes in rounds; theirs alone: the prefix, then each
 
 
 def _folder_estimates(folder: Path) -> dict[str, float]:
@@ -259,7 +275,8 @@ def ledger_plan(hardware: str, claims: Iterable[str] = (), quality: bool | None 
         quality = hardware == CPU
     wanted = set(claims)
     skip = set() if wanted else projections()
-    ents = [e for e in entries() if (e.claim in wanted if wanted else e.claim not in skip) and (
+    ents = [e for e in entries() if not e.fallback and (
+        e.claim in wanted if wanted else e.claim not in skip) and (
         e.where == hardware or (quality and (e.where == CPU or
                                              (e.where == ANY and hardware != CPU))))]
     platform, kind = _platform(hardware)

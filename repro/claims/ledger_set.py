@@ -33,18 +33,23 @@ from typing import Any, Iterable
 import pandas as pd
 
 ANY, CPU = "any", "cpu"  # where-keys that accept records of any hardware
+FALLBACK = "fallback"  # a ledger's cells read only for want of the others (Entry.fallback)
 ANYWHERE = (ANY, CPU)
 
 
 @dataclass(frozen=True)
 class Entry:
     """One ledger pattern: ``claim`` reads the cells of ``experiment`` (a records folder)
-    matching ``pattern`` (expanded: a glob without braces) recorded on ``where``."""
+    matching ``pattern`` (expanded: a glob without braces) recorded on ``where``; a
+    ``fallback`` cell only where its rule reads it for want of the others (a speed claim judged
+    from paired cells first: the recipes' separate cells where a hardware has no paired one):
+    a refresh records the others, never these."""
 
     claim: str
     where: str
     experiment: str
     pattern: str
+    fallback: bool = False
 
     @property
     def anywhere(self) -> bool:
@@ -79,7 +84,13 @@ def entries(claims: dict[str, Any] | None = None) -> list[Entry]:
         if not isinstance(led, dict):
             raise ValueError(f"claims.yaml: {cid}: ledger must map a hardware (or any, cpu) "
                              f"to experiments, got {type(led).__name__}")
-        for where, exps in led.items():
+        fallback = led.get(FALLBACK) or {}
+        if not isinstance(fallback, dict):
+            raise ValueError(f"claims.yaml: {cid}: ledger.{FALLBACK} must map a hardware to "
+                             "experiments")
+        items = [(w, e, False) for w, e in led.items() if w != FALLBACK] + \
+            [(w, e, True) for w, e in fallback.items()]
+        for where, exps, fb in items:
             if not isinstance(exps, dict):
                 raise ValueError(f"claims.yaml: {cid}: ledger.{where} must map experiments "
                                  "to lists of cells")
@@ -90,7 +101,7 @@ def entries(claims: dict[str, Any] | None = None) -> list[Entry]:
                     raise ValueError(f"claims.yaml: {cid}: ledger.{where}.{exp} must be a "
                                      "list of cell names")
                 for cell in cells:
-                    out.extend(Entry(cid, str(where), str(exp), p) for p in expand(cell))
+                    out.extend(Entry(cid, str(where), str(exp), p, fb) for p in expand(cell))
     return out
 
 
