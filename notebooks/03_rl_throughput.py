@@ -131,8 +131,8 @@ def plot_throughput(table, ranges, earlier=None, label=""):
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5 * max(len(panels), 1), 4),
                              squeeze=False)
     for ax, (h, n) in zip(axes[0], panels):
-        g = mlp[(mlp.hardware == h) & (mlp.num_envs == n)]
-        for r, gr in g.groupby("recipe"):
+        g = mlp[(mlp.hardware == h) & (mlp.num_envs == n)] if len(mlp) else mlp
+        for r, gr in (g.groupby("recipe") if len(g) else []):  # only stale cells: none
             gr = gr.sort_values("width")
             st = plotstyle.style(r)
             emu, gr = gr[gr.emulated.astype(bool)], gr[~gr.emulated.astype(bool)]
