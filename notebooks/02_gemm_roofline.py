@@ -34,7 +34,6 @@ scratch = "build/results"  # smoke records (`repro notebook` gives each notebook
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from IPython.display import Markdown
 from matplotlib.lines import Line2D
 

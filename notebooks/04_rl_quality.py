@@ -162,9 +162,9 @@ nb.save(plot_curves(df, HWS), "04_rl_curves", df[df.hardware.isin(HWS)] if len(d
 #
 # Per machine (one panel each, side by side), over the environments it recorded: the IQM of
 # each variant's normalised score, and the probabilities of improvement of the comparisons the
-# claims make (on a machine whose 8-bit format is INT8, `int8` against `fp32` and `bf16`: C2's
-# comparison). Intervals: 95% stratified bootstrap; a hollow mid mark and "(emulated)": a
-# variant the machine emulated.
+# claims make (on a machine whose 8-bit format is INT8, `int8` against `fp32`, C2's
+# comparison, and against `bf16`). Intervals: 95% stratified bootstrap; a hollow mid mark and
+# "(emulated)": a variant the machine emulated.
 
 # %%
 PAIRS = [("fp8-delayed", "fp32"), ("fp8-delayed", "bf16"), ("fp8-current", "bf16"),

@@ -28,8 +28,9 @@
 # (a chip without FP8 arithmetic, such as the TPU v5e) is labelled "emulated FP8: not a speed"
 # and is no speed either. On such a chip the 8-bit question is asked of its own 8-bit
 # arithmetic: the `int8` recipes (INT8 in all three GEMMs of each layer; the TPU v5e's INT8
-# rate is twice its BF16 rate), timed beside BF16 in the same cell. **The GEMM ceiling** of a width is the FP8/16-bit rate
-# ratio of the `65536 x W x W` GEMM in the `gemm` records of the same hardware (notebook 02),
+# rate is twice its BF16 rate), timed beside BF16 in the same cell. **The GEMM ceiling** of a
+# width is the 8-bit/16-bit rate ratio (FP8, or INT8 on a machine whose 8-bit arithmetic is
+# INT8) of the `65536 x W x W` GEMM in the `gemm` records of the same hardware (notebook 02),
 # the 16-bit rate the faster of BF16 and FP16: a step made of such GEMMs cannot beat it by
 # much (the weight-gradient GEMMs have another shape: a guide, not a wall).
 #
@@ -118,7 +119,7 @@ def round_ranges(steps):
     return steps.assign(lo=[a for a, _ in lohi], hi=[b for _, b in lohi])
 
 
-def ceiling(gemm, hw, batch, width):
+def own_ceiling(gemm, hw, batch, width):
     """The GEMM ceiling of ``hw``'s own 8-bit format (`plotstyle.eight_bit`): its
     ``batch x width x width`` GEMM over the faster 16-bit one (`T.gemm_ceiling` reads the
     FP8 one; on a machine whose 8-bit format is INT8 its INT8 records are read in its place)."""
@@ -155,7 +156,7 @@ def plot_steps(df, gemm):
                 elif note and not len(emu):  # named in the legend, nothing drawn
                     ax.plot([], [], label=recipe + note, **style(recipe))
             pts = [(w, c) for w in sorted(g.width.unique())
-                   if (c := ceiling(gemm, hw, batch, w)) is not None]
+                   if (c := own_ceiling(gemm, hw, batch, w)) is not None]
             if pts:
                 ax.plot(*zip(*pts), color="0.45", lw=3, alpha=0.5,
                         label=f"{fmt} GEMM ceiling {batch} x W x W")

@@ -82,7 +82,6 @@ import dataclasses
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from IPython.display import display
 
 from repro import notebook, plotstyle
@@ -222,8 +221,8 @@ mem if len(mem) else "no memory records in the committed records"
 #
 # Tokens per second of each format and of BF16 timed in the same run, and their ratio, one row
 # of the figure per accelerator, titled with the 8-bit format it multiplies natively (B6 judges
-# speed on the machine its accuracy was measured on). A hollow, hatched bar: the format was
-# emulated there (its `lowering` is not the machine's native 8-bit product), not a speed.
+# speed on the machine its accuracy was measured on). A hollow, hatched bar: the record says
+# `emulated` (its compiled program did not run the quantized products natively), not a speed.
 # `lowering`: how the compiled program ran the quantized products (`cublaslt-f8`,
 # `fused-f8-dot`: FP8 tensor cores; `s8-gemm`: INT8 tensor cores; `fused` / `reduce` / `pallas`
 # / `separate`: whether a weight-only format's 1-byte weights were widened inside the GEMM

@@ -194,7 +194,7 @@ def test_a_rule_changed_after_its_data_has_one_mark_and_the_legend(vdir):
 
 @pytest.mark.parametrize("clause,number", [
     ("h200: FP8/FP16 whole loop up to 1.54x (width 4096, 2048 envs)", "1.54x"),
-    ("P(fp8-delayed>fp32)=0.49 [0.41,0.57] (20% of its weight tied at 0.5) vs margin", 
+    ("P(fp8-delayed>fp32)=0.49 [0.41,0.57] (20% of its weight tied at 0.5) vs margin",
      "P=0.49 [0.41,0.57]"),
     ("projected 2.5-4.9x at width 4096 (h200 FP8/FP16 1.54x)", "2.5-4.9x"),
     ("FP8 held-out loss +0.07% vs BF16 (95% CI +0.04% .. +0.10%, 3 seeds)", "+0.07%"),

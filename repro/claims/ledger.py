@@ -19,10 +19,11 @@ in words and counts, at most :data:`NOTE_LIMIT` characters; the terminal ledger 
 them the same way.
 
 A row's **holds on** (:func:`holds_on`) names each machine a claim was decided on, with the
-low-precision format the claim is about and its deciding number, all read from the verdicts: its own (the
-machines of its ``hardware``, the number of its key number) and, for a claim that another claim
-asks again where the 8-bit arithmetic is another format (:data:`ANSWERS`: INT8 on a TPU v5e),
-that claim's, named with its verdict: "H200: FP8 1.54x; TPU v5e: INT8 1.41x (C1, partly)".
+low-precision format the claim is about and its deciding number, all read from the verdicts:
+its own (the machines of its ``hardware``, the number of its key number) and, for a claim that
+another claim asks again where the 8-bit arithmetic is another format (:data:`ANSWERS`: INT8 on
+a TPU v5e), that claim's, named with its verdict: "H200: FP8 1.54x; TPU v5e: INT8 1.41x (C1,
+partly)".
 """
 
 from __future__ import annotations
