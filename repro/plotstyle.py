@@ -14,6 +14,12 @@ derived from its text (a variant such as ``fp8-current:margin=1`` a shade of its
 
     ax.plot(x, y, label=name, **plotstyle.style(name))
     sns.lineplot(..., hue="recipe", palette=plotstyle.palette(df.recipe))
+
+Machines are named the same way everywhere too: a figure that compares hardware draws one
+panel per machine (:func:`hardware_order`), titled with its short name and the 8-bit format
+it multiplies natively (:func:`hardware_title`: "H200 (8-bit: FP8)", "TPU v5e (8-bit:
+INT8)"); a number of a format the machine emulated is drawn hollow and labelled
+:data:`EMULATED`, never as a speed.
 """
 
 from __future__ import annotations
@@ -123,6 +129,82 @@ def palette(names) -> dict[str, str]:
 def markers(names) -> dict[str, str]:
     """``{name: marker}`` for the distinct ``names``: a seaborn ``markers=`` argument."""
     return {n: _entry(n)[1] for n in dict.fromkeys(names)}
+
+
+# --- hardware: one panel per machine, named with its 8-bit format --------------------------
+
+#: how a figure names a machine's 8-bit format where it has none (a CPU: products upcast)
+NO_EIGHT_BIT = "no 8-bit arithmetic: emulated"
+#: the legend words of a number measured where its format was emulated: never a speed
+EMULATED = "emulated: not a speed"
+
+
+def hardware_name(slug: str) -> str:
+    """A machine's short name from ``repro/data/hardware.yaml`` (``h200`` -> "H200",
+    ``tpu-v5e`` -> "TPU v5e", ``cpu`` -> "CPU"): the vendor's name less its maker and any
+    parenthesis; an unknown slug as it is."""
+    from repro import hardware
+
+    if slug not in hardware.registry():
+        return str(slug)
+    name = hardware.lookup(slug).name.split(" (")[0]
+    return name.removeprefix("NVIDIA ").removeprefix("Google ")
+
+
+def eight_bit(slug: str) -> str | None:
+    """The 8-bit format a machine trains in natively: "FP8" where it has FP8 arithmetic (an
+    H200), else "INT8" where it has INT8 matrix units (a TPU v5e), else None (a CPU, an
+    unknown machine: any 8-bit number there is emulated)."""
+    from repro import hardware
+
+    if slug not in hardware.registry():
+        return None
+    info = hardware.lookup(slug)
+    return "FP8" if info.has_fp8 else "INT8" if info.has_int8 else None
+
+
+def hardware_title(slug: str) -> str:
+    """A panel's name for a machine with its 8-bit format: "H200 (8-bit: FP8)", "TPU v5e
+    (8-bit: INT8)", "CPU (no 8-bit arithmetic: emulated)"; a machine not in the registry
+    "(8-bit format unknown)"."""
+    from repro import hardware
+
+    fmt = eight_bit(slug)
+    what = (f"8-bit: {fmt}" if fmt else NO_EIGHT_BIT if slug in hardware.registry()
+            else "8-bit format unknown")
+    return f"{hardware_name(slug)} ({what})"
+
+
+def format_of(name: str) -> str | None:
+    """The 8-bit format of a recipe, GEMM dtype or inference format: "FP8" (``fp8-delayed``,
+    ``flax-fp8``, ``mxfp8``, ``fp8-w``), "INT8" (``int8``, ``int8-auto``, ``int8-w``), else
+    None (a 16- or 32-bit reference, NVFP4)."""
+    key = str(name).lower()
+    return "FP8" if "fp8" in key else "INT8" if "int8" in key else None
+
+
+def hardware_order(slugs) -> list[str]:
+    """The distinct ``slugs`` in panel order: GPUs, then TPUs, then CPUs and unknown
+    machines, each by name."""
+    from repro import hardware
+
+    rank = {"gpu": 0, "tpu": 1}
+    known = hardware.registry()
+    return sorted(dict.fromkeys(slugs), key=lambda s: (
+        rank.get(hardware.lookup(s).backend, 2) if s in known else 3, str(s)))
+
+
+def accelerators(df):
+    """The rows of ``df`` not recorded on a CPU: a speed figure's (a CPU's full-profile
+    records count for quality only)."""
+    from repro import hardware
+
+    if not len(df) or "hardware" not in df:
+        return df
+    known = hardware.registry()
+    cpu = [s for s in df["hardware"].unique()
+           if s in known and hardware.lookup(s).backend == "cpu"]
+    return df[~df["hardware"].isin(cpu)]
 
 
 #: the fewest seeds a band is drawn from: with fewer, a t-interval is wider than it says

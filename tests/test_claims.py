@@ -163,21 +163,21 @@ def test_a_rule_whose_first_verdict_differs_shows_both_in_its_row(vdir):
                         max_size=6),
        pick=st.integers(0, 5), cav=st.text(alphabet="abc ;(", max_size=500),
        hw=st.text(alphabet="h200 ,;", max_size=120), changed=st.booleans(),
-       stale=st.booleans())
+       stale=st.booleans(), holds=st.text(alphabet="H200: FP8 1.5x;", max_size=200))
 def test_any_row_is_at_most_the_limit_with_its_deciding_clause(statement, clauses, pick, cav,
-                                                               hw, changed, stale):
+                                                               hw, changed, stale, holds):
     """Rows of synthetic verdicts: at most ROW_LIMIT characters, the deciding clause whole
     wherever it fits the row at all."""
     decides = " ".join(clauses[pick % len(clauses)].split())
     row = {"claim": "A11", "statement": statement, "verdict": "partly",
            "key_number": "; ".join(clauses), "hardware": hw, "source": "", "note": "",
            "emulated": False, "stale": stale, "stale_note": "x" if stale else "",
-           "caveat": cav, "decides": decides, "notebook": "10_legged",
+           "caveat": cav, "decides": decides, "notebook": "10_legged", "holds_on": holds,
            "numbers": {"registration": {"preregistered": 0 if changed else 1}}}
     line = claims.markdown_row(row)
     assert len(line) <= claims.ROW_LIMIT
     empty = claims.markdown_row({**row, "statement": "", "caveat": "", "hardware": "",
-                                 "decides": "", "key_number": ""})
+                                 "decides": "", "key_number": "", "holds_on": ""})
     if len(empty) + len(claims._cell(decides)) <= claims.ROW_LIMIT:
         assert claims._cell(decides) in line
 
@@ -190,3 +190,50 @@ def test_a_rule_changed_after_its_data_has_one_mark_and_the_legend(vdir):
     table = claims.markdown_table()
     assert f"**inconclusive** {claims.CHANGED} |" in table and "**partly** |" in table
     assert table.count(claims.CHANGED) == 2 and claims.LEGEND in table  # the mark, its legend
+
+
+@pytest.mark.parametrize("clause,number", [
+    ("h200: FP8/FP16 whole loop up to 1.54x (width 4096, 2048 envs)", "1.54x"),
+    ("P(fp8-delayed>fp32)=0.49 [0.41,0.57] (20% of its weight tied at 0.5) vs margin",
+     "P=0.49 [0.41,0.57]"),
+    ("projected 2.5-4.9x at width 4096 (h200 FP8/FP16 1.54x)", "2.5-4.9x"),
+    ("FP8 held-out loss +0.07% vs BF16 (95% CI +0.04% .. +0.10%, 3 seeds)", "+0.07%"),
+    ("h200: update memory FP8/FP16 = 1.02 at width 4096", "1.02"),
+    ("at most 3 of 4 A1 stores in FP8 (variant fp8-e2e)", "3 of 4"),
+    ("NVFP4 tensors take 0.252 (weights, 16x16 blocks)", "0.252"),
+    ("65536x4096x4096 GEMM in FP8", ""),
+    ("0 bit mismatches in 19456 E2M1 elements", "")])
+def test_a_deciding_number_is_read_as_its_verdict_wrote_it(clause, number):
+    assert claims.quantity(clause) == number
+
+
+def test_holds_on_names_each_machine_its_format_and_number_and_the_int8_answer(vdir):
+    """The "holds on" column, from verdicts alone: the machines a claim was decided on (not
+    those it could not judge) with its format and deciding number, one joint number for
+    machines decided together, and for an FP8 claim the INT8 claim that asks its question on
+    a TPU v5e, with that claim's verdict; a claim not yet measured holds nowhere."""
+    claims.write_verdict(claims.Verdict(
+        "A2", "partly", "h200: FP8/FP16 whole loop up to 1.54x (width 4096, 2048 envs), "
+        "update alone up to 1.57x; default fp8-delayed up to 1.54x", "h200; tpu-v5e: not "
+        "judged (emulated there)", "x", numbers={"h200": {"fp8_fp16_e2e_max": 1.541}}))
+    claims.write_verdict(claims.Verdict(
+        "C1", "partly", "tpu-v5e: INT8/BF16 PPO update 1.41x (range 1.38-1.43 over 5 rounds), "
+        "whole loop 1.22x (range 1.2-1.25) at width 4096, 2048 envs; target 1.3x", "tpu-v5e",
+        "x", numbers={"tpu-v5e": {"update_ratio": 1.41}}))
+    claims.write_verdict(claims.Verdict(
+        "A5", "reproduced", "P(fp8-delayed>fp32)=0.49 [0.41,0.57] vs margin [0.40,0.60]: "
+        "kept", "cpu (CartPole-v1, Acrobot-v1); h200 (Breakout-MinAtar)", "x"))
+    claims.write_verdict(claims.Verdict(
+        "A4", "contradicted", "h200: update memory FP8/FP16 = 1.02 at width 4096", "h200", "x"))
+    rows = {r["claim"]: r for r in claims.ledger()}
+    assert rows["A2"]["holds_on"] == "H200: FP8 1.54x; TPU v5e: INT8 1.41x (C1, partly)"
+    assert rows["A9"]["holds_on"] == "TPU v5e: INT8 1.41x (C1, partly)"  # A9 itself unmeasured
+    assert rows["C1"]["holds_on"] == "TPU v5e: INT8 1.41x"
+    assert rows["A5"]["holds_on"] == "CPU + H200: FP8 P=0.49 [0.41,0.57]"
+    assert rows["A4"]["holds_on"] == "H200: FP8 1.02, contradicted"
+    assert rows["C2"]["holds_on"] == rows["B5"]["holds_on"] == ""
+    table = claims.markdown_table(list(rows.values()))
+    check_page(table, list(rows.values()))
+    line = next(x for x in table.splitlines() if x.startswith("| A2 |"))
+    assert "| H200: FP8 1.54x; TPU v5e: INT8 1.41x (C1, partly) |" in line
+    assert table.splitlines()[0].split(" | ")[4] == "holds on"

@@ -17,6 +17,13 @@ what it means); the caveat says more only where the rule before the data gives a
 verdict. What is stale goes to one footnote per notebook under the table (:func:`stale_notes`),
 in words and counts, at most :data:`NOTE_LIMIT` characters; the terminal ledger marks and lists
 them the same way.
+
+A row's **holds on** (:func:`holds_on`) names each machine a claim was decided on, with the
+low-precision format the claim is about and its deciding number, all read from the verdicts:
+its own (the machines of its ``hardware``, the number of its key number) and, for a claim that
+another claim asks again where the 8-bit arithmetic is another format (:data:`ANSWERS`: INT8 on
+a TPU v5e), that claim's, named with its verdict: "H200: FP8 1.54x; TPU v5e: INT8 1.41x (C1,
+partly)".
 """
 
 from __future__ import annotations
@@ -48,6 +55,11 @@ LEGEND = (f"{CHANGED} The claim's rule changed after its first data: a later com
           "came gives X on the same records (the verdict's key number says when it changed).")
 #: The ledger's page, under the repository root (generated: ``repro claims --write``).
 PAGE = "docs/ledger.md"
+#: The claims that ask other claims' question again on hardware whose 8-bit arithmetic is
+#: another format: C1 (INT8 training speed on a TPU v5e) asks A2's and A9's (FP8 training
+#: speed), C2 (INT8 training quality against FP32 within A10's margin) A5's, A6's and A10's.
+#: Their verdicts appear in those claims' "holds on" cell beside the claims' own.
+ANSWERS = {"C1": ("A2", "A9"), "C2": ("A5", "A6", "A10")}
 
 
 def claims() -> dict[str, dict[str, Any]]:
@@ -126,8 +138,99 @@ def ledger() -> list[dict[str, Any]]:
                      "emulated": bool(v.get("emulated", False)),
                      "stale": bool(v.get("stale", False)), "stale_note": v.get("stale_note", ""),
                      "caveat": v.get("caveat", ""), "decides": v.get("decides", ""),
-                     "numbers": v.get("numbers", {}), "notebook": c.get("notebook") or ""})
+                     "numbers": v.get("numbers", {}), "notebook": c.get("notebook") or "",
+                     "format": _formats(c.get("rule") or {})})
+    by = {r["claim"]: r for r in rows}
+    for r in rows:
+        r["holds_on"] = holds_on(r, [by[a] for a, asked in ANSWERS.items()
+                                     if r["claim"] in asked and a in by])
     return rows
+
+
+_FORMAT = re.compile(r"nvfp4|mxfp8|fp8|int8|fp4", re.I)
+
+
+def _formats(rule: dict[str, Any]) -> str:
+    """The low-precision formats a claim's rule is about, from its recipes or formats
+    (``fp8-delayed`` -> FP8, ``int8`` -> INT8, ``nvfp4`` -> NVFP4), "/"-joined; "" where it
+    names none."""
+    names = rule.get("recipes", rule.get("formats", []))
+    names = [names] if isinstance(names, str) else list(names or [])
+    found = [m.group(0).upper() for n in names if (m := _FORMAT.search(str(n)))]
+    return "/".join(dict.fromkeys(found))
+
+
+#: a deciding number, as the verdict functions write it: a probability with its interval, a
+#: ratio or range of ratios ("1.54x", "2.5-4.9x"), a signed percentage, "= 1.02", "3 of 4"
+_QUANTITY = (re.compile(r"P\([^()]*\)=(\d\.\d+) \[(\d\.\d+), ?(\d\.\d+)\]"),
+             re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?x\b"),
+             re.compile(r"(?<![\w.])[+-]\d+(?:\.\d+)?%"),
+             re.compile(r"= ?(\d+\.\d+)\b"),
+             re.compile(r"\b\d+ of \d+\b"))
+
+
+def quantity(clause: str) -> str:
+    """The first deciding number of ``clause`` (:data:`_QUANTITY`), as it is written there
+    ("P=0.49 [0.41,0.57]" for a probability); else its first decimal number; else ""."""
+    found = [m for p in _QUANTITY if (m := p.search(clause))]
+    if not found:
+        m = re.search(r"(?<![\w.])\d+\.\d+\b", clause)
+        return m.group(0) if m else ""
+    m = min(found, key=lambda m: m.start())
+    if m.re is _QUANTITY[0]:
+        return f"P={m.group(1)} [{m.group(2)},{m.group(3)}]"
+    return m.group(1) if m.re is _QUANTITY[3] else m.group(0)
+
+
+def _machines(hardware: str) -> list[tuple[str, str]]:
+    """(slug or text, name) of each machine a verdict's ``hardware`` says it was decided on:
+    its ";"-parts less those "not judged" and their parentheses, slugs as short names
+    (:func:`repro.plotstyle.hardware_name`); a projection's "h200 -> a100-sxm" as one."""
+    from repro import hardware as hw
+    from repro.plotstyle import hardware_name
+
+    slugs = sorted(hw.registry(), key=len, reverse=True)
+    out = []
+    for part in _top_clauses(str(hardware)):
+        if "not judged" in part or part.strip() in ("", "none"):
+            continue
+        text = part
+        while _shorter(text) != text:  # its parenthesised detail
+            text = _shorter(text)
+        key = text.strip()
+        for slug in slugs:
+            text = re.sub(rf"(?<![\w-]){re.escape(slug)}(?![\w-])", hardware_name(slug), text)
+        out.append((key, " ".join(text.split())))
+    return out
+
+
+def _entry(r: dict[str, Any], answer: bool) -> str:
+    """One claim's part of a "holds on" cell: per machine (or the machines of one joint number)
+    "NAME: FORMAT NUMBER"; the claim and its verdict where it is another claim's answer
+    (``answer``), its verdict where that is not a holding one."""
+    if r.get("verdict") in (None, "", "not yet measured"):
+        return ""
+    machines = _machines(r.get("hardware", ""))
+    if not machines:
+        return ""
+    fmt = (r.get("format") or "") + (" (emulated)" if r.get("emulated") else "")
+    clauses = _top_clauses(" ".join(str(r.get("key_number", "")).split()))
+    own = {k: next((c for c in clauses if c.startswith(f"{k}:")), None) for k, _ in machines}
+    if all(own.values()):  # a number per machine
+        parts = [(name, quantity(own[k])) for k, name in machines]
+    else:  # one number decided on them together
+        parts = [(" + ".join(n for _, n in machines), quantity(deciding(r)))]
+    said = (f" ({r['claim']}, {r['verdict']})" if answer else "" if r["verdict"] in
+            ("reproduced", "partly", "projected") else f", {r['verdict']}")
+    return "; ".join(" ".join(f"{name}: {fmt} {q}".split()) + said for name, q in parts)
+
+
+def holds_on(row: dict[str, Any], answers: list[dict[str, Any]] = ()) -> str:
+    """Where a claim was decided, with its deciding number (the ledger's "holds on" column):
+    its own machines (:func:`_entry`), then those of the claims that ask its question again
+    on other hardware (``answers``, rows of :data:`ANSWERS`), each with its verdict."""
+    return "; ".join(e for e in [_entry(row, False), *(_entry(a, True) for a in answers)]
+                     if e)
 
 
 def _top_clauses(text: str) -> list[str]:
@@ -281,36 +384,40 @@ def markdown_row(r: dict[str, Any], limit: int = ROW_LIMIT, base: str = "") -> s
     emu = " (emulated)" if r.get("emulated") else ""
     key, cav = _cell(deciding(r)), _cell(_DISCLOSED.sub("", caveat(r)))
     statement, hw = _cell(r["statement"]), _cell(r["hardware"])
+    holds = _cell(r.get("holds_on", ""))
 
-    def row(s: str, k: str, c: str, h: str) -> str:
-        return f"| {r['claim']} | {s} | {verdict} | {k}{emu} | {c} | {h} | {nb} |"
+    def row(s: str, k: str, c: str, h: str, o: str) -> str:
+        return f"| {r['claim']} | {s} | {verdict} | {k}{emu} | {o} | {c} | {h} | {nb} |"
 
     def over() -> int:
-        return len(row(statement, key, cav, hw)) - limit
+        return len(row(statement, key, cav, hw, holds)) - limit
 
+    # the hardware column goes before "holds on", which names the machines again
     for field, keep in (("cav", 60), ("statement", 60), ("hw", 24), ("cav", 0),
-                        ("statement", 24), ("hw", 0)):
+                        ("statement", 24), ("hw", 0), ("holds", 40), ("holds", 0)):
         if over() <= 0:
             break
         if field == "cav":
             cav = _fit(cav, max(keep, len(cav) - over()))
         elif field == "statement":
             statement = _fit(statement, max(keep, len(statement) - over()))
-        else:
+        elif field == "hw":
             hw = _fit(hw, max(keep, len(hw) - over()))
+        else:
+            holds = _fit(holds, max(keep, len(holds) - over()))
     while over() > 0 and _shorter(key) != key:
         key = _shorter(key)
     if over() > 0:
         key = _fit(key, len(key) - over())
-    return row(statement, key, cav, hw)
+    return row(statement, key, cav, hw, holds)
 
 
 def markdown_table(rows: list[dict[str, Any]] | None = None, base: str = "") -> str:
     """The ledger's table, one row per claim (:func:`markdown_row`), then one footnote per
     notebook whose verdicts name stale records (:func:`stale_notes`)."""
     rows = ledger() if rows is None else rows
-    out = ["| claim | statement | verdict | key number | caveat | hardware | notebook |",
-           "|---|---|---|---|---|---|---|"]
+    out = ["| claim | statement | verdict | key number | holds on | caveat | hardware | notebook |",
+           "|---|---|---|---|---|---|---|---|"]
     out += [markdown_row(r, base=base) for r in rows]
     if any(changed(r) for r in rows):
         out += ["", LEGEND]
@@ -333,9 +440,12 @@ writes them to `verdicts/<claim>.json`; this page joins them with the claims of
 Verdicts: reproduced / partly / contradicted / inconclusive / projected (a model's projection
 onto hardware not measured) / not yet measured. Smoke-profile verdicts (hardware `cpu`) are
 pipeline checks, not evidence. Each row is one line: the verdict, the clause of its key number
-that decides it, and the one caveat that most limits it (a projection's validation, what a
-memory number measures, the verdict its rule gave before the rule changed); the whole key
-number and the records it comes from are in `repro claims` and `verdicts/<claim>.json`.
+that decides it, where it holds (each machine it was decided on, with the low-precision format
+the claim is about and its deciding number; for an FP8 claim also the answer of the claim that
+asks its question where the 8-bit arithmetic is INT8, with that claim's verdict), and the one
+caveat that most limits it (a projection's validation, what a memory number measures, the
+verdict its rule gave before the rule changed); the whole key number and the records it comes
+from are in `repro claims` and `verdicts/<claim>.json`.
 "stale" marks a verdict that rests on records made by older code; the footnote of its notebook
 under the table counts the stale records, those it rests on and those it left out, and `repro
 status` lists them.
