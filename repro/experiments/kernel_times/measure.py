@@ -84,6 +84,7 @@ def _lm_runner(recipe: str, size: str, batch: int):
 def _gemm_runner(dtype: str, m: int, k: int, n: int):
     """One GEMM call of the ``gemm`` sweep (``repro.experiments.gemm.measure``: same operands
     and function)."""
+    from repro import hardware
     from repro.experiments.gemm import measure as bench
     from repro.studies import timing
 
@@ -92,7 +93,7 @@ def _gemm_runner(dtype: str, m: int, k: int, n: int):
     info = timing.compiled_gemm_info(bench.gemm_fn(dtype), *ops)
     fn = jax.jit(bench.gemm_fn(dtype))
     return (lambda: fn(*ops)), {**info, "emulated": bench._emulated(dtype, info,
-                                                                    jax.default_backend())}
+                                                                    hardware.current())}
 
 
 def _ppo_runner(token: str, width: int, num_envs: int, profile: str = "full"):
