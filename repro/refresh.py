@@ -257,8 +257,8 @@ def _platform(hardware: str) -> tuple[str, str]:
     return getattr(info, "backend", None) or "gpu", getattr(info, "name", "") or ""
 
 
-def ledger_plan(hardware: str, claims: Iterable[str] = (), quality: bool | None = None
-         ) -> list[dict[str, Any]]:
+def ledger_plan(hardware: str, claims: Iterable[str] = (), quality: bool | None = None,
+                stale: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The ledger cells ``hardware`` records (``repro record --ledger``): those named for it,
     plus with ``quality`` the ``any`` cells (an accelerator) and the ``cpu`` cells (any
     machine); ``quality`` None: only the ``cpu`` cells on a CPU, else only the hardware's own.
@@ -267,7 +267,8 @@ def ledger_plan(hardware: str, claims: Iterable[str] = (), quality: bool | None 
     One row per concrete cell: ``experiment``, ``cell``, ``claims``, ``status`` (missing,
     stale or fresh, of this hardware's records), ``estimate_s`` (:func:`cell_estimate`: from the cell's own records here, else another hardware's, else a
     default) and ``recordable`` (``repro record`` runs its study). Ordered so that the
-    verdicts needing the fewest cells to record come first."""
+    verdicts needing the fewest cells to record come first. ``stale``: the stale cells
+    (:func:`repro.results.stale_cells`, computed where not given)."""
     from repro import results
     from repro.claims.ledger_set import ANY, CPU, entries, projections
 
@@ -301,12 +302,12 @@ def ledger_plan(hardware: str, claims: Iterable[str] = (), quality: bool | None 
                 "recordable": known[e.experiment] is not None and n in known[e.experiment]})
             if e.claim not in c["claims"]:
                 c["claims"].append(e.claim)
-    stale = {(c["folder"], c["cell"]) for c in results.stale_cells()
-             if c["hardware"] == hardware}
+    stale_here = {(c["folder"], c["cell"]) for c in (
+        results.stale_cells() if stale is None else stale) if c["hardware"] == hardware}
     for (exp, n), c in cells.items():
         path = root / hardware / exp / f"{n}.json"
         c["status"] = "missing" if not path.is_file() else \
-            "stale" if (exp, n) in stale else "fresh"
+            "stale" if (exp, n) in stale_here else "fresh"
         c["estimate_s"], c["estimate_from"] = cell_estimate(root, hardware, exp, n)
     need: dict[str, int] = {}
     for c in cells.values():
