@@ -52,12 +52,17 @@ def _rows(*specs):
                          for i, (hw, exp, cell, stale, ts) in enumerate(specs)])
 
 
+def _use(monkeypatch, claims):
+    """The ledger entries of ``claims`` (claims.yaml's shape) in place of the real ones."""
+    monkeypatch.setattr(ledger_set, "entries",
+                        lambda c=None, _e=ledger_set.entries: _e(claims))
+
+
 def test_select_keeps_the_claims_cells_and_one_hardware_per_anywhere_cell(monkeypatch):
     claims = {"Q1": {"ledger": {"h200": {"rl_throughput": ["mlp_*_paired"]},
                                 "any": {"rl_quality": ["CartPole-v1_{fp32,fp8-delayed}"]}}},
               "Q2": {"ledger": {"h200": {"rl_throughput": ["cnn_w0_bf16"]}}}}
-    monkeypatch.setattr(ledger_set, "entries",
-                        lambda c=None, _e=ledger_set.entries: _e(claims))
+    _use(monkeypatch, claims)
     df = _rows(("h200", "rl_throughput", "mlp_w4096_e2048_paired", False, "2026-01-01"),
                ("tpu-v5e", "rl_throughput", "mlp_w4096_e2048_paired", False, "2026-01-02"),
                ("h200", "rl_throughput", "mlp_w4096_bf16_e2048", False, "2026-01-01"),
@@ -167,8 +172,7 @@ def test_an_environments_cells_come_from_one_hardware(monkeypatch):
     records of an environment's cells, the verdict reads that environment on the CPU alone
     (even a cell the CPU lacks is not filled in from another machine)."""
     claims = {"Q1": {"ledger": {"any": {"rl_quality": ["{CartPole-v1,Acrobot-v1}_*"]}}}}
-    monkeypatch.setattr(ledger_set, "entries",
-                        lambda c=None, _e=ledger_set.entries: _e(claims))
+    _use(monkeypatch, claims)
     rows = _rows(("cpu", "rl_quality", "CartPole-v1_fp32", False, "2026-01-05"),
                  ("h200", "rl_quality", "CartPole-v1_fp32", True, "2026-01-01"),
                  ("h200", "rl_quality", "CartPole-v1_fp8-delayed", True, "2026-01-01"),
