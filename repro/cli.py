@@ -270,8 +270,10 @@ def record_ledger(args) -> int:
         print(f"  {line}", file=sys.stderr)
     if args.plan:
         return 0
-    todo = [c for c in rows if c["recordable"] and (args.force or c["status"] != "fresh")]
-    if skipped := [c for c in rows if not c["recordable"] and c["status"] != "fresh"]:
+    todo = [c for c in rows if c["recordable"] and (
+        args.force or not c["status"].startswith("fresh"))]
+    if skipped := [c for c in rows if not c["recordable"] and
+                   not c["status"].startswith("fresh")]:
         print(f"repro: {len(skipped)} ledger cell(s) are not recorded by `repro record` "
               f"(docs/RECORDING.md says how): {', '.join(c['experiment'] + '/' + c['cell'] for c in skipped[:6])}",
               file=sys.stderr)

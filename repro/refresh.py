@@ -299,20 +299,27 @@ def ledger_plan(hardware: str, claims: Iterable[str] = (), quality: bool | None 
         for n in hits:
             c = cells.setdefault((e.experiment, n), {
                 "experiment": e.experiment, "cell": n, "claims": [], "hardware": hardware,
-                "recordable": known[e.experiment] is not None and n in known[e.experiment]})
+                "recordable": known[e.experiment] is not None and n in known[e.experiment],
+                "anywhere": True})
+            c["anywhere"] &= e.anywhere
             if e.claim not in c["claims"]:
                 c["claims"].append(e.claim)
-    stale_here = {(c["folder"], c["cell"]) for c in (
-        results.stale_cells() if stale is None else stale) if c["hardware"] == hardware}
+    stale = results.stale_cells() if stale is None else stale
+    stale_on = {(c["hardware"], c["folder"], c["cell"]) for c in stale}
     for (exp, n), c in cells.items():
         path = root / hardware / exp / f"{n}.json"
         c["status"] = "missing" if not path.is_file() else \
-            "stale" if (exp, n) in stale_here else "fresh"
+            "stale" if (hardware, exp, n) in stale_on else "fresh"
+        # a cell any hardware may hold is not recorded again here where another holds it fresh
+        elsewhere = [p.parent.parent.name for p in root.glob(f"*/{exp}/{n}.json")
+                     if (p.parent.parent.name, exp, n) not in stale_on]
+        if c.pop("anywhere") and c["status"] != "fresh" and elsewhere:
+            c["status"] = f"fresh on {elsewhere[0]}"
         c["estimate_s"], c["estimate_from"] = cell_estimate(root, hardware, exp, n)
     need: dict[str, int] = {}
     for c in cells.values():
         for cl in c["claims"]:
-            need[cl] = need.get(cl, 0) + (c["status"] != "fresh")
+            need[cl] = need.get(cl, 0) + (not c["status"].startswith("fresh"))
     rank = {cl: (need.get(cl, 0), i) for i, cl in enumerate(dict.fromkeys(
         e.claim for e in ents))}
     return sorted(cells.values(), key=lambda c: (min(rank[cl] for cl in c["claims"]),
@@ -324,11 +331,11 @@ def describe_ledger(rows: list[dict[str, Any]], hardware: str) -> list[str]:
     lines = []
     for c in rows:
         note = "" if c["recordable"] else " (not by `repro record`: docs/RECORDING.md)"
-        lines.append(f"{c['status']:7s} ~{human(c['estimate_s']):>6s}  {c['experiment']}/"
+        lines.append(f"{c['status']:12s} ~{human(c['estimate_s']):>6s}  {c['experiment']}/"
                      f"{c['cell']}  [{', '.join(c['claims'])}]"
                      + (f" (estimate: {c['estimate_from']})" if c["estimate_from"] != "own"
                         else "") + note)
-    todo = [c for c in rows if c["status"] != "fresh"]
+    todo = [c for c in rows if not c["status"].startswith("fresh")]
     lines.append(f"ledger set on {hardware}: {len(rows)} cell(s), ~"
                  f"{human(sum(c['estimate_s'] for c in rows))} to record all of it; "
                  f"{len(todo)} to record now (missing or stale), ~"
