@@ -182,3 +182,19 @@ def test_an_environments_cells_come_from_one_hardware(monkeypatch):
         lambda s: ledger_set.cell_of(s)[2])]
     got = ledger_set.select(rows, "Q1")
     assert list(got["value"]) == [0, 3, 4]  # CartPole on the CPU; Acrobot on the H200
+
+
+def test_a_cell_any_machine_may_hold_is_not_planned_where_another_holds_it_fresh(
+        monkeypatch, tmp_path):
+    _use(monkeypatch, {"Q1": {"ledger": {"any": {"rl_quality": [
+        "CartPole-v1_{fp32,fp8-delayed}"]}}}})
+    (tmp_path / "cpu" / "rl_quality").mkdir(parents=True)
+    (tmp_path / "cpu" / "rl_quality" / "CartPole-v1_fp32.json").write_text("[]")
+    monkeypatch.setattr(results, "results_dir", lambda: tmp_path)
+    rows = {c["cell"]: c["status"] for c in refresh.ledger_plan("h200", quality=True,
+                                                                  stale=[])}
+    assert rows == {"CartPole-v1_fp32": "fresh on cpu", "CartPole-v1_fp8-delayed": "missing"}
+    stale = [{"hardware": "cpu", "folder": "rl_quality", "cell": "CartPole-v1_fp32"}]
+    rows = {c["cell"]: c["status"] for c in refresh.ledger_plan("h200", quality=True,
+                                                                  stale=stale)}
+    assert rows["CartPole-v1_fp32"] == "missing"  # stale there: recorded here
