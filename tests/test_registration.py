@@ -177,6 +177,27 @@ def test_a_notebooks_own_verdict_code_is_a_first_rule(tmp_path, monkeypatch):
     assert f["preregistered"] is True
 
 
+def test_a_verdict_function_a_loop_hands_on_is_the_rule_not_the_notebook(tmp_path):
+    """A notebook that pairs each verdict function with its claim in a loop's tuples hands
+    the verdict to the package's function: that function is the rule, not the notebook's
+    loop (whose helpers read notebook variables the rule runner cannot name)."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    git(root, "init", "-q")
+    loop = ("# %%\nfrom repro.claims import verdicts\n\n# %%\n"
+            "def judged_on(fn, claim):\n    return fn(nb.ledger(df, claim), rule=None)\n\n\n"
+            'V = [judged_on(fn, claim) for fn, claim in ((verdicts.a1, "A1"),)]\n')
+    made = commit(root, "loop", "2026-01-01T00:00:00+00:00", {
+        "repro/data/claims.yaml": yaml.safe_dump(CLAIMS), "notebooks/nb.py": loop,
+        "repro/claims/verdicts/x.py": RULE})
+    v = H.version(H.Git(root), made, "A1")
+    assert v.code is not None and (v.code.kind, v.code.entry) == ("function", "a1"), v.code
+    # the same loop without the function in its tuples is the notebook's own code
+    own = commit(root, "own", "2026-01-02T00:00:00+00:00", {"notebooks/nb.py": loop.replace(
+        '((verdicts.a1, "A1"),)', '((None, "A1"),)')})
+    assert H.version(H.Git(root), own, "A1").code.kind == "notebook"
+
+
 def test_a_shallow_clone_cannot_build_findings_but_judges_as_the_full_one(tmp_path):
     helper = RULE.replace('table["ratio"].max()', 'table["ratio"].min()')
     root, made = small_repo(tmp_path, {"helper": helper})

@@ -367,7 +367,8 @@ def _other_claim_store(stmt: ast.stmt, claim: str) -> bool:
 
 def _calls(stmts: list[ast.stmt]) -> set[str]:
     """Names called in ``stmts``: ``f(...)``, ``m.f(...)``, and ``m.f`` handed to another
-    call (``judged(verdicts.a8, ...)``)."""
+    call (``judged(verdicts.a8, ...)``) or paired with its claim in a tuple a loop hands on
+    (``for fn, claim in ((verdicts.a8, "A8"), ...)``)."""
     out = set()
     for s in stmts:
         for n in ast.walk(s):
@@ -375,6 +376,8 @@ def _calls(stmts: list[ast.stmt]) -> set[str]:
                 if isinstance(n.func, ast.Name):
                     out.add(n.func.id)
                 out |= {x.attr for x in [n.func, *n.args] if isinstance(x, ast.Attribute)}
+            elif isinstance(n, ast.Tuple):
+                out |= {x.attr for x in n.elts if isinstance(x, ast.Attribute)}
     return out
 
 
