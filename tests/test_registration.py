@@ -420,6 +420,8 @@ def test_the_registration_command_prints_the_table(committed):
                          capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[0].startswith("| claim | first rule |")
     assert len([x for x in out.splitlines() if x.startswith("| A")]) == 12
+    # a claim without records yet has a row too (its first data: none yet)
+    assert [x.split(" | ")[0] for x in out.splitlines() if "none yet" in x] == ["| C1", "| C2"]
 
 
 SHALLOW_JUDGE = """

@@ -184,7 +184,9 @@ def summary(found: dict[str, Any] | None = None, root: Path | str | None = None
     order = [c for c in definitions() if c in found.get("claims", {})]
     for claim, f in ((c, found["claims"][c]) for c in order):
         at, ch = f["rule_at_data"], f["changed"]
-        if at is None:
+        if f["first_data"] is None:
+            first = "no data yet"
+        elif at is None:
             first = "none (no rule before its data)"
         else:
             try:
@@ -197,8 +199,10 @@ def summary(found: dict[str, Any] | None = None, root: Path | str | None = None
             "claim": claim,
             "first rule": f"{f['first_rule']['commit']} {_day(f['first_rule']['date'])} "
                           f"({f['first_rule']['where']})",
-            "rule at data": f"{at['commit']} {_day(at['date'])}" if at else "none",
-            "first data": f"{_day(f['first_data']['date'])} ({f['first_data']['source']})",
+            "rule at data": (f"{at['commit']} {_day(at['date'])}" if at else
+                             "none" if f["first_data"] else "no data yet"),
+            "first data": (f"{_day(f['first_data']['date'])} ({f['first_data']['source']})"
+                           if f["first_data"] else "none yet"),
             "changed after data": f"yes, {ch['commit']} {_day(ch['date'])}" if ch else "no",
             "verdict under first rule": first})
     return rows
