@@ -294,13 +294,17 @@ def ledger_plan(hardware: str, claims: Iterable[str] = (), quality: bool | None 
         if names is None:  # not a study of `repro record`: the cells on disk
             names = sorted({p.stem for p in root.glob(f"*/{e.experiment}/*.json")})
         hits = [n for n in names if fnmatch.fnmatchcase(n, e.pattern)]
-        if not hits and not any(ch in e.pattern for ch in "*?["):
-            hits = [e.pattern]  # named, but not among the study's cells now: listed as missing
+        if not hits:  # named, but not among the study's cells now (a cell named after the
+            # --recipe it was recorded with, or a pattern of such cells): listed as missing
+            hits = [e.pattern]
         for n in hits:
+            base = re.split(r"[*?\[]", n)[0].rstrip("_")
             c = cells.setdefault((e.experiment, n), {
                 "experiment": e.experiment, "cell": n, "claims": [], "hardware": hardware,
                 "recordable": known[e.experiment] is not None and n in known[e.experiment],
                 "anywhere": True})
+            if not c["recordable"] and base != n and base in (known[e.experiment] or ()):
+                c["variant_of"] = base  # a --recipe cell of a study cell
             c["anywhere"] &= e.anywhere
             if e.claim not in c["claims"]:
                 c["claims"].append(e.claim)
@@ -330,7 +334,10 @@ def describe_ledger(rows: list[dict[str, Any]], hardware: str) -> list[str]:
     """The plan as lines: one per cell (status, estimate, claims), then the totals."""
     lines = []
     for c in rows:
-        note = "" if c["recordable"] else " (not by `repro record`: docs/RECORDING.md)"
+        note = "" if c["recordable"] else (
+            f" (a --recipe cell: `repro record {c['experiment']} --profile full --only "
+            f"{c['variant_of']} --recipe ...`, docs/RECORDING.md)" if c.get("variant_of")
+            else " (not by `repro record`: docs/RECORDING.md)")
         lines.append(f"{c['status']:12s} ~{human(c['estimate_s']):>6s}  {c['experiment']}/"
                      f"{c['cell']}  [{', '.join(c['claims'])}]"
                      + (f" (estimate: {c['estimate_from']})" if c["estimate_from"] != "own"
