@@ -84,15 +84,16 @@ def _lm_runner(recipe: str, size: str, batch: int):
 def _gemm_runner(dtype: str, m: int, k: int, n: int):
     """One GEMM call of the ``gemm`` sweep (``repro.experiments.gemm.measure``: same operands
     and function)."""
+    from repro import hardware
     from repro.experiments.gemm import measure as bench
-    from repro.studies import timing
+    from repro.studies.lowering import compiled_gemm_info
 
     a, b = bench._random_inputs(jax.random.key(0), m, k, n)
     ops = bench.gemm_operands(dtype, a, b)
-    info = timing.compiled_gemm_info(bench.gemm_fn(dtype), *ops)
+    info = compiled_gemm_info(bench.gemm_fn(dtype), *ops)
     fn = jax.jit(bench.gemm_fn(dtype))
     return (lambda: fn(*ops)), {**info, "emulated": bench._emulated(dtype, info,
-                                                                    jax.default_backend())}
+                                                                    hardware.current())}
 
 
 def _ppo_runner(token: str, width: int, num_envs: int, profile: str = "full"):
@@ -102,7 +103,7 @@ def _ppo_runner(token: str, width: int, num_envs: int, profile: str = "full"):
     such as ``fp8-all-layers``."""
     from repro import studies
     from repro.experiments.rl_throughput import measure as rl_throughput
-    from repro.studies.timing import compiled_facts, recipe_emulated
+    from repro.studies.lowering import compiled_facts, recipe_emulated
 
     c = rl_throughput.throughput_config("mlp", width, token, num_envs,
                                         studies.params(rl_throughput.THROUGHPUT, profile))
@@ -136,10 +137,10 @@ def profile_cell(workload: str, recipes: list[str], steps: int, sizes: dict[str,
     """Records of one shape, one recipe after the other; [] where the trace has no kernels.
 
     ``make_runner(recipe)`` gives ``(run, facts)``: one training step and the compiled
-    program's facts (``repro.studies.timing.compiled_facts``), whose FP8 lowering says whether the
+    program's facts (``repro.studies.lowering.compiled_facts``), whose FP8 lowering says whether the
     recipe ran emulated (then the kernels are those of the emulation, and records say so);
     facts with an ``emulated`` key (the GEMM workload's dtypes) say it themselves."""
-    from repro.studies.timing import recipe_emulated
+    from repro.studies.lowering import recipe_emulated
 
     records = []
     for r in recipes:

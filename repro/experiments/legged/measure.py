@@ -78,8 +78,8 @@ from repro.models import brax_peer, envs, ppo
 from repro.models import ppo_continuous as pc
 from repro.precision.recipes import resolve
 from repro.studies import runner
-from repro.studies.timing import (Timing, compiled_facts, quartiles, recipe_emulated, time_fn,
-                                  time_rounds)
+from repro.studies.lowering import compiled_facts, recipe_emulated
+from repro.studies.timing import Timing, quartiles, time_fn, time_rounds
 
 EXPERIMENT = "legged"
 CLAIMS = ("A11",)
