@@ -31,6 +31,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from repro.checkout import repo_root
 from repro.cli_checks import (UsageError, check_cpu_full, check_label, inside_repository,
                               notebook_profile, number, parse_params, split, text)
 from repro.config import ConfigError
@@ -64,8 +65,6 @@ def _one_line(msg: Any) -> str:
 
 
 def _rel(path: Path) -> str:
-    from repro.results import repo_root
-
     try:
         return str(Path(path).resolve().relative_to(repo_root().resolve()))
     except ValueError:
@@ -339,7 +338,7 @@ def record_all(args, plan, profile: str, root: Path) -> int:
     from repro import hardware, results
 
     slug = results.slug(args.hardware) if args.hardware else hardware.detect().slug
-    log_path = results.repo_root() / "build" / "logs" / "record.log"
+    log_path = repo_root() / "build" / "logs" / "record.log"
     print(f"repro record all [{profile}] on {slug}: {len(plan)} experiment(s) -> {root} "
           f"(log {_rel(log_path)})", file=sys.stderr)
     lines, failed, start = [], [], time.monotonic()
@@ -468,8 +467,6 @@ def _records_used(studies: list[str], loaded: dict | None = None):
 
 def cmd_site(args) -> int:
     from repro import site
-    from repro.results import repo_root
-
     root = repo_root()
     out = inside_repository(f"--out {args.out}", args.out, root) if args.out else \
         root / "build" / "site"
@@ -554,7 +551,7 @@ def cmd_status(args) -> int:
         path, traced = provenance.write_index(recs)
         print(f"wrote {_rel(path)} ({traced} program(s) traced)")
         cells = results.stale_cells()
-        path = refresh.write_stale_set(results.repo_root(), cells)
+        path = refresh.write_stale_set(repo_root(), cells)
         print(f"wrote {_rel(path)} ({len(cells)} stale cell(s))")
         return 0
     cells, defective = results.scan_cells()
@@ -597,8 +594,6 @@ def cmd_status(args) -> int:
 
 def cmd_pipeline(args) -> int:
     from repro import pipeline
-    from repro.results import repo_root
-
     path = repo_root() / "dvc.yaml"
     if args.check:
         if path.exists() and path.read_text() == pipeline.render():

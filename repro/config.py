@@ -30,7 +30,7 @@ from typing import Any, Union
 
 import yaml
 
-from repro import experiments
+from repro import checkout, experiments
 
 PROFILES = ("smoke", "full", "auto")
 SUBSECTIONS = ("common", "smoke", "full")
@@ -105,9 +105,7 @@ def from_cli(default: Any = None) -> Any:
 
 
 def params_path() -> Path:
-    from repro.results import repo_root
-
-    return repo_root() / "params.yaml"
+    return checkout.repo_root() / "params.yaml"
 
 
 def _line_column(text: str | bytes, index: int) -> str:

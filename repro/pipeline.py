@@ -1,7 +1,7 @@
 """``dvc.yaml``, generated: one stage per notebook, whose deps are what the notebook reads.
 
 A notebook stage depends on the notebook, every ``repro`` module in its static import closure
-(:func:`repro.provenance.closure`: the same closure that fingerprints records), the data files
+(:func:`repro.fingerprint.closure`: the same closure that fingerprints records), the data files
 those modules name (``repro/data/*``), the code that runs it (``repro notebook``), the folders
 of committed records it reads (:func:`record_reads`: ``results/<hardware>/<experiment>``, with
 the program index that judges their staleness) and its ``params.yaml`` sections. Its outputs
@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from repro import experiments, markdown, provenance
+from repro import checkout, experiments, fingerprint, markdown, provenance
 
 # stage -> (notebook, params.yaml sections it reads besides `profile`)
 STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -62,7 +62,7 @@ HEADER = """\
 
 
 def _rel(path: Path) -> str:
-    return provenance._rel(path)
+    return checkout.rel(path)
 
 
 def strings(path: Path) -> set[str]:
@@ -74,14 +74,14 @@ def strings(path: Path) -> set[str]:
 @functools.lru_cache(maxsize=1024)
 def _strings(path: str, mtime_ns: int, size: int) -> frozenset[str]:
     """:func:`strings` of one version of a file (every stage's closure shares most files)."""
-    tree = provenance._strip_docstrings(copy.deepcopy(provenance._parse(Path(path))))
+    tree = fingerprint.strip_docstrings(copy.deepcopy(fingerprint.parse(Path(path))))
     return frozenset(n.value for n in ast.walk(tree)
                      if isinstance(n, ast.Constant) and isinstance(n.value, str))
 
 
 def data_files(paths: list[Path]) -> list[str]:
     """The files of ``repro/data`` whose name a string constant of ``paths`` contains."""
-    folder = provenance.CHECKOUT / "repro" / "data"
+    folder = checkout.CHECKOUT / "repro" / "data"
     names = sorted(p.name for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
     found = set().union(*map(strings, paths)) if paths else set()
     return [f"repro/data/{n}" for n in names if any(n in s for s in found)]
@@ -104,9 +104,9 @@ def code_deps(start: str | Path) -> list[str]:
     """The source files of ``start`` (a module, or a notebook's path) and of its closure
     (with the studies it runs by name), and the data files they name: paths in the
     checkout, sorted."""
-    paths, _ = provenance.closure(start)
+    paths, _ = fingerprint.closure(start)
     for module in _named_studies(start, paths):
-        paths += provenance.closure(module)[0]
+        paths += fingerprint.closure(module)[0]
     return sorted({_rel(p) for p in paths} | set(data_files(paths)))
 
 
@@ -128,7 +128,7 @@ def receipt(notebook: str) -> str:
 def notebook_stage(notebook: str, sections: tuple[str, ...]) -> dict[str, Any]:
     from repro.claims import ledger
 
-    root = provenance.CHECKOUT
+    root = checkout.CHECKOUT
     source = root / "notebooks" / f"{notebook}.py"
     deps = sorted(set(code_deps(source)) | set(code_deps(RUNNER)) | {"repro/cli.py"})
     claims = [c for c, spec in ledger.claims().items() if spec.get("notebook") == notebook]
@@ -184,7 +184,7 @@ def render() -> str:
 
 def write(path: Path | None = None) -> bool:
     """Write dvc.yaml; True when it changed."""
-    path = path or provenance.CHECKOUT / "dvc.yaml"
+    path = path or checkout.CHECKOUT / "dvc.yaml"
     text, old = render(), path.read_text() if path.exists() else None
     if text != old:
         path.write_text(text)
@@ -227,10 +227,10 @@ class _Module:
 
     def __init__(self, path: Path):
         self.path = path
-        self.tree = provenance._parse(path)
+        self.tree = fingerprint.parse(path)
         self.consts: dict[str, list[ast.expr]] = {}
         self.aliases: dict[str, tuple[str, str | None]] = {}  # name -> (module, attribute)
-        here, is_pkg = provenance._module_name(path), path.name == "__init__.py"
+        here, is_pkg = fingerprint.module_name(path), path.name == "__init__.py"
         for node in self.tree.body:
             if isinstance(node, ast.Assign):
                 for t in node.targets:
@@ -245,10 +245,10 @@ class _Module:
                     if a.asname:
                         self.aliases[a.asname] = (a.name, None)
             elif isinstance(node, ast.ImportFrom):
-                base = provenance._resolve_from(node, here, is_pkg)
+                base = fingerprint.resolve_from(node, here, is_pkg)
                 for a in node.names:
                     sub = f"{base}.{a.name}"
-                    module = provenance.module_file(sub) if sub.startswith("repro") else None
+                    module = fingerprint.module_file(sub) if sub.startswith("repro") else None
                     self.aliases[a.asname or a.name] = (sub, None) if module else (base, a.name)
 
 
@@ -266,7 +266,7 @@ def _module_at(path: Path, mtime_ns: int, size: int) -> _Module:
 def _defined_in(module: str, name: str, seen: frozenset = frozenset()) -> set[Path | None]:
     """The files where ``module.name`` may be defined: the module's, and those it imports the
     name from (a package that re-exports a function of one of its modules)."""
-    path = provenance.module_file(module)
+    path = fingerprint.module_file(module)
     if path is None or (module, name) in seen:
         return {path}
     alias = _module(path).aliases.get(name)
@@ -276,7 +276,7 @@ def _defined_in(module: str, name: str, seen: frozenset = frozenset()) -> set[Pa
 
 
 def _constant(module: str, name: str, seen: frozenset) -> tuple[set[str], set[str], bool]:
-    path = provenance.module_file(module)
+    path = fingerprint.module_file(module)
     if path is None or (module, name) in seen:
         return set(), set(), True
     m = _module(path)
@@ -293,7 +293,7 @@ def _live(path: Path, name: str) -> set[str] | None:
     import importlib
 
     try:
-        v = getattr(importlib.import_module(provenance._module_name(path)), name)
+        v = getattr(importlib.import_module(fingerprint.module_name(path)), name)
     except Exception:  # noqa: BLE001 - not importable here: the caller's fallback
         return None
     if isinstance(v, str):
@@ -423,7 +423,7 @@ def _argument(call: ast.Call, params: list[str], name: str) -> ast.expr | None:
 def record_reads(notebook: Path) -> set[str]:
     """The experiments whose committed records ``notebook`` reads (:data:`EVERY` among them
     when a read cannot be narrowed to named experiments)."""
-    paths, _ = provenance.closure(notebook)
+    paths, _ = fingerprint.closure(notebook)
     # what each function of the closure reads, by name (functions of one name: one entry
     # each): (its file (None: any), parameters, experiments read, parameters passed on as an
     # experiment)
@@ -478,7 +478,7 @@ def result_deps(experiments: set[str]) -> list[str]:
         return []
     if EVERY in experiments:
         return ["results"]
-    root = provenance.CHECKOUT / "results"
+    root = checkout.CHECKOUT / "results"
     programs = "/".join(provenance.PROGRAM_INDEX[:-1])
     folders = [f"results/{hw.name}/{e}" for hw in sorted(root.iterdir()) if hw.is_dir()
                for e in sorted(experiments) if (hw / e).is_dir()] if root.is_dir() else []
@@ -495,7 +495,7 @@ def result_deps(experiments: set[str]) -> list[str]:
 
 def plot_data(prefix: str = "") -> list[str]:
     """The committed data plots (``figures/data/<prefix>*.csv``), sorted."""
-    folder = provenance.CHECKOUT / "figures" / "data"
+    folder = checkout.CHECKOUT / "figures" / "data"
     return sorted(_rel(p) for p in folder.glob(f"{prefix}*.csv")) if folder.is_dir() else []
 
 
@@ -504,7 +504,7 @@ def plot_definitions() -> list[dict[str, Any]]:
     and y (the other columns), drawn as lines."""
     out = []
     for rel in plot_data():
-        with open(provenance.CHECKOUT / rel, newline="") as f:
+        with open(checkout.CHECKOUT / rel, newline="") as f:
             header = next(csv.reader(f))
         out.append({rel: {"x": header[0], "y": header[1:], "template": "linear",
                           "title": Path(rel).stem}})

@@ -28,7 +28,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,7 +35,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from repro import experiments
+from repro import experiments, fingerprint
+from repro.checkout import History, git_commit, history, repo_root
 
 RECORD_FIELDS = [
     "experiment", "claims", "hardware", "hardware_name", "compute_capability", "backend",
@@ -46,44 +46,6 @@ RECORD_FIELDS = [
 ]
 # Columns load_records adds: where a row comes from, a known defect, and staleness.
 LOADED_FIELDS = ["source", "defect", "stale", "stale_reason", "stale_since", "stale_summary"]
-
-
-def is_root(folder: Path) -> bool:
-    """A checkout of this repository: ``params.yaml`` beside the ``repro`` package."""
-    return (folder / "params.yaml").is_file() and (folder / "repro" / "__init__.py").is_file()
-
-
-# What every checkout holds at its root (REPRO_ROOT is checked for them).
-CHECKOUT_MARKS = ("params.yaml", "results/")
-
-
-def repo_root() -> Path:
-    """The repository root, where params.yaml, results/ and build/ are: ``REPRO_ROOT`` where set
-    (a folder holding params.yaml and results/, or a one-line ``ValueError`` naming it: a
-    mistyped root must not read as a repository with nothing measured); else the nearest
-    checkout (:func:`is_root`) at or above the working directory, so each checkout that shares
-    a virtual environment reads and writes its own records; else the checkout this package was
-    imported from; else a one-line ``ValueError`` naming the working directory."""
-    if env := os.environ.get("REPRO_ROOT"):
-        if not Path(env).is_dir():
-            what = "not a folder" if Path(env).exists() else "no such folder"
-            raise ValueError(f"REPRO_ROOT={env}: {what} (the repository root, where "
-                             "params.yaml, results/ and build/ are)")
-        missing = [m for m in CHECKOUT_MARKS if not (
-            (Path(env) / m).is_dir() if m.endswith("/") else (Path(env) / m).is_file())]
-        if missing:
-            raise ValueError(f"REPRO_ROOT={env}: not a checkout of this repository (no "
-                             f"{', '.join(missing)} in it)")
-        return Path(env)
-    cwd = Path.cwd()
-    if found := next((d for d in (cwd, *cwd.parents) if is_root(d)), None):
-        return found
-    here = Path(__file__).resolve().parent.parent
-    if (here / "dvc.yaml").exists():
-        return here
-    raise ValueError(f"no checkout of this repository at or above {cwd} (a folder with "
-                     "params.yaml, results/ and the repro package): run repro in one, or set "
-                     "REPRO_ROOT to one")
 
 
 def results_dir() -> Path:
@@ -114,34 +76,6 @@ def record_root(profile: str) -> Path:
     return results_dir() if profile == "full" else scratch_results_dir()
 
 
-@functools.cache
-def git_commit() -> str:
-    """The commit that produced a record (``REPRO_GIT_COMMIT`` wins: the GPU machine gets a
-    copy of the working tree without .git). ``REPRO_GIT_COMMIT`` must be a commit hash (7 to
-    40 hex digits, optionally ``-dirty``) and, where this checkout has its history, one of
-    its commits: else a one-line ``ValueError`` naming it (the study runner asks before the
-    first cell runs)."""
-    if env := os.environ.get("REPRO_GIT_COMMIT"):
-        base = env.strip().removesuffix("-dirty")
-        if not _HASH.fullmatch(base):
-            raise ValueError(f"REPRO_GIT_COMMIT={env}: not a commit (7 to 40 hex digits, "
-                             "optionally -dirty)")
-        known = history(repo_root())
-        if known is not None and known.time_of(base) is None:
-            raise ValueError(f"REPRO_GIT_COMMIT={env}: not a commit of the history of "
-                             f"{known.top}")
-        return env
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo_root(),
-                             capture_output=True, text=True, timeout=10)
-        commit = out.stdout.strip() or "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=repo_root(), capture_output=True, text=True, timeout=10)
-        return commit + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def same_commit(a: Any, b: Any) -> bool:
     """Whether two cells were recorded at one known commit (``a``: one commit, not a
     comma-separated list of several): in this repository's GPU workflow, one call on one
@@ -160,9 +94,7 @@ def software_versions() -> dict[str, str]:
 
 @functools.cache
 def _core_versions() -> dict[str, str]:
-    from repro import provenance
-
-    return provenance.versions()
+    return fingerprint.versions()
 
 
 def make_record(
@@ -223,8 +155,8 @@ def restamp(records: list[dict[str, Any]], hardware: str | None = None,
     """The records as a run writes them: under the hardware name ``hardware`` (``repro record
     --hardware``; None keeps the detected one), with ``run_note`` (``--note``: what else
     ran on the machine, e.g. a job on the other GPU) where one is given, with ``conditions``
-    (what ``nvidia-smi`` saw beside the cell: :func:`repro.provenance.merge_conditions`) where
-    they are given, and with the study's ``stamp`` (:func:`repro.provenance.study_stamp`:
+    (what ``nvidia-smi`` saw beside the cell: :func:`repro.conditions.merge_conditions`) where
+    they are given, and with the study's ``stamp`` (:func:`repro.fingerprint.study_stamp`:
     ``code`` and ``versions``)."""
     out = []
     for rec in records:
@@ -276,12 +208,10 @@ def read_cell(experiment: str, cell: str, hardware: str | None = None,
 
 def matches_stamp(rec: dict[str, Any], stamp: dict[str, Any]) -> bool:
     """Whether ``rec`` was made by the code and the jax/jaxlib/flax versions of ``stamp``
-    (:func:`repro.provenance.study_stamp`)."""
-    from repro.provenance import LOCKED
-
+    (:func:`repro.fingerprint.study_stamp`)."""
     code, versions = rec.get("code") or {}, stamp["versions"]
     return (code.get("digest") == stamp["code"]["digest"]
-            and all(rec.get(k) == versions[k] for k in LOCKED if k in versions))
+            and all(rec.get(k) == versions[k] for k in fingerprint.LOCKED if k in versions))
 
 
 def have_cell(experiment: str, cell: str, hardware: str | None = None,
@@ -631,8 +561,6 @@ def scan_cells(roots: Path | Iterable[Path] | None = None
 
 # ------------------------------------------------------------- records check themselves
 
-# A commit hash as records and REPRO_GIT_COMMIT give it (a prefix of 7 or more hex digits).
-_HASH = re.compile(r"[0-9a-f]{7,40}")
 # How far a record's time may precede its commit's, or lie ahead of now: the clocks of the
 # machine that committed and of the one that measured may differ by this much.
 CLOCK_SKEW = _dt.timedelta(minutes=10)
@@ -640,52 +568,6 @@ CLOCK_SKEW = _dt.timedelta(minutes=10)
 
 class DefectiveRecordWarning(UserWarning):
     """A record that fails its own check (:func:`verify`): left out of every analysis."""
-
-
-class History:
-    """The commits of a repository's history (HEAD's ancestors) and their times."""
-
-    def __init__(self, top: str, log: str):
-        self.top = top
-        self.times = {h: int(t) for h, t in (line.split() for line in log.splitlines())}
-        self.commits = sorted(self.times)
-
-    def time_of(self, commit: str) -> int | None:
-        """The commit time (seconds since 1970) of ``commit``, a hash or a prefix of 7 or
-        more hex digits; None where it is not a commit of this history."""
-        import bisect
-
-        if not _HASH.fullmatch(commit):
-            return None
-        i = bisect.bisect_left(self.commits, commit)
-        return self.times[self.commits[i]] if i < len(self.commits) and \
-            self.commits[i].startswith(commit) else None
-
-
-def history(folder: Path) -> History | None:
-    """The git history of the repository holding ``folder``, or None where there is none to
-    check commits against: no git, no repository (a copy of the tree without .git), or a
-    shallow clone (a commit beyond its depth is missing, not absent)."""
-    try:
-        out = subprocess.run(["git", "-C", str(folder), "rev-parse", "--show-toplevel",
-                              "--is-shallow-repository", "HEAD"], capture_output=True,
-                             text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = out.stdout.splitlines()
-    if out.returncode or len(lines) != 3 or lines[1].strip() != "false":
-        return None
-    return _history(lines[0], lines[2].strip())
-
-
-@functools.lru_cache(maxsize=8)
-def _history(top: str, head: str) -> History | None:
-    try:
-        out = subprocess.run(["git", "-C", top, "log", "--format=%H %ct", head],
-                             capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return History(top, out.stdout) if out.returncode == 0 else None
 
 
 def check_value(rec: dict[str, Any]) -> tuple[str, str | None]:
@@ -828,7 +710,7 @@ def check_record(rec: Any) -> str | None:
 
 def _check_conditions(c: Any) -> str | None:
     """What is wrong with a record's optional ``conditions`` (an object whose ``alone`` is
-    true, false or null: :func:`repro.provenance.merge_conditions`), or None."""
+    true, false or null: :func:`repro.conditions.merge_conditions`), or None."""
     if not isinstance(c, dict):
         return f"conditions must be an object, got {type(c).__name__}"
     if "alone" not in c or not (c["alone"] is None or isinstance(c["alone"], bool)):

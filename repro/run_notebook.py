@@ -278,7 +278,7 @@ def run(name: str, profile: str, extra: dict[str, Any] | None = None) -> int:
     """Convert and execute ``notebooks/NAME.py`` for ``profile``; see the module docstring."""
     import jupytext
 
-    from repro.results import repo_root
+    from repro.checkout import repo_root
 
     root = repo_root().resolve()
     source = source_of(root, name)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from repro import pipeline, provenance
+from repro import fingerprint, pipeline
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -19,7 +19,7 @@ def missing(stage: dict, notebook: str) -> list[str]:
     """The modules in ``notebook``'s import closure that no dep of ``stage`` covers (a dep
     covers a file when it is the file or a folder above it)."""
     deps = [d.rstrip("/") for d in stage.get("deps", [])]
-    files, _ = provenance.closure(ROOT / "notebooks" / f"{notebook}.py")
+    files, _ = fingerprint.closure(ROOT / "notebooks" / f"{notebook}.py")
     rel = [f.resolve().relative_to(ROOT).as_posix() for f in files]
     return [f for f in rel if not any(f == d or f.startswith(d + "/") for d in deps)]
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from repro import program as P
-from repro import provenance
+from repro import checkout
 
-REAL = provenance.CHECKOUT
+REAL = checkout.CHECKOUT
 RECIPES = ["bf16", "fp16", "fp32", "fp8-delayed", "fp8-current"]
 CELL = "w64_b32_d2"
 

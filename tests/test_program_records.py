@@ -15,7 +15,7 @@ import random
 import pytest
 
 from repro import program as P
-from repro import provenance, results
+from repro import checkout, provenance, results
 
 MIN_RECORDS = 20  # fresh records whose programs each run retraces, at least
 MIN_PROGRAMS = 3  # and distinct programs, at least (records of one cell share one)
@@ -97,7 +97,7 @@ def test_the_committed_program_index_is_current():
     files its trace ran: otherwise each fresh clone retraces those programs in every notebook
     (minutes on 2 cores). After an edit to a file a recorded program ran, refresh it with
     ``repro status --write-index``."""
-    path = provenance.CHECKOUT.joinpath(*provenance.PROGRAM_INDEX)
+    path = checkout.CHECKOUT.joinpath(*provenance.PROGRAM_INDEX)
     if not path.is_file():
         pytest.skip("no committed program index")
     check = provenance.Checker(trace=False)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from repro import cli, experiments, results
+from repro import checkout, cli, experiments, results
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
@@ -49,7 +49,7 @@ def a_record_with(metric: str) -> tuple[Path, dict]:
 def test_every_committed_record_checks_itself():
     """The check CI runs on every committed record: its value against its samples, its commit
     against the history, its timestamp against both ends. Fails when it checks nothing."""
-    history = results.history(RESULTS)
+    history = checkout.history(RESULTS)
     assert history is not None, ("this test needs the git history of the checkout (a clone "
                                  "without --depth): commits are checked against it")
     outcomes, failed = {"checked": 0}, []
@@ -199,7 +199,7 @@ def stamped(commit: str, when: str) -> dict:
 
 def test_commits_and_times_are_checked_against_the_history(repo):
     first, head = git(repo, "rev-parse", "HEAD~1"), git(repo, "rev-parse", "HEAD")
-    history = results.history(repo / "results")
+    history = checkout.history(repo / "results")
     assert history is not None
     ok = [stamped(first, "2026-01-05T00:00:00+00:00"), stamped(head[:7], "2026-03-01T00:00:00Z"),
           stamped(head[:12] + "-dirty", "2026-02-01T12:05:00+00:00")]
@@ -229,7 +229,7 @@ def test_without_history_only_what_needs_none_is_checked(repo, tmp_path):
                    check=True, capture_output=True)
     for root in (shallow, tmp_path / "no-git"):
         (root / "results").mkdir(parents=True, exist_ok=True)
-        history = results.history(root / "results")
+        history = checkout.history(root / "results")
         assert history is None
         assert results.verify(stamped("abc1234", "2020-01-01T00:00:00+00:00"), history) is None
         assert "in the future" in results.verify(stamped("abc1234", "2099-01-01T00:00:00Z"),
@@ -243,19 +243,19 @@ def test_without_history_only_what_needs_none_is_checked(repo, tmp_path):
 def test_a_wrong_repro_git_commit_is_refused_before_recording(monkeypatch, capsys, value,
                                                               says):
     monkeypatch.setenv("REPRO_GIT_COMMIT", value)
-    results.git_commit.cache_clear()
+    checkout.git_commit.cache_clear()
     try:
         with pytest.raises(ValueError) as e:
-            results.git_commit()
+            checkout.git_commit()
         assert str(e.value) == says
         assert cli.main(["record", "gemm", "--profile", "smoke", "--hardware", "x"]) == 2
         assert capsys.readouterr().err.strip().splitlines() == [f"repro: error: {says}"]
         monkeypatch.setenv("REPRO_GIT_COMMIT", git(ROOT, "rev-parse", "HEAD~1"))
-        results.git_commit.cache_clear()
-        assert results.git_commit() == git(ROOT, "rev-parse", "HEAD~1")
+        checkout.git_commit.cache_clear()
+        assert checkout.git_commit() == git(ROOT, "rev-parse", "HEAD~1")
     finally:
         monkeypatch.undo()
-        results.git_commit.cache_clear()
+        checkout.git_commit.cache_clear()
 
 
 def test_a_record_from_another_day_is_not_in_the_future():

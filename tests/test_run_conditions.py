@@ -10,7 +10,7 @@ import os
 import pandas as pd
 import pytest
 
-from repro import hardware, provenance, results
+from repro import conditions, hardware, results
 from repro.claims import staleness
 from repro.studies import runner
 from repro.studies.runner import Cell, Study
@@ -53,7 +53,7 @@ def smi(tmp_path, monkeypatch):
 
 def test_alone_when_no_other_process(smi):
     smi("")
-    c = provenance.run_conditions()
+    c = conditions.run_conditions()
     assert c == {"checked": "nvidia-smi", "others": [], "alone": True, "gpus": [
         {"index": 0, "uuid": "GPU-aaaa-0000", "name": "NVIDIA H200", "memory_used_mib": 1200,
          "memory_total_mib": 143771, "utilization_pct": 5},
@@ -65,7 +65,7 @@ def test_alone_when_no_other_process(smi):
 def test_another_process_on_our_gpu_is_listed(smi):
     smi("GPU-aaaa-0000, 4242, 900, /usr/bin/python3, train.py\n"
         "GPU-bbbb-1111, 777, [N/A], other\n")
-    c = provenance.run_conditions()
+    c = conditions.run_conditions()
     assert c["checked"] == "nvidia-smi" and c["alone"] is False
     assert c["others"] == [{"pid": 4242, "name": "/usr/bin/python3, train.py", "used_mib": 900,
                             "gpu": 0}, {"pid": 777, "name": "other", "used_mib": None, "gpu": 1}]
@@ -75,16 +75,16 @@ def test_another_process_on_our_gpu_is_listed(smi):
 def test_a_process_on_a_gpu_not_ours_is_ignored(smi, monkeypatch, visible):
     smi("GPU-aaaa-0000, 4242, 900, python\n")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    c = provenance.run_conditions()
+    c = conditions.run_conditions()
     assert c["alone"] is True and c["others"] == []
     assert [g["index"] for g in c["gpus"]] == [1]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    assert provenance.run_conditions()["alone"] is False
+    assert conditions.run_conditions()["alone"] is False
 
 
 def test_this_process_is_not_another(smi):
     smi(f"GPU-aaaa-0000, {os.getpid()}, 70000, python\n")
-    assert provenance.run_conditions()["alone"] is True
+    assert conditions.run_conditions()["alone"] is True
 
 
 HANG = "exec sleep 30\n"
@@ -107,7 +107,7 @@ def test_unchecked_is_none_never_alone(smi, tmp_path, monkeypatch, case, body, a
         monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
     if visible is not None:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    c = provenance.run_conditions(timeout_s=0.3)
+    c = conditions.run_conditions(timeout_s=0.3)
     assert c["checked"] is None and c["alone"] is None and set(c) == {"checked", "why", "alone"}
     assert why in c["why"] and "\n" not in c["why"]
 
@@ -117,7 +117,7 @@ def test_unchecked_is_none_never_alone(smi, tmp_path, monkeypatch, case, body, a
     (None, None, None)])
 def test_merged_conditions_are_alone_only_when_both_looks_were(before, after, alone):
     a, b = {"alone": before, "others": []}, {"alone": after, "others": []}
-    assert provenance.merge_conditions(a, b) == {"alone": alone, "before": a, "after": b}
+    assert conditions.merge_conditions(a, b) == {"alone": alone, "before": a, "after": b}
 
 
 # ------------------------------------------------------------------------------ the runner
@@ -238,10 +238,10 @@ def test_the_ledger_says_it_and_says_nothing_for_records_without_conditions(
     monkeypatch.setenv("REPRO_STAGING", str(tmp_path / "staged"))
     verdict = Verdict("A2", "partly", "1.5x", "h200", "results/*/rl_throughput")
     files = {}
-    for name, conditions in (("old", ()), ("shared", [SHARED, ALONE])):
-        monkeypatch.setattr(results, "load_records", lambda *a, **k: rows(conditions))
+    for name, seen in (("old", ()), ("shared", [SHARED, ALONE])):
+        monkeypatch.setattr(results, "load_records", lambda *a, **k: rows(seen))
         nb = notebook.Notebook("03_x", "full", {}, None, tmp_path)
-        assert len(nb.records("rl_throughput")) == len(conditions or [None])
+        assert len(nb.records("rl_throughput")) == len(seen or [None])
         md = nb.conclusion(verdict).data
         files[name] = (tmp_path / "verdicts" / "A2.json").read_text()
         if name == "old":

@@ -45,7 +45,7 @@ def _quality(records: pd.DataFrame) -> pd.Series:
 
 def beside(records: pd.DataFrame) -> pd.DataFrame:
     """The speed records of ``records`` made beside another process on their GPU: their
-    ``conditions`` (:func:`repro.provenance.merge_conditions`) say ``alone: false``. Records
+    ``conditions`` (:func:`repro.conditions.merge_conditions`) say ``alone: false``. Records
     without ``conditions``, or whose conditions were not checked, are not among them."""
     if not len(records) or "conditions" not in records:
         return records.iloc[:0]

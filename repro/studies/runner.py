@@ -12,7 +12,7 @@ records, and the runner writes them atomically to
 * provenance: every record is stamped with the fingerprint of the study's code (``code``) and
   the versions of the packages on its path (``versions``), hashed when the run starts, and
   with what ``nvidia-smi`` saw on its GPUs before and after its cell ran (``conditions``:
-  whether it ran alone, :func:`repro.provenance.run_conditions`);
+  whether it ran alone, :func:`repro.conditions.run_conditions`);
 * selection: ``only`` (glob patterns on cell names) and ``recipes`` (the recipes a cell uses;
   a study whose cells time several recipes together narrows its parameters instead);
 * failures: a cell that raises is reported in one line and the study goes on; the run ends
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from repro import results
+from repro import checkout, results
 
 Records = list[dict[str, Any]]
 
@@ -140,7 +140,7 @@ def plan(study: Study, params: Any, only: Sequence[str] | None = None,
         params = study.narrow(params, list(recipes))
     if study.check is not None:
         study.check(params)
-    results.git_commit()  # the commit records will name: a wrong REPRO_GIT_COMMIT is refused
+    checkout.git_commit()  # the commit records will name: a wrong REPRO_GIT_COMMIT is refused
     every = study.cells(params)
     check_distinct(study.experiment, every)
     if recipes and study.narrow is None:
@@ -283,13 +283,13 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
     failed."""
     from tqdm import tqdm  # not tqdm.auto: that wants ipywidgets inside notebooks
 
+    from repro import conditions, fingerprint, provenance
     from repro import hardware as hw
-    from repro import provenance
 
     cells, every = plan(study, params, only, recipes)
     root = Path(root)
     slug = results.slug(hardware) if hardware else hw.detect().slug
-    stamp = provenance.study_stamp(study.source_module, study.data)
+    stamp = fingerprint.study_stamp(study.source_module, study.data)
     checker = provenance.Checker()
     stale: set[str] = set()
 
@@ -324,7 +324,7 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
         bar.set_postfix_str(cell.name)
         if force and cell.restart is not None:
             cell.restart()
-        before, began = provenance.run_conditions(), time.monotonic()
+        before, began = conditions.run_conditions(), time.monotonic()
         try:
             recs = cell.run(left)
         except Exception as e:  # noqa: BLE001 - reported, the study goes on, raised at the end
@@ -343,8 +343,8 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
         took = round(time.monotonic() - began, 1)
         recs = [{**r, "extra": {**(r.get("extra") or {}), "cell_s": took}} for r in recs]
         recs = results.restamp(recs, hardware=hardware, note=note, stamp=stamp,
-                               conditions=provenance.merge_conditions(
-                                   before, provenance.run_conditions()))
+                               conditions=conditions.merge_conditions(
+                                   before, conditions.run_conditions()))
         out.written.append(write_cell(recs, study.experiment, cell, root, out))
     bar.close()
     if out.failed:
