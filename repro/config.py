@@ -30,14 +30,14 @@ from typing import Any, Union
 
 import yaml
 
-from repro import checkout, experiments
+from repro import catalogue, checkout
 
 PROFILES = ("smoke", "full", "auto")
 SUBSECTIONS = ("common", "smoke", "full")
 # The sections of params.yaml: each study's (repro.studies, Study.params_section) and each
-# notebook's (repro.pipeline.STAGES), from repro.experiments; tests/test_boundaries.py checks
+# notebook's (repro.pipeline.STAGES), from repro.catalogue; tests/test_boundaries.py checks
 # the list is complete.
-SECTIONS = experiments.SECTIONS
+SECTIONS = catalogue.SECTIONS
 TOP_LEVEL = ("profile", *SECTIONS)
 # Integers in params.yaml are sizes, counts and seeds: beyond JAX's default integer they
 # overflow or run for ever.

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from repro import checkout, experiments, fingerprint
+from repro import catalogue, checkout, fingerprint
 from repro.fingerprint import LOCK, LOCKED
 
 
@@ -42,9 +42,9 @@ from repro.fingerprint import LOCK, LOCKED
 # stale records are left out of verdicts unless their metric is one of QUALITY_METRICS: how
 # well a run learned or how close a result is to its reference, not how fast or how large it
 # is (the legged study's returns sit beside its timings, the inference study's accuracy beside
-# its speed). Both come from each experiment's spec (repro.experiments).
-QUALITY_EXPERIMENTS = experiments.QUALITY_EXPERIMENTS
-QUALITY_METRICS = experiments.QUALITY_METRICS
+# its speed). Both come from each experiment's entry in repro.catalogue.
+QUALITY_EXPERIMENTS = catalogue.QUALITY_EXPERIMENTS
+QUALITY_METRICS = catalogue.QUALITY_METRICS
 
 
 # ------------------------------------------------------------------------- staleness
@@ -204,7 +204,7 @@ class Checker:
         key = (module, data)
         if key not in self._now:
             try:
-                self._now[key] = fingerprint.code(experiments.FORMER.get(module, module), data)
+                self._now[key] = fingerprint.code(catalogue.FORMER.get(module, module), data)
             except (ValueError, OSError, SyntaxError) as e:
                 self._now[key] = f"its code cannot be fingerprinted now ({e})"
         return self._now[key]

@@ -35,7 +35,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from repro import experiments, fingerprint
+from repro import catalogue, fingerprint
 from repro.checkout import History, git_commit, history, repo_root
 
 RECORD_FIELDS = [
@@ -572,7 +572,7 @@ class DefectiveRecordWarning(UserWarning):
 
 def check_value(rec: dict[str, Any]) -> tuple[str, str | None]:
     """Whether a record's ``value`` is the statistic its experiment computes from the samples
-    it holds (the experiment's ``statistics``: :class:`repro.experiments.Statistic`), as
+    it holds (the experiment's ``statistics``: :class:`repro.catalogue.Statistic`), as
     ``(outcome, detail)``: ``("checked", None)``; ``("mismatch", the problem)``; ``("not
     derived", why)``: its value is not a statistic of its lists (a memory size beside step
     times), as its spec says; ``("no samples", what)``: the record holds none (a GEMM's
@@ -581,7 +581,7 @@ def check_value(rec: dict[str, Any]) -> tuple[str, str | None]:
     lists = [k for k, v in (rec.get("extra") or {}).items() if isinstance(v, list) and v
              and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)]
     try:
-        rule = experiments.get(str(rec.get("experiment"))).statistics.get(
+        rule = catalogue.get(str(rec.get("experiment"))).statistics.get(
             str(rec.get("metric")))
     except ValueError:
         rule = None
@@ -749,8 +749,8 @@ def read_json(path: Path) -> Any:
 
 # Record folders named otherwise than the experiment of their records: a repeat of recorded
 # rl_quality cells (repro.experiments.rl_quality.measure.QUALITY_REPEAT), kept apart from the
-# cells it repeats (each experiment's spec names its folders: repro.experiments).
-SHARED_FOLDERS = experiments.RECORDED_BY
+# cells it repeats (each experiment's entry names its folders: repro.catalogue).
+SHARED_FOLDERS = catalogue.RECORDED_BY
 
 
 def read_cell_file(path: Path, root: Path) -> list[Any]:

@@ -3,9 +3,9 @@
 Every import of every module under repro/ is read from its syntax tree, lazy imports inside
 functions included. A module may import from its own floor and the floors below it:
 
-    shared    the spec table (repro/experiments/__init__.py, _spec.py and each experiment's
-              spec.py), hardware, config, results, program fingerprints, provenance and the
-              verdict vocabulary (claims/verdicts/_base.py): what every floor uses
+    shared    the experiment catalogue (repro/catalogue.py), the checkout, fingerprints,
+              hardware, config, results, program fingerprints, provenance and the verdict
+              vocabulary (claims/verdicts/_base.py): what every floor uses
     precision recipes, formats, ops, layers
     models    the networks, PPO, the LM and its data
     studies   the studies' runner and measuring kit; each experiment's measure.py and its
@@ -14,8 +14,8 @@ functions included. A module may import from its own floor and the floors below 
     claims    verdict rules (each experiment's rules.py), staleness, the ledger
     top       the command line, notebooks' helpers, the pipeline, the site
 
-An experiment's modules (every module of its package, ``repro/experiments/<name>/``, but its
-spec) import no module of another experiment; shared helpers live outside the packages
+An experiment's modules (every module of its package, ``repro/experiments/<name>/``) import
+no module of another experiment; shared helpers live outside the packages
 (``repro.analysis.rl``, ``repro.studies.measures``...). ALLOWED lists the exceptions, each
 with its reason.
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from repro import experiments
+from repro import catalogue
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,7 +33,11 @@ FLOORS = ("shared", "precision", "models", "studies", "analysis", "claims", "top
 # module prefix -> floor; the longest matching prefix decides
 PLACES = {
     "repro": "shared",  # the package itself
-    "repro.experiments": "shared",  # the spec table; an experiment's package: PART_FLOORS
+    "repro.experiments": "shared",  # the package's docstring; an experiment's: PART_FLOORS
+    "repro.catalogue": "shared",
+    "repro.checkout": "shared",
+    "repro.fingerprint": "shared",
+    "repro.conditions": "shared",
     "repro.hardware": "shared",
     "repro.config": "shared",
     "repro.results": "shared",
@@ -58,8 +62,8 @@ PLACES = {
 
 # an experiment package's module (repro.experiments.<name>.<part>) -> its floor; any other
 # part (measure, a study's helper) sits on the studies floor
-PART_FLOORS = {"spec": "shared", "tables": "analysis", "rules": "claims"}
-PACKAGES = frozenset(p.parent.name for p in (ROOT / "repro" / "experiments").glob("*/spec.py"))
+PART_FLOORS = {"tables": "analysis", "rules": "claims"}
+PACKAGES = frozenset(p.parent.name for p in (ROOT / "repro" / "experiments").glob("*/measure.py"))
 
 _STUDIES_KERNEL_TIMES = "repro.experiments.kernel_times.measure"
 # (importer, imported): why the import crosses a floor or an experiment
@@ -135,10 +139,9 @@ def floor(module: str) -> str:
 
 
 def owners(module: str) -> set[str]:
-    """The experiment whose package holds ``module`` (none for its spec: the spec table reads
-    every experiment's)."""
+    """The experiment whose package holds ``module``."""
     found = package(module)
-    return {found[0]} if found and found[1] not in ("", "spec") else set()
+    return {found[0]} if found and found[1] != "" else set()
 
 
 def allowed(importer: str, imported: str) -> bool:
@@ -188,21 +191,20 @@ def test_the_check_fails_on_an_upward_import_and_a_cross_experiment_one():
     assert violations({(f"{legged}.measure", "repro.studies.measures"),
                        (f"{legged}.rules", "repro.analysis.rl"),
                        (f"{legged}.rules", f"{legged}.tables"),
-                       ("repro.experiments", f"{legged}.spec"),
-                       (f"{legged}.spec", "repro.experiments._spec")}) == []
+                       (f"{legged}.rules", "repro.catalogue")}) == []
     assert violations({("repro.config", "repro.precision.recipes")}) == []  # allowed
 
 
 def test_every_experiment_module_sits_in_its_package():
-    """The modules a spec names (``Experiment.owned``) are its package's, and its package
-    holds no module that its spec does not name but the spec itself."""
-    for e in experiments.EXPERIMENTS:
+    """The modules an experiment's entry names (``Experiment.owned``) are its package's, and
+    its package holds no module that its entry does not name."""
+    for e in catalogue.EXPERIMENTS:
         assert e.name in PACKAGES, e.name
         assert all(owners(m) == {e.name} for m in e.owned), e.owned
         held = {module_name(p) for p in (ROOT / "repro" / "experiments" / e.name).glob("*.py")}
         pkg = f"repro.experiments.{e.name}"
-        assert held - set(e.owned) == {pkg, f"{pkg}.spec"}, (e.name, held - set(e.owned))
-    assert PACKAGES == {e.name for e in experiments.EXPERIMENTS}
+        assert held - set(e.owned) == {pkg}, (e.name, held - set(e.owned))
+    assert PACKAGES == {e.name for e in catalogue.EXPERIMENTS}
 
 
 def test_imports_reads_lazy_imports():

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from repro import checkout, cli, experiments, results
+from repro import catalogue, checkout, cli, results
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
@@ -76,7 +76,7 @@ def test_every_record_holding_lists_of_numbers_says_how_its_value_follows_from_t
     new metric cannot silently go unchecked."""
     missing = set()
     for path, _, rec in committed():
-        if numeric_lists(rec) and rec["metric"] not in experiments.get(
+        if numeric_lists(rec) and rec["metric"] not in catalogue.get(
                 rec["experiment"]).statistics:
             missing.add((rec["experiment"], rec["metric"], tuple(numeric_lists(rec))))
     assert not missing, sorted(missing)

@@ -5,7 +5,7 @@ memory) are left out before the verdict is computed, and :func:`mark` names them
 verdict's ``stale_note``: how many, of which experiment, why, and since which commit. Stale
 *quality* records (every record of a ``QUALITY_EXPERIMENTS`` experiment, and a record of any
 experiment whose metric is one of :data:`QUALITY_METRICS`: returns, losses, agreement; both
-from the experiment specs, :mod:`repro.experiments`) still decide the verdict, and
+from the experiment catalogue, :mod:`repro.catalogue`) still decide the verdict, and
 :func:`mark` sets ``stale=True`` with the reason. The ledger, its page (docs/ledger.md) and
 the site show ``stale_note`` beside the verdict.
 
@@ -24,7 +24,7 @@ import dataclasses
 
 import pandas as pd
 
-from repro.experiments import QUALITY_EXPERIMENTS, QUALITY_METRICS
+from repro.catalogue import QUALITY_EXPERIMENTS, QUALITY_METRICS
 
 
 def split(records: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from repro import experiments
+from repro import catalogue
 from repro import hardware as hw
 from repro import results
 from repro.perfmodel.cost import (FORMATS, Gemm, Step, lm_shape, lm_step_gemms, mlp_step_gemms,
@@ -33,7 +33,7 @@ GEMM = "gemm"  # the GEMM sweep's experiment (repro.experiments.gemm.measure)
 # the kernel traces' experiment (repro.experiments.kernel_times.measure)
 KERNEL_TIMES = "kernel_times"
 # experiment -> workload of a step record (the experiments with a step_workload)
-WORKLOADS = {e.name: e.step_workload for e in experiments.EXPERIMENTS if e.step_workload}
+WORKLOADS = {e.name: e.step_workload for e in catalogue.EXPERIMENTS if e.step_workload}
 STEP_KEY = ["workload", "model", "batch", "seq_len", "width", "depth"]
 
 

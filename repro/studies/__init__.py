@@ -1,7 +1,7 @@
 """The studies' registry and what they share (the runner, timing, the measuring kit). Each
 experiment's study is its package's ``measure`` module (``repro/experiments/<name>/measure.py``),
 which exports ``STUDY`` (:class:`repro.studies.runner.Study`); :data:`EXPERIMENTS` lists them,
-from :mod:`repro.experiments`.
+from :mod:`repro.catalogue`.
 
     from repro import studies
     studies.record("gemm", "smoke")            # what `repro record gemm --profile smoke` does
@@ -15,15 +15,15 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from repro import experiments
+from repro import catalogue
 
 # experiment (the records' folder) -> module, imported when first used. `repro record` runs
-# these (`all`: in this order), each with its params.yaml section (repro.experiments).
-EXPERIMENTS: dict[str, str] = {e.name: e.study for e in experiments.RECORDED}
+# these (`all`: in this order), each with its params.yaml section (repro.catalogue).
+EXPERIMENTS: dict[str, str] = {e.name: e.study for e in catalogue.RECORDED}
 # `repro trace`: studies whose parameters come from the command line.
-TRACES: dict[str, str] = {e.name: e.study for e in experiments.EXPERIMENTS if not e.recorded}
+TRACES: dict[str, str] = {e.name: e.study for e in catalogue.EXPERIMENTS if not e.recorded}
 # record folders written by a study of another name (its determinism repeats)
-RECORDED_BY: dict[str, str] = experiments.RECORDED_BY
+RECORDED_BY: dict[str, str] = catalogue.RECORDED_BY
 
 
 def of_records(folder: str) -> str:

@@ -24,7 +24,7 @@ import pandas as pd
 from repro.analysis.stats import t_interval
 from repro.claims.verdicts._base import Verdict, margin
 from repro.claims.verdicts._base import rule as rule_of
-from repro.experiments import get as experiment
+from repro.catalogue import get as experiment
 
 CLAIM = "A12"
 SOURCE = experiment("grpo").source("heldout_accuracy", "base_accuracy per arm and seed")

@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 import jax
 
-from repro import experiments, results
+from repro import catalogue, results
 from repro.config import Section
 from repro.program import Program
 from repro.studies.kernel_trace import kernel_events, load_trace, summarize
@@ -166,8 +166,8 @@ def profile_cell(workload: str, recipes: list[str], steps: int, sizes: dict[str,
 
 
 # the workload of each experiment whose step `repro trace` traces (repro.experiments)
-WORKLOADS = tuple(e.trace.workload for e in experiments.TRACED)
-_DEFAULT_RECIPES = {e.trace.workload: e.trace.recipes for e in experiments.TRACED}
+WORKLOADS = tuple(e.trace.workload for e in catalogue.TRACED)
+_DEFAULT_RECIPES = {e.trace.workload: e.trace.recipes for e in catalogue.TRACED}
 PHASES = ("prefill", "decode")
 MLP_GEMMS = tuple((65536, w, w) for w in (256, 512, 1024, 2048, 4096))  # mlp_step's GEMMs
 

@@ -20,7 +20,7 @@ import pandas as pd
 
 from repro.claims.verdicts._base import UNSURE, Verdict, margin, parity, poi_row, poi_text
 from repro.claims.verdicts._base import rule as rule_of
-from repro.experiments import get as experiment
+from repro.catalogue import get as experiment
 
 QUALITY_SOURCE = experiment("rl_quality").source("final_return", "random_return",
                                                  "same_seed_identical")
