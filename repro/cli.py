@@ -128,14 +128,11 @@ def _check_numerics(profile: str) -> None:
 
 
 def _run(args, study, params, root: Path, budget: float | None):
-    from repro import hardware, results
-    from repro.studies import runner
+    from repro import studies
 
-    slug = results.slug(args.hardware) if args.hardware else hardware.detect().slug
-    with results.record_lock(root, slug, study.experiment):  # one run per results folder
-        return runner.run(study, params, root, force=args.force, only=args.only,
-                          recipes=split(args.recipe), time_budget_s=budget,
-                          hardware=args.hardware, note=args.note)
+    return studies.run(study, params, root, force=args.force, only=args.only,
+                       recipes=split(args.recipe), time_budget_s=budget,
+                       hardware=args.hardware, note=args.note)
 
 
 def _report(name: str, profile: str, out, root: Path) -> str:
@@ -179,7 +176,7 @@ def record_stale(args) -> int:
     """``repro record --stale``: the stale cells of this hardware (:mod:`repro.refresh`),
     printed as a plan with its estimated device time, then recorded in that order, each
     experiment with ``--only`` its cells, until ``--time-budget`` is spent."""
-    from repro import hardware, refresh, results, studies
+    from repro import evidence, hardware, refresh, results, studies
 
     if args.only or args.recipe or args.force:
         raise UsageError("--stale chooses the cells itself: leave out --only, --recipe, "
@@ -192,7 +189,7 @@ def record_stale(args) -> int:
         raise UsageError("repro record --stale refreshes the committed full-profile records: "
                          "use --profile full (or leave it to params.yaml's full/auto)")
     slug = results.slug(args.hardware) if args.hardware else hardware.detect().slug
-    steps = refresh.plan(results.stale_cells(), hardware=slug,
+    steps = refresh.plan(evidence.stale_cells(), hardware=slug,
                          experiment=None if args.experiment in (None, "all") else
                          args.experiment, claims=split(args.claim) or ())
     if not steps:
@@ -291,6 +288,7 @@ def record_ledger(args) -> int:
 
 def runner_run(study, params, root: Path, only: list[str], budget: float | None, args,
                force: bool = False):
+    from repro import studies
     from repro.studies import runner
 
     known = {c.name for c in study.cells(params)}
@@ -302,8 +300,8 @@ def runner_run(study, params, root: Path, only: list[str], budget: float | None,
     only = [c for c in only if c in known]
     if not only:
         return runner.Outcome()
-    return runner.run(study, params, root, only=only, time_budget_s=budget,
-                      hardware=args.hardware, note=args.note, force=force)
+    return studies.run(study, params, root, only=only, time_budget_s=budget,
+                       hardware=args.hardware, note=args.note, force=force)
 
 
 def _check_experiment(name: str) -> None:
@@ -370,7 +368,7 @@ def record_all(args, plan, profile: str, root: Path) -> int:
 
 
 def cmd_trace(args) -> int:
-    from repro import results
+    from repro import results, studies
     from repro.experiments.kernel_times import measure as K
     from repro.studies import runner
 
@@ -384,8 +382,8 @@ def cmd_trace(args) -> int:
                  size=args.size, config=args.config, phase=args.phase)
     runner.plan(K.STUDY, p)
     root = results.record_root(profile)
-    out = runner.run(K.STUDY, p, root, force=args.force, hardware=args.hardware,
-                     note=args.note)
+    out = studies.run(K.STUDY, p, root, force=args.force, hardware=args.hardware,
+                      note=args.note)
     print(_report(K.EXPERIMENT, profile, out, root))
     return 0
 
@@ -451,14 +449,14 @@ def _records_used(studies: list[str], loaded: dict | None = None):
     records for the next claim that reads them."""
     import pandas as pd
 
-    from repro import results
+    from repro import evidence, results
     from repro.claims import staleness
 
     loaded = {} if loaded is None else loaded
     parts = []
     for s in studies:
         if s not in loaded:
-            df = results.load_records(s, roots=results.results_dir())
+            df = evidence.load_records(s, roots=results.results_dir())
             loaded[s] = staleness.split(df[df["profile"] == "full"])[0] if len(df) else df
         if len(loaded[s]):
             parts.append(loaded[s])
@@ -504,7 +502,7 @@ def stale_report(cells: list[dict[str, Any]], defective: list[dict[str, Any]] = 
                  ) -> list[dict[str, Any]]:
     """The stale cells grouped by experiment folder and hardware, with the reasons (each
     with its cells) and the verdicts they touch; and the ``defective`` records of each group
-    (:func:`repro.results.scan_cells`: cell, record, metric, recipe, problem)."""
+    (:func:`repro.evidence.scan_cells`: cell, record, metric, recipe, problem)."""
     groups: dict[tuple[str, str], dict[str, Any]] = {}
 
     def group(c: dict[str, Any]) -> dict[str, Any]:
@@ -537,24 +535,18 @@ def stale_report(cells: list[dict[str, Any]], defective: list[dict[str, Any]] = 
 def cmd_status(args) -> int:
     import json
 
-    from repro import config, results
+    from repro import evidence, results
 
-    config.load_params()  # programs hash its sections: one that cannot be read is named here
     if args.write_index:
-        from repro import provenance
-
-        recs = [r for path in results.record_files(results.results_dir())
-                for r in (lambda d: d if isinstance(d, list) else [d])(results.read_json(path))
-                if isinstance(r, dict) and not results.defect_of(r)]
         from repro import refresh
 
-        path, traced = provenance.write_index(recs)
+        path, traced = evidence.write_index()
         print(f"wrote {_rel(path)} ({traced} program(s) traced)")
-        cells = results.stale_cells()
+        cells = evidence.stale_cells()
         path = refresh.write_stale_set(repo_root(), cells)
         print(f"wrote {_rel(path)} ({len(cells)} stale cell(s))")
         return 0
-    cells, defective = results.scan_cells()
+    cells, defective = evidence.scan_cells()
     report = stale_report(cells, defective)
     if args.json:
         print(json.dumps(report, indent=1))

@@ -38,10 +38,9 @@ from typing import Any
 
 import pandas as pd
 
-from repro import config, hardware, results
+from repro import config, evidence, hardware, results
 from repro.claims import ledger, staleness
-from repro.claims.verdicts import Verdict
-from repro.claims.verdicts._base import tidy
+from repro.verdict import Verdict, tidy
 
 
 @dataclass
@@ -71,7 +70,7 @@ class Notebook:
         captions to name); stale quality records stay (``stale`` column), noted in
         ``stale_used``; speed records made beside another process on their GPU stay, noted
         in ``beside`` for the verdicts to name (:func:`repro.claims.staleness.beside`)."""
-        df = results.load_records(experiment, roots=results.results_dir(),
+        df = evidence.load_records(experiment, roots=results.results_dir(),
                                   keep_defective=keep_defective)
         df = df[df["profile"] == "full"].reset_index(drop=True) if len(df) else df
         fresh, left = staleness.split(df)
@@ -94,7 +93,7 @@ class Notebook:
 
     def smoke_records(self, experiment: str) -> pd.DataFrame:
         """This machine's smoke records of ``experiment`` (``build/results/``): scratch."""
-        return results.load_records(experiment, roots=results.scratch_results_dir())
+        return evidence.load_records(experiment, roots=results.scratch_results_dir())
 
     def save(self, fig, stem: str, records: pd.DataFrame | str | None = None) -> Path:
         """Caption ``fig`` with the hardware and profile of ``records`` (or a text) and save

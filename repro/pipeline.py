@@ -194,7 +194,7 @@ def write(path: Path | None = None) -> bool:
 # ------------------------------------------------------------ the records a notebook reads
 #
 # A stage depends on the record folders its notebook reads, found in the code: each call of a
-# function that reads records (``results.load_records(experiment)``, or a function that calls
+# function that reads records (``evidence.load_records(experiment)``, or a function that calls
 # one, such as ``Notebook.records`` or ``perfmodel.measured_records``), reached from the
 # notebook's own code, with its experiment argument resolved statically (a string, a module
 # constant such as ``E.EXPERIMENT``, a loop over constants). A call whose experiment cannot be

@@ -244,6 +244,18 @@ def params_key(rel: str) -> tuple[str, str | None]:
     return section, profile or None
 
 
+def with_settings(prog: Program, section: str | None, profile: str = "full") -> Program:
+    """``prog`` with the hash of what a run of ``profile`` reads of the params.yaml
+    ``section`` its cells read their settings from among its ``settings``
+    (:func:`params_entry`); unchanged where the study has no section."""
+    import dataclasses
+
+    if not section:
+        return prog
+    return dataclasses.replace(prog, settings={**prog.settings,
+                                               **params_entry(section, profile=profile)})
+
+
 # -------------------------------------------------------------------------- the texts
 
 

@@ -24,14 +24,12 @@ a program must be traced.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable
 
 from repro import catalogue, checkout, fingerprint
 from repro.fingerprint import LOCK, LOCKED
@@ -69,25 +67,6 @@ def _commit(rec: dict[str, Any]) -> str:
     commit = str(rec.get("git_commit") or "unknown")
     return commit[:7] + ("-dirty" if commit.endswith("-dirty") else "") \
         if re.match(r"[0-9a-f]{8,}", commit) else commit
-
-
-def with_settings(prog, experiment: str, profile: str = "full"):
-    """``prog`` with the hash of what a run of ``profile`` reads of its study's params.yaml
-    section among its ``settings`` (:func:`repro.program.params_entry`), which cells read
-    their settings from."""
-    import dataclasses
-
-    from repro import program as P
-    from repro import studies
-
-    try:
-        section = studies.study(studies.of_records(experiment)).params_section
-    except ValueError:
-        section = None
-    if not section:
-        return prog
-    return dataclasses.replace(prog, settings={**prog.settings,
-                                               **P.params_entry(section, profile=profile)})
 
 
 #: Files of the tracing harness (not of any program) that older stamps list among a trace's files.
@@ -182,7 +161,9 @@ class Checker:
     """Decides :func:`staleness` for many records: hashes each file and traces each program
     at most once, and keeps the traces it made in ``build/cache/programs.json``."""
 
-    def __init__(self, lock: Path | None = None, trace: bool = True):
+    def __init__(self, lock: Path | None = None, trace: bool = True,
+                 programs: Callable[..., dict[str, Any] | str] | None = None):
+        self.programs = programs
         self.lock = fingerprint.locked_versions(lock)
         self.platform_locks = {p: fingerprint.locked_versions(checkout.CHECKOUT / f) for p, f in
                                PLATFORM_LOCKS.items()}
@@ -290,56 +271,23 @@ class Checker:
     def cell_programs(self, experiment: str, cell: str, profile: str = "full",
                       platform: str = "gpu", kind: str = "", rec: dict[str, Any] | None = None
                       ) -> dict[str, Any] | str:
-        """``{key: Program}`` of a cell of ``experiment`` as the study defines it now from
-        params.yaml's ``profile`` (its cells listed as on ``platform``: a study may offer
-        cells only where they run), or why there is none (one line). Where the cell is not
-        among them (a device count this machine lacks, a study without a params.yaml
-        section), ``rec``'s own settings make its program (the study's ``program`` and
-        ``program_settings``)."""
+        """``{key: Program}`` of a cell of ``experiment``, with their settings, as the program
+        builder this checker was handed makes them (:func:`repro.studies.cell_programs`), or
+        why there are none (one line)."""
         ckey = (experiment, cell, profile, platform, kind)
         if ckey in self._cells:
             return self._cells[ckey]
-        from repro import hardware, studies
-
-        try:
-            st = studies.study(studies.of_records(experiment))
-            found = []
-            # built for the record's device: a program may choose its path as it is built
-            # (fp8-auto keeps BF16 on a device without FP8 arithmetic)
-            with contextlib.redirect_stdout(io.StringIO()), hardware.target(platform, kind):
-                if st.params_section:  # (redirected: a study's notes on skipping)
-                    params = studies.params(st.experiment, profile)
-                    found = [c for c in st.cells(params) if c.name == cell]
-                if found and found[0].programs is not None:
-                    out: dict[str, Any] | str = dict(found[0].programs())
-                elif found:
-                    out = f"{experiment} names no program for cell {cell}"
-                else:
-                    out = self._from_record(st, experiment, cell, profile, rec)
-        except Exception as e:  # noqa: BLE001 - any failure is a reason, in one line
-            out = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}" if str(e) \
-                else type(e).__name__
+        if self.programs is None:
+            out: dict[str, Any] | str = "no program builder was handed to the checker"
+        else:
+            try:
+                out = self.programs(experiment, cell, profile, platform, kind, rec)
+            except Exception as e:  # noqa: BLE001 - any failure is a reason, in one line
+                out = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}" if str(e) \
+                    else type(e).__name__
         if rec is None or not isinstance(out, str):
             self._cells[ckey] = out
         return out
-
-    @staticmethod
-    def _from_record(st, experiment: str, cell: str, profile: str,
-                     rec: dict[str, Any] | None) -> dict[str, Any] | str:
-        import importlib
-
-        missing = (f"cell {cell} is not among {experiment}'s cells of params.yaml's "
-                   f"{profile} profile here")
-        module = importlib.import_module(st.source_module)
-        program = getattr(module, "program", None)
-        settings_of = getattr(module, "program_settings", None)
-        if rec is None or program is None or settings_of is None:
-            return missing
-        settings = settings_of(rec)
-        if settings is None:
-            return f"{missing}, and its record's settings do not make its program"
-        key = str((rec.get("program") or {}).get("key") or "")
-        return {key: program(**settings)}
 
     def program_now(self, experiment: str, cell: str, key: str, platform: str,
                     kind: str, profile: str = "full", rec: dict[str, Any] | None = None
@@ -370,7 +318,7 @@ class Checker:
             self._programs[name] = f"cell {cell} has no program {key!r} now"
             return self._programs[name]
         try:
-            traced = P.trace(with_settings(prog, experiment, profile), platform, kind)
+            traced = P.trace(prog, platform, kind)
         except Exception as e:  # noqa: BLE001 - any failure is a reason, in one line
             self._programs[name] = f"tracing it failed: {type(e).__name__}: " \
                 f"{(str(e).splitlines() or [''])[0][:200]}"
@@ -471,61 +419,6 @@ class Checker:
         if not reasons:
             return Staleness(False)
         return Staleness(True, "; ".join(reasons), since, changed, "; ".join(summaries))
-
-
-def _traced_text(checker: Checker, args: tuple[str, ...], profile: str, rec: dict[str, Any],
-                 digest: str) -> str | None:
-    """HEAD's text of a cell's program traced now, where its hash is ``digest``."""
-    from repro import program as P
-
-    experiment, cell, key, platform, kind = args
-    progs = checker.cell_programs(experiment, cell, profile, platform, kind, rec)
-    prog = None if isinstance(progs, str) else progs.get(key, progs.get(""))
-    if prog is None:
-        return None
-    traced = P.trace(with_settings(prog, experiment, profile), platform, kind)
-    return traced.text if traced.hash == digest else None
-
-
-def write_index(records: Iterable[dict[str, Any]], checker: Checker | None = None
-                ) -> tuple[Path, int]:
-    """Write ``results/programs/index.json``: HEAD's program of every (cell, key, platform)
-    the ``records`` name, with the files its trace ran, so that a checkout whose files changed
-    since the records were made (but not since the index) needs no tracing to tell they are
-    fresh; HEAD's text of every program that changed since a record is committed beside it
-    (``results/programs``), so that a stale note names its first differing line on every
-    machine. Returns (its path, the number of programs traced to make it)."""
-    from repro import program as P
-
-    checker = checker or Checker()
-    index: dict[str, dict[str, Any]] = {}
-    for rec in records:
-        prog = rec.get("program")
-        if not isinstance(prog, dict) or not prog.get("hash"):
-            continue
-        prog = judged_program(prog, checker._env["jax"])
-        args = (str(rec.get("experiment")), str(prog.get("cell")), str(prog.get("key") or ""),
-                str(prog.get("platform")), str(prog.get("device_kind") or ""))
-        if prog.get("jax") and prog["jax"] != checker._env["jax"]:
-            continue  # traced with its platform's JAX only: not comparable here
-        profile = str(rec.get("profile") or "full")
-        name = program_key(*args) if profile == "full" else f"{profile}:{program_key(*args)}"
-        if name in index:
-            continue
-        now = checker.program_now(*args, profile=profile, rec=rec)
-        if isinstance(now, dict):
-            index[name] = {k: v for k, v in now.items() if k != "text"}
-            if now["hash"] != prog["hash"] and checker.committed_text(now["hash"]) is None:
-                text = now.get("text") or checker.text(now["hash"]) or \
-                    _traced_text(checker, args, profile, rec, now["hash"])
-                if text:  # committed: a stale note names the first line that differs
-                    P.save_text(checkout.CHECKOUT / "results", P.Traced(
-                        now["hash"], now["kit"], {}, args[3], args[4], text),
-                        f"the text of {name}")
-    path = checkout.CHECKOUT.joinpath(*PROGRAM_INDEX)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
-    return path, checker.traced
 
 
 def staleness(rec: dict[str, Any], lock: Path | None = None) -> Staleness:

@@ -128,7 +128,7 @@ _FOLDERS: dict[tuple, dict[str, float]] = {}
 
 def plan(cells: list[dict[str, Any]], *, hardware: str | None = None,
          experiment: str | None = None, claims: Iterable[str] = ()) -> list[dict[str, Any]]:
-    """The stale ``cells`` (:func:`repro.results.stale_cells`) to record again, ordered (see
+    """The stale ``cells`` (:func:`repro.evidence.stale_cells`) to record again, ordered (see
     the module docstring), each with ``estimate_s``; only those of ``hardware``,
     ``experiment`` and serving one of ``claims`` where given."""
     from repro import studies
@@ -153,7 +153,7 @@ _FILES = re.compile(r"(no program fingerprint, and its code changed): [^;]*")
 
 
 def stale_set(cells: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The stale cells (:func:`repro.results.stale_cells`) as committed in
+    """The stale cells (:func:`repro.evidence.stale_cells`) as committed in
     ``results/programs/stale.json``: ``{"HARDWARE/EXPERIMENT/CELL": {"records", "stale",
     "why", "ledger"}}``, ``why`` without the commit the code changed at (git history a
     shallow clone lacks) and, for a record without a program fingerprint, without the list of
@@ -252,7 +252,7 @@ def ledger_plan(hardware: str, claims: Iterable[str] = (), quality: bool | None 
     stale or fresh, of this hardware's records), ``estimate_s`` (:func:`cell_estimate`: from the cell's own records here, else another hardware's, else a
     default) and ``recordable`` (``repro record`` runs its study). Ordered so that the
     verdicts needing the fewest cells to record come first."""
-    from repro import results
+    from repro import evidence, results
     from repro.claims.ledger_set import ANY, CPU, entries, projections
 
     if quality is None:
@@ -284,7 +284,7 @@ def ledger_plan(hardware: str, claims: Iterable[str] = (), quality: bool | None 
                 "recordable": known[e.experiment] is not None and n in known[e.experiment]})
             if e.claim not in c["claims"]:
                 c["claims"].append(e.claim)
-    stale = {(c["folder"], c["cell"]) for c in results.stale_cells()
+    stale = {(c["folder"], c["cell"]) for c in evidence.stale_cells()
              if c["hardware"] == hardware}
     for (exp, n), c in cells.items():
         path = root / hardware / exp / f"{n}.json"

@@ -1,13 +1,12 @@
-"""Tidy measurement records, written per hardware, loaded as one DataFrame.
+"""Tidy measurement records: the store. Where a record lives, how it is written (atomically,
+under a lock), read and checked.
 
 Every measurement is one row: what was measured (experiment, claims, recipe, sizes, metric,
 value, unit, repeats, spread), where (hardware slug, name, compute capability), with what
 (jax/jaxlib/flax versions, ``versions`` of every package on the path, git commit, and ``code``:
-the fingerprint of the source that made it, :mod:`repro.provenance`) and whether the number is
-``emulated``. Figures are drawn only from these records.
-
-:func:`load_records` says of each record whether it is ``stale``: made by code (or a jax,
-jaxlib or flax version) other than this checkout's, with the reason and the commit since which.
+the fingerprint of the source that made it, :mod:`repro.fingerprint`) and whether the number
+is ``emulated``. Figures are drawn only from these records; :mod:`repro.evidence` loads them
+and says of each whether it is stale.
 
 Records are written to ``results/<hardware-slug>/<experiment>/<cell>.json``: one file per
 resumable cell (a recipe, a size, an environment), so a long study accumulates over several runs
@@ -17,7 +16,8 @@ Records are checked when written and when read (:func:`check_record`): a through
 duration must be a finite number > 0, a size or a count finite and >= 0, the optional
 ``conditions`` (what ``nvidia-smi`` saw beside the run) an object whose ``alone`` is true, false
 or null; a record that is not is refused at write and named, with its file, at load
-(:class:`RecordError`), never dropped.
+(:class:`RecordError`), never dropped. A record also checks itself (:func:`verify`): its value
+against its samples, its commit and time against the history.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
-import pandas as pd
 
 from repro import catalogue, fingerprint
 from repro.checkout import History, git_commit, history, repo_root
@@ -44,7 +43,7 @@ RECORD_FIELDS = [
     "unit", "repeats", "spread", "emulated", "timestamp", "extra", "versions", "code",
     "program",
 ]
-# Columns load_records adds: where a row comes from, a known defect, and staleness.
+# Columns repro.evidence.load_records adds: where a row comes from, a known defect, and staleness.
 LOADED_FIELDS = ["source", "defect", "stale", "stale_reason", "stale_since", "stale_summary"]
 
 
@@ -61,7 +60,7 @@ def use_scratch(path: str | Path | None) -> None:
 
     ``repro notebook`` hands each notebook a folder of its own (its parameter ``scratch``,
     emptied before the run), so a figure never mixes in records that older code wrote; the
-    notebook calls this once, and :func:`record_root` and :func:`load_records` use it."""
+    notebook calls this once, and :func:`record_root` and :func:`repro.evidence.load_records` use it."""
     global _scratch
     _scratch = None if path is None else Path(path)
 
@@ -286,7 +285,7 @@ def write_records(records: list[dict[str, Any]], experiment: str, cell: str,
         raise ValueError(f"no records to write for {experiment}/{cell}")
     for i, rec in enumerate(records):
         if problem := check_record(rec) or _value_problem(rec):
-            raise RecordError(f"{experiment}/{cell}: record {i}{_what(rec)}: {problem}; "
+            raise RecordError(f"{experiment}/{cell}: record {i}{what(rec)}: {problem}; "
                               "nothing was written")
     path = cell_path(experiment, cell, records[0]["hardware"], root)
     try:
@@ -450,115 +449,6 @@ def record_files(root: Path, experiment: str | None = None) -> list[Path]:
     return out
 
 
-def load_records(experiment: str | None = None,
-                 roots: Path | Iterable[Path] | None = None,
-                 keep_defective: bool = False) -> pd.DataFrame:
-    """All records (every hardware) as one DataFrame.
-
-    By default reads the committed ``results/`` and this machine's smoke records in
-    ``build/results/``; ``source`` names each row's file. ``sizes`` entries are also spread
-    into ``size_<name>`` columns for plotting. Records matching a known defect (:func:`defects`)
-    are dropped unless ``keep_defective``; then the ``defect`` column gives the reason.
-    Every row says whether it is ``stale`` (:mod:`repro.provenance`), ``stale_reason`` (one
-    line; ``stale_summary``: the same without the record's commit) and ``stale_since`` (the
-    first commit that changed its code, where git knows it).
-    Stale rows are kept: each analysis decides what to do with them, and says so.
-    A file that is not valid JSON, or a record that fails :func:`check_record` (and is not a
-    known defect), raises :class:`RecordError` naming the file. A record that fails its own
-    check (:func:`verify`: its value, commit or time) is defective: left out, even with
-    ``keep_defective``, and named (:class:`DefectiveRecordWarning`).
-    """
-    checker = _checker()
-    if roots is None:
-        roots = [results_dir(), scratch_results_dir()]
-    elif isinstance(roots, (str, Path)):
-        roots = [roots]
-    rows: list[dict[str, Any]] = []
-    for root in map(Path, roots):
-        known = history(root)
-        for path in record_files(root, experiment):
-            data = read_cell_file(path, root)
-            for i, rec in enumerate(data):
-                _check_loaded(rec, path, i)
-                rec = dict(rec)
-                rec["source"] = str(path)
-                rec["defect"] = defect_of(rec)
-                if rec["defect"] is None and (problem := verify(rec, known)):
-                    _warn_defective(path, i, rec, problem)
-                    continue
-                if rec["defect"] is None or keep_defective:
-                    st = checker(rec)
-                    rec.update(stale=st.stale, stale_reason=st.reason, stale_since=st.since,
-                               stale_summary=st.summary)
-                    rows.append(rec)
-    df = pd.DataFrame(rows, columns=None if rows else RECORD_FIELDS + LOADED_FIELDS)
-    if rows:
-        sizes = pd.json_normalize(df["sizes"].tolist()).add_prefix("size_")
-        df = pd.concat([df.reset_index(drop=True), sizes], axis=1)
-    return df
-
-
-def _checker():
-    """A staleness :class:`~repro.provenance.Checker`, after reading params.yaml: programs hash
-    their params.yaml sections, so one that cannot be read stops every reader here with one
-    line naming the file and the position (:func:`repro.config.load_params`), rather than
-    making every such record "stale"."""
-    from repro import config
-    from repro.provenance import Checker
-
-    config.load_params()
-    return Checker()
-
-
-def stale_cells(roots: Path | Iterable[Path] | None = None) -> list[dict[str, Any]]:
-    """Every cell file under ``roots`` (default: the committed ``results/``) with stale
-    records, without pandas or JAX: ``experiment``, ``hardware``, ``cell``, ``path``,
-    ``stale`` (of ``records``), ``reason`` (the distinct reasons), ``summary`` (the same
-    without commits), ``commits`` (the records'), ``since`` and the ``claims`` its records
-    serve. Known defects and defective records are left out, as in :func:`load_records`."""
-    return scan_cells(roots)[0]
-
-
-def scan_cells(roots: Path | Iterable[Path] | None = None
-               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(:func:`stale_cells`, the defective records under ``roots``): each record that fails its
-    own check (:func:`verify`) with ``experiment``, ``folder``, ``hardware``, ``cell``,
-    ``path``, ``record`` (its index in the file), ``metric``, ``recipe`` and ``problem``."""
-    roots = [results_dir()] if roots is None else [roots] if isinstance(roots, (str, Path)) \
-        else list(roots)
-    checker, out, defective = _checker(), [], []
-    for root in map(Path, roots):
-        known = history(root)
-        for path in record_files(root):
-            recs = []
-            for i, r in enumerate(read_cell_file(path, root)):
-                if not isinstance(r, dict) or defect_of(r):
-                    continue
-                if problem := verify(r, known):
-                    defective.append({
-                        "experiment": r.get("experiment") or path.parent.name,
-                        "folder": path.parent.name, "hardware": path.parent.parent.name,
-                        "cell": path.stem, "path": str(path), "record": i,
-                        "metric": r.get("metric"), "recipe": r.get("recipe"),
-                        "problem": problem})
-                    continue
-                recs.append(r)
-            verdicts = [checker(r) for r in recs]
-            stale = [v for v in verdicts if v.stale]
-            if not stale:
-                continue
-            out.append({
-                "experiment": recs[0].get("experiment") or path.parent.name,
-                "folder": path.parent.name, "hardware": path.parent.parent.name,
-                "cell": path.stem, "path": str(path), "records": len(recs),
-                "stale": len(stale), "reason": "; ".join(dict.fromkeys(v.reason for v in stale)),
-                "summary": "; ".join(dict.fromkeys(v.summary for v in stale)),
-                "commits": sorted({str(r.get("git_commit") or "unknown")[:7] for r in recs}),
-                "since": next((v.since for v in stale if v.since), None),
-                "claims": sorted({c for r in recs for c in r.get("claims") or []})})
-    return out, defective
-
-
 # ------------------------------------------------------------- records check themselves
 
 # How far a record's time may precede its commit's, or lie ahead of now: the clocks of the
@@ -648,14 +538,6 @@ def verify(rec: dict[str, Any], known: History | None) -> str | None:
     return None
 
 
-def _warn_defective(path: Path, i: int, rec: dict[str, Any], problem: str) -> None:
-    import warnings
-
-    warnings.warn(f"{path}: record {i}{_what(rec)}: {problem}: left out of every analysis "
-                  "(restore the file from git, or record the cell again)",
-                  DefectiveRecordWarning, stacklevel=3)
-
-
 # ------------------------------------------------------------------------------ checks
 
 
@@ -718,18 +600,21 @@ def _check_conditions(c: Any) -> str | None:
     return None
 
 
-def _what(rec: Any) -> str:
+def what(rec: Any) -> str:
+    """`` (metric, recipe)`` of a record, for a message."""
     if not isinstance(rec, dict):
         return ""
     bits = [str(rec[k]) for k in ("metric", "recipe") if rec.get(k)]
     return f" ({', '.join(bits)})" if bits else ""
 
 
-def _check_loaded(rec: Any, path: Path, i: int) -> None:
+def check_loaded(rec: Any, path: Path, i: int) -> None:
+    """A :class:`RecordError` naming the file where a loaded record fails
+    :func:`check_record` (a known defect is kept as it was recorded)."""
     if isinstance(rec, dict) and defect_of(rec):
         return  # a known defect: out of the analyses, kept as it was recorded
     if problem := check_record(rec):
-        raise RecordError(f"{path}: record {i}{_what(rec)}: {problem} (fix or remove the "
+        raise RecordError(f"{path}: record {i}{what(rec)}: {problem} (fix or remove the "
                           "file, or list the record in repro/data/defects.yaml)")
 
 
@@ -782,13 +667,13 @@ def read_cell_file(path: Path, root: Path) -> list[Any]:
                 continue  # check_record says what is wrong with it
             exp = rec.get("experiment")
             if rec.get("hardware") != hardware:
-                raise RecordError(f"{path}: record {i}{_what(rec)} says hardware "
+                raise RecordError(f"{path}: record {i}{what(rec)} says hardware "
                                   f"{rec.get('hardware')!r}, but the file is under "
                                   f"{hardware}/: a record counts for the machine that made "
                                   "it; move the file to its own folder")
             if exp is not None and _safe(str(exp)) != folder and \
                     SHARED_FOLDERS.get(folder) != exp:
-                raise RecordError(f"{path}: record {i}{_what(rec)} says experiment {exp!r}, "
+                raise RecordError(f"{path}: record {i}{what(rec)} says experiment {exp!r}, "
                                   f"but the file is under {hardware}/{folder}/: move it to "
                                   f"{hardware}/{_safe(str(exp))}/")
     return records

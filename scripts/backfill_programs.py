@@ -204,7 +204,7 @@ def portable_kits(dry_run: bool = False) -> int:
     """Records whose kit hash is HEAD's kit as one Python version printed it get the hash
     that every version prints alike (:func:`repro.program.kit_hash`); other kits are left
     (they differ from HEAD's anyway)."""
-    checker = provenance.Checker()
+    checker = studies.checker()
     paths = sorted(results.results_dir().glob("*/*/*.json"))
     kits, where = {}, collections.defaultdict(list)
     for path in paths:
@@ -302,7 +302,8 @@ def main(argv=None) -> int:
             key = json.dumps([settings, plat, kind], sort_keys=True, default=str)
             if key not in heads:
                 try:
-                    heads[key] = P.trace(provenance.with_settings(program(**settings), exp),
+                    section = studies.study(studies.of_records(exp)).params_section
+                    heads[key] = P.trace(P.with_settings(program(**settings), section),
                                          plat, kind)
                 except Exception as e:  # noqa: BLE001
                     heads[key] = f"HEAD trace failed: {type(e).__name__}: {str(e)[:150]}"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from repro import checkout, fingerprint, hardware, provenance, results
+from repro import checkout, evidence, fingerprint, hardware, provenance, results
 from repro.studies import runner
 
 REAL = checkout.CHECKOUT
@@ -220,7 +220,7 @@ def test_load_records_marks_stale_rows(tmp_path, monkeypatch):
     fresh = _record(code=fingerprint.code("repro.experiments.gemm.measure"))
     results.write_records([fresh], "gemm", "new", root=tmp_path / "results")
     results.write_records([_record()], "gemm", "old", root=tmp_path / "results")
-    df = results.load_records("gemm", roots=tmp_path / "results").set_index("source")
+    df = evidence.load_records("gemm", roots=tmp_path / "results").set_index("source")
     new, old = (str(tmp_path / "results" / "h200" / "gemm" / f"{n}.json") for n in ("new", "old"))
     assert not df.loc[new, "stale"] and df.loc[new, "stale_reason"] is None
     assert df.loc[old, "stale"] and "before code fingerprints" in df.loc[old, "stale_reason"]

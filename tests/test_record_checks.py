@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from repro import catalogue, checkout, cli, results
+from repro import catalogue, checkout, cli, evidence, results
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
@@ -141,7 +141,7 @@ def tampered(tmp_path, monkeypatch):
 def test_a_doubled_value_is_named_by_every_reader_and_left_out(tampered, capsys):
     path, i, total = tampered
     with pytest.warns(results.DefectiveRecordWarning) as caught:
-        df = results.load_records("mlp_step", roots=path.parent.parent.parent,
+        df = evidence.load_records("mlp_step", roots=path.parent.parent.parent,
                                   keep_defective=True)
     assert len(df) == total - 1  # left out, even of the records kept with known defects
     (w,) = caught

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from repro import results
+from repro import evidence, results
 from repro.analysis import rl as rl_analysis
 from repro.analysis import stats
 from repro.claims import ledger
@@ -52,7 +52,7 @@ def test_a_bad_measurement_is_refused_at_write_and_nothing_is_written(tmp_path, 
 ])
 def test_outcomes_shares_and_sizes_may_be_what_they_are(tmp_path, metric, value, unit):
     path = results.write_records([rec(metric, value, unit)], "rl_throughput", "c", tmp_path)
-    df = results.load_records("rl_throughput", roots=[tmp_path])
+    df = evidence.load_records("rl_throughput", roots=[tmp_path])
     got = df.value.iloc[0]
     assert (math.isnan(got) and math.isnan(value)) or got == value
     assert df.source.iloc[0] == str(path)
@@ -79,7 +79,7 @@ def test_a_nan_in_a_committed_record_is_named_with_its_file_not_dropped(tmp_path
     bad = _write_raw(tmp_path, "b.json", [rec(value=900.0), rec(value=math.nan)])
     assert good.exists()
     with pytest.raises(results.RecordError) as e:
-        results.load_records("rl_throughput", roots=[tmp_path])
+        evidence.load_records("rl_throughput", roots=[tmp_path])
     assert str(e.value).startswith(f"{bad}: record 1 (env_steps_per_s, bf16): value nan is "
                                    "not finite")
     assert "repro/data/defects.yaml" in str(e.value)
@@ -88,14 +88,14 @@ def test_a_nan_in_a_committed_record_is_named_with_its_file_not_dropped(tmp_path
 def test_a_zero_throughput_is_named_at_load(tmp_path):
     bad = _write_raw(tmp_path, "z.json", [rec(value=0.0)])
     with pytest.raises(results.RecordError, match=rf"^{bad}: record 0 .*is not > 0"):
-        results.load_records("rl_throughput", roots=[tmp_path])
+        evidence.load_records("rl_throughput", roots=[tmp_path])
 
 
 def test_a_truncated_record_file_names_itself(tmp_path):
     path = results.write_records([rec()], "rl_throughput", "t", root=tmp_path)
     text = path.read_text()
     path.write_text(text[: len(text) // 2])
-    for read in (lambda: results.load_records(roots=[tmp_path]),
+    for read in (lambda: evidence.load_records(roots=[tmp_path]),
                  lambda: results.have_cell("rl_throughput", "t", "cpu", tmp_path)):
         with pytest.raises(results.RecordError) as e:
             read()

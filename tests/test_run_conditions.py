@@ -10,7 +10,7 @@ import os
 import pandas as pd
 import pytest
 
-from repro import conditions, hardware, results
+from repro import conditions, evidence, hardware, results
 from repro.claims import staleness
 from repro.studies import runner
 from repro.studies.runner import Cell, Study
@@ -183,7 +183,7 @@ def test_malformed_conditions_are_refused_naming_the_file(tmp_path, conditions, 
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps([bad]))
     with pytest.raises(results.RecordError) as e:
-        results.load_records("toy", roots=tmp_path)
+        evidence.load_records("toy", roots=tmp_path)
     assert str(e.value).startswith(f"{path}: record 0") and problem in str(e.value)
     assert "\n" not in str(e.value)
 
@@ -239,7 +239,7 @@ def test_the_ledger_says_it_and_says_nothing_for_records_without_conditions(
     verdict = Verdict("A2", "partly", "1.5x", "h200", "results/*/rl_throughput")
     files = {}
     for name, seen in (("old", ()), ("shared", [SHARED, ALONE])):
-        monkeypatch.setattr(results, "load_records", lambda *a, **k: rows(seen))
+        monkeypatch.setattr(evidence, "load_records", lambda *a, **k: rows(seen))
         nb = notebook.Notebook("03_x", "full", {}, None, tmp_path)
         assert len(nb.records("rl_throughput")) == len(seen or [None])
         md = nb.conclusion(verdict).data

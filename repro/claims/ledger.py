@@ -26,8 +26,8 @@ from typing import Any
 
 import yaml
 
-from repro.claims.verdicts import VERDICTS, Verdict
 from repro import markdown
+from repro.verdict import VERDICTS, Verdict
 
 __all__ = ["PAGE", "ROW_LIMIT", "VERDICTS", "Verdict", "claims", "headline", "ledger",
            "markdown_table", "page", "read_verdict", "stale_notes", "verdicts_dir",

@@ -227,7 +227,7 @@ def check(claim: str, records: pd.DataFrame | None = None, root: Path | str | No
     """``{"rule_registered", "first_record", "preregistered"}`` of ``claim``:
     ``preregistered`` is True when the rule's last change precedes its first data, False
     when it follows it, ``"unknown"`` without the history or without data."""
-    from repro.claims.verdicts._base import definitions
+    from repro.verdict import definitions
 
     claims = definitions() if claims is None else claims
     rule = claims.get(claim, {}).get("rule") or {}
@@ -245,7 +245,7 @@ def rule_before(claim: str, date: str, root: Path | str | None = None,
     """(commit, date, rule) of ``claim``'s rule as registered before ``date``: its
     ``first_registered`` entry where claims.yaml has one, else its ``rule`` at the last
     commit before ``date`` that had one; None where no rule was written down before."""
-    from repro.claims.verdicts._base import definitions
+    from repro.verdict import definitions
 
     root = _root(root)
     entry = (definitions() if claims is None else claims).get(claim, {})
@@ -273,7 +273,7 @@ def judged(fn: Callable[..., Any], claim: str, *args: Any, records: pd.DataFrame
     number saying whether that rule was registered before the data and, where it changed
     after them, the verdict under the rule as registered before (the same tables), which its
     ``caveat`` then leads with; its ``numbers`` carry ``registration``."""
-    from repro.claims.verdicts._base import definitions
+    from repro.verdict import definitions
 
     claims = definitions() if claims is None else claims
     current = claims[claim]["rule"]
@@ -309,7 +309,7 @@ def table(root: Path | str | None = None, records_of: Callable[[list[str]], pd.D
           | None = None) -> dict[str, dict[str, Any]]:
     """:func:`check` of every claim (``repro claims --json``), ``records_of(studies)`` giving
     the records each verdict may use."""
-    from repro.claims.verdicts._base import definitions
+    from repro.verdict import definitions
 
     out = {}
     for cid, c in definitions().items():

@@ -15,8 +15,8 @@ import pandas as pd
 
 from repro.analysis import rl as rl_analysis
 from repro.analysis.rl import longest_runs
-from repro.claims.verdicts._base import UNSURE, Verdict, margin, parity
-from repro.claims.verdicts._base import rule as rule_of
+from repro.verdict import UNSURE, Verdict, margin, parity
+from repro.verdict import rule as rule_of
 from repro.catalogue import get as experiment
 
 EXPERIMENT = experiment("legged").name
