@@ -66,6 +66,31 @@ def repo_root() -> Path:
                      "REPRO_ROOT to one")
 
 
+# The repository's committed folders: no path a user sets may lead a command to write there.
+COMMITTED = ("results", "figures", "verdicts", "metrics")
+
+
+def inside_repository(what: str, value: str | Path, root: Path, under: str | None = None,
+                      error: type[Exception] = ValueError, relative_to: Path | None = None
+                      ) -> Path:
+    """``value`` resolved (relative to ``relative_to``, default the working directory;
+    symbolic links followed), or one line starting with ``what`` (the option as given): it
+    must lie inside the repository ``root`` (under its folder ``under`` where given) and
+    outside its committed folders (:data:`COMMITTED`)."""
+    root = Path(root).resolve()
+    path = Path(value).expanduser()
+    path = (Path(relative_to or Path.cwd()) / path).resolve()
+    for folder in COMMITTED:
+        if path.is_relative_to(root / folder):
+            raise error(f"{what}: resolves into {folder}/, which holds committed files (only "
+                        "`repro record --profile full` writes under results/)")
+    base = root / under if under else root
+    if not path.is_relative_to(base):
+        where = f"the repository's {under}/ ({base})" if under else f"the repository ({root})"
+        raise error(f"{what}: resolves to {path}, outside {where}")
+    return path
+
+
 # ---------------------------------------------------------------------------------- git
 
 

@@ -130,7 +130,7 @@ def notebook_stage(notebook: str, sections: tuple[str, ...]) -> dict[str, Any]:
 
     root = checkout.CHECKOUT
     source = root / "notebooks" / f"{notebook}.py"
-    deps = sorted(set(code_deps(source)) | set(code_deps(RUNNER)) | {"repro/cli.py"})
+    deps = sorted(set(code_deps(source)) | set(code_deps(RUNNER)) | {"repro/cli"})
     claims = [c for c, spec in ledger.claims().items() if spec.get("notebook") == notebook]
     prefix = notebook.split("_", 1)[0]
     figures = sorted(_rel(p) for p in (root / "figures").glob(f"{prefix}_*.png"))
@@ -159,14 +159,14 @@ def stages() -> dict[str, Any]:
     out = {name: notebook_stage(nb, sections) for name, (nb, sections) in STAGES.items()}
     out["claims"] = {
         "cmd": "repro claims --write",
-        "deps": ["verdicts", *code_deps("repro.claims.ledger"), "repro/cli.py"],
+        "deps": ["verdicts", *code_deps("repro.claims.ledger"), "repro/cli"],
         # The ledger's own page, committed; the README links it and is no stage's output.
         "outs": _kept([ledger_page()]),
     }
     out["site"] = {
         "cmd": "repro site",
         "deps": [*(receipt(nb) for nb, _ in STAGES.values()), "verdicts", "figures",
-                 "metrics", *code_deps("repro.site"), "repro/cli.py"],
+                 "metrics", *code_deps("repro.site"), "repro/cli"],
         "outs": _nocache(["build/site/index.html"]),
     }
     for stage in ("claims", "site"):

@@ -292,7 +292,7 @@ def run(name: str, profile: str, extra: dict[str, Any] | None = None) -> int:
     check_parameters(name, declared, extra or {})
     params = {**(extra or {}), "profile": profile}
     if "scratch" in params:  # smoke records: scratch, in the git-ignored build/
-        from repro.cli_checks import inside_repository
+        from repro.checkout import inside_repository
 
         given = str(params["scratch"])
         params["scratch"] = str(inside_repository(

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from repro import cli, run_notebook
-from repro.cli_checks import COMMITTED, UsageError, inside_repository
+from repro.checkout import COMMITTED, inside_repository
 
 ROOT = Path(__file__).resolve().parent.parent
 PROPERTY = settings(deadline=None, derandomize=True, database=None, max_examples=200,
@@ -120,7 +120,7 @@ def test_a_resolved_path_is_inside_and_out_of_committed_folders_or_refused(tmp_p
     try:
         path = inside_repository(f"-p scratch={value}", value, root, under=under,
                                  relative_to=root)
-    except UsageError as e:
+    except ValueError as e:
         assert str(e).startswith(f"-p scratch={value}: ") and "\n" not in str(e)
         return
     base = (root / under if under else root).resolve()

@@ -199,7 +199,7 @@ def test_any_other_error_is_one_line_with_status_1(repo, capsys, monkeypatch):
     def broken(args):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(cli, "cmd_hardware", broken)
+    monkeypatch.setattr(cli.device, "cmd_hardware", broken)
     line = one_line(capsys, 1, ["hardware"])
     assert line == ("repro: error: OSError: [Errno 28] No space left on device (--debug shows "
                     "the traceback)")

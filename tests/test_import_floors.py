@@ -57,7 +57,6 @@ PLACES = {
     "repro.perfmodel": "analysis",
     "repro.claims": "claims",
     "repro.cli": "top",
-    "repro.cli_checks": "top",
     "repro.notebook": "top",
     "repro.run_notebook": "top",
     "repro.pipeline": "top",
