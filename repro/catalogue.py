@@ -47,7 +47,7 @@ class Statistic:
     ``work`` (record fields, dotted: ``"sizes.batch"``, ``"extra.work_per_sample"``, whose
     product is the work one sample did), a rate: ``scale * work / median`` (``rates``: the
     median of the per-sample rates ``scale * work / sample``). A record checks itself against
-    it (:func:`repro.results.check_value`)."""
+    it (:func:`repro.record_checks.check_value`)."""
 
     samples: str
     scale: float = 1.0
@@ -125,7 +125,7 @@ class Experiment:
     times as steps of this workload (:mod:`repro.perfmodel.measured`). ``trace``: how
     ``repro trace`` traces its step. ``statistics``: how each metric's ``value`` follows
     from the lists of numbers its records hold (:data:`Statistics`); a record is checked
-    against it when it is written and when it is read (:func:`repro.results.check_value`).
+    against it when it is written and when it is read (:func:`repro.record_checks.check_value`).
     ``formerly``: module paths its study had before a move: records made there name them,
     and their code is found here (:mod:`repro.provenance`)."""
 

@@ -1,8 +1,8 @@
 """The records as evidence: loaded, checked, and each said to be fresh or stale.
 
 This is the one loader of records (:mod:`repro.results` is the store: where a record lives,
-how it is written, read and checked). Every record file under a records root is read by one
-loop (:func:`records`), each record checked against itself (:func:`repro.results.verify`) and
+how it is written, read and checked). Every record file under a records root is found by one
+walk (:func:`record_files`) and read by one loop (:func:`records`), each record checked against itself (:func:`repro.record_checks.verify`) and
 judged by the one freshness test, :func:`repro.studies.checker` (:mod:`repro.provenance`'s
 staleness checker handed the studies' program builders).
 
@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator
 
 import pandas as pd
 
-from repro import checkout, results, studies
+from repro import checkout, record_checks, results, studies
 from repro.provenance import PROGRAM_INDEX, Checker, judged_program, program_key
 
 Roots = Path | Iterable[Path] | None
@@ -35,19 +35,81 @@ def _roots(roots: Roots, default: list[Path]) -> list[Path]:
     return [Path(roots)] if isinstance(roots, (str, Path)) else [Path(r) for r in roots]
 
 
+class StrayFileWarning(UserWarning):
+    """A file in a records folder that is not a record file (a temporary file an interrupted
+    write left, an editor's backup, a record file out of place): not read, and named."""
+
+
+# Folders of a records root that hold no records: the program texts (repro.program.TEXTS).
+NOT_RECORDS = ("programs",)
+
+
+def record_files(root: Path, experiment: str | None = None) -> list[Path]:
+    """The record files under ``root``: ``HARDWARE/EXPERIMENT/CELL.json`` (of ``experiment``'s
+    folder only, where given), sorted. Any other file met on the way (a hidden file such as
+    a temporary file an interrupted write left, ``CELL.json~``, a ``.json`` outside an
+    experiment folder or below one) is not read, and a :class:`StrayFileWarning` names it;
+    documentation (``*.md``) is left alone."""
+    import warnings
+
+    root, out = Path(root), []
+
+    def stray(path: Path, why: str) -> None:
+        warnings.warn(f"{path}: not a record file ({why}): not read", StrayFileWarning,
+                      stacklevel=2)
+
+    def files(folder: Path):
+        try:
+            return sorted(folder.iterdir())
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def look(path: Path, depth: int) -> None:
+        if path.is_dir():
+            if depth == 3:
+                for p in path.rglob("*"):
+                    if p.is_file():
+                        stray(p, "below an experiment folder: move it to "
+                              "HARDWARE/EXPERIMENT/CELL.json")
+                return
+            if depth == 1 and path.name in NOT_RECORDS:
+                return
+            if depth == 2 and experiment is not None and path.name != results.safe(experiment):
+                return
+            for p in files(path):
+                look(p, depth + 1)
+        elif path.suffix == ".md" and not path.name.startswith("."):
+            return
+        elif depth == 3 and path.suffix == ".json" and not path.name.startswith("."):
+            out.append(path)
+        elif path.name.startswith("."):
+            if str(path) not in results.IN_FLIGHT:  # (this process is writing it now)
+                stray(path, "a hidden file: a cell being written, or one an interrupted "
+                      "write left: remove it when no run is recording")
+        elif path.suffix == ".json":
+            stray(path, "outside an experiment folder: move it to "
+                  "HARDWARE/EXPERIMENT/CELL.json")
+        else:
+            stray(path, "a record file is HARDWARE/EXPERIMENT/CELL.json: remove it")
+
+    for p in files(root):
+        look(p, 1)
+    return out
+
+
 def records(roots: Roots = None, experiment: str | None = None
             ) -> Iterator[tuple[Path, Path, int, Any, str | None]]:
     """``(root, path, index, record, problem)`` of every record in every record file under
     ``roots`` (default: the committed ``results/``), of ``experiment``'s folder only where
     given: ``problem`` is what is wrong with a record that is no known defect
-    (:func:`repro.results.verify`: its value, commit or time), else None."""
+    (:func:`repro.record_checks.verify`: its value, commit or time), else None."""
     for root in _roots(roots, [results.results_dir()]):
         known = checkout.history(root)
-        for path in results.record_files(root, experiment):
+        for path in record_files(root, experiment):
             for i, rec in enumerate(results.read_cell_file(path, root)):
                 problem = None
                 if isinstance(rec, dict) and not results.defect_of(rec):
-                    problem = results.verify(rec, known)
+                    problem = record_checks.verify(rec, known)
                 yield root, path, i, rec, problem
 
 
@@ -64,10 +126,10 @@ def load_records(experiment: str | None = None, roots: Roots = None,
     the record's commit) and ``stale_since`` (the first commit that changed its code, where
     git knows it). Stale rows are kept: each analysis decides what to do with them, and says
     so. A file that is not valid JSON, or a record that fails
-    :func:`repro.results.check_record` (and is not a known defect), raises
-    :class:`repro.results.RecordError` naming the file. A record that fails its own check
-    (:func:`repro.results.verify`: its value, commit or time) is defective: left out, even
-    with ``keep_defective``, and named (:class:`repro.results.DefectiveRecordWarning`).
+    :func:`repro.record_checks.check_record` (and is not a known defect), raises
+    :class:`repro.record_checks.RecordError` naming the file. A record that fails its own check
+    (:func:`repro.record_checks.verify`: its value, commit or time) is defective: left out, even
+    with ``keep_defective``, and named (:class:`repro.record_checks.DefectiveRecordWarning`).
     """
     checker = studies.checker()
     rows: list[dict[str, Any]] = []
@@ -94,9 +156,9 @@ def load_records(experiment: str | None = None, roots: Roots = None,
 
 
 def _warn_defective(path: Path, i: int, rec: dict[str, Any], problem: str) -> None:
-    warnings.warn(f"{path}: record {i}{results.what(rec)}: {problem}: left out of every "
+    warnings.warn(f"{path}: record {i}{record_checks.what(rec)}: {problem}: left out of every "
                   "analysis (restore the file from git, or record the cell again)",
-                  results.DefectiveRecordWarning, stacklevel=3)
+                  record_checks.DefectiveRecordWarning, stacklevel=3)
 
 
 def stale_cells(roots: Roots = None) -> list[dict[str, Any]]:
@@ -110,7 +172,7 @@ def stale_cells(roots: Roots = None) -> list[dict[str, Any]]:
 
 def scan_cells(roots: Roots = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(:func:`stale_cells`, the defective records under ``roots``): each record that fails its
-    own check (:func:`repro.results.verify`) with ``experiment``, ``folder``, ``hardware``,
+    own check (:func:`repro.record_checks.verify`) with ``experiment``, ``folder``, ``hardware``,
     ``cell``, ``path``, ``record`` (its index in the file), ``metric``, ``recipe`` and
     ``problem``."""
     checker, defective = studies.checker(), []

@@ -1,5 +1,5 @@
-"""Tidy measurement records: the store. Where a record lives, how it is written (atomically,
-under a lock), read and checked.
+"""Tidy measurement records: the store. Where a record lives, how a run makes and writes it
+(atomically, one run per folder under a lock), and how a cell file is read.
 
 Every measurement is one row: what was measured (experiment, claims, recipe, sizes, metric,
 value, unit, repeats, spread), where (hardware slug, name, compute capability), with what
@@ -10,22 +10,15 @@ and says of each whether it is stale.
 
 Records are written to ``results/<hardware-slug>/<experiment>/<cell>.json``: one file per
 resumable cell (a recipe, a size, an environment), so a long study accumulates over several runs
-and a finished cell is skipped (``have_cell``). Writes are atomic (temp file + rename).
-
-Records are checked when written and when read (:func:`check_record`): a throughput or a
-duration must be a finite number > 0, a size or a count finite and >= 0, the optional
-``conditions`` (what ``nvidia-smi`` saw beside the run) an object whose ``alone`` is true, false
-or null; a record that is not is refused at write and named, with its file, at load
-(:class:`RecordError`), never dropped. A record also checks itself (:func:`verify`): its value
-against its samples, its commit and time against the history.
+and a finished cell is skipped (``have_cell``). Writes are atomic (temp file + rename). A record
+is checked when it is written and when it is read (:mod:`repro.record_checks`): one that fails
+is refused at write and named, with its file, at load, never dropped.
 """
-
 from __future__ import annotations
 
 import datetime as _dt
 import functools
 import json
-import math
 import os
 import re
 import tempfile
@@ -33,9 +26,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
-
 from repro import catalogue, fingerprint
-from repro.checkout import History, git_commit, history, repo_root
+from repro.checkout import git_commit, history, repo_root
+from repro.record_checks import RecordError, value_problem, check_record, verify, what
 
 RECORD_FIELDS = [
     "experiment", "claims", "hardware", "hardware_name", "compute_capability", "backend",
@@ -184,7 +177,9 @@ def slug(name: str) -> str:
     return hw._slugify(name)
 
 
-def _safe(name: str) -> str:
+def safe(name: str) -> str:
+    """``name`` as a file or folder name: runs of other characters than letters, digits,
+    ``.``, ``_`` and ``-`` as one ``_``."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "cell"
 
 
@@ -193,7 +188,7 @@ def cell_path(experiment: str, cell: str, hardware: str | None = None,
     from repro import hardware as hw
 
     slug = hardware or hw.detect().slug
-    return Path(root or results_dir()) / _safe(slug) / _safe(experiment) / f"{_safe(cell)}.json"
+    return Path(root or results_dir()) / safe(slug) / safe(experiment) / f"{safe(cell)}.json"
 
 
 def read_cell(experiment: str, cell: str, hardware: str | None = None,
@@ -284,7 +279,7 @@ def write_records(records: list[dict[str, Any]], experiment: str, cell: str,
     if not records:
         raise ValueError(f"no records to write for {experiment}/{cell}")
     for i, rec in enumerate(records):
-        if problem := check_record(rec) or _value_problem(rec):
+        if problem := check_record(rec) or value_problem(rec):
             raise RecordError(f"{experiment}/{cell}: record {i}{what(rec)}: {problem}; "
                               "nothing was written")
     path = cell_path(experiment, cell, records[0]["hardware"], root)
@@ -350,10 +345,10 @@ def record_lock(root: Path, hardware: str, experiment: str):
     import fcntl
     import hashlib
 
-    folder = (Path(root) / _safe(hardware) / _safe(experiment)).resolve()
+    folder = (Path(root) / safe(hardware) / safe(experiment)).resolve()
     locks = repo_root() / "build" / "locks"
     key = hashlib.sha256(str(folder).encode()).hexdigest()[:12]
-    lock = locks / f"{_safe(hardware)}-{_safe(experiment)}-{key}.lock"
+    lock = locks / f"{safe(hardware)}-{safe(experiment)}-{key}.lock"
     try:
         locks.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
@@ -385,227 +380,6 @@ def _json_default(o):
     except ImportError:  # pragma: no cover
         pass
     return str(o)
-
-
-class StrayFileWarning(UserWarning):
-    """A file in a records folder that is not a record file (a temporary file an interrupted
-    write left, an editor's backup, a record file out of place): not read, and named."""
-
-
-# Folders of a records root that hold no records: the program texts (repro.program.TEXTS).
-NOT_RECORDS = ("programs",)
-
-
-def record_files(root: Path, experiment: str | None = None) -> list[Path]:
-    """The record files under ``root``: ``HARDWARE/EXPERIMENT/CELL.json`` (of ``experiment``'s
-    folder only, where given), sorted. Any other file met on the way (a hidden file such as
-    a temporary file an interrupted write left, ``CELL.json~``, a ``.json`` outside an
-    experiment folder or below one) is not read, and a :class:`StrayFileWarning` names it;
-    documentation (``*.md``) is left alone."""
-    import warnings
-
-    root, out = Path(root), []
-
-    def stray(path: Path, why: str) -> None:
-        warnings.warn(f"{path}: not a record file ({why}): not read", StrayFileWarning,
-                      stacklevel=2)
-
-    def files(folder: Path):
-        try:
-            return sorted(folder.iterdir())
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-
-    def look(path: Path, depth: int) -> None:
-        if path.is_dir():
-            if depth == 3:
-                for p in path.rglob("*"):
-                    if p.is_file():
-                        stray(p, "below an experiment folder: move it to "
-                              "HARDWARE/EXPERIMENT/CELL.json")
-                return
-            if depth == 1 and path.name in NOT_RECORDS:
-                return
-            if depth == 2 and experiment is not None and path.name != _safe(experiment):
-                return
-            for p in files(path):
-                look(p, depth + 1)
-        elif path.suffix == ".md" and not path.name.startswith("."):
-            return
-        elif depth == 3 and path.suffix == ".json" and not path.name.startswith("."):
-            out.append(path)
-        elif path.name.startswith("."):
-            if str(path) not in IN_FLIGHT:  # (this process is writing it now)
-                stray(path, "a hidden file: a cell being written, or one an interrupted "
-                      "write left: remove it when no run is recording")
-        elif path.suffix == ".json":
-            stray(path, "outside an experiment folder: move it to "
-                  "HARDWARE/EXPERIMENT/CELL.json")
-        else:
-            stray(path, "a record file is HARDWARE/EXPERIMENT/CELL.json: remove it")
-
-    for p in files(root):
-        look(p, 1)
-    return out
-
-
-# ------------------------------------------------------------- records check themselves
-
-# How far a record's time may precede its commit's, or lie ahead of now: the clocks of the
-# machine that committed and of the one that measured may differ by this much.
-CLOCK_SKEW = _dt.timedelta(minutes=10)
-
-
-class DefectiveRecordWarning(UserWarning):
-    """A record that fails its own check (:func:`verify`): left out of every analysis."""
-
-
-def check_value(rec: dict[str, Any]) -> tuple[str, str | None]:
-    """Whether a record's ``value`` is the statistic its experiment computes from the samples
-    it holds (the experiment's ``statistics``: :class:`repro.catalogue.Statistic`), as
-    ``(outcome, detail)``: ``("checked", None)``; ``("mismatch", the problem)``; ``("not
-    derived", why)``: its value is not a statistic of its lists (a memory size beside step
-    times), as its spec says; ``("no samples", what)``: the record holds none (a GEMM's
-    timings keep only their median); ``("no rule", what)``: it holds lists of numbers its
-    spec says nothing about (the committed records' test refuses that)."""
-    lists = [k for k, v in (rec.get("extra") or {}).items() if isinstance(v, list) and v
-             and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)]
-    try:
-        rule = catalogue.get(str(rec.get("experiment"))).statistics.get(
-            str(rec.get("metric")))
-    except ValueError:
-        rule = None
-    if isinstance(rule, str):
-        return "not derived", rule
-    if rule is None:
-        return ("no rule", f"its spec says nothing of {', '.join(lists)}") if lists else \
-            ("no samples", "it holds no samples")
-    rules = rule if isinstance(rule, tuple) else (rule,)
-    for stat in rules:
-        try:
-            got = stat.of(rec)
-        except ValueError as e:
-            return "mismatch", f"its samples give no value: {e}"
-        if got is None:
-            continue
-        want, tolerance = got
-        v = rec.get("value")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                or abs(v - want) > tolerance * abs(want):
-            return "mismatch", f"value {v!r} is not {stat.describe()} ({want:.7g})"
-        return "checked", None
-    return "no samples", f"it holds none of {', '.join('extra.' + r.samples for r in rules)}"
-
-
-def _value_problem(rec: Any) -> str | None:
-    if not isinstance(rec, dict):
-        return None
-    outcome, detail = check_value(rec)
-    return detail if outcome == "mismatch" else None
-
-
-def verify(rec: dict[str, Any], known: History | None) -> str | None:
-    """What is wrong with a record's numbers or its origin (a phrase), or None: its value
-    against its samples (:func:`check_value`); where the history is ``known`` (:func:`history`
-    of the records' folder), its ``git_commit`` against it (each of a comma-separated list;
-    ``-dirty`` allowed) and its ``timestamp`` against its commit's time; everywhere, its
-    ``timestamp`` against now (both within :data:`CLOCK_SKEW`)."""
-    if problem := _value_problem(rec):
-        return problem
-    when = None
-    if known is not None:
-        commit = rec.get("git_commit")
-        for part in str(commit or "").split(","):
-            t = known.time_of(part.strip().removesuffix("-dirty"))
-            if t is None:
-                return f"git_commit {commit!r} is not a commit of the history"
-            when = t if when is None else min(when, t)
-    raw = rec.get("timestamp")
-    if raw is None:
-        return None
-    try:
-        ts = _dt.datetime.fromisoformat(str(raw))
-    except ValueError:
-        return f"timestamp {raw!r} is not a date"
-    if ts.tzinfo is None:
-        ts = ts.replace(tzinfo=_dt.timezone.utc)
-    if ts > _dt.datetime.now(_dt.timezone.utc) + CLOCK_SKEW:
-        return f"timestamp {raw} is in the future"
-    if when is not None and ts.timestamp() < when - CLOCK_SKEW.total_seconds():
-        made = _dt.datetime.fromtimestamp(when, _dt.timezone.utc).isoformat()
-        return (f"timestamp {raw} is before its commit {str(rec.get('git_commit'))[:12]} "
-                f"({made})")
-    return None
-
-
-# ------------------------------------------------------------------------------ checks
-
-
-class RecordError(ValueError):
-    """A record file or a record that cannot be used: one line naming the file."""
-
-
-# A throughput or a duration is what ratios divide by: finite and > 0 (0 is a failed
-# measurement). A share of a step by kernel class (kernel_times' ``attention_ms_per_step``...)
-# may be 0. Sizes and counts: finite and >= 0. Any other unit is an outcome (a return, a loss,
-# an error, a flag): a number, where NaN or inf stand for a run that diverged.
-_DURATIONS = ("ms", "s", "us", "ns")
-_SIZES = ("bytes", "kernels")
-_WHOLE_STEP = ("wall_ms_per_step", "kernel_ms_per_step")
-REQUIRED = ("experiment", "hardware", "metric", "value", "unit")
-
-
-def _kind(metric: str, unit: str) -> str:
-    if unit.endswith("/s"):
-        return "throughput"
-    if unit in _DURATIONS:
-        share = metric.endswith("_ms_per_step") and metric not in _WHOLE_STEP
-        return "share" if share else "duration"
-    return "size" if unit in _SIZES else "outcome"
-
-
-def check_record(rec: Any) -> str | None:
-    """What is wrong with one record (a phrase), or None: the fields every analysis reads,
-    and the value by unit (see the module docstring)."""
-    if not isinstance(rec, dict):
-        return f"expected an object, got {type(rec).__name__}"
-    if missing := [k for k in REQUIRED if k not in rec]:
-        return f"missing field(s) {', '.join(missing)}"
-    if "conditions" in rec and (problem := _check_conditions(rec["conditions"])):
-        return problem
-    metric, unit, v = rec["metric"], rec["unit"], rec["value"]
-    if not isinstance(metric, str) or not isinstance(unit, str):
-        return f"metric and unit must be strings, got {metric!r}, {unit!r}"
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return f"value must be a number, got {v!r}"
-    kind = _kind(metric, unit)
-    if kind == "outcome":
-        return None
-    if not math.isfinite(v):
-        return f"value {v} is not finite; a {kind} ({unit}) must be a finite number"
-    if kind in ("throughput", "duration") and v <= 0:
-        return f"value {v!r} is not > 0; a {kind} ({unit}) must be > 0"
-    if v < 0:
-        return f"value {v!r} is negative; a {kind} ({unit}) must be >= 0"
-    return None
-
-
-def _check_conditions(c: Any) -> str | None:
-    """What is wrong with a record's optional ``conditions`` (an object whose ``alone`` is
-    true, false or null: :func:`repro.conditions.merge_conditions`), or None."""
-    if not isinstance(c, dict):
-        return f"conditions must be an object, got {type(c).__name__}"
-    if "alone" not in c or not (c["alone"] is None or isinstance(c["alone"], bool)):
-        return f"conditions.alone must be true, false or null, got {c.get('alone', 'nothing')!r}"
-    return None
-
-
-def what(rec: Any) -> str:
-    """`` (metric, recipe)`` of a record, for a message."""
-    if not isinstance(rec, dict):
-        return ""
-    bits = [str(rec[k]) for k in ("metric", "recipe") if rec.get(k)]
-    return f" ({', '.join(bits)})" if bits else ""
 
 
 def check_loaded(rec: Any, path: Path, i: int) -> None:
@@ -671,11 +445,11 @@ def read_cell_file(path: Path, root: Path) -> list[Any]:
                                   f"{rec.get('hardware')!r}, but the file is under "
                                   f"{hardware}/: a record counts for the machine that made "
                                   "it; move the file to its own folder")
-            if exp is not None and _safe(str(exp)) != folder and \
+            if exp is not None and safe(str(exp)) != folder and \
                     SHARED_FOLDERS.get(folder) != exp:
                 raise RecordError(f"{path}: record {i}{what(rec)} says experiment {exp!r}, "
                                   f"but the file is under {hardware}/{folder}/: move it to "
-                                  f"{hardware}/{_safe(str(exp))}/")
+                                  f"{hardware}/{safe(str(exp))}/")
     return records
 
 

@@ -49,6 +49,7 @@ PLACES = {
     "repro.config": "config",
     "repro.models": "models",
     "repro.results": "store",
+    "repro.record_checks": "store",
     "repro.program": "store",
     "repro.provenance": "store",
     "repro.studies": "studies",

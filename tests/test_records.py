@@ -200,12 +200,12 @@ def test_loaders_skip_hidden_and_stray_files_and_name_them(roots, stray):
                                  root=root)
     (path.parent / stray).write_bytes(path.read_bytes())
     (root / "h200" / "README.md").write_text("what these records are\n")  # documentation
-    with pytest.warns(results.StrayFileWarning) as caught:
+    with pytest.warns(evidence.StrayFileWarning) as caught:
         df = evidence.load_records("gemm", roots=root)
     assert len(df) == 2 and set(df.source) == {str(path)}
     (w,) = caught
     assert str(w.message).startswith(f"{path.parent / stray}: not a record file")
-    with pytest.warns(results.StrayFileWarning):  # (records without code fingerprints)
+    with pytest.warns(evidence.StrayFileWarning):  # (records without code fingerprints)
         assert [(c["cell"], c["records"]) for c in evidence.stale_cells(root)] == [("a", 2)]
 
 
@@ -215,7 +215,7 @@ def test_a_record_file_outside_an_experiment_folder_is_named(roots):
     (root / "h200" / "lost.json").write_bytes(path.read_bytes())
     (path.parent / "deeper").mkdir()
     (path.parent / "deeper" / "b.json").write_bytes(path.read_bytes())
-    with pytest.warns(results.StrayFileWarning) as caught:
+    with pytest.warns(evidence.StrayFileWarning) as caught:
         assert len(evidence.load_records(roots=root)) == 1
     assert sorted(str(w.message).split(":")[0] for w in caught) == sorted(
         [str(root / "h200" / "lost.json"), str(path.parent / "deeper" / "b.json")])

@@ -10,7 +10,7 @@ import os
 import pandas as pd
 import pytest
 
-from repro import conditions, evidence, hardware, results
+from repro import conditions, evidence, hardware, record_checks, results
 from repro.claims import staleness
 from repro.studies import runner
 from repro.studies.runner import Cell, Study
@@ -154,7 +154,7 @@ def test_the_runner_stamps_conditions_and_a_process_after_the_run_counts(smi, tm
     assert b["alone"] is False and b["before"]["alone"] is True
     assert b["after"]["others"] == [{"pid": 5151, "name": "pytorch-job", "used_mib": 2048,
                                      "gpu": 1}]
-    assert results.check_record(written(root, "b")[0]) is None
+    assert record_checks.check_record(written(root, "b")[0]) is None
 
 
 def test_without_nvidia_smi_the_runner_stamps_unchecked(smi, tmp_path, monkeypatch):
@@ -174,15 +174,15 @@ def test_without_nvidia_smi_the_runner_stamps_unchecked(smi, tmp_path, monkeypat
 def test_malformed_conditions_are_refused_naming_the_file(tmp_path, conditions, problem):
     rec = {**results.make_record("toy", "steps_per_s", 10.0, "steps/s",
                                  hardware=hardware.lookup("cpu")), "hardware": HW}
-    assert results.check_record({**rec, "conditions": {"alone": None}}) is None
-    assert results.check_record(rec) is None  # records made before conditions: as they were
+    assert record_checks.check_record({**rec, "conditions": {"alone": None}}) is None
+    assert record_checks.check_record(rec) is None  # records made before conditions: as they were
     bad = {**rec, "conditions": conditions}
-    with pytest.raises(results.RecordError, match=f"toy/c: record 0 .*: {problem}; nothing"):
+    with pytest.raises(record_checks.RecordError, match=f"toy/c: record 0 .*: {problem}; nothing"):
         results.write_records([bad], "toy", "c", root=tmp_path)
     path = tmp_path / HW / "toy" / "c.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps([bad]))
-    with pytest.raises(results.RecordError) as e:
+    with pytest.raises(record_checks.RecordError) as e:
         evidence.load_records("toy", roots=tmp_path)
     assert str(e.value).startswith(f"{path}: record 0") and problem in str(e.value)
     assert "\n" not in str(e.value)
