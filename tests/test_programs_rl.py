@@ -30,7 +30,7 @@ from repro.experiments.legged import measure as L
 from repro.experiments.rl_purejaxrl import measure as J
 from repro.experiments.rl_quality import measure as Q
 from repro.experiments.rl_throughput import measure as T
-from repro.models import ppo
+from repro.models import ppo_core
 from repro.precision import recipes as R
 
 TARGET = ("gpu", "NVIDIA H200")
@@ -342,7 +342,7 @@ def test_a_change_to_the_ppo_loss_stales_every_ppo_program_and_nothing_else(monk
               ("legged", "ant_physics_e16_default", "")]
     before = {k: base(*k) for k in ppo_progs + others}
     mlp = fingerprint(mlp_step.program("bf16", 64, 32, 2))
-    monkeypatch.setattr(ppo, "value_loss", unclipped_value_loss)
+    monkeypatch.setattr(ppo_core, "value_loss", unclipped_value_loss)
     after = {k: fingerprint(prog(*k)) for k in ppo_progs + others}
     assert {k for k in before if before[k][0] != after[k][0]} == set(ppo_progs)
     assert {k: after[k][1] for k in before if before[k][1] != after[k][1]} == {}  # same kits
