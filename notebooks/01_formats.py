@@ -34,7 +34,7 @@ import pandas as pd
 import seaborn as sns
 
 from repro import hardware, notebook, plotstyle
-from repro.claims import verdicts
+from repro.claims import registration, verdicts
 from repro.precision import formats
 from repro.precision.formats import E2M1, E4M3, E5M2
 
@@ -248,12 +248,15 @@ flat
 # Filled in from the computed verdict:
 
 # %%
-lm = nb.records("lm")  # NVFP4 run natively: a non-emulated record from a chip with FP4 units
+# NVFP4 run natively: a non-emulated record from a chip with FP4 units (B1's ledger set: none
+# until a Blackwell GPU records one)
+lm = nb.ledger(nb.records("lm"), "B1")
 fp4 = [h for h in (lm.hardware.unique() if len(lm) else [])
        if h in hardware.registry() and hardware.lookup(h).has_fp4]
 native = bool(len(lm) and (lm.hardware.isin(fp4) & lm.recipe.str.contains("nvfp4")
                            & ~lm.emulated.astype(bool)).any())
-b1 = verdicts.b1(checks, (mism_q, mism_s), (int(t.q.size), int(t.block_scale.size)),
-                 float(flat.loc[("NVFP4", "per block (16, E4M3) + FP32 tensor"), "median"]),
-                 HW.slug, HW.has_fp4, native)
+b1 = registration.judged(verdicts.b1, "B1", checks, (mism_q, mism_s),
+                        (int(t.q.size), int(t.block_scale.size)),
+                        float(flat.loc[("NVFP4", "per block (16, E4M3) + FP32 tensor"), "median"]),
+                        HW.slug, HW.has_fp4, native, records=lm)
 nb.conclusion(b1)

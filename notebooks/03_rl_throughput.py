@@ -29,12 +29,18 @@
 # XLA's compile-time buffer assignment, not a measured device peak. **A3** is a projection (no
 # A100 was measured).
 #
-# An FP8 record made where no FP8 GEMM ran (a CPU; an FP8 CNN, whose convolution backward is
-# emulated through BF16) is **emulated**: drawn hollow and never counted as a speedup.
+# An FP8 record made where no FP8 GEMM ran (a CPU, a TPU v5e, which has no FP8 arithmetic; an
+# FP8 CNN, whose convolution backward is emulated through BF16) is **emulated**: drawn hollow,
+# labelled "emulated", and never counted as a speedup.
 #
 # **C1** asks the same of hardware whose 8-bit arithmetic is INT8 (a TPU v5e): reproduced if
 # the PPO update at width 4096 under `int8` (INT8 in all three GEMMs of each hidden layer) is
 # at least 1.3x BF16's, in a paired cell of that TPU, partly if INT8 is faster but short of it.
+#
+# **The figures** put the machines side by side, one panel (or column) per machine, each titled
+# with the 8-bit format it multiplies natively: FP8 on the H200, INT8 on the TPU v5e. Each
+# verdict is computed from its claim's ledger set alone; the figures draw every fresh cell of
+# an accelerator (a CPU's records are no speed).
 
 # %% tags=["parameters"]
 profile = "smoke"
@@ -49,6 +55,7 @@ from repro import hardware, notebook, plotstyle
 from repro.analysis import rl as rl_analysis
 from repro.analysis import stats
 from repro.claims import registration, verdicts
+from repro.precision.recipes import REGISTRY
 
 nb = notebook.start("03_rl_throughput", "rl_throughput", profile, scratch)
 if nb.profile == "smoke":  # a pipeline check on this machine: scratch records, scratch figure
@@ -56,13 +63,26 @@ if nb.profile == "smoke":  # a pipeline check on this machine: scratch records, 
 df = nb.records("rl_throughput")
 table = rl_analysis.throughput_table(df)
 sp = rl_analysis.fp8_speedups(table, records=df)  # with the paired cells' ratios
+
+
+def speedups_of(records):
+    """The FP8 speedups of ``records`` (paired cells' ratios included): a verdict's table from
+    the records of its ledger set (`nb.ledger`); the figures draw from every fresh cell."""
+    return rl_analysis.fp8_speedups(rl_analysis.throughput_table(records), records=records)
+
+
+# the stale cells, left out of every verdict, drawn hollow and grey so the sweep stays visible
+old = nb.stale_rows("rl_throughput")
+old_table = rl_analysis.throughput_table(old) if len(old) else table.iloc[:0]
+old_sp = rl_analysis.fp8_speedups(old_table, records=old) if len(old_table) else sp.iloc[:0]
 print(f"committed records from: {sorted(table.hardware.unique()) if len(table) else 'none'}")
 
 # %% [markdown]
 # ## Throughput per recipe
 #
 # Env-steps per second of the whole PPO loop (one seed) against MLP width, one panel per
-# hardware and number of parallel environments.
+# machine (titled with its 8-bit format) and number of parallel environments. Hollow markers
+# without a line: a recipe the machine emulated (FP8 on a TPU v5e), not a speed.
 
 # %%
 ORDER = ["fp32", "tf32", "bf16", "fp16", "fp8-current", "fp8-delayed", "fp8-all-layers",
@@ -102,82 +122,138 @@ def ratio_ranges(sep, df):
     return out
 
 
-def plot_throughput(table, ranges):
+def plot_throughput(table, ranges, earlier=None, label=""):
     mlp = table[table.network == "mlp"] if len(table) else table
     mlp = mlp.merge(ranges, on=KEYS, how="left") if len(mlp) else mlp
-    panels = sorted({(h, n) for h, n in zip(mlp.hardware, mlp.num_envs)}) if len(mlp) else []
+    gone = earlier[earlier.network == "mlp"] if earlier is not None and len(earlier) else None
+    panels = sorted({(h, n) for d in (mlp, gone) if d is not None and len(d)
+                     for h, n in zip(d.hardware, d.num_envs)})
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5 * max(len(panels), 1), 4),
                              squeeze=False)
     for ax, (h, n) in zip(axes[0], panels):
-        g = mlp[(mlp.hardware == h) & (mlp.num_envs == n)]
-        for r, gr in g.groupby("recipe"):
+        g = mlp[(mlp.hardware == h) & (mlp.num_envs == n)] if len(mlp) else mlp
+        for r, gr in (g.groupby("recipe") if len(g) else []):  # only stale cells: none
             gr = gr.sort_values("width")
             st = plotstyle.style(r)
+            emu, gr = gr[gr.emulated.astype(bool)], gr[~gr.emulated.astype(bool)]
+            if len(emu):  # emulated: hollow markers, no line or bars (not a speed)
+                ax.scatter(emu.width, emu.env_steps_per_s, marker=st["marker"], zorder=3,
+                           facecolors="none", edgecolors=st["color"],
+                           label=f"{r} ({plotstyle.EMULATED})")
+            if not len(gr):
+                continue
             ax.errorbar(gr.width, gr.env_steps_per_s, yerr=np.vstack([gr.env_steps_per_s - gr.lo,
                                                                       gr.hi - gr.env_steps_per_s]),
                         color=st["color"], ls=st["ls"], capsize=3, label=r)
-            ax.scatter(gr.width, gr.env_steps_per_s, edgecolors=st["color"], zorder=3,
-                       marker=st["marker"],
-                       facecolors=["none" if e else st["color"] for e in gr.emulated])
+            ax.scatter(gr.width, gr.env_steps_per_s, color=st["color"], zorder=3,
+                       marker=st["marker"])
+        if gone is not None:
+            o = gone[(gone.hardware == h) & (gone.num_envs == n)]
+            if len(o):
+                ax.scatter(o.width, o.env_steps_per_s, label=label, **notebook.EARLIER)
         ax.set(xscale="log", yscale="log", xlabel="MLP width (units per hidden layer)",
-               ylabel="throughput (env-steps/s)", title=f"{h}, {n} parallel environments")
-        ax.legend(ncol=2)
-    fig.suptitle("Whole PPO loop throughput (bars: range over timed rounds; hollow: emulated "
-                 "FP8, not a speed)")
+               ylabel="throughput (env-steps/s)",
+               title=f"{plotstyle.hardware_title(h)}\n{n} parallel environments")
+        ax.legend(ncol=2, fontsize=7)
+    fig.suptitle("Whole PPO loop throughput per machine (bars: range over timed rounds; "
+                 "hollow: emulated, not a speed;\nhollow grey: stale cells of an earlier "
+                 "program, no verdict uses them)")
     return fig
 
 
-nb.save(plot_throughput(table, round_ranges(df)), "03_rl_throughput", df)
+SPEED = plotstyle.accelerators(df)  # the figures' records: a CPU's are no speed
+nb.save(plot_throughput(rl_analysis.throughput_table(SPEED), round_ranges(SPEED), old_table,
+                        notebook.earlier(old)), "03_rl_throughput", SPEED)
 
 # %% [markdown]
-# ## A2: FP8 over FP16 and BF16
+# ## A2 and C1: 8-bit over FP16 and BF16, per machine
 #
-# Ratios of two timings of one hardware and configuration: the whole loop (env-steps/s) and the
-# update alone (time). Dashed: the seed's 1.6x. A cross marks a ratio whose two cells come from
-# different GPU calls: shown, not counted. The bars of a separately timed ratio pair the slowest
-# round of one cell with the fastest of the other (its widest range). A diamond is a paired cell:
-# the recipes compiled together and timed in rounds (A, B, A, B, ...), the median of the per-round
-# ratios with their range; where a hardware has paired cells, A2 is judged from them alone.
+# Ratios of two timings of one hardware and configuration: the whole loop (env-steps/s, top)
+# and the update alone (time, bottom), one column per machine and 16-bit baseline it recorded:
+# on the H200 its FP8 recipes over FP16 and BF16, on the TPU v5e its INT8 recipes over BF16
+# (hollow, labelled "emulated": FP8 there, which that chip has no arithmetic for; not a
+# speed). Dashed: the claimed 1.6x (A2) on a machine whose 8-bit format is FP8; on one whose
+# 8-bit format is INT8, C1's target for the update. A cross marks a ratio whose two cells
+# come from different device calls: shown, not counted. The bars of a separately timed ratio
+# pair the slowest round of one cell with the fastest of the other (its widest range). A
+# diamond is a paired cell: the recipes compiled together and timed in rounds (A, B, A, B,
+# ...), the median of the per-round ratios with their range; where a hardware has paired
+# cells, A2 and C1 are judged from them alone. Hollow grey marks: the cells whose program has
+# changed since they were recorded (stale), drawn as what an earlier program measured so the
+# sweep stays visible; no verdict uses them.
 
 # %%
-fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex=True)
-for i, (kind, what) in enumerate((("e2e", "whole loop"), ("update", "update only"))):
-    for j, base in enumerate(("fp16", "bf16")):
+# the figure's 8-bit recipes: the FP8 recipes of the study and every INT8 recipe
+EIGHT_BIT = (*rl_analysis.FP8_RECIPES, *(r for r in REGISTRY if plotstyle.format_of(r) == "INT8"))
+sp8 = plotstyle.accelerators(rl_analysis.fp8_speedups(
+    rl_analysis.throughput_table(SPEED), EIGHT_BIT, records=SPEED)) if len(SPEED) else sp
+sp8 = sp8[sp8.network == "mlp"] if len(sp8) else sp8
+old8 = old_sp[old_sp.network == "mlp"] if len(old_sp) else old_sp
+TARGET = {"FP8": (verdicts.rule("A2")["target"], "claimed {}x (A2)", ("e2e", "update")),
+          "INT8": (verdicts.rule("C1")["target"], "C1's target {}x (update)", ("update",))}
+columns = [(h, b) for h in plotstyle.hardware_order([*sp8.get("hardware", []),
+                                                     *old8.get("hardware", [])])
+           for b in ("fp16", "bf16")
+           if any(len(d) and ((d.hardware == h) & (d.baseline == b)).any() for d in (sp8, old8))]
+fig, axes = plt.subplots(2, max(len(columns), 1), figsize=(4.6 * max(len(columns), 2), 7.5),
+                         sharex=True, squeeze=False)
+widths = pd.concat([d.width for d in (sp8, old8) if len(d)]) if len(sp8) or len(old8) else []
+for j, (h, base) in enumerate(columns):
+    fmt = plotstyle.eight_bit(h) or "8-bit"
+    for i, (kind, what) in enumerate((("e2e", "whole loop"), ("update", "update only"))):
         ax = axes[i, j]
-        g = sp[(sp.baseline == base) & (sp.network == "mlp")] if len(sp) else sp
-        for (h, n, r), gg in (g[g.timing == "paired"].groupby(["hardware", "num_envs", "recipe"])
-                              if len(g) and "timing" in g else []):
-            ax.errorbar(gg.width, gg[kind], yerr=[gg[kind] - gg[f"{kind}_lo"],
-                                                  gg[f"{kind}_hi"] - gg[kind]],
+        g = sp8[(sp8.hardware == h) & (sp8.baseline == base)] if len(sp8) else sp8
+        for (n, r), gg in (g[g.timing == "paired"].groupby(["num_envs", "recipe"])
+                           if len(g) and "timing" in g else []):
+            real = gg[~gg.emulated.astype(bool)]
+            ax.errorbar(real.width, real[kind], yerr=[real[kind] - real[f"{kind}_lo"],
+                                                      real[f"{kind}_hi"] - real[kind]],
                         fmt="D", ms=6, capsize=3, zorder=4, color=plotstyle.color(r),
-                        label=f"{r}, {h}, {n} envs, paired ({int(gg.rounds.max())} rounds)")
-        g = ratio_ranges(rl_analysis.separate(g), df) if len(g) else g
-        for (h, n, r), gg in (g.groupby(["hardware", "num_envs", "recipe"]) if len(g) else []):
+                        label=f"{r}, {n} envs, paired ({int(gg.rounds.max())} rounds)")
+            if len(emu := gg[gg.emulated.astype(bool)]):  # hollow, no bars: not a speed
+                ax.scatter(emu.width, emu[kind], marker="D", facecolors="none", zorder=4,
+                           edgecolors=plotstyle.color(r),
+                           label=f"{r}, {n} envs, paired ({plotstyle.EMULATED})")
+        g = ratio_ranges(rl_analysis.separate(g), SPEED) if len(g) else g
+        for (n, r), gg in (g.groupby(["num_envs", "recipe"]) if len(g) else []):
             gg = gg.sort_values("width")
-            ax.errorbar(gg.width, gg[kind], fmt="none", ecolor=plotstyle.color(r), capsize=3,
+            st = plotstyle.style(r)
+            c = st["color"]
+            emu, gg = gg[gg.emulated.astype(bool)], gg[~gg.emulated.astype(bool)]
+            if len(emu):  # emulated: hollow markers, no line or bars (not a speed)
+                ax.scatter(emu.width, emu[kind], zorder=3, marker="o", facecolors="none",
+                           edgecolors=c, label=f"{r}, {n} envs ({plotstyle.EMULATED})")
+            if not len(gg):
+                continue
+            ax.errorbar(gg.width, gg[kind], fmt="none", ecolor=c, capsize=3,
                         yerr=np.vstack([(gg[kind] - gg[f"{kind}_lo"]).fillna(0),
                                         (gg[f"{kind}_hi"] - gg[kind]).fillna(0)]))
-            st = plotstyle.style(r)
-            ax.plot(gg.width, gg[kind], ls=st["ls"], color=st["color"],
-                    label=f"{r}, {h}, {n} envs")
-            c = st["color"]
-            for mask, style in ((gg.same_commit & ~gg.emulated, dict(marker="o", color=c)),
-                                (~gg.same_commit & ~gg.emulated, dict(marker="x", s=50, color=c)),
-                                (gg.emulated, dict(marker="o", facecolors="none", edgecolors=c))):
+            ax.plot(gg.width, gg[kind], ls=st["ls"], color=c, label=f"{r}, {n} envs")
+            for mask, style in ((gg.same_commit, dict(marker="o", color=c)),
+                                (~gg.same_commit, dict(marker="x", s=50, color=c))):
                 ax.scatter(gg.width[mask], gg[kind][mask], zorder=3, **style)
-        ax.axhline(1.6, ls="--", color="k", lw=1)
+        o = old8[(old8.hardware == h) & (old8.baseline == base)] if len(old8) else old8
+        if len(o):  # stale cells: what an earlier program measured, in no verdict
+            ax.scatter(o.width, o[kind], label=notebook.earlier(old), **notebook.EARLIER)
+        if fmt in TARGET and kind in TARGET[fmt][2]:
+            ax.axhline(TARGET[fmt][0], ls="--", color="k", lw=1,
+                       label=TARGET[fmt][1].format(TARGET[fmt][0]))
         ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set(xscale="log", ylabel=f"FP8 / {base.upper()} speedup (x)",
-               title=f"{what}, FP8 over {base.upper()}")
-        if len(w := sp.width[sp.network == "mlp"] if len(sp) else []):
+        ax.set(xscale="log", ylabel=f"{fmt} / {base.upper()} speedup (x)",
+               title=f"{plotstyle.hardware_title(h)}\n{what}, over {base.upper()}")
+        if len(w := widths):
             # a decade around the widths (error bars at one width collapse the autoscale)
             ax.set_xlim(w.min() / 2 ** 1.5, w.max() * 2 ** 1.5)
         if i == 1:
             ax.set_xlabel("MLP width (units per hidden layer)")
-axes[0, 0].legend(fontsize=7)
-fig.suptitle("FP8 speedup (dashed: the claimed 1.6x; x: cells of different GPU calls; bars: "
-             "range over timed rounds)")
-nb.save(fig, "03_rl_speedup", df)
+    # one legend per column, under it: what both of its panels draw
+    legend = {lab: hnd for a in axes[:, j] for hnd, lab in zip(*a.get_legend_handles_labels())}
+    axes[1, j].legend(legend.values(), legend.keys(), fontsize=6.5, loc="upper center",
+                      bbox_to_anchor=(0.5, -0.2))
+fig.suptitle("8-bit speedup per machine (dashed: the claim's target; x: cells of different "
+             "device calls; bars: range over timed rounds;\nhollow: emulated, not a speed; "
+             "hollow grey: stale cells of an earlier program, in no verdict)")
+nb.save(fig, "03_rl_speedup", SPEED)
 # the headline series (whole loop, FP8 over FP16, MLP) as data: `dvc plots diff` overlays commits
 head = rl_analysis.separate(sp[(sp.baseline == "fp16") & (sp.network == "mlp")]) if len(sp) \
     else sp
@@ -185,7 +261,7 @@ if len(head):
     nb.plot_data("03_rl_speedup", head.assign(
         series=head.hardware + " " + head.recipe + " " + head.num_envs.astype(str) + " envs")
         .pivot_table(index="width", columns="series", values="e2e", aggfunc="median"), df)
-a2 = registration.judged(verdicts.a2, "A2", sp, records=df)
+a2 = registration.judged(verdicts.a2, "A2", speedups_of(nb.ledger(df, "A2")), records=df)
 print(f"A2: {a2.verdict} | {a2.key_number}")
 (sp.round(3) if len(sp) else sp)
 
@@ -199,7 +275,7 @@ print(f"A2: {a2.verdict} | {a2.key_number}")
 # natively in both directions.
 
 # %%
-a9 = registration.judged(verdicts.a9, "A9", sp, records=df)
+a9 = registration.judged(verdicts.a9, "A9", speedups_of(nb.ledger(df, "A9")), records=df)
 print(f"A9 (speed): {a9.verdict} | {a9.key_number}")
 cnn = sp[sp.network != "mlp"] if len(sp) else sp
 (cnn.round(3) if len(cnn) else cnn)
@@ -212,7 +288,8 @@ cnn = sp[sp.network != "mlp"] if len(sp) else sp
 
 # %%
 C1 = verdicts.rule("C1")
-c1_sp = rl_analysis.paired_speedups(df, C1["recipes"], [C1["cells"]["baseline"]])
+c1_sp = rl_analysis.paired_speedups(nb.ledger(df, "C1"), C1["recipes"],
+                                    [C1["cells"]["baseline"]])
 c1_used = df[(df.hardware == C1["cells"]["hardware"]) & df.recipe.isin(C1["recipes"])] \
     if len(df) else df
 c1 = registration.judged(verdicts.c1, "C1", c1_sp, records=c1_used)
@@ -230,7 +307,7 @@ print(f"C1: {c1.verdict} | {c1.key_number}")
 # (`repro.precision.optim`), so their saving is counted from the format, not measured.
 
 # %%
-stores = rl_analysis.fp8_stores(df)
+stores = rl_analysis.fp8_stores(nb.ledger(df, "A1"))
 a1 = registration.judged(verdicts.a1, "A1", stores, records=df)
 print(f"A1: {a1.verdict} | {a1.key_number}")
 pd.DataFrame(dict(zip(stores.variant, stores.policy)))
@@ -239,7 +316,8 @@ pd.DataFrame(dict(zip(stores.variant, stores.policy)))
 # ## A4: the memory of one update
 #
 # Device memory of the compiled PPO update (XLA's buffer assignment) for every recipe of the
-# widest MLP at its most environments, per hardware; hatched: emulated FP8. At this size a
+# widest MLP at its most environments, one panel per machine (titled with its 8-bit format);
+# hatched: an emulated 8-bit recipe (FP8 on a TPU v5e). At this size a
 # quantized recipe's update differentiates the critic and then the actor
 # (`repro.models.ppo.sequential_towers`): left to itself, XLA interleaved the two FP8 towers and
 # kept both towers' activation-sized buffers alive at once. `fp8-lean` is `fp8-delayed` with
@@ -252,29 +330,34 @@ mem = table.dropna(subset=["update_memory_bytes"]) if "update_memory_bytes" in t
 
 def plot_memory(mem):
     order = ORDER
-    big = mem[mem.network == "mlp"] if len(mem) else mem
-    if len(big):
-        top = big.sort_values(["width", "num_envs"]).groupby("hardware")[["width", "num_envs"]]
-        big = big.merge(top.last().reset_index(), on=["hardware", "width", "num_envs"])
-        big = big.assign(o=big.recipe.map(lambda r: order.index(r) if r in order
-                                          else len(order))).sort_values(["hardware", "o"])
-    fig, ax = plt.subplots(figsize=(8, 3.8))
-    if len(big):
-        ax.bar(range(len(big)), big.update_memory_bytes / 2**20,
-               color=[plotstyle.color(r) for r in big.recipe],
-               hatch=["//" if e else "" for e in big.emulated])
-        ax.set_xticks(range(len(big)), [f"{r.hardware}\n{r.recipe}" for r in big.itertuples()],
-                      rotation=60, fontsize=7)
-        w, n = big.width.iloc[0], big.num_envs.iloc[0]
-        ax.set_title(f"Memory of one PPO update: MLP width {w}, {n} environments")
-    ax.set_ylabel("compiled update buffers (MiB)")
+    big = plotstyle.accelerators(mem[mem.network == "mlp"]) if len(mem) else mem
+    hws = plotstyle.hardware_order(big.hardware) if len(big) else []
+    fig, axes = plt.subplots(1, max(len(hws), 1), figsize=(4.2 * max(len(hws), 2), 3.8),
+                             squeeze=False)
+    for ax, h in zip(axes[0], hws):
+        g = big[big.hardware == h]
+        w, n = g.sort_values(["width", "num_envs"])[["width", "num_envs"]].iloc[-1]
+        g = g[(g.width == w) & (g.num_envs == n)]
+        g = g.assign(o=g.recipe.map(lambda r: order.index(r) if r in order
+                                    else len(order))).sort_values(["o", "recipe"])
+        ax.bar(range(len(g)), g.update_memory_bytes / 2**20,
+               color=[plotstyle.color(r) for r in g.recipe],
+               hatch=["//" if e else "" for e in g.emulated])
+        ax.set_xticks(range(len(g)), [r + (" (emulated)" if e else "")
+                                      for r, e in zip(g.recipe, g.emulated)],
+                      rotation=30, ha="right", fontsize=7)
+        ax.set(ylabel="compiled update buffers (MiB)",
+               title=f"{plotstyle.hardware_title(h)}\nMLP width {int(w)}, {int(n)} environments")
+    fig.suptitle("Memory of one PPO update (hatched: emulated 8-bit recipe)")
     return fig
 
 
-nb.save(plot_memory(mem), "03_rl_memory", df)
+nb.save(plot_memory(mem), "03_rl_memory", plotstyle.accelerators(df))
 # A4's rule changed after its first records: the key number says when, and gives the verdict
 # under the rule as first registered (fp8-delayed over FP16 alone) from the same table
-a4 = registration.judged(verdicts.a4, "A4", mem, records=df)
+led = rl_analysis.throughput_table(nb.ledger(df, "A4"))  # A4's cells (a paired one's memory)
+a4 = registration.judged(verdicts.a4, "A4", led.dropna(subset=["update_memory_bytes"])
+                         if "update_memory_bytes" in led else led, records=df)
 print(f"A4: {a4.verdict} | {a4.key_number}")
 
 # %% [markdown]
@@ -320,7 +403,10 @@ if len(proj):
     ax.set_xlim(proj.width.min() / 2 ** 1.5, proj.width.max() * 2 ** 1.5)
 ax.legend(loc="upper left")
 nb.save(fig, "03_rl_projection", df)
-a3 = registration.judged(verdicts.a3, "A3", proj, bw, fl, ceiling, records=df)
+# A3 projects A2's measured ratio: its ledger's paired cells (where a hardware has them)
+a3_proj = rl_analysis.a3_projection(rl_analysis.paired_first(speedups_of(nb.ledger(df, "A3"))),
+                                    bw, fl)
+a3 = registration.judged(verdicts.a3, "A3", a3_proj, bw, fl, ceiling, records=df)
 print(f"A3: {a3.verdict} | {a3.key_number}")
 
 # %% [markdown]

@@ -48,6 +48,17 @@
 # carry a claim about RL. Equal scores count 0.5 in `P(X > Y)`: where both variants reach a
 # capped return (CartPole-v1's 500), that environment's fifth of the weight is fixed at 0.5 and
 # the interval narrows; the verdicts report the tied share of each comparison (`ties`).
+#
+# **C2** asks the question of quality where the 8-bit arithmetic is INT8 (a TPU v5e): `int8`
+# (INT8 in all three GEMMs of each hidden layer) against `fp32` recorded on that TPU, within
+# A10's margin.
+#
+# **The figures** put the machines side by side: one row (curves) or one panel (aggregates)
+# per machine with quality records, each named with the 8-bit format it multiplies natively
+# (FP8 on the H200, INT8 on the TPU v5e). A CPU's full-profile records count for quality
+# (the quantization is the same; the products are computed by upcasting, so they are never a
+# speed); an 8-bit variant a machine emulated is labelled "emulated" (dotted curves, hollow
+# marks). Each verdict reads its claim's ledger set alone.
 
 # %% tags=["parameters"]
 profile = "smoke"
@@ -75,7 +86,9 @@ FULL = config.stage_params("rl_quality", "full")  # the study the committed reco
 df = nb.records("rl_quality")
 fr = rl_analysis.final_returns(df)
 HWQ = fr.hardware.value_counts().idxmax() if len(fr) else "none"
-print(f"statistics from the committed records of {HWQ}")
+HWS = plotstyle.hardware_order(fr.hardware) if len(fr) else []  # the figures' machines
+print(f"quality records from {', '.join(HWS) or 'no machine'}; reproducibility shown for "
+      f"{HWQ}, the machine with the most")
 
 # %% [markdown]
 # Records measured with a bug found later (`repro/data/defects.yaml`) stay in `results/` but
@@ -94,73 +107,128 @@ bad = bad[bad.defect.notna()] if len(bad) else bad
 # ## Learning curves
 #
 # Mean over seeds of the per-update mean episode return, the band its 95% confidence
-# interval; dashed: ablations.
+# interval; dashed: ablations. One row per machine (titled with its 8-bit format), one panel
+# per environment it recorded; "(emulated)": an 8-bit variant the machine has no arithmetic
+# for, its numbers computed by upcasting (a quality, never a speed).
 
 # %%
 SHOW = ("fp32", "bf16", "fp16", "fp8-delayed", "fp8-e2e", "fp8-e2e-nokahan", "fp8-noscale",
-        "fp8-e2e-nogradclip", "fp8-e2e-noweightclip")
+        "fp8-e2e-nogradclip", "fp8-e2e-noweightclip", "int8")
 
 
-def plot_curves(df, hw):
-    c = df[(df.metric == "final_return") & (df.hardware == hw)]
+def emulated_on(d, hw):
+    """The 8-bit variants of ``d`` that ``hw`` ran emulated (no arithmetic for their format
+    there: FP8 on a CPU or a TPU v5e)."""
+    q = d[(d.hardware == hw) & d.emulated.astype(bool)] if len(d) else d
+    names = set(q.extra.map(lambda e: e.get("variant"))) if len(q) else set()
+    return {v for v in names if plotstyle.format_of(v)}
+
+
+def plot_curves(df, hws):
+    c = df[(df.metric == "final_return") & df.hardware.isin(hws)] if len(df) else df
     c = c.assign(variant=c.extra.map(lambda e: e["variant"]), env=c.sizes.map(lambda s: s["env"]))
-    envs = sorted(c.env.unique())
-    fig, axes = plt.subplots(1, max(len(envs), 1), figsize=(4.2 * max(len(envs), 1), 3.6),
-                             squeeze=False)
-    for ax, env in zip(axes[0], envs):
-        for v in [v for v in SHOW if v in set(c.variant)]:
-            g = c[(c.env == env) & (c.variant == v)]
-            arr = np.array([[np.nan if x is None else x for x in e["curve"]] for e in g.extra],
-                           float)
-            plotstyle.seed_band(ax, np.linspace(0, 100, arr.shape[1]), arr, plotstyle.color(v),
-                                label=v, ls="--" if v.startswith("fp8-e2e-no") or
-                                v == "fp8-noscale" else "-")
-        ax.set(title=env, xlabel="training progress (%)", ylabel="episode return")
-    axes[0, 0].legend(fontsize=7)
-    fig.suptitle("Learning curves, mean over seeds (band: 95% CI of the mean)")
+    rows = [(h, sorted(c[c.hardware == h].env.unique())) for h in hws if (c.hardware == h).any()]
+    ncols = max([len(e) for _, e in rows] + [1])
+    fig, axes = plt.subplots(max(len(rows), 1), ncols,
+                             figsize=(4.2 * ncols, 3.6 * max(len(rows), 1)), squeeze=False)
+    for axrow, (hw, envs) in zip(axes, rows):
+        for ax, env in zip(axrow, envs):
+            for v in [v for v in SHOW if v in set(c.variant)]:
+                g = c[(c.hardware == hw) & (c.env == env) & (c.variant == v)]
+                if not len(g):
+                    continue
+                arr = np.array([[np.nan if x is None else x for x in e["curve"]]
+                                for e in g.extra], float)
+                emulated = v in emulated_on(g, hw)
+                plotstyle.seed_band(ax, np.linspace(0, 100, arr.shape[1]), arr,
+                                    plotstyle.color(v),
+                                    label=v + (" (emulated)" if emulated else ""),
+                                    ls=":" if emulated else "--" if v.startswith("fp8-e2e-no")
+                                    or v == "fp8-noscale" else "-")
+            ax.set(title=f"{plotstyle.hardware_title(hw)}\n{env}",
+                   xlabel="training progress (%)", ylabel="episode return")
+        axrow[0].legend(fontsize=7)
+        for ax in axrow[len(envs):]:
+            ax.set_visible(False)  # this machine recorded fewer environments
+    fig.suptitle("Learning curves per machine, mean over seeds (band: 95% CI of the mean; "
+                 "dotted: emulated 8-bit)")
     return fig
 
 
-nb.save(plot_curves(df, HWQ), "04_rl_curves", df[df.hardware == HWQ])
+nb.save(plot_curves(df, HWS), "04_rl_curves", df[df.hardware.isin(HWS)] if len(df) else df)
 
 # %% [markdown]
 # ## Aggregate scores and probabilities of improvement
+#
+# Per machine (one panel each, side by side), over the environments it recorded: the IQM of
+# each variant's normalised score, and the probabilities of improvement of the comparisons the
+# claims make (on a machine whose 8-bit format is INT8, `int8` against `fp32`, C2's
+# comparison, and against `bf16`). Intervals: 95% stratified bootstrap; a hollow mid mark and
+# "(emulated)": a variant the machine emulated.
 
 # %%
-scores, envs, _ = rl_analysis.normalised_scores(df, HWQ, order=FULL["variants"])
-agg = stats.aggregate(scores, reps=2000) if scores else pd.DataFrame()
 PAIRS = [("fp8-delayed", "fp32"), ("fp8-delayed", "bf16"), ("fp8-current", "bf16"),
          ("fp8-delayed", "fp8-noscale"), ("fp8-current", "fp8-noscale"),
          ("fp8-e2e", "fp32"), ("fp8-e2e", "fp8-e2e-nokahan"), ("bf16w-kahan", "bf16w-nokahan"),
          ("fp8-e2e", "fp8-e2e-nogradclip"), ("fp8-e2e", "fp8-e2e-noweightclip"),
          ("fp8-all-layers", "fp8-delayed"), ("fp8-delayed", "fp16")]
-poi = (stats.probability_of_improvement(scores, PAIRS, reps=1000) if scores
-       else pd.DataFrame(columns=["x", "y", "p", "lo", "hi"]))
+FIG_PAIRS = PAIRS + [("int8", "fp32"), ("int8", "bf16")]  # the figures' comparisons
 
 
-def plot_intervals(names, mid, lo, hi, ref, xlabel, title, colours):
-    fig, ax = plt.subplots(figsize=(7, 0.42 * max(len(names), 2) + 1.2))
-    y = np.arange(len(names))[::-1]
-    ax.hlines(y, lo, hi, lw=6, alpha=0.6, color=[plotstyle.color(c) for c in colours])
-    ax.plot(mid, y, "k|", ms=14)
-    ax.set_yticks(y, names)
-    ax.axvline(ref, color="grey", lw=0.8)
-    ax.set(xlabel=xlabel, title=title)
+def quality(hw):
+    """One machine's aggregate IQM table, its probabilities of improvement (``FIG_PAIRS``
+    whose both arms it recorded), its environments and the fewest seeds of a cell."""
+    sc, en, _ = rl_analysis.normalised_scores(df, hw, order=FULL["variants"])
+    a = stats.aggregate(sc, reps=2000) if sc else pd.DataFrame(columns=["variant"])
+    pairs = [p for p in FIG_PAIRS if p[0] in sc and p[1] in sc]
+    p = (stats.probability_of_improvement(sc, pairs, reps=1000) if pairs
+         else pd.DataFrame(columns=["x", "y", "p", "lo", "hi"]))
+    g = fr[(fr.hardware == hw) & fr.env.isin(en) & fr.variant.isin(list(sc))]
+    return a, p, en, int(g.groupby(["env", "variant"]).size().min()) if len(g) else 0
+
+
+def plot_intervals(panels, ref, xlabel, title, bounds=None):
+    """One panel per machine: ``panels`` maps a machine to (names, mid, lo, hi, colours,
+    the panel's subtitle); a name in its emulated set gets "(emulated)" and a hollow mid."""
+    rows = max([len(p[0]) for p in panels.values()] + [2])
+    fig, axes = plt.subplots(1, max(len(panels), 1), squeeze=False, sharex=True,  # one scale
+                             figsize=(6.2 * max(len(panels), 1), 0.42 * rows + 1.4))
+    for ax, (hw, (names, mid, lo, hi, colours, sub)) in zip(axes[0], panels.items()):
+        emu = emulated_on(df, hw)
+        y = np.arange(len(names))[::-1] + rows - len(names)  # from the top, in every panel
+        ax.hlines(y, lo, hi, lw=6, alpha=0.6, color=[plotstyle.color(c) for c in colours])
+        hollow = np.array([c in emu for c in colours], bool)
+        ax.plot(np.asarray(mid)[~hollow], y[~hollow], "k|", ms=14)
+        ax.scatter(np.asarray(mid)[hollow], y[hollow], facecolors="none", edgecolors="k",
+                   zorder=3)
+        ax.set_yticks(y, [n + (" (emulated)" if c in emu else "")
+                          for n, c in zip(names, colours)])
+        ax.axvline(ref, color="grey", lw=0.8)
+        ax.set(xlabel=xlabel, title=f"{plotstyle.hardware_title(hw)}\n{sub}",
+               ylim=(-0.6, rows - 0.4))
+        if bounds is not None:  # a probability: its axis shows its whole range
+            plotstyle.bounded(ax, "x", *bounds)
+    fig.suptitle(title)
     return fig
 
 
-n_seeds = int(fr[fr.hardware == HWQ].groupby(["env", "variant"]).size().min()) if len(fr) else 0
-where = f"{HWQ}, {len(envs)} environments, {n_seeds} seeds per cell"
-nb.save(plot_intervals(agg.variant, agg.iqm, agg.iqm_lo, agg.iqm_hi, 1.0,
+Q = {hw: quality(hw) for hw in HWS}
+Q = {hw: q for hw, q in Q.items() if len(q[0])}  # machines with a score table
+where = {hw: f"{len(en)} environments, {n} seeds per cell" for hw, (_, _, en, n) in Q.items()}
+drawn = df[df.hardware.isin(list(Q))] if len(df) else df
+nb.save(plot_intervals({hw: (a.variant, a.iqm, a.iqm_lo, a.iqm_hi, a.variant, where[hw])
+                        for hw, (a, _, _, _) in Q.items()}, 1.0,
                        "IQM of normalised score (random = 0, fp32 mean = 1), 95% CI",
-                       f"Aggregate quality per variant\n{where}", agg.variant)
-        if len(agg) else plt.figure(), "04_rl_iqm", df[df.hardware == HWQ])
-nb.save(plot_intervals([f"P({a} > {b})" for a, b in zip(poi.x, poi.y)], poi.p, poi.lo, poi.hi,
+                       "Aggregate quality per variant and machine"), "04_rl_iqm", drawn)
+nb.save(plot_intervals({hw: ([f"P({a} > {b})" for a, b in zip(p.x, p.y)], p.p, p.lo, p.hi,
+                             p.x, where[hw]) for hw, (_, p, _, _) in Q.items() if len(p)},
                        0.5, "probability of improvement, 95% CI",
-                       f"Probability of improvement\n{where}", poi.x)
-        if len(poi) else plt.figure(), "04_rl_poi", df[df.hardware == HWQ])
-display(agg.round(3))
-poi.round(3)
+                       "Probability of improvement per machine", bounds=(0, 1)),
+        "04_rl_poi", drawn)
+display(pd.concat([a.assign(hardware=hw) for hw, (a, _, _, _) in Q.items()], ignore_index=True)
+        .round(3) if Q else "no quality scores")
+(pd.concat([p.assign(hardware=hw) for hw, (_, p, _, _) in Q.items()], ignore_index=True)
+ .round(3) if Q else "no quality scores")
 
 # %% [markdown]
 # ## Reproducibility (A10)
@@ -182,14 +250,50 @@ repeat if len(repeat) else "no cell recorded twice"
 # %% [markdown]
 # ## Verdicts
 
+# %% [markdown]
+# Each verdict reads its ledger set alone (`ledger` in `repro/data/claims.yaml`): the
+# environments its rule names, each from one machine (fresh records first: the classic-control
+# tasks a CPU records in full, Breakout-MinAtar an accelerator's), the figures above every
+# fresh cell of the committed machine with the most.
+
 # %%
-ev = verdicts.QualityEvidence(HWQ, "full", tuple(envs), n_seeds, len(FULL["envs"]))
-diverged = fr[fr.hardware == HWQ].groupby("variant")["diverged"].sum().to_dict()
-V = [registration.judged(verdicts.a5, "A5", poi, ev, records=df),
-     registration.judged(verdicts.a6, "A6", poi, ev, records=df),
-     registration.judged(verdicts.a7, "A7", poi, ev, records=df),
-     registration.judged(verdicts.a8, "A8", poi, ev, diverged, records=df),
-     registration.judged(verdicts.a10, "A10", poi, ev, same_seed, repeat, records=df)]
+def judged_on_ledger(fn, claim, *extra):
+    """``fn`` under ``claim``'s rule, its statistics computed from the claim's ledger set."""
+    d = nb.ledger(df, claim)
+    where = (d.assign(env=d["sizes"].map(lambda z: z.get("env")))
+             .groupby("hardware")["env"].agg(lambda e: ", ".join(sorted(set(e))))
+             if len(d) else pd.Series(dtype=str))
+    label = "; ".join(f"{h} ({e})" for h, e in where.items()) or "none"
+    d = d.assign(hardware=label)  # one evidence per claim, its machines named
+    f = rl_analysis.final_returns(d)
+    arms = [v for v in FULL["variants"] if v in set(f.variant)]
+    sc, en, _ = rl_analysis.normalised_scores(d, label, order=arms)
+    pairs = [p for p in PAIRS if p[0] in sc and p[1] in sc]
+    p = (stats.probability_of_improvement(sc, pairs, reps=1000) if pairs
+         else pd.DataFrame(columns=["x", "y", "p", "lo", "hi"]))
+    n = int(f.groupby(["env", "variant"]).size().min()) if len(f) else 0
+    e = verdicts.QualityEvidence(label, "full", tuple(en), n, len(verdicts.rule(claim)["envs"]))
+    args = {"A8": (f.groupby("variant")["diverged"].sum().to_dict(),),
+            "A10": (_same_seed(d), _repeat(claim))}.get(claim, ())
+    return registration.judged(fn, claim, p, e, *args, records=df)
+
+
+def _same_seed(d):
+    det = d[d.metric == "same_seed_identical"]
+    return bool(det.value.min() == 1.0) if len(det) else None
+
+
+def _repeat(claim):
+    """A10's cells recorded twice, compared bit for bit (defects count: see above)."""
+    rep = rl_analysis.repeat_identical(nb.records("rl_quality", keep_defective=True),
+                                       nb.ledger(nb.records(RQ.QUALITY_REPEAT,
+                                                            keep_defective=True), claim))
+    return rep
+
+
+V = [judged_on_ledger(fn, claim) for fn, claim in (
+    (verdicts.a5, "A5"), (verdicts.a6, "A6"), (verdicts.a7, "A7"), (verdicts.a8, "A8"),
+    (verdicts.a10, "A10"))]
 for v in V:
     print(f"{v.claim}: {v.verdict} | {v.key_number}")
 
@@ -203,10 +307,12 @@ for v in V:
 # %%
 C2 = verdicts.rule("C2")
 hw2, arms2 = C2["cells"]["hardware"], [C2["reference"], *C2["recipes"]]
-s2, envs2, _ = rl_analysis.normalised_scores(df, hw2, reference=C2["reference"], order=arms2)
+d2 = nb.ledger(df, "C2")  # C2's ledger set: its cells on its hardware
+s2, envs2, _ = rl_analysis.normalised_scores(d2, hw2, reference=C2["reference"], order=arms2)
 poi2 = (stats.probability_of_improvement(s2, [tuple(arms2[::-1])], reps=1000)
         if len(s2) == 2 else pd.DataFrame(columns=["x", "y", "p", "lo", "hi"]))
-fr2 = fr[(fr.hardware == hw2) & fr.variant.isin(arms2)] if len(fr) else fr
+fr2 = rl_analysis.final_returns(d2, hw2) if len(d2) else fr.iloc[:0]
+fr2 = fr2[fr2.variant.isin(arms2)] if len(fr2) else fr2
 ev2 = verdicts.QualityEvidence(hw2, "full", tuple(envs2),
                                int(fr2.groupby(["env", "variant"]).size().min()) if len(fr2)
                                else 0, len(FULL["envs"]))
@@ -226,7 +332,7 @@ print(f"C2: {c2.verdict} | {c2.key_number}")
 if nb.profile == "smoke":
     smoke = nb.smoke_records("rl_quality")
     hw = smoke.hardware.iloc[0] if len(smoke) else "none"
-    nb.save(plot_curves(smoke, hw), "04_rl_curves", smoke)
+    nb.save(plot_curves(smoke, [hw]), "04_rl_curves", smoke)
     s, e, _ = rl_analysis.normalised_scores(smoke, hw, order=nb.params["variants"])
     display(stats.aggregate(s, reps=200).round(3) if s else "no smoke scores")
 

@@ -245,6 +245,10 @@ if nb.profile == "smoke":
 # What the committed records say (filled in from the computed verdicts):
 
 # %%
-nb.conclusion(registration.judged(verdicts.b4, "B4", gaps, vs_fp8, records=df),
-              registration.judged(verdicts.b3, "B3", lm_analysis.stored_ratios(df),
-                                  records=df))
+# each verdict's tables from its ledger set alone (the tables above draw every fresh cell)
+b4_cells = nb.ledger(df, "B4")
+nb.conclusion(registration.judged(verdicts.b4, "B4", lm_analysis.paired_gaps(b4_cells, "bf16"),
+                                  lm_analysis.paired_gaps(b4_cells, "fp8-delayed"),
+                                  records=df),
+              registration.judged(verdicts.b3, "B3",
+                                  lm_analysis.stored_ratios(nb.ledger(df, "B3")), records=df))

@@ -49,7 +49,8 @@ from repro.claims import registration, verdicts
 
 nb = notebook.start("06_perfmodel", "perfmodel", profile, scratch)
 setup, targets = perfmodel.projection_setup(nb.params)
-measured = perfmodel.measured_records()  # gemm, mlp_step, lm_step, kernel_times
+# gemm, mlp_step, lm_step, kernel_times: B2's ledger set (the cells its projection reads)
+measured = nb.ledger(perfmodel.measured_records(), "B2")
 mode, cals = perfmodel.calibrations(measured)
 chip = cals[0].hardware.slug
 SOURCE = (f"Model calibrated on the committed {chip} records (results/{chip}/gemm, mlp_step, "
@@ -182,7 +183,7 @@ shown.pivot_table(index=["model", "comparison"], columns="target",
 # measurement until a chip with FP4 tensor cores records NVFP4 steps.
 
 # %%
-measured_fp4 = perfmodel.measured_fp4_speedups(nb.records("lm"))
+measured_fp4 = perfmodel.measured_fp4_speedups(nb.ledger(nb.records("lm"), "B2"))
 display(measured_fp4.round(3) if len(measured_fp4) else "no NVFP4 record from a chip with "
         "FP4 tensor cores: the verdict is a projection")
 # The model's calibration reads the committed GPU records; stale ones are named in the verdict.

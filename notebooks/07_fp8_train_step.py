@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 07 · Benchmark: the FP8 training step of an MLP against BF16
+# # 07 · Benchmark: the 8-bit training step of an MLP against BF16
 #
 # **Questions.** How much faster is a whole FP8 training step than a BF16 one, how close does it
 # come to the speedup of its GEMMs alone, from which width does FP8 pay, and how does it compare
@@ -24,8 +24,13 @@
 # (`fp8_min_dim=1024`) was chosen from these same records (the H200's crossover), and below it
 # the policy runs no FP8 GEMM at all, so its "speedup" there is BF16 timed against BF16. A row
 # whose compiled step has no FP8 GEMM (`extra.fp8_lowering == "no-f8"`) is labelled
-# "no FP8 GEMM: ran BF16" in every table and left out of every FP8 number. **The GEMM ceiling** of a width is the FP8/16-bit rate
-# ratio of the `65536 x W x W` GEMM in the `gemm` records of the same hardware (notebook 02),
+# "no FP8 GEMM: ran BF16" in every table and left out of every FP8 number; a row of emulated FP8
+# (a chip without FP8 arithmetic, such as the TPU v5e) is labelled "emulated FP8: not a speed"
+# and is no speed either. On such a chip the 8-bit question is asked of its own 8-bit
+# arithmetic: the `int8` recipes (INT8 in all three GEMMs of each layer; the TPU v5e's INT8
+# rate is twice its BF16 rate), timed beside BF16 in the same cell. **The GEMM ceiling** of a
+# width is the 8-bit/16-bit rate ratio (FP8, or INT8 on a machine whose 8-bit arithmetic is
+# INT8) of the `65536 x W x W` GEMM in the `gemm` records of the same hardware (notebook 02),
 # the 16-bit rate the faster of BF16 and FP16: a step made of such GEMMs cannot beat it by
 # much (the weight-gradient GEMMs have another shape: a guide, not a wall).
 #
@@ -46,6 +51,10 @@
 #
 # Records from a CPU are **emulated** (FP8 products computed by upcasting): they check that the
 # pipeline runs, and are drawn into `build/figures/` only.
+#
+# **The figure** puts the machines side by side, one column per machine titled with the 8-bit
+# format it multiplies natively (FP8 on the H200, INT8 on the TPU v5e): its step speedups over
+# BF16 on top, its step memory below.
 
 # %% tags=["parameters"]
 profile = "smoke"
@@ -81,13 +90,16 @@ main = steps[steps.main] if len(steps) else steps
  .round(3) if len(main) else "no committed mlp_step records")
 
 # %% [markdown]
-# ## Speedup against width
+# ## Speedup against width, per machine
 #
-# Left: FP8/BF16 step speedup per recipe (this repository's defaults thick, lever ablations, the
-# fp8-auto policy and flax's peer thin; bands: the range of the per-round ratios), the GEMM
-# ceiling (grey) and the targets (stars). Widths where a recipe ran no FP8 GEMM are not drawn (the
-# legend names them).
-# Right: device memory of the compiled step at the widest width, relative to BF16.
+# One column per machine. Top: 8-bit/BF16 step speedup per recipe (this repository's FP8
+# defaults thick, lever ablations, the fp8-auto policy and flax's peer thin; bands: the range of
+# the per-round ratios), the GEMM ceiling of the machine's own 8-bit format (grey: the FP8 or
+# INT8 GEMM over the faster 16-bit one) and, where that format is FP8, the targets (stars).
+# Widths where a recipe ran no FP8 GEMM are not drawn (the legend names them); a recipe the
+# machine emulated (FP8 on the TPU v5e) is drawn as hollow markers without a line or band and
+# labelled "emulated: not a speed". Bottom: device memory of the compiled step at the machine's
+# widest width, relative to BF16 (hatched: emulated).
 
 # %%
 OURS_STYLE = {"fp8-current", "fp8-delayed"}  # this repository's defaults: thick lines
@@ -107,50 +119,79 @@ def round_ranges(steps):
     return steps.assign(lo=[a for a, _ in lohi], hi=[b for _, b in lohi])
 
 
+def own_ceiling(gemm, hw, batch, width):
+    """The GEMM ceiling of ``hw``'s own 8-bit format (`plotstyle.eight_bit`): its
+    ``batch x width x width`` GEMM over the faster 16-bit one (`T.gemm_ceiling` reads the
+    FP8 one; on a machine whose 8-bit format is INT8 its INT8 records are read in its place)."""
+    fmt = plotstyle.eight_bit(hw)
+    if fmt == "INT8" and len(gemm):
+        gemm = gemm[gemm.recipe != "fp8"].assign(recipe=gemm.recipe.replace({"int8": "fp8"}))
+    return T.gemm_ceiling(gemm, hw, batch, width) if fmt else None
+
+
 def plot_steps(df, gemm):
     steps = T.step_table(df)
     steps = round_ranges(steps) if len(steps) else steps
     main = steps[steps.main & (steps.recipe != "bf16")] if len(steps) else steps
-    fig, (ax, axm) = plt.subplots(1, 2, figsize=(14, 5.6), gridspec_kw={"width_ratios": [1.6, 1]})
-    for (hw, batch), g in (main.groupby(["hardware", "batch"]) if len(main) else []):
-        for recipe, d in g.groupby("recipe", sort=False):
-            d = d.sort_values("width")
-            emu = ", emulated FP8: not a speed" if d.emulated.any() else ""
-            bf16 = ", ".join(str(w) for w in d[d.no_fp8].width)
-            emu += f"; no FP8 GEMM at width {bf16}: not drawn" if bf16 else ""
-            d = d[~d.no_fp8]
-            if d.emulated.any():  # pale, no band: not a speed
-                ax.plot(d.width, d.speedup, label=f"{recipe} ({hw}{emu})",
-                        **{**style(recipe), "lw": 1, "alpha": 0.4})
-                continue
-            ax.plot(d.width, d.speedup, label=f"{recipe} ({hw}{emu})", **style(recipe))
-            ax.fill_between(d.width, d.lo, d.hi, color=style(recipe)["color"], alpha=0.2, lw=0)
-        pts = [(w, c) for w in sorted(g.width.unique())
-               if (c := T.gemm_ceiling(gemm, hw, batch, w)) is not None]
-        if pts:
-            ax.plot(*zip(*pts), color="0.45", lw=3, alpha=0.5,
-                    label=f"GEMM ceiling {batch} x W x W ({hw})")
-    tw, tv = zip(*sorted(TARGETS.items()))
-    ax.scatter(tw, tv, marker="*", s=220, color="gold", edgecolor="black", zorder=5,
-               label="target")
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.set(xlabel="MLP width W (units per hidden layer; 3 layers)",
-           ylabel="step speedup over BF16 (x)", title="FP8 training step against BF16")
-    ax.legend(fontsize=7, loc="upper left")
-    mem = df[(df.metric == "step_memory_bytes") & ~df.source.str.contains("_levers")] \
-        if len(df) else df
-    if len(mem):
-        mem = mem[mem.size_width == mem.groupby("hardware").size_width.transform("max")]
-        rel = mem.value / mem.source.map(mem[mem.recipe == "bf16"].set_index("source").value)
-        labels = [f"{r.recipe} ({r.hardware}, W={int(r.size_width)})" for r in mem.itertuples()]
-        axm.barh(labels, rel, color=[plotstyle.color(r) for r in mem.recipe])
-        axm.invert_yaxis()
-        axm.axvline(1.0, color="grey", lw=0.8)
-        axm.tick_params(axis="y", labelsize=7)
-    axm.set(xlabel="device memory of the compiled step / BF16's",
-            title="Memory per recipe, widest width")
+    hws = plotstyle.hardware_order(main.hardware) if len(main) else []
+    fig, axes = plt.subplots(2, max(len(hws), 1), figsize=(8 * max(len(hws), 1), 10.5),
+                             gridspec_kw={"height_ratios": [1.6, 1]}, squeeze=False)
+    for j, hw in enumerate(hws):
+        ax, axm, fmt = axes[0, j], axes[1, j], plotstyle.eight_bit(hw)
+        for batch, g in main[main.hardware == hw].groupby("batch"):
+            for recipe, d in g.groupby("recipe", sort=False):
+                d = d.sort_values("width")
+                skipped = ", ".join(str(w) for w in d[d.no_fp8].width)
+                note = f" (no FP8 GEMM at width {skipped}: not drawn)" if skipped else ""
+                d = d[~d.no_fp8]
+                emu, d = d[d.emulated.astype(bool)], d[~d.emulated.astype(bool)]
+                if len(emu):  # hollow markers, no line or band: not a speed
+                    ax.scatter(emu.width, emu.speedup, marker=style(recipe)["marker"],
+                               facecolors="none", edgecolors=style(recipe)["color"],
+                               label=f"{recipe} ({plotstyle.EMULATED})")
+                if len(d):
+                    ax.plot(d.width, d.speedup, label=recipe + note, **style(recipe))
+                    ax.fill_between(d.width, d.lo, d.hi, color=style(recipe)["color"],
+                                    alpha=0.2, lw=0)
+                elif note and not len(emu):  # named in the legend, nothing drawn
+                    ax.plot([], [], label=recipe + note, **style(recipe))
+            pts = [(w, c) for w in sorted(g.width.unique())
+                   if (c := own_ceiling(gemm, hw, batch, w)) is not None]
+            if pts:
+                ax.plot(*zip(*pts), color="0.45", lw=3, alpha=0.5,
+                        label=f"{fmt} GEMM ceiling {batch} x W x W")
+        if fmt == "FP8":
+            tw, tv = zip(*sorted(TARGETS.items()))
+            ax.scatter(tw, tv, marker="*", s=220, color="gold", edgecolor="black", zorder=5,
+                       label="target (FP8)")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.set(xlabel="MLP width W (units per hidden layer; 3 layers)",
+               ylabel="step speedup over BF16 (x)",
+               title=f"{plotstyle.hardware_title(hw)}\n8-bit training step against BF16")
+        ax.legend(fontsize=7, loc="upper left")
+        mem = df[(df.metric == "step_memory_bytes") & (df.hardware == hw)
+                 & ~df.source.str.contains("_levers")]
+        if len(mem):
+            mem = mem[mem.size_width == mem.size_width.max()]
+            rel = mem.value / mem.source.map(mem[mem.recipe == "bf16"].set_index("source").value)
+            # an 8-bit recipe that ran no FP8 GEMM ran BF16 (not emulated 8-bit arithmetic)
+            ran = ["ran BF16" if T.ran_no_fp8(r.recipe, r.extra) else "emulated"
+                   if r.emulated and r.recipe != "bf16" else "" for r in mem.itertuples()]
+            axm.barh([r + (f" ({w})" if w else "") for r, w in zip(mem.recipe, ran)], rel,
+                     color=[plotstyle.color(r) for r in mem.recipe],
+                     hatch=["//" if w == "emulated" else "" for w in ran])
+            axm.invert_yaxis()
+            axm.axvline(1.0, color="grey", lw=0.8)
+            axm.tick_params(axis="y", labelsize=7)
+            axm.set_title(f"{plotstyle.hardware_title(hw)}\nmemory per recipe, width "
+                          f"{int(mem.size_width.max())}")
+        else:  # said in words, never a blank axis
+            axm.axis("off")
+            axm.text(0.5, 0.5, f"no step memory recorded on {plotstyle.hardware_name(hw)}",
+                     ha="center", va="center", color="0.3", transform=axm.transAxes)
+        axm.set(xlabel="device memory of the compiled step / BF16's")
     return fig
 
 
@@ -207,6 +248,8 @@ if nb.profile == "smoke":
 # Computed from the committed records: each target against the default recipes, with the
 # `fp8-auto` policy beside them (its threshold was tuned on these records; where it ran no FP8
 # GEMM the table says so), and per recipe the width from which FP8 pays at every wider width.
+# On a machine whose 8-bit arithmetic is INT8 (a TPU v5e), its INT8 recipes' step speedups
+# over BF16 per width (the FP8 targets are not theirs).
 
 # %%
 from repro.precision.recipes import resolve
@@ -222,10 +265,9 @@ lines = []
 for _, r in measured.iterrows():
     ours = ", ".join(f"{d} {r[d]:.2f}x" for d in T.OURS if pd.notna(r[d]))
     met = f"met by {r['met by']}" if r["met by"] != "neither" else "missed by both defaults"
-    policy = "".join(f"; policy {p} {r[p + ' (policy)']:.2f}x"
-                     + (" (no FP8 GEMM: BF16 against BF16)" if r[p + " ran"] == T.NO_FP8
-                        else "")
-                     for p in POLICIES if pd.notna(r[p + " (policy)"]))
+    policy = "".join(f"; policy {p} {r[p + ' (policy)']:.2f}x" if pd.notna(r[p + " (policy)"])
+                     else f"; policy {p} ran no FP8 GEMM here (BF16, no FP8 number)"
+                     if r[p + " ran"] == T.NO_FP8 else "" for p in POLICIES)
     ceiling = (f"{r['GEMM ceiling']:.2f}x" if pd.notna(r["GEMM ceiling"]) else "not recorded")
     lines.append(f"- {r.hardware}, width {r.width}: {ours} BF16 against the target "
                  f"{r.target:.2f}x ({met}){policy}; flax peer {r['flax peer']:.2f}x, GEMM "
@@ -243,5 +285,19 @@ for _, r in T.crossover(steps, BATCH).iterrows():
     lines.append(f"- {r.hardware}, {r.recipe}: {pays}; it beats the flax peer at "
                  f"{r['widths beating the peer']} widths, by {r['vs peer at the widest']:+.1%} "
                  f"at width {r.widest}.")
-Markdown("\n".join(lines) or "No native FP8 records yet: `repro record mlp_step --profile full` "
-         "on a GPU with FP8 tensor cores.")
+for hw in (plotstyle.hardware_order(steps.hardware) if len(steps) else []):
+    if plotstyle.eight_bit(hw) != "INT8":
+        continue
+    g = steps[(steps.hardware == hw) & steps.main & (steps.batch == BATCH)
+              & steps.recipe.map(lambda r: plotstyle.format_of(r) == "INT8")]
+    emulated = sorted(steps[(steps.hardware == hw) & steps.emulated.astype(bool)
+                            & ~steps.no_fp8 & (steps.recipe != "bf16")].recipe.unique())
+    said = f" ({', '.join(emulated)}: emulated there, no speed)" if emulated else ""
+    if not len(g[~g.emulated.astype(bool)]):
+        lines.append(f"- {hw}: no native INT8 step recorded yet{said}.")
+    for r, gr in g[~g.emulated.astype(bool)].groupby("recipe"):
+        per = ", ".join(f"{x.speedup:.2f}x at width {x.width}"
+                        for x in gr.sort_values("width", ascending=False).itertuples())
+        lines.append(f"- {hw}, {r} (INT8, the chip's 8-bit arithmetic): {per} BF16{said}.")
+Markdown("\n".join(lines) or "No native 8-bit records yet: `repro record mlp_step --profile "
+         "full` on a GPU with FP8 tensor cores or a TPU with INT8 matrix units.")

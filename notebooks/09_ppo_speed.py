@@ -38,6 +38,8 @@ profile = "smoke"
 scratch = "build/results"  # smoke records (`repro notebook` gives each notebook its own)
 
 # %%
+import textwrap
+
 import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
@@ -117,7 +119,12 @@ if len(kernels):
            label="other kernels (quantization, elementwise, optimizer)")
     ax.set_title(f"One PPO update, MLP width {int(k.width.iloc[0])}: traced device time")
     ax.legend(fontsize=7)
-ax.set_ylabel("device time per update (ms)")
+    ax.set_ylabel("device time per update (ms)")
+else:  # no panel without data: it says in words why it has none
+    ax.axis("off")
+    ax.text(0.5, 0.5, textwrap.fill(nb.why_empty(kt), 50), ha="center", va="center",
+            color="0.3", transform=ax.transAxes)
+    ax.set_title("One PPO update: traced device time")
 shown = [d for d in (pj_records, kt) if len(d)]
 nb.save(fig, "09_ppo_speed", pd.concat(shown) if shown else None)
 

@@ -324,5 +324,8 @@ if nb.profile == "smoke" and HAVE_PHYSICS:
 # numbers (speedups and `P(recipe > FP32)` per width) also go to `metrics/10_legged.json`.
 
 # %%
-v = registration.judged(verdicts.a11, "A11", ups, quality, records=df)
-nb.conclusion(dataclasses.replace(v, numbers=A.key_numbers(ups, quality)))
+a11_cells = nb.ledger(df, "A11")  # A11's ledger set: its verdict's tables from these alone
+a11_ups = A.speedups(A.speed_table(a11_cells), records=a11_cells)
+v = registration.judged(verdicts.a11, "A11", a11_ups, A.quality_table(a11_cells), records=df)
+nb.conclusion(dataclasses.replace(v, numbers=A.key_numbers(a11_ups,
+                                                          A.quality_table(a11_cells))))

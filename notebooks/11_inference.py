@@ -62,6 +62,12 @@
 # **inconclusive**; otherwise (a part failed or was not measured): **partly**; no committed
 # records: **not yet measured**.
 #
+# **The figures** put the machines side by side, one row or panel per machine, each named with
+# the 8-bit format it multiplies natively (FP8 on the H200, INT8 on the TPU v5e): accuracy per
+# machine that measured it (a CPU's full-profile records count here), speed per accelerator.
+# A number a machine emulated (a format it has no arithmetic for, or whose compiled program
+# did not run it natively) is drawn hollow and labelled "emulated": it is no speed.
+#
 # Regenerate: `dvc repro inference` (or `repro notebook 11_inference --profile smoke`); the GPU
 # study: `repro record inference --profile full` (resumable; with `REPRO_TIME_BUDGET_S` it stops
 # cleanly between cells), then commit `results/`.
@@ -76,7 +82,6 @@ import dataclasses
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from IPython.display import display
 
 from repro import notebook, plotstyle
@@ -137,7 +142,9 @@ pd.DataFrame([{"format": f.name, "weights": f.weight or "bf16", "activations": f
 # evaluations), then the comparison: `rel_gap` is held-out loss / BF16's - 1, mean over seeds,
 # with its 95% interval (`rel_lo`, `rel_hi`, in % below); `kl`: KL(BF16 ‖ format) in nats per
 # token; `top1`: the share of positions where both pick the same next token. Dashed lines in
-# the figure: each format's margin.
+# the figure: each format's margin. One panel per machine that measured accuracy, on one
+# scale; "(emulated)" and a hollow marker: a format whose products the machine emulated (its
+# numerics are the format's; only its speed would not be).
 
 # %%
 def checkpoints(df):
@@ -154,23 +161,36 @@ def percent(acc):
 
 
 def plot_accuracy(acc):
-    acc = A.best_evidence(acc)
-    model = acc["model"].iloc[0]
-    acc = acc[acc["format"] != "bf16"].reset_index(drop=True)
-    fig, ax = plt.subplots(figsize=(7, 0.4 * len(acc) + 1.6))
-    for i, r in acc.iterrows():
-        ax.errorbar(100 * r["rel_gap"], i, xerr=[[100 * np.nan_to_num(r["rel_gap"] - r["rel_lo"])],
-                                                 [100 * np.nan_to_num(r["rel_hi"] - r["rel_gap"])]],
-                    fmt=plotstyle.style(r["format"])["marker"], color=plotstyle.color(r["format"]),
-                    capsize=3)
-    for fmt, (_, high) in MARGINS.items():
-        ax.axvline(100 * high, ls="--", lw=1, color="grey")
-        ax.text(100 * high, 0.02, f"{fmt} margin ", fontsize=8, ha="right", va="bottom",
-                rotation=90, transform=ax.get_xaxis_transform())
-    ax.set_yticks(acc.index, acc["format"])
-    ax.axvline(0, color="black", lw=0.8)
-    ax.set(xlabel="held-out loss vs BF16 (%), 95% CI over seeds", ylabel="format",
-           title=f"Post-training quantization of the {model} LM")
+    """One panel per machine (its best evidence: full profile where it has one), on one
+    scale, each format's gap to BF16 with its interval and the margins."""
+    per = {h: A.best_evidence(acc[acc["hardware"] == h])
+           for h in plotstyle.hardware_order(acc["hardware"])}
+    per = {h: a[a["format"] != "bf16"].reset_index(drop=True) for h, a in per.items()}
+    per = {h: a for h, a in per.items() if len(a)}  # a machine with BF16 alone shows nothing
+    rows = max([len(a) for a in per.values()] + [1])
+    fig, axes = plt.subplots(1, max(len(per), 1), figsize=(7 * max(len(per), 1),
+                                                           0.4 * rows + 1.8),
+                             sharex=True, squeeze=False)
+    for ax, (hw, a) in zip(axes[0], per.items()):
+        for i, r in a.iterrows():
+            st = plotstyle.style(r["format"])
+            ax.errorbar(100 * r["rel_gap"], i,
+                        xerr=[[100 * np.nan_to_num(r["rel_gap"] - r["rel_lo"])],
+                              [100 * np.nan_to_num(r["rel_hi"] - r["rel_gap"])]],
+                        fmt=st["marker"], color=st["color"], capsize=3,
+                        mfc="none" if r["emulated"] else st["color"])
+        for fmt, (_, high) in MARGINS.items():
+            ax.axvline(100 * high, ls="--", lw=1, color="grey")
+            ax.text(100 * high, 0.02, f"{fmt} margin ", fontsize=8, ha="right", va="bottom",
+                    rotation=90, transform=ax.get_xaxis_transform())
+        ax.set_yticks(a.index, [f + (" (emulated)" if e else "")
+                                for f, e in zip(a["format"], a["emulated"])])
+        ax.axvline(0, color="black", lw=0.8)
+        ax.set(xlabel="held-out loss vs BF16 (%), 95% CI over seeds", ylabel="format",
+               ylim=(rows - 0.5, -0.5),
+               title=f"{plotstyle.hardware_title(hw)}\n{a['model'].iloc[0]} LM, "
+                     f"{a['profile'].iloc[0]} profile")
+    fig.suptitle("Post-training quantization: held-out loss against BF16, per machine")
     return fig
 
 
@@ -200,7 +220,9 @@ mem if len(mem) else "no memory records in the committed records"
 # ## 4. Speed beside BF16
 #
 # Tokens per second of each format and of BF16 timed in the same run, and their ratio, one row
-# of the figure per machine (B6 judges speed on the machine its accuracy was measured on).
+# of the figure per accelerator, titled with the 8-bit format it multiplies natively (B6 judges
+# speed on the machine its accuracy was measured on). A hollow, hatched bar: the record says
+# `emulated` (its compiled program did not run the quantized products natively), not a speed.
 # `lowering`: how the compiled program ran the quantized products (`cublaslt-f8`,
 # `fused-f8-dot`: FP8 tensor cores; `s8-gemm`: INT8 tensor cores; `fused` / `reduce` / `pallas`
 # / `separate`: whether a weight-only format's 1-byte weights were widened inside the GEMM
@@ -211,20 +233,45 @@ mem if len(mem) else "no memory records in the committed records"
 
 # %%
 def plot_speed(spd):
-    """One row per machine (each its best evidence: full profile where it has one)."""
+    """One row per machine (each its best evidence: full profile where it has one), one panel
+    per config that machine timed: no machine shows an empty panel for another's config. An
+    emulated bar (the format did not run natively there) is hollow and labelled so."""
     spd = pd.concat([A.best_evidence(g) for _, g in spd.groupby("hardware")])
-    spd = spd.assign(where=spd["phase"] + ", batch " + spd["batch"].astype(str))
-    with plt.rc_context({"figure.constrained_layout.use": False}):  # seaborn lays out itself
-        g = sns.catplot(data=spd, x="where", y="speedup", hue="format", col="config",
-                        row="hardware", kind="bar", height=3.2, aspect=1.5, sharex=False,
-                        palette=plotstyle.palette(spd["format"]))
-    for ax in g.axes.flat:
-        ax.axhline(1.0, color="black", lw=0.8)
-        ax.set(xlabel="phase, batch (sequences)", ylabel="tokens/s vs BF16 (x)")
-    emulated = sorted(spd.loc[spd["emulated"], "format"].unique())
-    g.figure.suptitle(f"Tokens/s vs BF16 timed in the same run (emulated, not evidence: "
-                      f"{', '.join(emulated) or 'none'})", y=1.03)
-    return g.figure
+    spd = spd.assign(where=spd["phase"] + "\nbatch " + spd["batch"].astype(str))
+    rows = {h: sorted(spd[spd["hardware"] == h]["config"].unique(), key=str)
+            for h in plotstyle.hardware_order(spd["hardware"])}
+    ncols = max(len(c) for c in rows.values())
+    fig, axes = plt.subplots(len(rows), ncols, figsize=(4.8 * ncols, 3.6 * len(rows)),
+                             squeeze=False)
+    order = [f for f in X.FORMATS if f in set(spd["format"])] + sorted(
+        set(spd["format"]) - set(X.FORMATS))
+    for axrow, (hw, configs) in zip(axes, rows.items()):
+        for ax, config in zip(axrow, configs):
+            d = spd[(spd["hardware"] == hw) & (spd["config"] == config)]
+            wheres = list(d.sort_values(["phase", "batch"])["where"].unique())
+            fmts = [f for f in order if f in set(d["format"])]
+            width = 0.8 / len(fmts)
+            for k, fmt in enumerate(fmts):
+                for r in d[d["format"] == fmt].itertuples():
+                    c = plotstyle.color(fmt)
+                    ax.bar(wheres.index(r.where) - 0.4 + (k + 0.5) * width, r.speedup, width,
+                           color="none" if r.emulated else c, edgecolor=c,
+                           hatch="//" if r.emulated else None,
+                           label=fmt + (" (emulated)" if r.emulated else ""))
+            ax.axhline(1.0, color="black", lw=0.8)
+            ax.set_xticks(range(len(wheres)), wheres, fontsize=7)
+            ax.set(xlabel="phase, batch (sequences)", ylabel="tokens/s vs BF16 (x)",
+                   title=f"{plotstyle.hardware_title(hw)}\n{config}")
+        # one legend per machine, right of its last panel: the formats of its row
+        handles = {lab: hnd for ax in axrow[:len(configs)]
+                   for hnd, lab in zip(*ax.get_legend_handles_labels())}
+        axrow[len(configs) - 1].legend(handles.values(), handles.keys(), fontsize=7,
+                                       loc="upper left", bbox_to_anchor=(1.02, 1))
+        for ax in axrow[len(configs):]:
+            ax.set_visible(False)  # this machine timed fewer configs
+    fig.suptitle("Tokens/s vs BF16 timed in the same run, per machine (hollow, hatched: "
+                 "emulated there, not a speed)")
+    return fig
 
 
 def rounded(spd):
@@ -234,7 +281,9 @@ def rounded(spd):
 
 
 spd = A.speed_table(df)
-fig = plot_speed(spd) if len(spd) else notebook.empty_figure("Tokens/s vs BF16", nb.why_empty(df))
+fast = plotstyle.accelerators(spd)  # speed: a CPU's records left out
+fig = plot_speed(fast) if len(fast) else notebook.empty_figure("Tokens/s vs BF16",
+                                                               nb.why_empty(df))
 nb.save(fig, "11_inference_speed", df)
 rounded(spd) if len(spd) else "no speed records in the committed records"
 
@@ -269,9 +318,13 @@ if nb.profile == "smoke":
 # B6's rule changed after its first records: the key number says when, and gives the verdict
 # under the rule as first registered (fp8 at d_model 4096) from the same tables. Speed records
 # left out as stale make the speed part say "stale", not "not measured".
-left = pd.concat(nb.left_out, ignore_index=True) if nb.left_out else pd.DataFrame()
+# Its tables come from its ledger set alone (the tables above draw every fresh cell).
+left = nb.ledger(pd.concat(nb.left_out, ignore_index=True) if nb.left_out else pd.DataFrame(),
+                 "B6")
 stale_speed = int(left["metric"].isin(["prefill_tokens_per_s", "decode_tokens_per_s"]).sum()) \
     if len(left) else 0
-v = registration.judged(verdicts.b6, "B6", acc, mem, spd, records=df, stale_speed=stale_speed)
-nb.conclusion(dataclasses.replace(v, numbers={**A.key_numbers(acc, mem, spd),
+b6_cells = nb.ledger(df, "B6")
+b6_tables = (A.accuracy_table(b6_cells), A.bytes_table(b6_cells), A.speed_table(b6_cells))
+v = registration.judged(verdicts.b6, "B6", *b6_tables, records=df, stale_speed=stale_speed)
+nb.conclusion(dataclasses.replace(v, numbers={**A.key_numbers(*b6_tables),
                                               "registration": v.numbers["registration"]}))

@@ -83,8 +83,9 @@ print(f"{len(df)} committed full-profile GPU or TPU records" if len(df) else
 # %% [markdown]
 # ## Held-out accuracy over GRPO steps, and the rollout/trainer mismatch
 #
-# Left: held-out accuracy per arm (mean over seeds, the band its 95% confidence interval) at the
-# steps it was evaluated, from the base model at step 0. Right: the token KL between the rollout
+# Left: held-out accuracy per arm (mean over seeds, the band its 95% confidence interval, cut to
+# the accuracy's range 0..1; with fewer than three seeds each seed is drawn instead of a band) at
+# the steps it was evaluated, from the base model at step 0. Right: the token KL between the rollout
 # engine's and the trainer's probabilities of the sampled tokens per step (the k3 estimate; what
 # importance sampling corrects) and, dashed, the share of tokens whose importance weight hit the
 # cap.
@@ -97,7 +98,7 @@ def plot_curves(records):
         c = plotstyle.color(arm)
         steps = g.curve_steps.iloc[0]
         plotstyle.seed_band(ax[0], steps, np.stack(g.curve.to_list()), c, marker="o",
-                            label=f"{arm} ({len(g)} seeds)")
+                            bounds=(0, 1), label=f"{arm} ({len(g)} seed{'s' * (len(g) > 1)})")
         kl = np.stack(g.mismatch_kl.to_list())
         capped = np.nanmean(np.stack(g.is_capped_frac.to_list()), axis=0)
         plotstyle.seed_band(ax[1], np.arange(1, kl.shape[1] + 1), kl, c,
@@ -105,6 +106,7 @@ def plot_curves(records):
         ax[1].plot(np.arange(1, len(capped) + 1), capped, "--", color=c,
                    label=f"{arm}: capped share")
     ax[0].set(xlabel="GRPO step", ylabel="held-out exact match", title="Held-out accuracy")
+    plotstyle.bounded(ax[0], "y", 0, 1)
     ax[1].set(xlabel="GRPO step", ylabel="KL (nats/token), share",
               title="Rollout engine vs trainer")
     for a in ax:
@@ -163,6 +165,9 @@ if nb.profile == "smoke":
 # the arms shown beside it. Its numbers also go to `metrics/12_grpo.json`.
 
 # %%
-v = registration.judged(verdicts.a12, "A12", A.accuracy_table(df), speedup, records=df,
-                       speed_where=speed_where)
+a12_cells = nb.ledger(df, "A12")  # its ledger set: the verdict's tables from these alone
+a12_speedup, a12_where = A.rl_step_speedup(A.speed_table(a12_cells), timed["recipe"],
+                                           timed["min_d_model"])
+v = registration.judged(verdicts.a12, "A12", A.accuracy_table(a12_cells), a12_speedup,
+                        records=df, speed_where=a12_where)
 nb.conclusion(v)

@@ -38,9 +38,22 @@ from typing import Any
 
 import pandas as pd
 
-from repro import config, evidence, hardware, results
+from repro import config, evidence, hardware, plotstyle, results
 from repro.claims import ledger, staleness
 from repro.verdict import Verdict, tidy
+
+
+#: the PNG text chunk that holds what a saved figure draws (:func:`repro.plotstyle.plotted`)
+PLOTTED = "Plotted"
+
+
+def plotted_of(path: Path) -> list[dict] | None:
+    """What the figure saved at ``path`` draws (None where it does not say)."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        text = im.info.get(PLOTTED)
+    return json.loads(text) if text else None
 
 
 @dataclass
@@ -53,8 +66,10 @@ class Notebook:
     left_out: list[pd.DataFrame] = field(default_factory=list)  # stale speed records
     stale_used: list[pd.DataFrame] = field(default_factory=list)  # stale quality records
     beside: list[pd.DataFrame] = field(default_factory=list)  # speed records not made alone
+    used: list[pd.DataFrame] = field(default_factory=list)  # the records verdicts may use
     numbers: dict[str, Any] = field(default_factory=dict)  # metrics/<notebook>.json
     said: set[str] = field(default_factory=set)  # stale notes printed above a figure
+    read: dict[str, list[pd.DataFrame]] = field(default_factory=dict)  # claim -> its ledger rows
 
     @property
     def figures(self) -> Path:
@@ -68,19 +83,43 @@ class Notebook:
         """The committed full-profile records of ``experiment`` (``results/``): evidence.
         Stale speed records are left out (kept in ``left_out`` for the verdicts and
         captions to name); stale quality records stay (``stale`` column), noted in
-        ``stale_used``; speed records made beside another process on their GPU stay, noted
-        in ``beside`` for the verdicts to name (:func:`repro.claims.staleness.beside`)."""
+        ``stale_used``; speed records made beside another job stay, noted in ``beside`` for
+        the verdicts to count (:func:`repro.claims.staleness.beside`), unless a rule of this
+        notebook's claims that reads ``experiment`` requires its cells to run alone (its
+        ``cells: {alone: true}``): then they are left out too, and named."""
         df = evidence.load_records(experiment, roots=results.results_dir(),
                                   keep_defective=keep_defective)
         df = df[df["profile"] == "full"].reset_index(drop=True) if len(df) else df
-        fresh, left = staleness.split(df)
+        fresh, left = staleness.split(df, alone=self._alone(experiment))
         if len(left):
             self.left_out.append(left)
+        self.used.append(fresh)
         if len(fresh) and "stale" in fresh and fresh["stale"].fillna(False).any():
             self.stale_used.append(fresh[fresh["stale"].fillna(False).astype(bool)])
         if len(shared := staleness.beside(fresh)):
             self.beside.append(shared)
         return fresh
+
+    def _alone(self, experiment: str) -> bool:
+        """Whether a rule of this notebook's claims that reads ``experiment`` requires its
+        speed cells to have run alone."""
+        return any(bool(((c.get("rule") or {}).get("cells") or {}).get("alone"))
+                   if isinstance((c.get("rule") or {}).get("cells"), dict) else False
+                   for c in ledger.claims().values()
+                   if c.get("notebook") == self.name
+                   and experiment in (c.get("rule") or {}).get("studies", []))
+
+    def ledger(self, records: pd.DataFrame, *claims: str) -> pd.DataFrame:
+        """The rows of ``records`` the verdicts of ``claims`` read: their ledger set
+        (``ledger`` in ``repro/data/claims.yaml``; :func:`repro.claims.ledger_set.select`).
+        Figures draw from every fresh cell; a verdict's tables come from this alone, so no
+        other cell can change it."""
+        from repro.claims import ledger_set
+
+        chosen = ledger_set.select(records, *claims)
+        for c in claims:  # what each verdict rests on: its stale notes name these alone
+            self.read.setdefault(c, []).append(chosen)
+        return chosen
 
     def record_smoke(self, experiment: str) -> list[Path]:
         """Run ``experiment``'s study in the smoke profile into the scratch folder (a pipeline
@@ -124,8 +163,10 @@ class Notebook:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{stem}.png"
         # No software version or date in the file: the same records give the same bytes.
+        # What each axes draws goes into the file as text (tests read it back: no empty
+        # facet, no band outside its metric's range).
         fig.savefig(path, dpi=130, bbox_inches="tight", pad_inches=0.15,
-                    metadata={"Software": None})
+                    metadata={"Software": None, PLOTTED: json.dumps(plotstyle.plotted(fig))})
         return path
 
     def caption(self, records: pd.DataFrame | str | None) -> tuple[str, bool]:
@@ -171,6 +212,12 @@ class Notebook:
                    "the code that made them has changed")
                 + ". The notebook's text lists them; `repro record` makes them anew.")
 
+    def stale_rows(self, experiment: str) -> pd.DataFrame:
+        """The stale speed records of ``experiment`` left out of the verdicts: a figure may
+        draw them as what an earlier program measured (:func:`earlier`), never a verdict."""
+        rows = [d[d["experiment"] == experiment] for d in self.left_out if len(d)]
+        return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+
     @staticmethod
     def _drawn_stale(records) -> pd.DataFrame:
         if isinstance(records, pd.DataFrame) and len(records) and "stale" in records:
@@ -188,11 +235,22 @@ class Notebook:
         return rows
 
     def _stale(self, kept: list[pd.DataFrame], v: Verdict) -> pd.DataFrame:
-        """The rows of ``kept`` a verdict rests on: records of its claim, or of an
-        experiment its ``source`` names."""
+        """The rows of ``kept`` a verdict rests on: where it read its ledger set
+        (:meth:`ledger`), those of its cells (the stale ones it read; of ``left_out``, those
+        its ledger names); else records of its claim, or of an experiment its ``source``
+        names."""
         rows = pd.concat(kept, ignore_index=True) if kept else pd.DataFrame()
         if not len(rows):
             return rows
+        if v.claim in self.read and kept is self.left_out:  # its ledger's stale cells
+            from repro.claims import ledger_set
+
+            return ledger_set.select(rows, v.claim).drop_duplicates("source")
+        if v.claim in self.read:  # its ledger set: the cells it read, and no others
+            read = pd.concat(self.read[v.claim], ignore_index=True)
+            sources = set(read["source"]) if "source" in read else set()
+            return rows[rows["source"].isin(sources)].drop_duplicates("source") \
+                if "source" in rows else rows.iloc[:0]
         named = {e for e in rows["experiment"].unique()
                  if re.search(rf"\b{re.escape(str(e))}\b", v.source or "")}
         ours = rows["claims"].map(lambda cs: v.claim in (cs or [])) | rows["experiment"].isin(
@@ -237,7 +295,7 @@ class Notebook:
         paras = []
         verdicts = tuple(staleness.mark(v, left_out=self._stale(self.left_out, v),
                                         used=self._stale(self.stale_used, v),
-                                        beside_rows=self._stale(self.beside, v))
+                                        beside_rows=self._stale(self.used, v))
                          for v in verdicts)
         for v in verdicts:
             if write:
@@ -255,6 +313,18 @@ class Notebook:
                      + (" (FP8/FP4 emulated)." if v.emulated else "."))
             paras.append(para)
         return Markdown("\n\n".join(paras))
+
+
+#: how a figure draws a stale record's number: hollow and grey, never in a recipe's colour
+EARLIER = {"facecolors": "none", "edgecolors": "0.55", "linewidths": 1.0, "zorder": 2}
+
+
+def earlier(rows: pd.DataFrame) -> str:
+    """The legend label of stale records drawn beside fresh ones: "earlier program" and the
+    commits that recorded them."""
+    commits = sorted({str(c)[:7] for c in rows.get("git_commit", pd.Series()).dropna()})
+    return ("earlier program (" + ", ".join(commits[:3])
+            + (f" and {len(commits) - 3} more" if len(commits) > 3 else "") + ")")
 
 
 def _cells(rows: pd.DataFrame) -> str:

@@ -138,7 +138,8 @@ def notebook_stage(notebook: str, sections: tuple[str, ...]) -> dict[str, Any]:
         "cmd": f"repro notebook {notebook} --profile ${{profile}}",
         "deps": deps + result_deps(record_reads(source)),
         "params": ["profile", *sections],
-        "outs": _kept([f"verdicts/{c}.json" for c in claims] + [markdown.page(notebook)]
+        "outs": _kept([f"verdicts/{c}.json" for c in claims]
+                      + [f"verdicts/inputs/{c}.json" for c in claims] + [markdown.page(notebook)]
                       + plot_data(prefix))
         + _nocache([receipt(notebook)]),
         "metrics": _kept([f"metrics/{notebook}.json"]),

@@ -14,6 +14,12 @@ derived from its text (a variant such as ``fp8-current:margin=1`` a shade of its
 
     ax.plot(x, y, label=name, **plotstyle.style(name))
     sns.lineplot(..., hue="recipe", palette=plotstyle.palette(df.recipe))
+
+Machines are named the same way everywhere too: a figure that compares hardware draws one
+panel per machine (:func:`hardware_order`), titled with its short name and the 8-bit format
+it multiplies natively (:func:`hardware_title`: "H200 (8-bit: FP8)", "TPU v5e (8-bit:
+INT8)"); a number of a format the machine emulated is drawn hollow and labelled
+:data:`EMULATED`, never as a speed.
 """
 
 from __future__ import annotations
@@ -125,11 +131,94 @@ def markers(names) -> dict[str, str]:
     return {n: _entry(n)[1] for n in dict.fromkeys(names)}
 
 
-def seed_band(ax, x, runs, color: str, **line):
+# --- hardware: one panel per machine, named with its 8-bit format --------------------------
+
+#: how a figure names a machine's 8-bit format where it has none (a CPU: products upcast)
+NO_EIGHT_BIT = "no 8-bit arithmetic: emulated"
+#: the legend words of a number measured where its format was emulated: never a speed
+EMULATED = "emulated: not a speed"
+
+
+def hardware_name(slug: str) -> str:
+    """A machine's short name from ``repro/data/hardware.yaml`` (``h200`` -> "H200",
+    ``tpu-v5e`` -> "TPU v5e", ``cpu`` -> "CPU"): the vendor's name less its maker and any
+    parenthesis; an unknown slug as it is."""
+    from repro import hardware
+
+    if slug not in hardware.registry():
+        return str(slug)
+    name = hardware.lookup(slug).name.split(" (")[0]
+    return name.removeprefix("NVIDIA ").removeprefix("Google ")
+
+
+def eight_bit(slug: str) -> str | None:
+    """The 8-bit format a machine trains in natively: "FP8" where it has FP8 arithmetic (an
+    H200), else "INT8" where it has INT8 matrix units (a TPU v5e), else None (a CPU, an
+    unknown machine: any 8-bit number there is emulated)."""
+    from repro import hardware
+
+    if slug not in hardware.registry():
+        return None
+    info = hardware.lookup(slug)
+    return "FP8" if info.has_fp8 else "INT8" if info.has_int8 else None
+
+
+def hardware_title(slug: str) -> str:
+    """A panel's name for a machine with its 8-bit format: "H200 (8-bit: FP8)", "TPU v5e
+    (8-bit: INT8)", "CPU (no 8-bit arithmetic: emulated)"; a machine not in the registry
+    "(8-bit format unknown)"."""
+    from repro import hardware
+
+    fmt = eight_bit(slug)
+    what = (f"8-bit: {fmt}" if fmt else NO_EIGHT_BIT if slug in hardware.registry()
+            else "8-bit format unknown")
+    return f"{hardware_name(slug)} ({what})"
+
+
+def format_of(name: str) -> str | None:
+    """The 8-bit format of a recipe, GEMM dtype or inference format: "FP8" (``fp8-delayed``,
+    ``flax-fp8``, ``mxfp8``, ``fp8-w``), "INT8" (``int8``, ``int8-auto``, ``int8-w``), else
+    None (a 16- or 32-bit reference, NVFP4)."""
+    key = str(name).lower()
+    return "FP8" if "fp8" in key else "INT8" if "int8" in key else None
+
+
+def hardware_order(slugs) -> list[str]:
+    """The distinct ``slugs`` in panel order: GPUs, then TPUs, then CPUs and unknown
+    machines, each by name."""
+    from repro import hardware
+
+    rank = {"gpu": 0, "tpu": 1}
+    known = hardware.registry()
+    return sorted(dict.fromkeys(slugs), key=lambda s: (
+        rank.get(hardware.lookup(s).backend, 2) if s in known else 3, str(s)))
+
+
+def accelerators(df):
+    """The rows of ``df`` not recorded on a CPU: a speed figure's (a CPU's full-profile
+    records count for quality only)."""
+    from repro import hardware
+
+    if not len(df) or "hardware" not in df:
+        return df
+    known = hardware.registry()
+    cpu = [s for s in df["hardware"].unique()
+           if s in known and hardware.lookup(s).backend == "cpu"]
+    return df[~df["hardware"].isin(cpu)]
+
+
+#: the fewest seeds a band is drawn from: with fewer, a t-interval is wider than it says
+#: (two seeds: 12.7 standard errors), so the seeds themselves are drawn instead
+MIN_BAND_SEEDS = 3
+
+
+def seed_band(ax, x, runs, color: str, bounds: tuple[float, float] | None = None, **line):
     """Draw the mean over seeds of ``runs`` (one row per seed, NaN where a seed has no value)
     against ``x`` as a line in ``color`` (``line``: more ``ax.plot`` arguments) and the 95%
-    t-interval of that mean as a band around it; one seed draws the line alone. Returns the
-    line."""
+    t-interval of that mean as a band around it, cut to ``bounds`` (the metric's range, e.g.
+    (0, 1) for an accuracy: :func:`bounded` marks the axis). With fewer than
+    :data:`MIN_BAND_SEEDS` seeds each seed is drawn as a thin line instead of a band. Returns
+    the mean's line."""
     import warnings
 
     import numpy as np
@@ -143,8 +232,93 @@ def seed_band(ax, x, runs, color: str, **line):
         half = (student_t.ppf(0.975, np.maximum(n - 1, 1)) * np.nanstd(runs, axis=0, ddof=1)
                 / np.sqrt(n))
     out, = ax.plot(x, mean, color=color, **line)
-    if len(runs) > 1:
-        ax.fill_between(x, mean - half, mean + half, color=color, alpha=0.2, lw=0)
+    if bounds is not None:
+        bounded(ax, "y", *bounds)
+    if len(runs) >= MIN_BAND_SEEDS:
+        lo, hi = mean - half, mean + half
+        if bounds is not None:
+            lo, hi = np.clip(lo, *bounds), np.clip(hi, *bounds)
+        ax.fill_between(x, lo, hi, color=color, alpha=0.2, lw=0)
+    elif len(runs) > 1:
+        for run in runs:
+            ax.plot(x, run, color=color, lw=0.7, alpha=0.5, ls=line.get("ls", "-"))
+    return out
+
+
+def bounded(ax, axis: str, low: float, high: float) -> None:
+    """Mark ``ax``'s ``axis`` ("x" or "y") as a metric bounded to [low, high] (a probability,
+    an accuracy): its limits stay inside, and the figure's plotted data says so, for the test
+    that no band leaves the metric's range (:func:`plotted`)."""
+    pad = 0.02 * (high - low)
+    getattr(ax, f"set_{axis}lim")(low - pad, high + pad)
+    ax._repro_bounds = {**getattr(ax, "_repro_bounds", {}), axis: [low, high]}
+
+
+def _round(x: float) -> float | None:
+    import math
+
+    return float(f"{x:.4g}") if math.isfinite(x) else None
+
+
+def _extent(values) -> list | None:
+    import numpy as np
+
+    try:
+        v = np.asarray(values, float).ravel()
+    except (TypeError, ValueError):  # categories (text): no extent
+        return None
+    v = v[np.isfinite(v)]
+    return [_round(v.min()), _round(v.max())] if len(v) else None
+
+
+def plotted(fig) -> list[dict]:
+    """What each axes of ``fig`` draws, in data coordinates: its title, labels, the bounds
+    :func:`bounded` declared, and per drawn series its kind (``line``, ``band``, ``points``,
+    ``bars``, ``segments``), label, point count and the extent of its x and y values (4
+    significant digits). An axes that shows only text (``axis("off")``) says ``"text": true``.
+    :meth:`repro.notebook.Notebook.save` writes it into the PNG; tests read it back."""
+    from matplotlib.collections import LineCollection, PolyCollection
+
+    out = []
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        series = []
+        for ln in ax.lines:  # reference lines (axhline...) are not in data coordinates
+            if ln.get_transform() is not ax.transData:
+                continue
+            xy = ln.get_xydata()  # in the axes' units (categories as their positions)
+            if len(xy):
+                series.append({"kind": "line", "label": ln.get_label(), "n": len(xy),
+                               "x": _extent(xy[:, 0]), "y": _extent(xy[:, 1])})
+        for c in ax.collections:
+            if isinstance(c, PolyCollection):
+                pts = [v for p in c.get_paths() for v in p.vertices]
+                kind = "band"
+            elif isinstance(c, LineCollection):
+                pts = [v for seg in c.get_segments() for v in seg]
+                kind = "segments"
+            else:
+                pts = list(c.get_offsets())
+                kind = "points"
+            if len(pts):
+                xs, ys = zip(*[(p[0], p[1]) for p in pts])
+                series.append({"kind": kind, "label": c.get_label(), "n": len(pts),
+                               "x": _extent(xs), "y": _extent(ys)})
+        bars = [p for p in ax.patches if p.get_data_transform() is ax.transData
+                and hasattr(p, "get_height")]
+        if bars:
+            series.append({"kind": "bars", "label": "", "n": len(bars),
+                           "x": _extent([b.get_x() for b in bars] + [b.get_x() + b.get_width()
+                                                                     for b in bars]),
+                           "y": _extent([b.get_y() for b in bars] + [b.get_y() + b.get_height()
+                                                                     for b in bars])})
+        if ax.images:
+            series.append({"kind": "image", "label": "", "n": len(ax.images)})
+        out.append({"title": ax.get_title(), "xlabel": ax.get_xlabel(),
+                    "ylabel": ax.get_ylabel(), "text": not ax.axison,
+                    "bounds": getattr(ax, "_repro_bounds", {}),
+                    "series": [x for x in series if x["n"]]})
     return out
 
 

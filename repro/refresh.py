@@ -1,10 +1,11 @@
 """Refreshing the ledger within a device budget: which stale cells to record again, in which
 order, and what that costs.
 
-A stale cell's cost is estimated from its own records: the time between the newest record of
-the cell recorded just before it in the same run (same experiment, hardware and commit) and
-its own newest record (compiles included), or, for the first cell of a run, the compile and
-wall-time fields its records hold; :data:`UNKNOWN_S` where neither says anything. Cells whose
+A stale cell's cost is estimated from its own records: the runner's ``cell_s`` (its wall time,
+compiles included) where they hold it; else the time between the newest record of the cell
+recorded just before it in the same run (same experiment, hardware and commit) and its own
+newest record, unless that gap is more than :data:`GAP_OVER_OWN` times what its own compile
+and sample fields account for; else those fields; :data:`UNKNOWN_S` where nothing says. Cells whose
 records serve a claim come first (a verdict rests on them), then the rest (figures only); in
 each group the experiments keep the order of :data:`repro.studies.EXPERIMENTS`.
 
@@ -24,6 +25,7 @@ from typing import Any, Iterable
 
 UNKNOWN_S = 120.0  # a cell whose records say nothing about its duration
 MAX_GAP_S = 2 * 3600.0  # a longer gap between two cells is another run
+GAP_OVER_OWN = 3.0  # a gap beyond this many times a cell's own compiles and samples: not its
 CELL_FIELD = "cell_s"  # the runner's wall time of the whole cell (compiles included)
 _WALL_FIELDS = ("wall_s_all_seeds_with_compile", "wall_s_all_seeds")
 _COMPILE_FIELDS = ("compile_s", "compile_e2e_s", "compile_update_s")
@@ -57,9 +59,11 @@ def _own_fields(recs: list[dict[str, Any]]) -> float | None:
         return longest
     compiles = {(r.get("recipe"), f): x for r, e in zip(recs, extras) for f in _COMPILE_FIELDS
                 if (x := _number(e.get(f))) is not None}
-    timed = sum(sum(_number(v) or 0.0 for v in (e.get(f) or ()) if isinstance(e.get(f), list))
-                / (1000.0 if f.endswith("_ms") else 1.0)
-                for e in extras for f in _SAMPLE_FIELDS)
+    # a cell's records often repeat one list of samples (one per metric): count each once
+    lists = {(f, tuple(e[f])) for e in extras for f in _SAMPLE_FIELDS
+             if isinstance(e.get(f), list)}
+    timed = sum(sum(_number(v) or 0.0 for v in vals) / (1000.0 if f.endswith("_ms") else 1.0)
+                for f, vals in lists)
     total = sum(compiles.values()) + timed
     return total if total > 0 else None
 
@@ -89,7 +93,9 @@ def estimates(paths: Iterable[Path]) -> dict[str, float]:
             if any(_number((r.get("extra") or {}).get(CELL_FIELD)) for r in recs):
                 out[path] = own  # measured by the runner: nothing to infer
             elif gap is not None and 0 < gap <= MAX_GAP_S:
-                out[path] = max(gap, own or 0.0)
+                # the gap, unless it is more than GAP_OVER_OWN times what the cell's own
+                # compiles and samples account for: then something else ran in between
+                out[path] = max(min(gap, GAP_OVER_OWN * own) if own else gap, own or 0.0)
             else:
                 out[path] = own if own is not None else UNKNOWN_S
             prev = t if t is not None else prev
@@ -101,7 +107,8 @@ def cell_estimate(root: Path, hardware: str, experiment: str, cell: str
     """(estimated seconds to record ``cell`` of ``experiment`` on ``hardware``, where the
     estimate comes from): ``"own"`` its records there (:func:`estimates`, with the cells
     recorded beside it in the same run), else the name of another hardware whose records of
-    the cell say it, else ``"default"`` (:data:`UNKNOWN_S`)."""
+    the cell say it, else for a paired cell the compiles and samples of its recipes' separate
+    cells there, else ``"default"`` (:data:`UNKNOWN_S`)."""
     here = Path(root) / hardware / experiment
     path = here / f"{cell}.json"
     if path.is_file():
@@ -110,7 +117,16 @@ def cell_estimate(root: Path, hardware: str, experiment: str, cell: str
         est = _folder_estimates(other.parent).get(str(other))
         if est is not None:
             return est, other.parent.parent.name
+    if cell.endswith(PAIRED) and here.is_dir():  # its recipes' separate cells, compiled apart
+        prefix = cell[:-len(PAIRED)] + "_"
+        parts = [_own_fields(json.loads(f.read_text())) for f in sorted(here.glob("*.json"))
+                 if f.stem.startswith(prefix) and not f.stem.endswith(PAIRED)]
+        if parts and all(x is not None for x in parts):
+            return sum(parts), "its recipes' separate cells"
     return UNKNOWN_S, "default"
+
+
+PAIRED = "_paired"  # a cell timing its recipes in rounds; theirs alone: the prefix, then each
 
 
 def _folder_estimates(folder: Path) -> dict[str, float]:
@@ -241,8 +257,8 @@ def _platform(hardware: str) -> tuple[str, str]:
     return getattr(info, "backend", None) or "gpu", getattr(info, "name", "") or ""
 
 
-def ledger_plan(hardware: str, claims: Iterable[str] = (), quality: bool | None = None
-         ) -> list[dict[str, Any]]:
+def ledger_plan(hardware: str, claims: Iterable[str] = (), quality: bool | None = None,
+                stale: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The ledger cells ``hardware`` records (``repro record --ledger``): those named for it,
     plus with ``quality`` the ``any`` cells (an accelerator) and the ``cpu`` cells (any
     machine); ``quality`` None: only the ``cpu`` cells on a CPU, else only the hardware's own.
@@ -251,7 +267,8 @@ def ledger_plan(hardware: str, claims: Iterable[str] = (), quality: bool | None 
     One row per concrete cell: ``experiment``, ``cell``, ``claims``, ``status`` (missing,
     stale or fresh, of this hardware's records), ``estimate_s`` (:func:`cell_estimate`: from the cell's own records here, else another hardware's, else a
     default) and ``recordable`` (``repro record`` runs its study). Ordered so that the
-    verdicts needing the fewest cells to record come first."""
+    verdicts needing the fewest cells to record come first. ``stale``: the stale cells
+    (:func:`repro.evidence.stale_cells`, computed where not given)."""
     from repro import evidence, results
     from repro.claims.ledger_set import ANY, CPU, entries, projections
 
@@ -259,7 +276,8 @@ def ledger_plan(hardware: str, claims: Iterable[str] = (), quality: bool | None 
         quality = hardware == CPU
     wanted = set(claims)
     skip = set() if wanted else projections()
-    ents = [e for e in entries() if (e.claim in wanted if wanted else e.claim not in skip) and (
+    ents = [e for e in entries() if not e.fallback and (
+        e.claim in wanted if wanted else e.claim not in skip) and (
         e.where == hardware or (quality and (e.where == CPU or
                                              (e.where == ANY and hardware != CPU))))]
     platform, kind = _platform(hardware)
@@ -281,20 +299,27 @@ def ledger_plan(hardware: str, claims: Iterable[str] = (), quality: bool | None 
         for n in hits:
             c = cells.setdefault((e.experiment, n), {
                 "experiment": e.experiment, "cell": n, "claims": [], "hardware": hardware,
-                "recordable": known[e.experiment] is not None and n in known[e.experiment]})
+                "recordable": known[e.experiment] is not None and n in known[e.experiment],
+                "anywhere": True})
+            c["anywhere"] &= e.anywhere
             if e.claim not in c["claims"]:
                 c["claims"].append(e.claim)
-    stale = {(c["folder"], c["cell"]) for c in evidence.stale_cells()
-             if c["hardware"] == hardware}
+    stale = evidence.stale_cells() if stale is None else stale
+    stale_on = {(c["hardware"], c["folder"], c["cell"]) for c in stale}
     for (exp, n), c in cells.items():
         path = root / hardware / exp / f"{n}.json"
         c["status"] = "missing" if not path.is_file() else \
-            "stale" if (exp, n) in stale else "fresh"
+            "stale" if (hardware, exp, n) in stale_on else "fresh"
+        # a cell any hardware may hold is not recorded again here where another holds it fresh
+        elsewhere = [p.parent.parent.name for p in root.glob(f"*/{exp}/{n}.json")
+                     if (p.parent.parent.name, exp, n) not in stale_on]
+        if c.pop("anywhere") and c["status"] != "fresh" and elsewhere:
+            c["status"] = f"fresh on {elsewhere[0]}"
         c["estimate_s"], c["estimate_from"] = cell_estimate(root, hardware, exp, n)
     need: dict[str, int] = {}
     for c in cells.values():
         for cl in c["claims"]:
-            need[cl] = need.get(cl, 0) + (c["status"] != "fresh")
+            need[cl] = need.get(cl, 0) + (not c["status"].startswith("fresh"))
     rank = {cl: (need.get(cl, 0), i) for i, cl in enumerate(dict.fromkeys(
         e.claim for e in ents))}
     return sorted(cells.values(), key=lambda c: (min(rank[cl] for cl in c["claims"]),
@@ -306,11 +331,11 @@ def describe_ledger(rows: list[dict[str, Any]], hardware: str) -> list[str]:
     lines = []
     for c in rows:
         note = "" if c["recordable"] else " (not by `repro record`: docs/RECORDING.md)"
-        lines.append(f"{c['status']:7s} ~{human(c['estimate_s']):>6s}  {c['experiment']}/"
+        lines.append(f"{c['status']:12s} ~{human(c['estimate_s']):>6s}  {c['experiment']}/"
                      f"{c['cell']}  [{', '.join(c['claims'])}]"
                      + (f" (estimate: {c['estimate_from']})" if c["estimate_from"] != "own"
                         else "") + note)
-    todo = [c for c in rows if c["status"] != "fresh"]
+    todo = [c for c in rows if not c["status"].startswith("fresh")]
     lines.append(f"ledger set on {hardware}: {len(rows)} cell(s), ~"
                  f"{human(sum(c['estimate_s'] for c in rows))} to record all of it; "
                  f"{len(todo)} to record now (missing or stale), ~"

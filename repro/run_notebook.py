@@ -43,8 +43,8 @@ from typing import Any
 
 KERNEL = "python3"
 # committed, regenerated: figures, their headline series as data, verdicts, metrics, pages
-OUTPUTS = ("figures/*.png", "figures/data/*.csv", "verdicts/*.json", "metrics/*.json",
-           "docs/notebooks/*.md")
+OUTPUTS = ("figures/*.png", "figures/data/*.csv", "verdicts/*.json", "verdicts/inputs/*.json",
+           "metrics/*.json", "docs/notebooks/*.md")
 
 
 class NotebookError(ValueError):

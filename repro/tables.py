@@ -12,7 +12,8 @@ def ledger(rows: list[dict[str, Any]], width: int | None = None) -> str:
     """The ledger for a terminal: one block per claim (verdict, hardware, key number, caveat,
     record), stale verdicts marked as on the ledger's page (" — stale", and the mark of the stale
     note that follows the ledger, one per notebook)."""
-    from repro.claims.ledger import VERDICTS, caveat, stale_mark, stale_notes
+    from repro.claims.ledger import CHANGED, LEGEND, VERDICTS, caveat, changed, first_rule, \
+        stale_mark, stale_notes
 
     width = width or min(shutil.get_terminal_size((100, 24)).columns, 120)
     counts = Counter(r["verdict"] for r in rows)
@@ -27,7 +28,9 @@ def ledger(rows: list[dict[str, Any]], width: int | None = None) -> str:
     for r in rows:
         hw = f"  on {r['hardware']}" if r["hardware"] else ""
         emu = "  (emulated)" if r.get("emulated") else ""
-        out.append(f"{r['claim']:<4} {r['verdict']:<{vw}}{hw}{emu}{stale_mark(r)}")
+        verdict = r["verdict"] + (f" {CHANGED}" if changed(r) else "") + (
+            f" first rule: {first_rule(r)}" if first_rule(r) else "")
+        out.append(f"{r['claim']:<4} {verdict:<{vw + 2}}{hw}{emu}{stale_mark(r)}")
         out += wrap("", r["statement"])
         if r["key_number"]:
             out += wrap("key number: ", r["key_number"])
@@ -37,6 +40,8 @@ def ledger(rows: list[dict[str, Any]], width: int | None = None) -> str:
             out += wrap("record: ", r["source"])
         out += wrap("notebook: ", f"notebooks/{r['notebook']}.py" if r["notebook"]
                     else "none (not tested in this repository)")
+    if any(changed(r) for r in rows):
+        out += [""] + textwrap.wrap(LEGEND, width=width)
     notes = stale_notes(rows)
     if notes:
         out += ["", "stale records:"]

@@ -40,7 +40,8 @@ class Verdict:
     (``repro.claims.staleness``; stale speed records are left out instead, named in ``note``).
     ``caveat``: the one caveat that most limits the verdict, short enough for the ledger's
     one-line row (a rule changed after its data, a projection's validation, what a memory
-    number is).
+    number is). ``decides``: the clause of the key number that decides the verdict, where it
+    is not the first (the ledger's row shows it whole).
     """
 
     claim: str
@@ -54,6 +55,7 @@ class Verdict:
     stale: bool = False
     stale_note: str = ""
     caveat: str = ""
+    decides: str = ""
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:

@@ -331,9 +331,12 @@ def test_a_mapping_with_a_key_twice_is_refused_naming_it(tmp_path_factory, pairs
 def test_a_recipe_no_cell_runs_is_refused_naming_the_recipes_that_would_match(repo, capsys):
     line = one_line(capsys, 2, ["record", "rl_throughput", "--recipe", "jax-nvfp4",
                                 "--profile", "smoke"])
-    assert "--recipe jax-nvfp4 selects no cell that runs it (only cells that run no recipe: " \
-           "stores); recipes of its cells: fp16, fp8-delayed" in line, line
+    assert "--recipe jax-nvfp4 runs on the jax backend, which the PPO networks do not take; " \
+           "recipes of its cells: fp16, fp8-delayed" in line, line
     assert not (repo / "build").exists()
+    line = one_line(capsys, 2, ["record", "gemm", "--recipe", "fp8-delayed",
+                                "--profile", "smoke"])
+    assert "unknown GEMM recipe(s) fp8-delayed; valid recipes: fp32, tf32" in line, line
 
 
 def test_a_recipe_some_cell_runs_selects_it_and_the_recipe_free_cells():

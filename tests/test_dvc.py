@@ -67,9 +67,10 @@ def test_a_stage_depends_on_the_record_folders_its_notebook_reads_and_no_other()
                for name, stage in stages().items() if name in notebook_stages()}
     assert sorted(n for n, deps in readers.items() if "results/h200/gemm" in deps) == \
         ["fp8_train_step", "gemm_roofline", "perfmodel"]
-    assert readers["rl_quality"] == ["results/h200/rl_quality",
+    assert readers["rl_quality"] == ["results/cpu/rl_quality", "results/h200/rl_quality",
                                      "results/h200/rl_quality_repeat", "results/programs"]
-    assert readers["ppo_speed"] == ["results/h200/kernel_times", "results/h200/rl_purejaxrl",
+    assert readers["ppo_speed"] == ["results/cpu/rl_throughput", "results/h200/kernel_times",
+                                    "results/h200/rl_purejaxrl",
                                     "results/h200/rl_throughput", "results/programs",
                                     "results/tpu-v5e/rl_throughput"]
     for name, deps in readers.items():

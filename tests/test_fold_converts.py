@@ -127,3 +127,22 @@ def test_numerics_check_passes_here_and_catches_a_skipped_rounding(monkeypatch):
     assert cli.main(["check"]) == 0
     monkeypatch.setattr(F, "cast", lambda v, d: jnp.asarray(v, jnp.float32))  # rounding skipped
     assert cli.main(["check"]) == 1
+
+
+def test_the_fp32_check_tells_fp32_from_rounded_operands(monkeypatch):
+    """`repro check` refuses a device whose FP32 GEMM at HIGHEST, or the fp32 recipe's layer,
+    rounds its operands (a TPU's default precision computes them in bfloat16)."""
+    rows = {r["check"].split(" (")[0]: r for r in numerics_check._fp32_rows()}
+    assert rows["an FP32 GEMM at Precision.HIGHEST is FP32"]["ok"]
+    assert rows["the fp32 recipe's dense layer is FP32"]["ok"]
+
+    real = jnp.dot
+
+    def bf16_pass(a, b, **_):  # what a TPU's default precision does to an FP32 product
+        return real(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
+                    preferred_element_type=jnp.float32)
+
+    assert numerics_check._gemm_error(bf16_pass) > 100 * numerics_check.FP32_TOLERANCE
+    monkeypatch.setattr(jnp, "dot", bf16_pass)
+    bad = [r for r in numerics_check._fp32_rows() if r["required"] and not r["ok"]]
+    assert bad and "HIGHEST" in bad[0]["check"]

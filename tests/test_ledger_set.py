@@ -27,8 +27,8 @@ def test_every_named_ledger_cell_is_a_cell_of_its_study_or_on_disk():
     unmatched = []
     for hw in {e.where for e in ledger_set.entries()}:
         rows = refresh.ledger_plan("h200" if hw in ledger_set.ANYWHERE else hw,
-                               [e.claim for e in ledger_set.entries() if e.where == hw],
-                               quality=True)
+                                   [e.claim for e in ledger_set.entries() if e.where == hw],
+                                   quality=True, stale=[])  # names only: no staleness
         unmatched += [f"{hw}: {c['experiment']}/{c['cell']}" for c in rows
                       if c["status"] == "missing" and not c["recordable"]]
     assert not unmatched, unmatched
@@ -52,12 +52,17 @@ def _rows(*specs):
                          for i, (hw, exp, cell, stale, ts) in enumerate(specs)])
 
 
+def _use(monkeypatch, claims):
+    """The ledger entries of ``claims`` (claims.yaml's shape) in place of the real ones."""
+    monkeypatch.setattr(ledger_set, "entries",
+                        lambda c=None, _e=ledger_set.entries: _e(claims))
+
+
 def test_select_keeps_the_claims_cells_and_one_hardware_per_anywhere_cell(monkeypatch):
     claims = {"Q1": {"ledger": {"h200": {"rl_throughput": ["mlp_*_paired"]},
                                 "any": {"rl_quality": ["CartPole-v1_{fp32,fp8-delayed}"]}}},
               "Q2": {"ledger": {"h200": {"rl_throughput": ["cnn_w0_bf16"]}}}}
-    monkeypatch.setattr(ledger_set, "entries",
-                        lambda c=None, _e=ledger_set.entries: _e(claims))
+    _use(monkeypatch, claims)
     df = _rows(("h200", "rl_throughput", "mlp_w4096_e2048_paired", False, "2026-01-01"),
                ("tpu-v5e", "rl_throughput", "mlp_w4096_e2048_paired", False, "2026-01-02"),
                ("h200", "rl_throughput", "mlp_w4096_bf16_e2048", False, "2026-01-01"),
@@ -160,3 +165,36 @@ def test_acknowledgements_are_checked_for_their_form(tmp_path):
     acks = ledger_set.acknowledgements(good)
     assert ledger_set.acknowledged("h200", "gemm", "b7", acks) == "it changed"
     assert ledger_set.acknowledged("h200", "gemm", "c7", acks) is None
+
+
+def test_an_environments_cells_come_from_one_hardware(monkeypatch):
+    """Variants compared within an environment never mix machines: where a CPU holds fresh
+    records of an environment's cells, the verdict reads that environment on the CPU alone
+    (even a cell the CPU lacks is not filled in from another machine)."""
+    claims = {"Q1": {"ledger": {"any": {"rl_quality": ["{CartPole-v1,Acrobot-v1}_*"]}}}}
+    _use(monkeypatch, claims)
+    rows = _rows(("cpu", "rl_quality", "CartPole-v1_fp32", False, "2026-01-05"),
+                 ("h200", "rl_quality", "CartPole-v1_fp32", True, "2026-01-01"),
+                 ("h200", "rl_quality", "CartPole-v1_fp8-delayed", True, "2026-01-01"),
+                 ("h200", "rl_quality", "Acrobot-v1_fp32", True, "2026-01-01"),
+                 ("h200", "rl_quality", "Acrobot-v1_fp8-delayed", True, "2026-01-01"))
+    rows["sizes"] = [{"env": c.split("_")[0]} for c in rows["source"].map(
+        lambda s: ledger_set.cell_of(s)[2])]
+    got = ledger_set.select(rows, "Q1")
+    assert list(got["value"]) == [0, 3, 4]  # CartPole on the CPU; Acrobot on the H200
+
+
+def test_a_cell_any_machine_may_hold_is_not_planned_where_another_holds_it_fresh(
+        monkeypatch, tmp_path):
+    _use(monkeypatch, {"Q1": {"ledger": {"any": {"rl_quality": [
+        "CartPole-v1_{fp32,fp8-delayed}"]}}}})
+    (tmp_path / "cpu" / "rl_quality").mkdir(parents=True)
+    (tmp_path / "cpu" / "rl_quality" / "CartPole-v1_fp32.json").write_text("[]")
+    monkeypatch.setattr(results, "results_dir", lambda: tmp_path)
+    rows = {c["cell"]: c["status"] for c in refresh.ledger_plan("h200", quality=True,
+                                                                  stale=[])}
+    assert rows == {"CartPole-v1_fp32": "fresh on cpu", "CartPole-v1_fp8-delayed": "missing"}
+    stale = [{"hardware": "cpu", "folder": "rl_quality", "cell": "CartPole-v1_fp32"}]
+    rows = {c["cell"]: c["status"] for c in refresh.ledger_plan("h200", quality=True,
+                                                                  stale=stale)}
+    assert rows["CartPole-v1_fp32"] == "missing"  # stale there: recorded here

@@ -64,8 +64,12 @@ def test_paired_speedups_are_medians_of_per_round_ratios():
     # the update's ratio of medians would be 12/5 = 2.4
     assert row["update"] == pytest.approx(2.0) and (row.update_lo, row.update_hi) == (1.0, 4.0)
     assert row.memory == pytest.approx(0.75) and row.same_commit and not row.emulated
-    # paired records stay out of the table of separately timed cells
-    assert R.throughput_table(df).empty
+    # a paired cell's timings stay out of the table of separately timed cells; its update's
+    # memory (XLA's analysis of the same compiled program) is in it
+    t = R.throughput_table(df)
+    assert "env_steps_per_s" not in t and "update_time_ms" not in t
+    assert dict(zip(t.recipe, t.update_memory_bytes)) == {"fp16": 400.0, "fp8-delayed": 300.0}
+    assert R.fp8_speedups(t).empty  # no timing: no ratio from it
 
 
 def test_paired_speedups_refuse_cells_of_unequal_rounds():

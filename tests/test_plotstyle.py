@@ -72,7 +72,7 @@ def test_round_ratio_range_pairs_rounds():
     assert all(math.isnan(x) for x in stats.round_ratio_range([1, 2], [1]))
 
 
-def test_seed_band_draws_the_mean_and_a_band_only_over_several_seeds():
+def test_seed_band_draws_the_mean_and_a_band_only_over_three_seeds_or_more():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -80,11 +80,15 @@ def test_seed_band_draws_the_mean_and_a_band_only_over_several_seeds():
     import numpy as np
 
     fig, ax = plt.subplots()
-    line = plotstyle.seed_band(ax, [0, 1, 2], [[1, 2, np.nan], [3, 4, 5]], "#000000")
+    line = plotstyle.seed_band(ax, [0, 1, 2], [[1, 2, np.nan], [3, 4, 5], [2, 3, 5]],
+                               "#000000")
     assert list(line.get_ydata()) == [2, 3, 5] and len(ax.collections) == 1
+    fig, ax = plt.subplots()  # two seeds: each drawn, no band (its t-interval says little)
+    line = plotstyle.seed_band(ax, [0, 1, 2], [[1, 2, np.nan], [3, 4, 5]], "#000000")
+    assert list(line.get_ydata()) == [2, 3, 5] and not ax.collections and len(ax.lines) == 3
     fig, ax = plt.subplots()
     plotstyle.seed_band(ax, [0, 1], [[1, 2]], "#000000")
-    assert not ax.collections
+    assert not ax.collections and len(ax.lines) == 1
     plt.close("all")
 
 
@@ -93,3 +97,28 @@ def test_markers_are_filled_so_seaborn_can_mix_them():
 
     names = list(plotstyle._TABLE) + ["unknown-a", "unknown-b", "bf16:x=1"]
     assert all(MarkerStyle(m).is_filled() for m in plotstyle.markers(names).values())
+
+
+def test_each_machine_is_named_with_the_8_bit_format_it_multiplies_natively():
+    """From the registry's arithmetic, not from a list: FP8 where a machine has FP8 (an
+    H200, a B200), INT8 where it has INT8 matrix units and no FP8 (a TPU v5e, an A100),
+    none on a CPU (emulated); a machine the registry does not know is named as it is."""
+    assert plotstyle.hardware_title("h200") == "H200 (8-bit: FP8)"
+    assert plotstyle.hardware_title("tpu-v5e") == "TPU v5e (8-bit: INT8)"
+    assert plotstyle.hardware_title("cpu") == f"CPU ({plotstyle.NO_EIGHT_BIT})"
+    assert [plotstyle.eight_bit(s) for s in ("b200", "a100-sxm", "tpu-v6e", "cpu", "nope")] \
+        == ["FP8", "INT8", "INT8", None, None]
+    assert plotstyle.hardware_title("nope") == "nope (8-bit format unknown)"
+    assert plotstyle.hardware_order(["cpu", "tpu-v5e", "nope", "h200", "b200", "h200"]) == \
+        ["b200", "h200", "tpu-v5e", "cpu", "nope"]
+
+
+def test_a_recipe_or_format_names_its_8_bit_format_and_a_speed_figure_drops_the_cpu():
+    import pandas as pd
+
+    names = ["fp8-delayed", "flax-fp8", "mxfp8", "fp8-w", "int8", "int8-auto", "int8-w",
+             "bf16", "fp32", "nvfp4"]
+    assert [plotstyle.format_of(n) for n in names] == ["FP8"] * 4 + ["INT8"] * 3 + [None] * 3
+    df = pd.DataFrame({"hardware": ["h200", "cpu", "tpu-v5e", "nope"], "value": [1, 2, 3, 4]})
+    assert list(plotstyle.accelerators(df).hardware) == ["h200", "tpu-v5e", "nope"]
+    assert plotstyle.accelerators(df.iloc[:0]).empty

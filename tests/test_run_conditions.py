@@ -213,8 +213,8 @@ SHARED = {"alone": False, "before": {"checked": "nvidia-smi", "others": [], "alo
 ALONE = {"alone": True, "before": {"alone": True}, "after": {"alone": True}}
 UNCHECKED = {"alone": None, "before": {"checked": None, "why": "no nvidia-smi on PATH",
                                        "alone": None}, "after": {"alone": None}}
-LINE = "1 cell(s) of rl_throughput recorded beside another process (nvidia-smi: pytorch-job " \
-    "(pid 5151))"
+def line(of: int) -> str:
+    return f"1 of {of} rl_throughput speed record(s) ran beside another job (pytorch-job)"
 
 
 def test_a_verdict_names_speed_records_made_beside_another_process():
@@ -225,7 +225,7 @@ def test_a_verdict_names_speed_records_made_beside_another_process():
     assert staleness.mark(v, beside_rows=rows([ALONE, UNCHECKED])) is v
     assert staleness.mark(v, beside_rows=rows([SHARED], metric="final_return")) is v  # quality
     marked = staleness.mark(v, beside_rows=rows([SHARED, ALONE, UNCHECKED]))
-    assert marked.stale_note == LINE and marked.stale is False
+    assert marked.stale_note == line(3) and marked.stale is False
 
 
 def test_the_ledger_says_it_and_says_nothing_for_records_without_conditions(
@@ -247,7 +247,69 @@ def test_the_ledger_says_it_and_says_nothing_for_records_without_conditions(
         if name == "old":
             assert files["old"] == json.dumps(verdict.to_dict(), indent=1) + "\n"
             assert "beside" not in md and "beside" not in ledger.markdown_table()
-    assert json.loads(files["shared"])["stale_note"] == LINE
-    assert f"*Note: {LINE}.*" in md
+    assert json.loads(files["shared"])["stale_note"] == line(2)
+    assert f"*Note: {line(2)}.*" in md
     table = ledger.markdown_table()
-    assert f"A2: {LINE}" in table and "**partly** [^03]" in table
+    assert f"A2: {line(2)}" in table and "**partly** [^03]" in table
+
+
+# ------------------------------------------------------------- run notes read as conditions
+
+@pytest.mark.parametrize("note,conditions", [
+    ("alone on the GPU", {"alone": True, "from": "run_note"}),
+    ("alone on the chip", {"alone": True, "from": "run_note"}),
+    ("alone on the TPU (one program holds the chip)", {"alone": True, "from": "run_note"}),
+    ("GPU 1 of 2; beside it on GPU 0: repro.lm.experiments full --sizes 20m --seeds 2 "
+     "repro.lm.experiments full --sizes 120m --seeds 0",
+     {"alone": False, "from": "run_note", "gpu": 1, "gpus": 2,
+      "beside": [{"gpu": 0, "job": "repro.lm.experiments full --sizes 20m --seeds 2"},
+                 {"gpu": 0, "job": "repro.lm.experiments full --sizes 120m --seeds 0"}]}),
+    ("GPU 0 of 2; beside it on GPU 1: repro.rl.experiments quality --only Asterix-MinAtar_*",
+     {"alone": False, "from": "run_note", "gpu": 0, "gpus": 2,
+      "beside": [{"gpu": 1, "job": "repro.rl.experiments quality --only Asterix-MinAtar_*"}]}),
+    ("GPU 2 of 2; beside it on GPU 0: x", None),  # no GPU 2 of 2
+    ("GPU 1 of 2; beside it on GPU 1: x", None),  # not beside itself
+    ("alone on the GPU, mostly", None), ("beside a job", None), ("", None), (None, None),
+    (3, None)])
+def test_a_run_note_reads_as_conditions(note, conditions):
+    assert staleness.conditions_of_note(note) == conditions
+
+
+def test_the_committed_records_carry_their_notes_as_conditions(capsys):
+    """Every committed record whose note reads carries it as conditions (the note kept), at
+    least 3000 of them; measured conditions are never overwritten; nothing else changed
+    (scripts/parse_run_notes.py --check: nothing left to add)."""
+    import importlib.util
+
+    from repro.results import repo_root
+
+    parsed = measured = 0
+    for path in sorted((repo_root() / "results").glob("*/*/*.json")):
+        data = json.loads(path.read_text())
+        for rec in data if isinstance(data, list) else [data]:
+            c = rec.get("conditions")
+            if c is not None and c.get("from") == "run_note":
+                assert c == staleness.conditions_of_note(rec["run_note"]), path
+                parsed += 1
+            elif c is not None:
+                measured += 1
+            else:
+                assert staleness.conditions_of_note(rec.get("run_note")) is None, path
+    assert parsed >= 3000 and measured >= 1
+    spec = importlib.util.spec_from_file_location(
+        "parse_run_notes", repo_root() / "scripts" / "parse_run_notes.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--check"]) == 0
+    assert "would give 0 record(s)" in capsys.readouterr().out
+
+
+def test_a_rule_that_requires_alone_leaves_the_others_out():
+    both = rows([SHARED, ALONE, UNCHECKED])
+    kept, left = staleness.split(both)
+    assert len(kept) == 3 and not len(left)
+    kept, left = staleness.split(both, alone=True)
+    assert len(kept) == 2 and list(left["source"]) == ["c0.json"]
+    assert "ran beside another job" in left["stale_summary"].iloc[0]
+    quality = rows([SHARED], metric="final_return")  # a quality record stays
+    assert len(staleness.split(quality, alone=True)[0]) == 1

@@ -196,3 +196,20 @@ def test_a_shape_given_twice_in_params_is_refused_in_one_line(tmp_path, monkeypa
     assert err == ["repro: error: gemm: cell 32x16x16 is listed twice: a value given twice in "
                    "params.yaml? (each cell is one file: results/HW/gemm/CELL.json)"]
     assert not (tmp_path / "build").exists()
+
+
+def test_a_cell_whose_program_files_changed_during_the_run_is_not_written():
+    """A run loads its code once; a file its programs ran that changes on disk before a cell is
+    stamped would make the records name code that did not run: the run stops there."""
+    from repro.studies import runner as R
+
+    snap = R.source_snapshot()
+    assert "repro/studies/runner.py" in snap and all(len(h) == 16 for h in snap.values())
+    cell = R.Cell("c1", lambda _b: [])
+    same = [{"program": {"files": {"repro/studies/runner.py": snap["repro/studies/runner.py"],
+                                   "params.yaml#toy@full": "x"}}}]
+    R._unchanged_since(snap, same, cell)  # the code the run began with: written
+    R._unchanged_since(None, same, cell)
+    edited = [{"program": {"files": {"repro/studies/runner.py": "0" * 16}}}]
+    with pytest.raises(R.CheckoutChanged, match="c1: repro/studies/runner.py changed on disk"):
+        R._unchanged_since(snap, edited, cell)

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from repro.claims import verdicts as V
+from repro.verdict import rule as rule_of
 from repro.experiments.inference import tables as A
 from repro.experiments.legged import rules as legged_rules
 from repro.experiments.rl_quality import rules as quality_rules
@@ -635,7 +636,7 @@ def test_b3_format_and_whole_model_ratios(weights, acts, whole, verdict):
     assert V.b3(t.iloc[:0]).verdict == "not yet measured"
 
 
-def gaps(rel_gap, lo, hi, profile="full", model="120m", n=3, emulated=True):
+def gaps(rel_gap, lo, hi, profile="full", model="20m", n=3, emulated=True):
     return pd.DataFrame([{"hardware": "h200", "profile": profile, "model": model,
                           "recipe": "nvfp4", "metric": "best_eval_loss", "n_seeds": n,
                           "rel_gap": rel_gap, "rel_lo": lo, "rel_hi": hi, "gap_nats": 0.0,
@@ -883,12 +884,20 @@ def test_a5_a_low_end_exactly_at_the_margin_keeps_quality():
     assert v.verdict == "inconclusive"
 
 
-def test_b4_judges_the_largest_model_with_enough_seeds():
+def test_b4_judges_the_model_its_rule_names():
     both = pd.concat([gaps(0.0, -0.01, 0.01, model="20m"),         # kept
                       gaps(0.02, 0.016, 0.03, model="120m")])      # lost
     v = V.b4(both, pd.DataFrame())
+    assert v.verdict == "reproduced" and "20m model" in v.key_number
+    assert V.b4(gaps(0.0, -0.01, 0.01, model="120m"), pd.DataFrame()).verdict == \
+        "not yet measured"
+    # the rule as first registered: the largest model with enough seeds
+    first = {**rule_of("B4"), "cells": {"model": "largest with enough seeds",
+                                        "profile": "full first"}}
+    v = V.b4(both, pd.DataFrame(), rule=first)
     assert v.verdict == "contradicted" and "120m model" in v.key_number
     # a larger model with too few seeds is named in the note, not judged
     v = V.b4(pd.concat([gaps(0.0, -0.01, 0.01, model="20m"),
-                        gaps(0.02, 0.016, 0.03, model="120m", n=2)]), pd.DataFrame())
+                        gaps(0.02, 0.016, 0.03, model="120m", n=2)]), pd.DataFrame(),
+             rule=first)
     assert v.verdict == "reproduced" and "20m model" in v.key_number

@@ -144,10 +144,12 @@ def a3_projection(sp: pd.DataFrame, bandwidth_ratio: float, fp16_ratio: float) -
 
 def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (hardware, network, width, num_envs, recipe) with the three metrics, and
-    ``git_commit``: the commit(s) its records were made at, comma-separated. Records of paired
-    cells are left out: their ratios are :func:`paired_speedups`'."""
+    ``git_commit``: the commit(s) its records were made at, comma-separated. The timings of
+    paired cells are left out (their ratios are :func:`paired_speedups`'); their update's
+    memory, XLA's analysis of the same compiled program, is kept."""
     d = df[df.metric.isin(["env_steps_per_s", "update_time_ms", "update_memory_bytes"])]
-    d = d[~d["extra"].map(is_paired)].copy() if len(d) else d.copy()
+    timing = d.metric != "update_memory_bytes" if len(d) else pd.Series(dtype=bool)
+    d = d[~(d["extra"].map(is_paired) & timing)].copy() if len(d) else d.copy()
     if d.empty:
         return pd.DataFrame()
     for k in ("network", "width", "num_envs", "env", "batch"):
@@ -235,8 +237,11 @@ def fp8_speedups(table: pd.DataFrame, recipes: Sequence[str] = FP8_RECIPES,
     """:func:`speedups` of every FP8 recipe of ``recipes`` recorded in ``table``, stacked;
     with ``records``, also the :func:`paired_speedups` of their paired cells (then a
     ``timing`` column says which rows are "paired" and which "separate")."""
-    have = set(table.recipe) if len(table) else set()
-    parts = [speedups(table, r) for r in recipes if r in have]
+    # the timed rows: a paired cell contributes only its update's memory to the table
+    timed = table[table["env_steps_per_s"].notna()] if "env_steps_per_s" in table else \
+        table.iloc[:0]
+    have = set(timed.recipe) if len(timed) else set()
+    parts = [speedups(timed, r) for r in recipes if r in have]
     out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     paired = paired_speedups(records, recipes) if records is not None else pd.DataFrame()
     if not len(paired):

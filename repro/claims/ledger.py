@@ -8,11 +8,22 @@ them with the claim list in ``repro/data/claims.yaml``; ``repro claims`` prints 
 the README links: the README itself is prose, which no pipeline step rewrites.
 
 The ledger's table (docs/ledger.md) tells each claim's story in one row of at most
-:data:`ROW_LIMIT` characters: the verdict, the key number's first clause (the number at the
-rule's config), the one caveat that most limits it (the verdict's ``caveat``) and a link to its
-executed notebook (``docs/notebooks/``, :func:`repro.markdown.page`). What is stale goes to one
-footnote per notebook under the table (:func:`stale_notes`), marked in the row; the terminal
-ledger marks and lists them the same way.
+:data:`ROW_LIMIT` characters: the verdict, the clause of the key number that decides it (the
+verdict's ``decides``, else its first clause), whole; the one caveat that most limits it (the
+verdict's ``caveat``) and a link to its executed notebook (``docs/notebooks/``,
+:func:`repro.markdown.page`). A verdict whose rule changed a decision after its data carries
+one mark, :data:`CHANGED` (:mod:`repro.claims.registration`; the legend under the table says
+what it means); the caveat says more only where the rule before the data gives another
+verdict. What is stale goes to one footnote per notebook under the table (:func:`stale_notes`),
+in words and counts, at most :data:`NOTE_LIMIT` characters; the terminal ledger marks and lists
+them the same way.
+
+A row's **holds on** (:func:`holds_on`) names each machine a claim was decided on, with the
+low-precision format the claim is about and its deciding number, all read from the verdicts:
+its own (the machines of its ``hardware``, the number of its key number) and, for a claim that
+another claim asks again where the 8-bit arithmetic is another format (:data:`ANSWERS`: INT8 on
+a TPU v5e), that claim's, named with its verdict: "H200: FP8 1.54x; TPU v5e: INT8 1.41x (C1,
+partly)".
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -29,14 +41,25 @@ import yaml
 from repro import markdown
 from repro.verdict import VERDICTS, Verdict
 
-__all__ = ["PAGE", "ROW_LIMIT", "VERDICTS", "Verdict", "claims", "headline", "ledger",
-           "markdown_table", "page", "read_verdict", "stale_notes", "verdicts_dir",
-           "write_page", "write_verdict"]
+__all__ = ["CHANGED", "NOTE_LIMIT", "PAGE", "ROW_LIMIT", "VERDICTS", "Verdict", "claims",
+           "deciding", "headline", "ledger", "markdown_table", "page", "read_verdict",
+           "stale_notes", "verdicts_dir", "write_page", "write_verdict"]
 
-#: The longest row of the ledger's table, in characters.
-ROW_LIMIT = 300
+#: The longest row of the ledger's table, and the longest footnote, in characters.
+ROW_LIMIT = NOTE_LIMIT = 300
+#: The mark of a verdict whose rule changed a decision after its data.
+CHANGED = "†"
+LEGEND = (f"{CHANGED} The claim's rule changed after its first data: a later commit decides "
+          "differently on some input, or the rule was first written after the data (`repro "
+          "registration` names the commit). \"first rule: X\": the rule it had when the data "
+          "came gives X on the same records (the verdict's key number says when it changed).")
 #: The ledger's page, under the repository root (generated: ``repro claims --write``).
 PAGE = "docs/ledger.md"
+#: The claims that ask other claims' question again on hardware whose 8-bit arithmetic is
+#: another format: C1 (INT8 training speed on a TPU v5e) asks A2's and A9's (FP8 training
+#: speed), C2 (INT8 training quality against FP32 within A10's margin) A5's, A6's and A10's.
+#: Their verdicts appear in those claims' "holds on" cell beside the claims' own.
+ANSWERS = {"C1": ("A2", "A9"), "C2": ("A5", "A6", "A10")}
 
 
 def claims() -> dict[str, dict[str, Any]]:
@@ -114,9 +137,100 @@ def ledger() -> list[dict[str, Any]]:
                      "source": v.get("source", ""), "note": v.get("note", ""),
                      "emulated": bool(v.get("emulated", False)),
                      "stale": bool(v.get("stale", False)), "stale_note": v.get("stale_note", ""),
-                     "caveat": v.get("caveat", ""),
-                     "numbers": v.get("numbers", {}), "notebook": c.get("notebook") or ""})
+                     "caveat": v.get("caveat", ""), "decides": v.get("decides", ""),
+                     "numbers": v.get("numbers", {}), "notebook": c.get("notebook") or "",
+                     "format": _formats(c.get("rule") or {})})
+    by = {r["claim"]: r for r in rows}
+    for r in rows:
+        r["holds_on"] = holds_on(r, [by[a] for a, asked in ANSWERS.items()
+                                     if r["claim"] in asked and a in by])
     return rows
+
+
+_FORMAT = re.compile(r"nvfp4|mxfp8|fp8|int8|fp4", re.I)
+
+
+def _formats(rule: dict[str, Any]) -> str:
+    """The low-precision formats a claim's rule is about, from its recipes or formats
+    (``fp8-delayed`` -> FP8, ``int8`` -> INT8, ``nvfp4`` -> NVFP4), "/"-joined; "" where it
+    names none."""
+    names = rule.get("recipes", rule.get("formats", []))
+    names = [names] if isinstance(names, str) else list(names or [])
+    found = [m.group(0).upper() for n in names if (m := _FORMAT.search(str(n)))]
+    return "/".join(dict.fromkeys(found))
+
+
+#: a deciding number, as the verdict functions write it: a probability with its interval, a
+#: ratio or range of ratios ("1.54x", "2.5-4.9x"), a signed percentage, "= 1.02", "3 of 4"
+_QUANTITY = (re.compile(r"P\([^()]*\)=(\d\.\d+) \[(\d\.\d+), ?(\d\.\d+)\]"),
+             re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?x\b"),
+             re.compile(r"(?<![\w.])[+-]\d+(?:\.\d+)?%"),
+             re.compile(r"= ?(\d+\.\d+)\b"),
+             re.compile(r"\b\d+ of \d+\b"))
+
+
+def quantity(clause: str) -> str:
+    """The first deciding number of ``clause`` (:data:`_QUANTITY`), as it is written there
+    ("P=0.49 [0.41,0.57]" for a probability); else its first decimal number; else ""."""
+    found = [m for p in _QUANTITY if (m := p.search(clause))]
+    if not found:
+        m = re.search(r"(?<![\w.])\d+\.\d+\b", clause)
+        return m.group(0) if m else ""
+    m = min(found, key=lambda m: m.start())
+    if m.re is _QUANTITY[0]:
+        return f"P={m.group(1)} [{m.group(2)},{m.group(3)}]"
+    return m.group(1) if m.re is _QUANTITY[3] else m.group(0)
+
+
+def _machines(hardware: str) -> list[tuple[str, str]]:
+    """(slug or text, name) of each machine a verdict's ``hardware`` says it was decided on:
+    its ";"-parts less those "not judged" and their parentheses, slugs as short names
+    (:func:`repro.plotstyle.hardware_name`); a projection's "h200 -> a100-sxm" as one."""
+    from repro import hardware as hw
+    from repro.plotstyle import hardware_name
+
+    slugs = sorted(hw.registry(), key=len, reverse=True)
+    out = []
+    for part in _top_clauses(str(hardware)):
+        if "not judged" in part or part.strip() in ("", "none"):
+            continue
+        text = part
+        while _shorter(text) != text:  # its parenthesised detail
+            text = _shorter(text)
+        key = text.strip()
+        for slug in slugs:
+            text = re.sub(rf"(?<![\w-]){re.escape(slug)}(?![\w-])", hardware_name(slug), text)
+        out.append((key, " ".join(text.split())))
+    return out
+
+
+def _entry(r: dict[str, Any], answer: bool) -> str:
+    """One claim's part of a "holds on" cell: per machine (or the machines of one joint number)
+    "NAME: FORMAT NUMBER"; the claim and its verdict where it is another claim's answer
+    (``answer``), its verdict where that is not a holding one."""
+    if r.get("verdict") in (None, "", "not yet measured"):
+        return ""
+    machines = _machines(r.get("hardware", ""))
+    if not machines:
+        return ""
+    fmt = (r.get("format") or "") + (" (emulated)" if r.get("emulated") else "")
+    clauses = _top_clauses(" ".join(str(r.get("key_number", "")).split()))
+    own = {k: next((c for c in clauses if c.startswith(f"{k}:")), None) for k, _ in machines}
+    if all(own.values()):  # a number per machine
+        parts = [(name, quantity(own[k])) for k, name in machines]
+    else:  # one number decided on them together
+        parts = [(" + ".join(n for _, n in machines), quantity(deciding(r)))]
+    said = (f" ({r['claim']}, {r['verdict']})" if answer else "" if r["verdict"] in
+            ("reproduced", "partly", "projected") else f", {r['verdict']}")
+    return "; ".join(" ".join(f"{name}: {fmt} {q}".split()) + said for name, q in parts)
+
+
+def holds_on(row: dict[str, Any], answers: list[dict[str, Any]] = ()) -> str:
+    """Where a claim was decided, with its deciding number (the ledger's "holds on" column):
+    its own machines (:func:`_entry`), then those of the claims that ask its question again
+    on other hardware (``answers``, rows of :data:`ANSWERS`), each with its verdict."""
+    return "; ".join(e for e in [_entry(row, False), *(_entry(a, True) for a in answers)]
+                     if e)
 
 
 def _top_clauses(text: str) -> list[str]:
@@ -148,36 +262,73 @@ def _fit(text: str, n: int) -> str:
 
 def headline(key_number: str) -> str:
     """The key number's first clause: the number at the rule's config (the verdict functions
-    write it first; what follows is detail, and the registration check's sentence)."""
+    write it first; what follows is detail)."""
     parts = _top_clauses(" ".join(str(key_number).split()))
     return parts[0] if parts else ""
 
 
-def caveat(row: dict[str, Any]) -> str:
-    """The row's caveat: the verdict's ``caveat``, else what its numbers say about its rule's
-    registration (changed after its data, and the verdict under the rule first registered)."""
-    if row.get("caveat"):
-        return str(row["caveat"])
+def deciding(row: dict[str, Any]) -> str:
+    """The clause of the row's key number that decides its verdict: its ``decides``, else
+    the key number's first clause."""
+    return " ".join(str(row.get("decides") or "").split()) or headline(row.get("key_number", ""))
+
+
+def changed(row: dict[str, Any]) -> bool:
+    """Whether the row's rule changed a decision after its data (its registration numbers)."""
+    return ((row.get("numbers") or {}).get("registration") or {}).get("preregistered") == 0
+
+
+def first_rule(row: dict[str, Any]) -> str:
+    """The verdict under the rule the claim had when its data came, where the rule changed
+    after its data and that verdict differs from the row's; else ""."""
     reg = (row.get("numbers") or {}).get("registration") or {}
-    if reg.get("preregistered") == 0:
-        first = reg.get("first_rule_verdict")
-        return "rule changed after its data" + (f"; {first} under the first rule" if first
-                                                 else "")
-    return ""
+    first = reg.get("first_rule_verdict")
+    return first if changed(row) and first in VERDICTS and first != row.get("verdict") else ""
+
+
+#: the disclosure :func:`repro.claims.registration.judged` puts first in a caveat
+_DISCLOSED = re.compile(r"^[a-z ]+ under its rule before the data \([^)]*\); changed by \w+ "
+                        r"\([^)]*\)(; )?")
+
+
+def caveat(row: dict[str, Any]) -> str:
+    """The row's caveat: the verdict's ``caveat`` (where the rule before its data gives
+    another verdict, that comes first, :func:`repro.claims.registration.judged`)."""
+    return str(row.get("caveat") or "")
 
 
 def stale_notes(rows: list[dict[str, Any]]) -> dict[str, str]:
     """One note per notebook whose verdicts name stale records: {mark: text}, the mark the
-    notebook's number (``03``), the text its distinct stale notes, each after its claims."""
+    notebook's number (``03``), the text its distinct stale notes, each after its claims, in
+    at most :data:`NOTE_LIMIT` characters (the full notes: the verdicts, ``repro status``)."""
     by_nb: dict[str, dict[str, list[str]]] = {}
     for r in rows:
         if r.get("stale_note"):
             nb = r.get("notebook") or r["claim"]
             by_nb.setdefault(nb, {}).setdefault(" ".join(r["stale_note"].split()),
                                                 []).append(r["claim"])
-    return {_mark(nb): f"{nb}: " + "; ".join(f"{', '.join(c)}: {note}"
-                                             for note, c in notes.items())
-            for nb, notes in by_nb.items()}
+    out = {}
+    for nb, notes in by_nb.items():
+        text = f"{nb}: " + "; ".join(f"{', '.join(c)}: {_words(note)}"
+                                     for note, c in notes.items())
+        tail = "; `repro status` lists them"
+        if len(text) + len(tail) > NOTE_LIMIT:  # the commits they were recorded at go first
+            text = _RECORDED_AT.sub("", text)
+        out[_mark(nb)] = _fit(text, NOTE_LIMIT - len(tail)) + tail
+    return out
+
+
+#: a program's text quoted in a note (the first line where two programs differ): `repro
+#: status` shows it; a footnote says in words that the program changed
+PROGRAM_TEXT = re.compile(r": first difference at line \d+: .*?(?= \(since |;|\)$|$)")
+
+
+_RECORDED_AT = re.compile(r"; recorded at [^;)]*")
+
+
+def _words(note: str) -> str:
+    """A stale note without the program text an older verdict may quote."""
+    return PROGRAM_TEXT.sub("", note)
 
 
 def _mark(notebook: str) -> str:
@@ -198,37 +349,78 @@ def _cell(text: str) -> str:  # a pipe or a newline would break the table row
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def _shorter(text: str) -> str:
+    """``text`` with its last parenthesised part dropped (the detail a clause can lose
+    before its deciding term), or unchanged where it has none."""
+    depth, start = 0, None
+    for i in range(len(text) - 1, -1, -1):
+        if text[i] == ")":
+            depth += 1
+            if depth == 1:
+                end = i
+        elif text[i] == "(" and depth:
+            depth -= 1
+            if depth == 0:
+                start = i
+                return (text[:start].rstrip() + text[end + 1:]).strip()
+    return text
+
+
 def markdown_row(r: dict[str, Any], limit: int = ROW_LIMIT, base: str = "") -> str:
-    """One claim's row, at most ``limit`` characters: the key number's headline and the
-    caveat share what the claim, statement, verdict, hardware and notebook leave. ``base``:
-    the path from the page to the repository root, for the notebook's link."""
+    """One claim's row, at most ``limit`` characters, its deciding clause (:func:`deciding`)
+    whole: what does not fit is cut from the caveat, then the statement, then the hardware;
+    only a deciding clause longer than the row loses its parenthesised detail, then its end.
+    A rule changed after its data carries :data:`CHANGED`, and "first rule: X" where the rule
+    before its data gives another verdict (:func:`first_rule`; the caveat's longer
+    disclosure of it is left to the verdict). ``base``: the path from the page to the
+    repository root, for the notebook's link."""
     nb = f"[{_mark(r['notebook'])}]({base}{markdown.page(r['notebook'])})" if r["notebook"] else ""
     mark = stale_mark(r)
     if "[" in mark:  # a footnote reference
         mark = mark.replace(" [", " [^")
-    verdict = f"**{r['verdict']}**{mark}"
-    key = _cell(headline(r["key_number"]))
+    first = first_rule(r)
+    verdict = (f"**{r['verdict']}**" + (f" {CHANGED}" if changed(r) else "")
+               + (f" first rule: {first}" if first else "") + mark)
     emu = " (emulated)" if r.get("emulated") else ""
-    cav = _cell(caveat(r))
+    key, cav = _cell(deciding(r)), _cell(_DISCLOSED.sub("", caveat(r)))
     statement, hw = _cell(r["statement"]), _cell(r["hardware"])
+    holds = _cell(r.get("holds_on", ""))
 
-    def row(k: str, c: str) -> str:
-        return f"| {r['claim']} | {statement} | {verdict} | {k}{emu} | {c} | {hw} | {nb} |"
+    def row(s: str, k: str, c: str, h: str, o: str) -> str:
+        return f"| {r['claim']} | {s} | {verdict} | {k}{emu} | {o} | {c} | {h} | {nb} |"
 
-    room = limit - 1 - len(row("", ""))
-    if len(key) + len(cav) > room:
-        cav = _fit(cav, max(room // 2, room - len(key)))
-        key = _fit(key, room - len(cav))
-    return row(key, cav)
+    def over() -> int:
+        return len(row(statement, key, cav, hw, holds)) - limit
+
+    # the hardware column goes before "holds on", which names the machines again
+    for field, keep in (("cav", 60), ("statement", 60), ("hw", 24), ("cav", 0),
+                        ("statement", 24), ("hw", 0), ("holds", 40), ("holds", 0)):
+        if over() <= 0:
+            break
+        if field == "cav":
+            cav = _fit(cav, max(keep, len(cav) - over()))
+        elif field == "statement":
+            statement = _fit(statement, max(keep, len(statement) - over()))
+        elif field == "hw":
+            hw = _fit(hw, max(keep, len(hw) - over()))
+        else:
+            holds = _fit(holds, max(keep, len(holds) - over()))
+    while over() > 0 and _shorter(key) != key:
+        key = _shorter(key)
+    if over() > 0:
+        key = _fit(key, len(key) - over())
+    return row(statement, key, cav, hw, holds)
 
 
 def markdown_table(rows: list[dict[str, Any]] | None = None, base: str = "") -> str:
     """The ledger's table, one row per claim (:func:`markdown_row`), then one footnote per
     notebook whose verdicts name stale records (:func:`stale_notes`)."""
     rows = ledger() if rows is None else rows
-    out = ["| claim | statement | verdict | key number | caveat | hardware | notebook |",
-           "|---|---|---|---|---|---|---|"]
+    out = ["| claim | statement | verdict | key number | holds on | caveat | hardware | notebook |",
+           "|---|---|---|---|---|---|---|---|"]
     out += [markdown_row(r, base=base) for r in rows]
+    if any(changed(r) for r in rows):
+        out += ["", LEGEND]
     notes = stale_notes(rows)
     if notes:
         out.append("")
@@ -247,12 +439,16 @@ writes them to `verdicts/<claim>.json`; this page joins them with the claims of
 `repro/data/claims.yaml` (`repro claims` prints the same ledger, `--json` for machines).
 Verdicts: reproduced / partly / contradicted / inconclusive / projected (a model's projection
 onto hardware not measured) / not yet measured. Smoke-profile verdicts (hardware `cpu`) are
-pipeline checks, not evidence. Each row is one line: the verdict, the key number at the
-claim's rule (its first clause), and the one caveat that most limits it (a rule changed after
-its data, a projection's validation, what a memory number measures); the whole key number
-and the records it comes from are in `repro claims` and `verdicts/<claim>.json`. "stale"
-marks a verdict that rests on records made by older code; the footnote of its notebook under
-the table names the stale records, those it rests on and those it left out.
+pipeline checks, not evidence. Each row is one line: the verdict, the clause of its key number
+that decides it, where it holds (each machine it was decided on, with the low-precision format
+the claim is about and its deciding number; for an FP8 claim also the answer of the claim that
+asks its question where the 8-bit arithmetic is INT8, with that claim's verdict), and the one
+caveat that most limits it (a projection's validation, what a memory number measures, the
+verdict its rule gave before the rule changed); the whole key number and the records it comes
+from are in `repro claims` and `verdicts/<claim>.json`.
+"stale" marks a verdict that rests on records made by older code; the footnote of its notebook
+under the table counts the stale records, those it rests on and those it left out, and `repro
+status` lists them.
 """
 
 

@@ -33,18 +33,23 @@ from typing import Any, Iterable
 import pandas as pd
 
 ANY, CPU = "any", "cpu"  # where-keys that accept records of any hardware
+FALLBACK = "fallback"  # a ledger's cells read only for want of the others (Entry.fallback)
 ANYWHERE = (ANY, CPU)
 
 
 @dataclass(frozen=True)
 class Entry:
     """One ledger pattern: ``claim`` reads the cells of ``experiment`` (a records folder)
-    matching ``pattern`` (expanded: a glob without braces) recorded on ``where``."""
+    matching ``pattern`` (expanded: a glob without braces) recorded on ``where``; a
+    ``fallback`` cell only where its rule reads it for want of the others (a speed claim judged
+    from paired cells first: the recipes' separate cells where a hardware has no paired one):
+    a refresh records the others, never these."""
 
     claim: str
     where: str
     experiment: str
     pattern: str
+    fallback: bool = False
 
     @property
     def anywhere(self) -> bool:
@@ -79,7 +84,13 @@ def entries(claims: dict[str, Any] | None = None) -> list[Entry]:
         if not isinstance(led, dict):
             raise ValueError(f"claims.yaml: {cid}: ledger must map a hardware (or any, cpu) "
                              f"to experiments, got {type(led).__name__}")
-        for where, exps in led.items():
+        fallback = led.get(FALLBACK) or {}
+        if not isinstance(fallback, dict):
+            raise ValueError(f"claims.yaml: {cid}: ledger.{FALLBACK} must map a hardware to "
+                             "experiments")
+        items = [(w, e, False) for w, e in led.items() if w != FALLBACK] + \
+            [(w, e, True) for w, e in fallback.items()]
+        for where, exps, fb in items:
             if not isinstance(exps, dict):
                 raise ValueError(f"claims.yaml: {cid}: ledger.{where} must map experiments "
                                  "to lists of cells")
@@ -90,7 +101,7 @@ def entries(claims: dict[str, Any] | None = None) -> list[Entry]:
                     raise ValueError(f"claims.yaml: {cid}: ledger.{where}.{exp} must be a "
                                      "list of cell names")
                 for cell in cells:
-                    out.extend(Entry(cid, str(where), str(exp), p) for p in expand(cell))
+                    out.extend(Entry(cid, str(where), str(exp), p, fb) for p in expand(cell))
     return out
 
 
@@ -118,7 +129,7 @@ def select(records: pd.DataFrame, *claims: str) -> pd.DataFrame:
     """The rows of ``records`` (``evidence.load_records``: each row's ``source`` is its cell
     file) that the verdicts of ``claims`` may read: their ledger set. For a cell an
     ``any``/``cpu`` pattern names, the records of one hardware: fresh before stale, then the
-    newest."""
+    newest (an environment's cells from one hardware together)."""
     if not len(records) or "source" not in records:
         return records
     ents = of_claims(claims)
@@ -133,12 +144,24 @@ def select(records: pd.DataFrame, *claims: str) -> pd.DataFrame:
     return pd.concat([rows[~anywhere.values], chosen]).sort_index().reset_index(drop=True)
 
 
+def _stratum(source: str, sizes: Any) -> tuple[str, str]:
+    """What one hardware's records must cover together: an environment's cells where the
+    records name one (a comparison of variants within an environment must not mix machines),
+    else the cell."""
+    _, experiment, cell = cell_of(source)
+    env = sizes.get("env") if isinstance(sizes, dict) else None
+    return (experiment, f"env:{env}") if env else (experiment, cell)
+
+
 def _one_hardware(rows: pd.DataFrame) -> pd.DataFrame:
-    """Of the rows of cells any hardware may hold: per (experiment, cell), the rows of one
-    hardware: the one whose records are all fresh, else any; then the newest."""
+    """Of the rows of cells any hardware may hold: per stratum (an environment's cells, else
+    a cell: :func:`_stratum`), the rows of one hardware: the one whose records there are all
+    fresh, else any; then the newest."""
     if not len(rows):
         return rows
-    key = rows["source"].map(lambda s: cell_of(s)[1:])
+    sizes = rows["sizes"] if "sizes" in rows else pd.Series(None, index=rows.index)
+    key = pd.Series([_stratum(s, z) for s, z in zip(rows["source"], sizes)],
+                    index=rows.index)
     hw = rows["source"].map(lambda s: cell_of(s)[0])
     stale = rows["stale"].fillna(False).astype(bool) if "stale" in rows else \
         pd.Series(False, index=rows.index)

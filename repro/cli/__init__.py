@@ -6,6 +6,7 @@
     repro notebook NAME [--profile P] [-p KEY=VALUE ...]
     repro status [--json]                        stale records and the verdicts they touch
     repro pipeline [--check]                     write dvc.yaml from the notebooks' imports
+    repro registration [--write|--check]         when each claim's rule was fixed (git history)
     repro hardware | recipes | claims | site
 
 ``record`` runs a study (``repro.studies``: one resumable cell at a time, through
@@ -81,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add(sub)
     outputs.add_pipeline(sub)
     device.add(sub)  # hardware, recipes
-    outputs.add(sub)  # claims, site
+    outputs.add(sub)  # claims, registration, site
     return p
 
 

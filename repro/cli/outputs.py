@@ -1,5 +1,6 @@
 """The commands that make the repository's outputs from its records: ``repro notebook`` (one
-notebook, converted and executed), ``repro claims`` (the ledger), ``repro site`` and
+notebook, converted and executed), ``repro claims`` (the ledger), ``repro registration`` (when each claim's rule was
+fixed), ``repro site`` and
 ``repro pipeline`` (dvc.yaml)."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import sys
 
 from repro.checkout import inside_repository, repo_root
-from repro.cli.checks import (UsageError, notebook_profile, parse_params, rel,
+from repro.cli.checks import (UsageError, notebook_profile, number, parse_params, rel,
                               resolved_profile, text)
 
 
@@ -37,8 +38,7 @@ def cmd_claims(args) -> int:
     if args.json:
         from repro.claims import registration
 
-        loaded: dict = {}  # each experiment's records loaded once for every claim
-        checks = registration.table(records_of=lambda studies: _records_used(studies, loaded))
+        checks = registration.table()
         for r in rows:
             r.update(checks.get(r["claim"], {}))
         print(json.dumps(rows, indent=1))
@@ -49,24 +49,33 @@ def cmd_claims(args) -> int:
     return 0
 
 
-def _records_used(studies: list[str], loaded: dict | None = None):
-    """The committed full-profile records of ``studies`` a verdict may use (stale speed
-    records left out, as the notebooks leave them out); ``loaded`` keeps each study's
-    records for the next claim that reads them."""
-    import pandas as pd
+def cmd_registration(args) -> int:
+    from repro.claims import registration, rulehistory
 
-    from repro import evidence, results
-    from repro.claims import staleness
-
-    loaded = {} if loaded is None else loaded
-    parts = []
-    for s in studies:
-        if s not in loaded:
-            df = evidence.load_records(s, roots=results.results_dir())
-            loaded[s] = staleness.split(df[df["profile"] == "full"])[0] if len(df) else df
-        if len(loaded[s]):
-            parts.append(loaded[s])
-    return pd.concat(parts, ignore_index=True) if parts else None
+    if not (args.write or args.check):
+        rows = registration.summary()
+        if not rows:
+            raise UsageError("no registration findings (repro/data/registration.json): "
+                             "repro registration --write, in a clone with its whole history")
+        print("| " + " | ".join(rows[0]) + " |\n|" + "---|" * len(rows[0]))
+        for r in rows:
+            print("| " + " | ".join(v.replace("|", "\\|") for v in r.values()) + " |")
+        return 0
+    root = repo_root()
+    try:
+        found = rulehistory.build(root, examples=args.examples, progress=lambda s: print(
+            f"  {s}", file=sys.stderr) if args.verbose else None)
+    except (ValueError, FileNotFoundError) as e:
+        raise UsageError(str(e)) from None
+    text = rulehistory.render(found)
+    path = root / "repro" / registration.FINDINGS
+    if args.check:
+        same = path.is_file() and path.read_text() == text
+        print(f"{rel(path)}: {'current' if same else 'OUT OF DATE: repro registration --write'}")
+        return 0 if same else 1
+    path.write_text(text)
+    print(f"{rel(path)}: written ({len(found['claims'])} claims)", file=sys.stderr)
+    return 0
 
 
 def cmd_site(args) -> int:
@@ -123,6 +132,19 @@ def add(sub) -> None:
     c.add_argument("--write", action="store_true",
                    help="write the ledger's page, docs/ledger.md (the README links it)")
     c.set_defaults(func=cmd_claims)
+
+    g = sub.add_parser("registration", help="whether each claim's rule preceded its data: "
+                       "first rule, first data, the commits that changed a decision since")
+    g.add_argument("--write", action="store_true", help="compute it from the whole git "
+                   "history and write repro/data/registration.json")
+    g.add_argument("--check", action="store_true", help="compute it and exit 1 when the "
+                   "committed file differs")
+    g.add_argument("--examples", type=number(int, -1, "--examples must be 0 or more"),
+                   default=100, metavar="N",
+                   help="tables generated per commit to look for a changed decision "
+                   "(default 100)")
+    g.add_argument("--verbose", action="store_true", help="name each commit as it is checked")
+    g.set_defaults(func=cmd_registration)
 
     s = sub.add_parser("site", help="build the static HTML documentation site")
     s.add_argument("--out", metavar="DIR", type=text, help="output directory (default "

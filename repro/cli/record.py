@@ -90,7 +90,7 @@ def record_stale(args) -> int:
     """``repro record --stale``: the stale cells of this hardware (:mod:`repro.refresh`),
     printed as a plan with its estimated device time, then recorded in that order, each
     experiment with ``--only`` its cells, until ``--time-budget`` is spent."""
-    from repro import evidence, hardware, refresh, results, studies
+    from repro import evidence, hardware, refresh, results
 
     if args.only or args.recipe or args.force:
         raise UsageError("--stale chooses the cells itself: leave out --only, --recipe, "
@@ -114,26 +114,35 @@ def record_stale(args) -> int:
         print(f"  {line}", file=sys.stderr)
     if args.plan:
         return 0
-    todo = [c for c in steps if c["recordable"]]
+    todo = [(c["folder"], c["cell"]) for c in steps if c["recordable"]]
+    return record_cells(args, profile, todo, "--stale", "stale")
+
+
+def record_cells(args, profile: str, todo: list[tuple[str, str]], flag: str, what: str,
+                 force: bool = False) -> int:
+    """Record the cells ``todo`` ((experiment, cell), in order), each experiment's in one
+    run, until ``--time-budget`` is spent; one line per experiment."""
+    from repro import results, studies
+
     if todo:
-        check_cpu_full(argparse.Namespace(**{**vars(args), "experiment": "--stale"}), profile,
-                       [todo[0]["folder"]])
+        check_cpu_full(argparse.Namespace(**{**vars(args), "experiment": flag}), profile,
+                       [todo[0][0]])
     check_numerics(profile)
     root, start, lines = results.record_root(profile), time.monotonic(), []
-    for name in dict.fromkeys(c["folder"] for c in todo):
+    for name in dict.fromkeys(exp for exp, _ in todo):
         left = None if args.time_budget is None else \
             args.time_budget - (time.monotonic() - start)
         if left is not None and left <= 0:
             lines.append(f"time budget spent before {name}")
             break
-        only = [c["cell"] for c in todo if c["folder"] == name]
+        only = [cell for exp, cell in todo if exp == name]
         s, p = studies.study(name), studies.params(name, profile)
         if missing := [r for r in s.requires if getattr(p, r, None) is None]:
-            lines.append(f"{name}: {len(only)} stale cell(s) left: it needs --"
+            lines.append(f"{name}: {len(only)} {what} cell(s) left: it needs --"
                          f"{missing[0].replace('_', '-')} (repro record {name} --"
                          f"{missing[0].replace('_', '-')} DIR records them)")
             continue
-        out = runner_run(s, p, root, only, left, args)
+        out = runner_run(s, p, root, only, left, args, force=force)
         lines.append(report(name, profile, out, root))
     print("\n".join(lines))
     return 0
@@ -144,7 +153,7 @@ def record_ledger(args) -> int:
     ledger_set`: the cells the verdicts read), printed as a plan with each cell's estimated
     device time, then its missing and stale cells recorded, the verdicts that need the fewest
     cells first, until ``--time-budget`` is spent (``--force``: every cell of the set)."""
-    from repro import hardware, refresh, results, studies
+    from repro import hardware, refresh, results
     from repro.claims import ledger
 
     if args.only or args.recipe:
@@ -170,34 +179,18 @@ def record_ledger(args) -> int:
         print(f"  {line}", file=sys.stderr)
     if args.plan:
         return 0
-    todo = [c for c in rows if c["recordable"] and (args.force or c["status"] != "fresh")]
-    if skipped := [c for c in rows if not c["recordable"] and c["status"] != "fresh"]:
+    todo = [c for c in rows if c["recordable"] and (
+        args.force or not c["status"].startswith("fresh"))]
+    if skipped := [c for c in rows if not c["recordable"] and
+                   not c["status"].startswith("fresh")]:
         print(f"repro: {len(skipped)} ledger cell(s) are not recorded by `repro record` "
               f"(docs/RECORDING.md says how): {', '.join(c['experiment'] + '/' + c['cell'] for c in skipped[:6])}",
               file=sys.stderr)
     if not todo:
         print(f"the ledger set on {slug} is recorded: nothing to do (--force records it again)")
         return 0
-    check_cpu_full(argparse.Namespace(**{**vars(args), "experiment": "--ledger"}), profile,
-                   [todo[0]["experiment"]])
-    check_numerics(profile)
-    root, start, lines = results.record_root(profile), time.monotonic(), []
-    for name in dict.fromkeys(c["experiment"] for c in todo):
-        left = None if args.time_budget is None else \
-            args.time_budget - (time.monotonic() - start)
-        if left is not None and left <= 0:
-            lines.append(f"time budget spent before {name}")
-            break
-        only = [c["cell"] for c in todo if c["experiment"] == name]
-        s, p = studies.study(name), studies.params(name, profile)
-        if missing := [r for r in s.requires if getattr(p, r, None) is None]:
-            lines.append(f"{name}: {len(only)} ledger cell(s) left: it needs --"
-                         f"{missing[0].replace('_', '-')}")
-            continue
-        out = runner_run(s, p, root, only, left, args, force=args.force)
-        lines.append(report(name, profile, out, root))
-    print("\n".join(lines))
-    return 0
+    return record_cells(args, profile, [(c["experiment"], c["cell"]) for c in todo],
+                        "--ledger", "ledger", force=args.force)
 
 
 def runner_run(study, params, root: Path, only: list[str], budget: float | None, args,

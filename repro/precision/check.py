@@ -78,7 +78,47 @@ def checks() -> list[dict]:
     rows += _native_cast_rows()
     rows += _gemv_widen_rows()
     rows += _int8_rows()
+    rows += _fp32_rows()
     return rows
+
+
+FP32_TOLERANCE = 1e-5  # an FP32 GEMM's error against float64 (TF32 and BF16 passes: ~1e-3)
+
+
+def _gemm_error(fn) -> float:
+    """Relative Frobenius error of ``fn(a, b)`` (FP32 operands, jitted on the device) against
+    the float64 product, on random 256x512 @ 512x256 operands."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((256, 512)).astype(np.float32)
+    b = rng.standard_normal((512, 256)).astype(np.float32)
+    got = np.asarray(jax.jit(fn)(a, b), np.float64)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+def _fp32_rows() -> list[dict]:
+    """An FP32 baseline must be FP32 here: a GEMM at ``Precision.HIGHEST`` and the ``fp32``
+    recipe's dense layer within :data:`FP32_TOLERANCE` of float64 (a TPU computes FP32 dots at
+    JAX's default precision in bfloat16, a Hopper GPU in TF32: shown, not required)."""
+    from repro.precision import layers, resolve
+
+    highest = _gemm_error(lambda a, b: jnp.dot(a, b, precision=jax.lax.Precision.HIGHEST))
+    default = _gemm_error(lambda a, b: jnp.dot(a, b))
+    layer = layers.dense(256, resolve("fp32"), use_bias=False)
+    params = layer.init(jax.random.PRNGKey(0), jnp.zeros((1, 512), jnp.float32))
+
+    def fp32_layer(a, b):  # the recipe's own layer with b as its kernel
+        p = jax.tree_util.tree_map(lambda _: b, params)
+        return layer.apply(p, a)
+
+    recipe = _gemm_error(fp32_layer)
+    return [{"check": f"an FP32 GEMM at Precision.HIGHEST is FP32 (error {highest:.1e} vs "
+                      f"float64)", "ok": highest < FP32_TOLERANCE, "required": True},
+            {"check": f"the fp32 recipe's dense layer is FP32 (error {recipe:.1e} vs float64)",
+             "ok": recipe < FP32_TOLERANCE, "required": True},
+            {"check": f"an FP32 GEMM at JAX's default precision is FP32 (error {default:.1e}; "
+                      "False: this device rounds its operands)",
+             "ok": default < FP32_TOLERANCE, "required": False}]
 
 
 def _int8_rows() -> list[dict]:

@@ -196,14 +196,46 @@ class WriteFailed(RuntimeError):
     run stops at that cell; the cells written before it are kept (a rerun resumes)."""
 
 
-def write_cell(recs: Records, study: Study, cell: Any, root: Path, out: "Outcome") -> Path:
-    """Stamp the programs ``cell`` measured on its records (:func:`stamp_programs`) and
-    write them (:func:`repro.results.write_records`), or :class:`WriteFailed` in one line
-    naming the cell, the file and what was kept: the next cells would fail alike, so the run
-    stops."""
+class CheckoutChanged(RuntimeError):
+    """A file the cell's program ran changed on disk after the run began: the program this
+    process ran (loaded before) is not the one the file now holds, so its records would name
+    code that did not run. The run stops; the cells written before it are kept."""
+
+
+def source_snapshot() -> dict[str, str]:
+    """{checkout-relative path: hash} of the package's source files now (the code a run
+    loads), to tell at each cell whether the checkout changed under the run."""
+    from repro import fingerprint
+
+    pkg = checkout.CHECKOUT / fingerprint.PACKAGE
+    return {checkout.rel(f): fingerprint.file_hash(f) for f in sorted(pkg.rglob("*.py"))}
+
+
+def _unchanged_since(snapshot: dict[str, str] | None, recs: Records, cell: Any) -> None:
+    """:class:`CheckoutChanged` where a source file the records' programs list hashes
+    otherwise than when the run began."""
+    if snapshot is None:
+        return
+    files = {f: h for r in recs for f, h in ((r.get("program") or {}).get("files") or {}).items()
+             if f in snapshot}
+    if changed := sorted(f for f, h in files.items() if snapshot[f] != h):
+        raise CheckoutChanged(f"{cell.name}: {', '.join(changed[:3])} changed on disk after the "
+                              "run began, so its records would name code that did not run; "
+                              "nothing of this cell was written: rerun once the checkout is "
+                              "settled")
+
+
+def write_cell(recs: Records, study: Study, cell: Any, root: Path, out: "Outcome",
+               snapshot: dict[str, str] | None = None) -> Path:
+    """Stamp the programs ``cell`` measured on its records (:func:`stamp_programs`), check
+    that the files they ran are those the run began with (``snapshot``:
+    :func:`source_snapshot`; :class:`CheckoutChanged` otherwise) and write them
+    (:func:`repro.results.write_records`), or :class:`WriteFailed` in one line naming the
+    cell, the file and what was kept: the next cells would fail alike, so the run stops."""
     try:
         if cell.programs is not None:
             recs = stamp_programs(recs, cell, root, study)
+            _unchanged_since(snapshot, recs, cell)
         return results.write_records(recs, study.experiment, cell.name, root=root)
     except OSError as e:
         failed = f"; {len(out.failed)} cell(s) failed before it" if out.failed else ""
@@ -303,6 +335,7 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
     root = Path(root)
     slug = results.slug(hardware) if hardware else hw.detect().slug
     stamp = fingerprint.study_stamp(study.source_module, study.data)
+    snapshot = source_snapshot()  # the code this run loads: a cell's records must name it
     checker = checker or provenance.Checker()
     stale: set[str] = set()
 
@@ -358,7 +391,7 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
         recs = results.restamp(recs, hardware=hardware, note=note, stamp=stamp,
                                conditions=conditions.merge_conditions(
                                    before, conditions.run_conditions()))
-        out.written.append(write_cell(recs, study, cell, root, out))
+        out.written.append(write_cell(recs, study, cell, root, out, snapshot))
     bar.close()
     if out.failed:
         raise CellsFailed(study.experiment, out.failed)

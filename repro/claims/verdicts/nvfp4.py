@@ -13,15 +13,20 @@ from repro.verdict import rule as rule_of
 from repro.experiments.lm.tables import SIZE_ORDER
 
 
-def _pick(frame: pd.DataFrame, which: str, by: list[str]) -> pd.Series:
+def _pick(frame: pd.DataFrame, which: str, by: list[str]) -> pd.Series | None:
     """The row of ``frame`` a rule's ``cells`` name: ``largest ...`` (the last sorted by
-    ``by``) or ``smallest ...`` (the first)."""
+    ``by``), ``smallest ...`` (the first) or a model by name (its last row; None where the
+    frame has none)."""
     ordered = frame.sort_values(by, kind="stable")
     if which.startswith("largest"):
         return ordered.iloc[-1]
     if which.startswith("smallest"):
         return ordered.iloc[0]
-    raise ValueError(f"a rule's model must be 'largest ...' or 'smallest ...', got {which!r}")
+    if which in SIZE_ORDER:
+        named = ordered[ordered["model"] == which] if "model" in ordered else ordered.iloc[:0]
+        return named.iloc[-1] if len(named) else None
+    raise ValueError(f"a rule's model must be 'largest ...', 'smallest ...' or one of "
+                     f"{', '.join(SIZE_ORDER)}, got {which!r}")
 
 
 def b1(checks: Mapping[str, bool], mismatches: tuple[int, int], sizes: tuple[int, int],
@@ -40,14 +45,17 @@ def b1(checks: Mapping[str, bool], mismatches: tuple[int, int], sizes: tuple[int
     key = (f"0 bit mismatches in {sizes[0]} E2M1 elements and {sizes[1]} E4M3 block scales "
            f"vs ml_dtypes; NVFP4 relative error {nvfp4_error:.3f} on normal data" if passed
            else f"{mismatches[0]} element and {mismatches[1]} block-scale bit mismatches")
+    decides = ""
     if passed and not native_fp4:
-        key += ("; native Blackwell support not tested: no committed record ran NVFP4 GEMMs on "
-                "FP4 tensor cores")
+        decides = ("native Blackwell support not tested: no committed record ran NVFP4 GEMMs "
+                   "on FP4 tensor cores")
+        key += "; " + decides
     v = "contradicted" if not passed else "reproduced" if native_fp4 else "partly"
     return Verdict("B1", v, key, hardware,
                    "notebooks/01_formats.py (checks run in the notebook); results/*/lm", note,
                    numbers={"e2m1_mismatches": mismatches[0], "scale_mismatches": mismatches[1],
-                            "nvfp4_rel_error": nvfp4_error, "native_fp4": int(native_fp4)})
+                            "nvfp4_rel_error": nvfp4_error, "native_fp4": int(native_fp4)},
+                   decides=decides)
 
 
 def _b2_keys(r) -> list[tuple[str, str, str, str]]:
@@ -169,11 +177,13 @@ def b3(ratios: pd.DataFrame, rule=None) -> Verdict:
     fmt = max(r["weights"], r["activations"])
     v = ("reproduced" if fmt <= limit and r["whole"] <= limit else
          "partly" if fmt <= limit else "contradicted")
+    whole = (f"the {r['model']} model's GEMM operands under NVIDIA's policy "
+             f"{r['whole']:.3f} (limit {limit})")
     key = (f"NVFP4 tensors take {r['weights']:.3f} (weights, 16x16 blocks) and "
-           f"{r['activations']:.3f} (activations, 1x16) of their BF16/FP16 bytes; the "
-           f"{r['model']} model's GEMM operands under NVIDIA's policy {r['whole']:.3f}")
+           f"{r['activations']:.3f} (activations, 1x16) of their BF16/FP16 bytes; {whole}")
     return Verdict("B3", v, key, str(r["hardware"]), source, note,
-                   numbers={k: r[k] for k in ("weights", "activations", "whole")})
+                   numbers={k: r[k] for k in ("weights", "activations", "whole")},
+                   decides=whole if v == "partly" else "")
 
 
 def _b4_row(gaps: pd.DataFrame, r) -> pd.Series | None:
@@ -187,8 +197,10 @@ def _b4_row(gaps: pd.DataFrame, r) -> pd.Series | None:
     g = g.assign(_full=(g["profile"] == "full").astype(int),
                  _size=g["model"].map(SIZE_ORDER).fillna(-1))
     full = g[g["_full"] == g["_full"].max()]
-    size = _pick(full, r["cells"]["model"], ["_size"])["_size"]
-    return full[full["_size"] == size].sort_values("n_seeds").iloc[-1]
+    picked = _pick(full, r["cells"]["model"], ["_size"])
+    if picked is None:
+        return None
+    return full[full["_size"] == picked["_size"]].sort_values("n_seeds").iloc[-1]
 
 
 def _b4_note(row: pd.Series, gaps: pd.DataFrame, vs_fp8: pd.DataFrame, r) -> str:
@@ -280,9 +292,11 @@ def b5(table: pd.DataFrame, planned: Mapping[str, Sequence[str]] | None = None,
                  & (table["n_devices"] >= 2)] if len(table) else table
     real = real[np.isfinite(real["efficiency"].astype(float))] if len(real) else real
     if not len(real):
-        return Verdict("B5", "not yet measured", f"{B5_CPU_CHECKS}. Scaling not measured: run "
-                       "`repro record multigpu --profile full` on a 2/4/8-GPU machine", "",
-                       source, "No multi-GPU records yet; CPU devices never count.")
+        missing = ("Scaling not measured: run `repro record multigpu --profile full` on a "
+                   "2/4/8-GPU machine")
+        return Verdict("B5", "not yet measured", f"{B5_CPU_CHECKS}. {missing}", "",
+                       source, "No multi-GPU records yet; CPU devices never count.",
+                       decides=missing)
     top = real.groupby("hardware")["n_devices"].max()
     hw = top[top == top.max()].index[0]  # first hardware (by name) with the largest count
     nmax = int(top[hw])

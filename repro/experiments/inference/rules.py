@@ -199,6 +199,10 @@ def b6(acc: pd.DataFrame, mem: pd.DataFrame, spd: pd.DataFrame,
     parts = judged + _bytes_parts(mem, r["bytes"])
     verdict = _combine([p["ok"] for p in parts])
     key = "; ".join(p["text"] for p in judged)
+    # what decides: the first judged part that fails, else one that cannot tell
+    decides = next((p["text"] for want in (False, UNSURE, None) for p in judged
+                    if p["ok"] is want or (want == UNSURE and p["ok"] == UNSURE)), "") \
+        if verdict != "reproduced" else ""
     smoke = acc["profile"].iloc[0] != "full"
     if smoke:
         key = f"smoke records only ({verdict} as a pipeline check, not evidence): {key}"
@@ -218,4 +222,4 @@ def b6(acc: pd.DataFrame, mem: pd.DataFrame, spd: pd.DataFrame,
             + "; ".join(f"{LABEL[p['ok']]}: {p['text']}" for p in parts))
     return Verdict("B6", verdict, key, hw if speed_hw in ("", hw) else f"{hw}, {speed_hw}",
                    SOURCE, note, bool(acc[acc["format"].isin(own)]["emulated"].any()),
-                   caveat=common_config_caveat(spd, fp8, r))
+                   caveat=common_config_caveat(spd, fp8, r), decides=decides)

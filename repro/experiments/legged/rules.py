@@ -241,6 +241,8 @@ def a11(ups: pd.DataFrame, quality: pd.DataFrame, recipe: str | None = None,
              f"FP8 does not pay up to width {int(u.width.max())}")
     envs = ", ".join(envs)
     key = f"{recipe}/BF16 whole PPO loop on {envs} (MJX physics): {speed}; {where}; {qual}"
+    # what decides: where FP8 pays, unless it pays at the narrowest size (then quality)
+    decides = "" if verdict == "reproduced" else where if not pays[narrow] else qual
     return Verdict("A11", verdict, key, hw,
                    f"results/{hw}/{EXPERIMENT} (env_steps_per_s, update_ms, final_return, "
-                   "physics_env_steps_per_s)", NOTE)
+                   "physics_env_steps_per_s)", NOTE, decides=decides)

@@ -22,6 +22,7 @@ OURS = ("fp8-current", "fp8-delayed")  # this repository's FP8 defaults
 
 
 NO_FP8 = "no FP8 GEMM: ran BF16"  # the label of an FP8 row whose program had no FP8 GEMM
+EMULATED = "emulated FP8: not a speed"  # the label of an FP8 row the hardware emulated
 
 
 def kind(recipe: str) -> str:
@@ -61,11 +62,11 @@ def step_table(df: pd.DataFrame) -> pd.DataFrame:
     (hardware, width, recipe).
 
     ``no_fp8``: an FP8 recipe whose program ran no FP8 GEMM (:func:`ran_no_fp8`; a policy
-    such as ``fp8-auto`` below its ``fp8_min_dim``): its speedup is BF16 against BF16, and
-    ``label`` (the recipe, else) says so. ``emulated`` means the hardware lacks the format
-    the row ran: a policy that kept every GEMM in BF16 ran BF16, natively (its records say
-    so since ``repro.studies.lowering.recipe_emulated`` reads a program without f8 values as
-    not emulated; older records call it emulated, and are read alike)."""
+    such as ``fp8-auto`` below its ``fp8_min_dim``): its speedup is BF16 against BF16, never
+    an FP8 number, and ``label`` says so. ``emulated`` is the record's (a program without f8
+    values reads as not emulated: ``repro.studies.lowering.recipe_emulated``): an FP8 row that
+    ran emulated FP8 (the hardware lacks it) is no speed either, and ``label`` says that too
+    (else it is the recipe)."""
     steps = df[df.metric == "step_time_ms"].copy() if len(df) else pd.DataFrame()
     if not len(steps):
         return pd.DataFrame(columns=["hardware", "width", "batch", "recipe", "value", "kind",
@@ -79,17 +80,18 @@ def step_table(df: pd.DataFrame) -> pd.DataFrame:
     steps["lever_cell"] = steps.source.astype(str).str.contains("_levers|_variants")
     steps["main"] = ~steps.lever_cell | ~steps.recipe.isin(["bf16", *OURS])
     steps["no_fp8"] = [ran_no_fp8(r, e) for r, e in zip(steps.recipe, steps["extra"])]
-    steps["label"] = steps.recipe.where(~steps.no_fp8, steps.recipe + f" ({NO_FP8})")
-    policy = steps.kind == "policy"
-    steps.loc[policy & steps.no_fp8, "emulated"] = False
+    emulated = steps.emulated.astype(bool) & (steps.kind != "baseline") & ~steps.no_fp8
+    steps["label"] = steps.recipe.where(~steps.no_fp8, steps.recipe + f" ({NO_FP8})").where(
+        ~emulated, steps.recipe + f" ({EMULATED})")
     return steps
 
 
 def native(steps: pd.DataFrame) -> pd.DataFrame:
-    """Rows of hardware where every FP8 recipe ran natively (no emulated FP8 record)."""
+    """Rows of hardware where every FP8 recipe that ran an FP8 GEMM ran it natively (no
+    emulated FP8 record; a row that ran no FP8 GEMM says nothing either way)."""
     if not len(steps):
         return steps
-    fp8 = steps[steps.kind != "baseline"]
+    fp8 = steps[(steps.kind != "baseline") & ~steps.no_fp8]
     hws = [h for h, g in fp8.groupby("hardware") if len(g) and not g.emulated.any()]
     return steps[steps.hardware.isin(hws)]
 
@@ -130,8 +132,8 @@ def targets_table(steps: pd.DataFrame, gemm: pd.DataFrame, targets: dict[int, fl
     """Per (native hardware, target width): the step speedup of each default FP8 recipe
     (:data:`OURS`) against the target, ``met by`` the defaults that reach it, and beside them
     each per-layer policy (``fp8-auto``) with ``policy ran`` saying whether it ran FP8 there
-    (a row that ran no FP8 GEMM is BF16 against BF16: it meets no FP8 target), flax's peer
-    and the GEMM ceiling."""
+    (where it ran no FP8 GEMM its number is left out: BF16 against BF16 is no FP8 speedup),
+    flax's peer and the GEMM ceiling."""
     nat = _main(steps, batch)
     policies = sorted(set(nat[nat.kind == "policy"].recipe)) if len(nat) else []
     cols = ["hardware", "width", "target", *OURS, "met by", "met"]
@@ -151,7 +153,8 @@ def targets_table(steps: pd.DataFrame, gemm: pd.DataFrame, targets: dict[int, fl
             row["met by"] = ", ".join(met) if met else ("neither" if have else "not measured")
             row["met"] = bool(met) if have else None
             for p in policies:
-                row[f"{p} (policy)"] = float(at.speedup[p]) if p in at.index else np.nan
+                row[f"{p} (policy)"] = (float(at.speedup[p]) if p in at.index
+                                        and not at.no_fp8[p] else np.nan)
                 row[f"{p} ran"] = (None if p not in at.index else NO_FP8 if at.no_fp8[p]
                                    else "FP8")
             row["flax peer"] = (float(at.speedup["flax-fp8"]) if "flax-fp8" in at.index

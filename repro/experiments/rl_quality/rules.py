@@ -87,21 +87,23 @@ def _numbers(poi: pd.DataFrame, *pairs: tuple[str, str]) -> dict:
 
 
 def _quality(claim: str, v: str, parts: list[str], ev: QualityEvidence,
-             numbers: dict | None = None, rule: Mapping | None = None) -> Verdict:
+             numbers: dict | None = None, rule: Mapping | None = None,
+             decides: str = "") -> Verdict:
     """Smoke records never decide; fewer environments than the rule's ``min_envs`` cap at
-    partly."""
+    partly (that clause then decides, else ``decides``)."""
     min_envs = rule_of(claim, rule)["min_envs"]
     if ev.profile != "full" and v != "not yet measured":
         parts = [f"smoke only ({v} on {ev.n_seeds} seeds, {', '.join(ev.envs)})"] + parts
-        v = "not yet measured"
+        v, decides = "not yet measured", ""
     elif v == "reproduced" and len(ev.envs) < min_envs:
         v = "partly"
         parts = [(f"reproduced on {len(ev.envs)} of {ev.planned_envs} planned environments "
                   f"(< {min_envs}: capped at partly)")] + parts
+        decides = ""
     note = (f"notebook 04_rl_quality; {ev.profile} profile; IQM/POI over "
             f"{', '.join(ev.envs)}")
     return Verdict(claim, v, "; ".join(parts), ev.hardware, QUALITY_SOURCE, note,
-                   numbers=numbers or {})
+                   numbers=numbers or {}, decides=decides)
 
 
 def a5(poi: pd.DataFrame, ev: QualityEvidence, bounds: Sequence[float] | None = None,
@@ -140,7 +142,8 @@ def a7(poi: pd.DataFrame, ev: QualityEvidence, rule: Mapping | None = None) -> V
     v = ("not yet measured" if helps is None else "contradicted" if not helps else
          "reproduced" if _not_worse(poi, x, ref) else "partly")
     return _quality("A7", v, [_compare(poi, a, b)[1] for a, b in pairs + [(x, ref)]], ev,
-                    _numbers(poi, *pairs, (x, ref)), r)
+                    _numbers(poi, *pairs, (x, ref)), r,
+                    decides=_compare(poi, x, ref)[1] if v == "partly" else "")
 
 
 def _prevents(poi, x: str, ablation: str, what: str, diverged: Mapping[str, int]):

@@ -162,9 +162,14 @@ class Params(Section):
 
 
 def narrow(p: Params, recipes) -> Params:
-    """``--recipe``: only the named recipes (each must resolve); see :class:`Params`."""
+    """``--recipe``: only the named recipes (each must resolve, and be one the PPO networks
+    take: this repository's layers, not a peer library's); see :class:`Params`."""
     for r in recipes:
-        resolve(r)  # a one-line error naming the valid recipes
+        backend = resolve(r).backend  # a one-line error naming the valid recipes
+        if backend != "repro":
+            raise ValueError(f"rl_throughput: --recipe {r} runs on the {backend} backend, "
+                             "which the PPO networks do not take; recipes of its cells: "
+                             f"{', '.join(p.recipes)}")
     return replace(p, selected=tuple(dict.fromkeys(recipes)))
 
 

@@ -203,13 +203,19 @@ def a9(sp: pd.DataFrame, rule: Mapping[str, Any] | None = None) -> Verdict:
     ok = {k: v >= r["faster"] for k, v in best.items()}
     v = ("reproduced" if len(ok) == 2 and all(ok.values()) else
          "partly" if any(ok.values()) else "contradicted")
-    key = "; ".join(f"best FP8/BF16 whole loop, {k}: {x:.2f}x" for k, x in best.items())
+    clauses = {k: f"best FP8/BF16 whole loop, {k}: {x:.2f}x" for k, x in best.items()}
+    key = "; ".join(clauses.values())
+    # what decides: a network that is not faster, else the one not measured
+    decides = next((clauses[k] for k, fast in ok.items() if not fast), "")
     if cnn not in best:
-        key += ("; CNN speed not measured: every FP8 CNN cell is emulated (the FP8 convolution's "
-                "backward runs through BF16)")
+        missing = ("CNN speed not measured: every FP8 CNN cell is emulated (the FP8 "
+                   "convolution's backward runs through BF16)")
+        key += "; " + missing
+        decides = decides or missing
     return Verdict("A9", v, key + " (speed; quality in notebook 04)", _hw_judged(real, sp),
                    "results/*/rl_throughput", RL_NOTE,
-                   numbers={f"{k}_fp8_bf16_e2e_max": x for k, x in best.items()})
+                   numbers={f"{k}_fp8_bf16_e2e_max": x for k, x in best.items()},
+                   decides=decides if v != "reproduced" else "")
 
 
 def c1(sp: pd.DataFrame, rule: Mapping[str, Any] | None = None) -> Verdict:
