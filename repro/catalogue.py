@@ -249,6 +249,8 @@ _LEGGED_APART = ("timed apart from the samples: a Python loop of the raw environ
                  "step, and its first two calls")
 LEGGED = Experiment("legged", "repro.experiments.legged.measure", "10_legged",
                     formerly=("repro.studies.legged",),
+                    modules=("repro.experiments.legged.cells",
+                             "repro.experiments.legged.schema"),
                     analysis="repro.experiments.legged.tables",
                     verdicts="repro.experiments.legged.rules", quality_metrics=RL_RETURNS,
                     statistics={
