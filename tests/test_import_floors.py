@@ -61,6 +61,7 @@ PLACES = {
     "repro.notebook": "top",
     "repro.run_notebook": "top",
     "repro.pipeline": "top",
+    "repro.record_reads": "top",
     "repro.site": "top",
     "repro.refresh": "top",
     "repro.tables": "top",
