@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from repro.claims import rulecode
+from repro.claims import rulecode, ruleinputs
 
 #: what the history says of each claim's rule, under the package (``repro registration``)
 FINDINGS = "data/registration.json"
@@ -65,11 +65,11 @@ def inputs_path(claim: str) -> Path:
 
 def write_inputs(claim: str, args: tuple, kw: dict[str, Any]) -> Path:
     """Write the inputs a claim's verdict was computed from, for the rules' history to rerun
-    every version of the rule on them (:func:`repro.claims.rulecode.dump`)."""
+    every version of the rule on them (:func:`repro.claims.ruleinputs.dump`)."""
     path = inputs_path(claim)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(rulecode.dump(args, kw))
+    tmp.write_text(ruleinputs.dump(args, kw))
     tmp.replace(path)
     return path
 
@@ -83,7 +83,7 @@ def read_inputs(claim: str, root: Path | str | None = None) -> tuple[tuple, dict
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no inputs of {claim}'s verdict; run its notebook "
                                 "(dvc repro)")
-    return rulecode.load(path.read_text())
+    return ruleinputs.load(path.read_text())
 
 
 def _day(date: str) -> str:
