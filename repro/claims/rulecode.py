@@ -1,6 +1,6 @@
 """Running a rule as it was written at an older commit, on today's tables.
 
-A rule's code (:class:`repro.claims.rulehistory.Code`, kept as text: in
+A rule's code (:class:`repro.claims.rulesource.Code`, kept as text: in
 ``repro/data/registration.json`` for the rule each claim had when its first data came, or read
 from git) is executed here, each of its modules in a fresh namespace: its statements as they
 stood, its imports of other modules resolved to today's modules, its reads of
@@ -30,6 +30,7 @@ import inspect
 import io
 import itertools
 import json
+import re
 import sys
 import types
 from types import SimpleNamespace
@@ -42,7 +43,11 @@ from repro.verdict import VERDICTS
 
 
 #: modules whose names moved since an earlier rule imported them: former name -> today's
-MOVED = {"repro.claims.verdicts._base": "repro.verdict"}
+MOVED = {"repro.claims.verdicts._base": "repro.verdict",
+         "repro.experiments._spec": "repro.catalogue"}
+#: an experiment's former spec module (``repro/experiments/<name>/spec.py``, its ``SPEC``): its
+#: entry is in the catalogue now
+FORMER_SPEC = re.compile(r"repro\.experiments\.(\w+)\.spec")
 
 
 class RuleError(ValueError):
@@ -138,7 +143,7 @@ def _resolve(stmt_text: str) -> tuple[list[tuple[str, str, str]], dict[str, Any]
             with contextlib.suppress(Exception):  # (a module since moved: by today's name)
                 mod = importlib.import_module(MOVED.get(stmt.module, stmt.module))
                 bound[a.asname or a.name] = getattr(mod, a.name) if hasattr(mod, a.name) \
-                    else importlib.import_module(f"{stmt.module}.{a.name}")
+                    else _submodule(f"{stmt.module}.{a.name}")
     else:
         for a in stmt.names:
             with contextlib.suppress(Exception):
@@ -146,6 +151,16 @@ def _resolve(stmt_text: str) -> tuple[list[tuple[str, str, str]], dict[str, Any]
                 bound[a.asname or a.name.split(".")[0]] = mod if a.asname else \
                     importlib.import_module(a.name.split(".")[0])
     return links, bound
+
+
+def _submodule(name: str) -> Any:
+    """The module ``name`` as an earlier rule imported it: today's, by its name now
+    (:data:`MOVED`); a former spec module stands for its catalogue entry (its ``SPEC``)."""
+    if m := FORMER_SPEC.fullmatch(name):
+        from repro import catalogue
+
+        return SimpleNamespace(SPEC=catalogue.get(m[1]))
+    return importlib.import_module(MOVED.get(name, name))
 
 
 def _module_of(path: str) -> str:
