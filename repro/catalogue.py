@@ -228,6 +228,7 @@ MULTIGPU = Experiment("multigpu", "repro.experiments.multigpu.measure", "08_mult
 
 RL_PUREJAXRL = Experiment("rl_purejaxrl", "repro.experiments.rl_purejaxrl.measure",
                           "09_ppo_speed", formerly=("repro.studies.purejaxrl",),
+                          modules=("repro.experiments.rl_purejaxrl.peer",),
                           quality_metrics=("final_return",), statistics={
                               "env_steps_per_s": Statistic("run_s", work=("sizes.env_steps",),
                                                            rates=True)})

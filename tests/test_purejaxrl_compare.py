@@ -17,6 +17,7 @@ import pytest
 from repro import cli, evidence, results
 from repro.analysis import rl as rl_analysis
 from repro.experiments.rl_purejaxrl import measure as purejaxrl
+from repro.experiments.rl_purejaxrl import peer
 from repro.models import ppo
 from repro.studies import runner
 
@@ -42,7 +43,7 @@ def clean_modules():
 
 def test_categorical_stand_in_matches_float64_softmax():
     logits = np.array([[0.3, -1.2, 2.0], [5.0, 5.0, -30.0]], np.float32)
-    pi = purejaxrl.distrax_stand_in().Categorical(logits=jnp.asarray(logits))
+    pi = peer.distrax_stand_in().Categorical(logits=jnp.asarray(logits))
     z = logits.astype(np.float64)
     p = np.exp(z - z.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
@@ -58,7 +59,7 @@ def test_categorical_stand_in_matches_float64_softmax():
 
 def test_five_tuple_step_is_gymnax_0x():
     env, params = gymnax.make("CartPole-v1")
-    wrapped = purejaxrl.FiveTupleStep(env)
+    wrapped = peer.FiveTupleStep(env)
     key = jax.random.PRNGKey(3)
     obs, state = env.reset(key, params)
     state = state.replace(time=params.max_steps_in_episode - 1)  # next step truncates
@@ -67,7 +68,7 @@ def test_five_tuple_step_is_gymnax_0x():
     assert len(raw) == 6 and len(out) == 5
     assert bool(raw[4]) and bool(out[3])  # truncated -> done
     np.testing.assert_array_equal(out[0], raw[0])
-    assert not set(purejaxrl.GYMNAX_1_INFO) & set(out[4])
+    assert not set(peer.GYMNAX_1_INFO) & set(out[4])
     assert wrapped.action_space(params).n == env.action_space(params).n
 
 
