@@ -228,7 +228,8 @@ MULTIGPU = Experiment("multigpu", "repro.experiments.multigpu.measure", "08_mult
 
 RL_PUREJAXRL = Experiment("rl_purejaxrl", "repro.experiments.rl_purejaxrl.measure",
                           "09_ppo_speed", formerly=("repro.studies.purejaxrl",),
-                          modules=("repro.experiments.rl_purejaxrl.peer",),
+                          modules=("repro.experiments.rl_purejaxrl.peer",
+                                   "repro.experiments.rl_purejaxrl.runs"),
                           quality_metrics=("final_return",), statistics={
                               "env_steps_per_s": Statistic("run_s", work=("sizes.env_steps",),
                                                            rates=True)})
