@@ -30,14 +30,15 @@ from typing import Any, Union
 
 import yaml
 
-from repro import experiments
+from repro import catalogue, checkout
 
 PROFILES = ("smoke", "full", "auto")
 SUBSECTIONS = ("common", "smoke", "full")
 # The sections of params.yaml: each study's (repro.studies, Study.params_section) and each
-# notebook's (repro.pipeline.STAGES), from repro.experiments; tests/test_boundaries.py checks
-# the list is complete.
-SECTIONS = experiments.SECTIONS
+# notebook's (repro.pipeline.STAGES), from repro.catalogue; tests/test_boundaries.py checks
+# the list is complete. TOP_LEVEL: the keys params.yaml may have at its top (read when a file
+# is loaded: a test that registers a toy study adds its section here).
+SECTIONS = catalogue.SECTIONS
 TOP_LEVEL = ("profile", *SECTIONS)
 # Integers in params.yaml are sizes, counts and seeds: beyond JAX's default integer they
 # overflow or run for ever.
@@ -105,9 +106,7 @@ def from_cli(default: Any = None) -> Any:
 
 
 def params_path() -> Path:
-    from repro.results import repo_root
-
-    return repo_root() / "params.yaml"
+    return checkout.repo_root() / "params.yaml"
 
 
 def _line_column(text: str | bytes, index: int) -> str:
@@ -159,7 +158,7 @@ def load_params(path: str | Path | None = None) -> dict[str, Any]:
         resolve_profile(data.get("profile", "smoke"))  # validate early
     except ConfigError as e:
         raise ConfigError(f"{path.name}: profile: {e}") from None
-    _check_keys(data, top_level(), path.name)
+    _check_keys(data, TOP_LEVEL, path.name)
     for name in data:
         if name == "profile":
             continue
@@ -203,14 +202,6 @@ def _check_seeds(value: Any, at: str) -> None:
             _fail(here, f"{v} is negative: seeds are integers >= 0")
         else:
             _check_seeds(v, here)
-
-
-def top_level() -> tuple[str, ...]:
-    """The keys params.yaml may have at its top: :data:`TOP_LEVEL`, and the section of every
-    experiment :data:`repro.studies.EXPERIMENTS` registers (named as the experiment)."""
-    from repro import studies
-
-    return tuple(dict.fromkeys([*TOP_LEVEL, *studies.EXPERIMENTS]))
 
 
 def resolve_profile(profile: str) -> str:

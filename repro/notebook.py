@@ -38,10 +38,9 @@ from typing import Any
 
 import pandas as pd
 
-from repro import config, hardware, plotstyle, results
+from repro import config, evidence, hardware, plotstyle, results
 from repro.claims import ledger, staleness
-from repro.claims.verdicts import Verdict
-from repro.claims.verdicts._base import tidy
+from repro.verdict import Verdict, tidy
 
 
 #: the PNG text chunk that holds what a saved figure draws (:func:`repro.plotstyle.plotted`)
@@ -88,7 +87,7 @@ class Notebook:
         the verdicts to count (:func:`repro.claims.staleness.beside`), unless a rule of this
         notebook's claims that reads ``experiment`` requires its cells to run alone (its
         ``cells: {alone: true}``): then they are left out too, and named."""
-        df = results.load_records(experiment, roots=results.results_dir(),
+        df = evidence.load_records(experiment, roots=results.results_dir(),
                                   keep_defective=keep_defective)
         df = df[df["profile"] == "full"].reset_index(drop=True) if len(df) else df
         fresh, left = staleness.split(df, alone=self._alone(experiment))
@@ -133,7 +132,7 @@ class Notebook:
 
     def smoke_records(self, experiment: str) -> pd.DataFrame:
         """This machine's smoke records of ``experiment`` (``build/results/``): scratch."""
-        return results.load_records(experiment, roots=results.scratch_results_dir())
+        return evidence.load_records(experiment, roots=results.scratch_results_dir())
 
     def save(self, fig, stem: str, records: pd.DataFrame | str | None = None) -> Path:
         """Caption ``fig`` with the hardware and profile of ``records`` (or a text) and save

@@ -42,7 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-HASH_CHARS = 16
+from repro import checkout
+from repro.fingerprint import dump, file_hash, strip_docstrings, text_hash
+
 TEXTS = "programs"  # under the results root: <hash>.txt.gz, the canonical program texts
 
 
@@ -83,7 +85,7 @@ class Traced:
 
 def python_minor() -> str:
     """What ``files``' syntax-tree hashes depend on of Python: nothing ("3.x": they are
-    printed without the fields a minor version adds, :func:`repro.provenance.dump`)."""
+    printed without the fields a minor version adds, :func:`repro.fingerprint.dump`)."""
     return "3.x"
 
 
@@ -106,20 +108,6 @@ def canonical(closed) -> str:
     return "\n".join(lines) + "\n"
 
 
-def text_hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]
-
-
-def _strip_docstrings(tree: ast.AST) -> ast.AST:
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list):
-            node.body = [s for s in body if not (
-                isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
-                and isinstance(s.value.value, str))] or [ast.Pass()]
-    return tree
-
-
 def kit_sources(kit: Iterable[Callable]) -> list[dict[str, str]]:
     """The kit functions as :func:`kit_hash_of` reads them: ``{"src": source}``, or
     ``{"name": qualified name}`` for a function without source (a builtin)."""
@@ -136,10 +124,8 @@ def kit_sources(kit: Iterable[Callable]) -> list[dict[str, str]]:
 
 def kit_hash_of(parts: Iterable[dict[str, str]]) -> str:
     """sha256 of :func:`kit_sources`' syntax trees (docstrings and comments left out, printed
-    alike by every Python version: :func:`repro.provenance.dump`), in the order given."""
-    from repro.provenance import dump
-
-    return text_hash("\n".join(dump(_strip_docstrings(ast.parse(p["src"]))) if "src" in p
+    alike by every Python version: :func:`repro.fingerprint.dump`), in the order given."""
+    return text_hash("\n".join(dump(strip_docstrings(ast.parse(p["src"]))) if "src" in p
                                else p["name"] for p in parts))
 
 
@@ -191,34 +177,11 @@ class _Files:
         builtins.open, io.open = self._open, self._io_open
 
 
-def file_hash(path: Path) -> str:
-    """The hash :func:`trace` keeps for a checkout file: the syntax tree without docstrings
-    for Python source (:func:`repro.provenance.source_hash`), the bytes for anything else."""
-    from repro import provenance
-
-    return provenance.source_hash(path) if path.suffix == ".py" else provenance.data_hash(path)
-
-
-@functools.lru_cache(maxsize=1)
-def _tracked() -> frozenset[str] | None:
-    """The checkout's files git tracks (None: no git here, as in a copy on a GPU machine)."""
-    import subprocess
-
-    from repro import provenance
-
-    try:
-        out = subprocess.run(["git", "ls-files", "-z"], cwd=provenance.CHECKOUT,
-                             capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return frozenset(out.stdout.decode().split("\0")) - {""} if out.returncode == 0 else None
-
-
 def _kept() -> Callable[[str], bool]:
     """Which files a trace keeps: the tracked ones (a build artifact the trace opened, such
     as an installed package's metadata, is no file of the program: a fresh clone lacks it);
     without git, those outside build folders and package metadata."""
-    tracked = _tracked()
+    tracked = checkout.tracked()
     if tracked is not None:
         return lambda rel: rel in tracked or rel.startswith(PARAMS_PREFIX)
     return lambda rel: not (rel.startswith(("build/", "dist/")) or ".egg-info/" in rel)
@@ -229,9 +192,9 @@ def trace(program: Program, platform: str, device_kind: str = "") -> Traced:
     has) and fingerprint it; see the module docstring."""
     import jax
 
-    from repro import hardware, provenance
+    from repro import hardware
 
-    with hardware.target(platform, device_kind), _Files(provenance.CHECKOUT) as files:
+    with hardware.target(platform, device_kind), _Files(checkout.CHECKOUT) as files:
         closed = jax.make_jaxpr(program.fn)(*program.args)
     text = canonical(closed)
     files.seen.discard(str(Path(__file__).resolve()))  # the harness that traced it
@@ -244,8 +207,8 @@ def trace(program: Program, platform: str, device_kind: str = "") -> Traced:
     kept = _kept()
     for f in sorted(files.seen):
         p = Path(f)
-        if p.is_file() and files.ours(str(p)) and kept(provenance.rel(p)):
-            hashes[provenance.rel(p)] = file_hash(p)
+        if p.is_file() and files.ours(str(p)) and kept(checkout.rel(p)):
+            hashes[checkout.rel(p)] = file_hash(p)
     hashes.update(program.settings)
     return Traced(text_hash(text), kit_hash(program.kit), hashes, platform, device_kind, text)
 
@@ -279,6 +242,18 @@ def params_key(rel: str) -> tuple[str, str | None]:
     """(section, profile) of a ``params.yaml#SECTION[@PROFILE]`` settings key."""
     section, _, profile = rel.removeprefix(PARAMS_PREFIX).partition("@")
     return section, profile or None
+
+
+def with_settings(prog: Program, section: str | None, profile: str = "full") -> Program:
+    """``prog`` with the hash of what a run of ``profile`` reads of the params.yaml
+    ``section`` its cells read their settings from among its ``settings``
+    (:func:`params_entry`); unchanged where the study has no section."""
+    import dataclasses
+
+    if not section:
+        return prog
+    return dataclasses.replace(prog, settings={**prog.settings,
+                                               **params_entry(section, profile=profile)})
 
 
 # -------------------------------------------------------------------------- the texts

@@ -16,428 +16,33 @@ was traced. It is *stale* (:class:`Checker`) when
   recorded for quality records (:func:`version_reasons`).
 
 A record without a program fingerprint is judged as before programs existed: by ``code``, one
-hash per source file on the study's static import closure (:func:`fingerprint`; ``import
-repro...`` statements followed, lazy ones too; data files a study declares hashed byte for
-byte), stale when any of them changed, and by jax/jaxlib/flax against the lock. A source file's
-hash is the sha256 of its syntax tree without docstrings (comments, docstrings and layout do
-not count). ``since`` is the first commit after the record's that touched a changed file.
-Nothing here imports JAX unless a program must be traced.
-
-How a record was made is checked too, where it can be: :func:`run_conditions` asks
-``nvidia-smi`` which other processes computed on this process's GPUs; the study runner asks
-before and after each cell and stamps the two answers on its records (``conditions``,
-:func:`merge_conditions`), so "alone on the GPU" is a fact of the record, not a note.
+hash per source file on the study's static import closure (:func:`repro.fingerprint.code`),
+stale when any of them changed, and by jax/jaxlib/flax against the lock. ``since`` is the
+first commit after the record's that touched a changed file. Nothing here imports JAX unless
+a program must be traced.
 """
 
 from __future__ import annotations
 
-import ast
-import contextlib
 import functools
-import hashlib
-import io
 import json
-import os
 import re
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable
 
-from repro import experiments
+from repro import catalogue, checkout, fingerprint
+from repro.fingerprint import LOCK, LOCKED
 
-PACKAGE = "repro"
-# The checkout the running `repro` was imported from (tests point it at a copy).
-CHECKOUT = Path(__file__).resolve().parent.parent
-LOCK = "requirements.lock"
-HASH_CHARS = 16  # the first 64 bits of each sha256: enough to tell versions of a file apart
-# Versions a record must share with the lock to count as made by this environment.
-LOCKED = ("jax", "jaxlib", "flax")
-# Always recorded where installed, whatever the study imports.
-CORE = ("jax", "jaxlib", "flax", "optax", "numpy", "ml_dtypes")
-# Installed distributions whose versions matter to GPU numbers (CUDA plugins and libraries).
-_ACCELERATOR_DISTS = re.compile(r"^(jax[-_]cuda|jax[-_]rocm|nvidia[-_]|transformer[-_]engine)",
-                                re.I)
+
 # Experiments (and their record folders) whose records are training quality (returns, losses,
 # bitwise repeats): a stale one still yields its verdict, marked stale. Other experiments'
 # stale records are left out of verdicts unless their metric is one of QUALITY_METRICS: how
 # well a run learned or how close a result is to its reference, not how fast or how large it
 # is (the legged study's returns sit beside its timings, the inference study's accuracy beside
-# its speed). Both come from each experiment's spec (repro.experiments).
-QUALITY_EXPERIMENTS = experiments.QUALITY_EXPERIMENTS
-QUALITY_METRICS = experiments.QUALITY_METRICS
-
-
-# ------------------------------------------------------------------------- the closure
-
-
-def rel(path: Path) -> str:
-    """``path`` relative to the checkout (posix), or as given where it lies outside."""
-    try:
-        return path.resolve().relative_to(CHECKOUT).as_posix()
-    except ValueError:
-        return str(path)
-
-
-_rel = rel
-
-
-def module_file(name: str) -> Path | None:
-    """The source file of module ``name``: under the checkout for ``repro...`` (no import;
-    a study's former path, from before a move, is its module now: :data:`repro.experiments.
-    FORMER`), else that of an already imported module (a study defined outside the
-    package)."""
-    name = experiments.FORMER.get(name, name)
-    if name == PACKAGE or name.startswith(PACKAGE + "."):
-        base = CHECKOUT.joinpath(*name.split("."))
-        for path in (base.with_suffix(".py"), base / "__init__.py"):
-            if path.is_file():
-                return path
-        return None
-    file = getattr(sys.modules.get(name), "__file__", None)
-    return Path(file) if file and file.endswith(".py") else None
-
-
-def _module_name(path: Path) -> str | None:
-    try:
-        parts = list(path.resolve().relative_to(CHECKOUT).with_suffix("").parts)
-    except ValueError:
-        return None
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-@functools.lru_cache(maxsize=512)
-def _tree(path: str, mtime_ns: int, size: int) -> ast.Module:
-    return ast.parse(Path(path).read_bytes(), filename=path)
-
-
-def _parse(path: Path) -> ast.Module:
-    st = path.stat()
-    return _tree(str(path), st.st_mtime_ns, st.st_size)
-
-
-def _resolve_from(node: ast.ImportFrom, here: str | None, is_pkg: bool) -> str:
-    if not node.level:
-        return node.module or ""
-    base = (here or "").split(".")
-    base = base if is_pkg else base[:-1]
-    base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
-    return ".".join(base + ([node.module] if node.module else []))
-
-
-def imports(path: Path) -> tuple[set[str], set[str]]:
-    """(``repro`` modules whose code the file's import statements run, top-level names of
-    the other modules it imports), from every import statement in the file."""
-    tree, here = _parse(path), _module_name(path)
-    is_pkg = path.name == "__init__.py"
-    ours, theirs = set(), set()
-
-    def note(name: str) -> None:
-        top = name.split(".")[0]
-        ours.add(name) if top == PACKAGE else theirs.add(top)
-
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                note(alias.name)
-        elif isinstance(node, ast.ImportFrom):
-            base = _resolve_from(node, here, is_pkg)
-            if not base or base.split(".")[0] != PACKAGE:
-                note(base or "")
-                continue
-            attrs = [a.name for a in node.names
-                     if a.name == "*" or module_file(f"{base}.{a.name}") is None]
-            ours.update(f"{base}.{a.name}" for a in node.names if a.name not in attrs)
-            if attrs:  # names defined by the package's (or module's) own file
-                ours.add(base)
-    theirs.discard("")
-    return ours, theirs - set(sys.stdlib_module_names) - {"__future__"}
-
-
-def closure(module: str | Path) -> tuple[list[Path], set[str]]:
-    """(the source files of ``module`` (a module name, or the path of a file such as a
-    notebook) and of every ``repro`` module it reaches through import statements, sorted;
-    the top-level names of every other module they import)."""
-    seen: dict[str, Path] = {}
-    others: set[str] = set()
-    todo: list[str | Path] = [module]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        path = name if isinstance(name, Path) else module_file(name)
-        if path is None or not path.is_file():
-            if name == module:
-                raise ValueError(f"no source file for module {module!r}")
-            continue
-        seen[name] = path
-        ours, theirs = imports(path)
-        others |= theirs
-        todo.extend(sorted(ours - set(seen)))
-    return sorted(set(seen.values()), key=_rel), others
-
-
-# --------------------------------------------------------------------------- hashing
-
-
-def _strip_docstrings(tree: ast.AST) -> ast.AST:
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if not isinstance(body, list):
-            continue
-        kept = [s for s in body if not (isinstance(s, ast.Expr)
-                                         and isinstance(s.value, ast.Constant)
-                                         and isinstance(s.value.value, str))]
-        node.body = kept or [ast.Pass()]
-    return tree
-
-
-def dump(node: Any) -> str:
-    """A syntax tree printed without the fields a Python version adds empty (3.12's
-    ``type_params=[]``) or leaves unset: the same text under Python 3.11, 3.12 and 3.13 for
-    code that any of them parses."""
-    if isinstance(node, ast.JoinedStr):  # 3.12 adds empty parts to format specs
-        node = ast.JoinedStr(values=[v for v in node.values if not (
-            isinstance(v, ast.Constant) and v.value == "")])
-    if isinstance(node, ast.AST):
-        fields = [f"{name}={dump(value)}" for name, value in ast.iter_fields(node)
-                  if value is not None and value != []]
-        return f"{type(node).__name__}({', '.join(fields)})"
-    if isinstance(node, list):
-        return "[" + ", ".join(dump(v) for v in node) + "]"
-    return repr(node)
-
-
-def source_text_hash(source: bytes | str, filename: str = "<source>") -> str:
-    """:func:`source_hash` of a source text."""
-    tree = _strip_docstrings(ast.parse(source, filename=filename))
-    return hashlib.sha256(dump(tree).encode()).hexdigest()[:HASH_CHARS]
-
-
-@functools.lru_cache(maxsize=512)
-def _source_hash(path: str, mtime_ns: int, size: int) -> str:
-    return source_text_hash(Path(path).read_bytes(), path)
-
-
-def source_hash(path: Path) -> str:
-    """sha256 (first :data:`HASH_CHARS` hex digits) of the file's syntax tree without
-    docstrings (:func:`dump`): comments, docstrings, layout and the Python minor version do
-    not change it."""
-    st = path.stat()
-    return _source_hash(str(path), st.st_mtime_ns, st.st_size)
-
-
-@functools.lru_cache(maxsize=64)
-def _bytes_hash(path: str, mtime_ns: int, size: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:HASH_CHARS]
-
-
-def data_hash(path: Path) -> str:
-    """sha256 (first :data:`HASH_CHARS` hex digits) of the file's bytes."""
-    st = path.stat()
-    return _bytes_hash(str(path), st.st_mtime_ns, st.st_size)
-
-
-def digest(files: dict[str, str]) -> str:
-    """One hash of every (file, hash) pair."""
-    text = "\n".join(f"{k} {v}" for k, v in sorted(files.items()))
-    return hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]
-
-
-def fingerprint(module: str, data: Iterable[str] = ()) -> dict[str, Any]:
-    """The ``code`` field of a record made by ``module``: ``{"module", "files": {path:
-    hash}, "data": [paths], "digest"}``; ``data``: data files (paths in the checkout)."""
-    paths, _ = closure(module)
-    files = {_rel(p): source_hash(p) for p in paths}
-    data = sorted(data)
-    for rel in data:
-        path = CHECKOUT / rel
-        if not path.is_file():
-            raise ValueError(f"{module}: declared data file {rel} does not exist")
-        files[rel] = data_hash(path)
-    return {"module": module, "files": files, "data": data, "digest": digest(files)}
-
-
-# -------------------------------------------------------------------------- versions
-
-
-@functools.cache
-def _distributions() -> dict[str, list[str]]:
-    from importlib.metadata import packages_distributions
-
-    return packages_distributions()
-
-
-def _accelerator_versions() -> dict[str, str]:
-    """CUDA runtime, cuDNN, driver ... versions as JAX's CUDA plugin reports them, where JAX
-    is imported and has one (nothing on a CPU)."""
-    if "jax" not in sys.modules:
-        return {}
-    try:
-        from jax._src.lib import cuda_versions
-    except ImportError:
-        return {}
-    out = {}
-    for name in dir(cuda_versions or ()):
-        if name.endswith("_get_version"):
-            try:
-                out[name.removesuffix("_get_version")] = str(getattr(cuda_versions, name)())
-            except Exception:  # noqa: BLE001 - a library the plugin cannot load: not recorded
-                continue
-    return out
-
-
-def versions(imported: Iterable[str] = ()) -> dict[str, str]:
-    """``{distribution: version}`` of the :data:`CORE` packages, of the distributions that
-    provide the top-level modules ``imported``, of installed CUDA plugins and libraries, plus
-    the CUDA versions JAX reports and ``python``."""
-    from importlib.metadata import PackageNotFoundError, distributions, version
-
-    names = set(CORE)
-    for mod in imported:
-        names.update(_distributions().get(mod, ()))
-    names.update(d.metadata["Name"] for d in distributions()
-                 if d.metadata["Name"] and _ACCELERATOR_DISTS.match(d.metadata["Name"]))
-    out = {}
-    for name in sorted(names, key=str.lower):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            continue
-    out.update(_accelerator_versions())
-    out["python"] = ".".join(map(str, sys.version_info[:3]))
-    return out
-
-
-def study_stamp(module: str, data: Iterable[str] = ()) -> dict[str, Any]:
-    """``{"code": fingerprint, "versions": versions}`` for the records of a study run."""
-    code = fingerprint(module, data)
-    _, others = closure(module)
-    return {"code": code, "versions": versions(others)}
-
-
-def locked_versions(lock: Path | None = None) -> dict[str, str]:
-    """``{name: version}`` of the ``name==version`` lines of ``requirements.lock`` (lower
-    case, ``_`` as ``-``); empty where there is no lock."""
-    path = lock or CHECKOUT / LOCK
-    if not path.is_file():
-        return {}
-    out = {}
-    for line in path.read_text().splitlines():
-        if m := re.match(r"^\s*([A-Za-z0-9_.-]+)\s*==\s*([^\s;#]+)", line):
-            out[m.group(1).lower().replace("_", "-")] = m.group(2)
-    return out
-
-
-# -------------------------------------------------------------------- run conditions
-
-#: What ``nvidia-smi`` is asked (the free-text field last, so a comma in it cannot shift the
-#: others): this machine's GPUs, and the processes computing on them.
-GPU_QUERY = "index,uuid,memory.used,memory.total,utilization.gpu,name"
-APPS_QUERY = "gpu_uuid,pid,used_memory,process_name"
-
-
-class _Unreadable(ValueError):
-    """What ``nvidia-smi`` gave instead of a table (one line)."""
-
-
-def _smi(query: str, timeout_s: float) -> list[list[str]]:
-    """The rows of one ``nvidia-smi --query-...`` (CSV, no header, no units), each split into
-    the query's fields; :class:`_Unreadable` where it is missing, fails, hangs or prints
-    something else."""
-    cmd = ["nvidia-smi", query, "--format=csv,noheader,nounits"]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except FileNotFoundError:
-        raise _Unreadable("no nvidia-smi on PATH") from None
-    except subprocess.TimeoutExpired:
-        raise _Unreadable(f"nvidia-smi {query} took longer than {timeout_s:g} s") from None
-    except (OSError, subprocess.SubprocessError) as e:
-        raise _Unreadable(f"nvidia-smi could not run: {e}") from None
-    if out.returncode != 0:
-        said = (out.stderr.strip() or out.stdout.strip()).splitlines()
-        raise _Unreadable(f"nvidia-smi {query} exited with {out.returncode}"
-                          + (f": {said[0][:200]}" if said else ""))
-    n = query.split("=", 1)[1].count(",") + 1
-    rows = [[f.strip() for f in line.split(",", n - 1)] for line in out.stdout.splitlines()
-            if line.strip() and not line.startswith("No running processes found")]
-    if bad := next((r for r in rows if len(r) != n), None):
-        raise _Unreadable(f"nvidia-smi {query} printed {','.join(bad)[:80]!r}, not {n} "
-                          "fields")
-    return rows
-
-
-def _int(text: str, what: str, required: bool = False) -> int | None:
-    """``text`` as an int; None where nvidia-smi has no value (``[N/A]``, ``[Not
-    Supported]``), :class:`_Unreadable` where a ``required`` one (a pid, an index) is not."""
-    try:
-        return int(float(text))
-    except (ValueError, OverflowError):
-        if required or not text.startswith("["):
-            raise _Unreadable(f"nvidia-smi printed {text[:40]!r} for {what}") from None
-        return None
-
-
-def _ours(gpus: list[dict[str, Any]], visible: str | None) -> list[dict[str, Any]]:
-    """The GPUs ``CUDA_VISIBLE_DEVICES`` (``visible``) names, by index or by UUID (or a
-    prefix of one, as CUDA accepts); every GPU where it is unset."""
-    if visible is None:
-        return gpus
-    names = [v.strip() for v in visible.split(",") if v.strip()]
-    return [g for g in gpus if any(str(g["index"]) == v or g["uuid"].startswith(v)
-                                   for v in names)]
-
-
-def run_conditions(timeout_s: float = 10.0) -> dict[str, Any]:
-    """What else computed on this process's GPUs, as ``nvidia-smi`` lists them now:
-    ``{"checked": "nvidia-smi", "gpus": [...], "others": [{"pid", "name", "used_mib",
-    "gpu"}], "alone": bool}``. Only the GPUs ``CUDA_VISIBLE_DEVICES`` names count (indices
-    are nvidia-smi's, the PCI bus order); this process is not among the others. Where
-    ``nvidia-smi`` is missing, fails, takes longer than ``timeout_s`` or prints what cannot be
-    read, or none of its GPUs is this process's: ``{"checked": None, "why": one line, "alone":
-    None}``: a condition not checked is never "alone". Never raises.
-
-    It sees what nvidia-smi sees: a process in a container whose PID namespace nvidia-smi
-    cannot resolve may not be listed."""
-    try:
-        gpus = [{"index": _int(i, "a GPU index", True), "uuid": uuid, "name": name,
-                 "memory_used_mib": _int(used, "memory.used"),
-                 "memory_total_mib": _int(total, "memory.total"),
-                 "utilization_pct": _int(util, "utilization.gpu")}
-                for i, uuid, used, total, util, name in _smi(f"--query-gpu={GPU_QUERY}",
-                                                             timeout_s)]
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        ours = {g["uuid"]: g["index"] for g in _ours(gpus, visible)}
-        if not ours:
-            raise _Unreadable("none of the GPUs nvidia-smi lists is this process's"
-                              + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None
-                                 else ""))
-        others = []
-        for uuid, pid, used, name in _smi(f"--query-compute-apps={APPS_QUERY}", timeout_s):
-            pid = _int(pid, "a pid", True)
-            if uuid in ours and pid != os.getpid():
-                others.append({"pid": pid, "name": name, "used_mib": _int(used, "used_memory"),
-                               "gpu": ours[uuid]})
-    except _Unreadable as e:
-        return {"checked": None, "why": " ".join(str(e).split()), "alone": None}
-    return {"checked": "nvidia-smi", "gpus": [g for g in gpus if g["uuid"] in ours],
-            "others": others, "alone": not others}
-
-
-def merge_conditions(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """The ``conditions`` of a cell's records from :func:`run_conditions` taken before and
-    after it ran: ``alone`` True only where both were checked and found no other process,
-    False where either found one, else None (not checked); both samples kept."""
-    samples = (before.get("alone"), after.get("alone"))
-    alone = False if False in samples else True if samples == (True, True) else None
-    return {"alone": alone, "before": before, "after": after}
+# its speed). Both come from each experiment's entry in repro.catalogue.
+QUALITY_EXPERIMENTS = catalogue.QUALITY_EXPERIMENTS
+QUALITY_METRICS = catalogue.QUALITY_METRICS
 
 
 # ------------------------------------------------------------------------- staleness
@@ -462,44 +67,6 @@ def _commit(rec: dict[str, Any]) -> str:
     commit = str(rec.get("git_commit") or "unknown")
     return commit[:7] + ("-dirty" if commit.endswith("-dirty") else "") \
         if re.match(r"[0-9a-f]{8,}", commit) else commit
-
-
-def first_change(commit: str, paths: Iterable[str]) -> str | None:
-    """The first commit after ``commit`` that touched one of ``paths`` (``git log``), or
-    ``"uncommitted"`` when none did (the change is in the working tree); None without git
-    or when ``commit`` is not in this repository's history."""
-    commit = commit.removesuffix("-dirty")
-    if not re.fullmatch(r"[0-9a-f]{4,40}", commit):
-        return None
-    try:
-        out = subprocess.run(["git", "log", "--reverse", "--format=%h", f"{commit}..HEAD",
-                              "--", *paths], cwd=CHECKOUT, capture_output=True, text=True,
-                             timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0:
-        return None
-    first = out.stdout.split()
-    return first[0] if first else "uncommitted"
-
-
-def with_settings(prog, experiment: str, profile: str = "full"):
-    """``prog`` with the hash of what a run of ``profile`` reads of its study's params.yaml
-    section among its ``settings`` (:func:`repro.program.params_entry`), which cells read
-    their settings from."""
-    import dataclasses
-
-    from repro import program as P
-    from repro import studies
-
-    try:
-        section = studies.study(studies.of_records(experiment)).params_section
-    except ValueError:
-        section = None
-    if not section:
-        return prog
-    return dataclasses.replace(prog, settings={**prog.settings,
-                                               **P.params_entry(section, profile=profile)})
 
 
 #: Files of the tracing harness (not of any program) that older stamps list among a trace's files.
@@ -590,22 +157,15 @@ def program_key(experiment: str, cell: str, key: str, platform: str, kind: str) 
     return f"{experiment}/{cell}/{key}@{platform}:{kind}"
 
 
-def _installed(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
 class Checker:
     """Decides :func:`staleness` for many records: hashes each file and traces each program
     at most once, and keeps the traces it made in ``build/cache/programs.json``."""
 
-    def __init__(self, lock: Path | None = None, trace: bool = True):
-        self.lock = locked_versions(lock)
-        self.platform_locks = {p: locked_versions(CHECKOUT / f) for p, f in
+    def __init__(self, lock: Path | None = None, trace: bool = True,
+                 programs: Callable[..., dict[str, Any] | str] | None = None):
+        self.programs = programs
+        self.lock = fingerprint.locked_versions(lock)
+        self.platform_locks = {p: fingerprint.locked_versions(checkout.CHECKOUT / f) for p, f in
                                PLATFORM_LOCKS.items()}
         self.trace = trace
         self._now: dict[tuple, dict[str, Any] | str] = {}
@@ -615,7 +175,7 @@ class Checker:
         self._programs: dict[str, dict[str, Any] | str] = {}
         self._cells: dict[tuple, dict[str, Any] | str] = {}
         self._stored: dict[str, dict[str, Any]] | None = None
-        self._env = {"jax": _installed("jax"), "jaxlib": _installed("jaxlib")}
+        self._env = {"jax": fingerprint.installed("jax"), "jaxlib": fingerprint.installed("jaxlib")}
         self.traced = 0  # programs traced by this checker (the rest came from a hash check)
 
     # ---------------------------------------------------------------- file fingerprints
@@ -625,7 +185,7 @@ class Checker:
         key = (module, data)
         if key not in self._now:
             try:
-                self._now[key] = fingerprint(module, data)
+                self._now[key] = fingerprint.code(catalogue.FORMER.get(module, module), data)
             except (ValueError, OSError, SyntaxError) as e:
                 self._now[key] = f"its code cannot be fingerprinted now ({e})"
         return self._now[key]
@@ -633,7 +193,7 @@ class Checker:
     def since(self, commit: str, changed: tuple[str, ...]) -> str | None:
         key = (commit, changed)
         if key not in self._since:
-            self._since[key] = first_change(commit, changed)
+            self._since[key] = checkout.first_change(commit, changed)
         return self._since[key]
 
     def file_hash(self, rel_path: str) -> str | None:
@@ -653,10 +213,8 @@ class Checker:
             except Exception:  # noqa: BLE001 - no params.yaml: the program cannot be checked
                 self._files[rel_path] = None
         if rel_path not in self._files:
-            path = CHECKOUT / rel_path
             try:
-                self._files[rel_path] = (source_hash(path) if path.suffix == ".py"
-                                         else data_hash(path))
+                self._files[rel_path] = fingerprint.file_hash(checkout.CHECKOUT / rel_path)
             except (OSError, SyntaxError, ValueError):
                 self._files[rel_path] = None
         return self._files[rel_path]
@@ -700,7 +258,7 @@ class Checker:
             self._stored = {}
             for parts in (PROGRAM_INDEX, PROGRAM_CACHE):
                 try:
-                    self._stored.update(json.loads(CHECKOUT.joinpath(*parts).read_text()))
+                    self._stored.update(json.loads(checkout.CHECKOUT.joinpath(*parts).read_text()))
                 except (OSError, ValueError):
                     continue
         return self._stored
@@ -713,56 +271,23 @@ class Checker:
     def cell_programs(self, experiment: str, cell: str, profile: str = "full",
                       platform: str = "gpu", kind: str = "", rec: dict[str, Any] | None = None
                       ) -> dict[str, Any] | str:
-        """``{key: Program}`` of a cell of ``experiment`` as the study defines it now from
-        params.yaml's ``profile`` (its cells listed as on ``platform``: a study may offer
-        cells only where they run), or why there is none (one line). Where the cell is not
-        among them (a device count this machine lacks, a study without a params.yaml
-        section), ``rec``'s own settings make its program (the study's ``program`` and
-        ``program_settings``)."""
+        """``{key: Program}`` of a cell of ``experiment``, with their settings, as the program
+        builder this checker was handed makes them (:func:`repro.studies.cell_programs`), or
+        why there are none (one line)."""
         ckey = (experiment, cell, profile, platform, kind)
         if ckey in self._cells:
             return self._cells[ckey]
-        from repro import hardware, studies
-
-        try:
-            st = studies.study(studies.of_records(experiment))
-            found = []
-            # built for the record's device: a program may choose its path as it is built
-            # (fp8-auto keeps BF16 on a device without FP8 arithmetic)
-            with contextlib.redirect_stdout(io.StringIO()), hardware.target(platform, kind):
-                if st.params_section:  # (redirected: a study's notes on skipping)
-                    params = studies.params(st.experiment, profile)
-                    found = [c for c in st.cells(params) if c.name == cell]
-                if found and found[0].programs is not None:
-                    out: dict[str, Any] | str = dict(found[0].programs())
-                elif found:
-                    out = f"{experiment} names no program for cell {cell}"
-                else:
-                    out = self._from_record(st, experiment, cell, profile, rec)
-        except Exception as e:  # noqa: BLE001 - any failure is a reason, in one line
-            out = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}" if str(e) \
-                else type(e).__name__
+        if self.programs is None:
+            out: dict[str, Any] | str = "no program builder was handed to the checker"
+        else:
+            try:
+                out = self.programs(experiment, cell, profile, platform, kind, rec)
+            except Exception as e:  # noqa: BLE001 - any failure is a reason, in one line
+                out = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}" if str(e) \
+                    else type(e).__name__
         if rec is None or not isinstance(out, str):
             self._cells[ckey] = out
         return out
-
-    @staticmethod
-    def _from_record(st, experiment: str, cell: str, profile: str,
-                     rec: dict[str, Any] | None) -> dict[str, Any] | str:
-        import importlib
-
-        missing = (f"cell {cell} is not among {experiment}'s cells of params.yaml's "
-                   f"{profile} profile here")
-        module = importlib.import_module(st.source_module)
-        program = getattr(module, "program", None)
-        settings_of = getattr(module, "program_settings", None)
-        if rec is None or program is None or settings_of is None:
-            return missing
-        settings = settings_of(rec)
-        if settings is None:
-            return f"{missing}, and its record's settings do not make its program"
-        key = str((rec.get("program") or {}).get("key") or "")
-        return {key: program(**settings)}
 
     def program_now(self, experiment: str, cell: str, key: str, platform: str,
                     kind: str, profile: str = "full", rec: dict[str, Any] | None = None
@@ -793,7 +318,7 @@ class Checker:
             self._programs[name] = f"cell {cell} has no program {key!r} now"
             return self._programs[name]
         try:
-            traced = P.trace(with_settings(prog, experiment, profile), platform, kind)
+            traced = P.trace(prog, platform, kind)
         except Exception as e:  # noqa: BLE001 - any failure is a reason, in one line
             self._programs[name] = f"tracing it failed: {type(e).__name__}: " \
                 f"{(str(e).splitlines() or [''])[0][:200]}"
@@ -808,7 +333,7 @@ class Checker:
         """Keep a trace in this machine's cache (a failure to write only costs time)."""
         from repro import program as P
 
-        path = CHECKOUT.joinpath(*PROGRAM_CACHE)
+        path = checkout.CHECKOUT.joinpath(*PROGRAM_CACHE)
         try:
             cache = json.loads(path.read_text()) if path.is_file() else {}
             cache[name] = entry
@@ -826,13 +351,13 @@ class Checker:
         """A program's committed text (``results/programs``)."""
         from repro import program as P
 
-        return P.load_text(CHECKOUT / "results", digest)
+        return P.load_text(checkout.CHECKOUT / "results", digest)
 
     def text(self, digest: str) -> str | None:
         """A program's kept text: committed (``results/programs``) or cached here."""
         from repro import program as P
 
-        for root in (CHECKOUT / "results", CHECKOUT.joinpath(*PROGRAM_CACHE).parent):
+        for root in (checkout.CHECKOUT / "results", checkout.CHECKOUT.joinpath(*PROGRAM_CACHE).parent):
             if (t := P.load_text(root, digest)) is not None:
                 return t
         return None
@@ -894,61 +419,6 @@ class Checker:
         if not reasons:
             return Staleness(False)
         return Staleness(True, "; ".join(reasons), since, changed, "; ".join(summaries))
-
-
-def _traced_text(checker: Checker, args: tuple[str, ...], profile: str, rec: dict[str, Any],
-                 digest: str) -> str | None:
-    """HEAD's text of a cell's program traced now, where its hash is ``digest``."""
-    from repro import program as P
-
-    experiment, cell, key, platform, kind = args
-    progs = checker.cell_programs(experiment, cell, profile, platform, kind, rec)
-    prog = None if isinstance(progs, str) else progs.get(key, progs.get(""))
-    if prog is None:
-        return None
-    traced = P.trace(with_settings(prog, experiment, profile), platform, kind)
-    return traced.text if traced.hash == digest else None
-
-
-def write_index(records: Iterable[dict[str, Any]], checker: Checker | None = None
-                ) -> tuple[Path, int]:
-    """Write ``results/programs/index.json``: HEAD's program of every (cell, key, platform)
-    the ``records`` name, with the files its trace ran, so that a checkout whose files changed
-    since the records were made (but not since the index) needs no tracing to tell they are
-    fresh; HEAD's text of every program that changed since a record is committed beside it
-    (``results/programs``), so that a stale note names its first differing line on every
-    machine. Returns (its path, the number of programs traced to make it)."""
-    from repro import program as P
-
-    checker = checker or Checker()
-    index: dict[str, dict[str, Any]] = {}
-    for rec in records:
-        prog = rec.get("program")
-        if not isinstance(prog, dict) or not prog.get("hash"):
-            continue
-        prog = judged_program(prog, checker._env["jax"])
-        args = (str(rec.get("experiment")), str(prog.get("cell")), str(prog.get("key") or ""),
-                str(prog.get("platform")), str(prog.get("device_kind") or ""))
-        if prog.get("jax") and prog["jax"] != checker._env["jax"]:
-            continue  # traced with its platform's JAX only: not comparable here
-        profile = str(rec.get("profile") or "full")
-        name = program_key(*args) if profile == "full" else f"{profile}:{program_key(*args)}"
-        if name in index:
-            continue
-        now = checker.program_now(*args, profile=profile, rec=rec)
-        if isinstance(now, dict):
-            index[name] = {k: v for k, v in now.items() if k != "text"}
-            if now["hash"] != prog["hash"] and checker.committed_text(now["hash"]) is None:
-                text = now.get("text") or checker.text(now["hash"]) or \
-                    _traced_text(checker, args, profile, rec, now["hash"])
-                if text:  # committed: a stale note names the first line that differs
-                    P.save_text(CHECKOUT / "results", P.Traced(
-                        now["hash"], now["kit"], {}, args[3], args[4], text),
-                        f"the text of {name}")
-    path = CHECKOUT.joinpath(*PROGRAM_INDEX)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
-    return path, checker.traced
 
 
 def staleness(rec: dict[str, Any], lock: Path | None = None) -> Staleness:

@@ -144,7 +144,7 @@ _FOLDERS: dict[tuple, dict[str, float]] = {}
 
 def plan(cells: list[dict[str, Any]], *, hardware: str | None = None,
          experiment: str | None = None, claims: Iterable[str] = ()) -> list[dict[str, Any]]:
-    """The stale ``cells`` (:func:`repro.results.stale_cells`) to record again, ordered (see
+    """The stale ``cells`` (:func:`repro.evidence.stale_cells`) to record again, ordered (see
     the module docstring), each with ``estimate_s``; only those of ``hardware``,
     ``experiment`` and serving one of ``claims`` where given."""
     from repro import studies
@@ -172,7 +172,7 @@ _FIRST = re.compile(r": first difference at line \d+: [^;]*")
 
 
 def stale_set(cells: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The stale cells (:func:`repro.results.stale_cells`) as committed in
+    """The stale cells (:func:`repro.evidence.stale_cells`) as committed in
     ``results/programs/stale.json``: ``{"HARDWARE/EXPERIMENT/CELL": {"records", "stale",
     "why", "ledger"}}``, ``why`` without the commit the code changed at (git history a
     shallow clone lacks) or the line where a program first differs (`repro status` shows it),
@@ -272,8 +272,8 @@ def ledger_plan(hardware: str, claims: Iterable[str] = (), quality: bool | None 
     stale or fresh, of this hardware's records), ``estimate_s`` (:func:`cell_estimate`: from the cell's own records here, else another hardware's, else a
     default) and ``recordable`` (``repro record`` runs its study). Ordered so that the
     verdicts needing the fewest cells to record come first. ``stale``: the stale cells
-    (:func:`repro.results.stale_cells`, computed where not given)."""
-    from repro import results
+    (:func:`repro.evidence.stale_cells`, computed where not given)."""
+    from repro import evidence, results
     from repro.claims.ledger_set import ANY, CPU, entries, projections
 
     if quality is None:
@@ -312,7 +312,7 @@ def ledger_plan(hardware: str, claims: Iterable[str] = (), quality: bool | None 
             c["anywhere"] &= e.anywhere
             if e.claim not in c["claims"]:
                 c["claims"].append(e.claim)
-    stale = results.stale_cells() if stale is None else stale
+    stale = evidence.stale_cells() if stale is None else stale
     stale_on = {(c["hardware"], c["folder"], c["cell"]) for c in stale}
     for (exp, n), c in cells.items():
         path = root / hardware / exp / f"{n}.json"

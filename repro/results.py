@@ -1,42 +1,34 @@
-"""Tidy measurement records, written per hardware, loaded as one DataFrame.
+"""Tidy measurement records: the store. Where a record lives, how a run makes and writes it
+(atomically, one run per folder under a lock), and how a cell file is read.
 
 Every measurement is one row: what was measured (experiment, claims, recipe, sizes, metric,
 value, unit, repeats, spread), where (hardware slug, name, compute capability), with what
 (jax/jaxlib/flax versions, ``versions`` of every package on the path, git commit, and ``code``:
-the fingerprint of the source that made it, :mod:`repro.provenance`) and whether the number is
-``emulated``. Figures are drawn only from these records.
-
-:func:`load_records` says of each record whether it is ``stale``: made by code (or a jax,
-jaxlib or flax version) other than this checkout's, with the reason and the commit since which.
+the fingerprint of the source that made it, :mod:`repro.fingerprint`) and whether the number
+is ``emulated``. Figures are drawn only from these records; :mod:`repro.evidence` loads them
+and says of each whether it is stale.
 
 Records are written to ``results/<hardware-slug>/<experiment>/<cell>.json``: one file per
 resumable cell (a recipe, a size, an environment), so a long study accumulates over several runs
-and a finished cell is skipped (``have_cell``). Writes are atomic (temp file + rename).
-
-Records are checked when written and when read (:func:`check_record`): a throughput or a
-duration must be a finite number > 0, a size or a count finite and >= 0, the optional
-``conditions`` (what ``nvidia-smi`` saw beside the run) an object whose ``alone`` is true, false
-or null; a record that is not is refused at write and named, with its file, at load
-(:class:`RecordError`), never dropped.
+and a finished cell is skipped (``have_cell``). Writes are atomic (temp file + rename). A record
+is checked when it is written and when it is read (:mod:`repro.record_checks`): one that fails
+is refused at write and named, with its file, at load, never dropped.
 """
-
 from __future__ import annotations
 
 import datetime as _dt
 import functools
 import json
-import math
 import os
 import re
-import subprocess
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
-import pandas as pd
-
-from repro import experiments
+from repro import catalogue, fingerprint
+from repro.checkout import git_commit, history, repo_root
+from repro.record_checks import RecordError, value_problem, check_record, verify, what
 
 RECORD_FIELDS = [
     "experiment", "claims", "hardware", "hardware_name", "compute_capability", "backend",
@@ -44,46 +36,8 @@ RECORD_FIELDS = [
     "unit", "repeats", "spread", "emulated", "timestamp", "extra", "versions", "code",
     "program",
 ]
-# Columns load_records adds: where a row comes from, a known defect, and staleness.
+# Columns repro.evidence.load_records adds: where a row comes from, a known defect, and staleness.
 LOADED_FIELDS = ["source", "defect", "stale", "stale_reason", "stale_since", "stale_summary"]
-
-
-def is_root(folder: Path) -> bool:
-    """A checkout of this repository: ``params.yaml`` beside the ``repro`` package."""
-    return (folder / "params.yaml").is_file() and (folder / "repro" / "__init__.py").is_file()
-
-
-# What every checkout holds at its root (REPRO_ROOT is checked for them).
-CHECKOUT_MARKS = ("params.yaml", "results/")
-
-
-def repo_root() -> Path:
-    """The repository root, where params.yaml, results/ and build/ are: ``REPRO_ROOT`` where set
-    (a folder holding params.yaml and results/, or a one-line ``ValueError`` naming it: a
-    mistyped root must not read as a repository with nothing measured); else the nearest
-    checkout (:func:`is_root`) at or above the working directory, so each checkout that shares
-    a virtual environment reads and writes its own records; else the checkout this package was
-    imported from; else a one-line ``ValueError`` naming the working directory."""
-    if env := os.environ.get("REPRO_ROOT"):
-        if not Path(env).is_dir():
-            what = "not a folder" if Path(env).exists() else "no such folder"
-            raise ValueError(f"REPRO_ROOT={env}: {what} (the repository root, where "
-                             "params.yaml, results/ and build/ are)")
-        missing = [m for m in CHECKOUT_MARKS if not (
-            (Path(env) / m).is_dir() if m.endswith("/") else (Path(env) / m).is_file())]
-        if missing:
-            raise ValueError(f"REPRO_ROOT={env}: not a checkout of this repository (no "
-                             f"{', '.join(missing)} in it)")
-        return Path(env)
-    cwd = Path.cwd()
-    if found := next((d for d in (cwd, *cwd.parents) if is_root(d)), None):
-        return found
-    here = Path(__file__).resolve().parent.parent
-    if (here / "dvc.yaml").exists():
-        return here
-    raise ValueError(f"no checkout of this repository at or above {cwd} (a folder with "
-                     "params.yaml, results/ and the repro package): run repro in one, or set "
-                     "REPRO_ROOT to one")
 
 
 def results_dir() -> Path:
@@ -99,7 +53,7 @@ def use_scratch(path: str | Path | None) -> None:
 
     ``repro notebook`` hands each notebook a folder of its own (its parameter ``scratch``,
     emptied before the run), so a figure never mixes in records that older code wrote; the
-    notebook calls this once, and :func:`record_root` and :func:`load_records` use it."""
+    notebook calls this once, and :func:`record_root` and :func:`repro.evidence.load_records` use it."""
     global _scratch
     _scratch = None if path is None else Path(path)
 
@@ -112,34 +66,6 @@ def scratch_results_dir() -> Path:
 def record_root(profile: str) -> Path:
     """Where a run of ``profile`` writes: ``results/`` for full, the scratch folder for smoke."""
     return results_dir() if profile == "full" else scratch_results_dir()
-
-
-@functools.cache
-def git_commit() -> str:
-    """The commit that produced a record (``REPRO_GIT_COMMIT`` wins: the GPU machine gets a
-    copy of the working tree without .git). ``REPRO_GIT_COMMIT`` must be a commit hash (7 to
-    40 hex digits, optionally ``-dirty``) and, where this checkout has its history, one of
-    its commits: else a one-line ``ValueError`` naming it (the study runner asks before the
-    first cell runs)."""
-    if env := os.environ.get("REPRO_GIT_COMMIT"):
-        base = env.strip().removesuffix("-dirty")
-        if not _HASH.fullmatch(base):
-            raise ValueError(f"REPRO_GIT_COMMIT={env}: not a commit (7 to 40 hex digits, "
-                             "optionally -dirty)")
-        known = history(repo_root())
-        if known is not None and known.time_of(base) is None:
-            raise ValueError(f"REPRO_GIT_COMMIT={env}: not a commit of the history of "
-                             f"{known.top}")
-        return env
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo_root(),
-                             capture_output=True, text=True, timeout=10)
-        commit = out.stdout.strip() or "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=repo_root(), capture_output=True, text=True, timeout=10)
-        return commit + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def same_commit(a: Any, b: Any) -> bool:
@@ -160,9 +86,7 @@ def software_versions() -> dict[str, str]:
 
 @functools.cache
 def _core_versions() -> dict[str, str]:
-    from repro import provenance
-
-    return provenance.versions()
+    return fingerprint.versions()
 
 
 def make_record(
@@ -223,8 +147,8 @@ def restamp(records: list[dict[str, Any]], hardware: str | None = None,
     """The records as a run writes them: under the hardware name ``hardware`` (``repro record
     --hardware``; None keeps the detected one), with ``run_note`` (``--note``: what else
     ran on the machine, e.g. a job on the other GPU) where one is given, with ``conditions``
-    (what ``nvidia-smi`` saw beside the cell: :func:`repro.provenance.merge_conditions`) where
-    they are given, and with the study's ``stamp`` (:func:`repro.provenance.study_stamp`:
+    (what ``nvidia-smi`` saw beside the cell: :func:`repro.conditions.merge_conditions`) where
+    they are given, and with the study's ``stamp`` (:func:`repro.fingerprint.study_stamp`:
     ``code`` and ``versions``)."""
     out = []
     for rec in records:
@@ -253,7 +177,9 @@ def slug(name: str) -> str:
     return hw._slugify(name)
 
 
-def _safe(name: str) -> str:
+def safe(name: str) -> str:
+    """``name`` as a file or folder name: runs of other characters than letters, digits,
+    ``.``, ``_`` and ``-`` as one ``_``."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "cell"
 
 
@@ -262,7 +188,7 @@ def cell_path(experiment: str, cell: str, hardware: str | None = None,
     from repro import hardware as hw
 
     slug = hardware or hw.detect().slug
-    return Path(root or results_dir()) / _safe(slug) / _safe(experiment) / f"{_safe(cell)}.json"
+    return Path(root or results_dir()) / safe(slug) / safe(experiment) / f"{safe(cell)}.json"
 
 
 def read_cell(experiment: str, cell: str, hardware: str | None = None,
@@ -276,12 +202,10 @@ def read_cell(experiment: str, cell: str, hardware: str | None = None,
 
 def matches_stamp(rec: dict[str, Any], stamp: dict[str, Any]) -> bool:
     """Whether ``rec`` was made by the code and the jax/jaxlib/flax versions of ``stamp``
-    (:func:`repro.provenance.study_stamp`)."""
-    from repro.provenance import LOCKED
-
+    (:func:`repro.fingerprint.study_stamp`)."""
     code, versions = rec.get("code") or {}, stamp["versions"]
     return (code.get("digest") == stamp["code"]["digest"]
-            and all(rec.get(k) == versions[k] for k in LOCKED if k in versions))
+            and all(rec.get(k) == versions[k] for k in fingerprint.LOCKED if k in versions))
 
 
 def have_cell(experiment: str, cell: str, hardware: str | None = None,
@@ -355,8 +279,8 @@ def write_records(records: list[dict[str, Any]], experiment: str, cell: str,
     if not records:
         raise ValueError(f"no records to write for {experiment}/{cell}")
     for i, rec in enumerate(records):
-        if problem := check_record(rec) or _value_problem(rec):
-            raise RecordError(f"{experiment}/{cell}: record {i}{_what(rec)}: {problem}; "
+        if problem := check_record(rec) or value_problem(rec):
+            raise RecordError(f"{experiment}/{cell}: record {i}{what(rec)}: {problem}; "
                               "nothing was written")
     path = cell_path(experiment, cell, records[0]["hardware"], root)
     try:
@@ -421,10 +345,10 @@ def record_lock(root: Path, hardware: str, experiment: str):
     import fcntl
     import hashlib
 
-    folder = (Path(root) / _safe(hardware) / _safe(experiment)).resolve()
+    folder = (Path(root) / safe(hardware) / safe(experiment)).resolve()
     locks = repo_root() / "build" / "locks"
     key = hashlib.sha256(str(folder).encode()).hexdigest()[:12]
-    lock = locks / f"{_safe(hardware)}-{_safe(experiment)}-{key}.lock"
+    lock = locks / f"{safe(hardware)}-{safe(experiment)}-{key}.lock"
     try:
         locks.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
@@ -458,396 +382,13 @@ def _json_default(o):
     return str(o)
 
 
-class StrayFileWarning(UserWarning):
-    """A file in a records folder that is not a record file (a temporary file an interrupted
-    write left, an editor's backup, a record file out of place): not read, and named."""
-
-
-# Folders of a records root that hold no records: the program texts (repro.program.TEXTS).
-NOT_RECORDS = ("programs",)
-
-
-def record_files(root: Path, experiment: str | None = None) -> list[Path]:
-    """The record files under ``root``: ``HARDWARE/EXPERIMENT/CELL.json`` (of ``experiment``'s
-    folder only, where given), sorted. Any other file met on the way (a hidden file such as
-    a temporary file an interrupted write left, ``CELL.json~``, a ``.json`` outside an
-    experiment folder or below one) is not read, and a :class:`StrayFileWarning` names it;
-    documentation (``*.md``) is left alone."""
-    import warnings
-
-    root, out = Path(root), []
-
-    def stray(path: Path, why: str) -> None:
-        warnings.warn(f"{path}: not a record file ({why}): not read", StrayFileWarning,
-                      stacklevel=2)
-
-    def files(folder: Path):
-        try:
-            return sorted(folder.iterdir())
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-
-    def look(path: Path, depth: int) -> None:
-        if path.is_dir():
-            if depth == 3:
-                for p in path.rglob("*"):
-                    if p.is_file():
-                        stray(p, "below an experiment folder: move it to "
-                              "HARDWARE/EXPERIMENT/CELL.json")
-                return
-            if depth == 1 and path.name in NOT_RECORDS:
-                return
-            if depth == 2 and experiment is not None and path.name != _safe(experiment):
-                return
-            for p in files(path):
-                look(p, depth + 1)
-        elif path.suffix == ".md" and not path.name.startswith("."):
-            return
-        elif depth == 3 and path.suffix == ".json" and not path.name.startswith("."):
-            out.append(path)
-        elif path.name.startswith("."):
-            if str(path) not in IN_FLIGHT:  # (this process is writing it now)
-                stray(path, "a hidden file: a cell being written, or one an interrupted "
-                      "write left: remove it when no run is recording")
-        elif path.suffix == ".json":
-            stray(path, "outside an experiment folder: move it to "
-                  "HARDWARE/EXPERIMENT/CELL.json")
-        else:
-            stray(path, "a record file is HARDWARE/EXPERIMENT/CELL.json: remove it")
-
-    for p in files(root):
-        look(p, 1)
-    return out
-
-
-def load_records(experiment: str | None = None,
-                 roots: Path | Iterable[Path] | None = None,
-                 keep_defective: bool = False) -> pd.DataFrame:
-    """All records (every hardware) as one DataFrame.
-
-    By default reads the committed ``results/`` and this machine's smoke records in
-    ``build/results/``; ``source`` names each row's file. ``sizes`` entries are also spread
-    into ``size_<name>`` columns for plotting. Records matching a known defect (:func:`defects`)
-    are dropped unless ``keep_defective``; then the ``defect`` column gives the reason.
-    Every row says whether it is ``stale`` (:mod:`repro.provenance`), ``stale_reason`` (one
-    line; ``stale_summary``: the same without the record's commit) and ``stale_since`` (the
-    first commit that changed its code, where git knows it).
-    Stale rows are kept: each analysis decides what to do with them, and says so.
-    A file that is not valid JSON, or a record that fails :func:`check_record` (and is not a
-    known defect), raises :class:`RecordError` naming the file. A record that fails its own
-    check (:func:`verify`: its value, commit or time) is defective: left out, even with
-    ``keep_defective``, and named (:class:`DefectiveRecordWarning`).
-    """
-    checker = _checker()
-    if roots is None:
-        roots = [results_dir(), scratch_results_dir()]
-    elif isinstance(roots, (str, Path)):
-        roots = [roots]
-    rows: list[dict[str, Any]] = []
-    for root in map(Path, roots):
-        known = history(root)
-        for path in record_files(root, experiment):
-            data = read_cell_file(path, root)
-            for i, rec in enumerate(data):
-                _check_loaded(rec, path, i)
-                rec = dict(rec)
-                rec["source"] = str(path)
-                rec["defect"] = defect_of(rec)
-                if rec["defect"] is None and (problem := verify(rec, known)):
-                    _warn_defective(path, i, rec, problem)
-                    continue
-                if rec["defect"] is None or keep_defective:
-                    st = checker(rec)
-                    rec.update(stale=st.stale, stale_reason=st.reason, stale_since=st.since,
-                               stale_summary=st.summary)
-                    rows.append(rec)
-    df = pd.DataFrame(rows, columns=None if rows else RECORD_FIELDS + LOADED_FIELDS)
-    if rows:
-        sizes = pd.json_normalize(df["sizes"].tolist()).add_prefix("size_")
-        df = pd.concat([df.reset_index(drop=True), sizes], axis=1)
-    return df
-
-
-def _checker():
-    """A staleness :class:`~repro.provenance.Checker`, after reading params.yaml: programs hash
-    their params.yaml sections, so one that cannot be read stops every reader here with one
-    line naming the file and the position (:func:`repro.config.load_params`), rather than
-    making every such record "stale"."""
-    from repro import config
-    from repro.provenance import Checker
-
-    config.load_params()
-    return Checker()
-
-
-def stale_cells(roots: Path | Iterable[Path] | None = None) -> list[dict[str, Any]]:
-    """Every cell file under ``roots`` (default: the committed ``results/``) with stale
-    records, without pandas or JAX: ``experiment``, ``hardware``, ``cell``, ``path``,
-    ``stale`` (of ``records``), ``reason`` (the distinct reasons), ``summary`` (the same
-    without commits), ``commits`` (the records'), ``since`` and the ``claims`` its records
-    serve. Known defects and defective records are left out, as in :func:`load_records`."""
-    return scan_cells(roots)[0]
-
-
-def scan_cells(roots: Path | Iterable[Path] | None = None
-               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(:func:`stale_cells`, the defective records under ``roots``): each record that fails its
-    own check (:func:`verify`) with ``experiment``, ``folder``, ``hardware``, ``cell``,
-    ``path``, ``record`` (its index in the file), ``metric``, ``recipe`` and ``problem``."""
-    roots = [results_dir()] if roots is None else [roots] if isinstance(roots, (str, Path)) \
-        else list(roots)
-    checker, out, defective = _checker(), [], []
-    for root in map(Path, roots):
-        known = history(root)
-        for path in record_files(root):
-            recs = []
-            for i, r in enumerate(read_cell_file(path, root)):
-                if not isinstance(r, dict) or defect_of(r):
-                    continue
-                if problem := verify(r, known):
-                    defective.append({
-                        "experiment": r.get("experiment") or path.parent.name,
-                        "folder": path.parent.name, "hardware": path.parent.parent.name,
-                        "cell": path.stem, "path": str(path), "record": i,
-                        "metric": r.get("metric"), "recipe": r.get("recipe"),
-                        "problem": problem})
-                    continue
-                recs.append(r)
-            verdicts = [checker(r) for r in recs]
-            stale = [v for v in verdicts if v.stale]
-            if not stale:
-                continue
-            out.append({
-                "experiment": recs[0].get("experiment") or path.parent.name,
-                "folder": path.parent.name, "hardware": path.parent.parent.name,
-                "cell": path.stem, "path": str(path), "records": len(recs),
-                "stale": len(stale), "reason": "; ".join(dict.fromkeys(v.reason for v in stale)),
-                "summary": "; ".join(dict.fromkeys(v.summary for v in stale)),
-                "commits": sorted({str(r.get("git_commit") or "unknown")[:7] for r in recs}),
-                "since": next((v.since for v in stale if v.since), None),
-                "claims": sorted({c for r in recs for c in r.get("claims") or []})})
-    return out, defective
-
-
-# ------------------------------------------------------------- records check themselves
-
-# A commit hash as records and REPRO_GIT_COMMIT give it (a prefix of 7 or more hex digits).
-_HASH = re.compile(r"[0-9a-f]{7,40}")
-# How far a record's time may precede its commit's, or lie ahead of now: the clocks of the
-# machine that committed and of the one that measured may differ by this much.
-CLOCK_SKEW = _dt.timedelta(minutes=10)
-
-
-class DefectiveRecordWarning(UserWarning):
-    """A record that fails its own check (:func:`verify`): left out of every analysis."""
-
-
-class History:
-    """The commits of a repository's history (HEAD's ancestors) and their times."""
-
-    def __init__(self, top: str, log: str):
-        self.top = top
-        self.times = {h: int(t) for h, t in (line.split() for line in log.splitlines())}
-        self.commits = sorted(self.times)
-
-    def time_of(self, commit: str) -> int | None:
-        """The commit time (seconds since 1970) of ``commit``, a hash or a prefix of 7 or
-        more hex digits; None where it is not a commit of this history."""
-        import bisect
-
-        if not _HASH.fullmatch(commit):
-            return None
-        i = bisect.bisect_left(self.commits, commit)
-        return self.times[self.commits[i]] if i < len(self.commits) and \
-            self.commits[i].startswith(commit) else None
-
-
-def history(folder: Path) -> History | None:
-    """The git history of the repository holding ``folder``, or None where there is none to
-    check commits against: no git, no repository (a copy of the tree without .git), or a
-    shallow clone (a commit beyond its depth is missing, not absent)."""
-    try:
-        out = subprocess.run(["git", "-C", str(folder), "rev-parse", "--show-toplevel",
-                              "--is-shallow-repository", "HEAD"], capture_output=True,
-                             text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = out.stdout.splitlines()
-    if out.returncode or len(lines) != 3 or lines[1].strip() != "false":
-        return None
-    return _history(lines[0], lines[2].strip())
-
-
-@functools.lru_cache(maxsize=8)
-def _history(top: str, head: str) -> History | None:
-    try:
-        out = subprocess.run(["git", "-C", top, "log", "--format=%H %ct", head],
-                             capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return History(top, out.stdout) if out.returncode == 0 else None
-
-
-def check_value(rec: dict[str, Any]) -> tuple[str, str | None]:
-    """Whether a record's ``value`` is the statistic its experiment computes from the samples
-    it holds (the experiment's ``statistics``: :class:`repro.experiments.Statistic`), as
-    ``(outcome, detail)``: ``("checked", None)``; ``("mismatch", the problem)``; ``("not
-    derived", why)``: its value is not a statistic of its lists (a memory size beside step
-    times), as its spec says; ``("no samples", what)``: the record holds none (a GEMM's
-    timings keep only their median); ``("no rule", what)``: it holds lists of numbers its
-    spec says nothing about (the committed records' test refuses that)."""
-    lists = [k for k, v in (rec.get("extra") or {}).items() if isinstance(v, list) and v
-             and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)]
-    try:
-        rule = experiments.get(str(rec.get("experiment"))).statistics.get(
-            str(rec.get("metric")))
-    except ValueError:
-        rule = None
-    if isinstance(rule, str):
-        return "not derived", rule
-    if rule is None:
-        return ("no rule", f"its spec says nothing of {', '.join(lists)}") if lists else \
-            ("no samples", "it holds no samples")
-    rules = rule if isinstance(rule, tuple) else (rule,)
-    for stat in rules:
-        try:
-            got = stat.of(rec)
-        except ValueError as e:
-            return "mismatch", f"its samples give no value: {e}"
-        if got is None:
-            continue
-        want, tolerance = got
-        v = rec.get("value")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                or abs(v - want) > tolerance * abs(want):
-            return "mismatch", f"value {v!r} is not {stat.describe()} ({want:.7g})"
-        return "checked", None
-    return "no samples", f"it holds none of {', '.join('extra.' + r.samples for r in rules)}"
-
-
-def _value_problem(rec: Any) -> str | None:
-    if not isinstance(rec, dict):
-        return None
-    outcome, detail = check_value(rec)
-    return detail if outcome == "mismatch" else None
-
-
-def verify(rec: dict[str, Any], known: History | None) -> str | None:
-    """What is wrong with a record's numbers or its origin (a phrase), or None: its value
-    against its samples (:func:`check_value`); where the history is ``known`` (:func:`history`
-    of the records' folder), its ``git_commit`` against it (each of a comma-separated list;
-    ``-dirty`` allowed) and its ``timestamp`` against its commit's time; everywhere, its
-    ``timestamp`` against now (both within :data:`CLOCK_SKEW`)."""
-    if problem := _value_problem(rec):
-        return problem
-    when = None
-    if known is not None:
-        commit = rec.get("git_commit")
-        for part in str(commit or "").split(","):
-            t = known.time_of(part.strip().removesuffix("-dirty"))
-            if t is None:
-                return f"git_commit {commit!r} is not a commit of the history"
-            when = t if when is None else min(when, t)
-    raw = rec.get("timestamp")
-    if raw is None:
-        return None
-    try:
-        ts = _dt.datetime.fromisoformat(str(raw))
-    except ValueError:
-        return f"timestamp {raw!r} is not a date"
-    if ts.tzinfo is None:
-        ts = ts.replace(tzinfo=_dt.timezone.utc)
-    if ts > _dt.datetime.now(_dt.timezone.utc) + CLOCK_SKEW:
-        return f"timestamp {raw} is in the future"
-    if when is not None and ts.timestamp() < when - CLOCK_SKEW.total_seconds():
-        made = _dt.datetime.fromtimestamp(when, _dt.timezone.utc).isoformat()
-        return (f"timestamp {raw} is before its commit {str(rec.get('git_commit'))[:12]} "
-                f"({made})")
-    return None
-
-
-def _warn_defective(path: Path, i: int, rec: dict[str, Any], problem: str) -> None:
-    import warnings
-
-    warnings.warn(f"{path}: record {i}{_what(rec)}: {problem}: left out of every analysis "
-                  "(restore the file from git, or record the cell again)",
-                  DefectiveRecordWarning, stacklevel=3)
-
-
-# ------------------------------------------------------------------------------ checks
-
-
-class RecordError(ValueError):
-    """A record file or a record that cannot be used: one line naming the file."""
-
-
-# A throughput or a duration is what ratios divide by: finite and > 0 (0 is a failed
-# measurement). A share of a step by kernel class (kernel_times' ``attention_ms_per_step``...)
-# may be 0. Sizes and counts: finite and >= 0. Any other unit is an outcome (a return, a loss,
-# an error, a flag): a number, where NaN or inf stand for a run that diverged.
-_DURATIONS = ("ms", "s", "us", "ns")
-_SIZES = ("bytes", "kernels")
-_WHOLE_STEP = ("wall_ms_per_step", "kernel_ms_per_step")
-REQUIRED = ("experiment", "hardware", "metric", "value", "unit")
-
-
-def _kind(metric: str, unit: str) -> str:
-    if unit.endswith("/s"):
-        return "throughput"
-    if unit in _DURATIONS:
-        share = metric.endswith("_ms_per_step") and metric not in _WHOLE_STEP
-        return "share" if share else "duration"
-    return "size" if unit in _SIZES else "outcome"
-
-
-def check_record(rec: Any) -> str | None:
-    """What is wrong with one record (a phrase), or None: the fields every analysis reads,
-    and the value by unit (see the module docstring)."""
-    if not isinstance(rec, dict):
-        return f"expected an object, got {type(rec).__name__}"
-    if missing := [k for k in REQUIRED if k not in rec]:
-        return f"missing field(s) {', '.join(missing)}"
-    if "conditions" in rec and (problem := _check_conditions(rec["conditions"])):
-        return problem
-    metric, unit, v = rec["metric"], rec["unit"], rec["value"]
-    if not isinstance(metric, str) or not isinstance(unit, str):
-        return f"metric and unit must be strings, got {metric!r}, {unit!r}"
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return f"value must be a number, got {v!r}"
-    kind = _kind(metric, unit)
-    if kind == "outcome":
-        return None
-    if not math.isfinite(v):
-        return f"value {v} is not finite; a {kind} ({unit}) must be a finite number"
-    if kind in ("throughput", "duration") and v <= 0:
-        return f"value {v!r} is not > 0; a {kind} ({unit}) must be > 0"
-    if v < 0:
-        return f"value {v!r} is negative; a {kind} ({unit}) must be >= 0"
-    return None
-
-
-def _check_conditions(c: Any) -> str | None:
-    """What is wrong with a record's optional ``conditions`` (an object whose ``alone`` is
-    true, false or null: :func:`repro.provenance.merge_conditions`), or None."""
-    if not isinstance(c, dict):
-        return f"conditions must be an object, got {type(c).__name__}"
-    if "alone" not in c or not (c["alone"] is None or isinstance(c["alone"], bool)):
-        return f"conditions.alone must be true, false or null, got {c.get('alone', 'nothing')!r}"
-    return None
-
-
-def _what(rec: Any) -> str:
-    if not isinstance(rec, dict):
-        return ""
-    bits = [str(rec[k]) for k in ("metric", "recipe") if rec.get(k)]
-    return f" ({', '.join(bits)})" if bits else ""
-
-
-def _check_loaded(rec: Any, path: Path, i: int) -> None:
+def check_loaded(rec: Any, path: Path, i: int) -> None:
+    """A :class:`RecordError` naming the file where a loaded record fails
+    :func:`check_record` (a known defect is kept as it was recorded)."""
     if isinstance(rec, dict) and defect_of(rec):
         return  # a known defect: out of the analyses, kept as it was recorded
     if problem := check_record(rec):
-        raise RecordError(f"{path}: record {i}{_what(rec)}: {problem} (fix or remove the "
+        raise RecordError(f"{path}: record {i}{what(rec)}: {problem} (fix or remove the "
                           "file, or list the record in repro/data/defects.yaml)")
 
 
@@ -867,8 +408,8 @@ def read_json(path: Path) -> Any:
 
 # Record folders named otherwise than the experiment of their records: a repeat of recorded
 # rl_quality cells (repro.experiments.rl_quality.measure.QUALITY_REPEAT), kept apart from the
-# cells it repeats (each experiment's spec names its folders: repro.experiments).
-SHARED_FOLDERS = experiments.RECORDED_BY
+# cells it repeats (each experiment's entry names its folders: repro.catalogue).
+SHARED_FOLDERS = catalogue.RECORDED_BY
 
 
 def read_cell_file(path: Path, root: Path) -> list[Any]:
@@ -900,15 +441,15 @@ def read_cell_file(path: Path, root: Path) -> list[Any]:
                 continue  # check_record says what is wrong with it
             exp = rec.get("experiment")
             if rec.get("hardware") != hardware:
-                raise RecordError(f"{path}: record {i}{_what(rec)} says hardware "
+                raise RecordError(f"{path}: record {i}{what(rec)} says hardware "
                                   f"{rec.get('hardware')!r}, but the file is under "
                                   f"{hardware}/: a record counts for the machine that made "
                                   "it; move the file to its own folder")
-            if exp is not None and _safe(str(exp)) != folder and \
+            if exp is not None and safe(str(exp)) != folder and \
                     SHARED_FOLDERS.get(folder) != exp:
-                raise RecordError(f"{path}: record {i}{_what(rec)} says experiment {exp!r}, "
+                raise RecordError(f"{path}: record {i}{what(rec)} says experiment {exp!r}, "
                                   f"but the file is under {hardware}/{folder}/: move it to "
-                                  f"{hardware}/{_safe(str(exp))}/")
+                                  f"{hardware}/{safe(str(exp))}/")
     return records
 
 

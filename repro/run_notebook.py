@@ -278,7 +278,7 @@ def run(name: str, profile: str, extra: dict[str, Any] | None = None) -> int:
     """Convert and execute ``notebooks/NAME.py`` for ``profile``; see the module docstring."""
     import jupytext
 
-    from repro.results import repo_root
+    from repro.checkout import repo_root
 
     root = repo_root().resolve()
     source = source_of(root, name)
@@ -292,7 +292,7 @@ def run(name: str, profile: str, extra: dict[str, Any] | None = None) -> int:
     check_parameters(name, declared, extra or {})
     params = {**(extra or {}), "profile": profile}
     if "scratch" in params:  # smoke records: scratch, in the git-ignored build/
-        from repro.cli_checks import inside_repository
+        from repro.checkout import inside_repository
 
         given = str(params["scratch"])
         params["scratch"] = str(inside_repository(

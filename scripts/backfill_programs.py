@@ -38,13 +38,19 @@ from pathlib import Path
 from tqdm import tqdm
 
 from repro import program as P
-from repro import provenance, results, studies
+from repro import checkout, fingerprint, provenance, results, studies
 
-ROOT = provenance.CHECKOUT
+ROOT = checkout.CHECKOUT
 
 # Runs in the old commit's worktree: HEAD's program function against that commit's modules.
 DRIVER = r'''
-import importlib, importlib.util, json, sys, types
+import importlib, importlib.util, json, os, sys, types
+import repro
+for name in ("checkout", "fingerprint"):  # HEAD's harness, which HEAD's program.py imports
+    spec = importlib.util.spec_from_file_location(
+        f"repro.{name}", os.path.join(os.path.dirname(sys.argv[1]), f"{name}.py"))
+    sys.modules[spec.name] = m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
 spec = importlib.util.spec_from_file_location("head_program", sys.argv[1])
 H = importlib.util.module_from_spec(spec); sys.modules["head_program"] = H; spec.loader.exec_module(H)
 jobs = json.load(open(sys.argv[2]))
@@ -156,7 +162,7 @@ def trace_old(commit: str, jobs: list[dict]) -> dict[str, dict]:
 LEGACY_DUMP = r'''
 import ast, hashlib, json, sys
 sys.path.insert(0, sys.argv[1])
-from repro.program import _strip_docstrings as strip  # standard library only
+from repro.fingerprint import strip_docstrings as strip  # no JAX, no package state
 out = {}
 for key, srcs in json.load(sys.stdin).items():
     parts = [ast.dump(strip(ast.parse(s))) if s is not None else n for s, n in srcs]
@@ -190,7 +196,7 @@ def legacy_kit_hashes(kits: dict[str, list], pythons=("python3.11", sys.executab
             print(f"{py}: {run.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
             continue
         for k, h in json.loads(run.stdout).items():
-            out[k].add(h[:len(P.text_hash(""))])
+            out[k].add(h[:len(fingerprint.text_hash(""))])
     return out
 
 
@@ -198,7 +204,7 @@ def portable_kits(dry_run: bool = False) -> int:
     """Records whose kit hash is HEAD's kit as one Python version printed it get the hash
     that every version prints alike (:func:`repro.program.kit_hash`); other kits are left
     (they differ from HEAD's anyway)."""
-    checker = provenance.Checker()
+    checker = studies.checker()
     paths = sorted(results.results_dir().glob("*/*/*.json"))
     kits, where = {}, collections.defaultdict(list)
     for path in paths:
@@ -237,8 +243,8 @@ def portable_kits(dry_run: bool = False) -> int:
             path.write_text(json.dumps(recs if isinstance(data, list) else recs[0], indent=1,
                                        sort_keys=True) + "\n")
     renamed = {old: P.kit_hash(kits[name]) for name in kits for old in legacy[name]}
-    for store in (provenance.CHECKOUT / "results" / "programs" / "index.json",
-                  provenance.CHECKOUT.joinpath(*provenance.PROGRAM_CACHE)):
+    for store in (checkout.CHECKOUT / "results" / "programs" / "index.json",
+                  checkout.CHECKOUT.joinpath(*provenance.PROGRAM_CACHE)):
         if store.is_file() and not dry_run:  # HEAD's programs, kept to spare a trace
             entries = json.loads(store.read_text())
             for entry in entries.values():
@@ -296,7 +302,8 @@ def main(argv=None) -> int:
             key = json.dumps([settings, plat, kind], sort_keys=True, default=str)
             if key not in heads:
                 try:
-                    heads[key] = P.trace(provenance.with_settings(program(**settings), exp),
+                    section = studies.study(studies.of_records(exp)).params_section
+                    heads[key] = P.trace(P.with_settings(program(**settings), section),
                                          plat, kind)
                 except Exception as e:  # noqa: BLE001
                     heads[key] = f"HEAD trace failed: {type(e).__name__}: {str(e)[:150]}"

@@ -32,9 +32,9 @@ import tempfile
 from pathlib import Path
 
 from repro import program as P
-from repro import provenance, results
+from repro import checkout, fingerprint, provenance, results
 
-ROOT = provenance.CHECKOUT
+ROOT = checkout.CHECKOUT
 
 # Runs in the worktree of a record's commit, importing that commit's repro.
 DRIVER = r'''
@@ -97,10 +97,10 @@ def _hash_at(commit: str, rel: str) -> str | None:
     if section:
         return P.params_entry(section, yaml.safe_load(blob) or {})[rel]
     if name.endswith(".py"):
-        return provenance.source_text_hash(blob, name)
+        return fingerprint.source_text_hash(blob, name)
     import hashlib
 
-    return hashlib.sha256(blob).hexdigest()[:provenance.HASH_CHARS]
+    return hashlib.sha256(blob).hexdigest()[:fingerprint.HASH_CHARS]
 
 
 def verified_at(path: Path, rec: dict) -> str:

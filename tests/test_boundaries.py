@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from repro import cli, run_notebook
-from repro.cli_checks import COMMITTED, UsageError, inside_repository
+from repro.checkout import COMMITTED, inside_repository
 
 ROOT = Path(__file__).resolve().parent.parent
 PROPERTY = settings(deadline=None, derandomize=True, database=None, max_examples=200,
@@ -120,7 +120,7 @@ def test_a_resolved_path_is_inside_and_out_of_committed_folders_or_refused(tmp_p
     try:
         path = inside_repository(f"-p scratch={value}", value, root, under=under,
                                  relative_to=root)
-    except UsageError as e:
+    except ValueError as e:
         assert str(e).startswith(f"-p scratch={value}: ") and "\n" not in str(e)
         return
     base = (root / under if under else root).resolve()
@@ -132,7 +132,7 @@ def test_a_resolved_path_is_inside_and_out_of_committed_folders_or_refused(tmp_p
 
 import json  # noqa: E402
 
-from repro import results  # noqa: E402
+from repro import evidence, results  # noqa: E402
 from repro.results import RecordError  # noqa: E402
 
 GEMM_CELL = sorted((ROOT / "results" / "h200" / "gemm").glob("*.json"))[0]
@@ -158,7 +158,7 @@ def every_reader_names(path: Path, root: Path, says: str, capsys, monkeypatch):
     """load_records, stale_cells (`repro status`) and read_cell (`repro record`'s resume)
     each refuse the file in one line naming it."""
     hw, exp, cell = path.relative_to(root).with_suffix("").parts
-    for read in (lambda: results.load_records(roots=root), lambda: results.stale_cells(root),
+    for read in (lambda: evidence.load_records(roots=root), lambda: evidence.stale_cells(root),
                  lambda: results.read_cell(exp, cell, hw, root)):
         with pytest.raises(RecordError) as e:
             read()
@@ -205,7 +205,7 @@ def test_a_folder_linked_out_of_the_records_is_refused(records_root, tmp_path):
     put(tmp_path, "elsewhere/gemm/a.json", committed_records())
     (records_root / "h200").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(RecordError, match="a symbolic link"):
-        results.load_records("gemm", roots=records_root)
+        evidence.load_records("gemm", roots=records_root)
 
 
 def test_the_committed_records_are_each_at_their_place():
@@ -397,6 +397,6 @@ def test_status_and_every_loader_name_an_unreadable_params_yaml(repo, capsys, ga
         json.loads(program_cell.read_text()))
     line = one_line(capsys, 2, ["status"])
     assert line.startswith(f"repro: error: {repo / 'params.yaml'}: {says} ("), line
-    for load in (lambda: results.load_records("gemm"), lambda: results.stale_cells()):
+    for load in (lambda: evidence.load_records("gemm"), lambda: evidence.stale_cells()):
         with pytest.raises(config.ConfigError, match=f"params.yaml: {re.escape(says)}"):
             load()

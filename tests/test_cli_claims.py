@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from repro import cli, results
+from repro import cli, config, evidence, results
 from repro.claims import ledger as claims
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -197,6 +197,7 @@ def repo(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "repro_broken_experiment", _toy_module(calls, fail=True))
     monkeypatch.setattr(studies, "EXPERIMENTS", {"gemm": "repro.experiments.gemm.measure",
                                                  "toy": "repro_toy_experiment"})
+    monkeypatch.setattr(config, "TOP_LEVEL", (*config.TOP_LEVEL, "toy"))
     yield types.SimpleNamespace(root=tmp_path, calls=calls)
 
 
@@ -222,13 +223,13 @@ def test_record_all_on_a_new_hardware_then_side_by_side(repo, capsys):
     # A second machine records the same study under its own name ...
     assert cli.main(["record", "gemm", "--profile", "full", "--yes",
                      "--hardware", "fake-gpu-y"]) == 0
-    df = results.load_records("gemm", roots=res)
+    df = evidence.load_records("gemm", roots=res)
     assert set(df["hardware"]) == {"fake-gpu-x", "fake-gpu-y"}
     # ... and the records line up side by side: same cells, one row per hardware.
     tf = df[df["metric"] == "tflops"].pivot_table(index=["recipe", "size_M"],
                                                   columns="hardware", values="value")
     assert list(tf.columns) == ["fake-gpu-x", "fake-gpu-y"] and not tf.isna().any().any()
-    assert set(results.load_records("toy", roots=res)["hardware"]) == {"fake-gpu-x"}
+    assert set(evidence.load_records("toy", roots=res)["hardware"]) == {"fake-gpu-x"}
 
     # Rerunning the whole flow redoes nothing.
     before = _snapshot(res)
@@ -289,6 +290,7 @@ def test_record_all_keeps_going_past_a_failure(repo, monkeypatch, capsys):
 
     monkeypatch.setattr(studies, "EXPERIMENTS", {"broken": "repro_broken_experiment",
                                                  "toy": "repro_toy_experiment"})
+    monkeypatch.setattr(config, "TOP_LEVEL", (*config.TOP_LEVEL, "broken"))
     (repo.root / "params.yaml").write_text(PARAMS)
     assert cli.main(["record", "all", "--hardware", "fake-gpu-x"]) == 1
     cap = capsys.readouterr()

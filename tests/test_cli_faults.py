@@ -199,7 +199,7 @@ def test_any_other_error_is_one_line_with_status_1(repo, capsys, monkeypatch):
     def broken(args):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(cli, "cmd_hardware", broken)
+    monkeypatch.setattr(cli.device, "cmd_hardware", broken)
     line = one_line(capsys, 1, ["hardware"])
     assert line == ("repro: error: OSError: [Errno 28] No space left on device (--debug shows "
                     "the traceback)")
@@ -288,6 +288,7 @@ def test_ctrl_c_during_record_exits_130_keeps_cells_and_the_rerun_resumes(tmp_pa
 import errno  # noqa: E402
 
 from repro import results  # noqa: E402
+from repro import studies  # noqa: E402
 from repro.studies import runner  # noqa: E402
 
 GEMM_RECORD = json.loads(sorted((ROOT / "results" / "h200" / "gemm").glob("*.json"))[0]
@@ -333,7 +334,8 @@ def test_a_full_disk_names_the_cell_and_the_file_and_keeps_finished_cells(tmp_pa
                    "it are kept (rerun to resume)")
     assert written(tmp_path) == ["a.json"]  # no partial b.json, no temporary file
     monkeypatch.undo()
-    out = runner.run(fake_study(), None, tmp_path, hardware="test-box", progress=False)
+    out = runner.run(fake_study(), None, tmp_path, hardware="test-box", progress=False,
+                     checker=studies.checker())  # its committed record's program: retraced
     assert out.skipped == ["a"] and [p.name for p in out.written] == ["b.json", "c.json"]
 
 
@@ -486,6 +488,8 @@ def test_a_kill_during_a_write_leaves_the_finished_cells_and_nothing_else(tmp_pa
     terminal (SIGHUP), ends ``repro record`` as Ctrl-C does: the cell in flight is abandoned,
     its temporary file removed, one line says what was kept, and the exit status is
     128 + the signal's number. What is left loads as exactly the finished cells."""
+    from repro import evidence
+
     (tmp_path / "params.yaml").write_text("profile: smoke\n")
     (tmp_path / "results").mkdir()
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "REPRO_ROOT": str(tmp_path),
@@ -509,7 +513,7 @@ def test_a_kill_during_a_write_leaves_the_finished_cells_and_nothing_else(tmp_pa
     assert "Traceback" not in err
     cells = tmp_path / "build" / "results" / "test-box" / "gemm"
     assert sorted(p.name for p in cells.iterdir()) == ["a.json"]
-    df = results.load_records(roots=tmp_path / "build" / "results")
+    df = evidence.load_records(roots=tmp_path / "build" / "results")
     assert list(df.recipe) == ["a"]
 
 

@@ -288,7 +288,7 @@ def test_ratios_say_whether_their_cells_share_a_commit():
 def test_record_smoke_one_device(tmp_path):
     """The record pipeline on this (1-device) process: only n=1 cells, simulated, resumable,
     under the hardware name it is given."""
-    from repro import results
+    from repro import evidence
     from repro.studies import runner
 
     p = multigpu.Params(
@@ -300,7 +300,7 @@ def test_record_smoke_one_device(tmp_path):
                          progress=False).written
     assert [Path(w).relative_to(tmp_path).parts for w in written] == [
         ("test-box", "multigpu", "ppo_bf16_n1.json")]
-    recs = results.load_records("multigpu", roots=[tmp_path])
+    recs = evidence.load_records("multigpu", roots=[tmp_path])
     thr = recs[recs["metric"] == "env_steps_per_s"].iloc[0]
     assert thr["value"] > 0 and thr["extra"]["n_devices"] == 1 and thr["hardware"] == "test-box"
     assert thr["extra"]["simulated_devices"] is True and thr["claims"] == ["B5"]

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from repro import pipeline, provenance
+from repro import fingerprint, pipeline
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -19,7 +19,7 @@ def missing(stage: dict, notebook: str) -> list[str]:
     """The modules in ``notebook``'s import closure that no dep of ``stage`` covers (a dep
     covers a file when it is the file or a folder above it)."""
     deps = [d.rstrip("/") for d in stage.get("deps", [])]
-    files, _ = provenance.closure(ROOT / "notebooks" / f"{notebook}.py")
+    files, _ = fingerprint.closure(ROOT / "notebooks" / f"{notebook}.py")
     rel = [f.resolve().relative_to(ROOT).as_posix() for f in files]
     return [f for f in rel if not any(f == d or f.startswith(d + "/") for d in deps)]
 
@@ -90,16 +90,16 @@ def test_record_reads_follows_constants_loops_and_wrappers(tmp_path):
         "from repro.perfmodel.measured import GEMM\n"
         "MORE = {'a1': 1, 'a2': 2}\n"
         "def mine(what, n=0):\n"
-        "    return results.load_records(what)\n"
+        "    return evidence.load_records(what)\n"
         "def records(folder):  # the same name as Notebook.records, reading nothing\n"
         "    return folder\n"
         "nb = notebook.start('99_x')\n"
         "nb.records(E.EXPERIMENT)\n"
-        "[results.load_records(e) for e in (GEMM, *MORE)]\n"
+        "[evidence.load_records(e) for e in (GEMM, *MORE)]\n"
         "mine('b', n=1)\n"
         "records('not_read')\n")
     assert pipeline.record_reads(nb) == {"lm", "gemm", "a1", "a2", "b"}
-    nb.write_text(nb.read_text() + "results.load_records(input())\n")
+    nb.write_text(nb.read_text() + "evidence.load_records(input())\n")
     assert pipeline.EVERY in pipeline.record_reads(nb)
     assert pipeline.result_deps({pipeline.EVERY, "gemm"}) == ["results"]
     nb.write_text("from repro import results\nresults.stale_cells()\n")

@@ -1,6 +1,5 @@
-"""The experiment specs (each experiment's repro/experiments/<name>/spec.py, collected by
-repro/experiments/__init__.py) are the one list of experiments and notebooks: every other list
-is derived from them, and each part a spec names exists."""
+"""The experiment catalogue (repro/catalogue.py) is the one list of experiments and notebooks:
+every other list is derived from it, and each part an entry names exists."""
 
 from __future__ import annotations
 
@@ -13,18 +12,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from repro import config, experiments, pipeline, provenance, results, studies
+from repro import catalogue, config, pipeline, provenance, results, studies
 from repro.experiments.kernel_times import measure as kernel_times
 from repro.perfmodel import measured
 from repro.precision.recipes import REGISTRY
 
 ROOT = Path(__file__).resolve().parent.parent
-HOME = ROOT / "repro" / "experiments" / "__init__.py"
+HOME = ROOT / "repro" / "catalogue.py"
 SCANNED = ("repro", "notebooks", "scripts")
 
-NAMES = frozenset({e.name for e in experiments.EXPERIMENTS}
-                  | {f for e in experiments.EXPERIMENTS for f in e.folders})
-NOTEBOOK_NAMES = frozenset(n.name for n in experiments.NOTEBOOKS)
+NAMES = frozenset({e.name for e in catalogue.EXPERIMENTS}
+                  | {f for e in catalogue.EXPERIMENTS for f in e.folders})
+NOTEBOOK_NAMES = frozenset(n.name for n in catalogue.NOTEBOOKS)
 
 
 def hand_kept(source: str) -> list[tuple[int, list[str]]]:
@@ -55,8 +54,8 @@ def test_the_scan_finds_a_list_kept_by_hand():
 
 
 def test_no_list_of_experiment_or_notebook_names_is_kept_by_hand():
-    """Outside repro/experiments/__init__.py, experiment and notebook names are read from the
-    specs."""
+    """Outside repro/catalogue.py, experiment and notebook names are read from the
+    catalogue."""
     found = []
     for folder in SCANNED:
         for path in sorted((ROOT / folder).rglob("*.py")):
@@ -64,29 +63,28 @@ def test_no_list_of_experiment_or_notebook_names_is_kept_by_hand():
                 continue
             found += [f"{path.relative_to(ROOT)}:{line}: {hits}"
                       for line, hits in hand_kept(path.read_text())]
-    assert not found, "lists of names kept by hand (derive them from repro.experiments):\n" \
+    assert not found, "lists of names kept by hand (derive them from repro.catalogue):\n" \
         + "\n".join(found)
 
 
-def test_every_list_is_derived_from_the_specs():
-    recorded = [e.name for e in experiments.EXPERIMENTS if e.recorded]
+def test_every_list_is_derived_from_the_catalogue():
+    recorded = [e.name for e in catalogue.EXPERIMENTS if e.recorded]
     assert list(studies.EXPERIMENTS) == recorded
-    assert set(studies.TRACES) == {e.name for e in experiments.EXPERIMENTS if not e.recorded}
+    assert set(studies.TRACES) == {e.name for e in catalogue.EXPERIMENTS if not e.recorded}
     assert studies.RECORDED_BY == results.SHARED_FOLDERS == {"rl_quality_repeat": "rl_quality"}
-    assert [nb for nb, _ in pipeline.STAGES.values()] == [n.name for n in experiments.NOTEBOOKS]
+    assert [nb for nb, _ in pipeline.STAGES.values()] == [n.name for n in catalogue.NOTEBOOKS]
     assert provenance.QUALITY_EXPERIMENTS == {"rl_quality", "rl_quality_repeat", "lm"}
     assert {"final_return", "eval_loss", "heldout_accuracy"} <= provenance.QUALITY_METRICS
     assert "env_steps_per_s" not in provenance.QUALITY_METRICS
     assert measured.WORKLOADS == {"mlp_step": "mlp", "lm_step": "lm"}
     assert kernel_times.WORKLOADS[:4] == ("mlp", "lm", "gemm", "ppo")
-    assert set(config.SECTIONS) == {s for n in experiments.NOTEBOOKS for s in n.params} \
+    assert set(config.SECTIONS) == {s for n in catalogue.NOTEBOOKS for s in n.params} \
         | set(recorded)
 
 
-def test_each_part_a_spec_names_exists():
-    for e in experiments.EXPERIMENTS:
+def test_each_part_an_entry_names_exists():
+    for e in catalogue.EXPERIMENTS:
         assert e.study == f"repro.experiments.{e.name}.measure", e.name
-        assert importlib.import_module(f"repro.experiments.{e.name}.spec").SPEC is e
         study = importlib.import_module(e.study).STUDY
         assert study.experiment == e.name, e.name
         for module in e.owned:
@@ -94,21 +92,18 @@ def test_each_part_a_spec_names_exists():
         assert e.notebook in NOTEBOOK_NAMES, e.name
     on_disk = {p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.py")}
     assert on_disk == NOTEBOOK_NAMES
-    stages = [n.stage for n in experiments.NOTEBOOKS]
+    stages = [n.stage for n in catalogue.NOTEBOOKS]
     assert len(set(stages)) == len(stages)
 
 
-def test_the_specs_import_no_experiment_code():
-    """``repro.experiments`` imports the specs alone (any module may import it): no study,
-    table or rule, and no JAX."""
-    code = ("import sys; from repro import experiments; "
+def test_the_catalogue_imports_no_experiment_code():
+    """``repro.catalogue`` is data (any module may import it): no study, table or rule, no
+    other module of the package, and no JAX."""
+    code = ("import sys; from repro import catalogue; "
             "print(' '.join(m for m in sys.modules if m.startswith(('repro', 'jax'))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout.split()
-    packages = {f"repro.experiments.{e.name}" for e in experiments.EXPERIMENTS}
-    allowed = {"repro", "repro.experiments", "repro.experiments._spec", *packages,
-               *(f"{p}.spec" for p in packages)}
-    assert set(out) == allowed, set(out) ^ allowed
+    assert set(out) == {"repro", "repro.catalogue"}, out
 
 
 def test_every_records_folder_belongs_to_an_experiment():
@@ -117,10 +112,10 @@ def test_every_records_folder_belongs_to_an_experiment():
 
 
 def test_get_names_the_valid_experiments():
-    assert experiments.get("legged").study == "repro.experiments.legged.measure"
+    assert catalogue.get("legged").study == "repro.experiments.legged.measure"
     with pytest.raises(ValueError, match="valid experiments: gemm, mlp_step"):
-        experiments.get("nope")
-    assert experiments.get("rl_throughput").source("a", "b") == "results/*/rl_throughput (a, b)"
+        catalogue.get("nope")
+    assert catalogue.get("rl_throughput").source("a", "b") == "results/*/rl_throughput (a, b)"
 
 
 # ------------------------------------------------------------------- claims
@@ -157,7 +152,7 @@ def test_claims_yaml_decides_which_records_a_claim_reads():
     """Study.claims against the rules' ``studies`` in claims.yaml (the one source): every
     difference is one of KNOWN."""
     by_rule = rule_studies()
-    for e in experiments.EXPERIMENTS:
+    for e in catalogue.EXPERIMENTS:
         mine = set(importlib.import_module(e.study).STUDY.claims)
         judged = set().union(by_rule.get(e.name, set()),
                              *(by_rule.get(f, set()) for f in e.folders))

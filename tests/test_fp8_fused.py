@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from repro.precision import formats as F
-from repro.precision import ops
+from repro.precision import fp8 as fp8_ops, ops
 from repro.precision import scaling as S
 from repro.precision.recipes import resolve
 
@@ -67,9 +67,9 @@ def test_native_cast_rounds_float32_halfway_points_to_even(np_dtype, jdtype):
 
 def test_recipes_cast_natively_except_convolutions():
     r = resolve("fp8-delayed")
-    assert r.fp8_cast == "native" and ops._caster(r, ("dot",)) is F.fp8_cast
-    assert ops._caster(r, ("conv", None, None, None)) is F.fp8_quantize  # folds otherwise
-    assert ops._caster(resolve("fp8-delayed:fp8_cast=rounding"), ("dot",)) is F.fp8_quantize
+    assert r.fp8_cast == "native" and fp8_ops._caster(r, ("dot",)) is F.fp8_cast
+    assert fp8_ops._caster(r, ("conv", None, None, None)) is F.fp8_quantize  # folds otherwise
+    assert fp8_ops._caster(resolve("fp8-delayed:fp8_cast=rounding"), ("dot",)) is F.fp8_quantize
 
 
 # ------------------------------------------------------------------------- fused epilogue
@@ -167,7 +167,7 @@ def test_only_an_input_not_differentiated_is_saved_as_it_is(perturbed, saved):
     x, w, b, _ = data()
     r = resolve("fp8-delayed")
     diff = jax.tree.map(lambda a: CustomVJPPrimal(a, True), (w, b, meta_for(r)))
-    _, res = ops._fp8_fwd_rule(CustomVJPPrimal(x, perturbed), *diff, r, ("dot",), "relu")
+    _, res = fp8_ops._fp8_fwd_rule(CustomVJPPrimal(x, perturbed), *diff, r, ("dot",), "relu")
     assert res[0].dtype == saved and res[0].shape == (M, K)
     if not perturbed:
         assert res[0] is x
@@ -176,7 +176,7 @@ def test_only_an_input_not_differentiated_is_saved_as_it_is(perturbed, saved):
 def test_fused_relu_keeps_fp8_operands_and_a_one_bit_mask():
     x, w, b, _ = data()
     r = resolve("fp8-delayed")
-    _, res = ops._fp8_fwd(x, w, b, meta_for(r), r, ("dot",), "relu")
+    _, res = fp8_ops._fp8_fwd(x, w, b, meta_for(r), r, ("dot",), "relu")
     big = [a for a in jax.tree.leaves(res) if a.size >= M * N // 8]
     assert sorted((a.dtype.name, a.shape) for a in big) == sorted(
         [("float8_e4m3fn", (M, K)), ("uint8", (M, (N + 7) // 8)), ("float8_e4m3fn", (K, N))])

@@ -24,7 +24,7 @@ import pytest
 
 from repro.config import stage_params
 from repro.experiments.mlp_step import measure as mlpbench
-from repro.precision import ops
+from repro.precision import fp8, ops
 from repro.precision import scaling as scaling_lib
 from repro.precision.layers import FP8_META
 from repro.precision.recipes import REGISTRY, Recipe, resolve
@@ -305,7 +305,7 @@ def test_backward_residuals_are_fp8_not_bf16(layout):
     r = resolve(f"fp8-delayed:fp8_layout={layout}")
     x, w, _, meta = inputs("delayed")
     op = ("dot_tn",) if layout == "tn" else ("dot",)
-    _, res = ops._fp8_fwd(x, w, None, meta, r, op, None)
+    _, res = fp8._fp8_fwd(x, w, None, meta, r, op, None)
     x_res, wq = res[0], res[1]
     assert x_res.dtype == jnp.float8_e4m3fn and wq.dtype == jnp.float8_e4m3fn
     assert x_res.shape == ((K, M) if layout == "tn" else (M, K))  # x^T saved for "tn"

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from repro import cli, config, results, studies
+from repro import cli, config, evidence, record_checks, results, studies
 from repro.precision import formats as F
 from repro.precision import ops
 from repro.precision.recipes import REGISTRY
@@ -298,12 +298,12 @@ def test_fuzz_record_files(tmp_path_factory, unit, value, drop, cut):
     # at write: refused with nothing written, or written and read back exactly
     try:
         path = results.write_records([rec], "rl_throughput", "c", root=root)
-    except results.RecordError as e:
+    except record_checks.RecordError as e:
         assert not good and "rl_throughput/c: record 0" in _one_line(e)
         assert not list(root.rglob("*.json"))
     else:
         assert good, (unit, value, drop)
-        got = results.load_records(roots=[root]).value.iloc[0]
+        got = evidence.load_records(roots=[root]).value.iloc[0]
         assert got == value or (math.isnan(got) and math.isnan(value))
         path.unlink()
     # at load: a file written by hand (or cut short) is named, or read exactly
@@ -312,8 +312,8 @@ def test_fuzz_record_files(tmp_path_factory, unit, value, drop, cut):
     text = json.dumps([rec])
     path.write_text(text[: int(len(text) * cut)] if cut else text)
     try:
-        df = results.load_records(roots=[root])
-    except results.RecordError as e:
+        df = evidence.load_records(roots=[root])
+    except record_checks.RecordError as e:
         assert not good or cut, (unit, value)
         assert _one_line(e).startswith(f"{path}: ")
     else:

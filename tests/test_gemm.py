@@ -11,7 +11,7 @@ import pytest
 
 from repro.config import ConfigError
 from repro.experiments.gemm import measure as bench
-from repro.studies import timing
+from repro.studies import lowering, timing
 
 
 def test_time_fn_statistics_and_rotation():
@@ -106,17 +106,17 @@ def test_gemm_error_records():
 
 
 def test_fp8_lowering_from_hlo():
-    assert timing.fp8_lowering("ROOT %x = bf16[4,4] dot(%a, %b)") == "no-f8"
+    assert lowering.fp8_lowering("ROOT %x = bf16[4,4] dot(%a, %b)") == "no-f8"
     cublas = 'custom-call(%a, %b), custom_call_target="__cublas$lt$matmul$f8"'
-    assert timing.fp8_lowering("f8e4m3fn " + cublas) == "cublaslt-f8"
+    assert lowering.fp8_lowering("f8e4m3fn " + cublas) == "cublaslt-f8"
     fused = ("%gemm (p0: f8e4m3fn[4,4], p1: f8e4m3fn[4,4]) -> bf16[4,4] {\n"
              "  %p0 = f8e4m3fn[4,4]{1,0} parameter(0)\n  %p1 = f8e4m3fn[4,4]{1,0} parameter(1)\n"
              "  ROOT %d = bf16[4,4]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}\n}\n")
-    assert timing.fp8_lowering(fused) == "fused-f8-dot"
+    assert lowering.fp8_lowering(fused) == "fused-f8-dot"
     upcast = ("%f (p0: f8e4m3fn[4,4]) -> f32[4,4] {\n  %p0 = f8e4m3fn[4,4]{1,0} parameter(0)\n"
               "  %c = f32[4,4]{1,0} convert(%p0)\n  %c2 = f32[4,4]{1,0} convert(%p0)\n"
               "  ROOT %d = f32[4,4]{1,0} dot(%c, %c2)\n}\n")
-    assert timing.fp8_lowering(upcast) == "upcast"
+    assert lowering.fp8_lowering(upcast) == "upcast"
 
 
 @pytest.fixture
@@ -167,7 +167,7 @@ def test_recipe_emulated_accepts_both_native_fp8_lowerings():
     """On an FP8-capable GPU an FP8 timing is native whether XLA called cuBLASLt's FP8 GEMM or
     its own Triton GEMM on f8 operands (small GEMMs); only an upcast program is emulation."""
     from repro.hardware import lookup
-    from repro.studies.timing import recipe_emulated
+    from repro.studies.lowering import recipe_emulated
 
     h200 = lookup("h200")
     assert not recipe_emulated("fp8-delayed", "cublaslt-f8", h200)
@@ -201,15 +201,15 @@ def test_entry_ops_counts_launching_ops_of_entry_only():
     # hand-counted: one fusion, one cuBLAS call (tuple-shaped), one copy; the fused
     # computation's negate and the parameters, constant, get-tuple-element and tuple launch
     # nothing
-    assert timing.entry_ops(HLO_MODULE) == {"fusion": 1, "custom-call": 1, "copy": 1}
-    assert timing.entry_ops("no module here") == {}
+    assert lowering.entry_ops(HLO_MODULE) == {"fusion": 1, "custom-call": 1, "copy": 1}
+    assert lowering.entry_ops("no module here") == {}
 
 
 def test_compiled_facts_report_xla_cost_of_a_matmul():
     m, k, n = 64, 32, 16
     a = jnp.ones((m, k), jnp.float32)
     b = jnp.ones((k, n), jnp.float32)
-    facts = timing.compiled_facts(jax.jit(jnp.dot).lower(a, b).compile())
+    facts = lowering.compiled_facts(jax.jit(jnp.dot).lower(a, b).compile())
     assert facts["hlo_flops"] == 2 * m * k * n  # one multiply-add per (i, j, l)
     assert facts["hlo_bytes_accessed"] >= 4 * (m * k + k * n + m * n)  # read both, write once
     assert facts["hlo_kernels"] >= 1

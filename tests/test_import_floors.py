@@ -3,19 +3,23 @@
 Every import of every module under repro/ is read from its syntax tree, lazy imports inside
 functions included. A module may import from its own floor and the floors below it:
 
-    shared    the spec table (repro/experiments/__init__.py, _spec.py and each experiment's
-              spec.py), hardware, config, results, program fingerprints, provenance and the
-              verdict vocabulary (claims/verdicts/_base.py): what every floor uses
+    ground    what every floor uses and that imports nothing above it: the experiment
+              catalogue, the checkout (paths, git), code fingerprints, run conditions,
+              hardware, the verdict vocabulary, markdown and plot style
     precision recipes, formats, ops, layers
-    models    the networks, PPO, the LM and its data
-    studies   the studies' runner and measuring kit; each experiment's measure.py and its
-              other helper modules
+    config    params.yaml, typed and checked (recipe names against the precision registry)
+    models    the networks, PPO, GRPO, the LM and its data
+    store     the records' store (results), program fingerprints and the staleness checker
+    studies   the studies' registry, runner and measuring kit; each experiment's measure.py
+              and its other helper modules
+    evidence  the records loaded and judged fresh or stale (the one loader)
     analysis  tables from records (each experiment's tables.py); the performance model
-    claims    verdict rules (each experiment's rules.py), staleness, the ledger
-    top       the command line, notebooks' helpers, the pipeline, the site
+    claims    verdict rules (each experiment's rules.py, the rules index), staleness notes,
+              registration, the ledger
+    top       the command line, notebooks' helpers, the pipeline, the site, refresh plans
 
-An experiment's modules (every module of its package, ``repro/experiments/<name>/``, but its
-spec) import no module of another experiment; shared helpers live outside the packages
+An experiment's modules (every module of its package, ``repro/experiments/<name>/``) import
+no module of another experiment; shared helpers live outside the packages
 (``repro.analysis.rl``, ``repro.studies.measures``...). ALLOWED lists the exceptions, each
 with its reason.
 """
@@ -25,32 +29,39 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from repro import experiments
+from repro import catalogue
 
 ROOT = Path(__file__).resolve().parent.parent
 
-FLOORS = ("shared", "precision", "models", "studies", "analysis", "claims", "top")
+FLOORS = ("ground", "precision", "config", "models", "store", "studies", "evidence",
+          "analysis", "claims", "top")
 # module prefix -> floor; the longest matching prefix decides
 PLACES = {
-    "repro": "shared",  # the package itself
-    "repro.experiments": "shared",  # the spec table; an experiment's package: PART_FLOORS
-    "repro.hardware": "shared",
-    "repro.config": "shared",
-    "repro.results": "shared",
-    "repro.program": "shared",
-    "repro.provenance": "shared",
-    "repro.claims.verdicts._base": "shared",
+    "repro": "ground",  # the package itself, and the small helpers (markdown, plot style)
+    "repro.experiments": "ground",  # the package's docstring; an experiment's: PART_FLOORS
+    "repro.catalogue": "ground",
+    "repro.checkout": "ground",
+    "repro.fingerprint": "ground",
+    "repro.conditions": "ground",
+    "repro.hardware": "ground",
+    "repro.verdict": "ground",
     "repro.precision": "precision",
+    "repro.config": "config",
     "repro.models": "models",
+    "repro.results": "store",
+    "repro.record_checks": "store",
+    "repro.program": "store",
+    "repro.provenance": "store",
     "repro.studies": "studies",
+    "repro.evidence": "evidence",
     "repro.analysis": "analysis",
     "repro.perfmodel": "analysis",
     "repro.claims": "claims",
     "repro.cli": "top",
-    "repro.cli_checks": "top",
     "repro.notebook": "top",
     "repro.run_notebook": "top",
     "repro.pipeline": "top",
+    "repro.record_reads": "top",
     "repro.site": "top",
     "repro.refresh": "top",
     "repro.tables": "top",
@@ -58,19 +69,12 @@ PLACES = {
 
 # an experiment package's module (repro.experiments.<name>.<part>) -> its floor; any other
 # part (measure, a study's helper) sits on the studies floor
-PART_FLOORS = {"spec": "shared", "tables": "analysis", "rules": "claims"}
-PACKAGES = frozenset(p.parent.name for p in (ROOT / "repro" / "experiments").glob("*/spec.py"))
+PART_FLOORS = {"tables": "analysis", "rules": "claims"}
+PACKAGES = frozenset(p.parent.name for p in (ROOT / "repro" / "experiments").glob("*/measure.py"))
 
 _STUDIES_KERNEL_TIMES = "repro.experiments.kernel_times.measure"
 # (importer, imported): why the import crosses a floor or an experiment
 ALLOWED = {
-    # params.yaml's recipe names are checked against the precision registry as it is read
-    ("repro.config", "repro.precision"): "config checks recipe names",
-    # params.yaml may hold a section for each experiment the study registry holds at the time
-    # it is read (tests register toy experiments there)
-    ("repro.config", "repro.studies"): "config reads the study registry",
-    # the staleness checker rebuilds a cell's programs through the study registry, at call time
-    ("repro.provenance", "repro.studies"): "staleness rebuilds a cell's programs",
     # rl_quality records the device's peak memory with rl_throughput's helper. Moving it
     # would change rl_throughput's measure.py, a file its TPU records' programs ran: traced
     # under that platform's JAX, they cannot be traced again here and would turn stale.
@@ -135,10 +139,9 @@ def floor(module: str) -> str:
 
 
 def owners(module: str) -> set[str]:
-    """The experiment whose package holds ``module`` (none for its spec: the spec table reads
-    every experiment's)."""
+    """The experiment whose package holds ``module``."""
     found = package(module)
-    return {found[0]} if found and found[1] not in ("", "spec") else set()
+    return {found[0]} if found and found[1] != "" else set()
 
 
 def allowed(importer: str, imported: str) -> bool:
@@ -188,21 +191,22 @@ def test_the_check_fails_on_an_upward_import_and_a_cross_experiment_one():
     assert violations({(f"{legged}.measure", "repro.studies.measures"),
                        (f"{legged}.rules", "repro.analysis.rl"),
                        (f"{legged}.rules", f"{legged}.tables"),
-                       ("repro.experiments", f"{legged}.spec"),
-                       (f"{legged}.spec", "repro.experiments._spec")}) == []
-    assert violations({("repro.config", "repro.precision.recipes")}) == []  # allowed
+                       (f"{legged}.rules", "repro.catalogue")}) == []
+    assert violations({("repro.config", "repro.precision.recipes")}) == []  # a floor below
+    assert violations({("repro.provenance", "repro.studies")}) == [
+        "repro.provenance (store) imports repro.studies (studies): a higher floor"]
 
 
 def test_every_experiment_module_sits_in_its_package():
-    """The modules a spec names (``Experiment.owned``) are its package's, and its package
-    holds no module that its spec does not name but the spec itself."""
-    for e in experiments.EXPERIMENTS:
+    """The modules an experiment's entry names (``Experiment.owned``) are its package's, and
+    its package holds no module that its entry does not name."""
+    for e in catalogue.EXPERIMENTS:
         assert e.name in PACKAGES, e.name
         assert all(owners(m) == {e.name} for m in e.owned), e.owned
         held = {module_name(p) for p in (ROOT / "repro" / "experiments" / e.name).glob("*.py")}
         pkg = f"repro.experiments.{e.name}"
-        assert held - set(e.owned) == {pkg, f"{pkg}.spec"}, (e.name, held - set(e.owned))
-    assert PACKAGES == {e.name for e in experiments.EXPERIMENTS}
+        assert held - set(e.owned) == {pkg}, (e.name, held - set(e.owned))
+    assert PACKAGES == {e.name for e in catalogue.EXPERIMENTS}
 
 
 def test_imports_reads_lazy_imports():

@@ -552,7 +552,7 @@ def test_train_best_loads_the_checkpoint_of_the_best_step(tmp_path, monkeypatch)
 
 @pytest.mark.slow
 def test_study_writes_records_the_analysis_reads(tmp_path, monkeypatch):
-    from repro import results
+    from repro import evidence
     from repro.studies import runner
 
     p = _params(seeds=[0], formats=["bf16", "int8"])
@@ -560,7 +560,7 @@ def test_study_writes_records_the_analysis_reads(tmp_path, monkeypatch):
     p["speed"]["configs"] = {"tiny": {"preset": "tiny", "prefill_batch": 1}}
     out = runner.run(I.STUDY, p, tmp_path / "res", progress=False)
     assert sorted(path.stem for path in out.written) == ["quality_s0", "speed_tiny_int8"]
-    df = results.load_records("inference", roots=[tmp_path / "res"])
+    df = evidence.load_records("inference", roots=[tmp_path / "res"])
     acc, mem, spd = A.accuracy_table(df), A.bytes_table(df), A.speed_table(df)
     assert set(acc["format"]) == {"bf16", "int8"}
     assert acc.set_index("format").loc["bf16", "rel_gap"] == 0.0

@@ -7,9 +7,9 @@ import json
 import pandas as pd
 import pytest
 
-from repro import cli, refresh, results
+from repro import cli, evidence, refresh, results
 from repro.claims import ledger_set
-from repro.claims.verdicts._base import definitions
+from repro.verdict import definitions
 
 
 def test_braces_expand_and_globs_stay():
@@ -142,7 +142,7 @@ def test_the_committed_stale_set_is_current():
     path = results.repo_root().joinpath(*refresh.STALE_SET)
     assert path.is_file(), "no committed stale set: run `repro status --write-index`"
     committed = json.loads(path.read_text())
-    now = refresh.stale_set(results.stale_cells())
+    now = refresh.stale_set(evidence.stale_cells())
     new = sorted(set(now) - set(committed))
     gone = sorted(set(committed) - set(now))
     other = sorted(k for k in set(now) & set(committed) if now[k] != committed[k])
@@ -157,7 +157,7 @@ def test_no_ledger_cell_is_stale_without_an_acknowledgement():
     acknowledged in repro/data/acknowledged.yaml, which the ledger names beside the verdict."""
     from repro import refresh
 
-    stale = refresh.stale_set(results.stale_cells())
+    stale = refresh.stale_set(evidence.stale_cells())
     acks = ledger_set.acknowledgements()
     silent = [f"{k} ({', '.join(v['ledger'])}: {v['why'][:80]})" for k, v in stale.items()
               if v["ledger"] and ledger_set.acknowledged(*k.split("/"), acks) is None]

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from repro import provenance
+from repro import checkout
 
 DRIVER = textwrap.dedent('''
     import contextlib, io, json, os, re, sys, tempfile
@@ -19,7 +19,7 @@ DRIVER = textwrap.dedent('''
     os.environ["REPRO_STAGING"] = tempfile.mkdtemp()
     from repro import results
     from repro.claims import ledger_set, registration
-    from repro.claims.verdicts._base import definitions
+    from repro.verdict import definitions
     claims = [c for c, d in definitions().items() if d.get("notebook") == name]
     got, real = {}, registration.judged
     def judged(fn, claim, *a, **k):
@@ -45,9 +45,9 @@ DRIVER = textwrap.dedent('''
 
 
 def verdicts_of(name: str, perturb: bool) -> str:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(provenance.CHECKOUT)}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(checkout.CHECKOUT)}
     out = subprocess.run([sys.executable, "-c", DRIVER, name, "1" if perturb else "0"],
-                         cwd=provenance.CHECKOUT, env=env, capture_output=True, text=True,
+                         cwd=checkout.CHECKOUT, env=env, capture_output=True, text=True,
                          timeout=1200)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.strip().splitlines()[-1]

@@ -384,6 +384,7 @@ def test_study_cells_come_in_verdict_order_and_check_names_the_culprit():
 
 
 def test_more_seeds_come_in_blocks_after_every_first_cell_and_run_their_own_seeds(monkeypatch):
+    from repro.experiments.legged import cells as LC
     from repro.experiments.legged import measure as L
 
     q = {"sizes": ["s"], "recipes": ["fp32", "fp8-delayed"], "seeds": 2,
@@ -410,7 +411,7 @@ def test_more_seeds_come_in_blocks_after_every_first_cell_and_run_their_own_seed
                     "skipped": jnp.zeros(r.shape, jnp.int32)}
         return run, 12.5
 
-    monkeypatch.setattr(L, "compile_", fake_compile)
+    monkeypatch.setattr(LC, "compile_", fake_compile)
     monkeypatch.setattr(L.pc, "make_train", lambda c: lambda key: None)  # no environment
     cell = {c.name: c for c in L.cells(p)}["ant_quality_s_fp8-delayed_critic-fp32_s2"]
     recs = cell.run(None)

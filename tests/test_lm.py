@@ -242,7 +242,7 @@ def test_smoke_profile_plan():
 
 def _lm_frame(tmp_path, runs):
     """Records like ``_train_records`` writes, for runs {(recipe, seed): [(eval, train)...]}."""
-    from repro import hardware, results
+    from repro import evidence, hardware, results
 
     hw = hardware.lookup("cpu")
     for (recipe, seed), points in runs.items():
@@ -254,7 +254,7 @@ def _lm_frame(tmp_path, runs):
                                         "nats/byte", recipe=recipe, profile="full",
                                         sizes={"model": "20m", "seed": seed}, hardware=hw))
         results.write_records(recs, E.EXPERIMENT, f"20m_{recipe}_s{seed}", root=tmp_path)
-    return results.load_records(E.EXPERIMENT, roots=[tmp_path])
+    return evidence.load_records(E.EXPERIMENT, roots=[tmp_path])
 
 
 def test_run_losses_best_final_and_overfit(tmp_path):
@@ -297,7 +297,7 @@ def test_paired_gaps_by_metric_and_interval(tmp_path):
 def test_best_gap_uses_the_evaluation_steps_both_runs_have(tmp_path):
     # bf16 was evaluated at steps 100, 200, 300; nvfp4 also earlier (its own extra point at
     # 50 is lower than anything bf16 saw): the pair is compared at 100-300 only.
-    from repro import hardware, results
+    from repro import evidence, hardware, results
 
     hw = hardware.lookup("cpu")
 
@@ -312,7 +312,7 @@ def test_best_gap_uses_the_evaluation_steps_both_runs_have(tmp_path):
 
     write("bf16", [(100, 1.2), (200, 1.0), (300, 1.1)])
     write("nvfp4", [(50, 0.5), (100, 1.3), (200, 1.05), (300, 1.2)])
-    df = results.load_records(E.EXPERIMENT, roots=[tmp_path])
+    df = evidence.load_records(E.EXPERIMENT, roots=[tmp_path])
     g = lm_analysis.paired_gaps(df, "bf16").iloc[0]
     assert g["baseline_loss"] == pytest.approx(1.0) and g["loss"] == pytest.approx(1.05)
     assert lm_analysis.run_losses(df).set_index("recipe").loc["nvfp4", "best_eval_loss"] == 0.5
@@ -416,7 +416,7 @@ def test_truncated_run_is_the_whole_runs_prefix():
 def test_truncated_runs_are_compared_over_their_evaluations(tmp_path):
     """A truncated variant (params.yaml stop_at) is compared to whole baseline runs over the
     evaluation steps both have; it has no final losses, so final-loss gaps leave it out."""
-    from repro import hardware, results
+    from repro import evidence, hardware, results
 
     hw = hardware.lookup("cpu")
 
@@ -438,7 +438,7 @@ def test_truncated_runs_are_compared_over_their_evaluations(tmp_path):
         write("bf16", seed, [(100, 1.0), (200, 1.1), (300, 1.6)])
         write("jax-nvfp4", seed, [(100, 1.0 + d), (200, 1.2)], cut=200)
         write("nvfp4", seed, [(100, 1.0 + d), (200, 1.1), (300, 1.5)])
-    df = results.load_records(E.EXPERIMENT, roots=[tmp_path])
+    df = evidence.load_records(E.EXPERIMENT, roots=[tmp_path])
     r = lm_analysis.run_losses(df).set_index(["recipe", "seed"])
     assert r.loc[("jax-nvfp4", 0), "truncated_at"] == 200
     assert np.isnan(r.loc[("jax-nvfp4", 0), "final_eval_loss"])

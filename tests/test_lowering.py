@@ -8,7 +8,6 @@ import pytest
 
 from repro import hardware
 from repro.studies import lowering as L
-from repro.studies import timing
 
 HLO = Path(__file__).parent / "data" / "hlo"
 
@@ -35,7 +34,7 @@ GPU = [
 @pytest.mark.parametrize("name,fp8,int8,dequant,storage", TPU)
 def test_tpu_programs(name, fp8, int8, dequant, storage):
     text = hlo(name)
-    assert L.fp8_lowering(text, "tpu") == timing.fp8_lowering(text, "tpu") == fp8
+    assert L.fp8_lowering(text, "tpu") == fp8
     assert L.int8_lowering(text, "tpu") == int8
     assert L.dequant_lowering(text, "tpu") == dequant
     assert L.weight_storage(text) == storage
@@ -71,7 +70,7 @@ def test_tpu_f8_dot_is_fp8_arithmetic_only_on_a_chip_that_has_it():
 @pytest.mark.parametrize("name,fp8,storage", GPU)
 def test_gpu_programs_read_as_before(name, fp8, storage):
     text = hlo(name)
-    assert L.fp8_lowering(text, "gpu") == timing.fp8_lowering(text, "gpu") == fp8
+    assert L.fp8_lowering(text, "gpu") == fp8
     assert L.weight_storage(text) == storage
     # the GPU (and CPU) readings are the functions the records have always used
     for platform in ("gpu", "cpu"):
@@ -87,7 +86,7 @@ def test_every_stored_program_read_on_gpu_unchanged():
     """On every stored text, the GPU reading is exactly the one before TPUs were read."""
     for path in sorted(HLO.glob("*.hlo")):
         text = path.read_text()
-        assert timing.fp8_lowering(text, "gpu") == timing.fp8_lowering(text, "cpu")
+        assert L.fp8_lowering(text, "gpu") == L.fp8_lowering(text, "cpu")
         assert L.int8_lowering(text, "gpu") == L.int8_lowering_gpu(text)
 
 
@@ -96,10 +95,10 @@ def test_default_platform_is_this_process():
             "  %p0 = f8e4m3fn[4,4]{1,0} parameter(0)\n  %p1 = f8e4m3fn[4,4]{1,0} parameter(1)\n"
             "  ROOT %d = bf16[4,4]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}\n}\n")
     with hardware.target("tpu", "TPU v5 lite"):
-        assert timing.fp8_lowering(text) == "upcast"  # a v5e converts f8 to BF16
+        assert L.fp8_lowering(text) == "upcast"  # a v5e converts f8 to BF16
     with hardware.target("gpu", "NVIDIA H200"):
-        assert timing.fp8_lowering(text) == "fused-f8-dot"  # the GPU's reading of it
-    assert timing.fp8_lowering(hlo("tpu_fp8_upcast_prefill")) == "upcast"  # this CPU
+        assert L.fp8_lowering(text) == "fused-f8-dot"  # the GPU's reading of it
+    assert L.fp8_lowering(hlo("tpu_fp8_upcast_prefill")) == "upcast"  # this CPU
 
 
 # ------------------------------------------------------------------------ record labels
@@ -147,7 +146,7 @@ def test_programs_a_tpu_v5e_compiled_are_read_as_its_matrix_unit_ran_them():
     assert L.int8_lowering(fp8, "tpu") == "no-s8"
     assert any(a.startswith("f8") and b.startswith("f8") for _, _, a, b in L.products(fp8))
     with hardware.target("tpu", "TPU v5 lite"):
-        assert L.fp8_lowering(fp8) == timing.fp8_lowering(fp8) == "upcast"
+        assert L.fp8_lowering(fp8) == "upcast"
         assert L.fp8_lowering_tpu(fp8, has_fp8=True) == "f8-dot"
 
 
@@ -158,10 +157,10 @@ def _labels(recipe, text, platform, hw):
     """(lowering of the recipe's format, emulated) as a record of ``recipe`` says them."""
     kind = {"tpu": "TPU v5 lite", "gpu": "NVIDIA H200", "cpu": "cpu"}[platform]
     with hardware.target(platform, kind):
-        facts = {"fp8_lowering": timing.fp8_lowering(text),
+        facts = {"fp8_lowering": L.fp8_lowering(text),
                  "int8_lowering": L.int8_lowering(text)}
     low = L.narrow_lowering(recipe, facts)
-    return low, timing.recipe_emulated(recipe, facts, hw)
+    return low, L.recipe_emulated(recipe, facts, hw)
 
 
 def test_record_labels_say_what_a_tpu_v5e_did():
@@ -186,8 +185,8 @@ def test_gpu_record_labels():
     assert _labels("fp8-auto", hlo("gpu_bf16_cublas"), "gpu", H200) == ("no-f8", False)
     assert _labels("int8", hlo("gpu_int8_cublas"), "gpu", H200) == ("s8-gemm", False)
     assert _labels("fp8-delayed", hlo("gpu_fp8_cublaslt"), "gpu", CPU)[1] is True
-    assert timing.recipe_emulated("fp8-delayed", "cublaslt-f8", H200) is False
-    assert timing.recipe_emulated("nvfp4", "no-f8", H200) is True
+    assert L.recipe_emulated("fp8-delayed", "cublaslt-f8", H200) is False
+    assert L.recipe_emulated("nvfp4", "no-f8", H200) is True
 
 
 @pytest.mark.parametrize("platform,kind,slug", [("tpu", "TPU v5 lite", "tpu-v5e"),
@@ -203,9 +202,9 @@ def test_no_stored_program_reads_as_fp8_arithmetic_on_a_device_without_it(platfo
     for path in texts:
         text = path.read_text()
         with hardware.target(platform, kind):
-            low = timing.fp8_lowering(text)
+            low = L.fp8_lowering(text)
         assert low not in L.NATIVE_FP8 or hw.has_fp8, (path.name, low)
-        emulated = timing.recipe_emulated("fp8-delayed", low, hw)
+        emulated = L.recipe_emulated("fp8-delayed", low, hw)
         assert emulated == (low not in L.NATIVE_FP8 and low != "no-f8"), (path.name, low)
 
 
@@ -225,7 +224,7 @@ def test_an_int8_program_with_widened_integer_products_is_partly_int8():
     for platform in ("tpu", "gpu", "cpu"):
         assert L.int8_lowering(native, platform) == "s8-gemm"
         assert L.int8_lowering(native + widened, platform) == "s8-partial"
-    assert timing.recipe_emulated("int8", "s8-partial", V5E) is True
-    assert timing.recipe_emulated("int8", "s8-gemm", V5E) is False
+    assert L.recipe_emulated("int8", "s8-partial", V5E) is True
+    assert L.recipe_emulated("int8", "s8-gemm", V5E) is False
     for name in ("tpu_int8_prefill", "tpu_v5e_int8_dot_compiled", "gpu_int8_cublas"):
         assert L.int8_products(hlo(name))["widened"] == 0, name

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from repro.hardware import lookup
-from repro.precision import ops
+from repro.precision import block_scaled, gemm, ops
 from repro.precision.recipes import resolve
 from repro.precision.scaling import DelayedScalingState
 
@@ -274,11 +274,11 @@ def test_nvfp4_rht_is_exact_without_quantization(monkeypatch):
     """With identity 'quantization', RHT on both wgrad inputs leaves x^T g unchanged."""
 
     def identity_rows(a, rounding="nearest", key=None):
-        a = ops._pad_axis(jnp.asarray(a, jnp.float32), 1, 16)
+        a = gemm._pad_axis(jnp.asarray(a, jnp.float32), 1, 16)
         return a, jnp.ones((a.shape[0], a.shape[1] // 16), jnp.float32), None
 
-    monkeypatch.setattr(ops, "_nvfp4_rows", identity_rows)
-    monkeypatch.setattr(ops, "_dequant_rows", lambda q, s: q)
+    monkeypatch.setattr(block_scaled, "_nvfp4_rows", identity_rows)
+    monkeypatch.setattr(block_scaled, "_dequant_rows", lambda q, s: q)
     x, w, c = randn(20, (40, 16)), randn(21, (16, 16)), randn(22, (40, 16))  # M=40: padded
     exact = x.astype(np.float64).T @ c
     for rht in (True, False):

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from repro import hardware as hw
-from repro import results
+from repro import evidence, results
 from repro.claims import verdicts
 from repro.perfmodel import calibrate as cb
 from repro.perfmodel import cost, measured
@@ -132,7 +132,7 @@ def _frame(recs):
 def test_interpolation_is_exact_at_measured_shapes(tmp_path):
     recs = _gemm_records()
     results.write_records(recs, "gemm", "synthetic", root=tmp_path / "results")
-    df = results.load_records("gemm", roots=tmp_path / "results")
+    df = evidence.load_records("gemm", roots=tmp_path / "results")
     table = measured.RateTable.from_records(df, H200)
     by_shape = {(r["recipe"], r["sizes"]["M"], r["sizes"]["K"], r["sizes"]["N"]): r["value"]
                 for r in recs}

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from repro import program as P
-from repro import provenance
+from repro import checkout
 
-REAL = provenance.CHECKOUT
+REAL = checkout.CHECKOUT
 RECIPES = ["bf16", "fp16", "fp32", "fp8-delayed", "fp8-current"]
 CELL = "w64_b32_d2"
 
@@ -60,7 +60,7 @@ def base(tmp_path_factory):
                                     profile="smoke", sizes=dict(width=64, batch=32, depth=2),
                                     hardware=hardware.lookup("h200")) for r in {RECIPES!r}]
         with hardware.target("gpu", "NVIDIA H200"):
-            recs = runner.stamp_programs(recs, cell, results.results_dir())
+            recs = runner.stamp_programs(recs, cell, results.results_dir(), s)
         json.dump(recs, open("records.json", "w"))
         print("ok")
         """)
@@ -74,8 +74,8 @@ def stale_after(base: Path, tmp_path: Path, edit) -> dict[str, bool]:
     edit(root)
     out = _run(root, """
         import json
-        from repro.provenance import Checker
-        c = Checker()
+        from repro import studies
+        c = studies.checker()
         recs = json.load(open("records.json"))
         print(json.dumps({r["recipe"]: c(r).stale for r in recs}))
         """)
@@ -145,10 +145,10 @@ def test_a_stale_record_says_which_program_and_the_first_differing_line(base, tm
             "ok = jnp.isfinite(a) & (a > 0)", "ok = jnp.isfinite(a) & (a > 1e-30)")
     out = _run(root, """
         import json
-        from repro.provenance import Checker
+        from repro import studies
         recs = json.load(open("records.json"))
         (r,) = [r for r in recs if r["recipe"] == "fp8-delayed"]
-        print(json.dumps(Checker()(r).reason))
+        print(json.dumps(studies.checker()(r).reason))
         """)
     reason = json.loads(out)
     # the first differing line is named from committed texts only (the note must read alike
@@ -222,8 +222,8 @@ def test_a_params_yaml_section_is_part_of_a_programs_files(base, tmp_path):
         (root / "params.yaml").write_text(yaml.safe_dump(params))
         return json.loads(_run(root, """
             import json
-            from repro.provenance import Checker
-            c = Checker()
+            from repro import studies
+            c = studies.checker()
             recs = json.load(open("records.json"))
             p = recs[0]["program"]
             print(json.dumps([c.unchanged(p["files"], p["python"]), c(recs[0]).stale,

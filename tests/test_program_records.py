@@ -15,7 +15,7 @@ import random
 import pytest
 
 from repro import program as P
-from repro import provenance, results
+from repro import checkout, provenance, results, studies
 
 MIN_RECORDS = 20  # fresh records whose programs each run retraces, at least
 MIN_PROGRAMS = 3  # and distinct programs, at least (records of one cell share one)
@@ -26,7 +26,7 @@ def fresh_programs() -> dict[tuple, list[dict]]:
     every committed record the checker finds fresh by its program (the index or this
     machine's cache standing in for a trace), judged as the checker judges it (a record
     made with its platform's JAX by its lock fingerprint)."""
-    check = provenance.Checker(trace=False)
+    check = studies.checker(trace=False)
     out: dict[tuple, list[dict]] = {}
     for path in sorted(results.results_dir().glob("*/*/*.json")):
         for rec in json.loads(path.read_text()):
@@ -60,13 +60,12 @@ def sample(programs: dict[tuple, list[dict]], seed: int) -> list[tuple]:
 def wrong_programs(keys: list[tuple]) -> list[str]:
     """Each program of ``keys`` traced anew here (no index, no cache), against its records'
     hash and kit: the ones that differ."""
-    check = provenance.Checker()
+    check = studies.checker()
     wrong = []
     for exp, cell, key, platform, kind, profile, digest, kit in keys:
         progs = check.cell_programs(exp, cell, profile, platform, kind)
         assert not isinstance(progs, str), f"{exp}/{cell}: {progs}"
-        traced = P.trace(provenance.with_settings(progs.get(key, progs.get("")), exp,
-                                                  profile), platform, kind)
+        traced = P.trace(progs.get(key, progs.get("")), platform, kind)
         if (traced.hash, traced.kit) != (digest, kit):
             wrong.append(f"{exp}/{cell} [{key}] on {platform}: {traced.hash}/{traced.kit}, "
                          f"recorded {digest}/{kit}")
@@ -97,7 +96,7 @@ def test_the_committed_program_index_is_current():
     files its trace ran: otherwise each fresh clone retraces those programs in every notebook
     (minutes on 2 cores). After an edit to a file a recorded program ran, refresh it with
     ``repro status --write-index``."""
-    path = provenance.CHECKOUT.joinpath(*provenance.PROGRAM_INDEX)
+    path = checkout.CHECKOUT.joinpath(*provenance.PROGRAM_INDEX)
     if not path.is_file():
         pytest.skip("no committed program index")
     check = provenance.Checker(trace=False)
@@ -111,7 +110,7 @@ def test_the_committed_program_index_is_current():
 def test_a_cell_program_is_built_for_the_records_device():
     """fp8-auto chooses its layers' formats as its program is built: for a TPU (no FP8
     arithmetic) every layer stays BF16, so its program is bf16's; for a GPU it is not."""
-    check = provenance.Checker()
+    check = studies.checker()
     tpu = check.cell_programs("mlp_step", "w1024_b65536_d3", "full", "tpu", "TPU v5 lite")
     gpu = check.cell_programs("mlp_step", "w1024_b65536_d3", "full", "gpu", "NVIDIA H200")
     assert not isinstance(tpu, str) and not isinstance(gpu, str), (tpu, gpu)

@@ -21,7 +21,7 @@ import textwrap
 import pytest
 
 from repro import program as P
-from repro import provenance, studies
+from repro import checkout, studies
 
 PLATFORM, KIND = "gpu", "NVIDIA H200"
 
@@ -370,7 +370,7 @@ def test_multigpu_program_does_not_depend_on_the_devices_of_the_tracing_machine(
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")
            + " --xla_force_host_platform_device_count=8"}
-    r = subprocess.run([sys.executable, "-c", code], cwd=provenance.CHECKOUT, env=env,
+    r = subprocess.run([sys.executable, "-c", code], cwd=checkout.CHECKOUT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == here

@@ -26,11 +26,12 @@ import pytest
 
 from repro import program as P
 from repro import results, studies
+from repro.experiments.legged import cells as LC
 from repro.experiments.legged import measure as L
 from repro.experiments.rl_purejaxrl import measure as J
 from repro.experiments.rl_quality import measure as Q
 from repro.experiments.rl_throughput import measure as T
-from repro.models import ppo
+from repro.models import ppo_core
 from repro.precision import recipes as R
 
 TARGET = ("gpu", "NVIDIA H200")
@@ -283,16 +284,16 @@ def test_legged_records_find_their_cells_programs(monkeypatch):
 
     one_seed = {k: v[0] for k, v in fake_metrics(1, 4).items()}
     monkeypatch.setattr(L.pc, "make_env", lambda c: FakeEnv())
-    monkeypatch.setattr(L, "compile_", lambda p, fn, *a: (lambda k: one_seed, 0.0))
+    monkeypatch.setattr(LC, "compile_", lambda p, fn, *a: (lambda k: one_seed, 0.0))
     quality = L.quality_cell(p, "ant", "brax", "fp32", p["profile"])
-    monkeypatch.setattr(L, "time_fn", lambda fn, *a, repeats, warmup=1: _Timing())
-    monkeypatch.setattr(L, "speed_parts", lambda p, c, env, r: (0.01, _Timing(), None))
-    monkeypatch.setattr(L, "_emulated", lambda r, c: (False, {
+    monkeypatch.setattr(LC, "time_fn", lambda fn, *a, repeats, warmup=1: _Timing())
+    monkeypatch.setattr(LC, "speed_parts", lambda p, c, env, r: (0.01, _Timing(), None))
+    monkeypatch.setattr(LC, "_emulated", lambda r, c: (False, {
         "fp8_lowering": "none", "fp8_gemm_calls": 0, "memory_bytes": 1}))
     speed = L.speed_cell(p, "ant", "brax", "bf16", p["profile"])
-    monkeypatch.setattr(L, "compile_", lambda p, fn, *a: (
+    monkeypatch.setattr(LC, "compile_", lambda p, fn, *a: (
         lambda k: (np.zeros(16), np.zeros(16, bool)), 0.0))
-    monkeypatch.setattr(L, "matmul_facts", lambda env, n: {})
+    monkeypatch.setattr(LC, "matmul_facts", lambda env, n: {})
     physics = L.physics_cell(p, "ant", 16, "default", p["profile"])
     monkeypatch.undo()
     for name, recs, key in (("ant_quality_brax_fp32", quality, ""),
@@ -342,7 +343,7 @@ def test_a_change_to_the_ppo_loss_stales_every_ppo_program_and_nothing_else(monk
               ("legged", "ant_physics_e16_default", "")]
     before = {k: base(*k) for k in ppo_progs + others}
     mlp = fingerprint(mlp_step.program("bf16", 64, 32, 2))
-    monkeypatch.setattr(ppo, "value_loss", unclipped_value_loss)
+    monkeypatch.setattr(ppo_core, "value_loss", unclipped_value_loss)
     after = {k: fingerprint(prog(*k)) for k in ppo_progs + others}
     assert {k for k in before if before[k][0] != after[k][0]} == set(ppo_progs)
     assert {k: after[k][1] for k in before if before[k][1] != after[k][1]} == {}  # same kits

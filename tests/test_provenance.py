@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from repro import hardware, provenance, results
+from repro import checkout, evidence, fingerprint, hardware, provenance, results
 from repro.studies import runner
 
-REAL = provenance.CHECKOUT
+REAL = checkout.CHECKOUT
 
 
 def write(path: Path, text: str) -> Path:
@@ -25,7 +25,7 @@ def tree(tmp_path, monkeypatch):
     """A checkout of its own: a copy of the package's sources (no data files)."""
     shutil.copytree(REAL / "repro", tmp_path / "repro",
                     ignore=shutil.ignore_patterns("__pycache__", "*.gz", "*.txt"))
-    monkeypatch.setattr(provenance, "CHECKOUT", tmp_path)
+    monkeypatch.setattr(checkout, "CHECKOUT", tmp_path)
     return tmp_path
 
 
@@ -60,17 +60,17 @@ def test_comments_docstrings_and_layout_do_not_change_a_hash_code_does(tmp_path)
         def f(x):
             pass
         ''')
-    assert provenance.source_hash(a) == provenance.source_hash(b)
-    assert provenance.source_hash(a) != provenance.source_hash(c)
-    assert provenance.source_hash(d) == provenance.source_hash(e)
+    assert fingerprint.source_hash(a) == fingerprint.source_hash(b)
+    assert fingerprint.source_hash(a) != fingerprint.source_hash(c)
+    assert fingerprint.source_hash(d) == fingerprint.source_hash(e)
     # an error message is code: it changes the hash
     f = write(tmp_path / "f.py", 'def f(x):\n    raise ValueError("bad x")\n')
     g = write(tmp_path / "g.py", 'def f(x):\n    raise ValueError("bad x!")\n')
-    assert provenance.source_hash(f) != provenance.source_hash(g)
+    assert fingerprint.source_hash(f) != fingerprint.source_hash(g)
 
 
 def test_closure_follows_lazy_relative_and_attribute_imports_only(tmp_path, monkeypatch):
-    monkeypatch.setattr(provenance, "CHECKOUT", tmp_path)
+    monkeypatch.setattr(checkout, "CHECKOUT", tmp_path)
     r = tmp_path / "repro"
     write(r / "__init__.py", "")
     write(r / "pkg" / "__init__.py", "from repro.pkg.core import helper\n")
@@ -85,21 +85,21 @@ def test_closure_follows_lazy_relative_and_attribute_imports_only(tmp_path, monk
             from repro.pkg import helper   # a name of pkg/__init__.py: it counts
             import jax.numpy
         ''')
-    files, others = provenance.closure("repro.study")
-    assert [provenance._rel(f) for f in files] == [
+    files, others = fingerprint.closure("repro.study")
+    assert [checkout.rel(f) for f in files] == [
         "repro/other/lazy.py", "repro/pkg/__init__.py", "repro/pkg/core.py",
         "repro/pkg/util.py", "repro/study.py"]
     assert others == {"numpy", "yaml", "jax"}  # os is the standard library
 
 
 def test_the_gemm_study_path_has_the_fp8_cast_and_not_the_rl_code():
-    files = {provenance._rel(f)
-             for f in provenance.closure("repro.experiments.gemm.measure")[0]}
+    files = {checkout.rel(f)
+             for f in fingerprint.closure("repro.experiments.gemm.measure")[0]}
     assert {"repro/experiments/gemm/measure.py", "repro/precision/formats.py",
             "repro/studies/timing.py"} <= files
     assert "repro/models/ppo.py" not in files and "repro/analysis/rl.py" not in files
-    rl = {provenance._rel(f)
-          for f in provenance.closure("repro.experiments.rl_quality.measure")[0]}
+    rl = {checkout.rel(f)
+          for f in fingerprint.closure("repro.experiments.rl_quality.measure")[0]}
     assert {"repro/models/ppo.py", "repro/precision/formats.py",
             "repro/precision/optim.py"} <= rl
 
@@ -112,7 +112,7 @@ def _record(code=None, **kw):
 
 
 def test_editing_code_on_the_path_makes_a_record_stale_prose_does_not(tree):
-    rec = _record(code=provenance.fingerprint("repro.experiments.gemm.measure"))
+    rec = _record(code=fingerprint.code("repro.experiments.gemm.measure"))
     assert provenance.staleness(rec).stale is False
     formats = tree / "repro" / "precision" / "formats.py"
     formats.write_text(formats.read_text() + '\n"""A new note."""\n# and a comment\n')
@@ -122,7 +122,7 @@ def test_editing_code_on_the_path_makes_a_record_stale_prose_does_not(tree):
     assert st.stale and st.changed == ("repro/precision/formats.py",)
     assert "repro/precision/formats.py" in st.reason and "abc1234" in st.reason
     # a file off the path (the RL loop) does not touch the GEMM records
-    other = _record(code=provenance.fingerprint("repro.experiments.gemm.measure"))
+    other = _record(code=fingerprint.code("repro.experiments.gemm.measure"))
     ppo = tree / "repro" / "models" / "ppo.py"
     ppo.write_text(ppo.read_text() + "\nEXTRA = 1\n")
     assert provenance.staleness(other).stale is False
@@ -130,22 +130,22 @@ def test_editing_code_on_the_path_makes_a_record_stale_prose_does_not(tree):
 
 def test_data_files_are_hashed_by_bytes(tree):
     corpus = write(tree / "repro" / "data" / "corpus.txt", "abc\n")
-    rec = _record(code=provenance.fingerprint("repro.experiments.gemm.measure",
+    rec = _record(code=fingerprint.code("repro.experiments.gemm.measure",
                                               ["repro/data/corpus.txt"]))
     assert provenance.staleness(rec).stale is False
     corpus.write_text("abd\n")
     assert provenance.staleness(rec).changed == ("repro/data/corpus.txt",)
     with pytest.raises(ValueError, match="repro/data/missing.txt"):
-        provenance.fingerprint("repro.experiments.gemm.measure", ["repro/data/missing.txt"])
+        fingerprint.code("repro.experiments.gemm.measure", ["repro/data/missing.txt"])
 
 
 def test_records_without_fingerprint_or_with_other_locked_versions_are_stale(tree):
     st = provenance.staleness(_record())
     assert st.stale and "before code fingerprints, at commit abc1234" in st.reason
-    write(tree / provenance.LOCK, "# a lock\njax==0.11.2\njaxlib==0.11.2\nFlax==0.12.10\n")
-    assert provenance.locked_versions() == {"jax": "0.11.2", "jaxlib": "0.11.2",
+    write(tree / fingerprint.LOCK, "# a lock\njax==0.11.2\njaxlib==0.11.2\nFlax==0.12.10\n")
+    assert fingerprint.locked_versions() == {"jax": "0.11.2", "jaxlib": "0.11.2",
                                             "flax": "0.12.10"}
-    code = provenance.fingerprint("repro.experiments.gemm.measure")
+    code = fingerprint.code("repro.experiments.gemm.measure")
     assert not provenance.staleness(_record(code, jax="0.11.2", jaxlib="0.11.2",
                                             flax="0.12.10")).stale
     st = provenance.staleness(_record(code, jax="0.10.2", jaxlib="0.11.2", flax="0.12.10"))
@@ -153,7 +153,7 @@ def test_records_without_fingerprint_or_with_other_locked_versions_are_stale(tre
 
 
 def test_since_is_the_first_commit_that_touched_a_changed_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(provenance, "CHECKOUT", tmp_path)
+    monkeypatch.setattr(checkout, "CHECKOUT", tmp_path)
 
     def git(*args):
         return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
@@ -173,12 +173,12 @@ def test_since_is_the_first_commit_that_touched_a_changed_file(tmp_path, monkeyp
     three = git("rev-parse", "--short", "HEAD")
     write(tmp_path / "a.py", "A = 3\n")
     git("commit", "-qam", "four: a again")
-    assert provenance.first_change(recorded, ["a.py"]) == three
-    assert provenance.first_change(recorded + "-dirty", ["a.py"]) == three
-    assert provenance.first_change(git("rev-parse", "--short", "HEAD"), ["a.py"]) == \
+    assert checkout.first_change(recorded, ["a.py"]) == three
+    assert checkout.first_change(recorded + "-dirty", ["a.py"]) == three
+    assert checkout.first_change(git("rev-parse", "--short", "HEAD"), ["a.py"]) == \
         "uncommitted"
-    assert provenance.first_change("unknown", ["a.py"]) is None
-    assert provenance.first_change("deadbeef", ["a.py"]) is None  # not in this history
+    assert checkout.first_change("unknown", ["a.py"]) is None
+    assert checkout.first_change("deadbeef", ["a.py"]) is None  # not in this history
 
 
 def toy_study(calls):
@@ -201,7 +201,7 @@ def test_the_runner_stamps_records_and_records_stale_cells_again(tmp_path):
     (rec,) = json.loads(path.read_text())
     here = Path(__file__).resolve()
     assert rec["code"]["module"] == study.source_module == toy_study.__module__
-    assert rec["code"]["files"][provenance._rel(here)] == provenance.source_hash(here)
+    assert rec["code"]["files"][checkout.rel(here)] == fingerprint.source_hash(here)
     assert "repro/studies/runner.py" in rec["code"]["files"]
     assert rec["versions"]["jax"] == rec["jax"] and "python" in rec["versions"]
     assert not provenance.staleness(rec).stale
@@ -217,10 +217,10 @@ def test_load_records_marks_stale_rows(tmp_path, monkeypatch):
     (tmp_path / "params.yaml").write_text("profile: smoke\n")  # a checkout's root
     (tmp_path / "results").mkdir(exist_ok=True)
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
-    fresh = _record(code=provenance.fingerprint("repro.experiments.gemm.measure"))
+    fresh = _record(code=fingerprint.code("repro.experiments.gemm.measure"))
     results.write_records([fresh], "gemm", "new", root=tmp_path / "results")
     results.write_records([_record()], "gemm", "old", root=tmp_path / "results")
-    df = results.load_records("gemm", roots=tmp_path / "results").set_index("source")
+    df = evidence.load_records("gemm", roots=tmp_path / "results").set_index("source")
     new, old = (str(tmp_path / "results" / "h200" / "gemm" / f"{n}.json") for n in ("new", "old"))
     assert not df.loc[new, "stale"] and df.loc[new, "stale_reason"] is None
     assert df.loc[old, "stale"] and "before code fingerprints" in df.loc[old, "stale_reason"]
@@ -234,7 +234,7 @@ def test_repro_status_lists_stale_cells_and_the_verdicts_they_touch(tmp_path, mo
     (tmp_path / "results").mkdir(exist_ok=True)
     monkeypatch.setenv("REPRO_ROOT", str(tmp_path))
     monkeypatch.delenv("REPRO_VERDICTS", raising=False)
-    fresh = _record(code=provenance.fingerprint("repro.experiments.gemm.measure"),
+    fresh = _record(code=fingerprint.code("repro.experiments.gemm.measure"),
                     claims=["A2"])
     results.write_records([fresh], "gemm", "new", root=tmp_path / "results")
     results.write_records([_record(claims=["B2", "B3"])] * 2, "gemm", "old",

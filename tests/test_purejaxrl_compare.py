@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from repro import cli, results
+from repro import cli, evidence, results
 from repro.analysis import rl as rl_analysis
 from repro.experiments.rl_purejaxrl import measure as purejaxrl
+from repro.experiments.rl_purejaxrl import peer
 from repro.models import ppo
 from repro.studies import runner
 
@@ -42,7 +43,7 @@ def clean_modules():
 
 def test_categorical_stand_in_matches_float64_softmax():
     logits = np.array([[0.3, -1.2, 2.0], [5.0, 5.0, -30.0]], np.float32)
-    pi = purejaxrl.distrax_stand_in().Categorical(logits=jnp.asarray(logits))
+    pi = peer.distrax_stand_in().Categorical(logits=jnp.asarray(logits))
     z = logits.astype(np.float64)
     p = np.exp(z - z.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
@@ -58,7 +59,7 @@ def test_categorical_stand_in_matches_float64_softmax():
 
 def test_five_tuple_step_is_gymnax_0x():
     env, params = gymnax.make("CartPole-v1")
-    wrapped = purejaxrl.FiveTupleStep(env)
+    wrapped = peer.FiveTupleStep(env)
     key = jax.random.PRNGKey(3)
     obs, state = env.reset(key, params)
     state = state.replace(time=params.max_steps_in_episode - 1)  # next step truncates
@@ -67,7 +68,7 @@ def test_five_tuple_step_is_gymnax_0x():
     assert len(raw) == 6 and len(out) == 5
     assert bool(raw[4]) and bool(out[3])  # truncated -> done
     np.testing.assert_array_equal(out[0], raw[0])
-    assert not set(purejaxrl.GYMNAX_1_INFO) & set(out[4])
+    assert not set(peer.GYMNAX_1_INFO) & set(out[4])
     assert wrapped.action_space(params).n == env.action_space(params).n
 
 
@@ -147,7 +148,7 @@ def test_load_and_record_a_stand_in_checkout(checkout, tmp_path, clean_modules, 
     # several seeds on the CPU: the known XLA:CPU hang of PureJaxRL's program is named
     assert "2 or more vmapped seeds has hung" in capsys.readouterr().err
     assert sorted(w.stem for w in written) == ["CartPole-v1_s2", "CartPole-v1_s2_unroll-2"]
-    df = results.load_records(purejaxrl.EXPERIMENT, roots=[tmp_path / "r"])
+    df = evidence.load_records(purejaxrl.EXPERIMENT, roots=[tmp_path / "r"])
     assert sorted(df.extra.map(lambda e: e["impl"])) == [
         "purejaxrl", "purejaxrl", "repro", "repro[unroll=2]"]
     # 1024 // 128 // 4 = 2 updates of 128 steps x 4 envs, per seed
@@ -181,7 +182,7 @@ def test_first_result_is_timed_in_fresh_processes_without_compile_caches(
     monkeypatch.setenv("XLA_FLAGS", "")
     p = params(repeats=1, ours=({"unroll": 2},), first_result=True, purejaxrl=str(checkout))
     record(p, tmp_path / "r")
-    df = results.load_records(purejaxrl.EXPERIMENT, roots=[tmp_path / "r"])
+    df = evidence.load_records(purejaxrl.EXPERIMENT, roots=[tmp_path / "r"])
     first = df[df.metric == "first_result_s"]
     assert sorted(first.extra.map(lambda e: e["impl"])) == ["purejaxrl", "repro[unroll=2]"]
     for e, v in zip(first.extra, first.value):
@@ -241,7 +242,7 @@ def test_cells_per_option_set_resume_and_pair_within_one_process(checkout, tmp_p
     assert calls == [(1, both[1]), (1, both[2]), (4, both[1]), (4, both[2])]
     assert run(both) == [] and len(run(both, force=True)) == 6
 
-    table = rl_analysis.purejaxrl_speedups(results.load_records(purejaxrl.EXPERIMENT, roots=[root]))
+    table = rl_analysis.purejaxrl_speedups(evidence.load_records(purejaxrl.EXPERIMENT, roots=[root]))
     assert len(table) == 6 and list(table.seeds) == [1, 1, 1, 4, 4, 4]
     assert list(table.ours[:3]) == ["repro", "repro[prng=rbg,unroll=8]", "repro[unroll=8]"]
     row = table.iloc[2]  # unroll=8: median 150 against 100; per-repeat ratios 1.2 to 2.0
@@ -333,7 +334,7 @@ def test_speedups_report_final_returns_and_their_gap(tmp_path):
     theirs = {"mean": 490.0, "sd": 20.0, "n": 4}
     results.write_records([rec("purejaxrl", 100.0, theirs), rec("repro", 150.0, mine)],
                           purejaxrl.EXPERIMENT, "CartPole-v1_s4", root=tmp_path)
-    row = rl_analysis.purejaxrl_speedups(results.load_records(purejaxrl.EXPERIMENT,
+    row = rl_analysis.purejaxrl_speedups(evidence.load_records(purejaxrl.EXPERIMENT,
                                                   roots=[tmp_path])).iloc[0]
     # SE = 20 / sqrt(4) = 10 with 3 degrees of freedom (ours has no spread): t = 3.182
     assert (row.final_return, row["purejaxrl final_return"], row.final_n) == (500, 490, 4)
@@ -364,7 +365,7 @@ def test_only_and_confirming_runs_keep_earlier_runs_as_separate_cells(checkout, 
     assert run(["*_unroll-8_update_unroll-4*"], runs=2) == [
         "CartPole-v1_s1_unroll-8_update_unroll-4_run2"]
     assert run(["CartPole-v1_s1"], runs=2) == ["CartPole-v1_s1"]
-    table = rl_analysis.purejaxrl_speedups(results.load_records(purejaxrl.EXPERIMENT, roots=[root]))
+    table = rl_analysis.purejaxrl_speedups(evidence.load_records(purejaxrl.EXPERIMENT, roots=[root]))
     unrolled = table[table.ours == "repro[unroll=8,update_unroll=4]"]
     assert list(unrolled.run) == [1, 2] and list(unrolled.runs) == [2, 2]
     assert list(unrolled.speedup) == pytest.approx([1.25, 1.15])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from repro import cli, experiments, results
+from repro import catalogue, checkout, cli, evidence, record_checks, results
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
@@ -23,7 +23,7 @@ RESULTS = ROOT / "results"
 
 @functools.cache
 def _committed() -> tuple[tuple[Path, int, dict], ...]:
-    return tuple((path, i, rec) for path in results.record_files(RESULTS)
+    return tuple((path, i, rec) for path in evidence.record_files(RESULTS)
                  for i, rec in enumerate(results.read_cell_file(path, RESULTS)))
 
 
@@ -49,7 +49,7 @@ def a_record_with(metric: str) -> tuple[Path, dict]:
 def test_every_committed_record_checks_itself():
     """The check CI runs on every committed record: its value against its samples, its commit
     against the history, its timestamp against both ends. Fails when it checks nothing."""
-    history = results.history(RESULTS)
+    history = checkout.history(RESULTS)
     assert history is not None, ("this test needs the git history of the checkout (a clone "
                                  "without --depth): commits are checked against it")
     outcomes, failed = {"checked": 0}, []
@@ -58,9 +58,9 @@ def test_every_committed_record_checks_itself():
     for path, i, rec in recs:
         if results.defect_of(rec):
             continue
-        status, _ = results.check_value(rec)
+        status, _ = record_checks.check_value(rec)
         outcomes[status] = outcomes.get(status, 0) + 1
-        if problem := results.verify(rec, history):
+        if problem := record_checks.verify(rec, history):
             failed.append(f"{path.relative_to(ROOT)}: record {i}: {problem}")
     assert not failed, "\n".join(failed[:20])
     # values recomputed from samples: every timed experiment's records (379 when written)
@@ -76,7 +76,7 @@ def test_every_record_holding_lists_of_numbers_says_how_its_value_follows_from_t
     new metric cannot silently go unchecked."""
     missing = set()
     for path, _, rec in committed():
-        if numeric_lists(rec) and rec["metric"] not in experiments.get(
+        if numeric_lists(rec) and rec["metric"] not in catalogue.get(
                 rec["experiment"]).statistics:
             missing.add((rec["experiment"], rec["metric"], tuple(numeric_lists(rec))))
     assert not missing, sorted(missing)
@@ -87,7 +87,7 @@ def test_every_record_holding_lists_of_numbers_says_how_its_value_follows_from_t
                                              ("step_memory_bytes", "not derived")])
 def test_each_outcome_says_what_it_is(metric, outcome):
     _, rec = a_record_with(metric)
-    status, detail = results.check_value(rec)
+    status, detail = record_checks.check_value(rec)
     assert status == outcome, detail
     if outcome == "not derived":
         assert "memory analysis" in detail
@@ -102,9 +102,9 @@ def test_an_edited_value_is_caught(metric, factor):
     _, rec = a_record_with(metric)
     rec = copy.deepcopy(rec)
     rec["value"] *= factor
-    status, detail = results.check_value(rec)
+    status, detail = record_checks.check_value(rec)
     assert status == "mismatch", detail
-    problem = results.verify(rec, None)
+    problem = record_checks.verify(rec, None)
     assert problem.startswith(f"value {rec['value']!r} is not ") and "extra.samples_ms" in problem
 
 
@@ -115,8 +115,8 @@ def test_an_edited_value_is_caught(metric, factor):
 def test_a_doubled_value_is_caught_in_every_timed_experiment(experiment, metric):
     rec = copy.deepcopy(next(r for _, _, r in committed()
                              if r["experiment"] == experiment and r["metric"] == metric))
-    assert results.check_value(rec)[0] == "checked"
-    assert results.check_value(dict(rec, value=2 * rec["value"]))[0] == "mismatch"
+    assert record_checks.check_value(rec)[0] == "checked"
+    assert record_checks.check_value(dict(rec, value=2 * rec["value"]))[0] == "mismatch"
 
 
 @pytest.fixture
@@ -140,8 +140,8 @@ def tampered(tmp_path, monkeypatch):
 
 def test_a_doubled_value_is_named_by_every_reader_and_left_out(tampered, capsys):
     path, i, total = tampered
-    with pytest.warns(results.DefectiveRecordWarning) as caught:
-        df = results.load_records("mlp_step", roots=path.parent.parent.parent,
+    with pytest.warns(record_checks.DefectiveRecordWarning) as caught:
+        df = evidence.load_records("mlp_step", roots=path.parent.parent.parent,
                                   keep_defective=True)
     assert len(df) == total - 1  # left out, even of the records kept with known defects
     (w,) = caught
@@ -161,7 +161,7 @@ def test_a_doubled_value_is_named_by_every_reader_and_left_out(tampered, capsys)
 
 def test_a_doubled_value_is_refused_at_write(tmp_path):
     _, rec = a_record_with("step_time_ms")
-    with pytest.raises(results.RecordError, match="is not the median of extra.samples_ms"):
+    with pytest.raises(record_checks.RecordError, match="is not the median of extra.samples_ms"):
         results.write_records([dict(rec, value=2 * rec["value"])], "mlp_step", "x",
                               root=tmp_path)
     assert not any(tmp_path.rglob("*.json"))
@@ -199,12 +199,12 @@ def stamped(commit: str, when: str) -> dict:
 
 def test_commits_and_times_are_checked_against_the_history(repo):
     first, head = git(repo, "rev-parse", "HEAD~1"), git(repo, "rev-parse", "HEAD")
-    history = results.history(repo / "results")
+    history = checkout.history(repo / "results")
     assert history is not None
     ok = [stamped(first, "2026-01-05T00:00:00+00:00"), stamped(head[:7], "2026-03-01T00:00:00Z"),
           stamped(head[:12] + "-dirty", "2026-02-01T12:05:00+00:00")]
     for rec in ok:
-        assert results.verify(rec, history) is None, rec["git_commit"]
+        assert record_checks.verify(rec, history) is None, rec["git_commit"]
     bad = {
         "zzz": (stamped("zzz", "2026-03-01T00:00:00+00:00"),
                 "git_commit 'zzz' is not a commit of the history"),
@@ -218,7 +218,7 @@ def test_commits_and_times_are_checked_against_the_history(repo):
         "garbage": (stamped(head, "yesterday"), "timestamp 'yesterday' is not a date"),
     }
     for name, (rec, says) in bad.items():
-        assert results.verify(rec, history) == says, name
+        assert record_checks.verify(rec, history) == says, name
 
 
 def test_without_history_only_what_needs_none_is_checked(repo, tmp_path):
@@ -229,10 +229,10 @@ def test_without_history_only_what_needs_none_is_checked(repo, tmp_path):
                    check=True, capture_output=True)
     for root in (shallow, tmp_path / "no-git"):
         (root / "results").mkdir(parents=True, exist_ok=True)
-        history = results.history(root / "results")
+        history = checkout.history(root / "results")
         assert history is None
-        assert results.verify(stamped("abc1234", "2020-01-01T00:00:00+00:00"), history) is None
-        assert "in the future" in results.verify(stamped("abc1234", "2099-01-01T00:00:00Z"),
+        assert record_checks.verify(stamped("abc1234", "2020-01-01T00:00:00+00:00"), history) is None
+        assert "in the future" in record_checks.verify(stamped("abc1234", "2099-01-01T00:00:00Z"),
                                                  history)
 
 
@@ -243,21 +243,21 @@ def test_without_history_only_what_needs_none_is_checked(repo, tmp_path):
 def test_a_wrong_repro_git_commit_is_refused_before_recording(monkeypatch, capsys, value,
                                                               says):
     monkeypatch.setenv("REPRO_GIT_COMMIT", value)
-    results.git_commit.cache_clear()
+    checkout.git_commit.cache_clear()
     try:
         with pytest.raises(ValueError) as e:
-            results.git_commit()
+            checkout.git_commit()
         assert str(e.value) == says
         assert cli.main(["record", "gemm", "--profile", "smoke", "--hardware", "x"]) == 2
         assert capsys.readouterr().err.strip().splitlines() == [f"repro: error: {says}"]
         monkeypatch.setenv("REPRO_GIT_COMMIT", git(ROOT, "rev-parse", "HEAD~1"))
-        results.git_commit.cache_clear()
-        assert results.git_commit() == git(ROOT, "rev-parse", "HEAD~1")
+        checkout.git_commit.cache_clear()
+        assert checkout.git_commit() == git(ROOT, "rev-parse", "HEAD~1")
     finally:
         monkeypatch.undo()
-        results.git_commit.cache_clear()
+        checkout.git_commit.cache_clear()
 
 
 def test_a_record_from_another_day_is_not_in_the_future():
     now = dt.datetime.now(dt.timezone.utc)
-    assert results.verify(stamped("abc1234", now.isoformat(timespec="seconds")), None) is None
+    assert record_checks.verify(stamped("abc1234", now.isoformat(timespec="seconds")), None) is None

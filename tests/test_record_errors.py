@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from repro import results
+from repro import evidence, record_checks, results
 from repro.analysis import rl as rl_analysis
 from repro.analysis import stats
 from repro.claims import ledger
@@ -34,7 +34,7 @@ def rec(metric="env_steps_per_s", value=1000.0, unit="steps/s", **kw):
 ])
 def test_a_bad_measurement_is_refused_at_write_and_nothing_is_written(tmp_path, metric,
                                                                       value, unit):
-    with pytest.raises(results.RecordError) as e:
+    with pytest.raises(record_checks.RecordError) as e:
         results.write_records([rec(), rec(metric, value, unit)], "rl_throughput", "cell1",
                               root=tmp_path)
     line = str(e.value)
@@ -52,7 +52,7 @@ def test_a_bad_measurement_is_refused_at_write_and_nothing_is_written(tmp_path, 
 ])
 def test_outcomes_shares_and_sizes_may_be_what_they_are(tmp_path, metric, value, unit):
     path = results.write_records([rec(metric, value, unit)], "rl_throughput", "c", tmp_path)
-    df = results.load_records("rl_throughput", roots=[tmp_path])
+    df = evidence.load_records("rl_throughput", roots=[tmp_path])
     got = df.value.iloc[0]
     assert (math.isnan(got) and math.isnan(value)) or got == value
     assert df.source.iloc[0] == str(path)
@@ -61,10 +61,10 @@ def test_outcomes_shares_and_sizes_may_be_what_they_are(tmp_path, metric, value,
 def test_value_must_be_a_number_and_fields_present(tmp_path):
     bad = rec()
     bad["value"] = "fast"
-    assert results.check_record(bad) == "value must be a number, got 'fast'"
+    assert record_checks.check_record(bad) == "value must be a number, got 'fast'"
     del bad["unit"]
-    assert results.check_record(bad) == "missing field(s) unit"
-    assert results.check_record([1]) == "expected an object, got list"
+    assert record_checks.check_record(bad) == "missing field(s) unit"
+    assert record_checks.check_record([1]) == "expected an object, got list"
 
 
 def _write_raw(root, name, records):
@@ -78,8 +78,8 @@ def test_a_nan_in_a_committed_record_is_named_with_its_file_not_dropped(tmp_path
     good = _write_raw(tmp_path, "a.json", [rec(value=1000.0)])
     bad = _write_raw(tmp_path, "b.json", [rec(value=900.0), rec(value=math.nan)])
     assert good.exists()
-    with pytest.raises(results.RecordError) as e:
-        results.load_records("rl_throughput", roots=[tmp_path])
+    with pytest.raises(record_checks.RecordError) as e:
+        evidence.load_records("rl_throughput", roots=[tmp_path])
     assert str(e.value).startswith(f"{bad}: record 1 (env_steps_per_s, bf16): value nan is "
                                    "not finite")
     assert "repro/data/defects.yaml" in str(e.value)
@@ -87,17 +87,17 @@ def test_a_nan_in_a_committed_record_is_named_with_its_file_not_dropped(tmp_path
 
 def test_a_zero_throughput_is_named_at_load(tmp_path):
     bad = _write_raw(tmp_path, "z.json", [rec(value=0.0)])
-    with pytest.raises(results.RecordError, match=rf"^{bad}: record 0 .*is not > 0"):
-        results.load_records("rl_throughput", roots=[tmp_path])
+    with pytest.raises(record_checks.RecordError, match=rf"^{bad}: record 0 .*is not > 0"):
+        evidence.load_records("rl_throughput", roots=[tmp_path])
 
 
 def test_a_truncated_record_file_names_itself(tmp_path):
     path = results.write_records([rec()], "rl_throughput", "t", root=tmp_path)
     text = path.read_text()
     path.write_text(text[: len(text) // 2])
-    for read in (lambda: results.load_records(roots=[tmp_path]),
+    for read in (lambda: evidence.load_records(roots=[tmp_path]),
                  lambda: results.have_cell("rl_throughput", "t", "cpu", tmp_path)):
-        with pytest.raises(results.RecordError) as e:
+        with pytest.raises(record_checks.RecordError) as e:
             read()
         assert str(e.value).startswith(f"{path}: not valid JSON (")
         assert "\n" not in str(e.value)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from repro import hardware, results
+from repro import evidence, hardware, results
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,18 +104,18 @@ def test_load_across_hardware_and_roots(roots):
     other = results.make_record("mlp_step", "ms", 1.0, "ms", hardware=hardware.lookup("h200"))
     results.write_records([other], "mlp_step", "a", root=roots / "results")
 
-    df = results.load_records("gemm")  # default roots: results/ and the scratch folder
+    df = evidence.load_records("gemm")  # default roots: results/ and the scratch folder
     assert sorted(df.hardware) == ["b200", "cpu", "h200", "h200"]
     assert set(df.experiment) == {"gemm"}
     assert {"source", "size_M", "size_K", "size_N"} <= set(df.columns)
     assert df.set_index("hardware").loc["b200", "value"] == 3.0
     assert all(str(roots) in s for s in df.source)
-    assert len(results.load_records()) == 5  # every experiment
-    assert len(results.load_records("gemm", roots=roots / "scratch")) == 1
+    assert len(evidence.load_records()) == 5  # every experiment
+    assert len(evidence.load_records("gemm", roots=roots / "scratch")) == 1
 
 
 def test_load_nothing_has_columns(roots):
-    df = results.load_records("gemm")
+    df = evidence.load_records("gemm")
     assert df.empty and {"experiment", "value", "source"} <= set(df.columns)
 
 
@@ -131,9 +131,9 @@ def test_known_defects_are_left_out_and_re_recorded(roots, monkeypatch):
     results.write_records(bad[1:], "gemm", "bad", root=root)
     results.write_records(ok, "gemm", "ok", root=root)
     results.write_records(bad[:1] + bad[1:], "gemm", "mixed", root=root)
-    df = results.load_records("gemm", roots=[root])
+    df = evidence.load_records("gemm", roots=[root])
     assert len(df) == 3 and df["defect"].isna().all()  # "bad" and one of "mixed" left out
-    full = results.load_records("gemm", roots=[root], keep_defective=True)
+    full = evidence.load_records("gemm", roots=[root], keep_defective=True)
     assert len(full) == 5 and (full["defect"] == "a bug").sum() == 2
     assert not results.have_cell("gemm", "bad", "h200", root)   # all defective: record again
     assert results.have_cell("gemm", "ok", "h200", root)
@@ -171,8 +171,8 @@ def test_a_cell_being_written_is_a_file_no_loader_reads(roots, monkeypatch):
         f.write('[{"experiment": "gemm", ')  # half a cell, as a kill mid-write leaves it
         f.flush()
         seen["tmp"] = [p.name for p in (root / "h200" / "gemm").iterdir()]
-        seen["loaded"] = len(results.load_records("gemm", roots=root))
-        seen["stale"] = [c["cell"] for c in results.stale_cells(root)]
+        seen["loaded"] = len(evidence.load_records("gemm", roots=root))
+        seen["stale"] = [c["cell"] for c in evidence.stale_cells(root)]
         seen["cell"] = results.read_cell("gemm", "b", "h200", root)
         raise KeyboardInterrupt  # the interrupt lands during the write
 
@@ -200,13 +200,13 @@ def test_loaders_skip_hidden_and_stray_files_and_name_them(roots, stray):
                                  root=root)
     (path.parent / stray).write_bytes(path.read_bytes())
     (root / "h200" / "README.md").write_text("what these records are\n")  # documentation
-    with pytest.warns(results.StrayFileWarning) as caught:
-        df = results.load_records("gemm", roots=root)
+    with pytest.warns(evidence.StrayFileWarning) as caught:
+        df = evidence.load_records("gemm", roots=root)
     assert len(df) == 2 and set(df.source) == {str(path)}
     (w,) = caught
     assert str(w.message).startswith(f"{path.parent / stray}: not a record file")
-    with pytest.warns(results.StrayFileWarning):  # (records without code fingerprints)
-        assert [(c["cell"], c["records"]) for c in results.stale_cells(root)] == [("a", 2)]
+    with pytest.warns(evidence.StrayFileWarning):  # (records without code fingerprints)
+        assert [(c["cell"], c["records"]) for c in evidence.stale_cells(root)] == [("a", 2)]
 
 
 def test_a_record_file_outside_an_experiment_folder_is_named(roots):
@@ -215,7 +215,7 @@ def test_a_record_file_outside_an_experiment_folder_is_named(roots):
     (root / "h200" / "lost.json").write_bytes(path.read_bytes())
     (path.parent / "deeper").mkdir()
     (path.parent / "deeper" / "b.json").write_bytes(path.read_bytes())
-    with pytest.warns(results.StrayFileWarning) as caught:
-        assert len(results.load_records(roots=root)) == 1
+    with pytest.warns(evidence.StrayFileWarning) as caught:
+        assert len(evidence.load_records(roots=root)) == 1
     assert sorted(str(w.message).split(":")[0] for w in caught) == sorted(
         [str(root / "h200" / "lost.json"), str(path.parent / "deeper" / "b.json")])

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from repro import cli, refresh, results
+from repro import cli, config, refresh, results
 
 
 def _rec(cell, ts, **extra):
@@ -81,6 +81,7 @@ def repo(tmp_path, monkeypatch):
     mod.STUDY = Study("toy", ("A2",), lambda p: [Cell(n, cell(n)) for n in "abc"])
     monkeypatch.setitem(sys.modules, "repro_refresh_toy", mod)
     monkeypatch.setattr(studies, "EXPERIMENTS", {"toy": "repro_refresh_toy"})
+    monkeypatch.setattr(config, "TOP_LEVEL", (*config.TOP_LEVEL, "toy"))
     return types.SimpleNamespace(root=tmp_path, calls=calls)
 
 

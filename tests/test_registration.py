@@ -17,10 +17,10 @@ import pytest
 import yaml
 
 from repro.claims import registration as R
-from repro.claims import rulecode
+from repro.claims import rulecode, ruleinputs
 from repro.claims import rulehistory as H
 from repro.claims.verdicts import Verdict
-from repro.claims.verdicts._base import definitions
+from repro.verdict import definitions
 
 
 def git(root, *args, date=None):
@@ -33,7 +33,7 @@ def git(root, *args, date=None):
 
 
 # a verdict module of a small repository: a1 judges the best ratio against the rule's target
-RULE = '''from repro.claims.verdicts._base import Verdict
+RULE = '''from repro.verdict import Verdict
 
 def _best(table):
     return float(table["ratio"].max())
@@ -69,7 +69,7 @@ def small_repo(tmp_path, later: dict[str, str]):
         "repro/claims/verdicts/x.py": RULE})}
     made["record"] = commit(root, "record", "2026-01-02T00:00:00+00:00", {
         "results/h/xs/c.json": json.dumps([{"timestamp": "2026-01-02T00:00:00+00:00"}]),
-        "verdicts/inputs/A1.json": rulecode.dump((TABLE,), {})})
+        "verdicts/inputs/A1.json": ruleinputs.dump((TABLE,), {})})
     for day, (message, text) in enumerate(later.items(), start=3):
         made[message] = commit(root, message, f"2026-01-{day:02d}T00:00:00+00:00",
                                {"repro/claims/verdicts/x.py": text})
@@ -161,7 +161,7 @@ def test_a_notebooks_own_verdict_code_is_a_first_rule(tmp_path, monkeypatch):
         "repro/data/claims.yaml": yaml.safe_dump(CLAIMS), "notebooks/nb.py": NOTEBOOK})
     commit(root, "record", "2026-01-02T00:00:00+00:00", {
         "results/h/xs/c.json": json.dumps([{"timestamp": "2026-01-02T00:00:00+00:00"}]),
-        "verdicts/inputs/A1.json": rulecode.dump((TABLE,), {})})
+        "verdicts/inputs/A1.json": ruleinputs.dump((TABLE,), {})})
     moved = commit(root, "moved", "2026-01-03T00:00:00+00:00", {
         "repro/claims/verdicts/x.py": RULE,
         "notebooks/nb.py": NOTEBOOK.split("# %%\ndef")[0]
@@ -218,15 +218,15 @@ def test_inputs_round_trip_as_data():
                           "ok": [True, False], "d": [{"k": 1}, None]})
     args = (frame, {("a", 1): float("inf"), "b": (1, 2)}, pd.Series([1.0, 2.0], name="s"),
             pd.Timestamp("2026-01-01T00:00:00+00:00"), None)
-    back, kw = rulecode.load(rulecode.dump(args, {"k": [1, 2.5]}))
+    back, kw = ruleinputs.load(ruleinputs.dump(args, {"k": [1, 2.5]}))
     pd.testing.assert_frame_equal(back[0], frame)
     assert back[1] == {("a", 1): float("inf"), "b": (1, 2)} and kw == {"k": [1, 2.5]}
     pd.testing.assert_series_equal(back[2], args[2])
     assert back[3] == args[3] and back[4] is None
     ev = Verdict("A1", "partly", "1.5x")  # a dataclass comes back as its class
-    assert rulecode.decode(rulecode.encode(ev)) == ev
+    assert ruleinputs.decode(ruleinputs.encode(ev)) == ev
     with pytest.raises(TypeError, match="cannot write a object"):
-        rulecode.encode(object())
+        ruleinputs.encode(object())
 
 
 # ------------------------------------------------------------------------ this repository
@@ -432,7 +432,7 @@ def test_the_registration_command_prints_the_table(committed):
 SHALLOW_JUDGE = """
 import json, sys
 from repro.claims import registration, verdicts
-from repro.claims.verdicts._base import definitions
+from repro.verdict import definitions
 for claim in definitions():
     args, kw = registration.read_inputs(claim)
     studies = definitions()[claim]["rule"]["studies"]

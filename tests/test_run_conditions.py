@@ -10,7 +10,7 @@ import os
 import pandas as pd
 import pytest
 
-from repro import hardware, provenance, results
+from repro import conditions, evidence, hardware, record_checks, results
 from repro.claims import staleness
 from repro.studies import runner
 from repro.studies.runner import Cell, Study
@@ -53,7 +53,7 @@ def smi(tmp_path, monkeypatch):
 
 def test_alone_when_no_other_process(smi):
     smi("")
-    c = provenance.run_conditions()
+    c = conditions.run_conditions()
     assert c == {"checked": "nvidia-smi", "others": [], "alone": True, "gpus": [
         {"index": 0, "uuid": "GPU-aaaa-0000", "name": "NVIDIA H200", "memory_used_mib": 1200,
          "memory_total_mib": 143771, "utilization_pct": 5},
@@ -65,7 +65,7 @@ def test_alone_when_no_other_process(smi):
 def test_another_process_on_our_gpu_is_listed(smi):
     smi("GPU-aaaa-0000, 4242, 900, /usr/bin/python3, train.py\n"
         "GPU-bbbb-1111, 777, [N/A], other\n")
-    c = provenance.run_conditions()
+    c = conditions.run_conditions()
     assert c["checked"] == "nvidia-smi" and c["alone"] is False
     assert c["others"] == [{"pid": 4242, "name": "/usr/bin/python3, train.py", "used_mib": 900,
                             "gpu": 0}, {"pid": 777, "name": "other", "used_mib": None, "gpu": 1}]
@@ -75,16 +75,16 @@ def test_another_process_on_our_gpu_is_listed(smi):
 def test_a_process_on_a_gpu_not_ours_is_ignored(smi, monkeypatch, visible):
     smi("GPU-aaaa-0000, 4242, 900, python\n")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    c = provenance.run_conditions()
+    c = conditions.run_conditions()
     assert c["alone"] is True and c["others"] == []
     assert [g["index"] for g in c["gpus"]] == [1]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    assert provenance.run_conditions()["alone"] is False
+    assert conditions.run_conditions()["alone"] is False
 
 
 def test_this_process_is_not_another(smi):
     smi(f"GPU-aaaa-0000, {os.getpid()}, 70000, python\n")
-    assert provenance.run_conditions()["alone"] is True
+    assert conditions.run_conditions()["alone"] is True
 
 
 HANG = "exec sleep 30\n"
@@ -107,7 +107,7 @@ def test_unchecked_is_none_never_alone(smi, tmp_path, monkeypatch, case, body, a
         monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
     if visible is not None:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    c = provenance.run_conditions(timeout_s=0.3)
+    c = conditions.run_conditions(timeout_s=0.3)
     assert c["checked"] is None and c["alone"] is None and set(c) == {"checked", "why", "alone"}
     assert why in c["why"] and "\n" not in c["why"]
 
@@ -117,7 +117,7 @@ def test_unchecked_is_none_never_alone(smi, tmp_path, monkeypatch, case, body, a
     (None, None, None)])
 def test_merged_conditions_are_alone_only_when_both_looks_were(before, after, alone):
     a, b = {"alone": before, "others": []}, {"alone": after, "others": []}
-    assert provenance.merge_conditions(a, b) == {"alone": alone, "before": a, "after": b}
+    assert conditions.merge_conditions(a, b) == {"alone": alone, "before": a, "after": b}
 
 
 # ------------------------------------------------------------------------------ the runner
@@ -154,7 +154,7 @@ def test_the_runner_stamps_conditions_and_a_process_after_the_run_counts(smi, tm
     assert b["alone"] is False and b["before"]["alone"] is True
     assert b["after"]["others"] == [{"pid": 5151, "name": "pytorch-job", "used_mib": 2048,
                                      "gpu": 1}]
-    assert results.check_record(written(root, "b")[0]) is None
+    assert record_checks.check_record(written(root, "b")[0]) is None
 
 
 def test_without_nvidia_smi_the_runner_stamps_unchecked(smi, tmp_path, monkeypatch):
@@ -174,16 +174,16 @@ def test_without_nvidia_smi_the_runner_stamps_unchecked(smi, tmp_path, monkeypat
 def test_malformed_conditions_are_refused_naming_the_file(tmp_path, conditions, problem):
     rec = {**results.make_record("toy", "steps_per_s", 10.0, "steps/s",
                                  hardware=hardware.lookup("cpu")), "hardware": HW}
-    assert results.check_record({**rec, "conditions": {"alone": None}}) is None
-    assert results.check_record(rec) is None  # records made before conditions: as they were
+    assert record_checks.check_record({**rec, "conditions": {"alone": None}}) is None
+    assert record_checks.check_record(rec) is None  # records made before conditions: as they were
     bad = {**rec, "conditions": conditions}
-    with pytest.raises(results.RecordError, match=f"toy/c: record 0 .*: {problem}; nothing"):
+    with pytest.raises(record_checks.RecordError, match=f"toy/c: record 0 .*: {problem}; nothing"):
         results.write_records([bad], "toy", "c", root=tmp_path)
     path = tmp_path / HW / "toy" / "c.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps([bad]))
-    with pytest.raises(results.RecordError) as e:
-        results.load_records("toy", roots=tmp_path)
+    with pytest.raises(record_checks.RecordError) as e:
+        evidence.load_records("toy", roots=tmp_path)
     assert str(e.value).startswith(f"{path}: record 0") and problem in str(e.value)
     assert "\n" not in str(e.value)
 
@@ -238,10 +238,10 @@ def test_the_ledger_says_it_and_says_nothing_for_records_without_conditions(
     monkeypatch.setenv("REPRO_STAGING", str(tmp_path / "staged"))
     verdict = Verdict("A2", "partly", "1.5x", "h200", "results/*/rl_throughput")
     files = {}
-    for name, conditions in (("old", ()), ("shared", [SHARED, ALONE])):
-        monkeypatch.setattr(results, "load_records", lambda *a, **k: rows(conditions))
+    for name, seen in (("old", ()), ("shared", [SHARED, ALONE])):
+        monkeypatch.setattr(evidence, "load_records", lambda *a, **k: rows(seen))
         nb = notebook.Notebook("03_x", "full", {}, None, tmp_path)
-        assert len(nb.records("rl_throughput")) == len(conditions or [None])
+        assert len(nb.records("rl_throughput")) == len(seen or [None])
         md = nb.conclusion(verdict).data
         files[name] = (tmp_path / "verdicts" / "A2.json").read_text()
         if name == "old":

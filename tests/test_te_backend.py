@@ -81,7 +81,7 @@ def test_record_skips_te_recipes_without_te(no_te, tmp_path, capsys):
                         widths=(16,), repeats=1)
     runner.run(mlpbench.STUDY, p, tmp_path, force=True, progress=False)
     assert "skipping te-fp8-current" in capsys.readouterr().out
-    from repro.results import load_records
+    from repro.evidence import load_records
 
     assert set(load_records("mlp_step", roots=[tmp_path]).recipe) == {"bf16"}
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from repro.claims import verdicts as V
-from repro.claims.verdicts._base import rule as rule_of
+from repro.verdict import rule as rule_of
 from repro.experiments.inference import tables as A
 from repro.experiments.legged import rules as legged_rules
 from repro.experiments.rl_quality import rules as quality_rules

@@ -13,7 +13,7 @@ def ratio(num, den, what: str) -> float:
     """``num / den`` of two measurements (a speedup, an efficiency). NaN where either is
     missing (NaN: no such cell); a one-line ``ValueError`` naming ``what`` where either is
     infinite or the denominator is not > 0, instead of an inf or a sign flip that would move
-    a verdict. (``repro.results.load_records`` refuses such records; this guards derived
+    a verdict. (``repro.evidence.load_records`` refuses such records; this guards derived
     values too.)"""
     num, den = float(num), float(den)
     if math.isnan(num) or math.isnan(den):

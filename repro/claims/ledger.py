@@ -38,8 +38,8 @@ from typing import Any
 
 import yaml
 
-from repro.claims.verdicts import VERDICTS, Verdict
 from repro import markdown
+from repro.verdict import VERDICTS, Verdict
 
 __all__ = ["CHANGED", "NOTE_LIMIT", "PAGE", "ROW_LIMIT", "VERDICTS", "Verdict", "claims",
            "deciding", "headline", "ledger", "markdown_table", "page", "read_verdict",

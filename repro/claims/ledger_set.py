@@ -75,7 +75,7 @@ def entries(claims: dict[str, Any] | None = None) -> list[Entry]:
     """Every claim's ledger patterns, in claims.yaml order; a one-line ``ValueError`` naming
     the claim for a malformed ``ledger``."""
     if claims is None:
-        from repro.claims.verdicts._base import definitions
+        from repro.verdict import definitions
 
         claims = definitions()
     out = []
@@ -126,7 +126,7 @@ def cell_of(source: str) -> tuple[str, str, str]:
 
 
 def select(records: pd.DataFrame, *claims: str) -> pd.DataFrame:
-    """The rows of ``records`` (``results.load_records``: each row's ``source`` is its cell
+    """The rows of ``records`` (``evidence.load_records``: each row's ``source`` is its cell
     file) that the verdicts of ``claims`` may read: their ledger set. For a cell an
     ``any``/``cpu`` pattern names, the records of one hardware: fresh before stale, then the
     newest (an environment's cells from one hardware together)."""
@@ -210,7 +210,7 @@ def projections(claims: dict[str, Any] | None = None) -> set[str]:
     projection``): their cells calibrate a model, and a hardware's default plan leaves them
     out."""
     if claims is None:
-        from repro.claims.verdicts._base import definitions
+        from repro.verdict import definitions
 
         claims = definitions()
     return {cid for cid, c in claims.items() if c.get("kind") == "projection"}

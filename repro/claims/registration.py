@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from repro.claims import rulecode
+from repro.claims import rulecode, ruleinputs
 
 #: what the history says of each claim's rule, under the package (``repro registration``)
 FINDINGS = "data/registration.json"
@@ -65,11 +65,11 @@ def inputs_path(claim: str) -> Path:
 
 def write_inputs(claim: str, args: tuple, kw: dict[str, Any]) -> Path:
     """Write the inputs a claim's verdict was computed from, for the rules' history to rerun
-    every version of the rule on them (:func:`repro.claims.rulecode.dump`)."""
+    every version of the rule on them (:func:`repro.claims.ruleinputs.dump`)."""
     path = inputs_path(claim)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(rulecode.dump(args, kw))
+    tmp.write_text(ruleinputs.dump(args, kw))
     tmp.replace(path)
     return path
 
@@ -83,7 +83,7 @@ def read_inputs(claim: str, root: Path | str | None = None) -> tuple[tuple, dict
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no inputs of {claim}'s verdict; run its notebook "
                                 "(dvc repro)")
-    return rulecode.load(path.read_text())
+    return ruleinputs.load(path.read_text())
 
 
 def _day(date: str) -> str:
@@ -110,7 +110,7 @@ def judged(fn: Callable[..., Any], claim: str, *args: Any, records: pd.DataFrame
     registration findings say of its rule (see the module's docstring); its inputs are
     written to ``verdicts/inputs/<claim>.json``. ``records``: the committed records of its
     studies, for a rule of the time that read them."""
-    from repro.claims.verdicts._base import definitions
+    from repro.verdict import definitions
 
     claims = definitions() if claims is None else claims
     takes_rule = "rule" in inspect.signature(fn).parameters
@@ -166,7 +166,7 @@ def check(claim: str, found: dict[str, Any] | None = None) -> dict[str, Any]:
 
 def table() -> dict[str, dict[str, Any]]:
     """:func:`check` of every claim."""
-    from repro.claims.verdicts._base import definitions
+    from repro.verdict import definitions
 
     return {cid: check(cid) for cid in definitions()}
 
@@ -177,7 +177,7 @@ def summary(found: dict[str, Any] | None = None, root: Path | str | None = None
     a decision after its data (and the commit), and its verdict under the rule it had when
     its data came, run as that code was on today's inputs (``verdicts/inputs/``) and the
     committed records. ``repro registration`` prints it."""
-    from repro.claims.verdicts._base import definitions
+    from repro.verdict import definitions
 
     found = findings() if found is None else found
     rows = []
@@ -211,12 +211,12 @@ def summary(found: dict[str, Any] | None = None, root: Path | str | None = None
 def records_of(studies: list[str]) -> pd.DataFrame | None:
     """The committed full-profile records of ``studies`` a verdict may use (stale speed
     records left out, as a notebook leaves them out)."""
-    from repro import results
+    from repro import evidence, results
     from repro.claims import staleness
 
     parts = []
     for s in studies:
-        df = results.load_records(s, roots=results.results_dir())
+        df = evidence.load_records(s, roots=results.results_dir())
         df = df[df["profile"] == "full"] if len(df) else df
         if len(df):
             parts.append(staleness.split(df.reset_index(drop=True))[0])

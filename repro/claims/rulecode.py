@@ -1,6 +1,6 @@
 """Running a rule as it was written at an older commit, on today's tables.
 
-A rule's code (:class:`repro.claims.rulehistory.Code`, kept as text: in
+A rule's code (:class:`repro.claims.rulesource.Code`, kept as text: in
 ``repro/data/registration.json`` for the rule each claim had when its first data came, or read
 from git) is executed here, each of its modules in a fresh namespace: its statements as they
 stood, its imports of other modules resolved to today's modules, its reads of
@@ -14,9 +14,8 @@ where an old verdict function took other tables than today's, :data:`FUNCTION_IN
 them (from the committed records, where it read those). A rule whose code cannot run on today's
 inputs raises :class:`RuleError`, naming what failed.
 
-The inputs themselves are written as data (:func:`dump`, :func:`load`): JSON that keeps tables,
-tuples, dataclasses and non-finite numbers, so a test can rerun every version of a rule on
-exactly what today's verdict saw.
+The inputs themselves are written as data by :mod:`repro.claims.ruleinputs` (:func:`dump`,
+:func:`load`, handed on here).
 """
 
 from __future__ import annotations
@@ -25,160 +24,34 @@ import __future__
 import ast
 import builtins
 import contextlib
-import dataclasses
 import functools
 import importlib
 import inspect
 import io
 import itertools
 import json
-import math
+import re
 import sys
 import types
 from types import SimpleNamespace
 from typing import Any, Callable
 
-import numpy as np
 import pandas as pd
 import yaml
 
-from repro.claims.verdicts._base import VERDICTS
+from repro.verdict import VERDICTS
+
+
+#: modules whose names moved since an earlier rule imported them: former name -> today's
+MOVED = {"repro.claims.verdicts._base": "repro.verdict",
+         "repro.experiments._spec": "repro.catalogue"}
+#: an experiment's former spec module (``repro/experiments/<name>/spec.py``, its ``SPEC``): its
+#: entry is in the catalogue now
+FORMER_SPEC = re.compile(r"repro\.experiments\.(\w+)\.spec")
 
 
 class RuleError(ValueError):
     """A rule's code that cannot run on the inputs given (one line)."""
-
-
-# ------------------------------------------------------------------------- inputs as data
-
-def encode(x: Any) -> Any:
-    """``x`` as JSON-able data that :func:`decode` turns back into an equal object."""
-    if x is None or isinstance(x, (bool, str)):
-        return x
-    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        x = float(x)
-        return x if math.isfinite(x) else {"__float__": repr(x)}
-    if isinstance(x, np.bool_):
-        return bool(x)
-    if isinstance(x, tuple):
-        return {"__tuple__": [encode(v) for v in x]}
-    if isinstance(x, list):
-        return [encode(v) for v in x]
-    if isinstance(x, (set, frozenset)):
-        return {"__set__": sorted((encode(v) for v in x), key=repr)}
-    if isinstance(x, dict):
-        return {"__dict__": [[encode(k), encode(v)] for k, v in x.items()]}
-    if isinstance(x, pd.Timestamp):
-        return {"__timestamp__": x.isoformat()}
-    if x is pd.NaT:
-        return {"__nat__": True}
-    if isinstance(x, np.ndarray):
-        return {"__array__": encode(x.tolist()), "dtype": str(x.dtype)}
-    if isinstance(x, pd.DataFrame):
-        return {"__frame__": {
-            "columns": [encode(c) for c in x.columns],
-            "dtypes": [str(t) for t in x.dtypes],
-            "index": _index(x.index),
-            "rows": [[encode(v) for v in row] for row in x.itertuples(index=False, name=None)]}}
-    if isinstance(x, pd.Series):
-        return {"__series__": {"name": encode(x.name), "dtype": str(x.dtype),
-                               "index": _index(x.index),
-                               "values": [encode(v) for v in x.tolist()]}}
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        cls = type(x)
-        return {"__dataclass__": f"{cls.__module__}:{cls.__qualname__}",
-                "fields": {f.name: encode(getattr(x, f.name)) for f in dataclasses.fields(x)}}
-    raise TypeError(f"cannot write a {type(x).__name__} as verdict input data")
-
-
-def _index(ix: pd.Index) -> dict[str, Any]:
-    if isinstance(ix, pd.RangeIndex) and ix.start == 0 and ix.step == 1:
-        return {"range": len(ix), "name": encode(ix.name)}
-    return {"values": [encode(v) for v in ix.tolist()], "names": [encode(n) for n in ix.names],
-            "dtype": str(ix.dtype)}
-
-
-def _unindex(d: dict[str, Any]) -> pd.Index:
-    if "range" in d:
-        return pd.RangeIndex(d["range"], name=decode(d["name"]))
-    values = [decode(v) for v in d["values"]]
-    names = [decode(n) for n in d["names"]]
-    if len(names) > 1:
-        return pd.MultiIndex.from_tuples(values, names=names)
-    ix = pd.Index(values, name=names[0], dtype="object" if d["dtype"] == "object" else None)
-    return ix.astype(d["dtype"]) if d["dtype"] != "object" and len(ix) else ix
-
-
-def decode(x: Any) -> Any:
-    """The object :func:`encode` wrote."""
-    if isinstance(x, list):
-        return [decode(v) for v in x]
-    if not isinstance(x, dict):
-        return x
-    if "__float__" in x:
-        return float(x["__float__"])
-    if "__tuple__" in x:
-        return tuple(decode(v) for v in x["__tuple__"])
-    if "__set__" in x:
-        return {decode(v) for v in x["__set__"]}
-    if "__dict__" in x:
-        return {_hashable(decode(k)): decode(v) for k, v in x["__dict__"]}
-    if "__timestamp__" in x:
-        return pd.Timestamp(x["__timestamp__"])
-    if "__nat__" in x:
-        return pd.NaT
-    if "__array__" in x:
-        return np.array(decode(x["__array__"]), dtype=x["dtype"])
-    if "__frame__" in x:
-        f = x["__frame__"]
-        cols = [_hashable(decode(c)) for c in f["columns"]]
-        rows = [[decode(v) for v in r] for r in f["rows"]]
-        df = pd.DataFrame.from_records(rows, columns=pd.Index(cols, dtype=object),
-                                       nrows=len(rows)) if rows else pd.DataFrame(columns=cols)
-        df.columns = pd.Index(cols)
-        for c, t in zip(cols, f["dtypes"]):
-            if t != "object" and str(df[c].dtype) != t:
-                with contextlib.suppress(TypeError, ValueError):
-                    df[c] = df[c].astype(t)
-        df.index = _unindex(f["index"])
-        return df
-    if "__series__" in x:
-        s = x["__series__"]
-        out = pd.Series([decode(v) for v in s["values"]], index=_unindex(s["index"]),
-                        name=decode(s["name"]), dtype="object")
-        if s["dtype"] != "object":
-            with contextlib.suppress(TypeError, ValueError):
-                out = out.astype(s["dtype"])
-        return out
-    if "__dataclass__" in x:
-        fields = {k: decode(v) for k, v in x["fields"].items()}
-        module, _, name = x["__dataclass__"].partition(":")
-        try:
-            cls = importlib.import_module(module)
-            for part in name.split("."):
-                cls = getattr(cls, part)
-            return cls(**fields)
-        except (ImportError, AttributeError, TypeError):
-            return SimpleNamespace(**fields)
-    return {k: decode(v) for k, v in x.items()}
-
-
-def _hashable(x: Any) -> Any:
-    return tuple(_hashable(v) for v in x) if isinstance(x, list) else x
-
-
-def dump(args: tuple, kw: dict[str, Any]) -> str:
-    """The text of a verdict's inputs: its positional and keyword arguments."""
-    return json.dumps({"args": encode(list(args)), "kwargs": encode(kw)}, indent=None,
-                      separators=(",", ":")) + "\n"
-
-
-def load(text: str) -> tuple[tuple, dict[str, Any]]:
-    """(args, kwargs) of a text :func:`dump` wrote."""
-    data = json.loads(text)
-    return tuple(decode(data["args"])), decode(data["kwargs"])
 
 
 # ---------------------------------------------------------------- a rule's code, executed
@@ -267,10 +140,10 @@ def _resolve(stmt_text: str) -> tuple[list[tuple[str, str, str]], dict[str, Any]
             return links, bound
         for a in stmt.names:
             links.append((stmt.module, a.name, a.asname or a.name))
-            with contextlib.suppress(Exception):
-                mod = importlib.import_module(stmt.module)
+            with contextlib.suppress(Exception):  # (a module since moved: by today's name)
+                mod = importlib.import_module(MOVED.get(stmt.module, stmt.module))
                 bound[a.asname or a.name] = getattr(mod, a.name) if hasattr(mod, a.name) \
-                    else importlib.import_module(f"{stmt.module}.{a.name}")
+                    else _submodule(f"{stmt.module}.{a.name}")
     else:
         for a in stmt.names:
             with contextlib.suppress(Exception):
@@ -278,6 +151,16 @@ def _resolve(stmt_text: str) -> tuple[list[tuple[str, str, str]], dict[str, Any]
                 bound[a.asname or a.name.split(".")[0]] = mod if a.asname else \
                     importlib.import_module(a.name.split(".")[0])
     return links, bound
+
+
+def _submodule(name: str) -> Any:
+    """The module ``name`` as an earlier rule imported it: today's, by its name now
+    (:data:`MOVED`); a former spec module stands for its catalogue entry (its ``SPEC``)."""
+    if m := FORMER_SPEC.fullmatch(name):
+        from repro import catalogue
+
+        return SimpleNamespace(SPEC=catalogue.get(m[1]))
+    return importlib.import_module(MOVED.get(name, name))
 
 
 def _module_of(path: str) -> str:

@@ -5,7 +5,7 @@ memory) are left out before the verdict is computed, and :func:`mark` names them
 verdict's ``stale_note``: how many, of which experiment, why, and since which commit. Stale
 *quality* records (every record of a ``QUALITY_EXPERIMENTS`` experiment, and a record of any
 experiment whose metric is one of :data:`QUALITY_METRICS`: returns, losses, agreement; both
-from the experiment specs, :mod:`repro.experiments`) still decide the verdict, and
+from the experiment catalogue, :mod:`repro.catalogue`) still decide the verdict, and
 :func:`mark` sets ``stale=True`` with the reason. The ledger, its page (docs/ledger.md) and
 the site show ``stale_note`` beside the verdict.
 
@@ -28,7 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-from repro.experiments import QUALITY_EXPERIMENTS, QUALITY_METRICS
+from repro.catalogue import QUALITY_EXPERIMENTS, QUALITY_METRICS
 
 
 def split(records: pd.DataFrame, alone: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -67,7 +67,7 @@ def conditions_of_note(note: Any) -> dict[str, Any] | None:
     "alone on the GPU" (or chip, TPU) gives ``{"alone": true}``; "GPU 1 of 2; beside it on GPU
     0: <commands>" gives ``{"alone": false, "gpu": 1, "gpus": 2, "beside": [{"gpu": 0, "job":
     <command>}, ...]}`` (one entry per ``repro.`` command named). ``"from": "run_note"`` says
-    where it came from (:func:`repro.provenance.run_conditions` checks with nvidia-smi
+    where it came from (:func:`repro.conditions.run_conditions` checks with nvidia-smi
     instead). None where the note says neither, or is not text."""
     if not isinstance(note, str):
         return None
@@ -86,7 +86,7 @@ def conditions_of_note(note: Any) -> dict[str, Any] | None:
 
 def beside(records: pd.DataFrame, keep_index: bool = False) -> pd.DataFrame:
     """The speed records of ``records`` made beside another job: their ``conditions`` say
-    ``alone: false`` (checked by nvidia-smi, :func:`repro.provenance.merge_conditions`, or
+    ``alone: false`` (checked by nvidia-smi, :func:`repro.conditions.merge_conditions`, or
     parsed from their run note, :func:`conditions_of_note`). Records without ``conditions``,
     or whose conditions were not checked, are not among them."""
     if not len(records) or "conditions" not in records:

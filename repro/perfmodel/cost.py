@@ -132,7 +132,7 @@ class Step:
 
 def program_step(step: Step, hlo_bytes: float | None, hlo_kernels: float | None) -> Step:
     """``step`` with its assumed elementwise traffic replaced by what the compiled program says
-    (``repro.studies.timing.compiled_facts``): XLA's bytes accessed minus the GEMMs' own operand
+    (``repro.studies.lowering.compiled_facts``): XLA's bytes accessed minus the GEMMs' own operand
     and output bytes, in the program's launching ops minus the GEMM launches. The GEMMs stay.
     Without both facts (records made before they were recorded), ``step`` unchanged."""
     if hlo_bytes is None or hlo_kernels is None or not (

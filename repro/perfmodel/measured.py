@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from repro import experiments
+from repro import catalogue
 from repro import hardware as hw
-from repro import results
+from repro import evidence
 from repro.perfmodel.cost import (FORMATS, Gemm, Step, lm_shape, lm_step_gemms, mlp_step_gemms,
                                   program_step)
 
@@ -33,7 +33,7 @@ GEMM = "gemm"  # the GEMM sweep's experiment (repro.experiments.gemm.measure)
 # the kernel traces' experiment (repro.experiments.kernel_times.measure)
 KERNEL_TIMES = "kernel_times"
 # experiment -> workload of a step record (the experiments with a step_workload)
-WORKLOADS = {e.name: e.step_workload for e in experiments.EXPERIMENTS if e.step_workload}
+WORKLOADS = {e.name: e.step_workload for e in catalogue.EXPERIMENTS if e.step_workload}
 STEP_KEY = ["workload", "model", "batch", "seq_len", "width", "depth"]
 
 
@@ -201,7 +201,7 @@ class RateTable:
 def measured_records() -> pd.DataFrame:
     """The records the model reads, from ``results/`` and ``build/results/``: ``gemm``, the
     step times (``mlp_step``, ``lm_step``) and the kernel traces (``kernel_times``)."""
-    frames = [results.load_records(e) for e in (GEMM, *WORKLOADS, KERNEL_TIMES)]
+    frames = [evidence.load_records(e) for e in (GEMM, *WORKLOADS, KERNEL_TIMES)]
     frames = [f for f in frames if len(f)]
     with warnings.catch_warnings():  # columns all-NA in one experiment (e.g. spread) stay
         warnings.simplefilter("ignore", FutureWarning)

@@ -37,7 +37,7 @@ Every GEMM is ``lax.dot_general(int8, int8, preferred_element_type=int32)``: exa
 products and sums (no overflow below ``K = 2**31 / 127**2``, about 133,000), converted to
 float32 and multiplied by the product of the two scales (float32), then cast to the output
 dtype. Bias and activation run inside the ``custom_vjp`` as in ``repro.precision.ops.fp8_dense``
-(a 1-bit mask for ReLU). Scaling is current (each tensor's amax now); delayed scaling is not
+(a 1-bit mask for ReLU, :mod:`repro.precision.gemm`). Scaling is current (each tensor's amax now); delayed scaling is not
 offered: INT8's 255 levels leave no room for an amax that lags the tensor.
 
 Which products are INT8 on the device is read from the compiled program
@@ -57,6 +57,8 @@ from jax import lax
 from repro.precision import formats as F
 from repro.precision import scaling as S
 from repro.precision import validate
+from repro.precision.gemm import (ACTIVATIONS, _check_2d_weight, _epilogue, _epilogue_grad,
+                                  _flatten_lhs, _token)
 
 __all__ = ["INT8_MAX", "int8_scale", "int8_quantize", "int8_dequantize", "int8_dot",
            "int8_dense", "layer_recipe", "is_emulated"]
@@ -134,8 +136,6 @@ def _rescale(acc, scale, dtype):
 
 
 def _fwd(x, w, b, recipe, act):
-    from repro.precision.ops import _epilogue, _token
-
     xq, sx, fx = _per_tensor(x, recipe.margin)
     wq, sw, fw = _weight(w, recipe)
     acc = _igemm(xq, wq, _DN_FWD)
@@ -145,8 +145,6 @@ def _fwd(x, w, b, recipe, act):
 
 
 def _bwd(recipe, act, res, g):
-    from repro.precision.ops import _epilogue_grad
-
     xq, sx, wq, sw, fw, act_res, xt, wt, bt = res
     g = _epilogue_grad(g, act_res, act, g.shape[-1])
     gq, sg, fg = _per_tensor(g, recipe.margin)
@@ -169,8 +167,6 @@ _core.defvjp(_fwd, _bwd)
 
 
 def _dense(x, w, b, recipe, activation, what):
-    from repro.precision.ops import ACTIVATIONS, _check_2d_weight, _flatten_lhs
-
     recipe = validate.recipe_for(recipe, ("int8",), what)
     if recipe.scaling != "current":
         raise ValueError(f"{what}: recipe {recipe.name!r} has scaling={recipe.scaling!r}; INT8 "

@@ -54,7 +54,7 @@ from flax.linen import fp8_ops
 from jax import lax
 
 from repro import hardware
-from repro.precision import kernels, ops, validate
+from repro.precision import conv, kernels, ops, validate
 from repro.precision import scaling as S
 from repro.precision.recipes import Recipe, resolve
 from repro.precision.scaling import AmaxSlot, DelayedScalingState
@@ -337,7 +337,7 @@ class Conv(nn.Module):
         padding = self.padding
         if isinstance(padding, int):
             padding = [(padding, padding)] * nsp
-        padding = ops._static_padding(padding)
+        padding = conv.static_padding(padding)
         kernel = self.param("kernel", self.kernel_init, ks + (x.shape[-1], self.features),
                             self.param_dtype)
         if r.gemm == "fp8":

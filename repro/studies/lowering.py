@@ -24,11 +24,13 @@ Two questions, kept apart because a verdict needs them apart:
   ``widened``: another kernel widens the narrow arrays first (the product reads 2-byte
   values). ``none``: no narrow array.
 
-The GPU readings are those the records have always carried (the same functions); the CPU
-keeps them too. ``repro.studies.timing.fp8_lowering`` (hence the measuring kit's
-``compiled_facts`` and ``compiled_gemm_info``) is :func:`fp8_lowering`: the labels are read
-here, outside the kit, so that reading a program differently changes no record's program or
-kit fingerprint. ``fp8_gemm_calls`` (``compiled_facts``) counts cuBLASLt's FP8 GEMM calls: a
+Every reading of a compiled program lives here (:mod:`repro.studies.timing` only times):
+the labels above and what a program says of itself, :func:`compiled_facts` and
+:func:`compiled_gemm_info`, two functions of the measuring kit (their source is part of a
+record's kit fingerprint, :mod:`repro.program`) that call :func:`fp8_lowering` by name. The
+labels' own code is outside the kit, so that reading a program differently changes no
+record's program or kit fingerprint. The GPU readings are those the records have always
+carried (the same functions); the CPU keeps them too. ``fp8_gemm_calls`` (``compiled_facts``) counts cuBLASLt's FP8 GEMM calls: a
 GPU's, 0 on every other platform whatever the lowering. Both HLO spellings of
 an operand are read: ``dot(%a, %b)`` (types from the operands' definitions) and
 ``dot(s8[128,512]{1,0} %a, ...)`` (types inline), with TPU layouts such as
@@ -39,6 +41,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
 
 # FP8 lowerings that are FP8 arithmetic: cuBLASLt's FP8 GEMM and XLA's Triton GEMM with f8
 # operands (GPU), an f8 x f8 dot or convolution (TPU, on a chip with FP8 matrix units).
@@ -242,7 +247,7 @@ def dequant_lowering_gpu(hlo_text: str) -> str:
     return "separate"
 
 
-FP8_GEMM_TARGET = "__cublas$lt$matmul$f8"  # cuBLASLt's FP8 GEMM (repro.studies.timing's)
+FP8_GEMM_TARGET = "__cublas$lt$matmul$f8"  # cuBLASLt's FP8 GEMM
 
 
 def fp8_lowering_gpu(hlo_text: str) -> str:
@@ -399,3 +404,65 @@ def weight_storage(hlo_text: str) -> str:
     "widened" (other kernels widen them first), "none" (no narrow array)."""
     how = _narrow_reads(hlo_text)
     return {"none": "none", "separate": "widened"}.get(how, "native")
+
+
+# ------------------------------------------------- what a compiled program says of itself
+
+_NOT_KERNELS = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "bitcast"})
+
+
+def entry_ops(hlo_text: str) -> dict[str, int]:
+    """Opcode counts of the ENTRY computation of an optimized HLO module, leaving out those
+    that launch nothing (parameters, constants, tuples, bitcasts). On a GPU each remaining op
+    (``fusion``, ``custom-call`` to cuBLAS, ``copy``...) is about one kernel; loops (``while``)
+    count once, whatever their bodies launch."""
+    start = hlo_text.find("ENTRY")
+    if start < 0:
+        return {}
+    end = hlo_text.find("\n}", start)
+    body = hlo_text[start:end if end > 0 else None]
+    counts: dict[str, int] = {}
+    for op in re.findall(r"^\s*(?:ROOT )?%?[\w.\-]+ = .*?[\]})] ([a-z][\w\-]*)\(", body,
+                         re.M):
+        if op not in _NOT_KERNELS:
+            counts[op] = counts.get(op, 0) + 1
+    return counts
+
+
+def compiled_facts(compiled) -> dict[str, Any]:
+    """What a compiled program says about itself: how many cuBLASLt FP8 GEMM calls it makes,
+    how its f8 products lower (:func:`fp8_lowering`), its buffer bytes (arguments + outputs
+    + temporaries - aliased, from XLA's ``memory_analysis``), and XLA's own static cost
+    estimate: ``hlo_bytes_accessed`` and ``hlo_flops`` (``cost_analysis``) and ``hlo_kernels``
+    (launching ops of the ENTRY computation, :func:`entry_ops`). None where not implemented.
+    The step-time model (``repro.perfmodel``) can read a program's traffic and kernel count
+    from these instead of assuming them."""
+    text = compiled.as_text() or ""
+    ops = entry_ops(text)
+    facts: dict[str, Any] = {"fp8_gemm_calls": text.count(FP8_GEMM_TARGET),
+                             "fp8_lowering": fp8_lowering(text), "memory_bytes": None,
+                             "hlo_kernels": sum(ops.values()) if ops else None,
+                             "hlo_bytes_accessed": None, "hlo_flops": None}
+    try:
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        facts["hlo_bytes_accessed"] = float(cost["bytes accessed"])
+        facts["hlo_flops"] = float(cost["flops"])
+    except Exception:  # not every backend implements it
+        pass
+    try:
+        m = compiled.memory_analysis()
+        facts["memory_bytes"] = int(m.argument_size_in_bytes + m.output_size_in_bytes
+                                    + m.temp_size_in_bytes - m.alias_size_in_bytes)
+    except Exception:  # not every backend implements it
+        pass
+    return facts
+
+
+def compiled_gemm_info(fn: Callable, *args) -> dict[str, Any]:
+    """What the compiled GEMM is: ``hlo_fp8_gemm`` (the HLO calls ``__cublas$lt$matmul$f8``),
+    ``fp8_lowering`` (see :func:`fp8_lowering`) and the custom-call targets it names."""
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    targets = sorted(set(re.findall(r'custom_call_target="([^"]+)"', text)))
+    return {"hlo_fp8_gemm": FP8_GEMM_TARGET in text, "fp8_lowering": fp8_lowering(text),
+            "custom_calls": targets}

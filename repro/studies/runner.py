@@ -12,7 +12,7 @@ records, and the runner writes them atomically to
 * provenance: every record is stamped with the fingerprint of the study's code (``code``) and
   the versions of the packages on its path (``versions``), hashed when the run starts, and
   with what ``nvidia-smi`` saw on its GPUs before and after its cell ran (``conditions``:
-  whether it ran alone, :func:`repro.provenance.run_conditions`);
+  whether it ran alone, :func:`repro.conditions.run_conditions`);
 * selection: ``only`` (glob patterns on cell names) and ``recipes`` (the recipes a cell uses;
   a study whose cells time several recipes together narrows its parameters instead);
 * failures: a cell that raises is reported in one line and the study goes on; the run ends
@@ -26,7 +26,7 @@ records, and the runner writes them atomically to
 * progress: one tqdm bar per study.
 
     STUDY = Study("mlp_step", claims=("A2",), cells=cells)   # in a study module
-    runner.run(STUDY, params, root, force=False, only=["w4096*"])
+    studies.record("mlp_step", "full", only=["w4096*"])     # runs it, under its folder's lock
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from repro import results
+from repro import checkout, results
 
 Records = list[dict[str, Any]]
 
@@ -140,7 +140,7 @@ def plan(study: Study, params: Any, only: Sequence[str] | None = None,
         params = study.narrow(params, list(recipes))
     if study.check is not None:
         study.check(params)
-    results.git_commit()  # the commit records will name: a wrong REPRO_GIT_COMMIT is refused
+    checkout.git_commit()  # the commit records will name: a wrong REPRO_GIT_COMMIT is refused
     every = study.cells(params)
     check_distinct(study.experiment, every)
     if recipes and study.narrow is None:
@@ -205,11 +205,10 @@ class CheckoutChanged(RuntimeError):
 def source_snapshot() -> dict[str, str]:
     """{checkout-relative path: hash} of the package's source files now (the code a run
     loads), to tell at each cell whether the checkout changed under the run."""
-    from repro import program as P
-    from repro import provenance
+    from repro import fingerprint
 
-    pkg = provenance.CHECKOUT / provenance.PACKAGE
-    return {provenance.rel(f): P.file_hash(f) for f in sorted(pkg.rglob("*.py"))}
+    pkg = checkout.CHECKOUT / fingerprint.PACKAGE
+    return {checkout.rel(f): fingerprint.file_hash(f) for f in sorted(pkg.rglob("*.py"))}
 
 
 def _unchanged_since(snapshot: dict[str, str] | None, recs: Records, cell: Any) -> None:
@@ -226,7 +225,7 @@ def _unchanged_since(snapshot: dict[str, str] | None, recs: Records, cell: Any) 
                               "settled")
 
 
-def write_cell(recs: Records, experiment: str, cell: Any, root: Path, out: "Outcome",
+def write_cell(recs: Records, study: Study, cell: Any, root: Path, out: "Outcome",
                snapshot: dict[str, str] | None = None) -> Path:
     """Stamp the programs ``cell`` measured on its records (:func:`stamp_programs`), check
     that the files they ran are those the run began with (``snapshot``:
@@ -235,9 +234,9 @@ def write_cell(recs: Records, experiment: str, cell: Any, root: Path, out: "Outc
     cell, the file and what was kept: the next cells would fail alike, so the run stops."""
     try:
         if cell.programs is not None:
-            recs = stamp_programs(recs, cell, root, experiment)
+            recs = stamp_programs(recs, cell, root, study)
             _unchanged_since(snapshot, recs, cell)
-        return results.write_records(recs, experiment, cell.name, root=root)
+        return results.write_records(recs, study.experiment, cell.name, root=root)
     except OSError as e:
         failed = f"; {len(out.failed)} cell(s) failed before it" if out.failed else ""
         raise WriteFailed(f"{e}; the run stopped there: the {len(out.written)} cell(s) "
@@ -278,53 +277,66 @@ def cross_call_note(experiment: str, todo: Sequence[Cell], every: Sequence[Cell]
             "to time them together, select both and add --force")
 
 
-def stamp_programs(recs: Records, cell: Cell, root: Path, experiment: str = "") -> Records:
+def cell_programs(study: Study, cell: Cell, profile: str) -> dict[str, Any]:
+    """``{key: Program}`` of what ``cell``'s records measure (its ``programs``), each with the
+    hash of what a run of ``profile`` reads of the study's params.yaml section among its
+    settings (:func:`repro.program.with_settings`): what :func:`stamp_programs` traces at
+    write, and the staleness checker again at check (:func:`repro.studies.cell_programs`)."""
+    from repro import program as P
+
+    return {k: P.with_settings(prog, study.params_section, profile)
+            for k, prog in cell.programs().items()}
+
+
+def stamp_programs(recs: Records, cell: Cell, root: Path, study: Study) -> Records:
     """``recs`` with each record's ``program`` (:mod:`repro.program`): the program of its
-    recipe (or the cell's one keyed ``""``), traced for this device, with the hash of the
-    study's params.yaml section among its settings; the programs' texts are kept under
-    ``root/programs``. A record whose program the cell does not name gets none."""
+    recipe (or the cell's one keyed ``""``, :func:`cell_programs`), traced for this device;
+    the programs' texts are kept under ``root/programs``. A record whose program the cell does
+    not name gets none."""
     from repro import hardware as hw
     from repro import program as P
-    from repro.provenance import with_settings
 
-    progs, stamped = cell.programs(), {}
-    experiment = experiment or recs[0].get("experiment", "")
+    progs: dict[str, dict[str, Any]] = {}
+    stamped = {}
     out = []
     for rec in recs:
-        key = rec.get("recipe") if rec.get("recipe") in progs else ""
-        if key not in progs:
+        profile = str(rec.get("profile") or "full")
+        if profile not in progs:
+            progs[profile] = cell_programs(study, cell, profile)
+        key = rec.get("recipe") if rec.get("recipe") in progs[profile] else ""
+        if key not in progs[profile]:
             out.append(rec)
             continue
-        if key not in stamped:
-            traced = P.trace(with_settings(progs[key], experiment,
-                                           str(rec.get("profile") or "full")), hw.platform(),
-                             hw.device_kind())
-            P.save_text(root, traced,
-                        f"{experiment}/{cell.name}: the text of program {traced.hash[:12]}")
-            stamped[key] = {**traced.stamp(), "cell": cell.name, "key": key}
-        out.append({**rec, "program": stamped[key]})
+        if (profile, key) not in stamped:
+            traced = P.trace(progs[profile][key], hw.platform(), hw.device_kind())
+            P.save_text(root, traced, f"{study.experiment}/{cell.name}: the text of program "
+                        f"{traced.hash[:12]}")
+            stamped[profile, key] = {**traced.stamp(), "cell": cell.name, "key": key}
+        out.append({**rec, "program": stamped[profile, key]})
     return out
 
 
 def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
         only: Sequence[str] | None = None, recipes: Sequence[str] | None = None,
         time_budget_s: float | None = None, hardware: str | None = None,
-        note: str | None = None, progress: bool = True) -> Outcome:
+        note: str | None = None, progress: bool = True, checker=None) -> Outcome:
     """Run the selected cells of ``study`` not yet recorded under ``root``; see the module
     docstring. ``hardware``: record under this name instead of the detected one; ``note``:
-    a ``run_note`` for every record. Raises :class:`CellsFailed` at the end if any cell
-    failed."""
+    a ``run_note`` for every record; ``checker``: the freshness test of recorded cells
+    (:func:`repro.studies.checker`, which :func:`repro.studies.record` hands it; without
+    one, a recorded program whose files changed counts as stale: nothing retraces it). Raises
+    :class:`CellsFailed` at the end if any cell failed."""
     from tqdm import tqdm  # not tqdm.auto: that wants ipywidgets inside notebooks
 
+    from repro import conditions, fingerprint, provenance
     from repro import hardware as hw
-    from repro import provenance
 
     cells, every = plan(study, params, only, recipes)
     root = Path(root)
     slug = results.slug(hardware) if hardware else hw.detect().slug
-    stamp = provenance.study_stamp(study.source_module, study.data)
+    stamp = fingerprint.study_stamp(study.source_module, study.data)
     snapshot = source_snapshot()  # the code this run loads: a cell's records must name it
-    checker = provenance.Checker()
+    checker = checker or provenance.Checker()
     stale: set[str] = set()
 
     def done(name: str) -> bool:
@@ -358,7 +370,7 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
         bar.set_postfix_str(cell.name)
         if force and cell.restart is not None:
             cell.restart()
-        before, began = provenance.run_conditions(), time.monotonic()
+        before, began = conditions.run_conditions(), time.monotonic()
         try:
             recs = cell.run(left)
         except Exception as e:  # noqa: BLE001 - reported, the study goes on, raised at the end
@@ -377,9 +389,9 @@ def run(study: Study, params: Any, root: str | Path, *, force: bool = False,
         took = round(time.monotonic() - began, 1)
         recs = [{**r, "extra": {**(r.get("extra") or {}), "cell_s": took}} for r in recs]
         recs = results.restamp(recs, hardware=hardware, note=note, stamp=stamp,
-                               conditions=provenance.merge_conditions(
-                                   before, provenance.run_conditions()))
-        out.written.append(write_cell(recs, study.experiment, cell, root, out, snapshot))
+                               conditions=conditions.merge_conditions(
+                                   before, conditions.run_conditions()))
+        out.written.append(write_cell(recs, study, cell, root, out, snapshot))
     bar.close()
     if out.failed:
         raise CellsFailed(study.experiment, out.failed)

@@ -1,15 +1,21 @@
+"""Timing compiled calls: warm-up, then timed calls each ended by ``jax.block_until_ready``,
+alone (:func:`time_fn`) or in rounds (:func:`time_interleaved`, :func:`time_rounds`) so that
+two recipes' samples see the same machine state. What a compiled program says of itself (its
+FP8 lowering, XLA's cost estimate) is read in :mod:`repro.studies.lowering`.
+
+These functions are part of the measuring kit of the programs that use them: their source is
+hashed into each record's kit fingerprint (:mod:`repro.program`): moving them is free, editing
+them stales the records whose kit holds them.
+"""
+
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
-
-FP8_GEMM_TARGET = "__cublas$lt$matmul$f8"
-
 
 @dataclass(frozen=True)
 class Timing:
@@ -108,78 +114,3 @@ def quartiles(samples: np.ndarray) -> tuple[float, float, float]:
     """(first quartile, median, third quartile) of the samples."""
     q1, med, q3 = np.percentile(samples, [25, 50, 75])
     return float(q1), float(med), float(q3)
-
-
-def fp8_lowering(hlo_text: str, platform: str | None = None) -> str:
-    """How a compiled program's f8 products run: :func:`repro.studies.lowering.fp8_lowering`
-    (read there, outside the measuring kit)."""
-    from repro.studies import lowering
-
-    return lowering.fp8_lowering(hlo_text, platform)
-
-_NOT_KERNELS = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "bitcast"})
-
-
-def entry_ops(hlo_text: str) -> dict[str, int]:
-    """Opcode counts of the ENTRY computation of an optimized HLO module, leaving out those
-    that launch nothing (parameters, constants, tuples, bitcasts). On a GPU each remaining op
-    (``fusion``, ``custom-call`` to cuBLAS, ``copy``...) is about one kernel; loops (``while``)
-    count once, whatever their bodies launch."""
-    start = hlo_text.find("ENTRY")
-    if start < 0:
-        return {}
-    end = hlo_text.find("\n}", start)
-    body = hlo_text[start:end if end > 0 else None]
-    counts: dict[str, int] = {}
-    for op in re.findall(r"^\s*(?:ROOT )?%?[\w.\-]+ = .*?[\]})] ([a-z][\w\-]*)\(", body,
-                         re.M):
-        if op not in _NOT_KERNELS:
-            counts[op] = counts.get(op, 0) + 1
-    return counts
-
-
-def compiled_facts(compiled) -> dict[str, Any]:
-    """What a compiled program says about itself: how many cuBLASLt FP8 GEMM calls it makes,
-    how its f8 products lower (:func:`fp8_lowering`), its buffer bytes (arguments + outputs
-    + temporaries - aliased, from XLA's ``memory_analysis``), and XLA's own static cost
-    estimate: ``hlo_bytes_accessed`` and ``hlo_flops`` (``cost_analysis``) and ``hlo_kernels``
-    (launching ops of the ENTRY computation, :func:`entry_ops`). None where not implemented.
-    The step-time model (``repro.perfmodel``) can read a program's traffic and kernel count
-    from these instead of assuming them."""
-    text = compiled.as_text() or ""
-    ops = entry_ops(text)
-    facts: dict[str, Any] = {"fp8_gemm_calls": text.count(FP8_GEMM_TARGET),
-                             "fp8_lowering": fp8_lowering(text), "memory_bytes": None,
-                             "hlo_kernels": sum(ops.values()) if ops else None,
-                             "hlo_bytes_accessed": None, "hlo_flops": None}
-    try:
-        cost = compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-        facts["hlo_bytes_accessed"] = float(cost["bytes accessed"])
-        facts["hlo_flops"] = float(cost["flops"])
-    except Exception:  # not every backend implements it
-        pass
-    try:
-        m = compiled.memory_analysis()
-        facts["memory_bytes"] = int(m.argument_size_in_bytes + m.output_size_in_bytes
-                                    + m.temp_size_in_bytes - m.alias_size_in_bytes)
-    except Exception:  # not every backend implements it
-        pass
-    return facts
-
-
-def recipe_emulated(recipe, lowering, hardware=None) -> bool:
-    """Whether a timing of ``recipe`` measures emulation rather than its format:
-    :func:`repro.studies.lowering.recipe_emulated`."""
-    from repro.studies import lowering as L
-
-    return L.recipe_emulated(recipe, lowering, hardware)
-
-
-def compiled_gemm_info(fn: Callable, *args) -> dict[str, Any]:
-    """What the compiled GEMM is: ``hlo_fp8_gemm`` (the HLO calls ``__cublas$lt$matmul$f8``),
-    ``fp8_lowering`` (see :func:`fp8_lowering`) and the custom-call targets it names."""
-    text = jax.jit(fn).lower(*args).compile().as_text()
-    targets = sorted(set(re.findall(r'custom_call_target="([^"]+)"', text)))
-    return {"hlo_fp8_gemm": FP8_GEMM_TARGET in text, "fp8_lowering": fp8_lowering(text),
-            "custom_calls": targets}

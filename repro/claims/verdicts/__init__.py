@@ -14,7 +14,7 @@ of it holds, or it holds in a narrower scope), **contradicted** (the data go aga
 measurement), **not yet measured**.
 """
 
-from repro.claims.verdicts._base import VERDICTS, Verdict, definitions, margin, rule
+from repro.verdict import VERDICTS, Verdict, definitions, margin, rule
 from repro.claims.verdicts.nvfp4 import b1, b2, b3, b4, b5
 from repro.experiments.grpo.rules import a12
 from repro.experiments.inference.rules import b6

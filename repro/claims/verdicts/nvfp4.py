@@ -8,8 +8,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from repro.claims.verdicts._base import Verdict, margin
-from repro.claims.verdicts._base import rule as rule_of
+from repro.verdict import Verdict, margin
+from repro.verdict import rule as rule_of
 from repro.experiments.lm.tables import SIZE_ORDER
 
 

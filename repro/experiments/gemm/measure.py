@@ -46,7 +46,8 @@ from repro.precision import formats
 from repro.program import Program
 from repro.studies import lowering as L
 from repro.studies.runner import Cell, Study
-from repro.studies.timing import FP8_GEMM_TARGET, compiled_gemm_info, time_fn
+from repro.studies.lowering import FP8_GEMM_TARGET, compiled_gemm_info
+from repro.studies.timing import time_fn
 
 GEMM_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 
@@ -166,7 +167,7 @@ def _emulated(dtype: str, info: dict[str, Any], hardware) -> bool:
 
 
 def _gemm_info(dtype: str, fn, args) -> dict[str, Any]:
-    """:func:`repro.studies.timing.compiled_gemm_info`, and for int8 how its product ran
+    """:func:`repro.studies.lowering.compiled_gemm_info`, and for int8 how its product ran
     (``int8_lowering``), read outside the measuring kit."""
     info = compiled_gemm_info(fn, *args)
     if dtype == "int8":

@@ -35,7 +35,8 @@ from repro.config import Section, positive, recipe_names
 from repro.models import grpo as R
 from repro.precision.recipes import resolve
 from repro.studies.runner import Cell, Study
-from repro.studies.timing import compiled_facts, recipe_emulated, time_rounds
+from repro.studies.lowering import compiled_facts, recipe_emulated
+from repro.studies.timing import time_rounds
 
 EXPERIMENT = "grpo"
 

@@ -22,9 +22,9 @@ from typing import Any, Mapping
 import pandas as pd
 
 from repro.analysis.stats import t_interval
-from repro.claims.verdicts._base import Verdict, margin
-from repro.claims.verdicts._base import rule as rule_of
-from repro.experiments import get as experiment
+from repro.verdict import Verdict, margin
+from repro.verdict import rule as rule_of
+from repro.catalogue import get as experiment
 
 CLAIM = "A12"
 SOURCE = experiment("grpo").source("heldout_accuracy", "base_accuracy per arm and seed")

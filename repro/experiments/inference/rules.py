@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
-from repro.claims.verdicts._base import UNSURE, Verdict, margin
-from repro.claims.verdicts._base import rule as rule_of
+from repro.verdict import UNSURE, Verdict, margin
+from repro.verdict import rule as rule_of
 from repro.experiments.inference.tables import best_evidence, widest_timed
 
 SOURCE = "results/*/inference/*.json (notebooks/11_inference.py)"

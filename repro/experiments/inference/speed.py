@@ -187,7 +187,7 @@ def _program(cfg: M.LMConfig, fmt: str, phase: str, batch: int, length: int, ste
         tokens = batch * steps
     t0 = time.perf_counter()
     compiled = fn.lower(*args).compile()
-    facts = timing.compiled_facts(compiled)
+    facts = L.compiled_facts(compiled)
     facts["compile_s"] = round(time.perf_counter() - t0, 3)
     text = compiled.as_text() or ""
     facts["lowering"] = lowering(ex.fmt, text)

@@ -2,7 +2,7 @@
 inference format against BF16 (``repro.experiments.inference.measure`` writes the records; the
 rule is ``repro.claims.verdicts.b6``).
 
-    df = results.load_records("inference")
+    df = evidence.load_records("inference")
     acc, mem, spd = accuracy_table(df), bytes_table(df), speed_table(df)
     numbers = key_numbers(acc, mem, spd)  # for metrics/11_inference.json
     verdicts.b6(acc, mem, spd)     # a Verdict

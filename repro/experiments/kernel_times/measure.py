@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 import jax
 
-from repro import experiments, results
+from repro import catalogue, results
 from repro.config import Section
 from repro.program import Program
 from repro.studies.kernel_trace import kernel_events, load_trace, summarize
@@ -86,11 +86,11 @@ def _gemm_runner(dtype: str, m: int, k: int, n: int):
     and function)."""
     from repro import hardware
     from repro.experiments.gemm import measure as bench
-    from repro.studies import timing
+    from repro.studies.lowering import compiled_gemm_info
 
     a, b = bench._random_inputs(jax.random.key(0), m, k, n)
     ops = bench.gemm_operands(dtype, a, b)
-    info = timing.compiled_gemm_info(bench.gemm_fn(dtype), *ops)
+    info = compiled_gemm_info(bench.gemm_fn(dtype), *ops)
     fn = jax.jit(bench.gemm_fn(dtype))
     return (lambda: fn(*ops)), {**info, "emulated": bench._emulated(dtype, info,
                                                                     hardware.current())}
@@ -103,7 +103,7 @@ def _ppo_runner(token: str, width: int, num_envs: int, profile: str = "full"):
     such as ``fp8-all-layers``."""
     from repro import studies
     from repro.experiments.rl_throughput import measure as rl_throughput
-    from repro.studies.timing import compiled_facts, recipe_emulated
+    from repro.studies.lowering import compiled_facts, recipe_emulated
 
     c = rl_throughput.throughput_config("mlp", width, token, num_envs,
                                         studies.params(rl_throughput.THROUGHPUT, profile))
@@ -137,10 +137,10 @@ def profile_cell(workload: str, recipes: list[str], steps: int, sizes: dict[str,
     """Records of one shape, one recipe after the other; [] where the trace has no kernels.
 
     ``make_runner(recipe)`` gives ``(run, facts)``: one training step and the compiled
-    program's facts (``repro.studies.timing.compiled_facts``), whose FP8 lowering says whether the
+    program's facts (``repro.studies.lowering.compiled_facts``), whose FP8 lowering says whether the
     recipe ran emulated (then the kernels are those of the emulation, and records say so);
     facts with an ``emulated`` key (the GEMM workload's dtypes) say it themselves."""
-    from repro.studies.timing import recipe_emulated
+    from repro.studies.lowering import recipe_emulated
 
     records = []
     for r in recipes:
@@ -166,8 +166,8 @@ def profile_cell(workload: str, recipes: list[str], steps: int, sizes: dict[str,
 
 
 # the workload of each experiment whose step `repro trace` traces (repro.experiments)
-WORKLOADS = tuple(e.trace.workload for e in experiments.TRACED)
-_DEFAULT_RECIPES = {e.trace.workload: e.trace.recipes for e in experiments.TRACED}
+WORKLOADS = tuple(e.trace.workload for e in catalogue.TRACED)
+_DEFAULT_RECIPES = {e.trace.workload: e.trace.recipes for e in catalogue.TRACED}
 PHASES = ("prefill", "decode")
 MLP_GEMMS = tuple((65536, w, w) for w in (256, 512, 1024, 2048, 4096))  # mlp_step's GEMMs
 

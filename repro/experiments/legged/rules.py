@@ -15,9 +15,9 @@ import pandas as pd
 
 from repro.analysis import rl as rl_analysis
 from repro.analysis.rl import longest_runs
-from repro.claims.verdicts._base import UNSURE, Verdict, margin, parity
-from repro.claims.verdicts._base import rule as rule_of
-from repro.experiments import get as experiment
+from repro.verdict import UNSURE, Verdict, margin, parity
+from repro.verdict import rule as rule_of
+from repro.catalogue import get as experiment
 
 EXPERIMENT = experiment("legged").name
 _RULE = rule_of("A11")  # the names and thresholds below are A11's rule in claims.yaml

@@ -28,7 +28,7 @@ from repro import results
 from repro.analysis import rl as rl_analysis
 from repro.analysis import stats
 from repro.analysis.rl import longest_runs
-from repro.claims.verdicts._base import rule
+from repro.verdict import rule
 
 EXPERIMENT = "legged"
 # A11's rule (repro/data/claims.yaml): quality against REFERENCE, speed against BASELINE.

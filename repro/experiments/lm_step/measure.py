@@ -7,7 +7,7 @@ compiled one at a time, then timed together in rounds (recipe A, B, C, A, B, C, 
 as ``repro.experiments.mlp_step.measure`` times the MLP step
 (``repro.studies.timing.time_interleaved``), so a speedup is always a ratio of two timings from
 the same run. Each recipe's records carry the compiled program's facts
-(``repro.studies.timing.compiled_facts``: XLA's bytes accessed, flops and launching ops) for
+(``repro.studies.lowering.compiled_facts``: XLA's bytes accessed, flops and launching ops) for
 the step-time model (``repro.perfmodel.validate``, claim B2). Recipes without tensor cores on
 this device (NVFP4 and MXFP8 off Blackwell, FP8 on a CPU) are timed and stamped
 ``emulated=True``: their speed is that of the emulation, never evidence.
@@ -33,13 +33,8 @@ from repro.precision import resolve
 from repro.program import Program
 from repro.studies import lowering
 from repro.studies.runner import Cell, Study
-from repro.studies.timing import (
-    compiled_facts,
-    quartiles,
-    recipe_emulated,
-    stepper,
-    time_interleaved,
-)
+from repro.studies.lowering import compiled_facts, recipe_emulated
+from repro.studies.timing import quartiles, stepper, time_interleaved
 
 EXPERIMENT = "lm_step"
 CLAIMS = ("B2",)

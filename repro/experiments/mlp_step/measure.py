@@ -34,13 +34,8 @@ from repro.precision.recipes import resolve
 from repro.program import Program
 from repro.studies import lowering
 from repro.studies.runner import Cell, Study
-from repro.studies.timing import (
-    compiled_facts,
-    quartiles,
-    recipe_emulated,
-    stepper,
-    time_interleaved,
-)
+from repro.studies.lowering import compiled_facts, recipe_emulated
+from repro.studies.timing import quartiles, stepper, time_interleaved
 
 EXPERIMENT = "mlp_step"
 

@@ -19,7 +19,7 @@ throughput_1``: the scaling efficiency is ``throughput_n / (n * throughput_1)``.
 cell (rewritten on every call, from this hardware's cells) holds ``scaling_efficiency`` per
 (workload, recipe, n) and ``fp8_speedup`` (FP8 over BF16 throughput) per (workload, n).
 
-Every record carries ``emulated`` (``repro.studies.timing.recipe_emulated``: no tensor cores
+Every record carries ``emulated`` (``repro.studies.lowering.recipe_emulated``: no tensor cores
 for the format, or an FP8 recipe on a GPU whose compiled program ran no FP8 GEMM) and
 ``extra.n_devices``, ``extra.mesh``, the collectives in the compiled program
 (``extra.collectives``: all-reduce, all-gather, reduce-scatter, ...) and
@@ -49,7 +49,7 @@ from repro.models import sharding as distributed
 from repro.precision import resolve
 from repro.program import Program
 from repro.studies.runner import Cell, Study
-from repro.studies.timing import FP8_GEMM_TARGET, fp8_lowering, recipe_emulated
+from repro.studies.lowering import FP8_GEMM_TARGET, fp8_lowering, recipe_emulated
 
 EXPERIMENT = "multigpu"
 

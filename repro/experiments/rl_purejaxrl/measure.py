@@ -37,21 +37,9 @@ arguments of their shapes under the same ``vmap`` over seeds: the update (the ep
 minibatch scans, ``ppo.make_update_step``) and GAE (its scan); the rest of ours (the rollout
 scan and the loop over updates) is the whole minus those. Nothing is run.
 
-PureJaxRL is not a package and its code is not redistributed here: point ``--purejaxrl DIR`` at a
-checkout of https://github.com/luchris429/purejaxrl (the folder that holds ``purejaxrl/ppo.py``).
-Three adapters let that ``ppo.py`` run on this repository's stack; none changes what it computes:
-
-- gymnax >= 1.0 steps return ``(obs, state, reward, terminated, truncated, info)``; ``ppo.py``
-  and its wrappers expect gymnax 0.x's ``(obs, state, reward, done, info)``. ``gymnax.make`` is
-  seen through :class:`FiveTupleStep`: ``done = terminated | truncated`` and ``info`` without the
-  three keys gymnax 1.0 added (so PureJaxRL's per-step metrics are as large as on gymnax 0.x).
-- ``distrax`` (for ``Categorical``) does not import under current JAX (its TensorFlow-Probability
-  dependency fails); where it fails, :func:`distrax_stand_in` provides ``Categorical`` with the
-  three methods ``ppo.py`` calls, written as distrax does (``jax.random.categorical``,
-  ``log_softmax``).
-- ``purejaxrl/wrappers.py`` imports ``brax`` (``brax.envs``, ``brax.envs.wrappers.training``) and
-  ``navix`` for wrappers CartPole does not use, and ``chex`` for type annotations only; where
-  one is missing, a package whose modules answer every attribute with ``typing.Any`` stands in.
+PureJaxRL is not a package and its code is not redistributed here: ``--purejaxrl DIR`` points at
+a checkout of https://github.com/luchris429/purejaxrl, imported with three adapters that change
+nothing it computes (:mod:`repro.experiments.rl_purejaxrl.peer`).
 
 Ours runs with the ``tf32`` recipe: JAX's default matmul precision, as in ``ppo.py``. Ours also
 evaluates the critic on the final observation of truncated episodes (bootstrapping through
@@ -66,17 +54,13 @@ truncation, which ``ppo.py`` does not do), so it does slightly more work per ste
 
 from __future__ import annotations
 
-import hashlib
-import importlib
 import json
 import os
 import re
 import subprocess
 import sys
 import time
-import types
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping
 
 import jax
@@ -85,260 +69,16 @@ import numpy as np
 
 from repro import results
 from repro.config import Section, from_cli, positive, recipe_names
+from repro.experiments.rl_purejaxrl.peer import (URL, FiveTupleStep, checkout_dir,
+                                                 distrax_stand_in, load)
+from repro.experiments.rl_purejaxrl.runs import (CARTPOLE, _keys, _summary, _warm, cell_name,
+                                                 compare, compile_theirs, env_steps,
+                                                 final_returns, label, ours_config,
+                                                 returns_digest)
 from repro.models import ppo
 from repro.studies.runner import Cell, Study
 
 EXPERIMENT = "rl_purejaxrl"
-
-URL = "https://github.com/luchris429/purejaxrl"
-
-
-# PureJaxRL's ppo.py __main__ configuration for CartPole-v1 (DEBUG off: no host callbacks).
-CARTPOLE = {"LR": 2.5e-4, "NUM_ENVS": 4, "NUM_STEPS": 128, "TOTAL_TIMESTEPS": 5e5,
-            "UPDATE_EPOCHS": 4, "NUM_MINIBATCHES": 4, "GAMMA": 0.99, "GAE_LAMBDA": 0.95,
-            "CLIP_EPS": 0.2, "ENT_COEF": 0.01, "VF_COEF": 0.5, "MAX_GRAD_NORM": 0.5,
-            "ACTIVATION": "tanh", "ENV_NAME": "CartPole-v1", "ANNEAL_LR": True, "DEBUG": False}
-
-GYMNAX_1_INFO = ("terminated", "truncated", "final_observation")
-
-SPEED_OPTIONS = ("unroll", "update_unroll", "epoch_unroll", "prng")  # PPO as it is
-
-
-def ours_config(cfg: dict[str, Any], recipe: str = "tf32",
-                options: Mapping[str, Any] | None = None) -> ppo.PPOConfig:
-    """The same PPO in ``repro.models.ppo``'s terms (its defaults equal PureJaxRL's otherwise), with
-    ``options``: speed options of :class:`repro.models.ppo.PPOConfig` (:data:`SPEED_OPTIONS`)."""
-    options = dict(options or {})
-    if bad := sorted(set(options) - set(SPEED_OPTIONS)):
-        raise ValueError(f"ours option set {options} sets {bad}: only "
-                         f"{', '.join(SPEED_OPTIONS)} may differ from PureJaxRL's config")
-    return ppo.validate({
-        "env": cfg["ENV_NAME"], "num_envs": cfg["NUM_ENVS"], "num_steps": cfg["NUM_STEPS"],
-        "total_timesteps": int(cfg["TOTAL_TIMESTEPS"]), "update_epochs": cfg["UPDATE_EPOCHS"],
-        "num_minibatches": cfg["NUM_MINIBATCHES"], "gamma": cfg["GAMMA"],
-        "gae_lambda": cfg["GAE_LAMBDA"], "clip_eps": cfg["CLIP_EPS"],
-        "ent_coef": cfg["ENT_COEF"], "vf_coef": cfg["VF_COEF"], "grad_clip": cfg["MAX_GRAD_NORM"],
-        "activation": cfg["ACTIVATION"], "anneal_lr": cfg["ANNEAL_LR"], "lr": cfg["LR"],
-        "width": 64, "depth": 2, "network": "mlp", "recipe": recipe, **options})
-
-
-def label(options: Mapping[str, Any] | None) -> str:
-    """``repro`` for the defaults, else e.g. ``repro[prng=unsafe_rbg,unroll=8]``."""
-    inner = ",".join(f"{k}={v}" for k, v in sorted((options or {}).items()))
-    return f"repro[{inner}]" if inner else "repro"
-
-
-def cell_name(cfg: dict[str, Any], seeds: int, options: Mapping[str, Any] | None) -> str:
-    """``CartPole-v1_s1024`` for the defaults (the cells recorded before options existed), else
-    e.g. ``CartPole-v1_s1024_prng-unsafe_rbg_unroll-8``."""
-    return "_".join([f"{cfg['ENV_NAME']}_s{seeds}",
-                     *(f"{k}-{v}" for k, v in sorted((options or {}).items()))])
-
-
-class FiveTupleStep:
-    """A gymnax >= 1.0 environment with gymnax 0.x's ``step`` signature (see module doc)."""
-
-    def __init__(self, env):
-        self._env = env
-
-    def __getattr__(self, name):
-        return getattr(self._env, name)
-
-    def step(self, key, state, action, params=None):
-        out = self._env.step(key, state, action, params)
-        if len(out) == 5:  # already gymnax 0.x
-            return out
-        obs, state, reward, terminated, truncated, info = out
-        info = {k: v for k, v in info.items() if k not in GYMNAX_1_INFO}
-        return obs, state, reward, jnp.logical_or(terminated, truncated), info
-
-
-def distrax_stand_in() -> types.ModuleType:
-    """A module ``distrax`` with ``Categorical(logits=...)``: ``sample``, ``log_prob``,
-    ``entropy`` -- the part of distrax that PureJaxRL's discrete PPO uses."""
-
-    class Categorical:
-        def __init__(self, logits):
-            self.logits = logits
-
-        def sample(self, seed):
-            return jax.random.categorical(seed, self.logits)
-
-        def log_prob(self, value):
-            logp = jax.nn.log_softmax(self.logits)
-            return jnp.take_along_axis(logp, jnp.asarray(value)[..., None].astype(jnp.int32),
-                                       axis=-1)[..., 0]
-
-        def entropy(self):
-            logp = jax.nn.log_softmax(self.logits)
-            return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-
-    mod = types.ModuleType("distrax")
-    mod.Categorical = Categorical
-    mod.REPRO_STAND_IN = True
-    return mod
-
-
-def _ensure_importable(name: str, make) -> str | None:
-    """Import ``name``; where that fails, put ``make()`` (a module, or a package: a dict of
-    dotted names to modules) in its place. Returns a note or None."""
-    try:
-        importlib.import_module(name)
-        return None
-    except Exception as e:  # ImportError, or a dependency that breaks at import time
-        made = make()
-        sys.modules.update(made if isinstance(made, dict) else {name: made})
-        return f"{name} stand-in ({type(e).__name__})"
-
-
-class _AnyTypes(types.ModuleType):
-    """A module that answers every public attribute with ``typing.Any``."""
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return Any
-
-
-def _any_package(*names: str) -> dict[str, types.ModuleType]:
-    """``_AnyTypes`` modules for dotted ``names``, each set as an attribute of its parent
-    (``brax.envs.wrappers.training`` gives brax, brax.envs, brax.envs.wrappers and the leaf)."""
-    mods: dict[str, types.ModuleType] = {}
-    for dotted in names:
-        parts = dotted.split(".")
-        for i in range(1, len(parts) + 1):
-            full = ".".join(parts[:i])
-            if full not in mods:
-                mods[full] = _AnyTypes(full)
-                if i > 1:
-                    setattr(mods[".".join(parts[:i - 1])], parts[i - 1], mods[full])
-    return mods
-
-
-def checkout_dir(path: str | Path) -> Path:
-    """The folder holding ``purejaxrl/ppo.py`` (``path`` or its parent); a one-line
-    ``ValueError`` if there is none."""
-    path = Path(path).expanduser().resolve()
-    if (path / "ppo.py").is_file() and path.name == "purejaxrl":
-        path = path.parent
-    if not (path / "purejaxrl" / "ppo.py").is_file():
-        raise ValueError(f"--purejaxrl {path}: no purejaxrl/ppo.py there; pass the folder of "
-                         f"a checkout of {URL}")
-    return path
-
-
-def load(path: str | Path):
-    """Import PureJaxRL's ``ppo`` module from a checkout; returns (module, notes on adapters)."""
-    path = checkout_dir(path)
-    notes = [n for n in (
-        _ensure_importable("distrax", distrax_stand_in),
-        _ensure_importable("brax", lambda: _any_package("brax.envs.wrappers.training")),
-        _ensure_importable("navix", lambda: _any_package("navix")),
-        _ensure_importable("chex", lambda: _any_package("chex"))) if n]
-    # ppo.py imports its wrappers as a top-level module (``from wrappers import ...``)
-    for d in (path / "purejaxrl", path):
-        if str(d) not in sys.path:
-            sys.path.insert(0, str(d))
-    module = importlib.import_module("purejaxrl.ppo")
-    import gymnax
-
-    real_make = gymnax.make
-
-    def make(name, **kw):
-        env, params = real_make(name, **kw)
-        return FiveTupleStep(env), params
-
-    module.gymnax = types.SimpleNamespace(make=make)
-    notes.append("gymnax>=1.0 step seen as 0.x (done = terminated | truncated)")
-    return module, notes
-
-
-def _keys(n: int):
-    return jax.vmap(jax.random.key)(jnp.arange(n, dtype=jnp.uint32))
-
-
-def returns_digest(metrics) -> str:
-    """A fingerprint of a run's per-update episode returns (all seeds): equal digests mean
-    bitwise-equal returns, so option sets that keep the random streams (``unroll``,
-    ``update_unroll``) can be checked to compute the same PPO on the device that timed them."""
-    return hashlib.sha256(np.asarray(metrics["episode_return"]).tobytes()).hexdigest()[:16]
-
-FINAL_FRACTION = 0.1  # the final return: mean over the last 10% of updates
-
-
-def final_returns(out, impl: str, fraction: float = FINAL_FRACTION) -> np.ndarray | None:
-    """Each seed's final return as every RL study here defines it (:func:`repro.models.ppo.
-    final_return`: the episode-weighted mean return over the last ``fraction`` of updates),
-    from a vmapped run's output: ours (its metrics) or PureJaxRL's (``metrics`` = the
-    LogWrapper's info, [seeds, updates, steps, envs]: ``returned_episode_returns`` where
-    ``returned_episode``). None if PureJaxRL's output lacks those."""
-    if impl != "purejaxrl":
-        return ppo.final_return(out, fraction)
-    info = out.get("metrics") if isinstance(out, Mapping) else None
-    if not isinstance(info, Mapping) or "returned_episode_returns" not in info:
-        return None
-    done = jnp.asarray(info["returned_episode"], jnp.float32)
-    n = done.sum(axis=(2, 3))
-    total = (jnp.asarray(info["returned_episode_returns"], jnp.float32) * done).sum(axis=(2, 3))
-    return ppo.final_return({"episode_return": total / jnp.maximum(n, 1), "episodes": n,
-                             "nonfinite_params": jnp.zeros(n.shape, bool)}, fraction)
-
-
-def _warm(fn, keys, impl: str):
-    """``fn`` compiled and run once (the warm-up), and the facts of that run: its per-seed
-    ``final_returns`` and (ours only) its ``returns_digest``."""
-    compiled = fn.lower(keys).compile()
-    out = jax.block_until_ready(compiled(keys))  # warm-up
-    facts = {"final_returns": final_returns(out, impl)}
-    if impl != "purejaxrl":
-        facts["returns_digest"] = returns_digest(out)
-    del out
-    return compiled, facts
-
-
-def compile_theirs(module, cfg: dict[str, Any], seeds: int):
-    """PureJaxRL's program for ``seeds`` vmapped seeds: (compiled, keys, facts), warmed up."""
-    keys = jax.random.split(jax.random.PRNGKey(30), seeds)
-    compiled, facts = _warm(jax.jit(jax.vmap(module.make_train(dict(cfg)))), keys, "purejaxrl")
-    return compiled, keys, facts
-
-
-def compare(theirs, cfg: dict[str, Any], seeds: int, repeats: int, recipe: str = "tf32",
-            options: Mapping[str, Any] | None = None):
-    """Time the option set ``options`` of ours against PureJaxRL (``theirs``: its
-    :func:`compile_theirs`): ``(label, samples, facts)``. ``samples`` are seconds per whole
-    training run of ``seeds`` vmapped seeds, ``{"purejaxrl": [...], label: [...]}``, the two
-    timed round-robin (repeat i of each, back to back) after a warm-up run of each;
-    ``facts[name]``: :func:`_warm`'s facts of that warm-up run."""
-    name, c = label(options), ours_config(cfg, recipe, options)
-    keys_ours = _keys(seeds)
-    mine, facts = _warm(jax.jit(jax.vmap(ppo.make_train(c))), keys_ours, name)
-    compiled, theirs_keys, theirs_facts = theirs
-    runs = {"purejaxrl": (compiled, theirs_keys), name: (mine, keys_ours)}
-    samples: dict[str, list[float]] = {n: [] for n in runs}
-    for _ in range(repeats):
-        for n, (fn, keys) in runs.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(keys))
-            samples[n].append(time.perf_counter() - t0)
-    return name, samples, {"purejaxrl": theirs_facts, name: facts}
-
-
-def env_steps(cfg: dict[str, Any], seeds: int) -> int:
-    """Environment steps of one vmapped run, as PureJaxRL counts them (whole updates)."""
-    updates = int(cfg["TOTAL_TIMESTEPS"]) // cfg["NUM_STEPS"] // cfg["NUM_ENVS"]
-    return seeds * updates * cfg["NUM_STEPS"] * cfg["NUM_ENVS"]
-
-
-def _summary(finals: np.ndarray | None) -> dict[str, Any] | None:
-    """Mean, sample SD and count of per-seed final returns (seeds with no episode left out)."""
-    if finals is None:
-        return None
-    f = np.asarray(finals, np.float64)
-    f = f[np.isfinite(f)]
-    return {"mean": float(f.mean()) if len(f) else None,
-            "sd": float(f.std(ddof=1)) if len(f) > 1 else None, "n": int(len(f)),
-            "last_fraction": FINAL_FRACTION}
 
 
 def fresh_env() -> dict[str, str]:

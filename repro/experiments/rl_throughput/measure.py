@@ -21,7 +21,7 @@ fit a time limit, and a stopped run resumes at the first missing cell. Per cell:
   ``memory_stats()`` the process peak is kept in ``extra`` too (it is cumulative over the
   process, so it is not a per-recipe number).
 * ``extra.fp8_gemm_calls`` / ``extra.fp8_lowering`` -- cuBLASLt FP8 GEMM calls in the compiled
-  update and how its f8 products lowered (``repro.studies.timing.fp8_lowering``: small GEMMs
+  update and how its f8 products lowered (``repro.studies.lowering.fp8_lowering``: small GEMMs
   get XLA's Triton GEMM with f8 operands, also FP8 tensor-core math); an FP8 recipe on a GPU
   whose program ran no FP8 GEMM is marked ``emulated`` (``repro.studies.lowering.recipe_emulated``;
   an INT8 recipe's records carry ``extra.int8_lowering``, ``s8-gemm`` where its products ran
@@ -63,7 +63,8 @@ from repro.precision import optim
 from repro.precision.recipes import REGISTRY, resolve, value_formats
 from repro.studies import lowering
 from repro.studies.runner import Cell, Study
-from repro.studies.timing import compiled_facts, recipe_emulated, time_fn, time_rounds
+from repro.studies.lowering import compiled_facts, recipe_emulated
+from repro.studies.timing import time_fn, time_rounds
 
 THROUGHPUT = "rl_throughput"
 

@@ -8,9 +8,9 @@ from typing import Any
 import pandas as pd
 
 from repro.analysis import rl as rl_analysis
-from repro.claims.verdicts._base import Verdict, _hw, _hw_judged, recipes
-from repro.claims.verdicts._base import rule as rule_of
-from repro.experiments import get as experiment
+from repro.verdict import Verdict, _hw, _hw_judged, recipes
+from repro.verdict import rule as rule_of
+from repro.catalogue import get as experiment
 
 RL_SPEED_SOURCE = experiment("rl_throughput").source("env_steps_per_s", "update_time_ms")
 RL_MEMORY_SOURCE = experiment("rl_throughput").source("fp8_stores", "update_memory_bytes")

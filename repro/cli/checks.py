@@ -1,7 +1,9 @@
 """Checks of the ``repro`` command line, made before anything runs or is written: argparse
-types for numbers and names, the ``--hardware`` label against the detected device, and the
-refusal of a full-profile study on a CPU without ``--yes``. Each failure is one line naming
-the argument (``repro: error: ...``, exit status 2)."""
+types for numbers and names, the ``--hardware`` label against the detected device, the
+refusal of a full-profile study on a CPU without ``--yes``, the profile, the experiment's
+name. Each failure is one line naming the argument (``repro: error: ...``, exit status 2).
+And what every command group shares to say what it did (:func:`one_line`, :func:`rel`,
+:func:`report`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,9 @@ import argparse
 import math
 from pathlib import Path
 from typing import Any
+
+from repro.checkout import repo_root
+from repro.config import ConfigError
 
 
 class UsageError(Exception):
@@ -104,25 +109,51 @@ def check_cpu_full(args, profile: str, experiments: list[str]) -> None:
 
 # Committed folders: evidence (results/, written only by `repro record --profile full`) and the
 # outputs the notebooks regenerate from it. No path a user sets may point into them.
-COMMITTED = ("results", "figures", "verdicts", "metrics")
+def one_line(msg: Any) -> str:
+    return " ".join(str(msg).split())
 
 
-def inside_repository(what: str, value: str | Path, root: Path, under: str | None = None,
-                      error: type[Exception] = UsageError, relative_to: Path | None = None
-                      ) -> Path:
-    """``value`` resolved (relative to ``relative_to``, default the working directory;
-    symbolic links followed), or one line starting with ``what`` (the option as given): it
-    must lie inside the repository ``root`` (under its folder ``under`` where given) and
-    outside its committed folders (:data:`COMMITTED`)."""
-    root = Path(root).resolve()
-    path = Path(value).expanduser()
-    path = (Path(relative_to or Path.cwd()) / path).resolve()
-    for folder in COMMITTED:
-        if path.is_relative_to(root / folder):
-            raise error(f"{what}: resolves into {folder}/, which holds committed files (only "
-                        "`repro record --profile full` writes under results/)")
-    base = root / under if under else root
-    if not path.is_relative_to(base):
-        where = f"the repository's {under}/ ({base})" if under else f"the repository ({root})"
-        raise error(f"{what}: resolves to {path}, outside {where}")
-    return path
+def rel(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(repo_root().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def resolved_profile(arg: str | None) -> str:
+    """``--profile`` or params.yaml's ``profile``, ``auto`` resolved; params.yaml checked."""
+    from repro import config
+
+    params = config.load_params()
+    if arg is None:
+        return config.resolve_profile(params.get("profile", "smoke"))
+    try:
+        return config.resolve_profile(arg)
+    except ConfigError as e:
+        raise UsageError(f"--profile: {e}") from None
+
+
+def check_experiment(name: str) -> None:
+    from repro import studies
+
+    if name not in studies.EXPERIMENTS:
+        hint = " (it is traced: repro trace)" if name in studies.TRACES else ""
+        raise UsageError(f"unknown experiment {name!r}{hint}; valid experiments: "
+                         f"{', '.join(studies.EXPERIMENTS)} (or all)")
+
+
+def check_numerics(profile: str) -> None:
+    """Full-profile records are evidence: refuse to write them on a device where a rounding
+    the experiments rely on is skipped (``repro.precision.check``; a one-line error)."""
+    if profile == "full":
+        from repro.precision import check as numerics
+
+        numerics.require()
+
+
+def report(name: str, profile: str, out, root: Path) -> str:
+    for path in out.written:
+        print(path)
+    return (f"{name} [{profile}]: wrote {len(out.written)} cell(s) under {root}"
+            + (f", {len(out.skipped)} already recorded (--force redoes them)" if out.skipped
+               else "") + (f"; stopped: {out.stopped}" if out.stopped else ""))
