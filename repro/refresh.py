@@ -166,25 +166,26 @@ STALE_SET = ("results", "programs", "stale.json")  # committed beside the progra
 _SINCE = re.compile(r" \((?:since [0-9a-f]+|uncommitted edits)\)")
 # the files a record without a program fingerprint names as changed: more with every edit
 _FILES = re.compile(r"(no program fingerprint, and its code changed): [^;]*")
-# where a program's text first differs: known only where the recorded program's text is on
-# disk (written by the same `--write-index` run), so never part of the committed set
-_FIRST = re.compile(r": first difference at line \d+: [^;]*")
 
 
 def stale_set(cells: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The stale cells (:func:`repro.evidence.stale_cells`) as committed in
     ``results/programs/stale.json``: ``{"HARDWARE/EXPERIMENT/CELL": {"records", "stale",
-    "why", "ledger"}}``, ``why`` without the commit the code changed at (git history a
-    shallow clone lacks) or the line where a program first differs (`repro status` shows it),
-    and, for a record without a program fingerprint, without the list of
-    files changed since (it grows with every edit), ``ledger`` the claims whose verdict reads
-    the cell. A commit that
-    stales a cell shows it in this file's diff."""
+    "why", "ledger"}}``. ``why`` leaves out the commit the code changed at (git history a
+    shallow clone lacks), the line where a program first differs (known only where the
+    recorded program's text is on disk; `repro status` shows it) and, for a record without a
+    program fingerprint, the files changed since (more with every edit); ``ledger`` names the
+    claims whose verdict reads the cell. A commit that stales a cell shows it in this file's
+    diff."""
     from repro.claims import ledger_set
+    from repro.claims.staleness import PROGRAM_TEXT
+
+    def why(summary: str) -> str:
+        return PROGRAM_TEXT.sub("", _FILES.sub(r"\1", _SINCE.sub("", summary)))
 
     ents = ledger_set.entries()
     out = {f"{c['hardware']}/{c['folder']}/{c['cell']}": {
-        "records": c["records"], "stale": c["stale"], "why": _FIRST.sub("", _FILES.sub(r"\1", _SINCE.sub("", c["summary"]))),
+        "records": c["records"], "stale": c["stale"], "why": why(c["summary"]),
         "ledger": ledger_set.claims_of(c["hardware"], c["folder"], c["cell"], ents)}
         for c in cells}
     return dict(sorted(out.items()))

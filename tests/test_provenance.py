@@ -278,3 +278,23 @@ def test_split_keeps_stale_quality_metrics_of_any_experiment_and_leaves_out_stal
         ("rl_quality", "final_return")]
     assert sorted(zip(left.experiment, left.metric)) == [("gemm", "tflops"),
                                                         ("legged", "env_steps_per_s")]
+
+
+@pytest.mark.parametrize("reason, words", [
+    # a jaxpr line quoted as the first difference holds "; " itself
+    ("its program changed: first difference at line 1: let base = { lambda a:i32[1,13] "
+     "b:bool[256]; c:key<fry>[]. let (since 2548988)", "program changed"),
+    ("its measuring kit (bf16) changed; its program (fp8-current) changed: first difference "
+     "at line 1458: fwd=_fp8_fwd_rule (since 8c57d52)", "measuring kit changed, program changed"),
+    ("recorded before code fingerprints; the code has been restructured",
+     "recorded before code fingerprints, code restructured since"),
+])
+def test_a_stale_reason_in_words_quotes_no_program_text(reason, words):
+    from repro.claims import staleness
+    from repro.refresh import stale_set
+
+    assert staleness.why(reason) == words
+    cell = {"hardware": "h", "folder": "x", "cell": "c", "records": 1, "stale": 1,
+            "summary": reason}
+    got = stale_set([cell])["h/x/c"]["why"]
+    assert "first difference" not in got and "<fry>" not in got and "c:key" not in got, got

@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from repro import markdown
+from repro.claims.staleness import PROGRAM_TEXT
 from repro.verdict import VERDICTS, Verdict
 
 __all__ = ["CHANGED", "NOTE_LIMIT", "PAGE", "ROW_LIMIT", "VERDICTS", "Verdict", "claims",
@@ -318,9 +319,6 @@ def stale_notes(rows: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
-#: a program's text quoted in a note (the first line where two programs differ): `repro
-#: status` shows it; a footnote says in words that the program changed
-PROGRAM_TEXT = re.compile(r": first difference at line \d+: .*?(?= \(since |;|\)$|$)")
 
 
 _RECORDED_AT = re.compile(r"; recorded at [^;)]*")

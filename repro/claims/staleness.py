@@ -126,7 +126,7 @@ def _commits(rows: pd.DataFrame, column: str) -> str:
 
 #: why a record is stale, in words: what each part of :class:`repro.provenance.Staleness`'s
 #: reason says, without the program text it may quote (``repro status`` shows that)
-_WHY = ((re.compile(r"its program \(.*?\) changed"), "program changed"),
+_WHY = ((re.compile(r"its program( \(.*?\))? changed"), "program changed"),
         (re.compile(r"its measuring kit \(.*?\) changed"), "measuring kit changed"),
         (re.compile(r"its program was traced with jax ([\w.]+)"),
          r"traced under jax \1, to verify again there"),
@@ -135,11 +135,18 @@ _WHY = ((re.compile(r"its program \(.*?\) changed"), "program changed"),
         (re.compile(r"the code has been restructured"), "code restructured since"))
 
 
+#: a program's text quoted in a reason (the first line where two programs differ, which may
+#: hold "; " itself): `repro status` shows it; notes and footnotes say in words that the
+#: program changed
+PROGRAM_TEXT = re.compile(r": first difference at line \d+: .*?(?= \((?:since [0-9a-f]+|"
+                          r"uncommitted edits)\)|; (?:its|recorded|no|the) |\)$|$)")
+
+
 def why(reason: str) -> str:
     """A stale record's reason in a few words (:data:`_WHY`): each of its parts named once,
     any program text left out."""
     said = []
-    for part in re.split(r";\s*(?![^()]*\))", str(reason)):
+    for part in re.split(r";\s*(?![^()]*\))", PROGRAM_TEXT.sub("", str(reason))):
         part = part.strip()
         for pattern, words in _WHY:
             if m := pattern.search(part):
