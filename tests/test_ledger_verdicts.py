@@ -17,7 +17,7 @@ DRIVER = textwrap.dedent('''
     import matplotlib; matplotlib.use("Agg")
     name, perturb = sys.argv[1], sys.argv[2] == "1"
     os.environ["REPRO_STAGING"] = tempfile.mkdtemp()
-    from repro import results
+    from repro import evidence
     from repro.claims import ledger_set, registration
     from repro.verdict import definitions
     claims = [c for c, d in definitions().items() if d.get("notebook") == name]
@@ -26,7 +26,7 @@ DRIVER = textwrap.dedent('''
         v = real(fn, claim, *a, **k); got[claim] = [v.verdict, v.key_number]; return v
     registration.judged = judged
     if perturb:
-        ents, load = ledger_set.of_claims(claims), results.load_records
+        ents, load = ledger_set.of_claims(claims), evidence.load_records
         def perturbed(*a, **k):
             df = load(*a, **k)
             if not len(df): return df
@@ -35,7 +35,7 @@ DRIVER = textwrap.dedent('''
             df = df.copy()
             df.loc[~inside, "value"] = df.loc[~inside, "value"] * 10 + 1
             return df
-        results.load_records = perturbed
+        evidence.load_records = perturbed
     src = open(f"notebooks/{name}.py").read()
     src = re.sub(r'^profile = "smoke"', 'profile = "full"', src, flags=re.M)
     with contextlib.redirect_stdout(io.StringIO()):
