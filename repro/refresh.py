@@ -299,17 +299,20 @@ def ledger_plan(hardware: str, claims: Iterable[str] = (), quality: bool | None 
         if names is None:  # not a study of `repro record`: the cells on disk
             names = sorted({p.stem for p in root.glob(f"*/{e.experiment}/*.json")})
         hits = [n for n in names if fnmatch.fnmatchcase(n, e.pattern)]
+        variant_of = None
         if not hits:  # named, but not among the study's cells now (a cell named after the
             # --recipe it was recorded with, or a pattern of such cells): listed as missing
             hits = [e.pattern]
+            base = re.split(r"[*?\[]", e.pattern)[0].rstrip("_")
+            if base != e.pattern and base in (known[e.experiment] or ()):
+                variant_of = base  # a --recipe cell of a study cell
         for n in hits:
-            base = re.split(r"[*?\[]", n)[0].rstrip("_")
             c = cells.setdefault((e.experiment, n), {
                 "experiment": e.experiment, "cell": n, "claims": [], "hardware": hardware,
                 "recordable": known[e.experiment] is not None and n in known[e.experiment],
                 "anywhere": True})
-            if not c["recordable"] and base != n and base in (known[e.experiment] or ()):
-                c["variant_of"] = base  # a --recipe cell of a study cell
+            if variant_of:
+                c["variant_of"] = variant_of
             c["anywhere"] &= e.anywhere
             if e.claim not in c["claims"]:
                 c["claims"].append(e.claim)
