@@ -90,9 +90,13 @@ for line in pathlib.Path(lock).read_text().splitlines():
             continue  # the image's own (jax, jaxlib, libtpu, numpy...)
     except metadata.PackageNotFoundError:
         pass
+    d = pathlib.Path(index) / norm(name)
+    # the index's files of this package (or its index.html): the locked version must be there
+    names = " ".join([p.name for p in d.iterdir()] + [
+        p.read_text(errors="replace") for p in d.glob("*.htm*")]) if d.is_dir() else ""
     if norm(name) in carried:
         print("wheel", carried[norm(name)])
-    elif (pathlib.Path(index) / norm(name)).is_dir():
+    elif re.search(rf"-{re.escape(version)}(-|\.tar|\.zip)", names):
         print("index", f"{name}=={version}")
     else:
         print("missing", f"{name}=={version}")

@@ -18,11 +18,14 @@ pytestmark = pytest.mark.skipif(not shutil.which("bash") or not shutil.which("py
 
 
 def run(tmp_path, *args, commit="abc", lock="zz-from-index==1.0\nzz-carried==2.0\n",
-        index=("zz-from-index",), wheels=("zz_carried-2.0-py3-none-any.whl",)):
+        index=("zz-from-index==1.0",), wheels=("zz_carried-2.0-py3-none-any.whl",)):
     (tmp_path / "idx").mkdir(exist_ok=True)
     (tmp_path / "whl").mkdir(exist_ok=True)
-    for name in index:
+    for pin in index:  # the index holds each package's files: NAME/NAME-VERSION-...whl
+        name, version = pin.split("==")
         (tmp_path / "idx" / name).mkdir(exist_ok=True)
+        (tmp_path / "idx" / name / f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+         ).write_bytes(b"")
     for w in wheels:
         (tmp_path / "whl" / w).write_bytes(b"")
     (tmp_path / "lock").write_text(lock)
@@ -82,6 +85,14 @@ def test_a_package_neither_carried_nor_in_the_index_stops_everything(tmp_path):
     assert r.returncode == 1 and "repro.cli" not in r.stdout
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and "zz-from-index==1.0" in err[0] and ".whl-tpu" not in err[0]
+
+
+def test_a_locked_version_the_index_lacks_stops_everything(tmp_path):
+    # the index has the package, but not at the locked version: pip would fail mid-install
+    r = run(tmp_path, "--dry-run", "540", "gemm", index=("zz-from-index==1.0.1",))
+    assert r.returncode == 1 and "repro.cli" not in r.stdout
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "zz-from-index==1.0" in err[0]
 
 
 @pytest.mark.parametrize("args,commit,expected", [
