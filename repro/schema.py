@@ -142,7 +142,11 @@ class Checker:
         if origin in (Union, types.UnionType):
             if v is None and type(None) in args:
                 return None
-            for option in (a for a in args if a is not type(None)):
+            options = [a for a in args if a is not type(None)]
+            if len(options) == 1 and dataclasses.is_dataclass(options[0]) and \
+                    isinstance(v, dict):  # a section or None: name the key that is wrong
+                return self.convert(v, options[0], at)
+            for option in options:
                 try:
                     return self.convert(v, option, at)
                 except self.error:
