@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 import yaml
 
-from repro.schema import CHECK, hints, type_name
+from repro.schema import CHECK, hints, suggest, type_name
 
 VERDICTS = ("reproduced", "partly", "contradicted", "inconclusive", "projected",
             "not yet measured")
@@ -107,7 +107,8 @@ def rule(claim: str, given: Mapping[str, Any] | None = None) -> Mapping[str, Any
         return given
     r = definitions().get(claim, {}).get("rule")
     if not r:
-        raise ValueError(f"claim {claim!r} has no rule in repro/data/claims.yaml")
+        hint = "" if claim in definitions() else suggest(claim, definitions())
+        raise ValueError(f"claim {claim!r} has no rule in repro/data/claims.yaml{hint}")
     return r
 
 
