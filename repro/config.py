@@ -5,11 +5,11 @@ study; ``auto``: ``full`` when a GPU is present) and one section per experiment 
 each with ``smoke`` and ``full`` sub-sections and optionally ``common``, shared by both.
 
 A study declares its parameters as a frozen dataclass derived from :class:`Section`;
-:func:`section` merges ``common`` under the profile's sub-section and builds that dataclass:
-types checked (floats finite), sizes positive (fields made with :func:`positive`), fractions in
-(0, 1] (:func:`fraction`), numbers in [lo, hi] (:func:`within`), recipe names checked against
-the registry (:func:`recipe_names`), unknown keys rejected with the nearest valid key
-suggested. Every error is one line naming the file and the key path::
+:func:`section` merges ``common`` under the profile's sub-section and builds that dataclass
+with :mod:`repro.schema`'s checker: types checked (floats finite), sizes positive (fields
+made with :func:`positive`), fractions in (0, 1] (:func:`fraction`), numbers in [lo, hi]
+(:func:`within`), recipe names checked against the registry (:func:`recipe_names`), unknown
+keys rejected with the nearest valid key suggested. Every error is one line naming the file and the key path::
 
     params.yaml: gemm.smoke.repets: unknown key (did you mean 'repeats'?); valid keys: ...
 
@@ -20,17 +20,16 @@ never by ``params.yaml``. Notebooks read a section as a plain mapping (:func:`st
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import functools
-import math
-import types
 import typing
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import yaml
 
 from repro import catalogue, checkout
+from repro.schema import Checker, yaml_fields
+# the range rules of a section's fields (repro.schema's), for the studies to import from here
+from repro.schema import fraction as fraction, positive as positive, within as within
 
 PROFILES = ("smoke", "full", "auto")
 SUBSECTIONS = ("common", "smoke", "full")
@@ -73,22 +72,6 @@ class Section:
     """Base of every typed section: the profile the values were resolved for."""
 
     profile: str = dataclasses.field(default="smoke", metadata={"cli": True})
-
-
-def positive(default: Any = dataclasses.MISSING, **kw) -> Any:
-    """A dataclass field whose numbers (every one, in lists too) must be > 0."""
-    return dataclasses.field(default=default, metadata={"positive": True}, **kw)
-
-
-def fraction(default: Any = dataclasses.MISSING, **kw) -> Any:
-    """A dataclass field holding a fraction: a number in (0, 1]."""
-    return dataclasses.field(default=default, metadata={"fraction": True}, **kw)
-
-
-def within(default: Any = dataclasses.MISSING, lo: float = 0.0, hi: float = math.inf, **kw
-           ) -> Any:
-    """A dataclass field holding a number in ``[lo, hi]`` (a rate that may be 0, a ratio)."""
-    return dataclasses.field(default=default, metadata={"within": (lo, hi)}, **kw)
 
 
 def recipe_names(default: Any = dataclasses.MISSING, **kw) -> Any:
@@ -275,7 +258,7 @@ def section(name: str, schema: type | None = None, profile: str | None = None,
     values, where, profile = _merged(name, profile, params)
     if schema is None:
         return {**values, "profile": profile}
-    _check_keys(values, _yaml_fields(schema), f"params.yaml: {name}.{profile}", where)
+    _check_keys(values, yaml_fields(schema), f"params.yaml: {name}.{profile}", where)
     return _build(schema, {**values, "profile": profile}, f"params.yaml: {name}.{profile}",
                   where)
 
@@ -285,7 +268,7 @@ def check_mapping(values: dict[str, Any], schema: type, where: str):
     :class:`Section` dataclass) as :func:`section` checks a typed one: unknown keys, types,
     positive sizes, recipe names. ``where``: the key path named in errors (e.g.
     ``"params.yaml: inference.smoke"``). Returns the typed object; the mapping is unchanged."""
-    _check_keys({k: v for k, v in values.items() if k != "profile"}, _yaml_fields(schema), where)
+    _check_keys({k: v for k, v in values.items() if k != "profile"}, yaml_fields(schema), where)
     return _build(schema, values, where)
 
 
@@ -297,110 +280,23 @@ def _fail(path: str, problem: str) -> typing.NoReturn:
 
 
 def _check_keys(values: dict, valid, prefix: str, where: dict[str, str] | None = None):
-    for key in values:
-        if key not in valid:
-            near = difflib.get_close_matches(str(key), list(valid), n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            at = f"params.yaml: {where[key]}" if where and key in where else \
-                f"{prefix}{'.' if ': ' in prefix else ': '}{key}"
-            _fail(at, f"unknown key{hint}; valid keys: {', '.join(valid)}")
-
-
-def _yaml_fields(schema: type) -> list[str]:
-    return [f.name for f in dataclasses.fields(schema) if not f.metadata.get("cli")]
-
-
-@functools.cache
-def _hints(schema: type) -> dict[str, Any]:
-    return typing.get_type_hints(schema)
+    """Unknown keys refused, named by where they came from (``where``: key -> its key path)
+    or else under ``prefix``."""
+    CHECK.check_keys(values, valid, lambda key: f"params.yaml: {where[key]}"
+                     if where and key in where
+                     else f"{prefix}{'.' if ': ' in prefix else ': '}{key}")
 
 
 def _build(schema: type, values: dict, path: str, where: dict[str, str] | None = None):
-    """``schema(**values)`` with every value converted to its field's type."""
-    hints, kwargs = _hints(schema), {}
-    for f in dataclasses.fields(schema):
-        at = f"params.yaml: {where[f.name]}" if where and f.name in where else f"{path}.{f.name}"
-        if f.name not in values:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                _fail(path, f"missing key {f.name!r}")
-            continue
-        v = _convert(values[f.name], hints[f.name], at)
-        if f.metadata.get("positive"):
-            _check_positive(v, at)
-        if f.metadata.get("fraction") and v is not None and not 0 < v <= 1:
-            _fail(at, f"must be a fraction in (0, 1], got {v!r}")
-        if "within" in f.metadata and v is not None and not (
-                f.metadata["within"][0] <= v <= f.metadata["within"][1]):
-            lo, hi = f.metadata["within"]
-            _fail(at, f"must be in [{lo:g}, {hi:g}], got {v!r}")
-        if f.metadata.get("recipe"):
-            _check_recipes(v, at)
-        kwargs[f.name] = v
-    return schema(**kwargs)
+    """``schema(**values)`` with every value converted to its field's type and checked."""
+    where = {k: f"params.yaml: {v}" for k, v in where.items()} if where else None
+    return CHECK.build(schema, values, path, where)
 
 
-def _type_name(tp) -> str:
-    if typing.get_args(tp):
-        return str(tp).replace("typing.", "")
-    return getattr(tp, "__name__", str(tp))
-
-
-def _convert(v: Any, tp: Any, at: str) -> Any:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return v
-    if origin in (Union, types.UnionType):
-        if v is None and type(None) in args:
-            return None
-        for option in (a for a in args if a is not type(None)):
-            try:
-                return _convert(v, option, at)
-            except ConfigError:
-                continue
-        _fail(at, f"expected {' or '.join(_type_name(a) for a in args)}, got {v!r}")
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(v, dict):
-            _fail(at, f"expected a mapping, got {v!r}")
-        _check_keys(v, _yaml_fields(tp), at)
-        return _build(tp, v, at)
-    if origin in (list, tuple):
-        if not isinstance(v, (list, tuple)):
-            _fail(at, f"expected a list, got {v!r}")
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(v) != len(args):
-                _fail(at, f"expected a list of {len(args)}, got {v!r}")
-            return tuple(_convert(x, a, f"{at}[{i}]") for i, (x, a) in enumerate(zip(v, args)))
-        item = args[0] if args else Any
-        return origin(_convert(x, item, f"{at}[{i}]") for i, x in enumerate(v))
-    if origin is dict:
-        if not isinstance(v, dict):
-            _fail(at, f"expected a mapping, got {v!r}")
-        kt, vt = args or (Any, Any)
-        return {_convert(k, kt, at): _convert(x, vt, f"{at}.{k}") for k, x in v.items()}
-    if tp is float and isinstance(v, (int, float)) and not isinstance(v, bool):
-        if not math.isfinite(v):
-            _fail(at, f"expected a finite number, got {v!r}")
-        return float(v)
-    if tp is int and type(v) is int and not INT_RANGE[0] <= v <= INT_RANGE[1]:
-        _fail(at, f"{v} is out of range: expected an integer in [{INT_RANGE[0]}, "
-              f"{INT_RANGE[1]}]")
-    if tp in (int, str, bool) and type(v) is tp:
-        return v
-    _fail(at, f"expected {_type_name(tp)}, got {v!r}")
-
-
-def _check_positive(v: Any, at: str) -> None:
-    if isinstance(v, bool) or v is None:
+def _check_recipes(f: dataclasses.Field, v: Any, at: str) -> None:
+    """A :func:`recipe_names` field: each name resolves in the precision registry."""
+    if not f.metadata.get("recipe"):
         return
-    if isinstance(v, (int, float)) and not v > 0:
-        _fail(at, f"must be > 0, got {v!r}" + (f" (an integer in [1, {INT_RANGE[1]}])"
-                                                 if isinstance(v, int) else ""))
-    items = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else ()
-    for x in items:
-        _check_positive(x, at)
-
-
-def _check_recipes(v: Any, at: str) -> None:
     from repro.precision import resolve
 
     for name in ([v] if isinstance(v, str) else v if isinstance(v, (list, tuple)) else []):
@@ -408,3 +304,7 @@ def _check_recipes(v: Any, at: str) -> None:
             resolve(name)
         except ValueError as e:
             _fail(at, str(e))
+
+
+# The one engine (repro.schema) raising ConfigError, ints in INT_RANGE, recipe names checked
+CHECK = Checker(ConfigError, INT_RANGE, _check_recipes)

@@ -29,7 +29,6 @@ does not change when nothing did).
 from __future__ import annotations
 
 import ast
-import difflib
 import hashlib
 import json
 import logging
@@ -40,6 +39,8 @@ import shutil
 import sys
 from pathlib import Path
 from typing import Any
+
+from repro.schema import suggest
 
 KERNEL = "python3"
 # committed, regenerated: figures, their headline series as data, verdicts, metrics, pages
@@ -91,9 +92,8 @@ def check_parameters(name: str, declared: dict[str, Any], given: dict[str, Any])
     number, text for text...; any value where the default is None) and finite."""
     for key, value in given.items():
         if key not in declared:
-            near = difflib.get_close_matches(key, list(declared), n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            raise NotebookError(f"-p {key}: notebook {name} has no parameter {key!r}{hint}; "
+            raise NotebookError(f"-p {key}: notebook {name} has no parameter {key!r}"
+                                f"{suggest(key, declared)}; "
                                 f"its parameters: {', '.join(declared) or 'none'}")
         default = declared[key]
         if default is not None and _kind(value) != _kind(default):

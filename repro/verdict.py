@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import functools
 import math
+import typing
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
 import yaml
+
+from repro.schema import CHECK, hints, suggest, type_name
 
 VERDICTS = ("reproduced", "partly", "contradicted", "inconclusive", "projected",
             "not yet measured")
@@ -61,13 +64,12 @@ class Verdict:
         if self.verdict not in VERDICTS:
             raise ValueError(f"unknown verdict {self.verdict!r} for claim {self.claim}; "
                              f"valid: {', '.join(VERDICTS)}")
+        kinds = hints(Verdict)
         for f in fields(self):
-            v = getattr(self, f.name)
-            kind = bool if f.name in ("emulated", "stale") else dict if f.name == "numbers" \
-                else str
-            if type(v) is not kind:
+            v, kind = getattr(self, f.name), typing.get_origin(kinds[f.name]) or kinds[f.name]
+            if not CHECK.conforms(v, kind):  # numbers: any dict (tidy makes its keys text)
                 raise ValueError(f"verdict of claim {self.claim}: {f.name} must be "
-                                 f"{kind.__name__}, got {v!r}")
+                                 f"{type_name(kind)}, got {v!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "numbers": tidy(dict(self.numbers))}
@@ -105,7 +107,8 @@ def rule(claim: str, given: Mapping[str, Any] | None = None) -> Mapping[str, Any
         return given
     r = definitions().get(claim, {}).get("rule")
     if not r:
-        raise ValueError(f"claim {claim!r} has no rule in repro/data/claims.yaml")
+        hint = "" if claim in definitions() else suggest(claim, definitions())
+        raise ValueError(f"claim {claim!r} has no rule in repro/data/claims.yaml{hint}")
     return r
 
 

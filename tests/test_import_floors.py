@@ -5,7 +5,8 @@ functions included. A module may import from its own floor and the floors below 
 
     ground    what every floor uses and that imports nothing above it: the experiment
               catalogue, the checkout (paths, git), code fingerprints, run conditions,
-              hardware, the verdict vocabulary, markdown and plot style
+              hardware, the verdict vocabulary, the configuration checker, markdown and
+              plot style
     precision recipes, formats, ops, layers
     config    params.yaml, typed and checked (recipe names against the precision registry)
     models    the networks, PPO, GRPO, the LM and its data
@@ -45,6 +46,7 @@ PLACES = {
     "repro.conditions": "ground",
     "repro.hardware": "ground",
     "repro.verdict": "ground",
+    "repro.schema": "ground",
     "repro.precision": "precision",
     "repro.config": "config",
     "repro.models": "models",

@@ -40,6 +40,7 @@ import yaml
 
 from repro import markdown
 from repro.claims.staleness import PROGRAM_TEXT
+from repro.schema import suggest
 from repro.verdict import VERDICTS, Verdict
 
 __all__ = ["CHANGED", "NOTE_LIMIT", "PAGE", "ROW_LIMIT", "VERDICTS", "Verdict", "claims",
@@ -100,8 +101,6 @@ def read_verdict(path: Path, claim: str) -> dict[str, Any]:
     """A verdict file, checked against the :class:`Verdict` schema and vocabulary: one line
     naming the file where it is not valid JSON (e.g. cut short), not an object, has an unknown
     or missing field, a field of the wrong type, another claim, or an unknown verdict."""
-    import difflib
-
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
@@ -112,9 +111,8 @@ def read_verdict(path: Path, claim: str) -> dict[str, Any]:
     known = [f.name for f in dataclasses.fields(Verdict)]
     for key in data:
         if key not in known:
-            near = difflib.get_close_matches(str(key), known, n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            raise ValueError(f"{path}: unknown field {key!r}{hint}; fields: {', '.join(known)}")
+            raise ValueError(f"{path}: unknown field {key!r}{suggest(key, known)}; fields: "
+                             f"{', '.join(known)}")
     if missing := [k for k in ("claim", "verdict") if k not in data]:
         raise ValueError(f"{path}: missing field(s) {', '.join(missing)}")
     if data["claim"] != claim:

@@ -7,7 +7,6 @@ before anything is traced.
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -16,6 +15,7 @@ from repro.config import ConfigError
 from repro.models import lm as M
 from repro.models.grpo_task import check_task
 from repro.precision.recipes import resolve
+from repro.schema import CHECK, NONNEGATIVE, POSITIVE, Range, suggest, type_name
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,8 @@ class GRPOConfig:
         fields = [f.name for f in dataclasses.fields(cls)]
         bad = sorted(set(d) - set(fields))
         if bad:
-            raise ConfigError(f"unknown GRPO config key(s) {bad}; valid keys: {fields}")
+            raise ConfigError(f"unknown GRPO config key(s) {bad}{suggest(bad[0], fields)}; "
+                              f"valid keys: {fields}")
         return cls(**dict(d))
 
     @property
@@ -91,17 +92,15 @@ class GRPOConfig:
         return self.n_digits + 2  # the longest answer and its end marker
 
 
-_COUNTS = ("d_model", "n_layers", "n_heads", "d_ff", "steps", "prompts_per_step",
-           "group_size", "updates_per_step", "sft_batch")
-
-
-_POSITIVE = ("lr", "grad_clip", "adv_eps", "clip_eps", "is_cap", "sft_lr")
-
-
-_NONNEGATIVE = ("temperature", "kl_coef", "eval_problems", "eval_every", "sft_steps")
-
-
-_UNIT = ("b1", "b2")  # in [0, 1)
+# the numbers each field may hold (None passes)
+_RANGES = {
+    **dict.fromkeys(("d_model", "n_layers", "n_heads", "d_ff", "steps", "prompts_per_step",
+                     "group_size", "updates_per_step", "sft_batch"), Range(1)),
+    **dict.fromkeys(("lr", "grad_clip", "adv_eps", "clip_eps", "is_cap", "sft_lr"), POSITIVE),
+    **dict.fromkeys(("temperature", "kl_coef", "eval_problems", "eval_every", "sft_steps"),
+                    NONNEGATIVE),
+    **dict.fromkeys(("b1", "b2"), Range(0, 1, hi_open=True)),
+}
 
 
 def validate(config: Mapping[str, Any] | GRPOConfig) -> GRPOConfig:
@@ -109,20 +108,13 @@ def validate(config: Mapping[str, Any] | GRPOConfig) -> GRPOConfig:
     c = GRPOConfig.from_dict(config)
     hints = typing.get_type_hints(GRPOConfig)
     for f in dataclasses.fields(c):
-        v, kinds = getattr(c, f.name), typing.get_args(hints[f.name]) or (hints[f.name],)
-        ok = any(v is None if k is type(None) else
-                 type(v) is k or (k is float and type(v) is int) for k in kinds)
-        if ok and isinstance(v, float) and not math.isfinite(v):
-            ok = False
-        if not ok:
-            want = " or ".join("None" if k is type(None) else k.__name__ for k in kinds)
-            raise ConfigError(f"GRPO config {f.name}={v!r}: expected {want}")
-        rule = ("an int >= 1" if f.name in _COUNTS and v < 1 else
-                "> 0" if f.name in _POSITIVE and v is not None and v <= 0 else
-                ">= 0" if f.name in _NONNEGATIVE and v < 0 else
-                "in [0, 1)" if f.name in _UNIT and not 0 <= v < 1 else None)
-        if rule:
-            raise ConfigError(f"GRPO config {f.name}={v!r}: must be {rule}")
+        v = getattr(c, f.name)
+        if not CHECK.conforms(v, hints[f.name]):
+            raise ConfigError(f"GRPO config {f.name}={v!r}: expected {type_name(hints[f.name])}")
+        rule = _RANGES.get(f.name)
+        if rule is not None and v is not None and v not in rule:
+            count = "an int " if rule == Range(1) else ""
+            raise ConfigError(f"GRPO config {f.name}={v!r}: must be {count}{rule}")
     if c.group_size < 2:
         raise ConfigError(f"GRPO config group_size={c.group_size}: must be >= 2 (advantages "
                           "are relative to the group)")

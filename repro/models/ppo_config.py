@@ -15,7 +15,6 @@ divide the batch; fewer steps than one update) raise ``ValueError`` with one lin
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -23,6 +22,7 @@ from typing import Any, Mapping
 from repro.models import networks, sharding
 from repro.precision import optim
 from repro.precision.recipes import resolve
+from repro.schema import CHECK, NONNEGATIVE, POSITIVE, Range, suggest, type_name
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,8 @@ class PPOConfig:
                              f"has them, e.g. recipe='fp8-delayed:{moved[0]}=...' "
                              "(repro.precision.recipes)")
         if bad:
-            raise ValueError(f"unknown PPO config key(s) {bad}; valid keys: {sorted(fields)}")
+            raise ValueError(f"unknown PPO config key(s) {bad}{suggest(bad[0], fields)}; "
+                             f"valid keys: {sorted(fields)}")
         return cls(**dict(d))
 
     @property
@@ -118,23 +119,18 @@ def valid_envs() -> list[str]:
 
 _POSITIVE = ("total_timesteps", "lr", "adam_eps", "loss_scale_period", "grad_clip",
              "reward_scaling", "num_envs", "num_steps", "update_epochs", "num_minibatches",
-             "unroll", "update_unroll", "epoch_unroll", "episode_length", "action_repeat")
+             "unroll", "update_unroll", "epoch_unroll", "episode_length", "action_repeat",
+             "init_std")
 
 
 _UNIT = ("gamma", "gae_lambda")  # in [0, 1]
 
 
-def _kind_ok(v: Any, hint: Any) -> bool:
-    """``v`` is of the annotated type ``hint`` (an int is a float; a tuple's elements are of
-    its element type; floats are finite)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is tuple:
-        return isinstance(v, tuple) and all(_kind_ok(x, args[0]) for x in v)
-    kinds = args if args else (hint,)
-    if not any(v is None if k is type(None) else (
-            type(v) is k or (k is float and type(v) is int)) for k in kinds):
-        return False
-    return not (isinstance(v, float) and not math.isfinite(v))
+def _range(name: str, v: Any) -> Range:
+    """The numbers field ``name`` (value ``v``) may hold: sizes and rates > 0 (every item of a
+    tuple too), discounts in [0, 1], any other number >= 0."""
+    return (POSITIVE if name in _POSITIVE or isinstance(v, tuple) else
+            Range(0, 1) if name in _UNIT else NONNEGATIVE)
 
 
 def _check_values(c: PPOConfig) -> None:
@@ -142,19 +138,12 @@ def _check_values(c: PPOConfig) -> None:
     one...), sizes and rates > 0, coefficients >= 0, discounts in [0, 1]: one line naming it."""
     hints = typing.get_type_hints(type(c))
     for f in dataclasses.fields(c):
-        v, hint = getattr(c, f.name), hints[f.name]
+        v, hint, rule = getattr(c, f.name), hints[f.name], _range(f.name, getattr(c, f.name))
         items = v if isinstance(v, tuple) else (v,)
-        ok = _kind_ok(v, hint) and all(
-            x is None or isinstance(x, (bool, str)) or not (
-                x <= 0 if f.name in _POSITIVE or isinstance(v, tuple)
-                else not 0 <= x <= 1 if f.name in _UNIT else x < 0) for x in items)
-        if not ok:
+        if not (CHECK.conforms(v, hint) and all(
+                x is None or isinstance(x, (bool, str)) or x in rule for x in items)):
             kinds = typing.get_args(hint) or (hint,)
-            want = " or ".join("None" if k is type(None) else getattr(k, "__name__", str(k))
-                               for k in kinds)
-            rule = ("> 0" if f.name in _POSITIVE or isinstance(v, tuple) else
-                    "in [0, 1]" if f.name in _UNIT else ">= 0")
-            raise ValueError(f"PPO config {f.name}={v!r}: expected {want}"
+            raise ValueError(f"PPO config {f.name}={v!r}: expected {type_name(hint)}"
                              + ("" if str in kinds or bool in kinds else f", {rule}"))
 
 

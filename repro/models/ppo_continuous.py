@@ -93,9 +93,7 @@ def validate(config: Mapping[str, Any] | ContinuousPPOConfig) -> ContinuousPPOCo
     if not c.policy_sizes or not c.value_sizes or min(c.policy_sizes + c.value_sizes) < 1:
         raise ValueError(f"policy_sizes {c.policy_sizes} and value_sizes {c.value_sizes} "
                          "need at least one layer each, every width >= 1")
-    ppo.check_common(c, ("episode_length", "action_repeat"))
-    if not c.init_std > 0:
-        raise ValueError(f"PPO config init_std={c.init_std!r}: expected a float > 0")
+    ppo.check_common(c, ("episode_length", "action_repeat"))  # init_std > 0 too
     if c.critic_recipe is not None:
         resolve(c.critic_recipe)  # a one-line error naming the registry's recipes
     return c

@@ -39,6 +39,8 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
+from repro.schema import suggest
+
 Gemm = Literal["dense", "fp8", "fp8block", "mxfp8", "nvfp4", "int8"]
 Scaling = Literal["none", "current", "delayed", "block"]
 GemmOut = Literal["float32", "compute"]
@@ -421,7 +423,8 @@ def _parse_variant(spec: str) -> Recipe:
         if not eq or not key or not text:
             raise ValueError(f"recipe {spec!r}: {item.strip()!r} is not 'field=value'")
         if key not in _VARIANT_FIELDS:
-            raise ValueError(f"recipe {spec!r}: unknown field {key!r}; valid fields: "
+            raise ValueError(f"recipe {spec!r}: unknown field {key!r}"
+                             f"{suggest(key, _VARIANT_FIELDS)}; valid fields: "
                              f"{', '.join(_VARIANT_FIELDS)}")
         if key in changes:
             raise ValueError(f"recipe {spec!r}: field {key!r} given twice")
@@ -433,11 +436,7 @@ def _registered(name: str) -> Recipe:
     try:
         return REGISTRY[name]
     except KeyError:
-        import difflib
-
-        near = difflib.get_close_matches(name, REGISTRY, n=1)
-        hint = f" (did you mean {near[0]!r}?)" if near else ""
-        raise ValueError(f"unknown recipe {name!r}{hint}; valid recipes: "
+        raise ValueError(f"unknown recipe {name!r}{suggest(name, REGISTRY)}; valid recipes: "
                          f"{', '.join(REGISTRY)} (variants: 'base:field=value,...')") from None
 
 

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 from repro.config import Section, check_mapping, fraction, positive
 from repro.config import recipe_names as recipe_field
 from repro.models import ppo_continuous as pc
+from repro.schema import suggest
 
 EXPERIMENT = "legged"
 CLAIMS = ("A11",)
@@ -126,7 +127,8 @@ def check(p: Mapping[str, Any]) -> None:
         for part in ("speed", "quality"):
             for size in (pe.get(part) or {}).get("sizes", []):
                 if size not in p["sizes"]:
-                    raise ValueError(f"legged.{part}.sizes: unknown size {size!r}; valid: "
+                    raise ValueError(f"legged.{part}.sizes: unknown size {size!r}"
+                                     f"{suggest(size, p['sizes'])}; valid: "
                                      f"{', '.join(p['sizes'])}")
                 for recipe in pe[part]["recipes"]:
                     checked(env_name, part, size, recipe)
@@ -135,7 +137,8 @@ def check(p: Mapping[str, Any]) -> None:
         for v, n in dict(q.get("more_seeds") or {}).items():
             if v not in known:
                 raise ValueError(f"legged.quality.more_seeds ({env_name}): unknown variant "
-                                 f"{v!r}; valid: {', '.join(sorted(known))}")
+                                 f"{v!r}{suggest(v, sorted(known))}; valid: "
+                                 f"{', '.join(sorted(known))}")
             if int(n) % int(q["seeds"]) or int(n) < int(q["seeds"]):
                 raise ValueError(f"legged.quality.more_seeds ({env_name}): {v}: {n} seeds is not "
                                  f"a multiple of quality.seeds ({q['seeds']})")
