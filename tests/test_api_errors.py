@@ -287,7 +287,8 @@ def test_recipe_fields_of_the_wrong_type_are_refused(overrides, want):
 
 
 @pytest.mark.parametrize("module, x, exc, want", [
-    (L.Dense(4, recipe="fp8-current"), jnp.float32(1.0), ValueError,  # was a bare IndexError
+    (L.Dense(4, recipe=resolve("fp8-current")), jnp.float32(1.0),
+     ValueError,  # was a bare IndexError
      "Dense: x needs at least 1 axis, got shape ()"),
     (L.Dense(4), jnp.float32(1.0), ValueError, "Dense: x needs at least 1 axis"),
     (L.Dense(0), X, ValueError, "Dense: features must be a positive int, got 0"),

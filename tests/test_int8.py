@@ -251,7 +251,7 @@ def test_dot_and_dense_layer_run_the_int8_ops():
     r = resolve("int8")
     assert np.array_equal(bits(ops.dot(jnp.asarray(x), jnp.asarray(w), r)),
                           bits(int8.int8_dot(jnp.asarray(x), jnp.asarray(w), r)))
-    m = layers.Dense(16, recipe="int8", activation="relu")
+    m = layers.Dense(16, recipe=resolve("int8"), activation="relu")
     v = m.init(jax.random.key(0), x)
     k, b = v["params"]["kernel"], v["params"]["bias"]
     assert set(v) == {"params"}  # no quantization state
@@ -262,8 +262,8 @@ def test_dot_and_dense_layer_run_the_int8_ops():
 def test_emulated_where_the_device_has_no_int8_matrix_units():
     for slug, emulated in (("cpu", True), ("h200", False), ("tpu-v5e", False),
                            ("tpu-v6e", False)):
-        assert ops.is_emulated("int8", lookup(slug)) is emulated, slug
-        assert ops.is_emulated("int8-auto", lookup(slug)) is emulated, slug
+        assert ops.is_emulated(resolve("int8"), lookup(slug)) is emulated, slug
+        assert ops.is_emulated(resolve("int8-auto"), lookup(slug)) is emulated, slug
 
 
 def test_int8_auto_chooses_per_layer_from_the_device():

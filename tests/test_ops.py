@@ -349,10 +349,11 @@ def test_dispatch_by_hardware():
     assert ops.block_scaled_backend(b200) == "native"
     assert ops.block_scaled_backend(h200) == "emulated"
     assert ops.block_scaled_backend(cpu) == "emulated"
-    assert ops.is_emulated("nvfp4", h200) and ops.is_emulated("mxfp8", cpu)
-    assert not ops.is_emulated("nvfp4", b200)
-    assert not ops.is_emulated("fp8-current", h200) and ops.is_emulated("fp8-delayed", cpu)
-    assert not ops.is_emulated("bf16", cpu)
+    assert ops.is_emulated(resolve("nvfp4"), h200) and ops.is_emulated(resolve("mxfp8"), cpu)
+    assert not ops.is_emulated(resolve("nvfp4"), b200)
+    assert not ops.is_emulated(resolve("fp8-current"), h200)
+    assert ops.is_emulated(resolve("fp8-delayed"), cpu)
+    assert not ops.is_emulated(resolve("bf16"), cpu)
 
 
 def test_dot_dense_recipes():

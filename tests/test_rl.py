@@ -486,7 +486,7 @@ def test_tower_by_tower_gradients_are_the_joint_loss(recipe, gaussian):
     n, obs_dim = 64, 6
     k = jax.random.split(jax.random.key(3), 6)
     if gaussian:
-        net = networks.GaussianActorCritic(3, recipe, (32, 32), (32, 32))
+        net = networks.GaussianActorCritic(3, resolve(recipe), (32, 32), (32, 32))
         action = jax.random.normal(k[0], (n, 3))
         policy = pc.GAUSSIAN
     else:

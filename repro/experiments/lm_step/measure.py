@@ -143,10 +143,11 @@ def compile_step(cfg, recipe: str, x, y, tag: str = ""):
     that takes one step (``repro.studies.timing.stepper``), already warmed up."""
     from repro.models import lm_train as T
 
+    r = resolve(recipe)
     tc = T.TrainConfig(batch_size=int(x.shape[0]))
     seed, step_i = jnp.int32(0), jnp.int32(0)
     t0 = time.perf_counter()
-    init_fn, step_fn, _ = T._functions(cfg, resolve(recipe), T._static_key(tc),
+    init_fn, step_fn, _ = T._functions(cfg, r, T._static_key(tc),
                                        hardware.platform() == "gpu")
     variables, opt_state = init_fn(seed, x[:1])  # parameter shapes do not depend on B
     jax.block_until_ready(variables)
@@ -154,13 +155,13 @@ def compile_step(cfg, recipe: str, x, y, tag: str = ""):
     _log(f"{tag} {recipe}: compiling")
     compiled = step_fn.lower(variables, opt_state, x, y, seed, step_i).compile()
     facts = compiled_facts(compiled)
-    facts.update(lowering.int8_facts(recipe, compiled))
+    facts.update(lowering.int8_facts(r, compiled))
     t2 = time.perf_counter()
     run = stepper(compiled, variables, opt_state, x, y, seed, step_i)
     jax.block_until_ready(run())  # warm up
     t3 = time.perf_counter()
     _log(f"{tag} {recipe}: init {t1 - t0:.1f} s, compile {t2 - t1:.1f} s, first step "
-         f"{t3 - t2:.2f} s, lowering {lowering.narrow_lowering(recipe, facts)}")
+         f"{t3 - t2:.2f} s, lowering {lowering.narrow_lowering(r, facts)}")
     times = {"init_s": round(t1 - t0, 3), "compile_s": round(t2 - t1, 3),
              "first_step_s": round(t3 - t2, 3)}
     return facts, times, run

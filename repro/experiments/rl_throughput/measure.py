@@ -228,10 +228,10 @@ def _records(c: ppo.PPOConfig, network: str, width: int, recipe: str, p: Params,
     info = hardware.detect()
     steps = c.num_updates * c.batch_size
     med, (uq1, umed, uq3) = float(np.median(samples)), np.percentile(usamples, [25, 50, 75])
+    r = c.resolved_recipe
     facts = compiled_facts(compiled_update)
-    facts.update(lowering.int8_facts(c.recipe, compiled_update))
+    facts.update(lowering.int8_facts(r, compiled_update))
     fp8_calls, mem = facts["fp8_gemm_calls"], facts["memory_bytes"]
-    r = resolve(c.recipe)
     # an FP8 CNN's backward convolutions are emulated through BF16 (repro.precision.ops.
     # fp8_conv): the cell's speed is not FP8's even where its GEMMs and forward convolutions
     # are native
