@@ -286,11 +286,12 @@ def test_recipe_facts():
     r = resolve("int8")
     assert (r.number_format, r.quantizer, r.quantized, r.dtype) == \
         ("int8", "current", True, jnp.bfloat16)
-    f = value_formats("int8")
+    f = value_formats(resolve("int8"))
     assert f["weights (GEMM operand)"] == "int8 (per channel)"
     assert f["gradients (GEMM operand)"] == f["activations (GEMM operand)"] == "int8"
     assert f["GEMM accumulation"] == "int32" and f["first/last layers"] == "bf16"
-    assert value_formats("int8:int8_weight_scale=tensor")["weights (GEMM operand)"] == "int8"
+    per_tensor = value_formats(resolve("int8:int8_weight_scale=tensor"))
+    assert per_tensor["weights (GEMM operand)"] == "int8"
     assert resolve("int8-auto").family == "int8"
 
 

@@ -460,9 +460,9 @@ def resolve(name: str | Recipe, **overrides) -> Recipe:
     return recipe
 
 
-def value_formats(recipe: str | Recipe) -> dict[str, str]:
+def value_formats(recipe: Recipe) -> dict[str, str]:
     """Where each value lives under a recipe: the format of every store of a training step."""
-    r = resolve(recipe)
+    r = recipe
     q = r.gemm in ("fp8", "fp8block")
     fwd = {"float8_e4m3fn": "fp8-e4m3", "float8_e5m2": "fp8-e5m2"}
     dt = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[r.compute_dtype]

@@ -319,11 +319,10 @@ def program(network: str | None = None, width: int = 0, recipe: str | None = Non
 
     if stores is not None:
         def facts():
-            names = sorted({n for n, r in REGISTRY.items() if r.family == stores}
-                           | {v for v in variants if resolve(v).family == stores})
+            resolved = {**REGISTRY, **{v: resolve(v) for v in variants}}
+            of = {n: r for n, r in resolved.items() if r.family == stores}
             rows = []
-            for name in names:
-                r = resolve(name)
+            for name, r in sorted(of.items()):
                 rows.append([name, r.family, value_formats(r),
                              optim.storage_bytes(r.master_weights),
                              int(np.dtype(optim.container_dtype(r.master_weights)).itemsize)])
@@ -398,10 +397,9 @@ def cells(p: Params) -> list[Cell]:
     names = stores_names(p.recipes)
 
     def stores_programs():
-        families = dict.fromkeys(resolve(n).family for n in names)
-        return {f: program(stores=f, variants=tuple(n for n in names
-                                                    if resolve(n).family == f))
-                for f in families}
+        family = {n: resolve(n).family for n in names}
+        return {f: program(stores=f, variants=tuple(n for n in names if family[n] == f))
+                for f in dict.fromkeys(family.values())}
 
     out = [Cell("stores", lambda _budget: stores_records(p.profile, names),
                 programs=stores_programs)]
