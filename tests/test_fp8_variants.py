@@ -265,7 +265,7 @@ def test_stored_weights_refused_where_not_implemented():
     with pytest.raises(ValueError, match="DenseGeneral: recipe .* fp8_weights='stored'"):
         dg.init(jax.random.key(0), jnp.ones((2, 8)))
     with pytest.raises(ValueError, match="fp8_dot: recipe .* stored FP8 weight"):
-        ops.fp8_dot(jnp.ones((4, 8)), jnp.ones((8, 8)), "fp8-current:fp8_weights=stored")
+        ops.fp8_dot(jnp.ones((4, 8)), jnp.ones((8, 8)), resolve("fp8-current:fp8_weights=stored"))
 
 
 def test_ring_of_other_variables_is_refused():

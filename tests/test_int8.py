@@ -234,11 +234,11 @@ def test_batched_inputs_flatten_and_errors_name_the_culprit():
     y2 = int8.int8_dot(jnp.asarray(x.reshape(6, 16)), jnp.asarray(w), r)
     assert y.shape == (2, 3, 8) and np.array_equal(bits(y.reshape(6, 8)), bits(y2))
     with pytest.raises(ValueError, match="int8_dot: recipe 'fp8-delayed' has gemm='fp8'"):
-        int8.int8_dot(jnp.asarray(x), jnp.asarray(w), "fp8-delayed")
+        int8.int8_dot(jnp.asarray(x), jnp.asarray(w), resolve("fp8-delayed"))
     with pytest.raises(ValueError, match="int8_dense: recipe .* scaling='delayed'; INT8 scaling"):
-        int8.int8_dense(jnp.asarray(x), jnp.asarray(w), None, "int8:scaling=delayed")
+        int8.int8_dense(jnp.asarray(x), jnp.asarray(w), None, resolve("int8:scaling=delayed"))
     with pytest.raises(ValueError, match="int8_dense: bias shape"):
-        int8.int8_dense(jnp.asarray(x), jnp.asarray(w), jnp.ones(3), "int8")
+        int8.int8_dense(jnp.asarray(x), jnp.asarray(w), jnp.ones(3), resolve("int8"))
     with pytest.raises(ValueError, match="int8_weight_scale=.row. is not one of"):
         resolve("int8:int8_weight_scale=row")
 

@@ -206,7 +206,7 @@ def test_fp8_conv_pads_odd_channel_counts():
     (seeds vmapped into a grouped convolution). The FP8 convolution must see a multiple of 16
     channels, give the unpadded answer and return gradients of the unpadded shapes."""
     x, w = randn(7, (2, 10, 10, 6)), 0.2 * randn(8, (3, 3, 6, 8))
-    r = "fp8-current"
+    r = resolve("fp8-current")
     f = lambda x, w: ops.fp8_conv(x, w, r, strides=(1, 1), padding="SAME")
     text = jax.jit(f).lower(x, w).as_text()
     shapes = re.findall(r"stablehlo\.convolution.*?:\s*\(tensor<([0-9x]+)xf8E4M3FN>,\s*"

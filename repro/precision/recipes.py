@@ -10,8 +10,10 @@ A recipe is data (MaxText's separation: model code never knows which format runs
 * what the optimizer does with the weights (``master_weights``, ``kahan``, ``grad_clip``,
   ``weight_clip``): the training-time half of a recipe, which the RL and LM studies ablate.
 
-Every study, layer, cost model and command asks :func:`resolve` for a name; nothing else keeps
-a list of names. Adding a recipe is one entry in :data:`REGISTRY` (plus its tests).
+A name becomes a :class:`Recipe` through :func:`resolve` once, where it enters (a study's
+parameters, a PPO or GRPO config, an LM run, ``layers.dense``, ``networks.make_network``); the
+layers, ops, networks and cost model take that Recipe. Nothing else keeps a list of names.
+Adding a recipe is one entry in :data:`REGISTRY` (plus its tests).
 
     >>> from repro.precision import resolve
     >>> resolve("fp8-delayed").amax_history_len
