@@ -28,13 +28,13 @@ KEY = jax.random.key(0)
 ])
 def test_a_recipe_of_another_format_or_library_is_refused(fn, recipe, want):
     with pytest.raises(ValueError) as e:
-        fn(recipe)
+        fn(resolve(recipe))
     assert str(e.value).startswith(want) and "\n" not in str(e.value)
 
 
 def test_the_refusal_lists_the_recipes_that_fit():
     with pytest.raises(ValueError, match=r"valid recipes: nvfp4, nvfp4-no-rht"):
-        ops.nvfp4_dot(X, W, "fp8-current", KEY)
+        ops.nvfp4_dot(X, W, resolve("fp8-current"), KEY)
 
 
 def test_conv_channel_mismatch_is_refused_where_lax_conv_refuses():
@@ -44,9 +44,9 @@ def test_conv_channel_mismatch_is_refused_where_lax_conv_refuses():
         lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn)
     with pytest.raises(ValueError, match=r"fp8_conv: channel mismatch: x \(1, 8, 8, 3\) has 3 "
                                          r"input channels, w \(3, 3, 5, 4\) expects 5"):
-        ops.fp8_conv(x, w, "fp8-current")
+        ops.fp8_conv(x, w, resolve("fp8-current"))
     # matching channels that are not a multiple of 16 still run (and are padded)
-    assert ops.fp8_conv(jnp.ones((1, 8, 8, 5)), w, "fp8-current").shape == (1, 8, 8, 4)
+    assert ops.fp8_conv(jnp.ones((1, 8, 8, 5)), w, resolve("fp8-current")).shape == (1, 8, 8, 4)
 
 
 @pytest.mark.parametrize("kw, want", [
@@ -58,7 +58,7 @@ def test_conv_channel_mismatch_is_refused_where_lax_conv_refuses():
 ])
 def test_conv_geometry_is_checked(kw, want):
     with pytest.raises(ValueError, match=want):
-        ops.fp8_conv(jnp.ones((1, 8, 8, 4)), jnp.ones((3, 3, 4, 2)), "fp8-current", **kw)
+        ops.fp8_conv(jnp.ones((1, 8, 8, 4)), jnp.ones((3, 3, 4, 2)), resolve("fp8-current"), **kw)
 
 
 @pytest.mark.parametrize("fn", [F.fp8_quantize, F.fp8_cast])
@@ -93,10 +93,10 @@ def test_the_fp8_dtype_must_be_an_fp8_format(dtype):
 
 
 @pytest.mark.parametrize("fn", [
-    lambda x, w: ops.fp8_dot(x, w, "fp8-current"),
-    lambda x, w: ops.mxfp8_dot(x, w, "mxfp8"),
-    lambda x, w: ops.nvfp4_dot(x, w, "nvfp4", KEY),
-    lambda x, w: ops.dot(x, w, "bf16"),
+    lambda x, w: ops.fp8_dot(x, w, resolve("fp8-current")),
+    lambda x, w: ops.mxfp8_dot(x, w, resolve("mxfp8")),
+    lambda x, w: ops.nvfp4_dot(x, w, resolve("nvfp4"), KEY),
+    lambda x, w: ops.dot(x, w, resolve("bf16")),
 ])
 @pytest.mark.parametrize("x, w, want", [
     (jnp.ones((0, 32)), W, r"x is empty \(shape \(0, 32\)\)"),
@@ -113,13 +113,13 @@ def test_empty_and_mismatched_operands_are_refused(fn, x, w, want):
 
 def test_integer_operands_are_refused():
     with pytest.raises(TypeError, match="fp8_dot: x must be floating, got dtype int32"):
-        ops.fp8_dot(jnp.ones((4, 32), jnp.int32), W, "fp8-current")
+        ops.fp8_dot(jnp.ones((4, 32), jnp.int32), W, resolve("fp8-current"))
 
 
 @pytest.mark.parametrize("key", [3, "k", jnp.ones((2,)), jnp.ones((3,), jnp.uint32)])
 def test_a_key_that_is_not_a_prng_key_is_refused(key):
     with pytest.raises(TypeError, match="nvfp4_dot: key must be a PRNG key"):
-        ops.nvfp4_dot(X, W, "nvfp4", key)
+        ops.nvfp4_dot(X, W, resolve("nvfp4"), key)
     with pytest.raises(TypeError, match="nvfp4_quantize: key must be a PRNG key"):
         F.nvfp4_quantize(X[:, :16], rounding="stochastic", key=key)
     with pytest.raises(TypeError, match="random_hadamard_transform: key must be a PRNG key"):
@@ -128,14 +128,15 @@ def test_a_key_that_is_not_a_prng_key_is_refused(key):
 
 def test_typed_and_raw_keys_give_the_same_product():
     raw = jax.random.PRNGKey(3)
-    a = ops.nvfp4_dot(X, W, "nvfp4", jax.random.wrap_key_data(raw))
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(ops.nvfp4_dot(X, W, "nvfp4", raw)))
+    a = ops.nvfp4_dot(X, W, resolve("nvfp4"), jax.random.wrap_key_data(raw))
+    b = ops.nvfp4_dot(X, W, resolve("nvfp4"), raw)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_block_scaled_backend_must_be_known():
     with pytest.raises(ValueError, match="mxfp8_dot: backend must be None .*'native' or "
                                          "'emulated', got 'cuda'"):
-        ops.mxfp8_dot(X, W, "mxfp8", backend="cuda")
+        ops.mxfp8_dot(X, W, resolve("mxfp8"), backend="cuda")
 
 
 def test_jax_nvfp4_says_which_platform_it_needs():
@@ -287,7 +288,8 @@ def test_recipe_fields_of_the_wrong_type_are_refused(overrides, want):
 
 
 @pytest.mark.parametrize("module, x, exc, want", [
-    (L.Dense(4, recipe="fp8-current"), jnp.float32(1.0), ValueError,  # was a bare IndexError
+    (L.Dense(4, recipe=resolve("fp8-current")), jnp.float32(1.0),
+     ValueError,  # was a bare IndexError
      "Dense: x needs at least 1 axis, got shape ()"),
     (L.Dense(4), jnp.float32(1.0), ValueError, "Dense: x needs at least 1 axis"),
     (L.Dense(0), X, ValueError, "Dense: features must be a positive int, got 0"),

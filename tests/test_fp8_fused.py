@@ -108,7 +108,7 @@ def test_fused_layer_equals_unfused_bitwise_but_the_bias_gradient(recipe, act):
     sep = resolve(recipe)
 
     def fused(x, w, b, m):
-        return ops.fp8_dense(x, w, b, recipe, m, act)
+        return ops.fp8_dense(x, w, b, sep, m, act)
 
     def unfused(x, w, b, m):
         y = ops.fp8_dot(x, w, sep, m) + b.astype(sep.dtype)
@@ -153,7 +153,7 @@ def test_an_input_not_differentiated_gives_the_same_loss_and_gradients(recipe):
     meta = meta_for(recipe)
 
     def f(x, w, b, m):
-        return ops.fp8_dense(x, w, b, recipe, m, "relu")
+        return ops.fp8_dense(x, w, b, resolve(recipe), m, "relu")
 
     (lk, gk), (ld, gd) = grads_of_fixed_input(f, x, w, b, meta, c), grads(f, x, w, b, meta, c)
     assert float(lk) == float(ld)
@@ -188,7 +188,7 @@ def test_fused_relu_keeps_fp8_operands_and_a_one_bit_mask():
 
 def test_fused_layer_matches_float64_within_fp8_error():
     x, w, b, _ = data(3)
-    y = np.asarray(ops.fp8_dense(x, w, b, "fp8-current", None, "relu"), np.float64)
+    y = np.asarray(ops.fp8_dense(x, w, b, resolve("fp8-current"), None, "relu"), np.float64)
     ref = np.maximum(np.asarray(x, np.float64) @ np.asarray(w, np.float64) + np.asarray(b), 0)
     assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 0.08
 
@@ -201,7 +201,7 @@ def test_fused_layer_rejects_bad_arguments(bad, match):
     x, w, b, _ = data()
     kw = dict(b=b, activation="relu") | bad
     with pytest.raises(ValueError, match=match):
-        ops.fp8_dense(x, w, kw["b"], "fp8-current", None, kw["activation"])
+        ops.fp8_dense(x, w, kw["b"], resolve("fp8-current"), None, kw["activation"])
 
 
 # --------------------------------------------------------------- the one-pass Pallas kernel
@@ -266,7 +266,7 @@ def test_tn_layout_through_the_kernel_equals_the_xla_path(monkeypatch, fixed_inp
     meta = meta_for(recipe)
 
     def f(x, w, b, m):
-        return ops.fp8_dense(x, w, b, recipe, m, "relu")
+        return ops.fp8_dense(x, w, b, resolve(recipe), m, "relu")
 
     how = grads_of_fixed_input if fixed_input else grads
     (_, xla) = grads(f, x, w, b, meta, c)

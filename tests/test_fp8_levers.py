@@ -255,7 +255,7 @@ def test_hlo_keeps_fp8_operands_in_all_three_gemms(recipe):
 
 
 def test_mlp_train_step_hlo_has_fp8_operands_in_every_gemm():
-    step, variables, opt_state, x, y = mlpbench._setup("fp8-delayed", 32, 64, 3)
+    step, variables, opt_state, x, y = mlpbench._setup(resolve("fp8-delayed"), 32, 64, 3)
     text = step.lower(variables, opt_state, x, y).as_text()
     dots = [m.groups() for m in _DOT.finditer(text)]
     assert len(dots) == 8  # 3 layers x 3 GEMMs, minus the input's unused data gradient
@@ -355,7 +355,7 @@ def test_regression_task_with_cast_transpose_layout_trains_like_bf16():
     """As tests/test_mlp_step.py: the same loss as BF16 within 5% after 60 steps."""
 
     def train(r):
-        step, variables, opt_state, x, y = mlpbench._setup(r, 32, 128, 2, lr=3e-3)
+        step, variables, opt_state, x, y = mlpbench._setup(resolve(r), 32, 128, 2, lr=3e-3)
         for _ in range(60):
             variables, opt_state, loss = step(variables, opt_state, x, y)
         return float(loss)

@@ -126,7 +126,7 @@ WIDTH, BATCH, DEPTH = 128, 64, 3
 def train(recipe, steps=7, inputs=None):
     """Losses and final variables of ``steps`` steps of mlp_step's train step; step i's
     input is ``x * (1 + i)`` (changing amaxes) unless ``inputs`` maps i to another."""
-    step, v, o, x, y = mlp_step._setup(recipe, WIDTH, BATCH, DEPTH)
+    step, v, o, x, y = mlp_step._setup(resolve(recipe), WIDTH, BATCH, DEPTH)
     losses = []
     for i in range(steps):
         xi = (inputs or {}).get(i, x * (1 + i))
@@ -202,21 +202,21 @@ def test_ring_is_one_dynamic_update_slice_of_every_layer_where_shift_has_one_per
 
 
 def test_ring_state_lives_in_one_array_and_is_the_only_history():
-    _, v, *_ = mlp_step._setup("fp8-delayed:amax_history=ring", WIDTH, BATCH, DEPTH)
+    _, v, *_ = mlp_step._setup(resolve("fp8-delayed:amax_history=ring"), WIDTH, BATCH, DEPTH)
     ring = v[AMAX_RING]["ring"]
     assert ring.history.shape == (1024, 3 * DEPTH) and ring.history.dtype == jnp.float32
     assert len(ring.names) == 3 * DEPTH and len(set(ring.names)) == 3 * DEPTH
     assert ring.fmax.count(E5M2_MAX) == DEPTH  # output gradients: E5M2
     shapes = [a.shape for a in jax.tree.leaves(v[FP8_META])]
     assert shapes and all(s == () for s in shapes)  # per layer: scalars only
-    _, ref, *_ = mlp_step._setup("fp8-delayed", WIDTH, BATCH, DEPTH)
+    _, ref, *_ = mlp_step._setup(resolve("fp8-delayed"), WIDTH, BATCH, DEPTH)
     assert AMAX_RING not in ref  # other recipes: the variables as they were
-    assert layers.init_amax_ring(ref, "fp8-delayed") is ref
+    assert layers.init_amax_ring(ref, resolve("fp8-delayed")) is ref
 
 
 def test_stored_weights_are_float8_in_the_variables_and_the_forward_reads_no_master():
     recipe = "fp8-delayed:fp8_weights=stored"
-    model = mlp_step.MLP(WIDTH, DEPTH, recipe)
+    model = mlp_step.MLP(WIDTH, DEPTH, resolve(recipe))
     x = jax.random.normal(jax.random.key(0), (BATCH, WIDTH)).astype(jnp.bfloat16)
     v = model.init(jax.random.key(1), x)
     stored = [s for s in jax.tree.leaves(v[FP8_META], is_leaf=lambda a: isinstance(
@@ -224,7 +224,7 @@ def test_stored_weights_are_float8_in_the_variables_and_the_forward_reads_no_mas
     assert len(stored) == DEPTH
     assert all(s.q.dtype == jnp.float8_e4m3fn and s.q.shape == (WIDTH, WIDTH) for s in stored)
     # the same first forward pass as the per-call recipe ...
-    ref_model = mlp_step.MLP(WIDTH, DEPTH, "fp8-delayed")
+    ref_model = mlp_step.MLP(WIDTH, DEPTH, resolve("fp8-delayed"))
     ref_v = ref_model.init(jax.random.key(1), x)
     y = model.apply(v, x)
     assert same(y.astype(jnp.float32), ref_model.apply(ref_v, x).astype(jnp.float32))
@@ -258,19 +258,19 @@ def test_stored_weight_matches_the_per_call_quantization_and_its_transpose():
 
 def test_stored_weights_refused_where_not_implemented():
     x = jnp.ones((2, 8, 8, 4))
-    conv = layers.Conv(4, 3, recipe="fp8-delayed:fp8_weights=stored")
+    conv = layers.Conv(4, 3, recipe=resolve("fp8-delayed:fp8_weights=stored"))
     with pytest.raises(ValueError, match="Conv: recipe .* fp8_weights='stored'"):
         conv.init(jax.random.key(0), x)
-    dg = layers.DenseGeneral(8, recipe="fp8-current:fp8_weights=stored")
+    dg = layers.DenseGeneral(8, recipe=resolve("fp8-current:fp8_weights=stored"))
     with pytest.raises(ValueError, match="DenseGeneral: recipe .* fp8_weights='stored'"):
         dg.init(jax.random.key(0), jnp.ones((2, 8)))
     with pytest.raises(ValueError, match="fp8_dot: recipe .* stored FP8 weight"):
-        ops.fp8_dot(jnp.ones((4, 8)), jnp.ones((8, 8)), "fp8-current:fp8_weights=stored")
+        ops.fp8_dot(jnp.ones((4, 8)), jnp.ones((8, 8)), resolve("fp8-current:fp8_weights=stored"))
 
 
 def test_ring_of_other_variables_is_refused():
-    _, v, *_ = mlp_step._setup("fp8-delayed:amax_history=ring", WIDTH, BATCH, 2)
-    _, v3, *_ = mlp_step._setup("fp8-delayed:amax_history=ring", WIDTH, BATCH, 3)
+    _, v, *_ = mlp_step._setup(resolve("fp8-delayed:amax_history=ring"), WIDTH, BATCH, 2)
+    _, v3, *_ = mlp_step._setup(resolve("fp8-delayed:amax_history=ring"), WIDTH, BATCH, 3)
     with pytest.raises(ValueError, match="amax ring has 6 tensors but the FP8 state has 9"):
         layers.update_amax_ring(v3[FP8_META], v[AMAX_RING])
 

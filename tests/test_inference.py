@@ -57,7 +57,7 @@ def test_qwix_weight_only_int8_through_dense_dot():
     of it raised "Unsupported type: QArray" before dense_dot learnt to skip it."""
     from repro.precision.layers import Dense
 
-    layer = Dense(6, recipe="bf16", use_bias=False)
+    layer = Dense(6, recipe=resolve("bf16"), use_bias=False)
     x = jnp.asarray(np.random.default_rng(2).normal(size=(4, 32)), jnp.bfloat16)
     w = np.random.default_rng(3).normal(size=(32, 6)).astype(np.float32)
     qm = qwix.quantize_model(layer, qwix.PtqProvider([qwix.QuantizationRule(

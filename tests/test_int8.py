@@ -234,11 +234,11 @@ def test_batched_inputs_flatten_and_errors_name_the_culprit():
     y2 = int8.int8_dot(jnp.asarray(x.reshape(6, 16)), jnp.asarray(w), r)
     assert y.shape == (2, 3, 8) and np.array_equal(bits(y.reshape(6, 8)), bits(y2))
     with pytest.raises(ValueError, match="int8_dot: recipe 'fp8-delayed' has gemm='fp8'"):
-        int8.int8_dot(jnp.asarray(x), jnp.asarray(w), "fp8-delayed")
+        int8.int8_dot(jnp.asarray(x), jnp.asarray(w), resolve("fp8-delayed"))
     with pytest.raises(ValueError, match="int8_dense: recipe .* scaling='delayed'; INT8 scaling"):
-        int8.int8_dense(jnp.asarray(x), jnp.asarray(w), None, "int8:scaling=delayed")
+        int8.int8_dense(jnp.asarray(x), jnp.asarray(w), None, resolve("int8:scaling=delayed"))
     with pytest.raises(ValueError, match="int8_dense: bias shape"):
-        int8.int8_dense(jnp.asarray(x), jnp.asarray(w), jnp.ones(3), "int8")
+        int8.int8_dense(jnp.asarray(x), jnp.asarray(w), jnp.ones(3), resolve("int8"))
     with pytest.raises(ValueError, match="int8_weight_scale=.row. is not one of"):
         resolve("int8:int8_weight_scale=row")
 
@@ -251,7 +251,7 @@ def test_dot_and_dense_layer_run_the_int8_ops():
     r = resolve("int8")
     assert np.array_equal(bits(ops.dot(jnp.asarray(x), jnp.asarray(w), r)),
                           bits(int8.int8_dot(jnp.asarray(x), jnp.asarray(w), r)))
-    m = layers.Dense(16, recipe="int8", activation="relu")
+    m = layers.Dense(16, recipe=resolve("int8"), activation="relu")
     v = m.init(jax.random.key(0), x)
     k, b = v["params"]["kernel"], v["params"]["bias"]
     assert set(v) == {"params"}  # no quantization state
@@ -262,8 +262,8 @@ def test_dot_and_dense_layer_run_the_int8_ops():
 def test_emulated_where_the_device_has_no_int8_matrix_units():
     for slug, emulated in (("cpu", True), ("h200", False), ("tpu-v5e", False),
                            ("tpu-v6e", False)):
-        assert ops.is_emulated("int8", lookup(slug)) is emulated, slug
-        assert ops.is_emulated("int8-auto", lookup(slug)) is emulated, slug
+        assert ops.is_emulated(resolve("int8"), lookup(slug)) is emulated, slug
+        assert ops.is_emulated(resolve("int8-auto"), lookup(slug)) is emulated, slug
 
 
 def test_int8_auto_chooses_per_layer_from_the_device():
@@ -286,11 +286,12 @@ def test_recipe_facts():
     r = resolve("int8")
     assert (r.number_format, r.quantizer, r.quantized, r.dtype) == \
         ("int8", "current", True, jnp.bfloat16)
-    f = value_formats("int8")
+    f = value_formats(resolve("int8"))
     assert f["weights (GEMM operand)"] == "int8 (per channel)"
     assert f["gradients (GEMM operand)"] == f["activations (GEMM operand)"] == "int8"
     assert f["GEMM accumulation"] == "int32" and f["first/last layers"] == "bf16"
-    assert value_formats("int8:int8_weight_scale=tensor")["weights (GEMM operand)"] == "int8"
+    per_tensor = value_formats(resolve("int8:int8_weight_scale=tensor"))
+    assert per_tensor["weights (GEMM operand)"] == "int8"
     assert resolve("int8-auto").family == "int8"
 
 

@@ -43,7 +43,7 @@ def _mse(model, v, x, t):
 
 @pytest.fixture(scope="module")
 def fp32_reference():
-    ref = L.Dense(24, recipe="fp32")
+    ref = L.Dense(24, recipe=resolve("fp32"))
     v = ref.init(jax.random.PRNGKey(0), X)
     return v, ref.apply(v, X), jax.grad(lambda v: _mse(ref, v, X, T))(v)["params"]
 
@@ -55,7 +55,7 @@ def test_every_recipe_has_a_tolerance():
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_dense_each_recipe_matches_fp32(name, fp32_reference):
     v32, y32, g32 = fp32_reference
-    model = L.Dense(24, recipe=name)
+    model = L.Dense(24, recipe=resolve(name))
     v = model.init(jax.random.PRNGKey(0), X)
     assert jax.tree.map(jnp.shape, v["params"]) == jax.tree.map(jnp.shape, v32["params"])
     assert v["params"]["kernel"].dtype == jnp.float32  # FP32 master weights
@@ -113,7 +113,7 @@ def test_apply_gradients_fp8_delayed_updates_history():
 
 
 def test_apply_gradients_without_fp8_meta_is_plain_optax():
-    model = L.Dense(24, recipe="bf16")
+    model = L.Dense(24, recipe=resolve("bf16"))
     v = model.init(jax.random.PRNGKey(0), X)
     tx = optax.adam(1e-2)
     opt_state = tx.init(v["params"])
@@ -124,7 +124,7 @@ def test_apply_gradients_without_fp8_meta_is_plain_optax():
     jax.tree.map(np.testing.assert_array_equal, new["params"], expect)
     assert set(new) == {"params"}
     # params-only gradients leave an existing FP8_META untouched
-    m = L.Dense(24, recipe="fp8-delayed")
+    m = L.Dense(24, recipe=resolve("fp8-delayed"))
     v = m.init(jax.random.PRNGKey(0), X)
     g = jax.grad(lambda p: _mse(m, {**v, "params": p}, X, T))(v["params"])
     new, _ = L.apply_gradients(v, g, tx, tx.init(v["params"]))
@@ -132,7 +132,7 @@ def test_apply_gradients_without_fp8_meta_is_plain_optax():
 
 
 def test_nvfp4_dense_step_counter_and_quant_rng():
-    model = L.Dense(32, recipe="nvfp4")
+    model = L.Dense(32, recipe=resolve("nvfp4"))
     x = randn(2, (32, 32))
     v = model.init(jax.random.PRNGKey(0), x)
     assert float(v[L.FP8_META]["step"]) == 0.0
@@ -152,14 +152,14 @@ def test_nvfp4_dense_step_counter_and_quant_rng():
 
 def test_dense_general_matches_einsum():
     x = randn(3, (2, 5, 4, 16))  # [B, T, H, Dh]
-    proj = L.DenseGeneral((3, 8), recipe="fp32")  # [.., Dh=16] -> [.., 3, 8]
+    proj = L.DenseGeneral((3, 8), recipe=resolve("fp32"))  # [.., Dh=16] -> [.., 3, 8]
     v = proj.init(jax.random.PRNGKey(0), x)
     k, b = v["params"]["kernel"], v["params"]["bias"]
     assert k.shape == (16, 3, 8) and b.shape == (3, 8)
     np.testing.assert_allclose(proj.apply(v, x),
                                np.einsum("bthd,def->bthef", x, k) + np.asarray(b), rtol=1e-5,
                                atol=1e-5)
-    out = L.DenseGeneral(12, axis=(-2, -1), recipe="fp8-delayed", use_bias=False)
+    out = L.DenseGeneral(12, axis=(-2, -1), recipe=resolve("fp8-delayed"), use_bias=False)
     v = out.init(jax.random.PRNGKey(1), x)
     assert v["params"]["kernel"].shape == (4, 16, 12)
     y = out.apply(v, x)
@@ -175,9 +175,9 @@ _CONV_RE = re.compile(r"stablehlo\.convolution.*?:\s*\(tensor<[0-9x]*x?(\w+)>,\s
 @pytest.mark.parametrize("name", ["fp8-current", "fp8-delayed"])
 def test_conv_fp8_close_to_fp32(name):
     x = randn(4, (2, 10, 10, 4))
-    ref = L.Conv(8, (3, 3), strides=2, recipe="fp32")
+    ref = L.Conv(8, (3, 3), strides=2, recipe=resolve("fp32"))
     v32 = ref.init(jax.random.PRNGKey(0), x)
-    conv = L.Conv(8, (3, 3), strides=2, recipe=name)
+    conv = L.Conv(8, (3, 3), strides=2, recipe=resolve(name))
     v = {**conv.init(jax.random.PRNGKey(0), x), "params": v32["params"]}
     if name == "fp8-delayed":  # calibrated scales (a fresh state's scale 1.0 is "no scaling")
         meta = dict(v[L.FP8_META])
@@ -206,7 +206,7 @@ def test_fp8_conv_pads_odd_channel_counts():
     (seeds vmapped into a grouped convolution). The FP8 convolution must see a multiple of 16
     channels, give the unpadded answer and return gradients of the unpadded shapes."""
     x, w = randn(7, (2, 10, 10, 6)), 0.2 * randn(8, (3, 3, 6, 8))
-    r = "fp8-current"
+    r = resolve("fp8-current")
     f = lambda x, w: ops.fp8_conv(x, w, r, strides=(1, 1), padding="SAME")
     text = jax.jit(f).lower(x, w).as_text()
     shapes = re.findall(r"stablehlo\.convolution.*?:\s*\(tensor<([0-9x]+)xf8E4M3FN>,\s*"

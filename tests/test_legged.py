@@ -19,6 +19,7 @@ from repro.experiments.legged import rules as VL
 from repro.experiments.legged import tables as A
 from repro.models import envs, networks, ppo
 from repro.models import ppo_continuous as pc
+from repro.precision import resolve
 
 # ----------------------------------------------------------------- Gaussian policy, stats
 
@@ -77,7 +78,8 @@ def test_running_statistics_equal_numpy_over_all_observations():
 def test_gaussian_actor_critic_sizes_scope_and_outputs():
     from repro.precision.layers import FP8_META
 
-    net = networks.GaussianActorCritic(3, "fp8-delayed", (16, 8, 8), (8, 8), init_log_std=-0.5)
+    net = networks.GaussianActorCritic(3, resolve("fp8-delayed"), (16, 8, 8), (8, 8),
+                                       init_log_std=-0.5)
     x = jnp.zeros((4, 5))
     v = net.init(jax.random.key(0), x)
     actor = v["params"]["actor"]
@@ -103,13 +105,14 @@ def _swish_tower_f64(params, x):
 
 def test_critic_recipe_runs_the_value_tower_under_its_own_recipe():
     x = np.asarray(jax.random.normal(jax.random.key(1), (64, 5)), np.float32)
-    mixed = networks.GaussianActorCritic(3, "bf16", (32, 32), (32, 32), critic_recipe="fp32")
+    bf16, fp32 = resolve("bf16"), resolve("fp32")
+    mixed = networks.GaussianActorCritic(3, bf16, (32, 32), (32, 32), critic_recipe=fp32)
     v = mixed.init(jax.random.key(0), x)
     (mean, _), value = mixed.apply(v, x)
-    (mean16, _), value16 = networks.GaussianActorCritic(3, "bf16", (32, 32), (32, 32)).apply(v, x)
+    (mean16, _), value16 = networks.GaussianActorCritic(3, bf16, (32, 32), (32, 32)).apply(v, x)
     want = _swish_tower_f64(v["params"]["critic"], x.astype(np.float64))[:, 0]
     with jax.default_matmul_precision("highest"):
-        (_, _), value32 = networks.GaussianActorCritic(3, "fp32", (32, 32), (32, 32)).apply(v, x)
+        (_, _), value32 = networks.GaussianActorCritic(3, fp32, (32, 32), (32, 32)).apply(v, x)
     # the critic in FP32: float64's value to float32 rounding; the BF16 critic is further off
     np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6)
     assert np.max(np.abs(np.asarray(value16, np.float64) - want)) > 1e-4
@@ -118,7 +121,7 @@ def test_critic_recipe_runs_the_value_tower_under_its_own_recipe():
     np.testing.assert_array_equal(mean, mean16)
     c = pc.validate({"recipe": "fp8-delayed", "critic_recipe": "fp32", "policy_sizes": (8,),
                      "value_sizes": (8,)})
-    assert pc.build_network(c, 3).critic_recipe == "fp32"
+    assert pc.build_network(c, 3).critic_recipe == resolve("fp32")
     assert pc.build_network(pc.validate({}), 3).critic_recipe is None
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from repro import hardware
+from repro.precision import resolve
 from repro.studies import lowering as L
 
 HLO = Path(__file__).parent / "data" / "hlo"
@@ -159,7 +160,7 @@ def _labels(recipe, text, platform, hw):
     with hardware.target(platform, kind):
         facts = {"fp8_lowering": L.fp8_lowering(text),
                  "int8_lowering": L.int8_lowering(text)}
-    low = L.narrow_lowering(recipe, facts)
+    low = L.narrow_lowering(resolve(recipe), facts)
     return low, L.recipe_emulated(recipe, facts, hw)
 
 

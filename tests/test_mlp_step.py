@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from repro.experiments.mlp_step import measure as mlp_step
+from repro.precision import resolve
 
 
 def test_step_flops_by_hand():
@@ -31,7 +32,7 @@ def test_fp8_regression_trains_like_bf16(recipe):
     import jax
 
     def train(r):
-        step, variables, opt_state, x, y = mlp_step._setup(r, 32, 128, 2, lr=3e-3)
+        step, variables, opt_state, x, y = mlp_step._setup(resolve(r), 32, 128, 2, lr=3e-3)
         losses = []
         for _ in range(60):
             variables, opt_state, loss = step(variables, opt_state, x, y)

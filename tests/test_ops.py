@@ -209,11 +209,11 @@ def test_fp8_noscale_saturates_and_underflows_current_does_not():
 def test_fp8_dot_rejects_bad_inputs():
     x, w = np.ones((4, 16), np.float32), np.ones((16, 8), np.float32)
     with pytest.raises(ValueError, match="meta"):
-        ops.fp8_dot(x, w, "fp8-delayed")
+        ops.fp8_dot(x, w, resolve("fp8-delayed"))
     with pytest.raises(ValueError, match="gemm=.mxfp8., not .fp8."):
-        ops.fp8_dot(x, w, "mxfp8")
+        ops.fp8_dot(x, w, resolve("mxfp8"))
     with pytest.raises(ValueError, match="contraction"):
-        ops.fp8_dot(x, w.T, "fp8-current")
+        ops.fp8_dot(x, w.T, resolve("fp8-current"))
 
 
 # ----------------------------------------------------------------------- MXFP8
@@ -319,7 +319,7 @@ def test_nvfp4_stochastic_rounding_makes_wgrad_unbiased():
 def test_nvfp4_needs_key_when_random():
     x, w = np.ones((16, 16), np.float32), np.ones((16, 16), np.float32)
     with pytest.raises(ValueError, match="key"):
-        ops.nvfp4_dot(x, w, "nvfp4")
+        ops.nvfp4_dot(x, w, resolve("nvfp4"))
     jax.jit(lambda x, w: ops.nvfp4_dot(x, w, resolve("nvfp4", rht=False,
                                                         stochastic_rounding=False)))(x, w)
 
@@ -335,8 +335,8 @@ def test_nvfp4_meta_step_gradient_counts():
 def test_block_scaled_native_path_traces():
     """The native path builds jax.nn.scaled_matmul calls (no CPU lowering: trace only)."""
     x, w = jnp.ones((32, 64)), jnp.ones((64, 32))
-    for fn in (lambda x, w: ops.mxfp8_dot(x, w, "mxfp8", backend="native"),
-               lambda x, w: ops.nvfp4_dot(x, w, "nvfp4", NV_KEY, backend="native")):
+    for fn in (lambda x, w: ops.mxfp8_dot(x, w, resolve("mxfp8"), backend="native"),
+               lambda x, w: ops.nvfp4_dot(x, w, resolve("nvfp4"), NV_KEY, backend="native")):
         jaxpr = str(jax.make_jaxpr(jax.grad(lambda x, w: jnp.sum(fn(x, w)), (0, 1)))(x, w))
         assert jaxpr.count("scaled_matmul") >= 3
 
@@ -349,20 +349,21 @@ def test_dispatch_by_hardware():
     assert ops.block_scaled_backend(b200) == "native"
     assert ops.block_scaled_backend(h200) == "emulated"
     assert ops.block_scaled_backend(cpu) == "emulated"
-    assert ops.is_emulated("nvfp4", h200) and ops.is_emulated("mxfp8", cpu)
-    assert not ops.is_emulated("nvfp4", b200)
-    assert not ops.is_emulated("fp8-current", h200) and ops.is_emulated("fp8-delayed", cpu)
-    assert not ops.is_emulated("bf16", cpu)
+    assert ops.is_emulated(resolve("nvfp4"), h200) and ops.is_emulated(resolve("mxfp8"), cpu)
+    assert not ops.is_emulated(resolve("nvfp4"), b200)
+    assert not ops.is_emulated(resolve("fp8-current"), h200)
+    assert ops.is_emulated(resolve("fp8-delayed"), cpu)
+    assert not ops.is_emulated(resolve("bf16"), cpu)
 
 
 def test_dot_dense_recipes():
     x, w = randn(31, (3, 8, 32)), randn(32, (32, 16))
     exact = x.astype(np.float64) @ w
-    y = ops.dot(x, w, "fp32")
+    y = ops.dot(x, w, resolve("fp32"))
     assert y.dtype == jnp.float32 and rel(y, exact) < 1e-6
-    y = ops.dot(x, w, "bf16")
+    y = ops.dot(x, w, resolve("bf16"))
     assert y.dtype == jnp.bfloat16 and 1e-4 < rel(y.astype(np.float32), exact) < 0.01
-    y = ops.dot(x, w, "fp16")
+    y = ops.dot(x, w, resolve("fp16"))
     assert y.dtype == jnp.float16 and rel(y.astype(np.float32), exact) < 0.002
 
 

@@ -240,10 +240,10 @@ def test_precision_policy_and_record_validation(tmp_path):
 
     from repro.precision.recipes import value_formats
 
-    pol = value_formats("fp8-e2e")
+    pol = value_formats(resolve("fp8-e2e"))
     assert pol["params (stored)"].startswith("fp8") and pol["gradients (GEMM operand)"] == \
         "fp8-e5m2" and pol["optimizer state (Adam moments)"] == "fp32"
-    assert value_formats("tf32")["weights (GEMM operand)"] == "tf32"
+    assert value_formats(resolve("tf32"))["weights (GEMM operand)"] == "tf32"
     with pytest.raises(ValueError, match="unknown recipe"):
         studies.record(X.THROUGHPUT, "smoke", tmp_path, recipes=["fp7"])
     assert not list(tmp_path.iterdir())  # nothing written before validation passed
@@ -486,7 +486,7 @@ def test_tower_by_tower_gradients_are_the_joint_loss(recipe, gaussian):
     n, obs_dim = 64, 6
     k = jax.random.split(jax.random.key(3), 6)
     if gaussian:
-        net = networks.GaussianActorCritic(3, recipe, (32, 32), (32, 32))
+        net = networks.GaussianActorCritic(3, resolve(recipe), (32, 32), (32, 32))
         action = jax.random.normal(k[0], (n, 3))
         policy = pc.GAUSSIAN
     else:

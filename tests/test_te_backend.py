@@ -87,7 +87,7 @@ def test_record_skips_te_recipes_without_te(no_te, tmp_path, capsys):
 
 
 def test_te_recipe_runs_through_te_dot_general(fake_te):
-    step, variables, opt_state, x, y = mlpbench._setup("te-fp8-current", 16, 32, 2)
+    step, variables, opt_state, x, y = mlpbench._setup(resolve("te-fp8-current"), 16, 32, 2)
     assert x.dtype == jnp.bfloat16
     first = None
     for _ in range(3):

@@ -31,8 +31,12 @@ import re
 import struct
 import zlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from repro.precision.recipes import Recipe
 
 CORPUS_NAME = "lm_corpus.txt.gz"
 LICENSE_NAME = "lm_corpus_LICENSE.txt"
@@ -166,20 +170,18 @@ def device_memory_limit(device=None) -> tuple[int | None, str]:
         return None, "unknown"
 
 
-def _activation_factor(recipe) -> float:
+def _activation_factor(recipe: Recipe | None) -> float:
     """Saved-activation memory relative to BF16 (XLA's memory analysis on an H200: 20m and
     120m models; NVFP4 with stochastic rounding keeps 3.0-3.6x, other recipes about 1x)."""
     if recipe is None:
         return 1.0
-    from repro.precision import resolve
-
-    r = resolve(recipe)
+    r = recipe
     if r.gemm == "nvfp4" and r.stochastic_rounding:
         return 3.8
     return 1.1 if r.quantized else 1.0
 
 
-def estimate_train_bytes(cfg, batch_size: int, recipe=None,
+def estimate_train_bytes(cfg, batch_size: int, recipe: Recipe | None = None,
                          flash_attention: bool | None = None) -> dict[str, int]:
     """A rough estimate of one training step's device memory, for the pre-training check.
 
@@ -215,7 +217,7 @@ def _gib(b: float) -> str:
 
 
 def preflight(cfg, batch_size: int, corpus: str | Path | None = None,
-              bytes_limit: int | None = None, recipe=None) -> Splits:
+              bytes_limit: int | None = None, recipe: Recipe | None = None) -> Splits:
     """Every check that must pass before training; returns the corpus splits.
 
     Raises DataError for: missing or empty corpus; ``seq_len`` larger than a split; a

@@ -46,10 +46,9 @@ NETWORKS = ("mlp", "cnn", "cnn-large")
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "swish": nn.swish}
 
 
-def io_recipe(recipe: Recipe | str) -> Recipe:
+def io_recipe(recipe: Recipe) -> Recipe:
     """The recipe of first/last layers: a dense GEMM in the compute dtype for quantized recipes
     of scope "default"; the recipe itself for scope "all"."""
-    recipe = resolve(recipe)
     if recipe.scope == "default" and recipe.quantized:
         return recipe.replace(name=recipe.name + "/io-dense", gemm="dense", scaling="none")
     return recipe
@@ -102,7 +101,7 @@ class Tower(nn.Module):
 
 class MLPActorCritic(nn.Module):
     num_actions: int
-    recipe: Recipe | str = "fp32"
+    recipe: Recipe
     width: int = 64
     depth: int = 2
     activation: str = "tanh"
@@ -110,7 +109,7 @@ class MLPActorCritic(nn.Module):
     separate_towers = True  # no parameter is shared by the actor and the critic (not a field)
 
     def setup(self):
-        r = resolve(self.recipe)
+        r = self.recipe
         io = io_recipe(r)
         first = io
         self.actor = Tower(self.width, self.depth, self.num_actions, r, first, io, 0.01,
@@ -148,18 +147,18 @@ class GaussianActorCritic(nn.Module):
     """
 
     action_size: int
-    recipe: Recipe | str = "fp32"
+    recipe: Recipe
     policy_sizes: tuple[int, ...] = (32, 32, 32, 32)
     value_sizes: tuple[int, ...] = (256, 256, 256, 256, 256)
     activation: str = "swish"
     init_log_std: float = 0.0
-    critic_recipe: Recipe | str | None = None
+    critic_recipe: Recipe | None = None
     separate_towers = True  # no parameter is shared by the actor and the critic (not a field)
 
     def setup(self):
-        r = resolve(self.recipe)
+        r = self.recipe
         io = io_recipe(r)
-        rc = r if self.critic_recipe is None else resolve(self.critic_recipe)
+        rc = r if self.critic_recipe is None else self.critic_recipe
         self.actor = Tower(0, 0, self.action_size, r, io, io, 0.01, self.activation,
                            tuple(self.policy_sizes))
         self.critic = Tower(0, 0, 1, rc, io_recipe(rc), io_recipe(rc), 1.0, self.activation,
@@ -185,13 +184,13 @@ class GaussianActorCritic(nn.Module):
 
 class CNNActorCritic(nn.Module):
     num_actions: int
-    recipe: Recipe | str = "fp32"
+    recipe: Recipe
     kind: str = "minatar"  # "minatar" | "large"
     upsample: int = 1
     width: int = 0  # Dense width after the convs; 0: 128 (minatar) / 512 (large)
 
     def setup(self):
-        r = resolve(self.recipe)
+        r = self.recipe
         io = io_recipe(r)
         if self.kind == "minatar":
             self.convs = [conv(16, 3, 1, io, name="conv_0")]
@@ -236,8 +235,10 @@ def make_network(network: str, num_actions: int, recipe: Recipe | str, *, width:
 
     For "cnn" ``width`` is the Dense width after the conv (0 or 64 -> 128, the MinAtar network)
     and for "cnn-large" too (0 or 64 -> 512). ``upsample`` (cnn-large): default 8 for frames
-    smaller than 40 pixels, so MinAtar's 10x10 becomes 80x80.
+    smaller than 40 pixels, so MinAtar's 10x10 becomes 80x80. ``recipe``: a ``Recipe`` or its
+    name (resolved here, once; the networks' modules take the ``Recipe``).
     """
+    recipe = resolve(recipe)
     if network == "mlp":
         return MLPActorCritic(num_actions, recipe, width, depth, activation,
                               len(obs_shape) if obs_shape is not None else 1)

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 from repro.models import networks, sharding
 from repro.precision import optim
-from repro.precision.recipes import resolve
+from repro.precision.recipes import Recipe, resolve
 from repro.schema import CHECK, NONNEGATIVE, POSITIVE, Range, suggest, type_name
 
 
@@ -93,11 +93,16 @@ class PPOConfig:
         return self.total_timesteps // self.batch_size
 
     @property
+    def resolved_recipe(self) -> Recipe:
+        """``recipe`` as a ``Recipe`` (a registry name or a variant, resolved)."""
+        return resolve(self.recipe)
+
+    @property
     def uses_loss_scale(self) -> bool:
-        return resolve(self.recipe).loss_scaling if self.loss_scale is None else self.loss_scale
+        return self.resolved_recipe.loss_scaling if self.loss_scale is None else self.loss_scale
 
     def optimizer_config(self) -> dict[str, Any]:
-        r = resolve(self.recipe)
+        r = self.resolved_recipe
         return optim.optimizer_config(
             lr=self.lr, adam_eps=self.adam_eps,
             grad_clip=self.grad_clip if r.grad_clip else None, weight_clip=r.weight_clip,
@@ -153,7 +158,7 @@ def check_common(c: PPOConfig, positive: tuple[str, ...] = ()) -> None:
     one update): a one-line ValueError."""
     _check_values(c)
     try:
-        resolve(c.recipe)  # a registry name or a variant 'base:field=value,...'
+        c.resolved_recipe  # a registry name or a variant 'base:field=value,...'
     except ValueError as e:
         raise ValueError(" ".join(str(e).split())) from None
     if c.activation not in networks.ACTIVATIONS:

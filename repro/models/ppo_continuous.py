@@ -51,7 +51,7 @@ import jax.numpy as jnp
 
 from repro.models import envs, networks, ppo
 from repro.precision import optim
-from repro.precision.recipes import resolve
+from repro.precision.recipes import Recipe, resolve
 
 OBS_CLIP = 10.0
 LOG_2PI = math.log(2 * math.pi)
@@ -73,6 +73,11 @@ class ContinuousPPOConfig(ppo.PPOConfig):
     activation: str = "swish"
     init_std: float = 1.0  # the policy's initial standard deviation (brax's init_noise_std)
     critic_recipe: str | None = None  # the critic tower's recipe (None: ``recipe``)
+
+    @property
+    def resolved_critic_recipe(self) -> Recipe | None:
+        """``critic_recipe`` as a ``Recipe`` (None: the critic runs under ``recipe``)."""
+        return None if self.critic_recipe is None else resolve(self.critic_recipe)
     normalize_observations: bool = True
     reward_scaling: float = 10.0
     num_minibatches: int = 32
@@ -95,7 +100,7 @@ def validate(config: Mapping[str, Any] | ContinuousPPOConfig) -> ContinuousPPOCo
                          "need at least one layer each, every width >= 1")
     ppo.check_common(c, ("episode_length", "action_repeat"))  # init_std > 0 too
     if c.critic_recipe is not None:
-        resolve(c.critic_recipe)  # a one-line error naming the registry's recipes
+        c.resolved_critic_recipe  # a one-line error naming the registry's recipes
     return c
 
 
@@ -168,14 +173,15 @@ def make_env(c: ContinuousPPOConfig) -> envs.Adapter:
 
 
 def build_network(c: ContinuousPPOConfig, action_size: int) -> networks.GaussianActorCritic:
-    return networks.GaussianActorCritic(action_size, c.recipe, c.policy_sizes, c.value_sizes,
-                                        c.activation, math.log(c.init_std), c.critic_recipe)
+    return networks.GaussianActorCritic(action_size, c.resolved_recipe, c.policy_sizes,
+                                        c.value_sizes, c.activation, math.log(c.init_std),
+                                        c.resolved_critic_recipe)
 
 
 def init_state(c: ContinuousPPOConfig, network, obs_size: int, tx, key):
     """Initial variables (params cast to their storage format) and optimizer state."""
     variables = dict(network.init(key, jnp.zeros((1, obs_size), jnp.float32)))
-    variables["params"] = optim.to_storage(variables["params"], resolve(c.recipe).master_weights)
+    variables["params"] = optim.to_storage(variables["params"], c.resolved_recipe.master_weights)
     return variables, tx.init(variables["params"])
 
 

@@ -33,7 +33,6 @@ import optax
 
 from repro.models import sharding
 from repro.precision import optim
-from repro.precision.recipes import resolve
 from repro.models.ppo_config import PPOConfig, obs_shape, validate
 
 
@@ -151,7 +150,7 @@ def sequential_towers(c: PPOConfig, network) -> bool:
         return False
     if c.sequential_towers is not None:
         return c.sequential_towers
-    return (resolve(c.recipe).quantized
+    return (c.resolved_recipe.quantized
             and c.minibatch_size * network.widest >= SEQUENTIAL_MIN_ELEMENTS)
 
 
@@ -198,8 +197,8 @@ def init_state(c: PPOConfig, network, env, env_params, tx, key):
 
     dummy = jnp.zeros((1, *obs_shape(env, env_params)), jnp.float32)
     variables = dict(network.init(key, dummy))
-    variables["params"] = optim.to_storage(variables["params"], resolve(c.recipe).master_weights)
-    variables = layers.init_amax_ring(variables, c.recipe)  # a "ring" recipe's amax histories
+    variables["params"] = optim.to_storage(variables["params"], c.resolved_recipe.master_weights)
+    variables = layers.init_amax_ring(variables, c.resolved_recipe)  # a "ring" recipe's histories
     return variables, tx.init(variables["params"])
 
 

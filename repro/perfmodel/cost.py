@@ -210,7 +210,7 @@ def _quant_traffic(step: Step, recipe: Recipe, x_elems: float, w_elems: float,
         step.traffic.append(Traffic(c * hist, "scale_update", 3 * c * _SCALE_KERNELS[scaling]))
 
 
-def mlp_step_gemms(batch: int, width: int, depth: int, recipe: str = "bf16", *,
+def mlp_step_gemms(batch: int, width: int, depth: int, recipe: str | Recipe = "bf16", *,
                    input_grad: bool = True, bias: bool = True) -> Step:
     """The training step of ``repro.experiments.mlp_step.measure.MLP`` (ReLU, biases, MSE loss,
     Adam on FP32 master weights).
@@ -229,7 +229,7 @@ def mlp_step_gemms(batch: int, width: int, depth: int, recipe: str = "bf16", *,
     fmt, quantized = r.number_format, r.quantizer is not None
     act = ELEMENT_BYTES["fp32" if fmt in ("fp32", "tf32") else "bf16"]
     e, p = float(batch) * width, float(width) * width
-    step = Step(name=f"mlp b{batch} w{width} d{depth} {recipe}")
+    step = Step(name=f"mlp b{batch} w{width} d{depth} {r.name}")
     for i in range(depth):
         _linear(step, batch, width, width, fmt, dgrad=input_grad or i > 0, prefix=f"l{i}.",
                 wgrad_out_bytes=4.0 if quantized else act)
@@ -307,18 +307,18 @@ def lm_shapes() -> dict[str, DecoderShape]:
     return {s.name: s for s in map(lm_shape, ("20m", "120m")) if s is not None}
 
 
-def _block_linears(step: Step, cfg: DecoderShape, T: int, recipe: str, policy: str,
-                   other: str) -> None:
+def _block_linears(step: Step, cfg: DecoderShape, T: int, recipe: Recipe, policy: str,
+                   other: Recipe, bf16: Recipe) -> None:
     """The four linear layers of every block: QKV, attention output, SwiGLU gate+up (one
-    GEMM) and down, each with its gradients and its quantization or cast traffic."""
+    GEMM) and down, each with its gradients and its quantization or cast traffic; the last
+    ``cfg.n_bf16_last_blocks`` blocks of a block-scaled recipe's "paper" policy in ``bf16``."""
     d, f, L, hd = cfg.hidden, cfg.ffn, cfg.n_layers, cfg.head_dim
-    block_scaled = resolve(recipe).scaling == "block"
+    block_scaled = recipe.scaling == "block"
     n_plain = cfg.n_bf16_last_blocks if (block_scaled and policy == "paper") else 0
 
-    def linear(k, n, rec, count, name):
+    def linear(k, n, r, count, name):
         if count == 0:
             return
-        r = resolve(rec)
         quantized = r.quantizer is not None
         _linear(step, T, k, n, r.number_format, count, prefix=name + ".",
                 wgrad_out_bytes=4.0 if quantized else 2.0)
@@ -333,7 +333,7 @@ def _block_linears(step: Step, cfg: DecoderShape, T: int, recipe: str, policy: s
         if block_scaled:
             in_policy = policy != "mlp" or name.startswith("mlp")
             linear(k, n, recipe if in_policy else other, L - n_plain, name)
-            linear(k, n, "bf16", n_plain, name)
+            linear(k, n, bf16, n_plain, name)
         else:
             linear(k, n, recipe, L, name)
 
@@ -359,8 +359,8 @@ def _attention(step: Step, cfg: DecoderShape, T: int) -> None:
                    Gemm(s, s, hd, L, role="attn.dk", **score)]
 
 
-def lm_step_gemms(cfg: DecoderShape, batch_tokens: int, recipe: str = "bf16",
-                  policy: str = "paper", *, other_recipe: str | None = None,
+def lm_step_gemms(cfg: DecoderShape, batch_tokens: int, recipe: str | Recipe = "bf16",
+                  policy: str = "paper", *, other_recipe: str | Recipe | None = None,
                   fsdp: int = 1) -> Step:
     """One training step of a Llama-style decoder on ``batch_tokens`` tokens (per GPU).
 
@@ -381,11 +381,11 @@ def lm_step_gemms(cfg: DecoderShape, batch_tokens: int, recipe: str = "bf16",
     """
     if policy not in NVFP4_POLICIES:
         raise ValueError(f"unknown policy {policy!r}; valid: {', '.join(NVFP4_POLICIES)}")
-    other = other_recipe or ("bf16" if resolve(recipe).scaling == "block" else recipe)
-    resolve(other)
+    r, bf16, other = (None if n is None else resolve(n) for n in (recipe, "bf16", other_recipe))
+    other = other or (bf16 if r.scaling == "block" else r)
     T, d, L = batch_tokens, cfg.hidden, cfg.n_layers
-    step = Step(name=f"{cfg.name} T{T} {recipe}/{policy}")
-    _block_linears(step, cfg, T, recipe, policy, other)
+    step = Step(name=f"{cfg.name} T{T} {r.name}/{policy}")
+    _block_linears(step, cfg, T, r, policy, other, bf16)
     _attention(step, cfg, T)
     # Output head (BF16), its gradients, and the cross-entropy over FP32 logits.
     _linear(step, T, d, cfg.vocab, "bf16", prefix="head.")

@@ -139,13 +139,14 @@ def _comparison_row(cal: Calibration, tgt: hw.HardwareInfo, model: str, s: dict,
                     comparison: tuple) -> dict[str, Any] | None:
     """One projected comparison on one chip, or None where the chip lacks a format."""
     name, rec, pol, other, base = comparison
-    if any(not (tgt.peak_tflops or {}).get(resolve(r).number_format) for r in (rec, base)):
+    rec_r, base_r = (resolve(r) for r in (rec, base))
+    if any(not (tgt.peak_tflops or {}).get(r.number_format) for r in (rec_r, base_r)):
         return None  # e.g. NVFP4 on Hopper: nothing to project
     shape, T, fsdp = s["shape"], int(s["batch_tokens"]), int(s.get("fsdp", 1))
-    subj = lm_step_gemms(shape, T, rec, pol, other_recipe=other, fsdp=fsdp)
-    ref = lm_step_gemms(shape, T, base, "paper", fsdp=fsdp)
+    subj = lm_step_gemms(shape, T, rec_r, pol, other_recipe=other, fsdp=fsdp)
+    ref = lm_step_gemms(shape, T, base_r, "paper", fsdp=fsdp)
     ps, pr = predict(subj, cal, tgt), predict(ref, cal, tgt)
-    base_label = resolve(base).number_format
+    base_label = base_r.number_format
     pub = published_for(model, tgt.slug, base_label, pol) or {}
     return {"hardware": cal.hardware.slug, "calibrated": cal.calibrated, "target": tgt.slug,
             "model": model, "comparison": name, "recipe": rec, "policy": pol,

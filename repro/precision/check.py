@@ -100,11 +100,11 @@ def _fp32_rows() -> list[dict]:
     """An FP32 baseline must be FP32 here: a GEMM at ``Precision.HIGHEST`` and the ``fp32``
     recipe's dense layer within :data:`FP32_TOLERANCE` of float64 (a TPU computes FP32 dots at
     JAX's default precision in bfloat16, a Hopper GPU in TF32: shown, not required)."""
-    from repro.precision import layers, resolve
+    from repro.precision import layers
 
     highest = _gemm_error(lambda a, b: jnp.dot(a, b, precision=jax.lax.Precision.HIGHEST))
     default = _gemm_error(lambda a, b: jnp.dot(a, b))
-    layer = layers.dense(256, resolve("fp32"), use_bias=False)
+    layer = layers.dense(256, "fp32", use_bias=False)
     params = layer.init(jax.random.PRNGKey(0), jnp.zeros((1, 512), jnp.float32))
 
     def fp32_layer(a, b):  # the recipe's own layer with b as its kernel

@@ -1,8 +1,8 @@
 """flax.linen layers whose products follow a precision recipe: Dense, DenseGeneral, Conv.
 
-Model code passes a ``recipe`` (a ``repro.precision.recipes.Recipe`` or its name) and never knows which
-format runs: every product goes through ``repro.precision.ops.dot`` (``ops.fp8_conv`` for FP8
-convolutions). Parameters are FP32 master weights (``param_dtype``); activations come out in
+Model code passes a ``recipe`` (a ``repro.precision.recipes.Recipe``; :func:`dense` also takes a
+recipe's name and resolves it) and never knows which format runs: every product goes through
+``repro.precision.ops.dot`` (``ops.fp8_conv`` for FP8 convolutions). Parameters are FP32 master weights (``param_dtype``); activations come out in
 ``recipe.dtype``.
 
 Quantization state lives in the ``FP8_META`` collection (flax's ``OVERWRITE_WITH_GRADIENT``):
@@ -66,6 +66,7 @@ FP8_META = fp8_ops.OVERWRITE_WITH_GRADIENT
 AMAX_RING = "amax_ring"  # the collection of a "ring" recipe's stacked amax histories
 
 default_kernel_init = nn.initializers.lecun_normal()
+FP32 = resolve("fp32")  # the layers' default recipe
 
 
 def quant_state(module: nn.Module, recipe: Recipe):
@@ -107,7 +108,7 @@ class Dense(nn.Module):
     """
 
     features: int
-    recipe: Recipe | str = "fp32"
+    recipe: Recipe = FP32
     use_bias: bool = True
     activation: str | None = None
     kernel_init: Callable = default_kernel_init
@@ -116,11 +117,11 @@ class Dense(nn.Module):
 
     @property
     def dtype(self):
-        return resolve(self.recipe).dtype
+        return self.recipe.dtype
 
     @nn.compact
     def __call__(self, x):
-        r = resolve(self.recipe)
+        r = _recipe(self.recipe, "Dense")
         _check_input(x, 1, "Dense")
         validate.positive_int(self.features, "Dense", "features")
         kernel = self.param("kernel", self.kernel_init, (jnp.shape(x)[-1], self.features),
@@ -157,6 +158,15 @@ def _stored(module: nn.Module, kernel, recipe: Recipe, meta):
             and kernels.fits(kernel.shape))
         return ops.stored_weight(kernel, recipe, scale, transpose)
     return module.variable(FP8_META, "weight", init).value
+
+
+def _recipe(recipe, what: str) -> Recipe:
+    """``recipe`` if it is a Recipe; a one-line TypeError otherwise (a name is resolved where a
+    model is configured: :func:`dense`, ``repro.precision.recipes.resolve``)."""
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"{what}: recipe must be a Recipe (resolve the name {recipe!r} "
+                        f"first), got {type(recipe).__name__}")
+    return recipe
 
 
 def _no_stored(recipe: Recipe, what: str) -> None:
@@ -250,7 +260,7 @@ class DenseGeneral(nn.Module):
     """
 
     features: int | Sequence[int]
-    recipe: Recipe | str = "fp32"
+    recipe: Recipe = FP32
     axis: int | Sequence[int] = -1
     use_bias: bool = True
     kernel_init: Callable = default_kernel_init
@@ -259,11 +269,11 @@ class DenseGeneral(nn.Module):
 
     @property
     def dtype(self):
-        return resolve(self.recipe).dtype
+        return self.recipe.dtype
 
     @nn.compact
     def __call__(self, x):
-        r = resolve(self.recipe)
+        r = _recipe(self.recipe, "DenseGeneral")
         _no_stored(r, "DenseGeneral")
         features = _features(self.features, "DenseGeneral")
         _check_input(x, 1, "DenseGeneral")
@@ -305,7 +315,7 @@ class Conv(nn.Module):
     kernel_size: int | Sequence[int]
     strides: int | Sequence[int] = 1
     padding: str | Sequence[tuple[int, int]] = "SAME"
-    recipe: Recipe | str = "fp32"
+    recipe: Recipe = FP32
     use_bias: bool = True
     kernel_init: Callable = default_kernel_init
     bias_init: Callable = nn.initializers.zeros_init()
@@ -313,11 +323,11 @@ class Conv(nn.Module):
 
     @property
     def dtype(self):
-        return resolve(self.recipe).dtype
+        return self.recipe.dtype
 
     @nn.compact
     def __call__(self, x):
-        r = resolve(self.recipe)
+        r = _recipe(self.recipe, "Conv")
         _no_stored(r, "Conv")
         _features(self.features, "Conv")
         ks = _ints(self.kernel_size, "Conv", "kernel_size")
@@ -395,13 +405,13 @@ def _ring_names(meta) -> list[tuple[str, ...]]:
                   and k[-1][:-len(RING_SUFFIX)] in ops.META_KEYS)
 
 
-def init_amax_ring(variables, recipe: Recipe | str):
+def init_amax_ring(variables, recipe: Recipe):
     """``variables`` with an ``AMAX_RING`` collection where ``recipe`` keeps its amax
     histories in a ring (``amax_history="ring"``): zeros, one column per tensor of every FP8
     layer (input and kernel in ``fwd_dtype``, output gradient in ``bwd_dtype``). Unchanged
     otherwise (the same object), so that a program built through it is the same program for
     every other recipe. Call it once after ``model.init``."""
-    r = resolve(recipe)
+    r = _recipe(recipe, "init_amax_ring")
     if not (r.gemm == "fp8" and r.scaling == "delayed" and r.amax_history == "ring"):
         return variables
     names = _ring_names(variables.get(FP8_META))

@@ -46,7 +46,7 @@ from repro.precision.conv import conv_dimension_numbers, fp8_conv
 from repro.precision.fp8 import (META_KEYS, StoredWeight, fp8_dense, fp8_dot, init_meta,
                                  stored_weight)
 from repro.precision.gemm import ACTIVATIONS, _check_2d_weight, _flatten_lhs
-from repro.precision.recipes import resolve
+from repro.precision.recipes import Recipe
 
 __all__ = [
     "ACTIVATIONS", "META_KEYS", "init_meta", "fp8_dot", "fp8_dense", "fp8_conv",
@@ -58,13 +58,14 @@ __all__ = [
 # ------------------------------------------------------------------------------ dispatch
 
 
-def is_emulated(recipe, hardware=None) -> bool:
+def is_emulated(recipe: Recipe, hardware=None) -> bool:
     """True when ``recipe``'s GEMMs have no tensor-core support on ``hardware``.
 
     MXFP8/NVFP4 off Blackwell, and FP8 on a device without FP8 tensor cores (e.g. CPU). The
     numerics are those of the format either way; benchmarks stamp their records with this.
     """
-    recipe = resolve(recipe)
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"is_emulated: recipe must be a Recipe, got {type(recipe).__name__}")
     if hardware is None:
         from repro.hardware import current
 

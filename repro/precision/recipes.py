@@ -10,8 +10,10 @@ A recipe is data (MaxText's separation: model code never knows which format runs
 * what the optimizer does with the weights (``master_weights``, ``kahan``, ``grad_clip``,
   ``weight_clip``): the training-time half of a recipe, which the RL and LM studies ablate.
 
-Every study, layer, cost model and command asks :func:`resolve` for a name; nothing else keeps
-a list of names. Adding a recipe is one entry in :data:`REGISTRY` (plus its tests).
+A name becomes a :class:`Recipe` through :func:`resolve` once, where it enters (a study's
+parameters, a PPO or GRPO config, an LM run, ``layers.dense``, ``networks.make_network``); the
+layers, ops, networks and cost model take that Recipe. Nothing else keeps a list of names.
+Adding a recipe is one entry in :data:`REGISTRY` (plus its tests).
 
     >>> from repro.precision import resolve
     >>> resolve("fp8-delayed").amax_history_len
@@ -459,9 +461,9 @@ def resolve(name: str | Recipe, **overrides) -> Recipe:
     return recipe
 
 
-def value_formats(recipe: str | Recipe) -> dict[str, str]:
+def value_formats(recipe: Recipe) -> dict[str, str]:
     """Where each value lives under a recipe: the format of every store of a training step."""
-    r = resolve(recipe)
+    r = recipe
     q = r.gemm in ("fp8", "fp8block")
     fwd = {"float8_e4m3fn": "fp8-e4m3", "float8_e5m2": "fp8-e5m2"}
     dt = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[r.compute_dtype]

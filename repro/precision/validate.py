@@ -86,14 +86,15 @@ def key(k, what: str, name: str = "key") -> None:
 
 
 def recipe_for(recipe, gemms: Sequence[str], what: str):
-    """The resolved recipe, which must run on this repository's ops with one of ``gemms``
-    (a peer library's recipe, or a recipe of another format, would compute something else)."""
-    from repro.precision.recipes import REGISTRY, resolve
+    """``recipe`` (a ``Recipe``: names are resolved where a model is configured), which must
+    run on this repository's ops with one of ``gemms`` (a peer library's recipe, or a recipe
+    of another format, would compute something else)."""
+    from repro.precision.recipes import REGISTRY, Recipe
 
-    try:
-        r = resolve(recipe)
-    except ValueError as e:
-        raise ValueError(f"{what}: {e}") from None
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"{what}: recipe must be a Recipe (resolve the name {recipe!r} "
+                        f"first), got {type(recipe).__name__}")
+    r = recipe
     if r.backend != "repro":
         raise ValueError(f"{what}: recipe {r.name!r} runs on the {r.backend!r} backend "
                          "(repro.precision.peers); build its layer with "

@@ -41,9 +41,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
+
+if TYPE_CHECKING:
+    from repro.precision.recipes import Recipe
 
 # FP8 lowerings that are FP8 arithmetic: cuBLASLt's FP8 GEMM and XLA's Triton GEMM with f8
 # operands (GPU), an f8 x f8 dot or convolution (TPU, on a chip with FP8 matrix units).
@@ -295,27 +298,23 @@ def int8_lowering(hlo_text: str, platform: str | None = None) -> str:
 NO_NARROW = ("no-f8", "no-s8")  # a program with no value of the recipe's narrow format
 
 
-def narrow_lowering(recipe, facts: dict) -> str:
+def narrow_lowering(recipe: Recipe, facts: dict) -> str:
     """The lowering of ``recipe``'s own narrow format among a program's ``facts``
     (``int8_lowering`` for an INT8 recipe, else ``fp8_lowering``)."""
-    from repro.precision.recipes import resolve
-
-    return facts["int8_lowering" if resolve(recipe).gemm == "int8" else "fp8_lowering"]
+    return facts["int8_lowering" if recipe.gemm == "int8" else "fp8_lowering"]
 
 
-def int8_facts(recipe, compiled) -> dict:
+def int8_facts(recipe: Recipe, compiled) -> dict:
     """``{"int8_lowering", "int8_products"}`` of a compiled program (its ``as_text()``) of
     an INT8 ``recipe`` (:func:`int8_lowering`, :func:`int8_products`), ``{}`` for any other
     recipe: what a record adds to the measuring kit's ``compiled_facts``."""
-    from repro.precision.recipes import resolve
-
-    if resolve(recipe).gemm != "int8":
+    if recipe.gemm != "int8":
         return {}
     text = compiled.as_text() or ""
     return {"int8_lowering": int8_lowering(text), "int8_products": int8_products(text)}
 
 
-def recipe_emulated(recipe, lowering: str | dict, hardware=None) -> bool:
+def recipe_emulated(recipe: Recipe | str, lowering: str | dict, hardware=None) -> bool:
     """Whether a timing of ``recipe`` measures emulation rather than its format, from how its
     compiled program ran (``lowering``: the lowering of the recipe's narrow format, or the
     program's facts, from which :func:`narrow_lowering` takes it) on ``hardware`` (by default
@@ -331,7 +330,7 @@ def recipe_emulated(recipe, lowering: str | dict, hardware=None) -> bool:
     from repro.precision import ops
     from repro.precision.recipes import resolve
 
-    r = resolve(recipe)
+    r = resolve(recipe)  # a name too: records' measuring kits pass their recipes' names
     low = narrow_lowering(r, lowering) if isinstance(lowering, dict) else lowering
     if r.gemm in ("fp8", "int8") and low in NO_NARROW:
         return False

@@ -65,9 +65,10 @@ def trace_steps(run: Callable[[], Any], steps: int, logdir: Path) -> float:
 
 def _mlp_runner(recipe: str, width: int, batch: int, depth: int):
     from repro.experiments.mlp_step import measure as mlpbench
+    from repro.precision.recipes import resolve
     from repro.studies import timing
 
-    step, variables, opt_state, x, y = mlpbench._setup(recipe, width, batch, depth)
+    step, variables, opt_state, x, y = mlpbench._setup(resolve(recipe), width, batch, depth)
     compiled, facts = mlpbench._compile(step, variables, opt_state, x, y)
     return timing.stepper(compiled, variables, opt_state, x, y), facts
 

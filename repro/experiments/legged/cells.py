@@ -18,7 +18,6 @@ from repro import results
 from repro.experiments.legged.schema import CLAIMS, EXPERIMENT, config
 from repro.models import brax_peer, envs, ppo
 from repro.models import ppo_continuous as pc
-from repro.precision.recipes import resolve
 from repro.studies.lowering import compiled_facts, recipe_emulated
 from repro.studies.timing import Timing, quartiles, time_fn, time_rounds
 
@@ -135,7 +134,7 @@ def random_cell(p, env_name: str, profile: str):
 
 def _emulated(recipe: str, compiled) -> tuple[bool, dict[str, Any]]:
     facts = compiled_facts(compiled)
-    return bool(recipe_emulated(resolve(recipe), facts["fp8_lowering"])), facts
+    return bool(recipe_emulated(recipe, facts["fp8_lowering"])), facts
 
 
 def speed_parts(p, c: pc.ContinuousPPOConfig, env: envs.Adapter, repeats: int):
@@ -303,7 +302,7 @@ def quality_cell(p, env_name: str, size: str, recipe: str, profile: str,
     wall = time.perf_counter() - t0
     last = float(p.get("last_fraction", 0.1))
     final = ppo.final_return(m, last)
-    r = resolve(recipe)
+    r = c.resolved_recipe
     sizes = {"env": env_name, "size": size, "variant": variant, "num_envs": c.num_envs,
              "total_timesteps": c.total_timesteps, "seeds": len(seeds),
              "width": max(c.policy_sizes + c.value_sizes)}

@@ -367,10 +367,10 @@ def program(size: str, recipe: str, kind: str = "train", seed: int = 0,
 
     from repro.models import lm_data as D
 
-    cfg = M.get_config(size)
+    cfg, r = M.get_config(size), resolve(recipe)
     if kind == "memory":
         def stored():
-            b = stored_bytes(cfg, resolve(recipe), int(tokens))
+            b = stored_bytes(cfg, r, int(tokens))
             return jnp.asarray(np.frombuffer(json.dumps(b, sort_keys=True).encode(), np.uint8))
 
         return Program(stored, ())
@@ -378,7 +378,7 @@ def program(size: str, recipe: str, kind: str = "train", seed: int = 0,
     fields = T.TrainConfig.__dataclass_fields__
     tc = T.TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in t.items()
                           if k in fields and k != "seed"})
-    init, step, evaluate = T._raw_functions(cfg, resolve(recipe), T._static_key(tc))
+    init, step, evaluate = T._raw_functions(cfg, r, T._static_key(tc))
     setup = json.dumps({"train": t, "seed": seed, "stop_at": stop_at}, sort_keys=True)
 
     def trained(seed_, x, y, step_i, ex, ey):

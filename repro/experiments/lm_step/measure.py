@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from repro import hardware, results
 from repro.config import ConfigError, Section, from_cli, positive, recipe_names
-from repro.precision import resolve
+from repro.precision import Recipe, resolve
 from repro.program import Program
 from repro.studies import lowering
 from repro.studies.runner import Cell, Study
@@ -48,23 +48,24 @@ def _log(msg: str) -> None:
 # -------------------------------------------------------------------------------- inputs
 
 
-def check_recipes(recipes) -> list[str]:
-    """The recipe names, or a one-line ConfigError naming the unknown ones."""
+def check_recipes(recipes) -> dict[str, Recipe]:
+    """``{name: Recipe}`` of the recipe names in their order (a name once), or a one-line
+    ConfigError naming the unknown ones."""
     from repro.precision.recipes import names as recipe_names
     from repro.precision.recipes import resolve
 
     if isinstance(recipes, str) or not recipes:
         raise ConfigError(f"{EXPERIMENT}: recipes must be a non-empty list, got {recipes!r}")
-    bad = []
+    out, bad = {}, []
     for r in recipes:
         try:
-            resolve(r)
+            out[r] = resolve(r)
         except ValueError:
             bad.append(str(r))
     if bad:
         raise ConfigError(f"{EXPERIMENT}: unknown recipe(s) {', '.join(bad)}; valid recipes: "
                           f"{', '.join(recipe_names())}")
-    return list(dict.fromkeys(recipes))
+    return out
 
 
 def check_size(size: str):
@@ -109,8 +110,8 @@ def check(p: "Params") -> None:
     for size in p.sizes:
         cfg = check_size(size)
         for b in batches_of(p, size):
-            for r in recipes:
-                D.preflight(cfg, b, recipe=resolve(r), bytes_limit=NO_LIMIT)
+            for r in recipes.values():
+                D.preflight(cfg, b, recipe=r, bytes_limit=NO_LIMIT)
 
 
 NO_LIMIT = 2 ** 62  # bytes: the memory estimate is left to each cell (fixed_batch)
@@ -143,10 +144,11 @@ def compile_step(cfg, recipe: str, x, y, tag: str = ""):
     that takes one step (``repro.studies.timing.stepper``), already warmed up."""
     from repro.models import lm_train as T
 
+    r = resolve(recipe)
     tc = T.TrainConfig(batch_size=int(x.shape[0]))
     seed, step_i = jnp.int32(0), jnp.int32(0)
     t0 = time.perf_counter()
-    init_fn, step_fn, _ = T._functions(cfg, resolve(recipe), T._static_key(tc),
+    init_fn, step_fn, _ = T._functions(cfg, r, T._static_key(tc),
                                        hardware.platform() == "gpu")
     variables, opt_state = init_fn(seed, x[:1])  # parameter shapes do not depend on B
     jax.block_until_ready(variables)
@@ -154,13 +156,13 @@ def compile_step(cfg, recipe: str, x, y, tag: str = ""):
     _log(f"{tag} {recipe}: compiling")
     compiled = step_fn.lower(variables, opt_state, x, y, seed, step_i).compile()
     facts = compiled_facts(compiled)
-    facts.update(lowering.int8_facts(recipe, compiled))
+    facts.update(lowering.int8_facts(r, compiled))
     t2 = time.perf_counter()
     run = stepper(compiled, variables, opt_state, x, y, seed, step_i)
     jax.block_until_ready(run())  # warm up
     t3 = time.perf_counter()
     _log(f"{tag} {recipe}: init {t1 - t0:.1f} s, compile {t2 - t1:.1f} s, first step "
-         f"{t3 - t2:.2f} s, lowering {lowering.narrow_lowering(recipe, facts)}")
+         f"{t3 - t2:.2f} s, lowering {lowering.narrow_lowering(r, facts)}")
     times = {"init_s": round(t1 - t0, 3), "compile_s": round(t2 - t1, 3),
              "first_step_s": round(t3 - t2, 3)}
     return facts, times, run
@@ -208,7 +210,7 @@ def bench_cell(size: str, batch: int, recipes: list[str], repeats: int,
     (batch,) = _batches(batch, size)
     if repeats < 1 or steps_per_sample < 1:
         raise ConfigError(f"{EXPERIMENT}: repeats and steps_per_sample must be >= 1")
-    x, y = fixed_batch(cfg, batch, recipes)
+    x, y = fixed_batch(cfg, batch, list(recipes))
     tag = f"{size} b{batch}"
     facts_of, times_of, runners = {}, {}, {}
     for r in recipes:
@@ -224,7 +226,7 @@ def bench_cell(size: str, batch: int, recipes: list[str], repeats: int,
         facts, s = facts_of[r], samples_of[r]
         q1, med, q3 = quartiles(s)
         common = dict(claims=CLAIMS, recipe=r, sizes=sizes, repeats=len(s),
-                      emulated=recipe_emulated(r, facts), profile=profile,
+                      emulated=recipe_emulated(recipes[r], facts), profile=profile,
                       extra={"run_id": run_id, "samples_ms": (s * 1e3).round(4).tolist(),
                              "steps_per_sample": steps_per_sample, **times_of[r], **facts,
                              "layer_recipes": sorted(set(M.recipe_map(r, cfg).values()))})

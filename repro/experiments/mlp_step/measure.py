@@ -30,7 +30,7 @@ from flax import linen as nn
 from repro import results
 from repro.config import Section, from_cli, positive, recipe_names
 from repro.precision import layers, peers
-from repro.precision.recipes import resolve
+from repro.precision.recipes import Recipe, resolve
 from repro.program import Program
 from repro.studies import lowering
 from repro.studies.runner import Cell, Study
@@ -45,7 +45,7 @@ class MLP(nn.Module):
 
     width: int
     depth: int
-    recipe: str
+    recipe: Recipe
 
     @nn.compact
     def __call__(self, x):
@@ -53,15 +53,6 @@ class MLP(nn.Module):
             act = "relu" if i < self.depth - 1 else None
             x = layers.dense(self.width, self.recipe, activation=act)(x)
         return x
-
-
-def _is_peer(recipe: str) -> bool:
-    """flax's FP8 op or a Transformer Engine recipe: not one of this repository's recipes."""
-    return resolve(recipe).backend != "repro"
-
-
-def _input_dtype(recipe: str):
-    return resolve(recipe).dtype
 
 
 def make_train_step(model: MLP, tx: optax.GradientTransformation):
@@ -82,10 +73,11 @@ def step_flops(batch: int, width: int, depth: int) -> float:
     return 6.0 * batch * width * width * depth
 
 
-def _setup(recipe: str, width: int, batch: int, depth: int, seed: int = 0, lr: float = 1e-4):
+def _setup(recipe: Recipe, width: int, batch: int, depth: int, seed: int = 0,
+           lr: float = 1e-4):
     model = MLP(width, depth, recipe)
     kx, ky, kp = jax.random.split(jax.random.key(seed), 3)
-    x = jax.random.normal(kx, (batch, width), jnp.float32).astype(_input_dtype(recipe))
+    x = jax.random.normal(kx, (batch, width), jnp.float32).astype(recipe.dtype)
     y = jax.random.normal(ky, (batch, width), jnp.float32)
     variables = model.init(kp, x[:8])  # shapes only: no eager GEMM of the whole batch
     variables = layers.init_amax_ring(variables, recipe)  # a "ring" recipe's amax histories
@@ -98,8 +90,9 @@ def _setup(recipe: str, width: int, batch: int, depth: int, seed: int = 0, lr: f
 def program(recipe: str, width: int, batch: int, depth: int, lr: float = 1e-4) -> Program:
     """What a cell's record of ``recipe`` measures: the train step of :func:`_setup` on
     abstract arguments of the cell's shapes, and the kit that times it."""
+    recipe = resolve(recipe)
     model = MLP(width, depth, recipe)
-    x = jax.ShapeDtypeStruct((batch, width), _input_dtype(recipe))
+    x = jax.ShapeDtypeStruct((batch, width), recipe.dtype)
     y = jax.ShapeDtypeStruct((batch, width), jnp.float32)
     variables = jax.eval_shape(lambda k, x8: layers.init_amax_ring(model.init(k, x8), recipe),
                                jax.random.key(0), jax.ShapeDtypeStruct((8, width), x.dtype))
@@ -133,19 +126,20 @@ def bench_cell(width: int, batch: int, depth: int, recipes: list[str], repeats: 
                steps_per_sample: int = 5, profile: str | None = None) -> list[dict]:
     """Time every recipe's train step for one shape, interleaved; one record per metric."""
     facts_of, runners = {}, {}
+    resolved = {r: resolve(r) for r in recipes}
     for r in recipes:
         t0 = time.perf_counter()
-        step, variables, opt_state, x, y = _setup(r, width, batch, depth)
+        step, variables, opt_state, x, y = _setup(resolved[r], width, batch, depth)
         t1 = time.perf_counter()
         _log(f"w{width} {r}: compiling")
         step, facts = _compile(step, variables, opt_state, x, y)
-        facts.update(lowering.int8_facts(r, step))
+        facts.update(lowering.int8_facts(resolved[r], step))
         t2 = time.perf_counter()
         variables, opt_state, loss = step(variables, opt_state, x, y)  # warm up
         jax.block_until_ready(loss)
         _log(f"w{width} {r}: init {t1 - t0:.1f} s, compile {t2 - t1:.1f} s, first step "
              f"{time.perf_counter() - t2:.2f} s, lowering "
-             f"{lowering.narrow_lowering(r, facts)}")
+             f"{lowering.narrow_lowering(resolved[r], facts)}")
         facts_of[r], runners[r] = facts, stepper(step, variables, opt_state, x, y)
     samples_of = time_interleaved(runners, repeats, steps_per_sample, f" at width {width}")
 
@@ -155,8 +149,9 @@ def bench_cell(width: int, batch: int, depth: int, recipes: list[str], repeats: 
     for r in recipes:
         facts, s = facts_of[r], samples_of[r]
         q1, med, q3 = quartiles(s)
-        emulated = (jax.default_backend() != "gpu" if _is_peer(r)
-                    else recipe_emulated(r, facts))
+        # flax's FP8 op or a Transformer Engine recipe: not one of this repository's recipes
+        emulated = (jax.default_backend() != "gpu" if resolved[r].backend != "repro"
+                    else recipe_emulated(resolved[r], facts))
         common = dict(claims=["A2", "A4"], recipe=r, sizes=sizes, repeats=len(s),
                       emulated=emulated, profile=profile,
                       extra={"run_id": run_id, "samples_ms": (s * 1e3).round(4).tolist(),

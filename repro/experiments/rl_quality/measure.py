@@ -114,11 +114,11 @@ def quality_cell(env_name: str, variant: str, p: Params) -> list[dict[str, Any]]
     final = ppo.final_return(m, p.last_fraction)
     from repro.precision import ops
 
-    emulated = bool(ops.is_emulated(resolve(c.recipe)))
+    r = c.resolved_recipe  # the variant's Recipe
+    emulated = bool(ops.is_emulated(r))
     sizes = {"env": env_name, "variant": variant, "network": c.network, "width": c.width,
              "total_timesteps": c.total_timesteps, "num_envs": c.num_envs,
              "seeds": len(seeds)}
-    r = resolve(variant)
     cfg = {"recipe": r.family, "master_weights": r.master_weights, "kahan": r.kahan,
            "grad_clip": r.grad_clip, "weight_clip": r.weight_clip, "scope": r.scope}
     recs = []

@@ -228,10 +228,10 @@ def _records(c: ppo.PPOConfig, network: str, width: int, recipe: str, p: Params,
     info = hardware.detect()
     steps = c.num_updates * c.batch_size
     med, (uq1, umed, uq3) = float(np.median(samples)), np.percentile(usamples, [25, 50, 75])
+    r = c.resolved_recipe
     facts = compiled_facts(compiled_update)
-    facts.update(lowering.int8_facts(c.recipe, compiled_update))
+    facts.update(lowering.int8_facts(r, compiled_update))
     fp8_calls, mem = facts["fp8_gemm_calls"], facts["memory_bytes"]
-    r = resolve(c.recipe)
     # an FP8 CNN's backward convolutions are emulated through BF16 (repro.precision.ops.
     # fp8_conv): the cell's speed is not FP8's even where its GEMMs and forward convolutions
     # are native
@@ -319,11 +319,10 @@ def program(network: str | None = None, width: int = 0, recipe: str | None = Non
 
     if stores is not None:
         def facts():
-            names = sorted({n for n, r in REGISTRY.items() if r.family == stores}
-                           | {v for v in variants if resolve(v).family == stores})
+            resolved = {**REGISTRY, **{v: resolve(v) for v in variants}}
+            of = {n: r for n, r in resolved.items() if r.family == stores}
             rows = []
-            for name in names:
-                r = resolve(name)
+            for name, r in sorted(of.items()):
                 rows.append([name, r.family, value_formats(r),
                              optim.storage_bytes(r.master_weights),
                              int(np.dtype(optim.container_dtype(r.master_weights)).itemsize)])
@@ -398,10 +397,9 @@ def cells(p: Params) -> list[Cell]:
     names = stores_names(p.recipes)
 
     def stores_programs():
-        families = dict.fromkeys(resolve(n).family for n in names)
-        return {f: program(stores=f, variants=tuple(n for n in names
-                                                    if resolve(n).family == f))
-                for f in families}
+        family = {n: resolve(n).family for n in names}
+        return {f: program(stores=f, variants=tuple(n for n in names if family[n] == f))
+                for f in dict.fromkeys(family.values())}
 
     out = [Cell("stores", lambda _budget: stores_records(p.profile, names),
                 programs=stores_programs)]
