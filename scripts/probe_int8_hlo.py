@@ -38,6 +38,7 @@ import jax  # noqa: E402
 
 from repro import hardware  # noqa: E402
 from repro.experiments.mlp_step import measure as M  # noqa: E402
+from repro.precision.recipes import resolve  # noqa: E402
 from repro.studies import lowering as L  # noqa: E402
 
 out = Path(args.out)
@@ -47,7 +48,8 @@ tag = hardware.detect().slug
 print(f"device {kind} ({tag}), jax {jax.__version__}; MLP width {args.width}, batch "
       f"{args.batch}, depth {args.depth}")
 for recipe in args.recipes.split(","):
-    step, variables, opt_state, x, y = M._setup(recipe, args.width, args.batch, args.depth)
+    step, variables, opt_state, x, y = M._setup(resolve(recipe), args.width, args.batch,
+                                                args.depth)
     text = step.lower(variables, opt_state, x, y).compile().as_text() or ""
     path = out / f"{tag}_{recipe}_mlp_step.hlo"
     path.write_text(text)

@@ -54,6 +54,7 @@ import jax  # noqa: E402
 
 from repro.experiments.mlp_step import measure as mlp_step  # noqa: E402
 from repro.experiments.mlp_step.tables import temp_timeline  # noqa: E402
+from repro.precision.recipes import resolve  # noqa: E402
 
 _BUFFER = re.compile(r"^\s+(\S+)\{[^}]*\}: (\d+) bytes")
 
@@ -94,7 +95,8 @@ def build(workload: str, recipe: str, a) -> tuple:
     """``(jitted program, its arguments, what it is)``: the MLP train step of ``mlp_step`` or
     the PPO update of ``rl_throughput`` (its full profile's settings) for ``recipe``."""
     if workload == "mlp":
-        step, variables, opt_state, x, y = mlp_step._setup(recipe, a.width, a.batch, a.depth)
+        step, variables, opt_state, x, y = mlp_step._setup(resolve(recipe), a.width, a.batch,
+                                                           a.depth)
         return step, (variables, opt_state, x, y), (f"MLP step, width {a.width} batch "
                                                     f"{a.batch} depth {a.depth}")
     from repro import studies

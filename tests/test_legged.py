@@ -449,7 +449,7 @@ def test_an_environment_entry_gives_its_parts_own_settings():
     bad = _params(envs={"ant": {"quality": {"sizes": ["x"]}}})
     with pytest.raises(ValueError, match="legged.quality.sizes: unknown size 'x'"):
         L.check(bad)
-    with pytest.raises(ValueError, match=r"legged.smoke.envs.ant.quality: expected _Quality"):
+    with pytest.raises(ValueError, match=r"legged.smoke.envs.ant.quality.seeds: must be > 0, got 0"):
         L.check(_params(envs={"ant": {"quality": {"seeds": 0}}}))
 
 
