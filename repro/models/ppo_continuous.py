@@ -73,11 +73,6 @@ class ContinuousPPOConfig(ppo.PPOConfig):
     activation: str = "swish"
     init_std: float = 1.0  # the policy's initial standard deviation (brax's init_noise_std)
     critic_recipe: str | None = None  # the critic tower's recipe (None: ``recipe``)
-
-    @property
-    def resolved_critic_recipe(self) -> Recipe | None:
-        """``critic_recipe`` as a ``Recipe`` (None: the critic runs under ``recipe``)."""
-        return None if self.critic_recipe is None else resolve(self.critic_recipe)
     normalize_observations: bool = True
     reward_scaling: float = 10.0
     num_minibatches: int = 32
@@ -86,6 +81,11 @@ class ContinuousPPOConfig(ppo.PPOConfig):
     lr: float = 3e-4
     anneal_lr: bool = False
     grad_clip: float | None = 1.0
+
+    @property
+    def resolved_critic_recipe(self) -> Recipe | None:
+        """``critic_recipe`` as a ``Recipe`` (None: the critic runs under ``recipe``)."""
+        return None if self.critic_recipe is None else resolve(self.critic_recipe)
 
 
 def validate(config: Mapping[str, Any] | ContinuousPPOConfig) -> ContinuousPPOConfig:
